@@ -1,0 +1,344 @@
+"""CommitLog record codec: RocketMQ's v1 message layout (IPv4 hosts), big-endian.
+
+Layout of one record (offsets for IPv4 born and store hosts)::
+
+    off  size  type   field
+    0    4     i32    TOTALSIZE           whole record length = 91 + B + T + P
+    4    4     i32    MAGICCODE           0xDAA320A7 (v1)
+    8    4     i32    BODYCRC             zlib.crc32(body) & 0x7FFFFFFF
+    12   4     i32    QUEUEID
+    16   4     i32    FLAG                user flag
+    20   8     i64    QUEUEOFFSET         logical index in (topic, queue)
+    28   8     i64    PHYSICALOFFSET      this record's own CommitLog offset
+    36   4     i32    SYSFLAG             transaction bits 0xC, ...
+    40   8     i64    BORNTIMESTAMP       ms
+    48   4+4   ip,i32 BORNHOST            IPv4 address, port
+    56   8     i64    STORETIMESTAMP      ms, set under the append lock
+    64   4+4   ip,i32 STOREHOSTADDRESS
+    72   4     i32    RECONSUMETIMES
+    76   8     i64    PREPAREDTRANSACTIONOFFSET
+    84   4     i32    BODYLENGTH B
+    88   B     bytes  BODY
+    88+B 1     u8     TOPICLENGTH T
+    ..   T     bytes  TOPIC
+    ..   2     i16    PROPERTIESLENGTH P  at most 32767
+    ..   P     bytes  PROPERTIES          name 0x01 value 0x02 ...
+
+At the end of a segment, when a record of length L does not fit with 8 bytes to spare, an
+8-byte blank (TOTALSIZE = bytes left, MAGIC = 0xCBD43194) is written and the record goes to
+the next segment.  A record that fails any check (magic, size, CRC, recomputed length) is
+invalid; recovery stops at the first one and truncates the tail there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .errors import CorruptRecordError
+
+MESSAGE_MAGIC_CODE_V1 = -626843481  # 0xDAA320A7
+MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB (topics longer than 127; never written here)
+BLANK_MAGIC_CODE = -875286124  # 0xCBD43194
+
+# One constant per fixed part; offsets below derive from the sizes.
+RECORD_HEADER = struct.Struct(
+    ">"
+    "i"  # TOTALSIZE
+    "i"  # MAGICCODE
+    "i"  # BODYCRC
+    "i"  # QUEUEID
+    "i"  # FLAG
+    "q"  # QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "q"  # BORNTIMESTAMP
+    "4s"  # BORNHOST address
+    "i"  # BORNHOST port
+    "q"  # STORETIMESTAMP
+    "4s"  # STOREHOST address
+    "i"  # STOREHOST port
+    "i"  # RECONSUMETIMES
+    "q"  # PREPAREDTRANSACTIONOFFSET
+    "i"  # BODYLENGTH
+)
+TOPIC_LENGTH = struct.Struct(">B")
+PROPERTIES_LENGTH = struct.Struct(">h")
+BLANK = struct.Struct(">ii")  # TOTALSIZE (bytes left in the segment), BLANK_MAGIC_CODE
+
+#: Field names in header order, with their NumPy big-endian types (for bulk decoding).
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("total_size", ">i4"), ("magic", ">i4"), ("body_crc", ">i4"), ("queue_id", ">i4"),
+    ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"), ("sys_flag", ">i4"),
+    ("born_timestamp", ">i8"), ("born_host", "V4"), ("born_port", ">i4"),
+    ("store_timestamp", ">i8"), ("store_host", "V4"), ("store_port", ">i4"),
+    ("reconsume_times", ">i4"), ("prepared_transaction_offset", ">i8"), ("body_length", ">i4"),
+)
+HEADER_DTYPE = np.dtype(list(HEADER_FIELDS))
+HEADER_SIZE = RECORD_HEADER.size  # 88
+#: Byte offset of each header field inside a record.
+FIELD_OFFSET = {name: HEADER_DTYPE.fields[name][1] for name, _ in HEADER_FIELDS}
+#: Fixed bytes of a v1 record besides body, topic and properties.
+FIXED_SIZE = HEADER_SIZE + TOPIC_LENGTH.size + PROPERTIES_LENGTH.size  # 91
+
+# SYSFLAG bits (MessageSysFlag)
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+TRANSACTION_TYPE_MASK = 0xC
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+
+LOCALHOST = bytes([127, 0, 0, 1])
+STORE_PORT = 10911
+
+PROPERTY_SEPARATOR = "\x01"  # between a name and its value
+PROPERTIES_SEPARATOR = "\x02"  # after each pair
+
+
+def body_crc(body: bytes) -> int:
+    """RocketMQ's BODYCRC: IEEE CRC-32 masked to 31 bits."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Serialize properties as ``name 0x01 value 0x02``; pairs with a ``None`` value are left out."""
+    return "".join(
+        f"{k}\x01{v}\x02" for k, v in properties.items() if v is not None
+    ).encode("utf-8")
+
+
+def decode_properties(data: bytes | str) -> dict[str, str]:
+    """Parse a properties string with RocketMQ's rules (a pair needs a name and a value)."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray, memoryview)) else data
+    out: dict[str, str] = {}
+    for part in text.split("\x02"):
+        idx = part.find("\x01")
+        if len(part) >= 3 and idx > 0 and idx < len(part) - 1:
+            out[part[:idx]] = part[idx + 1:]
+    return out
+
+
+def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    return FIXED_SIZE + body_len + topic_len + properties_len
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    """Everything a caller decides about a record; the store fills offsets and store time.
+
+    ``queue_id`` of ``None`` lets the store pick a queue (round robin over the topic's queues).
+    """
+
+    topic: str
+    body: bytes
+    properties: Mapping[str, str]
+    queue_id: int | None = None
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    born_host: bytes = LOCALHOST
+    born_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded CommitLog record."""
+
+    total_size: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: bytes
+    born_port: int
+    store_timestamp_ms: int
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & TRANSACTION_TYPE_MASK
+
+    def to_spec(self, **changes) -> RecordSpec:
+        """A spec to re-append this record elsewhere (copying what RocketMQ copies)."""
+        values = dict(
+            topic=self.topic, body=self.body, properties=dict(self.properties),
+            queue_id=self.queue_id, flag=self.flag, sys_flag=self.sys_flag,
+            born_timestamp_ms=self.born_timestamp_ms, reconsume_times=self.reconsume_times,
+            prepared_transaction_offset=self.prepared_transaction_offset,
+            born_host=self.born_host, born_port=self.born_port,
+        )
+        values.update(changes)
+        return RecordSpec(**values)
+
+
+def encode_record(
+    spec: RecordSpec,
+    *,
+    queue_id: int,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp_ms: int,
+    topic_bytes: bytes | None = None,
+    properties_bytes: bytes | None = None,
+) -> bytes:
+    """Encode one record; the caller has validated sizes."""
+    topic_b = topic_bytes if topic_bytes is not None else spec.topic.encode("ascii")
+    props_b = properties_bytes if properties_bytes is not None else encode_properties(spec.properties)
+    body = bytes(spec.body)
+    total = record_size(len(body), len(topic_b), len(props_b))
+    header = RECORD_HEADER.pack(
+        total, MESSAGE_MAGIC_CODE_V1, body_crc(body), queue_id, spec.flag, queue_offset,
+        physical_offset, spec.sys_flag, spec.born_timestamp_ms, spec.born_host, spec.born_port,
+        store_timestamp_ms, LOCALHOST, STORE_PORT, spec.reconsume_times,
+        spec.prepared_transaction_offset, len(body),
+    )
+    return b"".join((
+        header, body, TOPIC_LENGTH.pack(len(topic_b)), topic_b,
+        PROPERTIES_LENGTH.pack(len(props_b)), props_b,
+    ))
+
+
+def encode_blank(remaining: int) -> bytes:
+    return BLANK.pack(remaining, BLANK_MAGIC_CODE)
+
+
+class RecordCheck:
+    """Outcomes of :func:`check_record` besides a valid size."""
+
+    INVALID = -1
+    BLANK = -2
+
+
+def check_record(buf, pos: int, limit: int, *, check_crc: bool = True) -> int:
+    """Validate the record at ``buf[pos:]`` without decoding it.
+
+    Returns its size when valid, :attr:`RecordCheck.BLANK` for an end-of-file blank and
+    :attr:`RecordCheck.INVALID` for anything else (torn, zeroed, corrupt).
+    """
+    remaining = limit - pos
+    if remaining <= 4:
+        return RecordCheck.INVALID
+    total, magic = BLANK.unpack_from(buf, pos) if remaining >= 8 else (0, 0)
+    if magic == BLANK_MAGIC_CODE:
+        return RecordCheck.BLANK if 8 <= total <= remaining else RecordCheck.INVALID
+    if magic != MESSAGE_MAGIC_CODE_V1 or total < FIXED_SIZE or total > remaining:
+        return RecordCheck.INVALID
+    crc = struct.unpack_from(">i", buf, pos + FIELD_OFFSET["body_crc"])[0]
+    body_len = struct.unpack_from(">i", buf, pos + FIELD_OFFSET["body_length"])[0]
+    if body_len < 0 or HEADER_SIZE + body_len + 1 > total:
+        return RecordCheck.INVALID
+    tpos = pos + HEADER_SIZE + body_len
+    topic_len = buf[tpos]
+    ppos = tpos + 1 + topic_len
+    if ppos + 2 > pos + total:
+        return RecordCheck.INVALID
+    props_len = PROPERTIES_LENGTH.unpack_from(buf, ppos)[0]
+    if props_len < 0 or record_size(body_len, topic_len, props_len) != total:
+        return RecordCheck.INVALID
+    if check_crc and body_crc(bytes(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + body_len])) != crc:
+        return RecordCheck.INVALID
+    return total
+
+
+def decode_record(buf, pos: int, *, file: str = "commitlog", base_offset: int = 0) -> Record:
+    """Decode the record at ``buf[pos:]``; raise :class:`CorruptRecordError` if it is not valid."""
+    try:
+        h = RECORD_HEADER.unpack_from(buf, pos)
+        (total, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts,
+         born_host, born_port, store_ts, _store_host, _store_port, reconsume, prepared,
+         body_len) = h
+        if magic != MESSAGE_MAGIC_CODE_V1:
+            raise CorruptRecordError(file, base_offset + pos, f"bad magic {magic & 0xFFFFFFFF:#x}")
+        start = pos + HEADER_SIZE
+        body = bytes(buf[start:start + body_len])
+        tpos = start + body_len
+        topic_len = buf[tpos]
+        topic = bytes(buf[tpos + 1:tpos + 1 + topic_len]).decode("ascii")
+        ppos = tpos + 1 + topic_len
+        props_len = PROPERTIES_LENGTH.unpack_from(buf, ppos)[0]
+        props = bytes(buf[ppos + 2:ppos + 2 + props_len])
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptRecordError(file, base_offset + pos, f"cannot decode: {exc}") from exc
+    if record_size(body_len, topic_len, props_len) != total or len(body) != body_len:
+        raise CorruptRecordError(file, base_offset + pos, f"length {total} does not match its fields")
+    return Record(
+        total_size=total, body_crc=crc, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
+        physical_offset=physical_offset, sys_flag=sys_flag, born_timestamp_ms=born_ts,
+        born_host=bytes(born_host), born_port=born_port, store_timestamp_ms=store_ts,
+        reconsume_times=reconsume, prepared_transaction_offset=prepared, body=body,
+        topic=topic, properties=decode_properties(props),
+    )
+
+
+class MessageIdGenerator:
+    """RocketMQ-shaped unique ids (``UNIQ_KEY``), 32 upper-case hex characters.
+
+    16 bytes: client IPv4 (4), pid (2), a per-generator random int standing in for Java's
+    class-loader hash (4), ms since the start of the month (4), a counter (2).  The random
+    part keeps two generators in one process apart; the counter keeps ids within one ms apart.
+    """
+
+    _PREFIX = struct.Struct(">4sHi")
+    _SUFFIX = struct.Struct(">iH")
+
+    def __init__(self) -> None:
+        self._prefix = self._PREFIX.pack(
+            LOCALHOST, os.getpid() & 0xFFFF, random.getrandbits(31)
+        ).hex().upper()
+        self._counter = random.getrandbits(16)
+        self._lock = threading.Lock()
+        self._month_start_ms = 0
+        self._month_end_ms = 0
+
+    def _since_month(self, now_ms: int) -> int:
+        if not self._month_start_ms <= now_ms < self._month_end_ms:
+            t = time.gmtime(now_ms / 1000)
+            start = int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, 0)) - time.timezone) * 1000
+            ny, nm = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+            end = int(time.mktime((ny, nm, 1, 0, 0, 0, 0, 0, 0)) - time.timezone) * 1000
+            self._month_start_ms, self._month_end_ms = start, end
+        return (now_ms - self._month_start_ms) & 0x7FFFFFFF
+
+    def next_id(self, now_ms: int | None = None) -> str:
+        return self.next_ids(1, now_ms)[0]
+
+    def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
+        """``n`` fresh ids, built with NumPy rather than one format call each."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        with self._lock:
+            since = self._since_month(now_ms)
+            first = self._counter
+            self._counter = (first + n) & 0xFFFF
+        counters = (first + np.arange(n, dtype=np.int64)) & 0xFFFF
+        if n <= 4:
+            return [self._prefix + self._SUFFIX.pack(since, int(c)).hex().upper() for c in counters]
+        suffix = np.empty((n, 6), dtype=np.uint8)
+        suffix[:, :4] = np.frombuffer(struct.pack(">i", since), dtype=np.uint8)
+        suffix[:, 4] = counters >> 8
+        suffix[:, 5] = counters & 0xFF
+        hexdigits = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+        chars = np.empty((n, 12), dtype=np.uint8)
+        chars[:, 0::2] = hexdigits[suffix >> 4]
+        chars[:, 1::2] = hexdigits[suffix & 0xF]
+        tails = chars.view("S12").ravel()
+        prefix = self._prefix
+        return [prefix + t.decode("ascii") for t in tails.tolist()]

@@ -1,0 +1,115 @@
+"""CommitLog: the append-only log of every record, in fixed-size segment files.
+
+Files: ``commitlog/{20-digit start offset}``, each ``commitlog_file_size_bytes`` long
+(1 GiB by default), zero-filled.  Record layout: :mod:`store.codec`.  A record never spans
+two files: when it does not fit with 8 bytes to spare, an 8-byte BLANK marks the file end and
+the record starts the next file.  Recovery stops at the first invalid record and zeroes the
+tail from there (:meth:`CommitLog.truncate`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterator
+
+from .codec import (BLANK, BLANK_MAGIC_CODE, FIELD_OFFSET, Record, RecordCheck, check_record,
+                    decode_record, encode_blank)
+from .errors import CorruptRecordError
+from .mapped_file import MappedFileQueue
+
+_I64 = struct.Struct(">q")
+
+
+class CommitLog:
+    """The segment files of the CommitLog and record-level reads."""
+
+    def __init__(self, directory: str, file_size: int) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self.files = MappedFileQueue(directory, file_size)
+
+    # -- placement --------------------------------------------------------------------------
+    def place(self, offset: int, size: int) -> tuple[int, bytes | None]:
+        """Where a record of ``size`` bytes goes when the log ends at ``offset``.
+
+        Returns the record's offset and the blank to write at ``offset`` first (or ``None``).
+        """
+        remaining = self.file_size - offset % self.file_size
+        if size + BLANK.size > remaining:
+            if size + BLANK.size > self.file_size:
+                raise ValueError(f"record of {size} bytes cannot fit a {self.file_size}-byte segment")
+            return offset + remaining, encode_blank(remaining)
+        return offset, None
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.files.write(offset, data)
+
+    # -- reading ----------------------------------------------------------------------------
+    def min_offset(self) -> int:
+        return self.files.min_offset()
+
+    def buffer_at(self, offset: int):
+        """The mapping of the segment holding ``offset`` and ``offset``'s position in it."""
+        f = self.files.find(offset)
+        if f is None:
+            raise CorruptRecordError(self.directory, offset, "no CommitLog segment holds this offset")
+        return f.buffer(), offset - f.start, f
+
+    def read_record(self, offset: int) -> Record:
+        buf, pos, f = self.buffer_at(offset)
+        return decode_record(buf, pos, file=f.path, base_offset=f.start)
+
+    def store_timestamp(self, offset: int) -> int:
+        buf, pos, _ = self.buffer_at(offset)
+        return _I64.unpack_from(buf, pos + FIELD_OFFSET["store_timestamp"])[0]
+
+    def scan(self, start: int, *, check_crc: bool = True) -> Iterator[tuple[int, int]]:
+        """Yield ``(offset, size)`` of valid records from ``start``, following blanks.
+
+        Stops at the first invalid record; :attr:`scan_end` then holds where the valid log ends.
+        """
+        self.scan_end = start
+        offset = start
+        while True:
+            f = self.files.find(offset)
+            if f is None:
+                return
+            buf = f.buffer()
+            pos = offset - f.start
+            while True:
+                size = check_record(buf, pos, f.size, check_crc=check_crc)
+                if size == RecordCheck.BLANK:
+                    offset = f.end
+                    self.scan_end = offset  # a blank is a valid end: the log resumes next file
+                    break
+                if size == RecordCheck.INVALID:
+                    return
+                yield f.start + pos, size
+                pos += size
+                self.scan_end = f.start + pos
+
+    def truncate(self, offset: int) -> None:
+        """Zero the log from ``offset`` on and delete later segments."""
+        self.files.truncate(offset)
+
+    def is_blank_at(self, offset: int) -> bool:
+        f = self.files.find(offset)
+        if f is None:
+            return False
+        pos = offset - f.start
+        if f.size - pos < BLANK.size:
+            return False
+        return BLANK.unpack_from(f.buffer(), pos)[1] == BLANK_MAGIC_CODE
+
+    def flush(self, from_offset: int = 0) -> None:
+        self.files.flush(from_offset)
+
+    def segment_paths(self) -> list[str]:
+        return [f.path for f in self.files.refresh()]
+
+    def disk_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.segment_paths() if os.path.exists(p))
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,230 @@
+"""ConsumeQueue: the per (topic, queue) index of CommitLog records.
+
+Files: ``consumequeue/{topic}/{queueId}/{20-digit byte offset}``, each holding
+``consume_queue_file_entries`` (300,000) units; entry ``n`` sits at byte ``n * 20``.
+
+Unit layout (big-endian)::
+
+    off  size  type  field
+    0    8     i64   offsetPy   CommitLog offset of the record
+    8    4     i32   sizePy     record size; 0 marks unwritten space
+    12   8     i64   tagsCode   Java hash of the tag (0: none); deliver time for SCHEDULE_TOPIC_XXXX
+
+The CommitLog is the only truth: a queue is derived from it and rebuilt by recovery.  A
+torn or unconfirmed tail (entries past the store's confirmed offset) is invisible to readers
+and is cut by recovery.  Entry ``n`` always describes the record whose QUEUEOFFSET is ``n``,
+so re-dispatching a record rewrites the same bytes (dispatch is idempotent).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+import numpy as np
+
+from .mapped_file import MappedFileQueue, zero_tail
+
+CQ_ENTRY = struct.Struct(
+    ">"
+    "q"  # offsetPy
+    "i"  # sizePy
+    "q"  # tagsCode
+)
+CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
+CQ_ENTRY_FIELDS = (("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"))
+CQ_DTYPE = np.dtype(list(CQ_ENTRY_FIELDS))
+assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
+
+
+class ConsumeQueue:
+    """One queue's index files.
+
+    Parameters
+    ----------
+    root : str
+        The store's ``consumequeue`` directory.
+    topic, queue_id :
+        Which queue.
+    entries_per_file : int
+        Units per file.
+    """
+
+    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.entries_per_file = entries_per_file
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.files = MappedFileQueue(self.directory, entries_per_file * CQ_ENTRY_SIZE, create=False)
+        self._lock = threading.Lock()
+        self._dirty = False
+
+    # -- reading ----------------------------------------------------------------------------
+    def _file_entries(self, index: int):
+        """The segment holding entry ``index`` and the entry array view of it."""
+        f = self.files.find(index * CQ_ENTRY_SIZE)
+        if f is None:
+            return None, None
+        return f, np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+
+    def _valid_count(self, entries: np.ndarray, limit_phys: int | None) -> int:
+        """How many leading entries are written (and end at or before ``limit_phys``)."""
+        lo, hi = 0, len(entries)
+        sizes = entries["size"]
+        offsets = entries["offset"]
+        while lo < hi:  # entries are a written prefix: binary search its end
+            mid = (lo + hi) // 2
+            size = int(sizes[mid])
+            ok = size > 0 and (limit_phys is None or int(offsets[mid]) + size <= limit_phys
+                               or size == 0x7FFFFFFF)
+            if ok:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def max_offset(self, limit_phys: int | None = None) -> int:
+        """One past the last written entry (entries ending after ``limit_phys`` do not count)."""
+        files = self.files.refresh() if not self.files.files else self.files.files
+        if not files:
+            files = self.files.refresh()
+            if not files:
+                return 0
+        # a newer file may have appeared in another process
+        last = files[-1]
+        if os.path.exists(os.path.join(self.directory, _next_name(last.start, last.size))):
+            files = self.files.refresh()
+            last = files[-1]
+        for f in reversed(files):
+            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            n = self._valid_count(entries, limit_phys)
+            if n > 0 or f is files[0]:
+                return f.start // CQ_ENTRY_SIZE + n
+        return 0  # pragma: no cover
+
+    def first_index(self) -> int:
+        files = self.files.files or self.files.refresh()
+        return files[0].start // CQ_ENTRY_SIZE if files else 0
+
+    def min_offset(self, commitlog_min: int, limit_phys: int | None = None) -> int:
+        """The first entry whose record still exists (offsetPy >= ``commitlog_min``)."""
+        files = self.files.refresh()
+        if not files:
+            return 0
+        maxo = self.max_offset(limit_phys)
+        for f in files:
+            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            base = f.start // CQ_ENTRY_SIZE
+            n = min(len(entries), maxo - base)
+            if n <= 0:
+                return maxo
+            offs = entries["offset"][:n]
+            sizes = entries["size"][:n]
+            # fillers (size 0x7FFFFFFF) and stale entries are "too old"
+            live = (offs >= commitlog_min) & (sizes != 0x7FFFFFFF)
+            idx = int(np.argmax(live)) if live.any() else -1
+            if idx >= 0:
+                return base + idx
+        return maxo
+
+    def entries(self, start: int, end: int) -> np.ndarray:
+        """Entries ``[start, end)`` as a native-endian structured array (copied)."""
+        parts = []
+        i = start
+        while i < end:
+            f, arr = self._file_entries(i)
+            if f is None:
+                break
+            base = f.start // CQ_ENTRY_SIZE
+            j = min(end, base + len(arr))
+            parts.append(arr[i - base:j - base])
+            i = j
+        if not parts:
+            return np.empty(0, dtype=CQ_DTYPE.newbyteorder("="))
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return out.astype(CQ_DTYPE.newbyteorder("="))
+
+    def entry(self, index: int) -> tuple[int, int, int] | None:
+        f, arr = self._file_entries(index)
+        if f is None:
+            return None
+        e = arr[index - f.start // CQ_ENTRY_SIZE]
+        return int(e["offset"]), int(e["size"]), int(e["tags_code"])
+
+    # -- writing ----------------------------------------------------------------------------
+    def put(self, first_index: int, offsets, sizes, tags_codes) -> None:
+        """Write entries for queue offsets ``first_index, first_index + 1, ...``."""
+        n = len(offsets)
+        if n == 0:
+            return
+        arr = np.empty(n, dtype=CQ_DTYPE)
+        arr["offset"] = offsets
+        arr["size"] = sizes
+        arr["tags_code"] = tags_codes
+        data = arr.tobytes()
+        i = 0
+        with self._lock:
+            os.makedirs(self.directory, exist_ok=True)
+            while i < n:
+                pos = (first_index + i) * CQ_ENTRY_SIZE
+                f = self.files.get_or_create(pos)
+                room = (f.end - pos) // CQ_ENTRY_SIZE
+                k = min(room, n - i)
+                f.write(pos - f.start, data[i * CQ_ENTRY_SIZE:(i + k) * CQ_ENTRY_SIZE])
+                i += k
+            self._dirty = True
+
+    def fill_to(self, index: int) -> None:
+        """Give a queue that starts at ``index`` > 0 filler units (0, 0x7FFFFFFF, 0) in front."""
+        start = self.max_offset()
+        if index > start:
+            n = index - start
+            self.put(start, np.zeros(n, np.int64), np.full(n, 0x7FFFFFFF, np.int32),
+                     np.zeros(n, np.int64))
+
+    def truncate_physical(self, process_offset: int) -> None:
+        """Drop every entry whose record starts at or after ``process_offset``."""
+        files = self.files.refresh()
+        for f in reversed(files):
+            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            n = self._valid_count(entries, None)
+            offs = entries["offset"][:n]
+            keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
+            # fillers have offset 0 and stay
+            if keep == 0 and f.start > 0 and n > 0:
+                self.files.delete_file(f)
+                continue
+            if keep < n:
+                zero_tail(f, keep * CQ_ENTRY_SIZE)
+            break
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            last = self.files.last_file()
+            if last is not None:
+                last.flush()
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete files (never the last) whose last entry's record is gone; return how many."""
+        files = self.files.refresh()
+        deleted = 0
+        for f in files[:-1]:
+            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            last = entries[-1]
+            if int(last["size"]) > 0 and int(last["offset"]) + int(last["size"]) <= commitlog_min:
+                self.files.delete_file(f)
+                deleted += 1
+            else:
+                break
+        return deleted
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def _next_name(start: int, size: int) -> str:
+    from .mapped_file import segment_name
+
+    return segment_name(start + size)

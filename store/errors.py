@@ -1,0 +1,80 @@
+"""Typed errors of the message store.
+
+Every failure the store reports is a :class:`StoreError` subclass whose message says what
+was wrong, the value given and what is allowed.  "No new message" is never an exception:
+reads return an empty result instead.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error raised by the ``store`` package."""
+
+
+class InvalidConfigError(StoreError, ValueError):
+    """A :class:`~store.config.StoreConfig` field is missing, unknown or out of range."""
+
+
+class ConfigMismatchError(StoreError):
+    """A store was reopened with a setting that contradicts the one recorded on disk."""
+
+
+class InvalidTopicError(StoreError, ValueError):
+    """A topic name breaks RocketMQ's naming rules or names a system topic."""
+
+
+class InvalidMessageError(StoreError, ValueError):
+    """A message body, tag, key or property breaks a RocketMQ limit."""
+
+
+class MessageTooLargeError(InvalidMessageError):
+    """A body, properties string or batch exceeds its size limit."""
+
+
+class InvalidBatchError(InvalidMessageError):
+    """A batch breaks RocketMQ's batch rules (one topic, no delay, no retry topic, 4 MiB)."""
+
+
+class InvalidDelayError(InvalidMessageError):
+    """A delay level, delay or deliver time is not allowed."""
+
+
+class UnknownMessageError(StoreError, LookupError):
+    """A message id (for cancel) or transaction id is not known to the store."""
+
+
+class TransactionStateError(StoreError, ValueError):
+    """An end-transaction request names an invalid state or a non-transactional message."""
+
+
+class OffsetOutOfRangeError(StoreError, LookupError):
+    """A requested queue offset was removed by retention or lies beyond the queue's end."""
+
+
+class UnknownTopicError(StoreError, LookupError):
+    """A topic or queue id that the store does not hold."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after :meth:`~store.MessageStore.close`."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record could not be decoded.
+
+    Parameters
+    ----------
+    file : str
+        The segment file (or store path) the record was read from.
+    position : int
+        Its absolute CommitLog offset (or byte position in ``file``).
+    reason : str
+        What was wrong with it.
+    """
+
+    def __init__(self, file: str, position: int, reason: str) -> None:
+        self.file = file
+        self.position = position
+        self.reason = reason
+        super().__init__(f"corrupt record in {file} at position {position}: {reason}")

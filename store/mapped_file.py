@@ -1,0 +1,260 @@
+"""Fixed-size segment files named by their 20-digit start offset (RocketMQ's MappedFileQueue).
+
+Used by the CommitLog, every ConsumeQueue and the TimerLog.  A segment is created at its full
+size (sparse, zero-filled), written with ``os.pwrite`` and read through a shared read-only
+``mmap``, so readers in other processes see bytes as soon as they are written and never take
+a lock.  The segment holding offset ``o`` starts at ``o - o % file_size``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from .errors import CorruptRecordError
+
+NAME_DIGITS = 20
+
+
+def segment_name(start: int) -> str:
+    return f"{start:0{NAME_DIGITS}d}"
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MappedFile:
+    """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
+
+    __slots__ = ("path", "start", "size", "_fd", "_map", "_lock")
+
+    def __init__(self, path: str, start: int, size: int) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def fd(self) -> int:
+        if self._fd is None:
+            with self._lock:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDWR)
+        return self._fd
+
+    def buffer(self) -> mmap.mmap:
+        """A read-only shared mapping of the whole segment."""
+        m = self._map
+        if m is None:
+            with self._lock:
+                if self._map is None:
+                    with open(self.path, "rb") as fh:
+                        self._map = mmap.mmap(fh.fileno(), self.size, access=mmap.ACCESS_READ)
+                m = self._map
+        return m
+
+    def write(self, position: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``position`` (relative to the segment start)."""
+        n = os.pwrite(self.fd(), data, position)
+        if n != len(data):  # pragma: no cover - a short write means a full disk
+            raise OSError(f"short write to {self.path}: {n} of {len(data)} bytes")
+
+    def flush(self) -> None:
+        os.fdatasync(self.fd())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._map is not None:
+                try:
+                    self._map.close()
+                except BufferError:  # a caller still holds a view; the GC closes it later
+                    pass
+                self._map = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+_ZERO_CHUNK = 4 * 1024 * 1024
+
+
+def zero_tail(f: MappedFile, position: int) -> None:
+    """Overwrite the non-zero bytes of ``f`` from ``position`` to its end with zeros."""
+    buf = f.buffer()
+    pos = position
+    while pos < f.size:
+        n = min(_ZERO_CHUNK, f.size - pos)
+        if np.frombuffer(buf, dtype=np.uint8, count=n, offset=pos).any():
+            f.write(pos, bytes(n))
+        pos += n
+
+
+class MappedFileQueue:
+    """The ordered segments of one log directory."""
+
+    def __init__(self, directory: str, file_size: int, *, create: bool = True) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        if create:
+            os.makedirs(directory, exist_ok=True)
+        self._files: list[MappedFile] = []
+        self._lock = threading.RLock()
+        self.refresh()
+
+    # -- discovery --------------------------------------------------------------------------
+    def refresh(self) -> list[MappedFile]:
+        """Re-read the directory (other processes create and delete segments)."""
+        with self._lock:
+            try:
+                names = sorted(n for n in os.listdir(self.directory)
+                               if len(n) == NAME_DIGITS and n.isdigit())
+            except FileNotFoundError:
+                names = []
+            known = {f.start: f for f in self._files}
+            files = []
+            for name in names:
+                start = int(name)
+                path = os.path.join(self.directory, name)
+                f = known.pop(start, None)
+                if f is None:
+                    try:
+                        actual = os.path.getsize(path)
+                    except FileNotFoundError:
+                        continue
+                    if actual != self.file_size:
+                        if actual == 0:  # an empty file left by a crash during creation
+                            try:
+                                os.unlink(path)
+                            except OSError:
+                                pass
+                            continue
+                        raise CorruptRecordError(
+                            path, 0, f"segment is {actual} bytes; expected {self.file_size}"
+                        )
+                    if start % self.file_size:
+                        raise CorruptRecordError(path, 0, "segment name is not a multiple of the file size")
+                    f = MappedFile(path, start, self.file_size)
+                files.append(f)
+            for stale in known.values():
+                stale.close()
+            self._files = files
+            return files
+
+    @property
+    def files(self) -> list[MappedFile]:
+        return self._files
+
+    def min_offset(self) -> int:
+        files = self._files
+        return files[0].start if files else 0
+
+    def last_file(self) -> MappedFile | None:
+        files = self._files
+        return files[-1] if files else None
+
+    def find(self, offset: int, *, refresh: bool = True) -> MappedFile | None:
+        """The segment holding ``offset``, or ``None``."""
+        start = offset - offset % self.file_size
+        for attempt in (0, 1):
+            files = self._files
+            if files:
+                idx = (start - files[0].start) // self.file_size
+                if 0 <= idx < len(files) and files[idx].start == start:
+                    return files[idx]
+                for f in files:  # gaps are possible after manual damage
+                    if f.start == start:
+                        return f
+            if attempt == 0 and refresh:
+                self.refresh()
+            else:
+                break
+        return None
+
+    # -- writing ----------------------------------------------------------------------------
+    def get_or_create(self, offset: int) -> MappedFile:
+        f = self.find(offset, refresh=False) or self.find(offset)
+        if f is not None:
+            return f
+        with self._lock:
+            start = offset - offset % self.file_size
+            path = os.path.join(self.directory, segment_name(start))
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as fh:
+                fh.truncate(self.file_size)
+            os.replace(tmp, path)
+            fsync_dir(self.directory)
+            self.refresh()
+            f = self.find(start, refresh=False)
+            assert f is not None
+            return f
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at absolute ``offset``; it must lie inside one segment."""
+        f = self.get_or_create(offset)
+        pos = offset - f.start
+        if pos + len(data) > f.size:
+            raise ValueError(f"write of {len(data)} bytes at {offset} crosses {f.path}")
+        f.write(pos, data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        f = self.find(offset)
+        if f is None:
+            return b""
+        pos = offset - f.start
+        return f.buffer()[pos:pos + size]
+
+    def flush(self, from_offset: int = 0) -> None:
+        for f in self._files:
+            if f.end > from_offset:
+                f.flush()
+
+    def truncate(self, offset: int) -> None:
+        """Zero everything from ``offset`` on and delete later segments.
+
+        Zeroing uses writes, never ``ftruncate``: another process may have the segment
+        mapped, and shrinking a mapped file would make its reads fault.
+        """
+        with self._lock:
+            self.refresh()
+            for f in list(self._files):
+                if f.start > offset:
+                    f.close()
+                    try:
+                        os.unlink(f.path)
+                    except FileNotFoundError:
+                        pass
+                elif offset < f.end:
+                    zero_tail(f, offset - f.start)
+            fsync_dir(self.directory)
+            self.refresh()
+
+    def delete_file(self, f: MappedFile) -> None:
+        with self._lock:
+            f.close()
+            try:
+                os.unlink(f.path)
+            except FileNotFoundError:
+                pass
+            self.refresh()
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files:
+                f.close()
+            self._files = []

@@ -1,0 +1,266 @@
+"""Messages as users build them and read them back, and RocketMQ's naming rules.
+
+Property names follow RocketMQ's ``MessageConst``; system properties are kept in the stored
+record (as RocketMQ does) but hidden from :class:`MessageView.properties`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from .errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
+
+# --- property keys (RocketMQ MessageConst) -------------------------------------------------
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+PROPERTY_TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
+PROPERTY_TIMER_DEQUEUE_MS = "TIMER_DEQUEUE_MS"
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_TRANSACTION_ID = "__transactionId__"
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
+#: Our own: the ms at which a delayed message was due (kept on the delivered record).
+PROPERTY_DELIVER_MS = "__RMQ_DELIVER_MS"
+
+#: Names users may not set (RocketMQ's reserved set, minus the keys its client allows).
+RESERVED_PROPERTY_NAMES = frozenset(
+    """KEYS TAGS WAIT DELAY RETRY_TOPIC REAL_TOPIC REAL_QID TRAN_MSG PGROUP MIN_OFFSET
+    MAX_OFFSET BUYER_ID ORIGIN_MESSAGE_ID TRANSFER_FLAG CORRECTION_FLAG MQ2_FLAG
+    RECONSUME_TIME MSG_REGION TRACE_ON UNIQ_KEY EXTEND_UNIQ_INFO MAX_RECONSUME_TIMES
+    CONSUME_START_TIME TRAN_PREPARED_QUEUE_OFFSET DUP_INFO INSTANCE_ID CORRELATION_ID
+    REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE POP_CK POP_CK_OFFSET
+    1ST_POP_TIME TIMER_DELIVER_MS TIMER_DELAY_SEC TIMER_DELAY_MS TIMER_OUT_MS
+    TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL
+    DLQ_ORIGIN_TOPIC DLQ_ORIGIN_MESSAGE_ID __BORNHOST BORN_TIMESTAMP __CRC32#
+    TRACE_CONTEXT""".split()
+) | {PROPERTY_DELIVER_MS}
+
+#: Properties never shown to users in :attr:`MessageView.properties` (system bookkeeping).
+SYSTEM_PROPERTY_NAMES = (RESERVED_PROPERTY_NAMES | {
+    PROPERTY_TRANSACTION_ID, PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, "INNER_NUM", "INNER_BASE",
+}) - {"TRACE_CONTEXT"}
+
+# --- topics (RocketMQ TopicValidator) -----------------------------------------------------
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+SYSTEM_TOPICS = frozenset({
+    "TBW102", SCHEDULE_TOPIC, "BenchmarkTest", TRANS_HALF_TOPIC, "RMQ_SYS_TRACE_TOPIC",
+    TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC, "SELF_TEST_TOPIC",
+    "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC",
+})
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+TOPIC_MAX_LENGTH = 127
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+GROUP_MAX_LENGTH = 120
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def validate_topic(topic: object, *, allow_system: bool = False) -> str:
+    """Check a topic name against RocketMQ's rules and return it.
+
+    Allowed: 1 to 127 characters of ``a-z A-Z 0-9 _ - % |``; system topics only when
+    ``allow_system``.  The character set keeps every topic inside the store directory.
+    """
+    if not isinstance(topic, str) or not topic.strip():
+        raise InvalidTopicError(f"topic {topic!r} must be a non-blank string")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise InvalidTopicError(
+            f"topic {topic[:40]!r}... is {len(topic)} characters; allowed: at most {TOPIC_MAX_LENGTH}"
+        )
+    if not _TOPIC_RE.match(topic):
+        raise InvalidTopicError(
+            f"topic {topic!r} has characters outside the allowed set a-z A-Z 0-9 _ - % |"
+        )
+    if topic in (".", ".."):
+        raise InvalidTopicError(f"topic {topic!r} is not allowed")
+    if not allow_system and is_system_topic(topic):
+        raise InvalidTopicError(
+            f"topic {topic!r} is a system topic; users may not send to system topics "
+            f"({', '.join(sorted(SYSTEM_TOPICS))} or the prefix {SYSTEM_TOPIC_PREFIX!r})"
+        )
+    return topic
+
+
+def validate_group(group: object) -> str:
+    """Check a producer group name (same characters as topics, at most 120)."""
+    if not isinstance(group, str) or not group.strip():
+        raise InvalidTopicError(f"producer group {group!r} must be a non-blank string")
+    if len(group) > GROUP_MAX_LENGTH or not _TOPIC_RE.match(group):
+        raise InvalidTopicError(
+            f"producer group {group!r}: allowed 1 to {GROUP_MAX_LENGTH} characters of "
+            "a-z A-Z 0-9 _ - % |"
+        )
+    return group
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (UTF-16 code units, wrapped to signed 32 bits)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue tagsCode of a tag: its Java hash, 0 when there is none."""
+    return java_string_hash(tags) if tags else 0
+
+
+class LocalTransactionState(enum.Enum):
+    """Outcome of a local transaction (RocketMQ's spelling, ``UNKNOW`` included)."""
+
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"
+
+
+@dataclass
+class Message:
+    """A message to send.
+
+    Parameters
+    ----------
+    topic : str
+        The destination topic.
+    body : bytes
+        The payload, at most ``max_message_size_bytes`` (4 MiB).
+    tags : str, optional
+        One tag, used for server-side filtering (no ``||``, no 0x01/0x02).
+    keys : str or list of str, optional
+        Business keys (stored space-separated in ``KEYS``).
+    properties : dict, optional
+        User properties; RocketMQ's reserved names are refused.
+    flag : int
+        RocketMQ's user flag integer.
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: str | list[str] | tuple[str, ...] | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+
+    def key_list(self) -> list[str]:
+        if self.keys is None:
+            return []
+        if isinstance(self.keys, str):
+            return [k for k in self.keys.split(" ") if k]
+        return [k for k in self.keys if k]
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a sent message was stored."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    deliver_at_ms: int | None = None
+    transaction_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """A stored message as readers see it (fields match the Spark ``messages`` columns)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+    tags: str | None
+    keys: tuple[str, ...]
+    body: bytes
+    properties: Mapping[str, str]
+    born_timestamp_ms: int
+    store_timestamp_ms: int
+    deliver_timestamp_ms: int | None
+    transaction_id: str | None
+    reconsume_times: int
+    sys_flag: int = 0
+    system_properties: Mapping[str, str] = field(default_factory=dict)
+
+
+class TransactionListener(Protocol):
+    """What a transaction producer calls back (RocketMQ's ``TransactionListener``)."""
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        ...
+
+    def check_local_transaction(self, message_view: MessageView) -> LocalTransactionState:
+        ...
+
+
+def validate_message(message: Message, max_body_bytes: int) -> None:
+    """Check a user message; raise an :class:`InvalidMessageError` naming the limit."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
+    validate_topic(message.topic)
+    if not isinstance(message.body, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(
+            f"body of a message to {message.topic!r} must be bytes, got {type(message.body).__name__}"
+        )
+    if len(message.body) == 0:
+        raise InvalidMessageError(f"body of a message to {message.topic!r} is empty; allowed: 1 byte or more")
+    if len(message.body) > max_body_bytes:
+        raise MessageTooLargeError(
+            f"body of {len(message.body)} bytes exceeds max_message_size_bytes={max_body_bytes}"
+        )
+    if message.tags is not None:
+        _check_text("tags", message.tags)
+        if "||" in message.tags or "|" in message.tags:
+            raise InvalidMessageError(f"tags {message.tags!r} may not contain '|'")
+    for key in message.key_list():
+        _check_text("key", key)
+        if " " in key:
+            raise InvalidMessageError(f"key {key!r} may not contain a space (keys are space-separated)")
+    if not isinstance(message.flag, int) or not -(2**31) <= message.flag < 2**31:
+        raise InvalidMessageError(f"flag {message.flag!r} must be a signed 32-bit int")
+    if not isinstance(message.properties, Mapping):
+        raise InvalidMessageError("properties must be a dict of str to str")
+    for name, value in message.properties.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidMessageError(f"property {name!r}={value!r}: names and values must be str")
+        if name in RESERVED_PROPERTY_NAMES or name.startswith("__RMQ"):
+            raise InvalidMessageError(
+                f"property name {name!r} is reserved by RocketMQ; choose another name"
+            )
+        _check_text("property name", name)
+        _check_text(f"property {name!r} value", value, allow_blank=True)
+
+
+def _check_text(what: str, value: object, allow_blank: bool = False) -> None:
+    if not isinstance(value, str):
+        raise InvalidMessageError(f"{what} {value!r} must be a str")
+    if not allow_blank and not value.strip():
+        raise InvalidMessageError(f"{what} {value!r} must not be blank")
+    if "\x01" in value or "\x02" in value:
+        raise InvalidMessageError(
+            f"{what} {value!r} contains 0x01 or 0x02, the properties separators; they are not allowed"
+        )

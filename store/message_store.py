@@ -1,0 +1,646 @@
+"""MessageStore: the store's public face (open, append, read, recover, retain).
+
+Directory tree under the store root::
+
+    commitlog/{20-digit offset}                 CommitLog segments (store.commit_log)
+    consumequeue/{topic}/{queueId}/{20-digit}   ConsumeQueues (store.consume_queue)
+    checkpoint                                  shared positions (store.checkpoint)
+    abort                                       crash marker: present while any process has it open
+    lock, open.lock                             append lock; open-count lock
+    config/store.json                           layout settings recorded at creation
+    config/topics.json                          topics and queue counts (store.topics)
+    config/delayOffset.json, timer*, transaction*   delay levels, timer, transactions
+
+Concurrency: any number of processes may open one directory.  Appends take a ``flock`` on
+``lock`` (and a thread lock), so they are serialised across processes; before appending, a
+writer catches up with what other processes wrote (``write_generation``) and repairs the tail a
+dead writer left (``write_in_progress``).  Readers take no lock: they read ``confirm_phy_offset``
+first and never look at bytes past it, so they never see a partly written record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import codec
+from .checkpoint import StoreCheckpoint
+from .codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK,
+                    MessageIdGenerator, Record, RecordSpec)
+from .commit_log import CommitLog
+from .config import LAYOUT_FIELDS, StoreConfig
+from .consume_queue import ConsumeQueue
+from .errors import (ConfigMismatchError, InvalidMessageError, MessageTooLargeError,
+                     OffsetOutOfRangeError, StoreClosedError, UnknownTopicError)
+from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS, PROPERTY_KEYS,
+                      PROPERTY_TAGS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY, SCHEDULE_TOPIC,
+                      SYSTEM_PROPERTY_NAMES, MessageView, is_system_topic, validate_topic)
+from .topics import TopicTable, read_json, system_queue_count, write_json_atomic
+
+Clock = Callable[[], int]
+
+
+def system_clock() -> int:
+    """Wall-clock time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where one record landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    store_timestamp_ms: int
+
+
+class MessageStore:
+    """A file-backed RocketMQ-style message store.
+
+    Use :meth:`open` (or ``with MessageStore.open(path) as store``).  See the package
+    docstring of :mod:`store` for the whole API.
+    """
+
+    # ------------------------------------------------------------------ opening and closing
+    @classmethod
+    def open(cls, path: str | os.PathLike, config: StoreConfig | None = None, *,
+             clock: Clock | None = None, flush_service: bool = True) -> "MessageStore":
+        """Open (creating when missing) the store at ``path``; recover it after a crash.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The store directory.
+        config : StoreConfig, optional
+            Settings; layout settings recorded in an existing store win (see
+            :class:`StoreConfig`).
+        clock : callable, optional
+            Returns "now" in epoch ms; tests pass a controllable one.
+        flush_service : bool
+            Run the background flush thread (ASYNC_FLUSH only).
+        """
+        return cls(os.fspath(path), config, clock=clock, flush_service=flush_service)
+
+    def __init__(self, path: str, config: StoreConfig | None = None, *,
+                 clock: Clock | None = None, flush_service: bool = True) -> None:
+        self.root = os.path.abspath(path)
+        self._closed = True
+        for sub in ("commitlog", "consumequeue", "config"):
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        self.config = self._resolve_config(config or StoreConfig())
+        self.now_ms: Clock = clock or system_clock
+        self._thread_lock = threading.RLock()
+        self._write_lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
+                                    self.config.commitlog_file_size_bytes)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"))
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._queue_next: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, itertools.count] = {}
+        self._tags_code_cache: dict[str, int] = {}
+        self._generation = -1
+        self._write_offset = 0
+        self._flush_lock = threading.Lock()
+        self._flushed_generation = -1
+        self.id_generator = MessageIdGenerator()
+        self._closed = False
+        self.recovered = False
+
+        # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
+        sole = _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        abort_path = os.path.join(self.root, "abort")
+        crashed = sole and os.path.exists(abort_path)
+        with open(abort_path, "w") as fh:
+            fh.write(str(os.getpid()))
+        fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade (or join the others)
+        with self._write_locked(catch_up=False):
+            if crashed or self.checkpoint.get("write_in_progress") != -1:
+                self._recover(self.checkpoint.get("flushed_phy_offset") if crashed
+                              else self.checkpoint.get("confirm_phy_offset"))
+            self._catch_up(force=True)
+
+        # Services built on the core (delay levels, timer wheel, transactions).
+        from .schedule import ScheduleService
+        from .timer.service import TimerService
+        from .transaction.service import TransactionService
+
+        self.schedule = ScheduleService(self)
+        self.timer = TimerService(self)
+        self.transactions = TransactionService(self)
+
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if flush_service and self.config.flush_disk_type == "ASYNC_FLUSH":
+            self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush", daemon=True)
+            self._flusher.start()
+
+    def _resolve_config(self, config: StoreConfig) -> StoreConfig:
+        path = os.path.join(self.root, "config", "store.json")
+        recorded = read_json(path)
+        if isinstance(recorded, dict) and isinstance(recorded.get("layout"), dict):
+            layout = {k: v for k, v in recorded["layout"].items() if k in LAYOUT_FIELDS}
+            differing = {k: (getattr(config, k), v) for k, v in layout.items()
+                         if getattr(config, k) != v}
+            if differing and config.strict_layout:
+                detail = ", ".join(f"{k}: given {a!r}, recorded {b!r}" for k, (a, b) in differing.items())
+                raise ConfigMismatchError(
+                    f"store {self.root} was created with other layout settings ({detail}); "
+                    "open it with the recorded values or without strict_layout"
+                )
+            return config.replace(**layout) if differing else config
+        write_json_atomic(path, {"layout": config.layout(), "created_ms": system_clock()})
+        return config
+
+    def close(self) -> None:
+        """Flush everything and release the store; the last process out removes ``abort``."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=10)
+        with self._write_locked(catch_up=False):
+            for service in (self.timer, self.schedule, self.transactions):
+                service.close()
+            self.flush()
+            in_progress = self.checkpoint.get("write_in_progress") != -1
+        if _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB) and not in_progress:
+            try:
+                os.unlink(os.path.join(self.root, "abort"))
+            except FileNotFoundError:
+                pass
+        fcntl.flock(self._open_lock_fd, fcntl.LOCK_UN)
+        self._closed = True
+        for q in self._queues.values():
+            q.close()
+        self.commit_log.close()
+        self.checkpoint.close()
+        os.close(self._write_lock_fd)
+        os.close(self._open_lock_fd)
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+    # ------------------------------------------------------------------ locking and catch-up
+    @contextmanager
+    def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
+        """Hold the append lock of this process and of the store directory."""
+        with self._thread_lock:
+            fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+            try:
+                if catch_up:
+                    if self.checkpoint.get("write_in_progress") != -1:
+                        # the previous holder died in the middle of an append
+                        self._recover(self.checkpoint.get("confirm_phy_offset"))
+                    self._catch_up()
+                yield
+            finally:
+                fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+
+    def write_lock(self):
+        """The store's append lock as a context manager (re-entrant within a process).
+
+        Services hold it across a read-decide-append step so that concurrent processes do
+        not deliver the same message twice.
+        """
+        self._check_open()
+        return self._write_locked()
+
+    def _catch_up(self, force: bool = False) -> None:
+        generation = self.checkpoint.get("write_generation")
+        if force or generation != self._generation:
+            self._generation = generation
+            self._write_offset = self.checkpoint.get("confirm_phy_offset")
+            self._queue_next.clear()
+            self.commit_log.files.refresh()
+            self.topic_table.reload()
+
+    def _recover(self, start_offset: int) -> None:
+        from .recovery import recover_tail
+
+        recover_tail(self, start_offset)
+        self.recovered = True
+
+    # ------------------------------------------------------------------ topics and queues
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The :class:`ConsumeQueue` object of a queue (created lazily; files on first write)."""
+        key = (topic, queue_id)
+        q = self._queues.get(key)
+        if q is None:
+            q = ConsumeQueue(os.path.join(self.root, "consumequeue"), topic, queue_id,
+                             self.config.consume_queue_file_entries)
+            self._queues[key] = q
+        return q
+
+    def _ensure_topic(self, topic: str) -> int:
+        count = self.topic_table.queue_count(topic)
+        if count is None:
+            count = system_queue_count(topic, len(self.config.delay_levels_ms))
+            if count is None:
+                count = self.config.default_queue_count
+            self.topic_table.create(topic, count, self.now_ms())
+        return count
+
+    def _ensure_topic_locked(self, topic: str) -> int:
+        """Create ``topic`` if needed (under the append lock); return its queue count."""
+        count = self.topic_table.queue_count(topic)
+        if count is not None:
+            return count
+        with self._write_locked():
+            return self._ensure_topic(topic)
+
+    def next_queue(self, topic: str, queue_count: int) -> int:
+        """The next queue of ``topic`` in this process's round robin."""
+        with self._thread_lock:
+            return next(self._round_robin.setdefault(topic, itertools.count())) % queue_count
+
+    def topics(self, *, include_system: bool = False) -> list[str]:
+        """Names of the topics in the store (user topics unless ``include_system``)."""
+        self._check_open()
+        names = self.topic_table.names()
+        return names if include_system else [t for t in names if not is_system_topic(t)]
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic``; :class:`UnknownTopicError` when it does not exist."""
+        self._check_open()
+        count = self.topic_table.queue_count(topic)
+        if count is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist in store {self.root}; "
+                                    f"existing topics: {self.topics()}")
+        return list(range(count))
+
+    def _check_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        ids = self.queue_ids(topic)
+        if not isinstance(queue_id, (int, np.integer)) or int(queue_id) not in ids:
+            raise UnknownTopicError(
+                f"queue_id {queue_id!r} does not exist for topic {topic!r}; allowed: 0 to {len(ids) - 1}"
+            )
+        return self.consume_queue(topic, int(queue_id))
+
+    def confirmed_offset(self) -> int:
+        """CommitLog offset up to which records are complete and indexed."""
+        return self.checkpoint.get("confirm_phy_offset")
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the newest visible message of the queue (0 for an empty queue)."""
+        self._check_open()
+        return self._check_queue(topic, queue_id).max_offset(self.confirmed_offset())
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest offset still readable (retention moves it forward)."""
+        self._check_open()
+        cq = self._check_queue(topic, queue_id)
+        return cq.min_offset(self.commit_log.min_offset(), self.confirmed_offset())
+
+    # ------------------------------------------------------------------ appending
+    def append(self, specs: Sequence[RecordSpec], *, batch: bool = False) -> list[AppendResult]:
+        """Append records (already validated and rewritten by the producer or a service).
+
+        Queue ids of ``None`` are chosen round robin.  With ``batch``, the records share one
+        store time and, when they fit, one segment (RocketMQ moves a batch to the next file
+        whole).  Returns where each record landed, in order.
+        """
+        self._check_open()
+        if not specs:
+            return []
+        with self._write_locked():
+            return self._append_locked(specs, batch=batch)
+
+    def _append_locked(self, specs: Sequence[RecordSpec], *, batch: bool) -> list[AppendResult]:
+        cfg = self.config
+        now = self.now_ms()
+        offset = self._write_offset
+        encoded: list[tuple[int, bytes]] = []  # (offset, bytes) pieces, blanks included
+        results: list[AppendResult] = []
+        dispatch: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        pending_next: dict[tuple[str, int], int] = {}
+        max_record = cfg.max_message_size_bytes + 64 * 1024
+
+        sized = []
+        for spec in specs:
+            topic_b = spec.topic.encode("ascii")
+            props_b = codec.encode_properties(spec.properties)
+            if len(props_b) > cfg.max_properties_size_bytes:
+                raise MessageTooLargeError(
+                    f"properties of a message to {spec.topic!r} are {len(props_b)} bytes; "
+                    f"allowed: at most {cfg.max_properties_size_bytes}")
+            size = codec.record_size(len(spec.body), len(topic_b), len(props_b))
+            if size > max_record or size + codec.BLANK.size > cfg.commitlog_file_size_bytes:
+                raise MessageTooLargeError(
+                    f"a record of {size} bytes does not fit (max {min(max_record, cfg.commitlog_file_size_bytes - 8)})")
+            sized.append((spec, topic_b, props_b, size))
+
+        if batch:  # move the whole batch to the next file when it would cross the boundary
+            total = sum(s[3] for s in sized)
+            if total + codec.BLANK.size <= cfg.commitlog_file_size_bytes:
+                start, blank = self.commit_log.place(offset, total)
+                if blank is not None:
+                    encoded.append((offset, blank))
+                    offset = start
+
+        for spec, topic_b, props_b, size in sized:
+            start, blank = self.commit_log.place(offset, size)
+            if blank is not None:
+                encoded.append((offset, blank))
+            queue_count = self._ensure_topic(spec.topic)
+            qid = spec.queue_id
+            if qid is None:
+                qid = next(self._round_robin.setdefault(spec.topic, itertools.count())) % queue_count
+            elif not 0 <= qid < queue_count:
+                raise InvalidMessageError(
+                    f"queue_id {qid} for topic {spec.topic!r}; allowed: 0 to {queue_count - 1}")
+            key = (spec.topic, qid)
+            tx_type = spec.sys_flag & TRANSACTION_TYPE_MASK
+            dispatched = tx_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+            if dispatched:
+                qoff = pending_next.get(key)
+                if qoff is None:
+                    qoff = self._next_queue_offset(key)
+                pending_next[key] = qoff + 1
+            else:
+                qoff = 0  # PREPARED and ROLLBACK records are never indexed
+            data = codec.encode_record(spec, queue_id=qid, queue_offset=qoff, physical_offset=start,
+                                       store_timestamp_ms=now, topic_bytes=topic_b,
+                                       properties_bytes=props_b)
+            encoded.append((start, data))
+            if dispatched:
+                dispatch.setdefault(key, []).append(
+                    (qoff, start, size, self._tags_code(spec.topic, spec.properties, now)))
+            results.append(AppendResult(spec.topic, qid, qoff, start, size, now))
+            offset = start + size
+
+        # Crash safety: mark the append, write, (sync), index, then publish.
+        cp = self.checkpoint
+        cp.set("write_in_progress", self._write_offset)
+        self._write_pieces(encoded)
+        if cfg.flush_disk_type == "SYNC_FLUSH":
+            self.commit_log.flush(self._write_offset)
+        for key, rows in dispatch.items():
+            arr = np.array(rows, dtype=np.int64)
+            self.consume_queue(*key).put(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
+        cp.set("physic_msg_timestamp", now)
+        cp.set("confirm_phy_offset", offset)
+        self._generation = cp.get("write_generation") + 1
+        cp.set("write_generation", self._generation)
+        cp.set("write_in_progress", -1)
+        self._write_offset = offset
+        self._queue_next.update(pending_next)
+        return results
+
+    def _write_pieces(self, pieces: list[tuple[int, bytes]]) -> None:
+        """Write (offset, bytes) pieces, joining contiguous runs into one write per segment."""
+        size = self.config.commitlog_file_size_bytes
+        run_start, run = None, []
+        run_end = 0
+        for off, data in pieces:
+            if run and (off != run_end or off // size != run_start // size):
+                self.commit_log.write(run_start, b"".join(run))
+                run = []
+            if not run:
+                run_start = off
+            run.append(data)
+            run_end = off + len(data)
+        if run:
+            self.commit_log.write(run_start, b"".join(run))
+
+    def _next_queue_offset(self, key: tuple[str, int]) -> int:
+        nxt = self._queue_next.get(key)
+        if nxt is None:
+            nxt = self.consume_queue(*key).max_offset(self._write_offset)
+            self._queue_next[key] = nxt
+        return nxt
+
+    def _tags_code(self, topic: str, properties, store_ts: int) -> int:
+        if topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in properties:
+            return self.schedule_deliver_time(int(properties[PROPERTY_DELAY_TIME_LEVEL]), store_ts)
+        tags = properties.get(PROPERTY_TAGS)
+        if not tags:
+            return 0
+        code = self._tags_code_cache.get(tags)
+        if code is None:
+            code = codec_tags_code(tags)
+            if len(self._tags_code_cache) < 65536:
+                self._tags_code_cache[tags] = code
+        return code
+
+    def schedule_deliver_time(self, level: int, store_ts: int) -> int:
+        """RocketMQ's tagsCode of a SCHEDULE_TOPIC_XXXX record: store time + level delay."""
+        levels = self.config.delay_levels_ms
+        if level <= 0:
+            return store_ts + 1000
+        return store_ts + levels[min(level, len(levels)) - 1]
+
+    # ------------------------------------------------------------------ flushing
+    def flush(self) -> None:
+        """Make everything appended so far durable and record it in the checkpoint.
+
+        Runs beside appends (``fdatasync`` needs no append lock); the checkpoint's
+        ``flushed_phy_offset`` only moves forward, and only after the data below it is on disk.
+        """
+        with self._flush_lock:
+            confirm = self.checkpoint.get("confirm_phy_offset")
+            generation = self.checkpoint.get("write_generation")
+            if generation == self._flushed_generation:
+                return
+            self.commit_log.flush(min(self.checkpoint.get("flushed_phy_offset"), confirm))
+            for q in list(self._queues.values()):
+                q.flush()
+            self.checkpoint.set("logics_msg_timestamp", self.checkpoint.get("physic_msg_timestamp"))
+            if confirm > self.checkpoint.get("flushed_phy_offset"):
+                self.checkpoint.set("flushed_phy_offset", confirm)
+            self.checkpoint.flush()
+            self._flushed_generation = generation
+
+    def _flush_loop(self) -> None:
+        interval = self.config.flush_interval_commitlog_ms / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # pragma: no cover - keep flushing; the next round retries
+                pass
+
+    # ------------------------------------------------------------------ reading
+    def read_record(self, commitlog_offset: int) -> Record:
+        """Decode the record at a CommitLog offset."""
+        self._check_open()
+        return self.commit_log.read_record(commitlog_offset)
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[MessageView]:
+        """Up to ``max_messages`` messages of a queue from ``offset`` on.
+
+        Returns ``[]`` at the end of the queue.  Raises :class:`OffsetOutOfRangeError` for an
+        offset below :meth:`min_offset` (removed by retention) or above :meth:`max_offset`.
+        """
+        self._check_open()
+        if not isinstance(max_messages, int) or max_messages <= 0:
+            raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
+        cq = self._check_queue(topic, queue_id)
+        limit = self.confirmed_offset()
+        maxo = cq.max_offset(limit)
+        mino = cq.min_offset(self.commit_log.min_offset(), limit)
+        if offset < mino or offset > maxo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}/{queue_id} is out of range; allowed: {mino} to {maxo}"
+                + (" (older messages were removed by retention)" if offset < mino else ""))
+        entries = cq.entries(offset, min(maxo, offset + max_messages))
+        views = []
+        for i, e in enumerate(entries):
+            rec = self.commit_log.read_record(int(e["offset"]))
+            views.append(record_view(rec, offset + i))
+        return views
+
+    def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
+        """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""
+        self._check_open()
+        return self.consume_queue(topic, queue_id).entries(start, end)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is at or after ``timestamp_ms``.
+
+        Returns :meth:`max_offset` when every message is older (RocketMQ's LOWER boundary).
+        """
+        self._check_open()
+        lo = self.min_offset(topic, queue_id)
+        hi = self.max_offset(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = cq.entry(mid)
+            assert entry is not None
+            if self.commit_log.store_timestamp(entry[0]) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
+                   tags: Iterable[str] | None = None):
+        """Decode queue offsets ``[start, end)`` into a ``pyarrow.RecordBatch`` (vectorised).
+
+        Columns follow :data:`store.arrow_decode.MESSAGE_SCHEMA`.  ``tags`` keeps only
+        messages whose tag is one of them (filtered on tagsCode before any body is read).
+        """
+        from .arrow_decode import read_queue_batch
+
+        self._check_open()
+        return read_queue_batch(self, topic, queue_id, start, end, tags=tags)
+
+    # ------------------------------------------------------------------ delayed and transactional
+    def producer(self, group: str = "DEFAULT_PRODUCER"):
+        """A :class:`~store.producer.Producer` of ``group``."""
+        from .producer import Producer
+
+        self._check_open()
+        return Producer(self, group)
+
+    def transaction_producer(self, group: str, listener):
+        """A producer that sends half messages and runs ``listener``'s local transaction."""
+        from .transaction.producer import TransactionProducer
+
+        self._check_open()
+        return TransactionProducer(self, group, listener)
+
+    def deliver_due(self) -> int:
+        """Move every delayed message due by now into its real topic; return how many."""
+        self._check_open()
+        return self.schedule.deliver_due() + self.timer.deliver_due()
+
+    def end_transaction(self, transaction_id: str, state) -> bool:
+        """Commit or roll back a half message; ``False`` when it was already ended."""
+        self._check_open()
+        return self.transactions.end_transaction(transaction_id, state)
+
+    def check_transactions(self, resolve):
+        """Run one round of the transaction check loop with ``resolve(view) -> state``."""
+        self._check_open()
+        return self.transactions.check(resolve)
+
+    # ------------------------------------------------------------------ retention
+    def clean_expired_files(self, *, force: bool = False) -> int:
+        """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
+
+        A segment's age is the store time of the first record of the next segment (records
+        are in store-time order), so the newest segment is never deleted.  ConsumeQueue files
+        whose records are all gone go too, and queue minimum offsets move forward.
+        """
+        from .retention import clean_expired_files
+
+        self._check_open()
+        return clean_expired_files(self, force=force)
+
+    # ------------------------------------------------------------------ stats
+    def disk_usage_bytes(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    def all_consume_queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with files on disk, system topics included."""
+        root = os.path.join(self.root, "consumequeue")
+        out = []
+        for topic in sorted(os.listdir(root)):
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if q.isdigit():
+                    out.append((topic, int(q)))
+        return out
+
+
+def codec_tags_code(tags: str) -> int:
+    from .message import java_string_hash
+
+    return java_string_hash(tags)
+
+
+def record_view(rec: Record, queue_offset: int | None = None) -> MessageView:
+    """The user-facing view of a record (system properties hidden)."""
+    props = rec.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
+    keys = tuple(k for k in props.get(PROPERTY_KEYS, "").split(" ") if k)
+    deliver = props.get(PROPERTY_DELIVER_MS)
+    tx_id = props.get(PROPERTY_TRANSACTION_ID) if (
+        rec.sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE else None
+    return MessageView(
+        topic=rec.topic, queue_id=rec.queue_id,
+        queue_offset=rec.queue_offset if queue_offset is None else queue_offset,
+        commitlog_offset=rec.physical_offset, msg_id=props.get(PROPERTY_UNIQ_KEY, ""),
+        tags=props.get(PROPERTY_TAGS), keys=keys, body=rec.body, properties=user,
+        born_timestamp_ms=rec.born_timestamp_ms, store_timestamp_ms=rec.store_timestamp_ms,
+        deliver_timestamp_ms=int(deliver) if deliver else None, transaction_id=tx_id,
+        reconsume_times=rec.reconsume_times, sys_flag=rec.sys_flag,
+        system_properties={k: v for k, v in props.items() if k in SYSTEM_PROPERTY_NAMES},
+    )
+
+
+def _try_flock(fd: int, flags: int) -> bool:
+    try:
+        fcntl.flock(fd, flags)
+        return True
+    except BlockingIOError:
+        return False

@@ -1,0 +1,158 @@
+"""Producer: validates user messages and turns them into records (plain, delayed, batch)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .codec import RecordSpec
+from .errors import InvalidBatchError, InvalidDelayError, MessageTooLargeError
+from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, SendResult,
+                      validate_group, validate_message)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .message_store import MessageStore
+
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Producer:
+    """Sends messages of one producer group to a :class:`~store.MessageStore`."""
+
+    def __init__(self, store: "MessageStore", group: str) -> None:
+        self.store = store
+        self.group = validate_group(group)
+
+    # -- building records -------------------------------------------------------------------
+    def _spec(self, message: Message, msg_id: str, now: int) -> RecordSpec:
+        validate_message(message, self.store.config.max_message_size_bytes)
+        props = dict(message.properties)
+        if message.tags:
+            props[PROPERTY_TAGS] = message.tags
+        keys = message.key_list()
+        if keys:
+            props[PROPERTY_KEYS] = " ".join(keys)
+        props[PROPERTY_UNIQ_KEY] = msg_id
+        return RecordSpec(topic=message.topic, body=bytes(message.body), properties=props,
+                          flag=message.flag, born_timestamp_ms=now)
+
+    def _check_delay(self, delay_level, delay_ms, deliver_at_ms, now: int) -> tuple[int | None, int | None]:
+        """Validate the delay arguments; return ``(level, deliver_ms)`` (at most one set)."""
+        given = [n for n, v in (("delay_level", delay_level), ("delay_ms", delay_ms),
+                                ("deliver_at_ms", deliver_at_ms)) if v is not None]
+        if len(given) > 1:
+            raise InvalidDelayError(
+                f"{' and '.join(given)} were both given; allowed: at most one of delay_level, "
+                "delay_ms, deliver_at_ms")
+        max_delay = self.store.config.timer_max_delay_ms
+        if delay_level is not None:
+            if not _is_int(delay_level) or delay_level < 0:
+                raise InvalidDelayError(
+                    f"delay_level={delay_level!r}; allowed: an int >= 0 (0 means no delay; "
+                    f"levels above {len(self.store.config.delay_levels_ms)} are clamped)")
+            return (delay_level or None), None
+        if delay_ms is not None:
+            if not _is_int(delay_ms) or delay_ms < 0:
+                raise InvalidDelayError(f"delay_ms={delay_ms!r}; allowed: an int from 0 to {max_delay}")
+            if delay_ms > max_delay:
+                raise InvalidDelayError(
+                    f"delay_ms={delay_ms} exceeds timer_max_delay_ms={max_delay}")
+            return None, (now + delay_ms if delay_ms > 0 else None)
+        if deliver_at_ms is not None:
+            if not _is_int(deliver_at_ms) or deliver_at_ms < 0:
+                raise InvalidDelayError(f"deliver_at_ms={deliver_at_ms!r}; allowed: epoch ms >= 0")
+            if deliver_at_ms - now > max_delay:
+                raise InvalidDelayError(
+                    f"deliver_at_ms={deliver_at_ms} is {deliver_at_ms - now} ms ahead; allowed: at "
+                    f"most timer_max_delay_ms={max_delay}")
+            # a time in the past is delivered at once, as RocketMQ does
+            return None, (deliver_at_ms if deliver_at_ms > now else None)
+        return None, None
+
+    # -- sending ----------------------------------------------------------------------------
+    def send(self, message: Message, *, delay_level: int | None = None, delay_ms: int | None = None,
+             deliver_at_ms: int | None = None) -> SendResult:
+        """Store one message, now or delayed.
+
+        Parameters
+        ----------
+        message : Message
+            What to send.
+        delay_level : int, optional
+            A 4.x delay level (1 = the first entry of ``message_delay_level``); levels above
+            the table are clamped to the last one; 0 means no delay.
+        delay_ms : int, optional
+            Deliver after this many ms (timer wheel), up to ``timer_max_delay_ms``.
+        deliver_at_ms : int, optional
+            Deliver at this epoch ms (timer wheel); a time in the past delivers at once.
+
+        Returns
+        -------
+        SendResult
+            Where the record was stored (for delayed messages: in the system topic, with
+            ``deliver_at_ms`` set).
+        """
+        now = self.store.now_ms()
+        level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
+        msg_id = self.store.id_generator.next_id(now)
+        spec = self._spec(message, msg_id, now)
+        due = None
+        if level is not None:
+            spec, due = self.store.schedule.rewrite(spec, level)
+        elif deliver_ms is not None:
+            spec, due = self.store.timer.rewrite(spec, deliver_ms)
+        r = self.store.append([spec])[0]
+        return SendResult(msg_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset,
+                          deliver_at_ms=due)
+
+    def send_batch(self, messages: Sequence[Message]) -> list[SendResult]:
+        """Store messages of one topic as consecutive records of one queue.
+
+        RocketMQ's batch rules: all messages share one topic, which is no retry topic; no
+        delay; the encoded batch is at most ``max_message_size_bytes`` (4 MiB).
+        """
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidBatchError("send_batch needs a non-empty list of store.Message")
+        topics = {getattr(m, "topic", None) for m in messages}
+        if len(topics) != 1:
+            raise InvalidBatchError(
+                f"a batch must have one topic; got {sorted(map(str, topics))}")
+        topic = next(iter(topics))
+        if isinstance(topic, str) and topic.startswith((RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)):
+            raise InvalidBatchError(f"a batch may not go to the retry or DLQ topic {topic!r}")
+        now = self.store.now_ms()
+        ids = self.store.id_generator.next_ids(len(messages), now)
+        specs = [self._spec(m, i, now) for m, i in zip(messages, ids)]
+        # RocketMQ's wire size of a batch: 20 fixed bytes + body + 2 + properties, per message
+        total = sum(20 + len(s.body) + 2 + len(_props_len(s)) for s in specs)
+        limit = self.store.config.max_message_size_bytes
+        if total > limit:
+            raise MessageTooLargeError(
+                f"batch of {len(specs)} messages is {total} bytes encoded; allowed: at most "
+                f"max_message_size_bytes={limit}; split it into smaller batches")
+        queue_count = self.store._ensure_topic_locked(topic)
+        qid = self.store.next_queue(topic, queue_count)
+        specs = [RecordSpec(topic=s.topic, body=s.body, properties=s.properties, queue_id=qid,
+                            flag=s.flag, born_timestamp_ms=now) for s in specs]
+        results = self.store.append(specs, batch=True)
+        return [SendResult(i, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset)
+                for i, r in zip(ids, results)]
+
+    def cancel(self, topic: str, msg_id: str) -> bool:
+        """Cancel a pending timer message (RocketMQ's delete marker).
+
+        Returns ``True`` when a pending message with that id on that topic was found and
+        will never surface; ``False`` when nothing matched (a wrong id, or the id on another
+        topic, cancels nothing; the marker itself never surfaces).
+        """
+        return self.store.timer.cancel(topic, msg_id)
+
+
+def _props_len(spec: RecordSpec) -> bytes:
+    from .codec import encode_properties
+
+    return encode_properties(spec.properties)

@@ -1,0 +1,116 @@
+"""``config/topics.json``: the topics of a store and their queue counts.
+
+Shape follows RocketMQ's TopicConfigManager (``topicConfigTable`` of per-topic configs plus a
+``dataVersion``).  Written atomically (temp file, fsync, rename; the previous file kept as
+``topics.json.bak`` and read when the main file is missing or unreadable).  Only the process
+holding the store's write lock changes it; every process re-reads it when it changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .message import (SCHEDULE_TOPIC, SYSTEM_TOPICS, TIMER_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
+                      TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
+
+PERM_READ = 4
+PERM_WRITE = 2
+
+
+def write_json_atomic(path: str, data: object) -> None:
+    """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
+    directory = os.path.dirname(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if os.path.exists(path):
+        try:
+            os.replace(path, path + ".bak")
+        except OSError:
+            pass
+    os.replace(tmp, path)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def read_json(path: str) -> object | None:
+    """Read a JSON file written by :func:`write_json_atomic`, falling back to its ``.bak``."""
+    for candidate in (path, path + ".bak"):
+        try:
+            with open(candidate, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def system_queue_count(topic: str, delay_levels: int) -> int | None:
+    if topic == SCHEDULE_TOPIC:
+        return delay_levels
+    if topic in (TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC):
+        return 1
+    if topic in SYSTEM_TOPICS:
+        return 1
+    return None
+
+
+class TopicTable:
+    """In-memory view of ``topics.json`` with change detection."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._topics: dict[str, dict] = {}
+        self.reload()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_ino)
+
+    def reload(self, force: bool = False) -> dict[str, dict]:
+        stamp = self._file_stamp()
+        if force or stamp != self._stamp or stamp is None:
+            data = read_json(self.path) or {}
+            table = data.get("topicConfigTable", {}) if isinstance(data, dict) else {}
+            self._topics = {k: v for k, v in table.items() if isinstance(v, dict)}
+            self._stamp = stamp
+        return self._topics
+
+    def get(self, topic: str) -> dict | None:
+        return self.reload().get(topic)
+
+    def queue_count(self, topic: str) -> int | None:
+        cfg = self.get(topic)
+        return int(cfg["writeQueueNums"]) if cfg else None
+
+    def names(self) -> list[str]:
+        return sorted(self.reload())
+
+    def create(self, topic: str, queue_count: int, now_ms: int) -> dict:
+        """Add a topic (caller holds the write lock) and persist the table."""
+        topics = dict(self.reload(force=True))
+        if topic in topics:
+            return topics[topic]
+        cfg = {
+            "topicName": topic, "readQueueNums": queue_count, "writeQueueNums": queue_count,
+            "perm": PERM_READ | PERM_WRITE, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+            "order": False, "attributes": {},
+        }
+        topics[topic] = cfg
+        write_json_atomic(self.path, {
+            "topicConfigTable": topics,
+            "dataVersion": {"counter": len(topics), "stateVersion": 0, "timestamp": now_ms},
+        })
+        self._topics = topics
+        self._stamp = self._file_stamp()
+        return cfg

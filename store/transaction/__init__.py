@@ -1,0 +1,1 @@
+"""Transactional messages: half messages, op messages and the check loop."""
