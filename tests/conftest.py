@@ -1,0 +1,97 @@
+"""Shared fixtures: a controllable clock, small-segment stores, one local Spark session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from store import MessageStore, StoreConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FakeClock:
+    """A clock tests move by hand (epoch ms); thread-safe; callable like ``system_clock``."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self._now = start_ms
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self._now
+
+    def advance(self, ms: int) -> int:
+        with self._lock:
+            self._now += ms
+            return self._now
+
+    def set(self, ms: int) -> None:
+        with self._lock:
+            self._now = ms
+
+
+SMALL = StoreConfig(commitlog_file_size_bytes=64 * 1024, consume_queue_file_entries=1000,
+                    timer_precision_ms=100, timer_wheel_slots=4096, timer_roll_window_slots=1024,
+                    timer_log_file_size_bytes=64 * 1024)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def small_config() -> StoreConfig:
+    return SMALL
+
+
+@pytest.fixture
+def store_path(tmp_path) -> str:
+    return str(tmp_path / "store")
+
+
+@pytest.fixture(params=["fresh", "reopened"])
+def store(request, store_path, clock):
+    """A small-segment store on a fake clock; the "reopened" variant was closed and reopened."""
+    s = MessageStore.open(store_path, SMALL, clock=clock)
+    if request.param == "reopened":
+        s.producer("warmup").send(__import__("store").Message("warmup", b"w"))
+        s.close()
+        s = MessageStore.open(store_path, SMALL, clock=clock)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One local[2] Spark session for the whole suite (quiet logs, this interpreter's Python)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # workers must import store, rmq_source and pyspark_rmq even without an install
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    from pyspark.sql import SparkSession
+
+    log4j = tmp_path_factory.mktemp("log4j") / "log4j2.properties"
+    log4j.write_text("rootLogger.level = error\nrootLogger.appenderRef.stdout.ref = console\n"
+                     "appender.console.type = Console\nappender.console.name = console\n"
+                     "appender.console.layout.type = PatternLayout\n"
+                     "appender.console.layout.pattern = %d %p %c: %m%n\n")
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    session = (
+        SparkSession.builder.master("local[2]").appName("rmq-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
