@@ -75,7 +75,8 @@ class MessageStore:
     # ------------------------------------------------------------------ opening and closing
     @classmethod
     def open(cls, path: str | os.PathLike, config: StoreConfig | None = None, *,
-             clock: Clock | None = None, flush_service: bool = True) -> "MessageStore":
+             clock: Clock | None = None, flush_service: bool = True,
+             read_only: bool = False) -> "MessageStore":
         """Open (creating when missing) the store at ``path``; recover it after a crash.
 
         Parameters
@@ -89,13 +90,22 @@ class MessageStore:
             Returns "now" in epoch ms; tests pass a controllable one.
         flush_service : bool
             Run the background flush thread (ASYNC_FLUSH only).
+        read_only : bool
+            Open an existing store for reading only (what Spark executors do): no marker,
+            no recovery, no flush thread, no writes; appends raise :class:`StoreError`.
         """
-        return cls(os.fspath(path), config, clock=clock, flush_service=flush_service)
+        return cls(os.fspath(path), config, clock=clock, flush_service=flush_service,
+                   read_only=read_only)
 
     def __init__(self, path: str, config: StoreConfig | None = None, *,
-                 clock: Clock | None = None, flush_service: bool = True) -> None:
+                 clock: Clock | None = None, flush_service: bool = True,
+                 read_only: bool = False) -> None:
         self.root = os.path.abspath(path)
         self._closed = True
+        self.read_only = read_only
+        if read_only:
+            self._init_read_only(config, clock)
+            return
         for sub in ("commitlog", "consumequeue", "config"):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         self.config = self._resolve_config(config or StoreConfig())
@@ -147,6 +157,24 @@ class MessageStore:
             self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush", daemon=True)
             self._flusher.start()
 
+    def _init_read_only(self, config: StoreConfig | None, clock: Clock | None) -> None:
+        if not os.path.isfile(os.path.join(self.root, "config", "store.json")):
+            raise UnknownTopicError(
+                f"{self.root} is not an rmq store (no config/store.json); give the directory "
+                "a producer wrote to")
+        self.config = self._resolve_config(config or StoreConfig())
+        self.now_ms = clock or system_clock
+        self._thread_lock = threading.RLock()
+        self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
+                                    self.config.commitlog_file_size_bytes)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"))
+        self._queues = {}
+        self._queue_next = {}
+        self._tags_code_cache = {}
+        self._closed = False
+        self.recovered = False
+
     def _resolve_config(self, config: StoreConfig) -> StoreConfig:
         path = os.path.join(self.root, "config", "store.json")
         recorded = read_json(path)
@@ -167,6 +195,13 @@ class MessageStore:
     def close(self) -> None:
         """Flush everything and release the store; the last process out removes ``abort``."""
         if self._closed:
+            return
+        if self.read_only:
+            self._closed = True
+            for q in self._queues.values():
+                q.close()
+            self.commit_log.close()
+            self.checkpoint.close()
             return
         self._stop.set()
         if self._flusher is not None:
@@ -223,6 +258,8 @@ class MessageStore:
         not deliver the same message twice.
         """
         self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.root} was opened read_only")
         return self._write_locked()
 
     def _catch_up(self, force: bool = False) -> None:
@@ -320,6 +357,8 @@ class MessageStore:
         whole).  Returns where each record landed, in order.
         """
         self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.root} was opened read_only; appends are refused")
         if not specs:
             return []
         with self._write_locked():
