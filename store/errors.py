@@ -56,6 +56,10 @@ class UnknownTopicError(StoreError, LookupError):
     """A topic or queue id that the store does not hold."""
 
 
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """A directory opened read-only is not an rmq store."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after :meth:`~store.MessageStore.close`."""
 

@@ -39,7 +39,8 @@ from .commit_log import CommitLog
 from .config import LAYOUT_FIELDS, StoreConfig
 from .consume_queue import ConsumeQueue
 from .errors import (ConfigMismatchError, InvalidMessageError, MessageTooLargeError,
-                     OffsetOutOfRangeError, StoreClosedError, UnknownTopicError)
+                     OffsetOutOfRangeError, StoreClosedError, StoreNotFoundError,
+                     UnknownTopicError)
 from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS, PROPERTY_KEYS,
                       PROPERTY_TAGS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY, SCHEDULE_TOPIC,
                       SYSTEM_PROPERTY_NAMES, MessageView, is_system_topic, validate_topic)
@@ -159,7 +160,7 @@ class MessageStore:
 
     def _init_read_only(self, config: StoreConfig | None, clock: Clock | None) -> None:
         if not os.path.isfile(os.path.join(self.root, "config", "store.json")):
-            raise UnknownTopicError(
+            raise StoreNotFoundError(
                 f"{self.root} is not an rmq store (no config/store.json); give the directory "
                 "a producer wrote to")
         self.config = self._resolve_config(config or StoreConfig())
