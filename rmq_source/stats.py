@@ -1,0 +1,65 @@
+"""``rmq stats``: what a store holds, gathered through the store's public API."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from store import is_system_topic
+
+
+def collect_stats(store, *, include_system: bool = False) -> dict:
+    """Topics with per-queue offsets, pending delayed and half messages, disk use."""
+    topics = []
+    for topic in store.topics(include_system=include_system):
+        queues = []
+        for q in store.queue_ids(topic):
+            lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
+            queues.append({"queue_id": q, "min_offset": lo, "max_offset": hi, "messages": hi - lo})
+        topics.append({"topic": topic, "system": is_system_topic(topic), "queues": queues,
+                       "messages": sum(q["messages"] for q in queues)})
+    now = store.now_ms()
+    return {
+        "store": store.root,
+        "now_ms": now,
+        "topics": topics,
+        "delayed": store.pending_delayed_stats(),
+        "transactions": store.pending_transaction_stats(),
+        "disk_bytes": store.disk_usage_bytes(),
+    }
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def render_stats(data: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]store[/bold] {data['store']}   disk {_human_bytes(data['disk_bytes'])}")
+    t = Table(title="topics", show_lines=False)
+    for col in ("topic", "queue", "min offset", "max offset", "messages"):
+        t.add_column(col, justify="right" if col != "topic" else "left")
+    for topic in data["topics"]:
+        for q in topic["queues"]:
+            t.add_row(topic["topic"], str(q["queue_id"]), str(q["min_offset"]),
+                      str(q["max_offset"]), str(q["messages"]))
+    console.print(t)
+    delayed = data["delayed"]
+    d = Table(title=f"pending delayed messages: {delayed['pending']}")
+    d.add_column("due within")
+    d.add_column("messages", justify="right")
+    for bucket in delayed["by_due"]:
+        d.add_row(bucket["label"], str(bucket["count"]))
+    console.print(d)
+    if delayed.get("next_due_ms") is not None:
+        when = _dt.datetime.fromtimestamp(delayed["next_due_ms"] / 1000, _dt.timezone.utc)
+        console.print(f"next due: {when.isoformat(timespec='milliseconds')}")
+    tx = data["transactions"]
+    console.print(f"pending half messages: {tx['pending']}"
+                  + (f" (oldest born {tx['oldest_born_ms']})" if tx.get("oldest_born_ms") else ""))
