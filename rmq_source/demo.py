@@ -1,0 +1,322 @@
+"""``rmq demo``: the order time-out pipeline, end to end, on an embedded store.
+
+The scenario of the seed articles, with RocketMQ's 30-minute time-out scaled to seconds:
+
+1. A producer thread creates orders (topic ``orders``).  Each order also gets a delayed
+   "close if unpaid" message (topic ``order_timeouts``, timer wheel, ``timeout_s`` ahead).
+2. Most orders are paid through transactional messages (topic ``payments``): committed at
+   once, rolled back, or left UNKNOW for the check loop; a few are never paid.
+3. Spark query ``pipeline`` reads orders, payments and time-outs as micro-batches and closes
+   every order whose time-out surfaces while it is unpaid (topic ``order_closed``).
+4. Spark query ``check_loop`` reads ``view=transaction_checks``, joins the half messages with
+   the orders table (did the customer really pay?) and writes COMMIT / ROLLBACK back with
+   ``action=end_transaction``.
+
+At the end it checks the invariants (every time-out seen once and never early, exactly the
+committed payments seen, exactly the unpaid orders closed) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ORDERS, PAYMENTS, TIMEOUTS, CLOSED = "orders", "payments", "order_timeouts", "order_closed"
+
+# how each order's payment goes (fractions of all orders)
+OUTCOMES = (("commit", 0.70), ("rollback", 0.08), ("unknown_paid", 0.10),
+            ("unknown_unpaid", 0.05), ("no_payment", 0.07))
+
+
+@dataclass
+class DemoState:
+    """What the pipeline query has seen (updated on the driver by foreachBatch)."""
+
+    created: set = field(default_factory=set)
+    paid: dict = field(default_factory=dict)  # order id -> times seen
+    timeouts_seen: dict = field(default_factory=dict)  # order id -> times seen
+    closed: set = field(default_factory=set)
+    early: list = field(default_factory=list)
+    lateness_store_ms: list = field(default_factory=list)
+    lateness_seen_ms: list = field(default_factory=list)
+    batches: int = 0
+    rows: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _quiet_spark(tmp: str):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from pyspark.sql import SparkSession
+
+    log4j = os.path.join(tmp, "log4j2.properties")
+    with open(log4j, "w") as fh:
+        fh.write("rootLogger.level = error\nrootLogger.appenderRef.stdout.ref = console\n"
+                 "appender.console.type = Console\nappender.console.name = console\n"
+                 "appender.console.layout.type = PatternLayout\n"
+                 "appender.console.layout.pattern = %m%n\n")
+    spark = (SparkSession.builder.master("local[2]").appName("rmq-demo")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
+             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class _PaymentListener:
+    """Local transaction of the payment service: the outcome was decided per order."""
+
+    def __init__(self, outcomes: dict) -> None:
+        self.outcomes = outcomes
+
+    def execute_local_transaction(self, message, arg):
+        from store import LocalTransactionState
+
+        outcome = self.outcomes[arg]
+        if outcome == "commit":
+            return LocalTransactionState.COMMIT_MESSAGE
+        if outcome == "rollback":
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        return LocalTransactionState.UNKNOW  # the check loop decides
+
+    def check_local_transaction(self, message_view):
+        from store import LocalTransactionState
+
+        return LocalTransactionState.UNKNOW
+
+
+def _produce(store, n: int, timeout_ms: int, outcomes: dict, rate_per_s: float,
+             progress: dict, stop: threading.Event) -> None:
+    from store import Message
+
+    producer = store.producer("order-service")
+    payer = store.transaction_producer("pay-service", _PaymentListener(outcomes))
+    start = time.time()
+    for i in range(n):
+        if stop.is_set():
+            return
+        oid = f"o-{i:06d}"
+        body = json.dumps({"order": oid, "amount": 10 + i % 90}).encode()
+        producer.send(Message(ORDERS, body, tags="created", keys=oid))
+        producer.send(Message(TIMEOUTS, body, tags="close_if_unpaid", keys=oid), delay_ms=timeout_ms)
+        if outcomes[oid] != "no_payment":
+            payer.send_in_transaction(Message(PAYMENTS, body, tags="paid", keys=oid), arg=oid)
+        progress["produced"] = i + 1
+        # pace the orders so that the run looks like a live system
+        ahead = (i + 1) / rate_per_s - (time.time() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+    progress["produce_s"] = time.time() - start
+
+
+def _pipeline_batch(state: DemoState, store_path: str):
+    """foreachBatch handler of the pipeline query (runs on the driver)."""
+    from store import Message, MessageStore
+
+    closer_store = {"s": None}
+
+    def handle(df, batch_id: int) -> None:
+        seen_ms = time.time_ns() // 1_000_000
+        rows = df.select("topic", "keys", "store_timestamp", "deliver_timestamp").collect()
+        to_close = []
+        with state.lock:
+            state.batches += 1
+            state.rows += len(rows)
+            # payments before time-outs: a payment and its time-out may share a batch
+            for r in rows:
+                oid = r["keys"][0] if r["keys"] else None
+                if r["topic"] == ORDERS:
+                    state.created.add(oid)
+                elif r["topic"] == PAYMENTS:
+                    state.paid[oid] = state.paid.get(oid, 0) + 1
+            for r in rows:
+                if r["topic"] != TIMEOUTS:
+                    continue
+                oid = r["keys"][0]
+                state.timeouts_seen[oid] = state.timeouts_seen.get(oid, 0) + 1
+                due = int(r["deliver_timestamp"].timestamp() * 1000)
+                stored = int(r["store_timestamp"].timestamp() * 1000)
+                state.lateness_store_ms.append(stored - due)
+                state.lateness_seen_ms.append(seen_ms - due)
+                if stored < due or seen_ms < due:
+                    state.early.append(oid)
+                if oid not in state.paid and oid not in state.closed:
+                    state.closed.add(oid)
+                    to_close.append(oid)
+        if to_close:
+            if closer_store["s"] is None:
+                closer_store["s"] = MessageStore.open(store_path)
+            producer = closer_store["s"].producer("order-closer")
+            for oid in to_close:
+                producer.send(Message(CLOSED, json.dumps({"order": oid}).encode(),
+                                      tags="closed", keys=oid))
+
+    return handle
+
+
+def _render(progress: dict, state: DemoState, store, n: int, started: float):
+    from rich.table import Table
+
+    t = Table(title=f"rmq demo — {time.time() - started:5.1f} s", min_width=60)
+    t.add_column("what")
+    t.add_column("count", justify="right")
+    with state.lock:
+        rows = [
+            ("orders produced", f"{progress.get('produced', 0)} / {n}"),
+            ("orders seen by the pipeline", len(state.created)),
+            ("payments seen (committed)", len(state.paid)),
+            ("time-outs surfaced", len(state.timeouts_seen)),
+            ("orders closed by time-out", len(state.closed)),
+            ("check-loop answers", progress.get("checks", 0)),
+            ("micro-batches", state.batches),
+            ("early deliveries", len(state.early)),
+        ]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    return t
+
+
+def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: float = 6.0,
+             quiet: bool = False, seed: int = 7) -> bool:
+    """Run the demo; return True when every invariant held."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from store import MessageStore, StoreConfig
+
+    console = Console(stderr=False)
+    tmp = tempfile.mkdtemp(prefix="rmq-demo-")
+    path = store_path or os.path.join(tmp, "store")
+    timeout_ms = int(timeout_s * 1000)
+    rng = random.Random(seed)
+    names = [o for o, _ in OUTCOMES]
+    weights = [w for _, w in OUTCOMES]
+    outcomes = {f"o-{i:06d}": rng.choices(names, weights)[0] for i in range(orders)}
+    config = StoreConfig(timer_precision_ms=100, transaction_timeout_ms=1000)
+    store = MessageStore.open(path, config)
+    console.print(f"[bold]rmq demo[/bold]: {orders} orders, time-out {timeout_s:g} s, store {path}")
+    console.print("starting Spark (local[2]) ...")
+    spark = _quiet_spark(tmp)
+    state = DemoState()
+    progress: dict = {}
+    started = time.time()
+    ok = False
+    queries = []
+    try:
+        from pyspark.sql import functions as F
+
+        # the orders table the check loop joins against: did the customer really pay?
+        table = spark.createDataFrame(
+            [(oid, outcome == "unknown_paid") for oid, outcome in outcomes.items()
+             if outcome.startswith("unknown")], "order_id string, paid boolean")
+        checks = (spark.readStream.format("rmq").option("view", "transaction_checks")
+                  .load(path))
+        decisions = (checks.withColumn("order_id", F.col("keys")[0])
+                     .join(table, "order_id", "left")
+                     .select("transaction_id",
+                             F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
+                             .otherwise("UNKNOWN").alias("state")))
+
+        queries.append(
+            decisions.writeStream.format("rmq").option("action", "end_transaction")
+            .option("checkpointLocation", os.path.join(tmp, "chk-checks"))
+            .trigger(processingTime="500 milliseconds").start(path))
+        stream = (spark.readStream.format("rmq")
+                  .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS}")
+                  .option("startingOffsets", "earliest").load(path))
+        queries.append(
+            stream.writeStream.foreachBatch(_pipeline_batch(state, path))
+            .option("checkpointLocation", os.path.join(tmp, "chk-pipeline"))
+            .trigger(processingTime="250 milliseconds").start())
+
+        stop = threading.Event()
+        rate = max(50.0, orders / 15.0)  # produce for about 15 s
+        producer = threading.Thread(target=_produce, daemon=True,
+                                    args=(store, orders, timeout_ms, outcomes, rate, progress, stop))
+        producer.start()
+        deadline = time.time() + orders / rate + timeout_s + 60
+        with Live(_render(progress, state, store, orders, started), console=console,
+                  refresh_per_second=4, transient=False, disable=quiet) as live:
+            while time.time() < deadline:
+                for q in queries:
+                    if q.exception() is not None:
+                        raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
+                progress["checks"] = sum(p.get("numInputRows", 0)
+                                         for p in queries[0].recentProgress)
+                live.update(_render(progress, state, store, orders, started))
+                with state.lock:
+                    done = len(state.timeouts_seen) >= orders and not producer.is_alive()
+                if done:
+                    break
+                time.sleep(0.25)
+            live.update(_render(progress, state, store, orders, started))
+        stop.set()
+        producer.join(timeout=10)
+        elapsed = time.time() - started
+        ok = _summary(console, state, outcomes, progress, elapsed)
+    finally:
+        for q in queries:
+            try:
+                q.stop()
+            except Exception:
+                pass
+        spark.stop()
+        store.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # checkpoints; a --store DIR lies outside
+    return ok
+
+
+def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed: float) -> bool:
+    from rich.table import Table
+
+    paid_expected = {o for o, k in outcomes.items() if k in ("commit", "unknown_paid")}
+    unpaid_expected = set(outcomes) - paid_expected
+    n = len(outcomes)
+    lat_store = np.array(state.lateness_store_ms or [0])
+    lat_seen = np.array(state.lateness_seen_ms or [0])
+    produced_msgs = n * 2 + sum(1 for k in outcomes.values() if k != "no_payment")
+    checks = [
+        ("every order produced", progress.get("produced", 0) == n),
+        ("every time-out surfaced exactly once",
+         len(state.timeouts_seen) == n and all(v == 1 for v in state.timeouts_seen.values())),
+        ("nothing surfaced early", not state.early),
+        ("exactly the committed payments seen, once each",
+         set(state.paid) == paid_expected and all(v == 1 for v in state.paid.values())),
+        ("exactly the unpaid orders closed", state.closed == unpaid_expected),
+    ]
+    t = Table(title="summary")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("orders", str(n))
+    t.add_row("paid (committed at once / after the check loop)",
+              f"{len(state.paid)} ({sum(k == 'commit' for k in outcomes.values())} / "
+              f"{sum(k == 'unknown_paid' for k in outcomes.values())})")
+    t.add_row("closed by time-out", str(len(state.closed)))
+    t.add_row("delivered early", str(len(state.early)))
+    t.add_row("lateness p50 / p99 (store - due)",
+              f"{np.percentile(lat_store, 50):.0f} / {np.percentile(lat_store, 99):.0f} ms")
+    t.add_row("lateness p50 / p99 (seen by Spark - due)",
+              f"{np.percentile(lat_seen, 50):.0f} / {np.percentile(lat_seen, 99):.0f} ms")
+    t.add_row("messages produced per second",
+              f"{produced_msgs / max(progress.get('produce_s', elapsed), 1e-9):.0f}")
+    t.add_row("rows through the pipeline per second", f"{state.rows / elapsed:.0f}")
+    t.add_row("micro-batches", str(state.batches))
+    console.print(t)
+    for name, passed in checks:
+        console.print(("[green]PASS[/green] " if passed else "[red]FAIL[/red] ") + name)
+    return all(p for _, p in checks)
