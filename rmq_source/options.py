@@ -1,0 +1,368 @@
+"""The ``rmq`` source's options, parsed once into a frozen, typed :class:`RmqOptions`.
+
+Spark hands a data source its options as case-insensitive ``str`` values.  :func:`parse_options`
+checks every one of them at query start (unknown names, malformed values, options that do not
+apply to batch, streaming or writing) and raises :class:`InvalidOptionError` naming the option,
+the value given and what is allowed.  Nothing falls back silently.
+
+Options (the Kafka source's spellings where the concept is the same):
+
+======================  =========================================================  ==========
+option                  values                                                     default
+======================  =========================================================  ==========
+path                    the store directory (``.load(path)`` sets it)              required
+subscribe               comma-separated topics                                     \\ one of
+subscribePattern        a Python regular expression matched against whole names    / the two
+tags                    RocketMQ tag expression ``a || b``; ``*`` for all          ``*``
+startingOffsets         ``earliest``, ``latest`` or JSON ``{"t":{"0":42}}``        stream
+                        (-2 earliest, -1 latest; queues not named: earliest)       latest,
+                                                                                   batch
+                                                                                   earliest
+endingOffsets           batch only: ``latest`` or JSON (-1 latest; queues not      ``latest``
+                        named: latest)
+startingTimestamp       epoch ms: start at the first message stored at/after it    none
+endingTimestamp         batch only: end before the first message stored at/after   none
+maxOffsetsPerTrigger    streaming only: messages per micro-batch (>= 1)            unlimited
+failOnDataLoss          ``true``/``false``: fail, or skip ahead, when requested    ``true``
+                        offsets were removed by retention
+deliverDue              ``true``/``false``: move due delayed messages into their   ``true``
+                        topics when a query plans (each trigger)
+view                    ``messages`` or ``transaction_checks``                      messages
+action                  writers only: ``end_transaction``                          required
+======================  =========================================================  ==========
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from store import InvalidTopicError, is_system_topic, validate_topic
+
+from .errors import InvalidOptionError
+
+#: JSON offset meaning "the queue's earliest offset" (Kafka's -2).
+EARLIEST = -2
+#: JSON offset meaning "the queue's latest offset" (Kafka's -1).
+LATEST = -1
+
+VIEWS = ("messages", "transaction_checks")
+ACTIONS = ("end_transaction",)
+
+#: canonical spelling of every option, by its lower-cased name
+OPTION_NAMES = {name.lower(): name for name in (
+    "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
+    "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
+    "deliverDue", "view", "action",
+)}
+#: options Spark itself may put into a writer's option map; accepted and ignored
+_SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
+_READ_ONLY = frozenset(k for k in OPTION_NAMES if k not in ("path", "action"))
+_BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
+_STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """A ``startingOffsets`` / ``endingOffsets`` value.
+
+    Parameters
+    ----------
+    default : int
+        :data:`EARLIEST` or :data:`LATEST`, for every queue not named in ``queues``.
+    queues : dict
+        ``{topic: {queue_id: offset}}`` from the JSON form; offsets are >= 0 or one of the
+        two sentinels.
+    """
+
+    default: int
+    queues: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+
+    def get(self, topic: str, queue_id: int) -> int:
+        """The offset (or sentinel) this spec gives for one queue."""
+        return self.queues.get(topic, {}).get(queue_id, self.default)
+
+    def named(self) -> list[tuple[str, int]]:
+        """The (topic, queue id) pairs the JSON form names, sorted."""
+        return sorted((t, q) for t, qs in self.queues.items() for q in qs)
+
+
+@dataclass(frozen=True, slots=True)
+class RmqOptions:
+    """Every option of one ``rmq`` read or write, parsed and checked.
+
+    ``raw`` keeps the option map as given (lower-cased keys) for code that needs more.
+    ``streaming`` is ``True``/``False`` for stream/batch readers and ``None`` when the mode is
+    not known yet (``schema()``) or for writers.
+    """
+
+    path: str
+    view: str = "messages"
+    subscribe: tuple[str, ...] | None = None
+    subscribe_pattern: str | None = None
+    tags: tuple[str, ...] | None = None
+    starting_offsets: OffsetSpec = OffsetSpec(EARLIEST)
+    ending_offsets: OffsetSpec = OffsetSpec(LATEST)
+    starting_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    deliver_due: bool = True
+    action: str | None = None
+    streaming: bool | None = None
+    raw: Mapping[str, str] = field(default_factory=dict)
+
+    def matches_topic(self, topic: str) -> bool:
+        """Whether ``topic`` is subscribed (system topics never are)."""
+        if is_system_topic(topic):
+            return False
+        if self.subscribe is not None:
+            return topic in self.subscribe
+        if self.subscribe_pattern is not None:
+            return re.fullmatch(self.subscribe_pattern, topic) is not None
+        return False
+
+    def select_topics(self, topics: Iterable[str]) -> list[str]:
+        """The subscribed topics among ``topics``, sorted."""
+        return sorted(t for t in set(topics) if self.matches_topic(t))
+
+
+def _fail(name: str, value: object, problem: str, allowed: str) -> InvalidOptionError:
+    return InvalidOptionError(f"option {OPTION_NAMES.get(name, name)}={value!r}: {problem}; "
+                              f"allowed: {allowed}")
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "false"):
+        return v == "true"
+    raise _fail(name, value, "not a boolean", "true or false")
+
+
+def _parse_int(name: str, value: str, minimum: int, allowed: str) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise _fail(name, value, "not an integer", allowed) from None
+    if n < minimum:
+        raise _fail(name, value, f"below {minimum}", allowed)
+    return n
+
+
+def _parse_topic(name: str, value: str, topic: str) -> str:
+    try:
+        return validate_topic(topic)
+    except InvalidTopicError as exc:
+        raise _fail(name, value, f"topic {topic!r} is not valid ({exc})",
+                    "user topic names (letters, digits, %, |, _ and -; at most 127; "
+                    "no system topics)") from None
+
+
+def parse_tags(value: str) -> tuple[str, ...] | None:
+    """A RocketMQ tag expression (``a || b``) as a tuple of tags; ``None`` means every tag."""
+    text = value.strip()
+    if text in ("", "*"):
+        return None
+    tags: list[str] = []
+    for part in text.split("||"):
+        tag = part.strip()
+        if tag == "*":
+            return None  # RocketMQ: '*' anywhere subscribes to everything
+        if tag and tag not in tags:
+            tags.append(tag)
+    if not tags:
+        raise _fail("tags", value, "names no tag", "'*' or tags separated by '||', e.g. 'a || b'")
+    return tuple(tags)
+
+
+def parse_offset_spec(name: str, value: str, *, allow_earliest: bool,
+                      allow_latest: bool) -> OffsetSpec:
+    """Parse ``startingOffsets`` / ``endingOffsets``: a keyword or the per-queue JSON form."""
+    keywords = [k for k, ok in (("earliest", allow_earliest), ("latest", allow_latest)) if ok]
+    sentinels = [s for s, ok in ((EARLIEST, allow_earliest), (LATEST, allow_latest)) if ok]
+    allowed = (" or ".join(keywords) + ' or JSON like {"orders":{"0":42}} with offsets >= 0'
+               + "".join(f" or {s}" for s in sentinels))
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        if text.lower() not in keywords:
+            raise _fail(name, value, "not allowed here", allowed)
+        return OffsetSpec(EARLIEST if text.lower() == "earliest" else LATEST)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise _fail(name, value, "neither a keyword nor JSON", allowed) from None
+    if not isinstance(data, dict) or not data:
+        raise _fail(name, value, "JSON must be a non-empty object of topics", allowed)
+    queues: dict[str, dict[int, int]] = {}
+    for topic in sorted(data):
+        per = data[topic]
+        _parse_topic(name, value, topic)
+        if not isinstance(per, dict) or not per:
+            raise _fail(name, value, f"topic {topic!r} must map to a non-empty object of "
+                        "queue ids", allowed)
+        parsed: dict[int, int] = {}
+        for qid, off in per.items():
+            if not (isinstance(qid, str) and qid.isdigit()):
+                raise _fail(name, value, f"queue id {qid!r} of {topic!r} is not a "
+                            "non-negative integer", allowed)
+            if isinstance(off, bool) or not isinstance(off, int) or off < 0 and off not in sentinels:
+                raise _fail(name, value, f"offset {off!r} of {topic}/{qid} is not allowed", allowed)
+            parsed[int(qid)] = off
+        queues[topic] = dict(sorted(parsed.items()))
+    default = EARLIEST if name == "startingoffsets" else LATEST
+    return OffsetSpec(default, queues)
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool | None,
+                  write: bool = False) -> RmqOptions:
+    """Check and parse a data source option map (keys in any case, values ``str``).
+
+    Parameters
+    ----------
+    options : mapping
+        ``DataSource.options``.
+    streaming : bool or None
+        ``True`` for ``readStream``, ``False`` for ``read``; ``None`` skips the checks that
+        depend on the mode (used by ``schema()``).
+    write : bool
+        Parse for a writer (``path`` and ``action``) instead of a reader.
+
+    Raises
+    ------
+    InvalidOptionError
+        For an unknown option, a bad value, a missing required option or an option that does
+        not apply to this mode.
+    """
+    raw = {str(k).lower(): "" if v is None else str(v) for k, v in options.items()}
+    for key, value in raw.items():
+        if key not in OPTION_NAMES and not (write and key in _SPARK_WRITE_OPTIONS):
+            raise InvalidOptionError(
+                f"unknown option {key}={value!r}; allowed: {', '.join(OPTION_NAMES.values())}")
+
+    path = raw.get("path", "").strip()
+    if not path:
+        raise InvalidOptionError(
+            "option path is missing; allowed: the store directory, given with .load(path) "
+            "or .option('path', ...)")
+
+    if write:
+        for key in raw:
+            if key in _READ_ONLY:
+                raise _fail(key, raw[key], "applies to reading only", "path and action")
+        action = raw.get("action")
+        if action is None:
+            raise InvalidOptionError(
+                f"option action is missing for a write to the rmq store {path}; allowed: "
+                f"{', '.join(ACTIONS)}")
+        if action.strip().lower() not in ACTIONS:
+            raise _fail("action", action, "unknown action", ", ".join(ACTIONS))
+        return RmqOptions(path=path, action=action.strip().lower(), streaming=streaming,
+                          raw=raw)
+
+    if "action" in raw:
+        raise _fail("action", raw["action"], "applies to writing only",
+                    "no action option on spark.read / spark.readStream")
+
+    view = raw.get("view", "messages").strip().lower()
+    if view not in VIEWS:
+        raise _fail("view", raw["view"], "unknown view", ", ".join(VIEWS))
+
+    if streaming is not None:
+        wrong = _BATCH_ONLY if streaming else _STREAM_ONLY
+        for key in sorted(wrong & raw.keys()):
+            mode = "batch queries (spark.read)" if streaming else "streaming queries"
+            raise _fail(key, raw[key], f"applies to {mode} only",
+                        "leave it out of this query")
+    if view == "transaction_checks" and streaming is False:
+        raise _fail("view", raw["view"], "is a streaming view", "spark.readStream with this view")
+
+    subscribe = subscribe_pattern = None
+    if "subscribe" in raw and "subscribepattern" in raw:
+        raise InvalidOptionError(
+            f"options subscribe={raw['subscribe']!r} and subscribePattern="
+            f"{raw['subscribepattern']!r} are both given; allowed: exactly one of them")
+    if "subscribe" in raw:
+        names = [t.strip() for t in raw["subscribe"].split(",") if t.strip()]
+        if not names:
+            raise _fail("subscribe", raw["subscribe"], "names no topic",
+                        "comma-separated topic names")
+        subscribe = tuple(dict.fromkeys(_parse_topic("subscribe", raw["subscribe"], t)
+                                        for t in names))
+    elif "subscribepattern" in raw:
+        subscribe_pattern = raw["subscribepattern"]
+        try:
+            re.compile(subscribe_pattern)
+        except re.error as exc:
+            raise _fail("subscribepattern", subscribe_pattern, f"not a regular expression ({exc})",
+                        "a Python regular expression matched against whole topic names") from None
+        if not subscribe_pattern:
+            raise _fail("subscribepattern", subscribe_pattern, "is empty",
+                        "a Python regular expression matched against whole topic names")
+    elif view == "messages":
+        raise InvalidOptionError(
+            "neither subscribe nor subscribePattern is given; allowed: exactly one of them, "
+            "e.g. .option('subscribe', 'orders,payments')")
+
+    tags = parse_tags(raw["tags"]) if "tags" in raw else None
+
+    batch = streaming is False
+    starting_default = OffsetSpec(LATEST if streaming else EARLIEST)
+    starting = starting_default
+    if "startingoffsets" in raw:
+        starting = parse_offset_spec("startingoffsets", raw["startingoffsets"],
+                                     allow_earliest=True, allow_latest=not batch)
+    ending = OffsetSpec(LATEST)
+    if "endingoffsets" in raw:
+        ending = parse_offset_spec("endingoffsets", raw["endingoffsets"],
+                                   allow_earliest=False, allow_latest=True)
+    ts_allowed = "epoch milliseconds (an integer >= 0)"
+    starting_ts = ending_ts = None
+    if "startingtimestamp" in raw:
+        starting_ts = _parse_int("startingtimestamp", raw["startingtimestamp"], 0, ts_allowed)
+        if "startingoffsets" in raw:
+            raise InvalidOptionError(
+                f"options startingOffsets={raw['startingoffsets']!r} and startingTimestamp="
+                f"{raw['startingtimestamp']!r} are both given; allowed: at most one of them")
+    if "endingtimestamp" in raw:
+        ending_ts = _parse_int("endingtimestamp", raw["endingtimestamp"], 0, ts_allowed)
+        if "endingoffsets" in raw:
+            raise InvalidOptionError(
+                f"options endingOffsets={raw['endingoffsets']!r} and endingTimestamp="
+                f"{raw['endingtimestamp']!r} are both given; allowed: at most one of them")
+    if starting_ts is not None and ending_ts is not None and ending_ts < starting_ts:
+        raise _fail("endingtimestamp", raw["endingtimestamp"],
+                    f"before startingTimestamp={starting_ts}", f"a time >= {starting_ts}")
+
+    for spec_name, spec in (("startingoffsets", starting), ("endingoffsets", ending)):
+        for topic in spec.queues:
+            matched = (topic in subscribe if subscribe is not None
+                       else subscribe_pattern is not None
+                       and re.fullmatch(subscribe_pattern, topic) is not None)
+            if view == "messages" and not matched:
+                raise _fail(spec_name, raw[spec_name], f"topic {topic!r} is not subscribed",
+                            "offsets for subscribed topics only")
+    if batch:
+        for topic, queue_id in starting.named():
+            end = ending.get(topic, queue_id)
+            start = starting.get(topic, queue_id)
+            if end >= 0 and start >= 0 and end < start:
+                raise _fail("endingoffsets", raw["endingoffsets"],
+                            f"offset {end} of {topic}/{queue_id} is before its starting "
+                            f"offset {start}", f"an offset >= {start}")
+
+    max_per_trigger = None
+    if "maxoffsetspertrigger" in raw:
+        max_per_trigger = _parse_int("maxoffsetspertrigger", raw["maxoffsetspertrigger"], 1,
+                                     "an integer >= 1 (messages per micro-batch)")
+    fail_on_data_loss = (_parse_bool("failondataloss", raw["failondataloss"])
+                         if "failondataloss" in raw else True)
+    deliver_due = _parse_bool("deliverdue", raw["deliverdue"]) if "deliverdue" in raw else True
+
+    return RmqOptions(
+        path=path, view=view, subscribe=subscribe, subscribe_pattern=subscribe_pattern, tags=tags,
+        starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
+        ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
+        fail_on_data_loss=fail_on_data_loss, deliver_due=deliver_due, streaming=streaming,
+        raw=raw)

@@ -1,0 +1,34 @@
+"""Every notebook runs top to bottom on a fresh kernel (they start their own Spark)."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+NOTEBOOKS = sorted(glob.glob(os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks", "*.ipynb")))
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def test_notebooks_exist():
+    names = [os.path.basename(p) for p in NOTEBOOKS]
+    assert names == ["01_quickstart.ipynb", "02_delayed_messages.ipynb",
+                     "03_transactions.ipynb", "04_backfill.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_runs(path, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+        "notebooks are committed without outputs"
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert not errors
