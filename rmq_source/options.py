@@ -207,7 +207,8 @@ def parse_offset_spec(name: str, value: str, *, allow_earliest: bool,
             if not (isinstance(qid, str) and qid.isdigit()):
                 raise _fail(name, value, f"queue id {qid!r} of {topic!r} is not a "
                             "non-negative integer", allowed)
-            if isinstance(off, bool) or not isinstance(off, int) or off < 0 and off not in sentinels:
+            if (isinstance(off, bool) or not isinstance(off, int)
+                    or (off < 0 and off not in sentinels)):
                 raise _fail(name, value, f"offset {off!r} of {topic}/{qid} is not allowed", allowed)
             parsed[int(qid)] = off
         queues[topic] = dict(sorted(parsed.items()))

@@ -20,8 +20,12 @@ def test_notebooks_exist():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the kernel imports store / rmq_source from this checkout even when not installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
