@@ -1,0 +1,165 @@
+"""Spark input partitions of the ``rmq`` source, their planning and their reading.
+
+A partition is a list of queue offset ranges (:class:`QueueRange`) plus what ``read()`` needs
+to decode them: it holds only picklable primitives, because the driver pickles it and each
+executor task unpickles a fresh copy.  Planning cuts the ranges of one query into partitions
+of about equal row counts (a big queue is split, small queues are packed together), so that
+a query over a few large queues still uses every core and one over many small queues does
+not pay a task per queue.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from pyspark.sql.datasource import InputPartition
+
+from store import MessageStore, OffsetOutOfRangeError
+
+from .errors import DataLossError
+
+#: rows in one yielded RecordBatch at most (Spark's default arrow batch size)
+BATCH_ROWS = 65_536
+#: partitions are never cut smaller than this many offsets (per-task overhead dominates)
+MIN_PARTITION_ROWS = 4 * BATCH_ROWS
+#: nor larger than this (bounds a task's run time and a retry's cost)
+MAX_PARTITION_ROWS = 4_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRange:
+    """Queue offsets ``[start, end)`` of one (topic, queue)."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+    @property
+    def rows(self) -> int:
+        return max(0, self.end - self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class RmqPartition(InputPartition):
+    """One Spark task's work: ranges of one store, read in order.
+
+    Parameters
+    ----------
+    path : str
+        The store directory.
+    ranges : tuple of QueueRange
+        What to read, in this order.
+    tags : tuple of str or None
+        Keep only messages with one of these tags (``None``: every message).
+    fail_on_data_loss : bool
+        Raise :class:`DataLossError` (``True``) or skip ahead (``False``) when a range starts
+        below the queue's minimum offset because retention removed older messages.
+    """
+
+    path: str
+    ranges: tuple[QueueRange, ...]
+    tags: tuple[str, ...] | None = None
+    fail_on_data_loss: bool = True
+
+    @property
+    def rows(self) -> int:
+        return sum(r.rows for r in self.ranges)
+
+
+def default_parallelism() -> int:
+    """How many tasks can run at once, guessed from the planner's machine."""
+    return max(1, os.cpu_count() or 1)
+
+
+def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str, ...] | None,
+                    fail_on_data_loss: bool, parallelism: int | None = None,
+                    target_rows: int | None = None) -> list[RmqPartition]:
+    """Cut queue ranges into partitions of about ``target_rows`` offsets each.
+
+    Parameters
+    ----------
+    path : str
+        The store directory.
+    ranges : iterable of QueueRange
+        Ranges to read; empty ones are dropped.
+    tags, fail_on_data_loss :
+        Copied into each partition.
+    parallelism : int, optional
+        Tasks that run at once (default: :func:`default_parallelism`); with ``target_rows``
+        unset, partitions are sized so that every slot gets work.
+    target_rows : int, optional
+        Offsets per partition (default: total / parallelism, clamped to
+        [:data:`MIN_PARTITION_ROWS`, :data:`MAX_PARTITION_ROWS`]).
+
+    Returns
+    -------
+    list of RmqPartition
+        ``[]`` when no range holds an offset.
+    """
+    work = sorted((r for r in ranges if r.rows > 0), key=lambda r: (r.topic, r.queue_id, r.start))
+    total = sum(r.rows for r in work)
+    if total == 0:
+        return []
+    if target_rows is None:
+        slots = parallelism or default_parallelism()
+        target_rows = min(MAX_PARTITION_ROWS, max(MIN_PARTITION_ROWS, math.ceil(total / slots)))
+    # with the target fixed, even the pieces out: n partitions of total / n offsets each
+    count = math.ceil(total / target_rows)
+    size = math.ceil(total / count)
+    partitions: list[RmqPartition] = []
+    current: list[QueueRange] = []
+    room = size
+    for r in work:
+        start = r.start
+        while start < r.end:
+            take = min(room, r.end - start)
+            current.append(QueueRange(r.topic, r.queue_id, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss))
+                current, room = [], size
+    if current:
+        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss))
+    return partitions
+
+
+def data_loss_message(topic: str, queue_id: int, start: int, min_offset: int) -> str:
+    return (f"offsets {start} to {min_offset - 1} of queue {topic}/{queue_id} were removed by "
+            f"retention (the queue now starts at {min_offset}); set option failOnDataLoss=false "
+            "to skip them, or restart the query from startingOffsets=earliest")
+
+
+def read_partition(partition: InputPartition) -> Iterator:
+    """Yield ``pyarrow.RecordBatch``es (at most :data:`BATCH_ROWS` rows) of a partition.
+
+    The store is opened read-only here, in the task, and closed when the ranges are done.
+    """
+    if not isinstance(partition, RmqPartition):  # Spark's placeholder for "no partitions"
+        return
+    store = MessageStore.open(partition.path, read_only=True)
+    try:
+        for r in partition.ranges:
+            start = r.start
+            while start < r.end:
+                end = min(r.end, start + BATCH_ROWS)
+                try:
+                    batch = store.read_arrow(r.topic, r.queue_id, start, end, tags=partition.tags)
+                except OffsetOutOfRangeError:
+                    low = store.min_offset(r.topic, r.queue_id)
+                    if start >= low:
+                        raise
+                    if partition.fail_on_data_loss:
+                        raise DataLossError(data_loss_message(r.topic, r.queue_id, start, low)) \
+                            from None
+                    start = low  # skip what retention removed
+                    continue
+                if batch.num_rows:
+                    yield batch
+                start = end
+    finally:
+        store.close()
