@@ -145,6 +145,11 @@ def read_partition(partition: InputPartition) -> Iterator:
     try:
         for r in partition.ranges:
             start = r.start
+            low = store.min_offset(r.topic, r.queue_id)
+            if start < low:
+                if partition.fail_on_data_loss:
+                    raise DataLossError(data_loss_message(r.topic, r.queue_id, start, low))
+                start = low  # skip what retention removed
             while start < r.end:
                 end = min(r.end, start + BATCH_ROWS)
                 try:
