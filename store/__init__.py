@@ -12,6 +12,7 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
+from .arrow_decode import MESSAGE_SCHEMA, MESSAGE_SPARK_DDL
 from .codec import Record, RecordSpec
 from .config import StoreConfig
 from .errors import (ConfigMismatchError, CorruptRecordError, InvalidBatchError,
@@ -24,6 +25,7 @@ from .message import (LocalTransactionState, Message, MessageView, SendResult,
 from .message_store import AppendResult, MessageStore, system_clock
 
 __all__ = [
+    "MESSAGE_SCHEMA", "MESSAGE_SPARK_DDL",
     "AppendResult", "ConfigMismatchError", "CorruptRecordError", "InvalidBatchError",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",

@@ -58,7 +58,7 @@ class ConsumeQueue:
         self.directory = os.path.join(root, topic, str(queue_id))
         self.files = MappedFileQueue(self.directory, entries_per_file * CQ_ENTRY_SIZE, create=False)
         self._lock = threading.Lock()
-        self._dirty = False
+        self._dirty_files: dict[int, object] = {}  # written since the last flush
 
     # -- reading ----------------------------------------------------------------------------
     def _file_entries(self, index: int):
@@ -158,22 +158,28 @@ class ConsumeQueue:
         n = len(offsets)
         if n == 0:
             return
-        arr = np.empty(n, dtype=CQ_DTYPE)
-        arr["offset"] = offsets
-        arr["size"] = sizes
-        arr["tags_code"] = tags_codes
-        data = arr.tobytes()
+        if n <= 8:  # a few entries: struct is cheaper than building an array
+            data = b"".join(map(CQ_ENTRY.pack, map(int, offsets), map(int, sizes),
+                                map(int, tags_codes)))
+        else:
+            arr = np.empty(n, dtype=CQ_DTYPE)
+            arr["offset"] = offsets
+            arr["size"] = sizes
+            arr["tags_code"] = tags_codes
+            data = arr.tobytes()
         i = 0
         with self._lock:
-            os.makedirs(self.directory, exist_ok=True)
             while i < n:
                 pos = (first_index + i) * CQ_ENTRY_SIZE
-                f = self.files.get_or_create(pos)
+                f = self.files.find(pos, refresh=False)
+                if f is None:
+                    os.makedirs(self.directory, exist_ok=True)
+                    f = self.files.get_or_create(pos)
                 room = (f.end - pos) // CQ_ENTRY_SIZE
                 k = min(room, n - i)
                 f.write(pos - f.start, data[i * CQ_ENTRY_SIZE:(i + k) * CQ_ENTRY_SIZE])
+                self._dirty_files[f.start] = f
                 i += k
-            self._dirty = True
 
     def fill_to(self, index: int) -> None:
         """Give a queue that starts at ``index`` > 0 filler units (0, 0x7FFFFFFF, 0) in front."""
@@ -200,11 +206,15 @@ class ConsumeQueue:
             break
 
     def flush(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            last = self.files.last_file()
-            if last is not None:
-                last.flush()
+        """Make every entry written so far durable (all files written since the last flush)."""
+        with self._lock:
+            dirty = list(self._dirty_files.values())
+            self._dirty_files.clear()
+        for f in dirty:
+            try:
+                f.flush()
+            except (OSError, TypeError):  # deleted by retention or closed meanwhile
+                pass
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete files (never the last) whose last entry's record is gone; return how many."""

@@ -44,6 +44,11 @@ class UnknownMessageError(StoreError, LookupError):
     """A message id (for cancel) or transaction id is not known to the store."""
 
 
+class TimerFlowControlError(StoreError):
+    """A timer message was refused because its wheel slot is congested (RocketMQ's
+    WHEEL_TIMER_FLOW_CONTROL; only with ``timer_congest_num_each_slot`` set)."""
+
+
 class TransactionStateError(StoreError, ValueError):
     """An end-transaction request names an invalid state or a non-transactional message."""
 

@@ -36,6 +36,9 @@ PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 #: Our own: the ms at which a delayed message was due (kept on the delivered record).
 PROPERTY_DELIVER_MS = "__RMQ_DELIVER_MS"
+#: Our own: CommitLog offset of the system-topic record a delivered (or rolled) record came
+#: from; lets the schedule and timer services re-derive delivery progress after a crash.
+PROPERTY_DELAY_ORIGIN = "__RMQ_DELAY_ORIGIN"
 
 #: Names users may not set (RocketMQ's reserved set, minus the keys its client allows).
 RESERVED_PROPERTY_NAMES = frozenset(
@@ -48,7 +51,7 @@ RESERVED_PROPERTY_NAMES = frozenset(
     TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL
     DLQ_ORIGIN_TOPIC DLQ_ORIGIN_MESSAGE_ID __BORNHOST BORN_TIMESTAMP __CRC32#
     TRACE_CONTEXT""".split()
-) | {PROPERTY_DELIVER_MS}
+) | {PROPERTY_DELIVER_MS, PROPERTY_DELAY_ORIGIN}
 
 #: Properties never shown to users in :attr:`MessageView.properties` (system bookkeeping).
 SYSTEM_PROPERTY_NAMES = (RESERVED_PROPERTY_NAMES | {
@@ -232,19 +235,44 @@ def validate_message(message: Message, max_body_bytes: int) -> None:
         raise MessageTooLargeError(
             f"body of {len(message.body)} bytes exceeds max_message_size_bytes={max_body_bytes}"
         )
-    if message.tags is not None:
-        _check_text("tags", message.tags)
-        if "||" in message.tags or "|" in message.tags:
-            raise InvalidMessageError(f"tags {message.tags!r} may not contain '|'")
-    for key in message.key_list():
+    check_tags(message.tags)
+    keys_value(message.keys)
+    if not isinstance(message.flag, int) or not -(2**31) <= message.flag < 2**31:
+        raise InvalidMessageError(f"flag {message.flag!r} must be a signed 32-bit int")
+    check_user_properties(message.properties)
+
+
+def check_tags(tags: object) -> None:
+    """Check a message's tag (``None`` for none): non-blank, no separators, no ``|``."""
+    if tags is not None:
+        _check_text("tags", tags)
+        if "|" in tags:
+            raise InvalidMessageError(f"tags {tags!r} may not contain '|'")
+
+
+def keys_value(keys: object) -> str | None:
+    """Check a message's keys and return the ``KEYS`` property value (``None`` for none)."""
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        parts = [k for k in keys.split(" ") if k]
+    elif isinstance(keys, (list, tuple)):
+        parts = [k for k in keys if k]
+    else:
+        raise InvalidMessageError(
+            f"keys {keys!r} must be a str (space-separated) or a list of str")
+    for key in parts:
         _check_text("key", key)
         if " " in key:
             raise InvalidMessageError(f"key {key!r} may not contain a space (keys are space-separated)")
-    if not isinstance(message.flag, int) or not -(2**31) <= message.flag < 2**31:
-        raise InvalidMessageError(f"flag {message.flag!r} must be a signed 32-bit int")
-    if not isinstance(message.properties, Mapping):
+    return " ".join(parts) or None
+
+
+def check_user_properties(properties: object) -> None:
+    """Check user properties: str names and values, no reserved names, no separators."""
+    if not isinstance(properties, Mapping):
         raise InvalidMessageError("properties must be a dict of str to str")
-    for name, value in message.properties.items():
+    for name, value in properties.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise InvalidMessageError(f"property {name!r}={value!r}: names and values must be str")
         if name in RESERVED_PROPERTY_NAMES or name.startswith("__RMQ"):

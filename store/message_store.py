@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -38,12 +38,13 @@ from .codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_T
 from .commit_log import CommitLog
 from .config import LAYOUT_FIELDS, StoreConfig
 from .consume_queue import ConsumeQueue
-from .errors import (ConfigMismatchError, InvalidMessageError, MessageTooLargeError,
-                     OffsetOutOfRangeError, StoreClosedError, StoreNotFoundError,
-                     UnknownTopicError)
+from .errors import (ConfigMismatchError, InvalidConfigError, InvalidMessageError,
+                     MessageTooLargeError, OffsetOutOfRangeError, StoreClosedError,
+                     StoreNotFoundError, UnknownTopicError)
 from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS, PROPERTY_KEYS,
                       PROPERTY_TAGS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY, SCHEDULE_TOPIC,
                       SYSTEM_PROPERTY_NAMES, MessageView, is_system_topic, validate_topic)
+from .message import PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
 from .topics import TopicTable, read_json, system_queue_count, write_json_atomic
 
 Clock = Callable[[], int]
@@ -63,6 +64,22 @@ class AppendResult:
     queue_offset: int
     commitlog_offset: int
     size: int
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppendResult:
+    """Where the records of :meth:`MessageStore.append_batch` landed.
+
+    Record ``i`` has queue offset ``first_queue_offset + i`` (-1 when not indexed: prepared
+    or rolled-back transaction records) and CommitLog offset ``commitlog_offsets[i]``.
+    """
+
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    commitlog_offsets: np.ndarray
+    sizes: np.ndarray
     store_timestamp_ms: int
 
 
@@ -109,7 +126,7 @@ class MessageStore:
             return
         for sub in ("commitlog", "consumequeue", "config"):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
-        self.config = self._resolve_config(config or StoreConfig())
+        self.config = self._resolve_config(config)
         self.now_ms: Clock = clock or system_clock
         self._thread_lock = threading.RLock()
         self._write_lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -163,7 +180,7 @@ class MessageStore:
             raise StoreNotFoundError(
                 f"{self.root} is not an rmq store (no config/store.json); give the directory "
                 "a producer wrote to")
-        self.config = self._resolve_config(config or StoreConfig())
+        self.config = self._resolve_config(config)
         self.now_ms = clock or system_clock
         self._thread_lock = threading.RLock()
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
@@ -176,7 +193,14 @@ class MessageStore:
         self._closed = False
         self.recovered = False
 
-    def _resolve_config(self, config: StoreConfig) -> StoreConfig:
+    def _resolve_config(self, config: StoreConfig | Mapping | None) -> StoreConfig:
+        if config is None:
+            config = StoreConfig()
+        elif isinstance(config, Mapping):
+            config = StoreConfig.from_dict(dict(config))
+        elif not isinstance(config, StoreConfig):
+            raise InvalidConfigError(
+                f"config={config!r}; allowed: a StoreConfig, a dict of its fields, or None")
         path = os.path.join(self.root, "config", "store.json")
         recorded = read_json(path)
         if isinstance(recorded, dict) and isinstance(recorded.get("layout"), dict):
@@ -189,7 +213,13 @@ class MessageStore:
                     f"store {self.root} was created with other layout settings ({detail}); "
                     "open it with the recorded values or without strict_layout"
                 )
-            return config.replace(**layout) if differing else config
+            if not differing:
+                return config
+            wheel = layout.get("timer_wheel_slots", config.timer_wheel_slots)
+            if config.timer_roll_window_slots >= wheel:
+                # the given roll window belongs to another wheel size; keep it inside this one
+                layout["timer_roll_window_slots"] = max(2, wheel // 4)
+            return config.replace(**layout)
         write_json_atomic(path, {"layout": config.layout(), "created_ms": system_clock()})
         return config
 
@@ -298,6 +328,17 @@ class MessageStore:
             self.topic_table.create(topic, count, self.now_ms())
         return count
 
+    def _ensure_topic_cached(self, topic: str) -> int:
+        """:meth:`_ensure_topic` without re-reading ``topics.json`` for a known topic.
+
+        Safe under the append lock: topics are never changed or removed, and a topic another
+        process created is found by :meth:`TopicTable.create`, which re-reads the file.
+        """
+        cfg = self.topic_table._topics.get(topic)
+        if cfg is not None:
+            return int(cfg["writeQueueNums"])
+        return self._ensure_topic(topic)
+
     def _ensure_topic_locked(self, topic: str) -> int:
         """Create ``topic`` if needed (under the append lock); return its queue count."""
         count = self.topic_table.queue_count(topic)
@@ -401,7 +442,7 @@ class MessageStore:
             start, blank = self.commit_log.place(offset, size)
             if blank is not None:
                 encoded.append((offset, blank))
-            queue_count = self._ensure_topic(spec.topic)
+            queue_count = self._ensure_topic_cached(spec.topic)
             qid = spec.queue_id
             if qid is None:
                 qid = next(self._round_robin.setdefault(spec.topic, itertools.count())) % queue_count
@@ -428,39 +469,185 @@ class MessageStore:
             results.append(AppendResult(spec.topic, qid, qoff, start, size, now))
             offset = start + size
 
-        # Crash safety: mark the append, write, (sync), index, then publish.
-        cp = self.checkpoint
-        cp.set("write_in_progress", self._write_offset)
-        self._write_pieces(encoded)
-        if cfg.flush_disk_type == "SYNC_FLUSH":
-            self.commit_log.flush(self._write_offset)
+        entries = {}
         for key, rows in dispatch.items():
-            arr = np.array(rows, dtype=np.int64)
-            self.consume_queue(*key).put(int(arr[0, 0]), arr[:, 1], arr[:, 2], arr[:, 3])
-        cp.set("physic_msg_timestamp", now)
-        cp.set("confirm_phy_offset", offset)
-        self._generation = cp.get("write_generation") + 1
-        cp.set("write_generation", self._generation)
-        cp.set("write_in_progress", -1)
-        self._write_offset = offset
+            _, offsets, sizes, codes = zip(*rows)
+            entries[key] = (rows[0][0], offsets, sizes, codes)
+        self._commit_append(self._join_pieces(encoded), entries, offset, now)
         self._queue_next.update(pending_next)
         return results
 
-    def _write_pieces(self, pieces: list[tuple[int, bytes]]) -> None:
-        """Write (offset, bytes) pieces, joining contiguous runs into one write per segment."""
+    def _commit_append(self, chunks: list[tuple[int, bytes]],
+                       entries: dict[tuple[str, int], tuple], end: int, now: int) -> None:
+        """Write CommitLog chunks and queue entries, then make them visible (lock held).
+
+        ``chunks`` are ``(offset, bytes)`` writes, each inside one segment; ``entries`` maps a
+        queue to ``(first queue offset, offsets, sizes, tags codes)``; ``end`` is where the
+        log ends afterwards.
+        """
+        # Crash safety: mark the append, write, (sync), index, then publish.
+        cp = self.checkpoint
+        cp.set("write_in_progress", self._write_offset)
+        for off, data in chunks:
+            self.commit_log.write(off, data)
+        if self.config.flush_disk_type == "SYNC_FLUSH":
+            self.commit_log.flush(self._write_offset)
+        for key, (first, offsets, sizes, codes) in entries.items():
+            self.consume_queue(*key).put(first, offsets, sizes, codes)
+        cp.set("physic_msg_timestamp", now)
+        cp.set("confirm_phy_offset", end)
+        self._generation = cp.get("write_generation") + 1
+        cp.set("write_generation", self._generation)
+        cp.set("write_in_progress", -1)
+        self._write_offset = end
+
+    def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
+                     tags: Sequence[str | None] | None = None, flags=0,
+                     born_timestamp_ms: int = 0, queue_id: int | None = None,
+                     sys_flag: int = 0, born_host: bytes = codec.LOCALHOST,
+                     born_port: int = 0) -> "BatchAppendResult":
+        """Append records of one topic to one queue at once (the vectorised batch path).
+
+        Byte for byte what :meth:`append` with ``batch=True`` writes for the same records, but
+        without a :class:`RecordSpec` per record: headers are one NumPy array, each segment
+        gets one write, queue entries one block.
+
+        Parameters
+        ----------
+        topic : str
+            A validated topic whose tagsCode comes from the tag (not the schedule or timer
+            topic, whose tagsCode comes from properties: use :meth:`append`).
+        bodies : sequence of bytes
+            The bodies, already validated.
+        properties : sequence of bytes
+            Each record's encoded properties string (:func:`store.codec.encode_properties`).
+        tags : sequence of str or None, optional
+            Each record's tag, for the ConsumeQueue tagsCode.
+        flags : int or sequence of int
+            The records' user flags.
+        queue_id : int, optional
+            The queue; ``None`` picks the next one round robin.
+
+        Returns
+        -------
+        BatchAppendResult
+            The queue, the first queue offset and each record's CommitLog offset.
+        """
+        self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.root} was opened read_only; appends are refused")
+        if topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
+            raise ValueError(f"append_batch cannot index {topic!r}; use append()")
+        n = len(bodies)
+        if n == 0 or len(properties) != n:
+            raise ValueError(f"append_batch needs as many properties ({len(properties)}) as "
+                             f"bodies ({n}), at least one")
+        cfg = self.config
+        topic_b = topic.encode("ascii")
+        body_lengths = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        props_lengths = np.fromiter(map(len, properties), dtype=np.int64, count=n)
+        if int(props_lengths.max()) > cfg.max_properties_size_bytes:
+            i = int(np.argmax(props_lengths > cfg.max_properties_size_bytes))
+            raise MessageTooLargeError(
+                f"properties of a message to {topic!r} are {int(props_lengths[i])} bytes; "
+                f"allowed: at most {cfg.max_properties_size_bytes}")
+        sizes = codec.FIXED_SIZE + len(topic_b) + body_lengths + props_lengths
+        max_record = min(cfg.max_message_size_bytes + 64 * 1024,
+                         cfg.commitlog_file_size_bytes - codec.BLANK.size)
+        if int(sizes.max()) > max_record:
+            raise MessageTooLargeError(
+                f"a record of {int(sizes.max())} bytes does not fit (max {max_record})")
+        dispatched = (sys_flag & TRANSACTION_TYPE_MASK) in (TRANSACTION_NOT_TYPE,
+                                                             TRANSACTION_COMMIT_TYPE)
+        codes = None
+        if dispatched:
+            codes = np.zeros(n, dtype=np.int64)
+            if tags is not None:
+                lookup = {t: self._tag_hash(t) for t in set(tags)}
+                codes = np.fromiter(map(lookup.__getitem__, tags), dtype=np.int64, count=n)
+        with self._write_locked():
+            now = self.now_ms()
+            queue_count = self._ensure_topic_cached(topic)
+            qid = queue_id
+            if qid is None:
+                qid = next(self._round_robin.setdefault(topic, itertools.count())) % queue_count
+            elif not 0 <= qid < queue_count:
+                raise InvalidMessageError(
+                    f"queue_id {qid} for topic {topic!r}; allowed: 0 to {queue_count - 1}")
+            key = (topic, qid)
+            first = self._next_queue_offset(key) if dispatched else 0
+            starts, runs, end = self._place_batch(self._write_offset, sizes)
+            template = codec.batch_header_template(
+                queue_id=qid, sys_flag=sys_flag, born_timestamp_ms=born_timestamp_ms,
+                born_host=born_host, born_port=born_port, store_timestamp_ms=now)
+            queue_offsets = first + np.arange(n, dtype=np.int64) if dispatched else 0
+            pieces = codec.encode_batch(template, topic_b, list(bodies), list(properties),
+                                        sizes=sizes, body_lengths=body_lengths,
+                                        queue_offsets=queue_offsets, physical_offsets=starts,
+                                        flags=flags)
+            chunks = []
+            for off, i, j, blank in runs:
+                data = b"".join(pieces[5 * i:5 * j])
+                chunks.append((off, data + blank if blank else data))
+            entries = {key: (first, starts, sizes, codes)} if dispatched else {}
+            self._commit_append(chunks, entries, end, now)
+            if dispatched:
+                self._queue_next[key] = first + n
+        return BatchAppendResult(topic, qid, first if dispatched else -1, starts, sizes, now)
+
+    def _place_batch(self, offset: int, sizes: np.ndarray) -> tuple[np.ndarray, list, int]:
+        """Where the records of a batch go when the log ends at ``offset``.
+
+        RocketMQ's rule: a record of length L needs L + 8 bytes left in its segment, else an
+        8-byte blank closes the segment; a batch that fits a segment moves to the next one
+        whole.  Returns each record's offset, the writes as ``(offset, first, stop, blank)``
+        (records ``[first, stop)`` then an optional blank, all in one segment) and the new end.
+        """
+        file_size = self.config.commitlog_file_size_bytes
+        blank_size = codec.BLANK.size
+        ends = np.cumsum(sizes)
+        total = int(ends[-1])
+        runs: list[tuple[int, int, int, bytes]] = []
+        if total + blank_size <= file_size:
+            start, blank = self.commit_log.place(offset, total)
+            if blank is not None:
+                runs.append((offset, 0, 0, blank))
+            runs.append((start, 0, len(sizes), b""))
+            return start + ends - sizes, runs, start + total
+        n = len(sizes)
+        starts = np.empty(n, dtype=np.int64)
+        i, pos = 0, offset
+        while i < n:
+            segment_end = pos - pos % file_size + file_size
+            base = int(ends[i] - sizes[i])
+            # records i..j-1 fit when each ends at least 8 bytes before the segment end
+            j = int(np.searchsorted(ends, segment_end - blank_size - pos + base, side="right"))
+            if j > i:
+                starts[i:j] = pos + ends[i:j] - sizes[i:j] - base
+                runs.append((pos, i, j, b""))
+                pos += int(ends[j - 1]) - base
+                i = j
+            if i < n:  # the next record does not fit: close the segment with a blank
+                runs.append((pos, 0, 0, codec.encode_blank(segment_end - pos)))
+                pos = segment_end
+        return starts, runs, pos
+
+    def _join_pieces(self, pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Join contiguous ``(offset, bytes)`` pieces into one chunk per segment."""
         size = self.config.commitlog_file_size_bytes
-        run_start, run = None, []
-        run_end = 0
+        chunks: list[tuple[int, bytes]] = []
+        run_start, run, run_end = 0, [], 0
         for off, data in pieces:
             if run and (off != run_end or off // size != run_start // size):
-                self.commit_log.write(run_start, b"".join(run))
+                chunks.append((run_start, b"".join(run)))
                 run = []
             if not run:
                 run_start = off
             run.append(data)
             run_end = off + len(data)
         if run:
-            self.commit_log.write(run_start, b"".join(run))
+            chunks.append((run_start, b"".join(run)))
+        return chunks
 
     def _next_queue_offset(self, key: tuple[str, int]) -> int:
         nxt = self._queue_next.get(key)
@@ -472,7 +659,15 @@ class MessageStore:
     def _tags_code(self, topic: str, properties, store_ts: int) -> int:
         if topic == SCHEDULE_TOPIC and PROPERTY_DELAY_TIME_LEVEL in properties:
             return self.schedule_deliver_time(int(properties[PROPERTY_DELAY_TIME_LEVEL]), store_ts)
-        tags = properties.get(PROPERTY_TAGS)
+        if topic == TIMER_TOPIC and PROPERTY_TIMER_OUT_MS in properties:
+            # ours, not RocketMQ's: the timer's slot time (negated for a cancel marker), so the
+            # timer enqueues from the ConsumeQueue alone (see store.timer.service)
+            out = int(properties[PROPERTY_TIMER_OUT_MS])
+            return -out if PROPERTY_TIMER_DEL_UNIQKEY in properties else out
+        return self._tag_hash(properties.get(PROPERTY_TAGS))
+
+    def _tag_hash(self, tags: str | None) -> int:
+        """The tagsCode of a tag (0 for none), cached."""
         if not tags:
             return 0
         code = self._tags_code_cache.get(tags)

@@ -1,20 +1,252 @@
-"""4.x delay levels (interim: filled in by the delayed-messages work)."""
+"""4.x delay levels (RocketMQ's ScheduleMessageService), driven by ``store.deliver_due()``.
+
+Send (:meth:`ScheduleService.rewrite`): a message sent with ``delay_level=L`` is stored in
+``SCHEDULE_TOPIC_XXXX`` queue ``L - 1`` (a level above the table is clamped to the last one)
+with ``DELAY``, ``REAL_TOPIC`` and ``REAL_QID``; the store indexes it with
+tagsCode = store time + the level's delay, its due time.  Each level's queue is therefore in
+due-time order.
+
+Delivery (:meth:`ScheduleService.deliver_due`): for each level, the entries from the saved
+offset on whose tagsCode is at or before now are restored to their real topic and queue, many
+records per append, with ``__RMQ_DELIVER_MS`` = the due time and the origin (see
+:mod:`store.timer.delivery`); delivery stops at the first entry not yet due.  The restored
+record keeps the stored properties (``DELAY``, ``REAL_TOPIC``, ``REAL_QID`` included, as
+RocketMQ's does; users never see system properties).  A record gone to retention is skipped,
+and one whose real topic is the transaction half topic is dropped, as in RocketMQ.
+
+Differences from RocketMQ, on purpose: an entry due "more than one level-delay in the
+future" (a clock that went backwards) is not treated as due now, since nothing may surface
+early; and there is no 1 s first delay or 100 ms polling, since the caller decides when to run.
+
+Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
+"dataVersion": {...}, "deliverMark": -1}`` written atomically; it is read leniently (RocketMQ
+writes integer keys unquoted) and offsets are clamped to the queue.  A run saves
+``deliverMark`` before appending and clears it with the new offsets, so a run that died in
+between is redone without delivering anything twice.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
+
+import numpy as np
+
+from .codec import RecordSpec
+from .errors import CorruptRecordError, InvalidDelayError
+from .message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS,
+                      PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC,
+                      TRANS_HALF_TOPIC)
+from .timer.delivery import append_chunked, origins_since, queue_for, read_queue_entries
+from .topics import write_json_atomic
+
+#: Queue entries examined per step.
+SCHEDULE_CHUNK = 1 << 16
+_FILLER_SIZE = 0x7FFFFFFF
+_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+
+
+def read_lenient_json(path: str) -> object | None:
+    """Read a JSON file (or its ``.bak``), accepting fastjson's unquoted integer keys."""
+    for candidate in (path, path + ".bak"):
+        try:
+            with open(candidate, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        for attempt in (text, _BARE_KEY.sub(r'\1"\2"\3', text)):
+            try:
+                return json.loads(attempt)
+            except ValueError:
+                continue
+    return None
+
+
+@dataclasses.dataclass
+class _Progress:
+    offsets: dict[int, int]
+    mark: int = -1
+    counter: int = 0
+
 
 class ScheduleService:
+    """Delivery of the 4.x delay levels of one store (see the module docstring)."""
+
     def __init__(self, store) -> None:
         self.store = store
+        self.levels = store.config.delay_levels_ms
+        self.path = os.path.join(store.root, "config", "delayOffset.json")
+        if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
+            with store.write_lock():
+                if read_lenient_json(self.path) is None:
+                    self._save(self._lost())  # a new store: empty table, no mark
 
-    def rewrite(self, spec, level):
-        raise NotImplementedError("delay levels are not implemented yet")
+    # ------------------------------------------------------------------ sending
+    def rewrite(self, spec: RecordSpec, level: int) -> tuple[RecordSpec, int]:
+        """Turn a message with delay ``level`` (>= 1) into a ``SCHEDULE_TOPIC_XXXX`` record.
 
+        Returns the rewritten spec and its approximate due time (now + the level's delay;
+        the exact one is computed from the store time when it is appended).
+        """
+        if isinstance(level, bool) or not isinstance(level, int) or level < 1:
+            raise InvalidDelayError(f"delay_level={level!r}; allowed: an int >= 1")
+        level = min(level, len(self.levels))
+        store = self.store
+        topic = spec.topic
+        qid = spec.queue_id
+        if qid is None:
+            qid = store.next_queue(topic, store._ensure_topic_locked(topic))
+        props = dict(spec.properties)
+        props[PROPERTY_REAL_TOPIC] = topic
+        props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+        props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        rewritten = dataclasses.replace(spec, topic=SCHEDULE_TOPIC, queue_id=level - 1,
+                                        properties=props)
+        return rewritten, store.now_ms() + self.levels[level - 1]
+
+    # ------------------------------------------------------------------ progress
+    def _load(self) -> _Progress:
+        """Read ``delayOffset.json`` (the caller holds the write lock)."""
+        data = read_lenient_json(self.path)
+        if not isinstance(data, dict) or not isinstance(data.get("offsetTable"), dict):
+            return self._lost()
+        offsets = {}
+        for key, value in data["offsetTable"].items():
+            try:
+                offsets[int(key)] = int(value)
+            except (TypeError, ValueError):
+                continue
+        version = data.get("dataVersion") or {}
+        return _Progress(offsets, int(data.get("deliverMark", -1)),
+                         int(version.get("counter", 0)) if isinstance(version, dict) else 0)
+
+    def _lost(self) -> _Progress:
+        """No progress file: start at each queue's beginning, skipping what was delivered."""
+        store = self.store
+        starts = []
+        for level in range(1, len(self.levels) + 1):
+            cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            first = cq.first_index()
+            e = read_queue_entries(cq, first, min(first + 1, cq.max_offset(store.confirmed_offset())))
+            if len(e):
+                starts.append(int(e["offset"][0]))
+        mark = max(min(starts), store.commit_log.min_offset()) if starts else -1
+        return _Progress({}, mark, 0)
+
+    def _save(self, progress: _Progress) -> None:
+        progress.counter += 1
+        write_json_atomic(self.path, {
+            "offsetTable": {str(k): v for k, v in sorted(progress.offsets.items())},
+            "dataVersion": {"counter": progress.counter, "stateVersion": 0,
+                            "timestamp": self.store.now_ms()},
+            "deliverMark": progress.mark,
+        })
+
+    def offsets(self) -> dict[int, int]:
+        """Level -> next queue offset to deliver (a copy)."""
+        with self.store.write_lock():
+            return dict(self._load().offsets)
+
+    # ------------------------------------------------------------------ delivering
     def deliver_due(self) -> int:
-        return 0
+        """Deliver every delay-level message due by now; return how many."""
+        store = self.store
+        with store.write_lock():
+            progress = self._load()
+            now = store.now_ms()
+            confirmed = store.confirmed_offset()
+            work = []
+            for level in range(1, len(self.levels) + 1):
+                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = cq.max_offset(confirmed)
+                start = max(progress.offsets.get(level, 0), cq.first_index())
+                if start >= maxo:
+                    continue
+                head = read_queue_entries(cq, start, start + 1)
+                if len(head) and int(head["tags_code"][0]) <= now:
+                    work.append((level, cq, start, maxo))
+            if not work and progress.mark < 0:
+                return 0
+            done = np.empty(0, np.int64)
+            if progress.mark < 0:
+                progress.mark = confirmed
+                self._save(progress)  # durable before anything is appended
+            else:
+                done = origins_since(store, progress.mark)
+            delivered = 0
+            for level, cq, start, maxo in work:
+                off, n = self._deliver_level(cq, start, maxo, now, done)
+                progress.offsets[level] = off
+                delivered += n
+            store.flush()  # the deliveries are durable before the offsets that claim them
+            progress.mark = -1
+            self._save(progress)
+            return delivered
+
+    def _deliver_level(self, cq, start: int, maxo: int, now: int,
+                       done: np.ndarray) -> tuple[int, int]:
+        """Deliver the due head of one level's queue; return ``(next offset, delivered)``."""
+        store = self.store
+        log = store.commit_log
+        delivered = 0
+        off = start
+        while off < maxo:
+            e = read_queue_entries(cq, off, min(maxo, off + SCHEDULE_CHUNK))
+            if not len(e):
+                break
+            due = e["tags_code"] <= now
+            k = len(e) if due.all() else int(np.argmin(due))
+            if k == 0:
+                break
+            head = e[:k]
+            live = ((head["size"] > 0) & (head["size"] != _FILLER_SIZE)
+                    & (head["offset"] >= log.min_offset()))
+            if len(done):
+                live &= ~np.isin(head["offset"], done)
+            specs = []
+            for offset, due_ms in zip(head["offset"][live].tolist(),
+                                      head["tags_code"][live].tolist()):
+                try:
+                    rec = log.read_record(offset)
+                except CorruptRecordError:
+                    continue  # gone: skipped, as RocketMQ does
+                spec = self._restore(rec, offset, due_ms)
+                if spec is not None:
+                    specs.append(spec)
+            delivered += append_chunked(store, specs)
+            off += k
+            if k < len(e):
+                break
+        return off, delivered
+
+    def _restore(self, rec, origin: int, due_ms: int) -> RecordSpec | None:
+        props = dict(rec.properties)
+        topic = props.get(PROPERTY_REAL_TOPIC)
+        if not topic or topic == TRANS_HALF_TOPIC:
+            return None
+        props[PROPERTY_DELIVER_MS] = str(due_ms)
+        props[PROPERTY_DELAY_ORIGIN] = str(origin)
+        qid = queue_for(self.store, topic, int(props.get(PROPERTY_REAL_QUEUE_ID) or 0))
+        return rec.to_spec(topic=topic, queue_id=qid, properties=props)
+
+    # ------------------------------------------------------------------ housekeeping
+    def pending_count(self) -> int:
+        """Delay-level messages stored but not yet delivered."""
+        store = self.store
+        with store.write_lock():
+            progress = self._load()
+            confirmed = store.confirmed_offset()
+            total = 0
+            for level in range(1, len(self.levels) + 1):
+                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = cq.max_offset(confirmed)
+                total += max(0, maxo - max(progress.offsets.get(level, 0), cq.first_index()))
+            return total
 
     def on_retention(self, commitlog_min: int) -> None:
-        pass
+        """Nothing to do: offsets are clamped to the queue when read."""
 
     def close(self) -> None:
-        pass
+        """Nothing to release: progress is saved by every run."""

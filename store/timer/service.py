@@ -1,23 +1,573 @@
-"""Timer service (interim: filled in by the delayed-messages work)."""
+"""Timer service: RocketMQ 5's timer wheel, driven by ``store.deliver_due()``.
+
+Flow (RocketMQ's five timer threads, run synchronously under the store's write lock):
+
+1. **Send** (:meth:`TimerService.rewrite`): the producer's message becomes a record of
+   ``rmq_sys_wheel_timer`` queue 0 with ``TIMER_OUT_MS`` (the fire time rounded to the
+   precision P: an exact multiple of P moves one P earlier, anything else rounds down),
+   ``TIMER_DELIVER_MS`` (the time asked for), ``REAL_TOPIC`` and ``REAL_QID``.  The store
+   indexes it with tagsCode = ``TIMER_OUT_MS`` (negated for a cancel marker), so the timer
+   never has to read a record to enqueue it.
+2. **Enqueue**: new ConsumeQueue entries become 52-byte TimerLog units chained per slot
+   (:mod:`.timer_log`) and the 32-byte wheel slots are updated (:mod:`.wheel`), all with NumPy.
+   An entry already due is delivered at once.  A fire time at least ``timer_roll_window_slots``
+   slots ahead is *rolled*: the unit goes to a slot half or a whole window ahead and, when
+   that slot fires, the record is re-put to the timer topic (``TIMER_ROLL_TIMES`` + 1), which
+   also keeps a fresh copy of it inside the CommitLog's retention.
+3. **Dequeue**: every slot T with ``T + P <= now`` is read, newest unit first through
+   ``prevPos``; cancel markers in the slot drop their targets; the rest are restored to their
+   real topic and queue with ``__RMQ_DELIVER_MS`` = the time asked for, ``TIMER_ENQUEUE_MS``,
+   ``TIMER_DEQUEUE_MS`` and the origin (see :mod:`.delivery`), many records per append.
+
+Never early: slot T fires only once ``now >= T + P``, and rounding puts T + P at or after the
+requested time, so a message is up to one P late and never early (reference §10.2).
+
+Unlike RocketMQ, nothing is lost after a long outage: the read time never jumps forward past
+unfired slots.  Placements always stay within ``timer_wheel_slots`` of the read time (when the
+read time lags by more than the wheel minus the roll window, new units are placed relative to
+the read time and roll again), so a live slot is never overwritten, and catching up scans the
+wheel once with NumPy instead of tick by tick.
+
+Progress lives in ``config/timercheck`` (:mod:`.checkpoint`).  A run saves a mark first and
+clears it with the new progress at the end; a run that died in between is redone by the next
+one, which rebuilds wheel slots pointing past the checkpointed TimerLog end, zeroes that tail,
+and skips every source whose delivery already reached the CommitLog.  Pending messages live
+only in the files: memory does not grow with their number.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import random
+
+import numpy as np
+
+from ..codec import MessageIdGenerator, RecordSpec
+from ..errors import CorruptRecordError, InvalidMessageError, TimerFlowControlError, UnknownTopicError
+from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
+                       PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
+                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
+                       PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
+                       PROPERTY_UNIQ_KEY, TIMER_TOPIC)
+from . import checkpoint as ckpt
+from .checkpoint import TimerCheckpoint
+from .delivery import append_chunked, origins_since, queue_for, read_queue_entries
+from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
+from .wheel import TimerWheel
+
+#: TIMER_ENQUEUE_MS of a message delivered straight from the queue (RocketMQ: Long.MAX).
+DIRECT_ENQUEUE_MS = "9223372036854775807"
+#: The tag RocketMQ gives a cancel (recall) marker.
+RECALL_TAG = "_RECALL_TAG_"
+#: ConsumeQueue entries enqueued per step.
+ENQUEUE_CHUNK = 1 << 18
+#: Units delivered per step.
+DEQUEUE_CHUNK = 1 << 16
+_NO_END = 1 << 62
+_FILLER_SIZE = 0x7FFFFFFF
+_FLOW_CONTROL_OFF = 2**31 - 1
+#: How far apart born and store times of one record may be when cancel looks a message up.
+_CANCEL_WINDOW_MS = 600_000
+
+
+def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
+    """RocketMQ's TIMER_OUT_MS: one precision earlier for exact multiples, else rounded down."""
+    if deliver_ms % precision_ms == 0:
+        return deliver_ms - precision_ms
+    return deliver_ms - deliver_ms % precision_ms
+
 
 class TimerService:
+    """The timer wheel of one store (see the module docstring).
+
+    Parameters
+    ----------
+    store : MessageStore
+        The store it serves; its settings ``timer_*`` shape the files.
+    """
+
     def __init__(self, store) -> None:
         self.store = store
+        cfg = store.config
+        self.precision = cfg.timer_precision_ms
+        self.slots = cfg.timer_wheel_slots
+        self.window = cfg.timer_roll_window_slots
+        self.congest = cfg.timer_congest_num_each_slot
+        self.max_delay = cfg.timer_max_delay_ms
+        self._check_path = os.path.join(store.root, "config", "timercheck")
+        self._state: TimerCheckpoint | None = None
+        self._rng = random.Random()
+        self._ids = MessageIdGenerator()
+        with store.write_lock():  # one process creates and initialises the wheel
+            self.wheel = TimerWheel(os.path.join(store.root, "timerwheel"), self.slots,
+                                    self.precision)
+            self.log = TimerLog(os.path.join(store.root, "timerlog"),
+                                cfg.timer_log_file_size_bytes)
+            self._sync()
 
-    def rewrite(self, spec, deliver_ms):
-        raise NotImplementedError("the timer wheel is not implemented yet")
+    # ------------------------------------------------------------------ sending
+    def rewrite(self, spec: RecordSpec, deliver_ms: int) -> tuple[RecordSpec, int]:
+        """Turn a message due at ``deliver_ms`` (in the future) into a timer-topic record.
 
-    def cancel(self, topic, msg_id):
-        raise NotImplementedError("the timer wheel is not implemented yet")
+        Returns the rewritten spec and ``deliver_ms``.  Raises
+        :class:`~store.errors.TimerFlowControlError` when per-slot flow control
+        (``timer_congest_num_each_slot``) refuses it.
+        """
+        out = round_fire_time(deliver_ms, self.precision)
+        if self.congest < _FLOW_CONTROL_OFF:
+            self._check_congestion(out)
+        store = self.store
+        topic = spec.topic
+        qid = spec.queue_id
+        if qid is None:
+            qid = store.next_queue(topic, store._ensure_topic_locked(topic))
+        props = dict(spec.properties)
+        props[PROPERTY_TIMER_OUT_MS] = str(out)
+        props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
+        props[PROPERTY_REAL_TOPIC] = topic
+        props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+        return dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props), deliver_ms
 
+    def _check_congestion(self, out: int) -> None:
+        """RocketMQ's isReject, with its inverted probability curve (reference §5.6)."""
+        store = self.store
+        with store.write_lock():
+            st = self._sync()
+            _, _, num = self.wheel.get(out)
+            cq = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = cq.max_offset(store.confirmed_offset())
+            if qmax > st.last_timer_queue_offset:  # not yet enqueued: count them too
+                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                num += int(np.count_nonzero(tags == out)) - int(np.count_nonzero(tags == -out))
+        limit = self.congest
+        if num <= limit:
+            return
+        if num >= 2 * limit or self._rng.random() * 1000 > 1000 * (num - limit) / (limit + 0.1):
+            raise TimerFlowControlError(
+                f"the timer slot of {out} already holds {num} messages; "
+                f"timer_congest_num_each_slot={limit} (flow control); retry later or spread "
+                "the delivery times")
+
+    def cancel(self, topic: str, msg_id: str) -> bool:
+        """Cancel a pending timer message (RocketMQ's delete marker).
+
+        Returns ``True`` when a timer message with ``msg_id`` whose real topic is ``topic`` is
+        still pending (its delivery time is in the future): a marker is stored in the same
+        slot and the message never surfaces; cancelling it again also returns ``True``.
+        Returns ``False`` (and stores nothing) for an unknown id, the id of a message on
+        another topic, a message sent with a delay level, or one already due.  The marker
+        itself never surfaces.
+
+        Raises
+        ------
+        InvalidMessageError
+            ``topic`` or ``msg_id`` is not a non-empty string.
+        """
+        for name, value in (("topic", topic), ("msg_id", msg_id)):
+            if not isinstance(value, str) or not value:
+                raise InvalidMessageError(f"cancel: {name}={value!r}; allowed: a non-empty str")
+        store = self.store
+        with store.write_lock():
+            now = store.now_ms()
+            rec = self._find_timer_record(topic, msg_id, now)
+            if rec is None:
+                return False
+            props = rec.properties
+            out = int(props[PROPERTY_TIMER_OUT_MS])
+            fire = int(props.get(PROPERTY_TIMER_DELIVER_MS) or out + self.precision)
+            if fire <= now:
+                return False
+            marker = {
+                PROPERTY_UNIQ_KEY: msg_id, PROPERTY_TAGS: RECALL_TAG,
+                PROPERTY_TIMER_OUT_MS: str(out), PROPERTY_TIMER_DELIVER_MS: str(fire),
+                PROPERTY_TIMER_DEL_UNIQKEY: f"{topic}+{msg_id}",
+                PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: "0",
+            }
+            store.append([RecordSpec(topic=TIMER_TOPIC, body=b"0", properties=marker,
+                                     queue_id=0, born_timestamp_ms=now)])
+            return True
+
+    def _born_candidates(self, msg_id: str, now: int) -> list[int]:
+        """Born times a message id can stand for (its ms-since-month-start field)."""
+        if len(msg_id) != 32:
+            return []
+        try:
+            since = int(msg_id[20:28], 16)
+        except ValueError:
+            return []
+        out = []
+        t = now + _CANCEL_WINDOW_MS
+        oldest = now - self.max_delay - 32 * 86_400_000
+        while t > oldest and t > 0:
+            month_start = t - self._ids._since_month(t)
+            for born in (month_start + since, month_start + since + 2**31):
+                if month_start <= born <= t:
+                    out.append(born)
+            t = month_start - 1
+        return out
+
+    def _find_timer_record(self, topic: str, msg_id: str, now: int):
+        """The timer-topic record of ``msg_id`` on ``topic``, or ``None``."""
+        store = self.store
+        try:
+            qmax = store.max_offset(TIMER_TOPIC, 0)
+        except UnknownTopicError:
+            return None
+        cq = store.consume_queue(TIMER_TOPIC, 0)
+        log = store.commit_log
+        for born in self._born_candidates(msg_id, now):
+            i = store.offset_for_timestamp(TIMER_TOPIC, 0, born)
+            while i < qmax:
+                entries = read_queue_entries(cq, i, min(qmax, i + 256))
+                if not len(entries):
+                    break
+                for e in entries:
+                    i += 1
+                    offset, tags = int(e["offset"]), int(e["tags_code"])
+                    if tags <= 0 or int(e["size"]) <= 0:
+                        continue  # a marker (or filler)
+                    try:
+                        rec = log.read_record(offset)
+                    except CorruptRecordError:
+                        continue
+                    if rec.store_timestamp_ms > born + _CANCEL_WINDOW_MS:
+                        i = qmax
+                        break
+                    if (rec.born_timestamp_ms == born
+                            and rec.properties.get(PROPERTY_UNIQ_KEY) == msg_id):
+                        return rec if rec.properties.get(PROPERTY_REAL_TOPIC) == topic else None
+        return None
+
+    # ------------------------------------------------------------------ state
+    def _sync(self) -> TimerCheckpoint:
+        """Load the checkpoint (another process may have moved it); create it when missing.
+
+        The caller holds the store's write lock.
+        """
+        disk = ckpt.load(self._check_path)
+        if disk is None or disk.wheel_slots != self.slots or disk.precision_ms != self.precision \
+                or self.wheel.created:
+            disk = self._rebuild(disk)
+        elif self._state is not None and disk.counter == self._state.counter:
+            return self._state  # unchanged since we saved or loaded it
+        self._state = disk
+        return disk
+
+    def _rebuild(self, old: TimerCheckpoint | None) -> TimerCheckpoint:
+        """Start the timer files afresh from the timer ConsumeQueue.
+
+        Used for a new store, and when ``timercheck`` or ``timerwheel`` was lost: the wheel is
+        emptied, the TimerLog cleared and every queued timer message enqueued again; the mark
+        makes the next run skip those already delivered.
+        """
+        store = self.store
+        now = store.now_ms()
+        cq = store.consume_queue(TIMER_TOPIC, 0)
+        confirmed = store.confirmed_offset()
+        qmax = cq.max_offset(confirmed)
+        state = TimerCheckpoint(precision_ms=self.precision, wheel_slots=self.slots,
+                                last_read_time_ms=now - now % self.precision)
+        if qmax > 0 or self.log.files.files or old is not None:
+            if old is not None and old.last_read_time_ms > 0:
+                state.last_read_time_ms = min(state.last_read_time_ms, old.last_read_time_ms)
+            self.wheel.reset()
+            self.log.truncate(0)
+            qmin = cq.min_offset(store.commit_log.min_offset(), confirmed)
+            state.last_timer_queue_offset = qmin
+            first = read_queue_entries(cq, qmin, min(qmax, qmin + 1))
+            if len(first):
+                state.deliver_mark = max(int(first["offset"][0]), store.commit_log.min_offset())
+        self.wheel.created = False
+        self._save(state)
+        return state
+
+    def _save(self, state: TimerCheckpoint) -> None:
+        state.counter += 1
+        state.timestamp = self.store.now_ms()
+        state.master_timer_queue_offset = state.last_timer_queue_offset
+        ckpt.save(self._check_path, state)
+
+    # ------------------------------------------------------------------ delivering
     def deliver_due(self) -> int:
-        return 0
+        """Enqueue new timer messages and deliver every one due by now; return how many."""
+        store = self.store
+        with store.write_lock():
+            st = self._sync()
+            now = store.now_ms()
+            floor_now = now - now % self.precision
+            qmax = store.consume_queue(TIMER_TOPIC, 0).max_offset(store.confirmed_offset())
+            due = (self.wheel.due_slots(st.last_read_time_ms, floor_now)
+                   if floor_now > st.last_read_time_ms else ())
+            if st.deliver_mark < 0 and qmax <= st.last_timer_queue_offset and not len(due):
+                # nothing to enqueue or fire: move the read time on without a save
+                st.last_read_time_ms = max(st.last_read_time_ms, floor_now)
+                return 0
+            try:
+                return self._run(st, now)
+            finally:
+                self.wheel.release_memory()
+                self.log.release_memory()
+
+    def _run(self, st: TimerCheckpoint, now: int) -> int:
+        store = self.store
+        work = st.copy()
+        if work.deliver_mark < 0:
+            work.deliver_mark = store.confirmed_offset()
+            self._save(work)  # the mark is durable before anything is appended
+            done = np.empty(0, np.int64)
+        else:
+            done = self._recover(work)
+        self._state = work  # the in-memory copy follows the file's counter
+        try:
+            delivered = 0
+            for _ in range(4):
+                delivered += self._enqueue(work, done, now)
+                n, rolled = self._dequeue(work, done, now)
+                delivered += n
+                if not rolled:
+                    break
+            # what the new checkpoint claims must be on disk before it
+            store.flush()
+            self.log.flush()
+            self.wheel.flush()
+            work.deliver_mark = -1
+            self._save(work)
+        except BaseException:
+            self._state = None  # the next run reloads the file (mark set) and redoes this one
+            raise
+        return delivered
+
+    def _recover(self, work: TimerCheckpoint) -> np.ndarray:
+        """Undo what a dead run did to the wheel and TimerLog; return the sources it finished."""
+        end = work.last_timer_log_flush_pos
+        read_time = work.last_read_time_ms
+        for index in self.wheel.slots_pointing_past(end).tolist():
+            tick, first, last, _num = self.wheel.row(index)
+            slot_time = tick * self.precision
+            if tick % self.slots != index or slot_time < read_time or last < 0:
+                self.wheel.clear(np.array([index]))
+                continue
+            positions, units = self.log.walk_chain(last, _NO_END)
+            keep = positions < end
+            if not keep.any():
+                self.wheel.clear(np.array([index]))
+                continue
+            kept = units[keep]
+            num = int(np.count_nonzero((kept["magic"] & MAGIC_DELETE) == 0)) - int(
+                np.count_nonzero((kept["magic"] & MAGIC_DELETE) != 0))
+            new_first = first if 0 <= first < end else int(positions[keep][-1])
+            self.wheel.put(np.array([slot_time]), np.array([new_first]),
+                           np.array([int(positions[keep][0])]), np.array([num]))
+        self.log.truncate(end)
+        return origins_since(self.store, work.deliver_mark)
+
+    # -- enqueue ----------------------------------------------------------------------------
+    def _enqueue(self, work: TimerCheckpoint, done: np.ndarray, now: int) -> int:
+        """Move new timer-queue entries into the wheel (or deliver them when already due)."""
+        store = self.store
+        cq = store.consume_queue(TIMER_TOPIC, 0)
+        confirmed = store.confirmed_offset()
+        qmax = cq.max_offset(confirmed)
+        q = work.last_timer_queue_offset
+        if q >= qmax:
+            return 0
+        q = max(q, cq.first_index())
+        cl_min = store.commit_log.min_offset()
+        P = self.precision
+        delete_keys = self._marker_keys(cq, q, qmax, cl_min)
+        delivered = 0
+        while q < qmax:
+            end = min(qmax, q + ENQUEUE_CHUNK)
+            e = read_queue_entries(cq, q, end)
+            if not len(e):
+                break
+            offs, sizes, tags = e["offset"], e["size"], e["tags_code"]
+            live = (sizes > 0) & (sizes != _FILLER_SIZE) & (offs >= cl_min) & (tags != 0)
+            if len(done):
+                live &= ~np.isin(offs, done)
+            marker = tags < 0
+            fire = np.abs(tags)
+            due = live & ~marker & (fire + P <= now)
+            if due.any():
+                units = np.zeros(int(due.sum()), dtype=UNIT_DTYPE.newbyteorder("="))
+                units["offset_py"] = offs[due]
+                units["size_py"] = sizes[due]
+                units["magic"] = MAGIC_DEFAULT
+                units["enqueue_time"] = -1
+                d, _ = self._deliver_units(units, delete_keys, now, direct=True)
+                delivered += d
+            place = live & ~due
+            if place.any():
+                self._place(work, offs[place], sizes[place], fire[place], marker[place], now)
+            q = q + len(e)
+            work.last_timer_queue_offset = q
+        work.last_timer_queue_offset = max(work.last_timer_queue_offset, q)
+        return delivered
+
+    def _marker_keys(self, cq, start: int, end: int, cl_min: int) -> set[str]:
+        """TIMER_DEL_UNIQKEY of the cancel markers among queue entries ``[start, end)``."""
+        keys: set[str] = set()
+        for q in range(start, end, ENQUEUE_CHUNK):
+            e = read_queue_entries(cq, q, min(end, q + ENQUEUE_CHUNK))
+            for offset in e["offset"][(e["tags_code"] < 0) & (e["offset"] >= cl_min)].tolist():
+                key = self._read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
+                if key:
+                    keys.add(key)
+        return keys
+
+    def _read_props(self, offset: int) -> dict[str, str]:
+        try:
+            return self.store.commit_log.read_record(offset).properties
+        except CorruptRecordError:
+            return {}
+
+    def _place(self, work: TimerCheckpoint, offs: np.ndarray, sizes: np.ndarray,
+               fire: np.ndarray, marker: np.ndarray, now: int) -> None:
+        """Append TimerLog units for ``fire`` times and link them into their slots."""
+        P, W, S = self.precision, self.window, self.slots
+        read_time = work.last_read_time_ms
+        floor_now = now - now % P
+        # RocketMQ places relative to now; after a long outage that could reach slots still
+        # waiting to fire, so then place relative to the read time (and roll once more)
+        base = floor_now if floor_now - read_time < (S - W) * P else read_time
+        roll = (fire - base) >= W * P
+        over = fire - base - W * P
+        roll_slot = np.where(over < (W // 3) * P, base + (W // 2) * P, base + W * P)
+        slot = np.maximum(np.where(roll, roll_slot, fire), read_time)
+        magic = (MAGIC_DEFAULT | np.where(roll, MAGIC_ROLL, 0)
+                 | np.where(marker, MAGIC_DELETE, 0)).astype(np.int32)
+
+        order = np.argsort(slot, kind="stable")
+        slot, magic = slot[order], magic[order]
+        n = len(slot)
+        positions, blanks, new_end = self.log.place(work.last_timer_log_flush_pos, n)
+        uniq, starts, counts = np.unique(slot, return_index=True, return_counts=True)
+        valid, first, last, num = self.wheel.lookup(uniq)
+        prev = np.empty(n, dtype=np.int64)
+        prev[1:] = positions[:-1]
+        prev[starts] = last  # -1 for an empty slot
+        delta = np.where((magic & MAGIC_DELETE) != 0, -1, 1)
+        units = np.zeros(n, dtype=UNIT_DTYPE)
+        units["size"] = UNIT_SIZE
+        units["prev_pos"] = prev
+        units["magic"] = magic
+        units["enqueue_time"] = base
+        units["delay"] = slot - base
+        units["offset_py"] = offs[order]
+        units["size_py"] = sizes[order]
+        self.log.write(positions, units, blanks)
+        # the slots only after the units they point at are written
+        self.wheel.put(uniq, np.where(valid, first, positions[starts]),
+                       positions[starts + counts - 1], num + np.add.reduceat(delta, starts))
+        work.last_timer_log_flush_pos = new_end
+
+    # -- dequeue ----------------------------------------------------------------------------
+    def _dequeue(self, work: TimerCheckpoint, done: np.ndarray, now: int) -> tuple[int, int]:
+        """Fire every slot due by ``now``; return ``(delivered, rolled)``."""
+        P = self.precision
+        floor_now = now - now % P
+        read_time = work.last_read_time_ms
+        if floor_now <= read_time:
+            return 0, 0
+        delivered = rolled = 0
+        parts: list[np.ndarray] = []
+        pending = 0
+        delete_keys: set[str] = set()
+        log_end = work.last_timer_log_flush_pos
+        for slot_time in self.wheel.due_slots(read_time, floor_now).tolist():
+            _first, last, _num = self.wheel.get(slot_time)
+            _positions, units = self.log.walk_chain(last, log_end)
+            if not len(units):
+                continue
+            units = units[::-1]  # append order
+            parts.append(self._drop_done(units, done))
+            pending += len(units)
+            if pending >= DEQUEUE_CHUNK:
+                d, r = self._fire(np.concatenate(parts), delete_keys, now)
+                delivered, rolled = delivered + d, rolled + r
+                parts, pending = [], 0
+        if parts:
+            d, r = self._fire(np.concatenate(parts), delete_keys, now)
+            delivered, rolled = delivered + d, rolled + r
+        work.last_read_time_ms = floor_now
+        return delivered, rolled
+
+    def _drop_done(self, units: np.ndarray, done: np.ndarray) -> np.ndarray:
+        keep = units["offset_py"] >= self.store.commit_log.min_offset()
+        if len(done):
+            keep &= ~np.isin(units["offset_py"], done)
+        return units[keep]
+
+    def _fire(self, units: np.ndarray, delete_keys: set[str], now: int) -> tuple[int, int]:
+        """Deliver or re-put the units of fired slots (markers first)."""
+        magic = units["magic"]
+        is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
+        for offset in units["offset_py"][is_marker].tolist():
+            key = self._read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
+            if key:
+                delete_keys.add(key)
+        return self._deliver_units(units[~is_marker], delete_keys, now, direct=False)
+
+    def _deliver_units(self, units: np.ndarray, delete_keys: set[str], now: int, *,
+                       direct: bool) -> tuple[int, int]:
+        """Restore (or, for ROLL units, re-put) the records of ``units``; one append per chunk."""
+        store = self.store
+        log = store.commit_log
+        specs: list[RecordSpec] = []
+        delivered = rolled = 0
+        now_s = str(now)
+        for offset, magic, enqueue_ms in zip(units["offset_py"].tolist(), units["magic"].tolist(),
+                                             units["enqueue_time"].tolist()):
+            try:
+                rec = log.read_record(offset)
+            except CorruptRecordError:
+                continue  # the record is gone (retention): skipped, as RocketMQ does
+            props = dict(rec.properties)
+            topic = props.get(PROPERTY_REAL_TOPIC)
+            if not topic or PROPERTY_TIMER_OUT_MS not in props:
+                continue
+            is_marker = PROPERTY_TIMER_DEL_UNIQKEY in props
+            if not is_marker and delete_keys and \
+                    f"{topic}+{props.get(PROPERTY_UNIQ_KEY)}" in delete_keys:
+                continue  # cancelled
+            props[PROPERTY_DELAY_ORIGIN] = str(offset)
+            props[PROPERTY_TIMER_DEQUEUE_MS] = now_s
+            if magic & MAGIC_ROLL:
+                props[PROPERTY_TIMER_ENQUEUE_MS] = str(enqueue_ms)
+                props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, 0)) + 1)
+                specs.append(rec.to_spec(topic=TIMER_TOPIC, queue_id=0, properties=props))
+                rolled += 1
+                continue
+            if is_marker:
+                continue  # a marker is never delivered
+            props[PROPERTY_TIMER_ENQUEUE_MS] = DIRECT_ENQUEUE_MS if direct else str(enqueue_ms)
+            props[PROPERTY_DELIVER_MS] = props.get(PROPERTY_TIMER_DELIVER_MS) or str(
+                int(props[PROPERTY_TIMER_OUT_MS]) + self.precision)
+            qid = queue_for(store, topic, int(props.get(PROPERTY_REAL_QUEUE_ID) or 0))
+            specs.append(rec.to_spec(topic=topic, queue_id=qid, properties=props))
+            delivered += 1
+        append_chunked(store, specs)
+        return delivered, rolled
+
+    # ------------------------------------------------------------------ housekeeping
+    def pending_count(self) -> int:
+        """Timer messages not yet delivered (wheel counts plus the un-enqueued queue tail)."""
+        store = self.store
+        with store.write_lock():
+            st = self._sync()
+            cq = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = cq.max_offset(store.confirmed_offset())
+            backlog = 0
+            if qmax > st.last_timer_queue_offset:
+                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                backlog = int(np.count_nonzero(tags > 0)) - int(np.count_nonzero(tags < 0))
+            return max(0, self.wheel.pending_count(st.last_read_time_ms) + backlog)
 
     def on_retention(self, commitlog_min: int) -> None:
-        pass
+        """Delete TimerLog files whose units all point below the CommitLog minimum."""
+        self.log.delete_expired(commitlog_min)
 
     def close(self) -> None:
-        pass
+        self.wheel.close()
+        self.log.close()

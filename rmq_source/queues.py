@@ -1,0 +1,98 @@
+"""Which queues a query reads and where it starts and ends, resolved against a store.
+
+Shared by the batch and the stream reader; runs on the driver only.  Uses the store's public
+API (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``, ``offset_for_timestamp``).
+"""
+
+from __future__ import annotations
+
+from store import MessageStore, StoreNotFoundError
+
+from .errors import DataLossError, InvalidOptionError
+from .offsets import QueueKey, QueueOffsets
+from .options import EARLIEST, LATEST, OffsetSpec, RmqOptions
+from .partitions import data_loss_message
+
+
+def open_store(options: RmqOptions) -> MessageStore:
+    """Open the store of ``options.path`` read-only; a bad path is an option error."""
+    try:
+        return MessageStore.open(options.path, read_only=True)
+    except StoreNotFoundError as exc:
+        raise InvalidOptionError(f"option path={options.path!r}: {exc}; allowed: the directory "
+                                 "of an existing rmq store") from None
+    except NotADirectoryError:
+        raise InvalidOptionError(f"option path={options.path!r}: not a directory; allowed: the "
+                                 "directory of an existing rmq store") from None
+
+
+def subscribed_queues(store: MessageStore, options: RmqOptions) -> list[QueueKey]:
+    """Every (topic, queue id) the subscription covers right now, sorted."""
+    return [(t, q) for t in options.select_topics(store.topics()) for q in store.queue_ids(t)]
+
+
+def queue_bounds(store: MessageStore, keys) -> dict[QueueKey, tuple[int, int]]:
+    """``{key: (min_offset, max_offset)}`` for each queue."""
+    return {k: (store.min_offset(*k), store.max_offset(*k)) for k in keys}
+
+
+def check_named_queues(spec: OffsetSpec, option: str, bounds: dict[QueueKey, tuple[int, int]],
+                       store: MessageStore) -> None:
+    """Every queue a JSON offsets option names must exist in the store."""
+    for topic, queue_id in spec.named():
+        if (topic, queue_id) in bounds:
+            continue
+        if topic in store.topics():
+            allowed = f"queue ids 0 to {len(store.queue_ids(topic)) - 1} for topic {topic!r}"
+            problem = f"queue {topic}/{queue_id} does not exist"
+        else:
+            allowed = f"existing topics ({', '.join(store.topics()) or 'none yet'})"
+            problem = f"topic {topic!r} does not exist in the store"
+        raise InvalidOptionError(f"option {option}={spec_text(spec)}: {problem}; "
+                                 f"allowed: {allowed}")
+
+
+def spec_text(spec: OffsetSpec) -> str:
+    if not spec.queues:
+        return "earliest" if spec.default == EARLIEST else "latest"
+    return repr({t: {str(q): o for q, o in qs.items()} for t, qs in spec.queues.items()})
+
+
+def resolve_offsets(store: MessageStore, bounds: dict[QueueKey, tuple[int, int]],
+                    spec: OffsetSpec, timestamp_ms: int | None, option: str) -> QueueOffsets:
+    """Turn an offsets option (or a timestamp) into one offset per queue.
+
+    ``earliest``/-2 is the queue's minimum offset, ``latest``/-1 its maximum, a timestamp the
+    first offset stored at or after it.  A number above the queue's end is an option error;
+    one below its minimum is returned as given (the caller applies ``failOnDataLoss``).
+    """
+    out: QueueOffsets = {}
+    for key, (low, high) in bounds.items():
+        if timestamp_ms is not None:
+            out[key] = store.offset_for_timestamp(key[0], key[1], timestamp_ms)
+            continue
+        value = spec.get(*key)
+        if value == EARLIEST:
+            out[key] = low
+        elif value == LATEST:
+            out[key] = high
+        elif value > high:
+            raise InvalidOptionError(
+                f"option {option}={spec_text(spec)}: offset {value} of queue {key[0]}/{key[1]} "
+                f"is past its end; allowed: {low} to {high} for this queue, -2 or -1")
+        else:
+            out[key] = value
+    return out
+
+
+def apply_data_loss(starts: QueueOffsets, bounds: dict[QueueKey, tuple[int, int]],
+                    fail_on_data_loss: bool) -> QueueOffsets:
+    """Starts below a queue's minimum offset: raise :class:`DataLossError` or move them up."""
+    out = dict(starts)
+    for key, start in starts.items():
+        low = bounds[key][0] if key in bounds else start
+        if start < low:
+            if fail_on_data_loss:
+                raise DataLossError(data_loss_message(key[0], key[1], start, low))
+            out[key] = low
+    return out

@@ -1,0 +1,179 @@
+"""``spark.readStream.format("rmq")``: the stream reader of the ``messages`` view.
+
+Offsets are ``{"topic": {"queue_id": next_offset}}`` (:mod:`rmq_source.offsets`).  Where each
+method runs decides what it may keep: ``initialOffset``, ``latestOffset``, ``partitions``,
+``prepareForTriggerAvailableNow`` and ``getDefaultReadLimit`` run in one long-lived
+driver-side runner process and may keep state there (the AvailableNow target, the last
+latest offsets); the planner pickles the reader and executors unpickle fresh copies, so the
+object holds only options and plain data, and every store handle is opened where it is used.
+
+Correctness never rests on ``commit()`` (it lags one batch) or ``stop()`` (not observed to
+run): each batch is fully described by its start and end offsets, so a restarted query
+replays the same ranges.
+
+* Queues (and, with ``subscribePattern``, topics) that appear mid-stream start at their
+  earliest offset: ``latestOffset`` adds them, and a queue missing from a batch's start
+  offset is read from its minimum offset.
+* Every queue of the start offset is carried into the end offset, so no queue is ever
+  forgotten (and re-read from earliest) by a later batch.
+* ``maxOffsetsPerTrigger`` (``ReadMaxRows``) is shared by the queues max-min fairly: each
+  queue gets an equal share, queues with less backlog give the rest to the others.
+* ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages)
+  raises :class:`DataLossError`, or with ``false`` the reader skips ahead.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import numpy as np
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              ReadMinRows, SupportsTriggerAvailableNow)
+
+from .delivery import close_kept_open, deliver_due_kept_open
+from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
+from .options import RmqOptions
+from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
+from .queues import (apply_data_loss, check_named_queues, open_store, queue_bounds,
+                     resolve_offsets, subscribed_queues)
+
+
+def distribute_rows(max_rows: int, available: Mapping[QueueKey, int],
+                    position: Mapping[QueueKey, int] | None = None) -> dict[QueueKey, int]:
+    """Share ``max_rows`` among queues max-min fairly (water-filling), deterministically.
+
+    Every queue gets ``min(available, L)`` for the largest level ``L`` that fits; the rows
+    left over go one each to the queues that still have backlog, least advanced first (lowest
+    ``position``, then key order), so that a limit below the number of busy queues still
+    moves every queue in turn.
+    """
+    position = position or {}
+    keys = sorted(available, key=lambda k: (position.get(k, 0), k))
+    backlog = np.array([max(0, int(available[k])) for k in keys], dtype=np.int64)
+    if int(backlog.sum()) <= max_rows:
+        return dict(zip(keys, backlog.tolist()))
+    lo, hi = 0, int(backlog.max())
+    while lo < hi:  # largest level whose total fits
+        mid = (lo + hi + 1) // 2
+        if int(np.minimum(backlog, mid).sum()) <= max_rows:
+            lo = mid
+        else:
+            hi = mid - 1
+    grant = np.minimum(backlog, lo)
+    left = max_rows - int(grant.sum())
+    if left:
+        more = np.flatnonzero(backlog > lo)[:left]
+        grant[more] += 1
+    return dict(zip(keys, grant.tolist()))
+
+
+class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stream reader of the ``messages`` view.
+
+    Parameters
+    ----------
+    options : RmqOptions
+        Parsed with ``streaming=True``.
+    """
+
+    def __init__(self, options: RmqOptions) -> None:
+        self.options = options
+        self._target: QueueOffsets | None = None  # AvailableNow: read no further than this
+        self._latest: QueueOffsets | None = None  # for reportLatestOffset
+
+    def __getstate__(self) -> dict:
+        # runner-side state is not shipped to executors
+        return {"options": self.options, "_target": None, "_latest": None}
+
+    # -- driver side -------------------------------------------------------------------------
+    def _deliver(self) -> None:
+        if self.options.deliver_due:
+            deliver_due_kept_open(self.options.path)
+
+    def _bounds(self) -> dict[QueueKey, tuple[int, int]]:
+        store = open_store(self.options)
+        try:
+            return queue_bounds(store, subscribed_queues(store, self.options))
+        finally:
+            store.close()
+
+    def initialOffset(self) -> dict:
+        opts = self.options
+        store = open_store(opts)
+        try:
+            bounds = queue_bounds(store, subscribed_queues(store, opts))
+            check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
+            starts = resolve_offsets(store, bounds, opts.starting_offsets,
+                                     opts.starting_timestamp_ms, "startingOffsets")
+        finally:
+            store.close()
+        return to_spark(apply_data_loss(starts, bounds, opts.fail_on_data_loss))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._deliver()
+        self._target = {k: high for k, (_, high) in self._bounds().items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._deliver()
+        starts = from_spark(start)
+        bounds = self._bounds()
+        self._latest = {k: high for k, (_, high) in bounds.items()}
+        target = self._target
+        from_here: QueueOffsets = {}
+        stops: QueueOffsets = {}
+        for key, (low, high) in bounds.items():
+            if key in starts:
+                from_here[key] = starts[key]
+            elif target is not None and key not in target:
+                continue  # appeared after the AvailableNow target was fixed
+            else:
+                from_here[key] = low  # a queue new to this query starts at earliest
+            stops[key] = high if target is None else min(high, target.get(key, from_here[key]))
+        from_here = apply_data_loss(from_here, bounds, self.options.fail_on_data_loss)
+        backlog = {k: max(0, stops[k] - from_here[k]) for k in from_here}
+
+        if isinstance(limit, ReadMaxRows):
+            grant = distribute_rows(limit.max_rows, backlog, from_here)
+        elif isinstance(limit, ReadMinRows) and sum(backlog.values()) < limit.min_rows:
+            return to_spark(starts)
+        else:
+            grant = backlog
+        end = dict(starts)  # queues no longer listed keep their offset
+        for key, begin in from_here.items():
+            end[key] = begin + grant[key]
+        return to_spark(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return None if self._latest is None else to_spark(self._latest)
+
+    def partitions(self, start: dict, end: dict) -> list[RmqPartition]:
+        starts, ends = from_spark(start), from_spark(end)
+        if starts == ends:
+            return []
+        opts = self.options
+        store = open_store(opts)
+        try:
+            keys = sorted(k for k in ends if ends[k] > starts.get(k, -1))
+            bounds = queue_bounds(store, keys)
+        finally:
+            store.close()
+        begins = {k: starts.get(k, bounds[k][0]) for k in keys}
+        begins = apply_data_loss(begins, bounds, opts.fail_on_data_loss)
+        ranges = [QueueRange(k[0], k[1], begins[k], max(begins[k], ends[k])) for k in keys]
+        return plan_partitions(opts.path, ranges, tags=opts.tags,
+                               fail_on_data_loss=opts.fail_on_data_loss)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the store keeps every message until retention removes it."""
+
+    def stop(self) -> None:
+        close_kept_open(self.options.path)
+
+    # -- executor side -----------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator:
+        return read_partition(partition)

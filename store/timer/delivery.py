@@ -1,0 +1,114 @@
+"""What the schedule (delay levels) and the timer share: moving records to their real topics.
+
+Exactly-once across crashes
+---------------------------
+Every record a service appends while delivering (the restored message, or a timer roll's
+re-put) carries ``__RMQ_DELAY_ORIGIN`` = the CommitLog offset of the system-topic record it
+came from.  Before a delivery run appends anything, the service saves a *mark* (the CommitLog
+end) in its progress file; after the run it saves its new progress and clears the mark.  A
+run that died in between leaves the mark behind, and the next run (in any process) collects
+the origins of every record from the mark to the log end (:func:`origins_since`): those
+sources are done and are skipped while the unfinished work is redone.  The store's append
+writes records and then publishes them, and recovery keeps the valid prefix of a torn
+multi-record write, so the records found this way are exactly the deliveries that happened.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..codec import FIELD_OFFSET, HEADER_SIZE, RecordSpec
+from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
+from ..message import PROPERTY_DELAY_ORIGIN
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..message_store import MessageStore
+
+_ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+
+#: Records per ``store.append`` call while delivering.
+APPEND_CHUNK = 4096
+
+
+def record_origin(buf, pos: int) -> int:
+    """The ``__RMQ_DELAY_ORIGIN`` of the record at ``buf[pos:]``, or -1 (properties only)."""
+    body_len = _I32.unpack_from(buf, pos + FIELD_OFFSET["body_length"])[0]
+    tpos = pos + HEADER_SIZE + body_len
+    ppos = tpos + 1 + buf[tpos]
+    plen = _I16.unpack_from(buf, ppos)[0]
+    start, end = ppos + 2, ppos + 2 + plen
+    i = buf.find(_ORIGIN_KEY, start, end)
+    # a key starts the properties or follows a pair separator
+    while i >= 0 and i != start and buf[i - 1] != 2:
+        i = buf.find(_ORIGIN_KEY, i + 1, end)
+    if i < 0:
+        return -1
+    j = buf.find(b"\x02", i, end)
+    value = bytes(buf[i + len(_ORIGIN_KEY):j if j >= 0 else end])
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+def origins_since(store: "MessageStore", start: int) -> np.ndarray:
+    """Sorted origins of the delivered records from CommitLog offset ``start`` to the end."""
+    log = store.commit_log
+    end = store.confirmed_offset()
+    start = max(start, log.min_offset())
+    found: list[int] = []
+    if start >= end:
+        return np.empty(0, np.int64)
+    for offset, _size in log.scan(start, check_crc=False):
+        if offset >= end:
+            break
+        buf, pos, _f = log.buffer_at(offset)
+        origin = record_origin(buf, pos)
+        if origin >= 0:
+            found.append(origin)
+    return np.unique(np.array(found, dtype=np.int64))
+
+
+def append_chunked(store: "MessageStore", specs: Sequence[RecordSpec]) -> int:
+    """Append ``specs`` in order, :data:`APPEND_CHUNK` records per call; return how many."""
+    for i in range(0, len(specs), APPEND_CHUNK):
+        store.append(specs[i:i + APPEND_CHUNK])
+    return len(specs)
+
+
+def queue_for(store: "MessageStore", topic: str, queue_id: int) -> int:
+    """A valid queue of ``topic`` for a restored ``REAL_QID`` (the caller holds the lock)."""
+    count = store._ensure_topic(topic)
+    return queue_id if 0 <= queue_id < count else queue_id % count
+
+
+_NATIVE_CQ_DTYPE = CQ_DTYPE.newbyteorder("=")
+
+
+def read_queue_entries(queue, start: int, end: int) -> np.ndarray:
+    """ConsumeQueue entries ``[start, end)`` read with ``pread`` (native byte order).
+
+    Unlike :meth:`ConsumeQueue.entries` this does not touch the queue's mapping, so scanning
+    millions of pending timer entries does not grow the process's resident memory.
+    """
+    parts = []
+    i = start
+    while i < end:
+        f = queue.files.find(i * CQ_ENTRY_SIZE)
+        if f is None:
+            break
+        base = f.start // CQ_ENTRY_SIZE
+        j = min(end, base + f.size // CQ_ENTRY_SIZE)
+        data = os.pread(f.fd(), (j - i) * CQ_ENTRY_SIZE, (i - base) * CQ_ENTRY_SIZE)
+        parts.append(np.frombuffer(data, dtype=CQ_DTYPE))
+        i = j
+    if not parts:
+        return np.empty(0, dtype=_NATIVE_CQ_DTYPE)
+    out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return out.astype(_NATIVE_CQ_DTYPE)

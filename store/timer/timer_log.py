@@ -1,0 +1,270 @@
+"""TimerLog: the append-only log of timer units, chained per wheel slot by ``prevPos``.
+
+Files: ``timerlog/{20-digit start offset}``, each ``timer_log_file_size_bytes`` long
+(100 MiB by default), zero-filled, named like CommitLog segments.  A unit never spans two
+files, so units sit at ``file start + 52 * k``.
+
+Unit layout (52 bytes, big-endian)::
+
+    off  size  type  field
+    0    4     i32   size          always 52
+    4    8     i64   prevPos       position of the slot's previous unit, -1 for the first
+    12   4     i32   magic         DEFAULT 1 | ROLL 2 | DELETE 4; no bits above 0xF
+    16   8     i64   enqueueTime   the timer's write time when the unit was added (ms)
+    24   4     i32   delay         slot time - enqueueTime (ms)
+    28   8     i64   offsetPy      CommitLog offset of the rmq_sys_wheel_timer record
+    36   4     i32   sizePy        its size
+    40   4     i32   topicHash     RocketMQ: Java hash of REAL_TOPIC (metrics); 0 here, since
+                                   units are built from the ConsumeQueue without reading records
+    44   8     i64   reserved      0
+
+File end: when fewer than 52 + 16 bytes remain, a 16-byte blank is written (i32 bytes left,
+i64 0, i32 0xCBD43194 -- the CommitLog's BLANK magic) and the next unit starts the next file.
+
+Recovery: the timer checkpoint (:mod:`store.timer.checkpoint`) records how far the log is
+valid; everything past it is zeroed on the next run (:meth:`TimerLog.truncate`), and wheel
+slots pointing past it are rebuilt by walking their chains (:mod:`store.timer.service`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+import numpy as np
+
+from ..codec import BLANK_MAGIC_CODE
+from ..mapped_file import MappedFileQueue
+
+UNIT = struct.Struct(
+    ">"
+    "i"  # size, 52
+    "q"  # prevPos
+    "i"  # magic
+    "q"  # enqueueTime (ms)
+    "i"  # delay: slot time - enqueueTime (ms)
+    "q"  # offsetPy
+    "i"  # sizePy
+    "i"  # topicHash
+    "q"  # reserved
+)
+UNIT_SIZE = UNIT.size  # 52
+UNIT_FIELDS = (
+    ("size", ">i4"), ("prev_pos", ">i8"), ("magic", ">i4"), ("enqueue_time", ">i8"),
+    ("delay", ">i4"), ("offset_py", ">i8"), ("size_py", ">i4"), ("topic_hash", ">i4"),
+    ("reserved", ">i8"),
+)
+UNIT_DTYPE = np.dtype(list(UNIT_FIELDS))
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
+NATIVE_UNIT_DTYPE = UNIT_DTYPE.newbyteorder("=")
+
+BLANK = struct.Struct(
+    ">"
+    "i"  # bytes left in the file
+    "q"  # 0
+    "i"  # BLANK_MAGIC_CODE (0xCBD43194)
+)
+BLANK_SIZE = BLANK.size  # 16
+
+MAGIC_DEFAULT = 1
+MAGIC_ROLL = 2
+MAGIC_DELETE = 4
+_MAGIC_MASK = 0xF
+
+#: Units read per step at most when following a contiguous run of a chain.
+_MAX_BLOCK = 1 << 16
+
+
+def units_per_file(file_size: int) -> int:
+    """How many units one file holds (the rest is the blank)."""
+    return (file_size - BLANK_SIZE) // UNIT_SIZE
+
+
+class TimerLog:
+    """The ``timerlog`` segment files.
+
+    Parameters
+    ----------
+    directory : str
+        The store's ``timerlog`` directory.
+    file_size : int
+        Size of one segment.
+    """
+
+    def __init__(self, directory: str, file_size: int) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self.per_file = units_per_file(file_size)
+        self.files = MappedFileQueue(directory, file_size)
+
+    # -- placement and writing --------------------------------------------------------------
+    def place(self, end: int, n: int) -> tuple[np.ndarray, list[tuple[int, int]], int]:
+        """Positions of ``n`` new units appended at ``end``.
+
+        Returns ``(positions, blanks, new_end)``; ``blanks`` lists ``(position, bytes_left)``
+        of the file-end blanks to write.
+        """
+        size = self.file_size
+        positions = np.empty(n, dtype=np.int64)
+        blanks: list[tuple[int, int]] = []
+        i = 0
+        pos = end
+        while i < n:
+            rel = pos % size
+            room = max(0, (size - rel - BLANK_SIZE) // UNIT_SIZE)
+            if room == 0:
+                blanks.append((pos, size - rel))
+                pos += size - rel
+                continue
+            k = min(room, n - i)
+            positions[i:i + k] = pos + UNIT_SIZE * np.arange(k, dtype=np.int64)
+            i += k
+            pos += UNIT_SIZE * k
+        if n and (pos % size) and (size - pos % size) < UNIT_SIZE + BLANK_SIZE:
+            # the file is full: close it now so the next append starts a new file cleanly
+            blanks.append((pos, size - pos % size))
+            pos += size - pos % size
+        return positions, blanks, pos
+
+    def write(self, positions: np.ndarray, units: np.ndarray, blanks: list[tuple[int, int]]) -> None:
+        """Write units (``UNIT_DTYPE`` array, at ``positions`` from :meth:`place`) and blanks."""
+        if len(units):
+            data = units.astype(UNIT_DTYPE, copy=False).tobytes()
+            # one write per run of consecutive positions (a run never crosses a file)
+            breaks = np.flatnonzero(np.diff(positions) != UNIT_SIZE) + 1
+            starts = np.concatenate(([0], breaks))
+            stops = np.concatenate((breaks, [len(positions)]))
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                self.files.write(int(positions[a]), data[a * UNIT_SIZE:b * UNIT_SIZE])
+        for pos, left in blanks:
+            self.files.write(pos, BLANK.pack(left, 0, BLANK_MAGIC_CODE))
+
+    # -- reading ----------------------------------------------------------------------------
+    def _file_units(self, pos: int):
+        f = self.files.find(pos)
+        if f is None:
+            return None, None
+        return f, np.frombuffer(f.buffer(), dtype=UNIT_DTYPE, count=self.per_file)
+
+    def read_units(self, positions: np.ndarray) -> np.ndarray:
+        """Units at ``positions`` (native byte order); missing files give rows of zeros."""
+        out = np.zeros(len(positions), dtype=NATIVE_UNIT_DTYPE)
+        if not len(positions):
+            return out
+        starts = positions - positions % self.file_size
+        for start in np.unique(starts).tolist():
+            sel = np.flatnonzero(starts == start)
+            f, arr = self._file_units(int(start))
+            if f is None:
+                continue
+            out[sel] = arr[(positions[sel] - start) // UNIT_SIZE]
+        return out
+
+    def walk_chain(self, last_pos: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Follow a slot's chain from ``last_pos`` back through ``prevPos``.
+
+        Returns ``(positions, units)`` newest first.  The walk stops at -1, at a position at or
+        past ``end`` (the valid end of the log), at a missing file, at an invalid unit, or at a
+        pointer that does not go backwards.  Runs of units written together (``prevPos`` =
+        position - 52) are read as one NumPy block, so long chains cost few Python steps.
+        """
+        pos_parts: list[np.ndarray] = []
+        unit_parts: list[np.ndarray] = []
+        pos = last_pos
+        block = 1
+        while 0 <= pos < end:
+            f, arr = self._file_units(pos)
+            if f is None or (pos - f.start) % UNIT_SIZE:
+                break
+            k = (pos - f.start) // UNIT_SIZE
+            if k >= len(arr):
+                break
+            k0 = max(0, k - block + 1)
+            chunk = arr[k0:k + 1][::-1]  # newest first
+            positions = pos - UNIT_SIZE * np.arange(len(chunk), dtype=np.int64)
+            ok = (chunk["size"] == UNIT_SIZE) & ((chunk["magic"] & ~_MAGIC_MASK) == 0)
+            linked = chunk["prev_pos"] == positions - UNIT_SIZE
+            # unit j of the chunk belongs to the chain while every unit before it is valid and
+            # links to its neighbour
+            good = ok.copy()
+            good[1:] &= np.logical_and.accumulate(ok[:-1] & linked[:-1])
+            m = int(np.argmin(good)) if not good.all() else len(chunk)
+            if m == 0:
+                break
+            pos_parts.append(positions[:m])
+            unit_parts.append(chunk[:m].astype(NATIVE_UNIT_DTYPE))
+            nxt = int(chunk["prev_pos"][m - 1])
+            if nxt >= int(positions[m - 1]):
+                break  # a pointer must go backwards
+            block = min(_MAX_BLOCK, 2 * m) if m == len(chunk) else min(_MAX_BLOCK, max(1, m))
+            pos = nxt
+        if not pos_parts:
+            return np.empty(0, np.int64), np.empty(0, dtype=NATIVE_UNIT_DTYPE)
+        return np.concatenate(pos_parts), np.concatenate(unit_parts)
+
+    def valid_units(self, start: int, end: int):
+        """Yield ``(positions, units)`` arrays of the valid units in ``[start, end)`` per file.
+
+        Stops at the first invalid unit (used to rebuild the wheel from the log).
+        """
+        pos = start
+        while pos < end:
+            f, arr = self._file_units(pos)
+            if f is None:
+                return
+            k = (pos - f.start) // UNIT_SIZE
+            stop = min(len(arr), -(-(end - f.start) // UNIT_SIZE))
+            chunk = arr[k:stop]
+            ok = (chunk["size"] == UNIT_SIZE) & ((chunk["magic"] & ~_MAGIC_MASK) == 0) & (
+                (chunk["magic"] & MAGIC_DEFAULT) != 0)
+            n = int(np.argmin(ok)) if not ok.all() else len(chunk)
+            if n:
+                yield (pos + UNIT_SIZE * np.arange(n, dtype=np.int64),
+                       chunk[:n].astype(NATIVE_UNIT_DTYPE))
+            if n < len(chunk):
+                return
+            pos = f.end
+
+    # -- maintenance ------------------------------------------------------------------------
+    def truncate(self, end: int) -> None:
+        """Zero everything from ``end`` on and delete later files."""
+        self.files.truncate(end)
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete files (never the last) whose last unit's record is below ``commitlog_min``."""
+        deleted = 0
+        for f in self.files.refresh()[:-1]:
+            arr = np.frombuffer(f.buffer(), dtype=UNIT_DTYPE, count=self.per_file)
+            sizes = arr["size"]
+            n = int(np.count_nonzero(sizes == UNIT_SIZE))
+            if n == 0:
+                self.files.delete_file(f)
+                deleted += 1
+                continue
+            last = arr[n - 1]
+            if int(last["offset_py"]) + int(last["size_py"]) <= commitlog_min:
+                self.files.delete_file(f)
+                deleted += 1
+            else:
+                break
+        return deleted
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def release_memory(self) -> None:
+        """Drop this process's resident pages of the log mappings (data stays on disk)."""
+        for f in self.files.files:
+            m = f._map
+            if m is not None and hasattr(m, "madvise"):
+                try:
+                    m.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):
+                    pass
+
+    def disk_bytes(self) -> int:
+        return sum(os.path.getsize(f.path) for f in self.files.files if os.path.exists(f.path))
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,124 @@
+"""The stream reader's driver-side offset logic, called directly (no Spark session needed)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+from rmq_source.errors import DataLossError, InvalidOptionError
+from rmq_source.options import parse_options
+from rmq_source.partitions import RmqPartition
+from rmq_source.stream_reader import RmqStreamReader
+from store import Message, MessageStore
+
+
+def reader(path, **options):
+    opts = {"path": path, "deliverDue": "false", **options}
+    if "subscribePattern" not in opts:
+        opts.setdefault("subscribe", "a,b")
+    return RmqStreamReader(parse_options(opts, streaming=True))
+
+
+def fill(store, topic, n):
+    """One send_batch: it goes to the topic's next queue in round robin."""
+    store.producer("p").send_batch([Message(topic, b"x%d" % i) for i in range(n)])
+
+
+@pytest.fixture
+def opened(store_path, small_config, clock):
+    with MessageStore.open(store_path, small_config, clock=clock) as store:
+        yield store
+
+
+def test_initial_offsets_and_read_limits(opened, store_path):
+    for n in (10, 4, 6, 0):
+        if n:
+            fill(opened, "a", n)
+    r = reader(store_path, startingOffsets="earliest", maxOffsetsPerTrigger="9")
+    start = r.initialOffset()
+    assert start == {"a": {"0": 0, "1": 0, "2": 0, "3": 0}}
+    assert json.dumps(start) == json.dumps(start, sort_keys=True)
+    assert reader(store_path).initialOffset() == {"a": {"0": 10, "1": 4, "2": 6, "3": 0}}
+    assert r.getDefaultReadLimit() == ReadMaxRows(9)
+    assert reader(store_path).getDefaultReadLimit() == ReadAllAvailable()
+
+    end = r.latestOffset(start, ReadMaxRows(9))
+    assert end == {"a": {"0": 3, "1": 3, "2": 3, "3": 0}}
+    assert r.reportLatestOffset() == {"a": {"0": 10, "1": 4, "2": 6, "3": 0}}
+    end2 = r.latestOffset(end, ReadMaxRows(9))
+    assert end2 == {"a": {"0": 8, "1": 4, "2": 6, "3": 0}}
+    assert r.latestOffset(end2, ReadAllAvailable()) == {"a": {"0": 10, "1": 4, "2": 6, "3": 0}}
+    assert r.latestOffset(end2, ReadMinRows(100)) == end2  # not enough yet: no batch
+
+    parts = r.partitions(start, end)
+    assert r.partitions(end, end) == []
+    covered = sorted((x.topic, x.queue_id, x.start, x.end) for p in parts for x in p.ranges)
+    assert covered == [("a", 0, 0, 3), ("a", 1, 0, 3), ("a", 2, 0, 3)]
+    clone = pickle.loads(pickle.dumps(r))  # what executors get: options only
+    assert clone.options == r.options and clone._latest is None
+    assert all(isinstance(p, RmqPartition) for p in parts)
+
+
+def test_new_queues_and_topics_start_at_earliest_and_available_now_target(opened,
+                                                                          store_path):
+    fill(opened, "a", 5)
+    r = reader(store_path, subscribePattern="[ab].*")
+    start = r.initialOffset()  # latest: {"a": {"0": 5, ...}}
+    fill(opened, "bee", 3)  # a topic that appears mid-stream
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end["bee"] == {"0": 3, "1": 0, "2": 0, "3": 0}
+    assert end["a"] == start["a"]
+    parts = r.partitions(start, end)
+    assert [(x.topic, x.start, x.end) for p in parts for x in p.ranges] == [("bee", 0, 3)]
+
+    r.prepareForTriggerAvailableNow()  # fixes the target ...
+    fill(opened, "bee", 4)  # ... so these (queue 1) and this new topic stay unread
+    fill(opened, "art", 2)
+    assert r.latestOffset(end, ReadAllAvailable()) == end
+    # a queue the start offset lacks (and is in the target) is read from earliest
+    partial = {"a": end["a"], "bee": {"1": 0, "2": 0, "3": 0}}
+    assert r.latestOffset(partial, ReadAllAvailable())["bee"]["0"] == 3
+
+
+def test_data_loss_fails_or_skips(opened, store_path, small_config, clock):
+    for _ in range(60):
+        opened.producer("p").send(Message("a", b"y" * 3000))
+    clock.advance(small_config.file_reserved_time_hours * 3_600_000 + 1)
+    opened.producer("p").send(Message("b", b"z"))
+    assert opened.clean_expired_files() >= 1
+    low = {q: opened.min_offset("a", q) for q in opened.queue_ids("a")}
+    assert any(low.values())
+    start = {"a": {str(q): 0 for q in low}}
+    strict = reader(store_path, subscribe="a")
+    with pytest.raises(DataLossError, match=r"removed by retention.*failOnDataLoss=false"):
+        strict.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(DataLossError):
+        strict.partitions(start, {"a": {str(q): 15 for q in low}})
+    lenient = reader(store_path, subscribe="a", failOnDataLoss="false")
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert end == {"a": {str(q): opened.max_offset("a", q) for q in low}}
+    ranges = [x for p in lenient.partitions(start, end) for x in p.ranges]
+    assert {(x.queue_id, x.start) for x in ranges} == {(q, low[q]) for q in low}
+    with pytest.raises(DataLossError):
+        reader(store_path, subscribe="a", startingOffsets=json.dumps(start)).initialOffset()
+
+
+def test_starting_offsets_checked_against_the_store(opened, store_path, clock):
+    fill(opened, "a", 5)
+    clock.advance(1000)
+    t = clock()
+    fill(opened, "a", 5)
+    with pytest.raises(InvalidOptionError, match=r"offset 99 of queue a/0 is past its end"):
+        reader(store_path, startingOffsets='{"a":{"0":99}}').initialOffset()
+    with pytest.raises(InvalidOptionError, match=r"queue a/7 does not exist"):
+        reader(store_path, startingOffsets='{"a":{"7":0}}').initialOffset()
+    with pytest.raises(InvalidOptionError, match=r"option path='/nonexistent/rmq'"):
+        RmqStreamReader(parse_options({"path": "/nonexistent/rmq", "subscribe": "a"},
+                                      streaming=True)).initialOffset()
+    assert reader(store_path, startingTimestamp=str(t)).initialOffset() == {
+        "a": {"0": 5, "1": 0, "2": 0, "3": 0}}
+    assert reader(store_path, startingOffsets='{"a":{"0":2}}').initialOffset() == {
+        "a": {"0": 2, "1": 0, "2": 0, "3": 0}}
