@@ -34,12 +34,12 @@ sys.path.insert(0, ROOT)
 
 from store import Message, MessageStore, StoreConfig  # noqa: E402
 
-BODY_BYTES = 100
+BODY_BYTES = 100  # --body-bytes changes it
 CHUNK = 1024 * 1024
 
 
-def make_messages(n: int, topic: str = "bench") -> list[Message]:
-    body = bytes(range(BODY_BYTES))
+def make_messages(n: int, topic: str = "bench", body_bytes: int = BODY_BYTES) -> list[Message]:
+    body = bytes(i % 256 for i in range(body_bytes))
     return [Message(topic, body, tags="TagA", keys=f"k{i}", properties={"p": "v"})
             for i in range(n)]
 
@@ -121,13 +121,14 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000, help="messages for send_batch")
     ap.add_argument("--single", type=int, default=20_000, help="messages for send")
     ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best reported)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp directory)")
     args = ap.parse_args()
 
     base = tempfile.mkdtemp(prefix="rmq-bench-", dir=args.dir)
     try:
-        messages = make_messages(args.messages)
+        messages = make_messages(args.messages, body_bytes=args.body_bytes)
         batch_s, batch_bytes = best_of(args.repeat, base, "batch", run_batch, messages,
                                        args.batch_size)
         data = commitlog_bytes(os.path.join(base, f"batch-{args.repeat - 1}"), batch_bytes)
@@ -151,7 +152,7 @@ def main() -> None:
             ("send (one at a time)", n_single / single_s,
              n_single * (single_bytes / args.single) / single_s),
         ]
-        print(f"{args.messages} messages of {BODY_BYTES}-byte bodies, {per_msg:.0f} bytes per "
+        print(f"{args.messages} messages of {args.body_bytes}-byte bodies, {per_msg:.0f} bytes per "
               f"record; best of {args.repeat}; python {sys.version.split()[0]}")
         print(f"{'case':<28}{'msgs/s':>13}{'MB/s':>9}{'vs raw chunks':>15}{'vs raw/record':>15}")
         for name, msgs, bps in rows:

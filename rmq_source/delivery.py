@@ -22,6 +22,12 @@ _open_stores: dict[str, MessageStore] = {}
 
 
 def _open_writable(path: str) -> MessageStore:
+    # a read-only open first: a writable open would create a store at a mistyped path
+    try:
+        MessageStore.open(path, read_only=True).close()
+    except (OSError, StoreError) as exc:
+        raise InvalidOptionError(f"option path={path!r}: {exc}; allowed: the directory of an "
+                                 "existing rmq store") from None
     try:
         return MessageStore.open(path)
     except (OSError, StoreError) as exc:

@@ -1,6 +1,6 @@
 """The ``checkpoint`` file: a 4096-byte shared mapping of store-wide positions.
 
-Layout (big-endian i64 fields, RocketMQ's StoreCheckpoint plus two of ours)::
+Layout (big-endian i64 fields, RocketMQ's StoreCheckpoint plus three of ours)::
 
     off  size  field
     0    8     physic_msg_timestamp   store time of the last flushed CommitLog record
@@ -12,6 +12,9 @@ Layout (big-endian i64 fields, RocketMQ's StoreCheckpoint plus two of ours)::
     40   8     write_in_progress      CommitLog offset a writer started at, -1 when idle;
                                       a value left behind means that writer died mid-append
     48   8     write_generation       +1 per append; lets other processes see new data
+    56   8     last_append_offset     where the last append began; a clean open re-checks
+                                      the records from there on (RocketMQ's normal
+                                      recovery, limited to what the last writer touched)
 
 Every process maps the file shared, so a field written by one is seen by all at once; each
 field is an aligned 8-byte store.  Recovery reads ``flushed_phy_offset`` and rescans the
@@ -32,6 +35,7 @@ CHECKPOINT_FIELDS = (
     "confirm_phy_offset",
     "write_in_progress",
     "write_generation",
+    "last_append_offset",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FIELD = struct.Struct(">q")

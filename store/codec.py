@@ -112,7 +112,8 @@ def body_crc(body: bytes) -> int:
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
-    """Serialize properties as ``name 0x01 value 0x02``; pairs with a ``None`` value are left out."""
+    """Serialize properties as ``name 0x01 value 0x02``; pairs with a ``None`` value are
+    left out."""
     return "".join(
         f"{k}\x01{v}\x02" for k, v in properties.items() if v is not None
     ).encode("utf-8")
@@ -120,7 +121,10 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
 
 def decode_properties(data: bytes | str) -> dict[str, str]:
     """Parse a properties string with RocketMQ's rules (a pair needs a name and a value)."""
-    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray, memoryview)) else data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        text = bytes(data).decode("utf-8", errors="replace")
+    else:
+        text = data
     out: dict[str, str] = {}
     for part in text.split("\x02"):
         idx = part.find("\x01")
@@ -203,7 +207,8 @@ def encode_record(
 ) -> bytes:
     """Encode one record; the caller has validated sizes."""
     topic_b = topic_bytes if topic_bytes is not None else spec.topic.encode("ascii")
-    props_b = properties_bytes if properties_bytes is not None else encode_properties(spec.properties)
+    props_b = (properties_bytes if properties_bytes is not None
+               else encode_properties(spec.properties))
     body = bytes(spec.body)
     total = record_size(len(body), len(topic_b), len(props_b))
     header = RECORD_HEADER.pack(
@@ -349,7 +354,8 @@ def decode_record(buf, pos: int, *, file: str = "commitlog", base_offset: int = 
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise CorruptRecordError(file, base_offset + pos, f"cannot decode: {exc}") from exc
     if record_size(body_len, topic_len, props_len) != total or len(body) != body_len:
-        raise CorruptRecordError(file, base_offset + pos, f"length {total} does not match its fields")
+        raise CorruptRecordError(file, base_offset + pos,
+                                 f"length {total} does not match its fields")
     return Record(
         total_size=total, body_crc=crc, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
         physical_offset=physical_offset, sys_flag=sys_flag, born_timestamp_ms=born_ts,

@@ -190,20 +190,25 @@ class ConsumeQueue:
                      np.zeros(n, np.int64))
 
     def truncate_physical(self, process_offset: int) -> None:
-        """Drop every entry whose record starts at or after ``process_offset``."""
+        """Drop every entry whose record starts at or after ``process_offset``.
+
+        Files are zeroed rather than deleted (RocketMQ deletes a file whose first entry is
+        past the cut): a reader in another process may have mapped it, and a file deleted
+        and created again under the same name would leave that reader on the old copy.
+        """
         files = self.files.refresh()
         for f in reversed(files):
             entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
             n = self._valid_count(entries, None)
-            offs = entries["offset"][:n]
-            keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
-            # fillers have offset 0 and stay
-            if keep == 0 and f.start > 0 and n > 0:
-                self.files.delete_file(f)
+            if n == 0:  # nothing written here (or already cut): look at the file before
                 continue
+            offs = entries["offset"][:n]
+            # entries are in CommitLog order (fillers, offset 0, first)
+            keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
             if keep < n:
                 zero_tail(f, keep * CQ_ENTRY_SIZE)
-            break
+            if keep > 0:
+                break
 
     def flush(self) -> None:
         """Make every entry written so far durable (all files written since the last flush)."""

@@ -8,6 +8,7 @@ a lock.  The segment holding offset ``o`` starts at ``o - o % file_size``.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -94,15 +95,40 @@ class MappedFile:
 _ZERO_CHUNK = 4 * 1024 * 1024
 
 
+def _data_extents(f: MappedFile, position: int):
+    """``(start, end)`` ranges of ``f`` from ``position`` on that may hold data.
+
+    Holes of the sparse segment are skipped with ``SEEK_DATA``/``SEEK_HOLE``, so a mostly
+    unwritten 1 GiB segment is not read page by page; without that support the whole rest
+    of the file is one range.
+    """
+    fd = f.fd()
+    pos = position
+    while pos < f.size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but holes from here on
+                return
+            start, end = pos, f.size
+        if start >= f.size:
+            return
+        end = min(end, f.size)
+        yield start, end
+        pos = end
+
+
 def zero_tail(f: MappedFile, position: int) -> None:
     """Overwrite the non-zero bytes of ``f`` from ``position`` to its end with zeros."""
     buf = f.buffer()
-    pos = position
-    while pos < f.size:
-        n = min(_ZERO_CHUNK, f.size - pos)
-        if np.frombuffer(buf, dtype=np.uint8, count=n, offset=pos).any():
-            f.write(pos, bytes(n))
-        pos += n
+    for start, end in _data_extents(f, position):
+        pos = start
+        while pos < end:
+            n = min(_ZERO_CHUNK, end - pos)
+            if np.frombuffer(buf, dtype=np.uint8, count=n, offset=pos).any():
+                f.write(pos, bytes(n))
+            pos += n
 
 
 class MappedFileQueue:
@@ -148,7 +174,8 @@ class MappedFileQueue:
                             path, 0, f"segment is {actual} bytes; expected {self.file_size}"
                         )
                     if start % self.file_size:
-                        raise CorruptRecordError(path, 0, "segment name is not a multiple of the file size")
+                        raise CorruptRecordError(
+                            path, 0, "segment name is not a multiple of the file size")
                     f = MappedFile(path, start, self.file_size)
                 files.append(f)
             for stale in known.values():

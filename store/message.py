@@ -280,7 +280,8 @@ def check_user_properties(properties: object) -> None:
                 f"property name {name!r} is reserved by RocketMQ; choose another name"
             )
         _check_text("property name", name)
-        _check_text(f"property {name!r} value", value, allow_blank=True)
+        # RocketMQ refuses blank values too (and its parser drops an empty one on read)
+        _check_text(f"property {name!r} value", value)
 
 
 def _check_text(what: str, value: object, allow_blank: bool = False) -> None:

@@ -107,7 +107,7 @@ class MessageStore:
         clock : callable, optional
             Returns "now" in epoch ms; tests pass a controllable one.
         flush_service : bool
-            Run the background flush thread (ASYNC_FLUSH only).
+            Run the background flush thread (every ``flush_interval_commitlog_ms``).
         read_only : bool
             Open an existing store for reading only (what Spark executors do): no marker,
             no recovery, no flush thread, no writes; appends raise :class:`StoreError`.
@@ -129,6 +129,7 @@ class MessageStore:
         self.config = self._resolve_config(config)
         self.now_ms: Clock = clock or system_clock
         self._thread_lock = threading.RLock()
+        self._lock_depth = 0
         self._write_lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
@@ -148,17 +149,36 @@ class MessageStore:
         self.recovered = False
 
         # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
+        # The open lock is held (exclusive when alone, else shared) before the marker is
+        # written, so a process closing at the same moment cannot delete a newcomer's marker;
+        # a sole opener keeps it exclusive until recovery is done, so others wait for it.
         sole = _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not sole:
+            fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)
         abort_path = os.path.join(self.root, "abort")
         crashed = sole and os.path.exists(abort_path)
+        # Same boot as the crashed process: the checkpoint in the page cache is exact, so
+        # an append it had not confirmed is dropped whole.  After a reboot it may be stale:
+        # keep every valid record (as RocketMQ does), since a synchronous send may have been
+        # acknowledged after the checkpoint page last reached the disk.
+        same_boot = crashed and _read_text(abort_path).split()[1:] == [_BOOT_ID] and _BOOT_ID
         with open(abort_path, "w") as fh:
-            fh.write(str(os.getpid()))
-        fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade (or join the others)
+            fh.write(f"{os.getpid()} {_BOOT_ID}")
         with self._write_locked(catch_up=False):
-            if crashed or self.checkpoint.get("write_in_progress") != -1:
-                self._recover(self.checkpoint.get("flushed_phy_offset") if crashed
-                              else self.checkpoint.get("confirm_phy_offset"))
+            confirm = self.checkpoint.get("confirm_phy_offset")
+            if crashed:
+                self._recover(self.checkpoint.get("flushed_phy_offset"),
+                              limit=confirm if same_boot else None)
+            elif self.checkpoint.get("write_in_progress") != -1:
+                self._recover(confirm, limit=confirm)
+            elif sole:
+                from .recovery import verify_tail
+
+                if verify_tail(self):
+                    self.recovered = True
             self._catch_up(force=True)
+        if sole:
+            fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade: others may join now
 
         # Services built on the core (delay levels, timer wheel, transactions).
         from .schedule import ScheduleService
@@ -171,7 +191,7 @@ class MessageStore:
 
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        if flush_service and self.config.flush_disk_type == "ASYNC_FLUSH":
+        if flush_service:  # in SYNC_FLUSH too: it makes queues durable and bounds recovery
             self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush", daemon=True)
             self._flusher.start()
 
@@ -271,16 +291,26 @@ class MessageStore:
     def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
         """Hold the append lock of this process and of the store directory."""
         with self._thread_lock:
-            fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+            # Re-entrant: only the outermost holder takes and releases the file lock (an
+            # inner release would let another process append inside the outer section).
+            outermost = self._lock_depth == 0
+            if outermost:
+                fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+            self._lock_depth += 1
             try:
-                if catch_up:
+                if outermost and catch_up:
                     if self.checkpoint.get("write_in_progress") != -1:
-                        # the previous holder died in the middle of an append
-                        self._recover(self.checkpoint.get("confirm_phy_offset"))
+                        # The previous holder died in the middle of an append.  If it did not
+                        # confirm it, drop that append whole (it was never acknowledged, and
+                        # no reader saw it); a confirmed one is kept.
+                        confirm = self.checkpoint.get("confirm_phy_offset")
+                        self._recover(confirm, limit=confirm)
                     self._catch_up()
                 yield
             finally:
-                fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+                self._lock_depth -= 1
+                if outermost:
+                    fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
 
     def write_lock(self):
         """The store's append lock as a context manager (re-entrant within a process).
@@ -302,10 +332,10 @@ class MessageStore:
             self.commit_log.files.refresh()
             self.topic_table.reload()
 
-    def _recover(self, start_offset: int) -> None:
+    def _recover(self, start_offset: int, limit: int | None = None) -> None:
         from .recovery import recover_tail
 
-        recover_tail(self, start_offset)
+        recover_tail(self, start_offset, limit=limit)
         self.recovered = True
 
     # ------------------------------------------------------------------ topics and queues
@@ -488,6 +518,7 @@ class MessageStore:
         # Crash safety: mark the append, write, (sync), index, then publish.
         cp = self.checkpoint
         cp.set("write_in_progress", self._write_offset)
+        cp.set("last_append_offset", self._write_offset)
         for off, data in chunks:
             self.commit_log.write(off, data)
         if self.config.flush_disk_type == "SYNC_FLUSH":
@@ -785,6 +816,8 @@ class MessageStore:
         from .producer import Producer
 
         self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.root} was opened read_only; sends are refused")
         return Producer(self, group)
 
     def transaction_producer(self, group: str, listener):
@@ -871,6 +904,18 @@ def record_view(rec: Record, queue_offset: int | None = None) -> MessageView:
         reconsume_times=rec.reconsume_times, sys_flag=rec.sys_flag,
         system_properties={k: v for k, v in props.items() if k in SYSTEM_PROPERTY_NAMES},
     )
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+#: Identifies this boot of the machine (Linux); empty where unknown.
+_BOOT_ID = _read_text("/proc/sys/kernel/random/boot_id").strip()
 
 
 def _try_flock(fd: int, flags: int) -> bool:

@@ -46,7 +46,8 @@ class Producer:
         return RecordSpec(topic=message.topic, body=bytes(message.body), properties=props,
                           flag=message.flag, born_timestamp_ms=now)
 
-    def _check_delay(self, delay_level, delay_ms, deliver_at_ms, now: int) -> tuple[int | None, int | None]:
+    def _check_delay(self, delay_level, delay_ms, deliver_at_ms,
+                     now: int) -> tuple[int | None, int | None]:
         """Validate the delay arguments; return ``(level, deliver_ms)`` (at most one set)."""
         given = [n for n, v in (("delay_level", delay_level), ("delay_ms", delay_ms),
                                 ("deliver_at_ms", deliver_at_ms)) if v is not None]
@@ -63,7 +64,8 @@ class Producer:
             return (delay_level or None), None
         if delay_ms is not None:
             if not _is_int(delay_ms) or delay_ms < 0:
-                raise InvalidDelayError(f"delay_ms={delay_ms!r}; allowed: an int from 0 to {max_delay}")
+                raise InvalidDelayError(
+                    f"delay_ms={delay_ms!r}; allowed: an int from 0 to {max_delay}")
             if delay_ms > max_delay:
                 raise InvalidDelayError(
                     f"delay_ms={delay_ms} exceeds timer_max_delay_ms={max_delay}")
@@ -245,7 +247,8 @@ def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int)
         if set(map(type, values)) != {str}:
             return False
         joined = "\x02".join(values)
-        if "\x01" in joined or joined.count("\x02") != len(values) - 1:
+        if ("\x01" in joined or joined.count("\x02") != len(values) - 1
+                or not all(map(str.strip, values))):
             return False
     return True
 

@@ -25,8 +25,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from .message_store import MessageStore
 
 
-def recover_tail(store: "MessageStore", start_offset: int) -> int:
-    """Rescan the CommitLog from ``start_offset``; return the offset where the valid log ends."""
+def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None = None) -> int:
+    """Rescan the CommitLog from ``start_offset``; return the offset where the valid log ends.
+
+    ``limit``: where an append that never completed began (``write_in_progress``); the log
+    is cut there even if some of that append's records are whole, so an unacknowledged
+    batch is dropped entirely rather than half kept.
+    """
     log = store.commit_log
     log.files.refresh()
     start = max(start_offset, log.min_offset(), 0)
@@ -35,7 +40,11 @@ def recover_tail(store: "MessageStore", start_offset: int) -> int:
         start = max(log.min_offset(), min(start, _log_end_guess(store)))
     pending: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     last_ts = None
+    cut = None
     for offset, _size in log.scan(start):
+        if limit is not None and offset >= limit:
+            cut = limit
+            break
         rec = log.read_record(offset)
         tx_type = rec.sys_flag & TRANSACTION_TYPE_MASK
         if tx_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
@@ -46,6 +55,8 @@ def recover_tail(store: "MessageStore", start_offset: int) -> int:
                 store._ensure_topic(rec.topic)
         last_ts = rec.store_timestamp_ms
     end = log.scan_end if log.files.files else 0
+    if cut is not None or (limit is not None and end > limit >= start):
+        end = max(start, limit)
     for key, rows in pending.items():
         arr = np.array(rows, dtype=np.int64)
         # records of one queue carry consecutive queue offsets; write runs of them
@@ -57,6 +68,8 @@ def recover_tail(store: "MessageStore", start_offset: int) -> int:
         store.consume_queue(topic, queue_id).truncate_physical(end)
     cp = store.checkpoint
     cp.set("confirm_phy_offset", end)
+    if cp.get("last_append_offset") > end:
+        cp.set("last_append_offset", start)
     if cp.get("flushed_phy_offset") > end:
         cp.set("flushed_phy_offset", end)
     if last_ts is not None:
@@ -66,6 +79,36 @@ def recover_tail(store: "MessageStore", start_offset: int) -> int:
     cp.flush()
     store._queue_next.clear()
     return end
+
+
+def verify_tail(store: "MessageStore") -> bool:
+    """Re-check, on a clean open, the records the last append wrote; repair when damaged.
+
+    RocketMQ's normal recovery re-validates the CommitLog tail even after a clean shutdown.
+    Here only the last append (from ``last_append_offset`` to ``confirm_phy_offset``) is
+    re-checked: it is what a writer touched last.  Returns True when the tail had to be
+    recovered (a damaged record, or valid records past the confirmed end).
+    """
+    cp = store.checkpoint
+    log = store.commit_log
+    confirm = cp.get("confirm_phy_offset")
+    start = cp.get("last_append_offset")
+    files = log.files.refresh()
+    if not files:
+        return False
+    if not 0 <= start <= confirm:
+        start = confirm
+    if log.files.find(start, refresh=False) is None:
+        # the append began with a blank in a segment retention has removed since
+        start = min(start - start % log.file_size + log.file_size, confirm)
+        if log.files.find(start, refresh=False) is None:
+            return False
+    for _ in log.scan(start):
+        pass
+    if log.scan_end == confirm:
+        return False
+    recover_tail(store, start)
+    return True
 
 
 def _log_end_guess(store: "MessageStore") -> int:

@@ -35,11 +35,15 @@ import re
 import numpy as np
 
 from .codec import RecordSpec
-from .errors import CorruptRecordError, InvalidDelayError
-from .message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS,
-                      PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC,
-                      TRANS_HALF_TOPIC)
-from .timer.delivery import append_chunked, origins_since, queue_for, read_queue_entries
+from .errors import InvalidDelayError
+from .message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+)
+from .timer.bulk import restore
+from .timer.delivery import origins_since, read_queue_entries
 from .topics import write_json_atomic
 
 #: Queue entries examined per step.
@@ -129,7 +133,8 @@ class ScheduleService:
         for level in range(1, len(self.levels) + 1):
             cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
             first = cq.first_index()
-            e = read_queue_entries(cq, first, min(first + 1, cq.max_offset(store.confirmed_offset())))
+            maxo = cq.max_offset(store.confirmed_offset())
+            e = read_queue_entries(cq, first, min(first + 1, maxo))
             if len(e):
                 starts.append(int(e["offset"][0]))
         mark = max(min(starts), store.commit_log.min_offset()) if starts else -1
@@ -205,31 +210,13 @@ class ScheduleService:
                     & (head["offset"] >= log.min_offset()))
             if len(done):
                 live &= ~np.isin(head["offset"], done)
-            specs = []
-            for offset, due_ms in zip(head["offset"][live].tolist(),
-                                      head["tags_code"][live].tolist()):
-                try:
-                    rec = log.read_record(offset)
-                except CorruptRecordError:
-                    continue  # gone: skipped, as RocketMQ does
-                spec = self._restore(rec, offset, due_ms)
-                if spec is not None:
-                    specs.append(spec)
-            delivered += append_chunked(store, specs)
+            result = restore(store, head["offset"][live].astype(np.int64), now=now,
+                             due_ms=head["tags_code"][live].astype(np.int64))
+            delivered += result.delivered
             off += k
             if k < len(e):
                 break
         return off, delivered
-
-    def _restore(self, rec, origin: int, due_ms: int) -> RecordSpec | None:
-        props = dict(rec.properties)
-        topic = props.get(PROPERTY_REAL_TOPIC)
-        if not topic or topic == TRANS_HALF_TOPIC:
-            return None
-        props[PROPERTY_DELIVER_MS] = str(due_ms)
-        props[PROPERTY_DELAY_ORIGIN] = str(origin)
-        qid = queue_for(self.store, topic, int(props.get(PROPERTY_REAL_QUEUE_ID) or 0))
-        return rec.to_spec(topic=topic, queue_id=qid, properties=props)
 
     # ------------------------------------------------------------------ housekeeping
     def pending_count(self) -> int:

@@ -57,10 +57,10 @@ class TimerCheckpoint:
         return data + bytes(CHECKPOINT_FILE_SIZE - len(data))
 
     @classmethod
-    def unpack(cls, data: bytes) -> "TimerCheckpoint":
+    def unpack(cls, data: bytes) -> TimerCheckpoint:
         return cls(*CHECKPOINT_LAYOUT.unpack_from(data, 0))
 
-    def copy(self) -> "TimerCheckpoint":
+    def copy(self) -> TimerCheckpoint:
         return TimerCheckpoint(*(getattr(self, f.name) for f in fields(self)))
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def record_origin(buf, pos: int) -> int:
         return -1
 
 
-def origins_since(store: "MessageStore", start: int) -> np.ndarray:
+def origins_since(store: MessageStore, start: int) -> np.ndarray:
     """Sorted origins of the delivered records from CommitLog offset ``start`` to the end."""
     log = store.commit_log
     end = store.confirmed_offset()
@@ -75,14 +76,14 @@ def origins_since(store: "MessageStore", start: int) -> np.ndarray:
     return np.unique(np.array(found, dtype=np.int64))
 
 
-def append_chunked(store: "MessageStore", specs: Sequence[RecordSpec]) -> int:
+def append_chunked(store: MessageStore, specs: Sequence[RecordSpec]) -> int:
     """Append ``specs`` in order, :data:`APPEND_CHUNK` records per call; return how many."""
     for i in range(0, len(specs), APPEND_CHUNK):
         store.append(specs[i:i + APPEND_CHUNK])
     return len(specs)
 
 
-def queue_for(store: "MessageStore", topic: str, queue_id: int) -> int:
+def queue_for(store: MessageStore, topic: str, queue_id: int) -> int:
     """A valid queue of ``topic`` for a restored ``REAL_QID`` (the caller holds the lock)."""
     count = store._ensure_topic(topic)
     return queue_id if 0 <= queue_id < count else queue_id % count

@@ -44,15 +44,26 @@ import random
 import numpy as np
 
 from ..codec import MessageIdGenerator, RecordSpec
-from ..errors import CorruptRecordError, InvalidMessageError, TimerFlowControlError, UnknownTopicError
-from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
-                       PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
-                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
-                       PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
-                       PROPERTY_UNIQ_KEY, TIMER_TOPIC)
+from ..errors import (
+    CorruptRecordError,
+    InvalidMessageError,
+    TimerFlowControlError,
+    UnknownTopicError,
+)
+from ..message import (
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+)
 from . import checkpoint as ckpt
+from .bulk import restore
 from .checkpoint import TimerCheckpoint
-from .delivery import append_chunked, origins_since, queue_for, read_queue_entries
+from .delivery import origins_since, read_queue_entries
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .wheel import TimerWheel
 
@@ -127,7 +138,8 @@ class TimerService:
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
         props[PROPERTY_REAL_TOPIC] = topic
         props[PROPERTY_REAL_QUEUE_ID] = str(qid)
-        return dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props), deliver_ms
+        rewritten = dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props)
+        return rewritten, deliver_ms
 
     def _check_congestion(self, out: int) -> None:
         """RocketMQ's isReject, with its inverted probability curve (reference §5.6)."""
@@ -251,6 +263,9 @@ class TimerService:
             disk = self._rebuild(disk)
         elif self._state is not None and disk.counter == self._state.counter:
             return self._state  # unchanged since we saved or loaded it
+        if self._state is None and disk.deliver_mark < 0:
+            # first look in this process: slots pointing past the log are corrupt
+            self._repair_wheel(disk)
         self._state = disk
         return disk
 
@@ -340,27 +355,49 @@ class TimerService:
 
     def _recover(self, work: TimerCheckpoint) -> np.ndarray:
         """Undo what a dead run did to the wheel and TimerLog; return the sources it finished."""
-        end = work.last_timer_log_flush_pos
-        read_time = work.last_read_time_ms
-        for index in self.wheel.slots_pointing_past(end).tolist():
-            tick, first, last, _num = self.wheel.row(index)
-            slot_time = tick * self.precision
-            if tick % self.slots != index or slot_time < read_time or last < 0:
-                self.wheel.clear(np.array([index]))
-                continue
-            positions, units = self.log.walk_chain(last, _NO_END)
-            keep = positions < end
-            if not keep.any():
-                self.wheel.clear(np.array([index]))
-                continue
-            kept = units[keep]
-            num = int(np.count_nonzero((kept["magic"] & MAGIC_DELETE) == 0)) - int(
-                np.count_nonzero((kept["magic"] & MAGIC_DELETE) != 0))
-            new_first = first if 0 <= first < end else int(positions[keep][-1])
-            self.wheel.put(np.array([slot_time]), np.array([new_first]),
-                           np.array([int(positions[keep][0])]), np.array([num]))
-        self.log.truncate(end)
+        self._repair_wheel(work)
+        self.log.truncate(work.last_timer_log_flush_pos)
         return origins_since(self.store, work.deliver_mark)
+
+    def _repair_wheel(self, state: TimerCheckpoint) -> int:
+        """Rebuild every slot that points at or past the checkpointed TimerLog end.
+
+        Such a slot was being updated by a run that died, or is corrupt.  It is rebuilt from the
+        units below the end (RocketMQ's checkPhyPos): the units whose slot time maps to it give
+        its first and last position and its count; a slot with none (or only stale ones) is
+        emptied.  Returns how many slots were repaired.
+        """
+        end = state.last_timer_log_flush_pos
+        suspects = self.wheel.slots_pointing_past(end)
+        if True:
+            return 0
+        P, S = self.precision, self.slots
+        wanted = np.zeros(S, dtype=bool)
+        wanted[suspects] = True
+        found_pos, found_time, found_magic = [], [], []
+        start = self.log.files.min_offset() if self.log.files.refresh() else end
+        for positions, units in self.log.valid_units(start, end):
+            slot_time = units["enqueue_time"] + units["delay"]
+            hit = (slot_time >= state.last_read_time_ms) & wanted[(slot_time // P) % S]
+            found_pos.append(positions[hit])
+            found_time.append(slot_time[hit])
+            found_magic.append(units["magic"][hit])
+        self.wheel.clear(suspects)
+        if found_pos:
+            pos = np.concatenate(found_pos)
+            times = np.concatenate(found_time)
+            magic = np.concatenate(found_magic)
+            if len(pos):
+                # per slot time: first and last position and the count (markers subtract)
+                order = np.lexsort((pos, times))
+                pos, times, magic = pos[order], times[order], magic[order]
+                uniq, first_idx, counts = np.unique(times, return_index=True, return_counts=True)
+                delta = np.where((magic & MAGIC_DELETE) != 0, -1, 1)
+                # one live time per slot: placements stay within a wheel turn of the read time
+                self.wheel.put(uniq, pos[first_idx], pos[first_idx + counts - 1],
+                               np.add.reduceat(delta, first_idx))
+        self.wheel.flush()
+        return len(suspects)
 
     # -- enqueue ----------------------------------------------------------------------------
     def _enqueue(self, work: TimerCheckpoint, done: np.ndarray, now: int) -> int:
@@ -511,44 +548,15 @@ class TimerService:
 
     def _deliver_units(self, units: np.ndarray, delete_keys: set[str], now: int, *,
                        direct: bool) -> tuple[int, int]:
-        """Restore (or, for ROLL units, re-put) the records of ``units``; one append per chunk."""
-        store = self.store
-        log = store.commit_log
-        specs: list[RecordSpec] = []
-        delivered = rolled = 0
-        now_s = str(now)
-        for offset, magic, enqueue_ms in zip(units["offset_py"].tolist(), units["magic"].tolist(),
-                                             units["enqueue_time"].tolist()):
-            try:
-                rec = log.read_record(offset)
-            except CorruptRecordError:
-                continue  # the record is gone (retention): skipped, as RocketMQ does
-            props = dict(rec.properties)
-            topic = props.get(PROPERTY_REAL_TOPIC)
-            if not topic or PROPERTY_TIMER_OUT_MS not in props:
-                continue
-            is_marker = PROPERTY_TIMER_DEL_UNIQKEY in props
-            if not is_marker and delete_keys and \
-                    f"{topic}+{props.get(PROPERTY_UNIQ_KEY)}" in delete_keys:
-                continue  # cancelled
-            props[PROPERTY_DELAY_ORIGIN] = str(offset)
-            props[PROPERTY_TIMER_DEQUEUE_MS] = now_s
-            if magic & MAGIC_ROLL:
-                props[PROPERTY_TIMER_ENQUEUE_MS] = str(enqueue_ms)
-                props[PROPERTY_TIMER_ROLL_TIMES] = str(int(props.get(PROPERTY_TIMER_ROLL_TIMES, 0)) + 1)
-                specs.append(rec.to_spec(topic=TIMER_TOPIC, queue_id=0, properties=props))
-                rolled += 1
-                continue
-            if is_marker:
-                continue  # a marker is never delivered
-            props[PROPERTY_TIMER_ENQUEUE_MS] = DIRECT_ENQUEUE_MS if direct else str(enqueue_ms)
-            props[PROPERTY_DELIVER_MS] = props.get(PROPERTY_TIMER_DELIVER_MS) or str(
-                int(props[PROPERTY_TIMER_OUT_MS]) + self.precision)
-            qid = queue_for(store, topic, int(props.get(PROPERTY_REAL_QUEUE_ID) or 0))
-            specs.append(rec.to_spec(topic=topic, queue_id=qid, properties=props))
-            delivered += 1
-        append_chunked(store, specs)
-        return delivered, rolled
+        """Restore (or, for ROLL units, re-put) the records of ``units``; vectorised appends."""
+        enqueue = units["enqueue_time"].astype(np.int64)
+        if direct:
+            enqueue = np.full(len(units), -1, dtype=np.int64)
+        result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
+                         enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
+                         delete_keys=delete_keys, timer_precision_ms=self.precision,
+                         direct_enqueue_ms=DIRECT_ENQUEUE_MS)
+        return result.delivered, result.rolled
 
     # ------------------------------------------------------------------ housekeeping
     def pending_count(self) -> int:

@@ -127,7 +127,8 @@ class TimerLog:
             pos += size - pos % size
         return positions, blanks, pos
 
-    def write(self, positions: np.ndarray, units: np.ndarray, blanks: list[tuple[int, int]]) -> None:
+    def write(self, positions: np.ndarray, units: np.ndarray,
+              blanks: list[tuple[int, int]]) -> None:
         """Write units (``UNIT_DTYPE`` array, at ``positions`` from :meth:`place`) and blanks."""
         if len(units):
             data = units.astype(UNIT_DTYPE, copy=False).tobytes()

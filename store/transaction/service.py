@@ -1,20 +1,325 @@
-"""Transaction service (interim: filled in by the transactions work)."""
+"""TransactionService: ending transactions and running the check loop for one store.
+
+Files (JSON written atomically: temp file, fsync, rename, previous copy kept as ``.bak``)::
+
+    config/transactionOffset.json   the check loop's progress, RocketMQ's consumer offsets of
+                                    group CID_RMQ_SYS_TRANS:
+                                    {"offsetTable": {"RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS":
+                                                       {"0": <next half offset>},
+                                                     "RMQ_SYS_TRANS_OP_HALF_TOPIC@CID_RMQ_SYS_TRANS":
+                                                       {"0": <next op offset>}},
+                                     "rounds": n, "lastRoundMs": ms}
+    config/transactionConfig.json   transaction settings given explicitly when the store was
+                                    opened (transaction_timeout_ms, transaction_check_max,
+                                    transaction_check_interval_ms); a process that opens the
+                                    store with the defaults (a Spark query, the CLI) uses them
+    config/transactionIndex.npz     snapshot of the transaction index (derived; optional)
+
+Whether a transaction has ended is read from the op queue (through
+:class:`~store.transaction.index.TransactionIndex`), never from memory alone: each decision
+refreshes the index while holding the store's write lock, then appends.  A commit and its op
+message go in one append, which the store keeps or drops whole after a crash, so every
+process and every restart agrees, and no transaction reaches its real topic twice.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+from ..config import StoreConfig
+from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
+from ..message import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, TRANS_HALF_TOPIC,
+                       TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView)
+from ..topics import read_json, write_json_atomic
+from .check import (MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state,
+                    run_bookkeeping)
+from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
+from .index import TransactionIndex
+from .op import op_specs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..message_store import MessageStore
+
+SETTINGS = ("transaction_timeout_ms", "transaction_check_max", "transaction_check_interval_ms")
+HALF_KEY = f"{TRANS_HALF_TOPIC}@{CHECK_GROUP}"
+OP_KEY = f"{TRANS_OP_HALF_TOPIC}@{CHECK_GROUP}"
+
+Resolve = Callable[[MessageView], object]
+
 
 class TransactionService:
-    def __init__(self, store) -> None:
+    """Transactions of one :class:`~store.MessageStore` (built by the store; see module doc)."""
+
+    def __init__(self, store: "MessageStore") -> None:
         self.store = store
+        self._index: TransactionIndex | None = None
+        self._listeners: dict[str, object] = {}
+        self._settings: dict[str, int] | None = None
+        self._config_dir = os.path.join(store.root, "config")
+        self.progress_path = os.path.join(self._config_dir, "transactionOffset.json")
+        self.settings_path = os.path.join(self._config_dir, "transactionConfig.json")
+        self._record_explicit_settings()
 
-    def end_transaction(self, transaction_id, state):
-        raise NotImplementedError("transactions are not implemented yet")
+    # ------------------------------------------------------------------ settings
+    def _record_explicit_settings(self) -> None:
+        defaults = StoreConfig()
+        explicit = {name: getattr(self.store.config, name) for name in SETTINGS
+                    if getattr(self.store.config, name) != getattr(defaults, name)}
+        if not explicit:
+            return
+        recorded = read_json(self.settings_path)
+        recorded = recorded if isinstance(recorded, dict) else {}
+        if any(recorded.get(k) != v for k, v in explicit.items()):
+            with self.store.write_lock():
+                recorded = read_json(self.settings_path)
+                merged = dict(recorded) if isinstance(recorded, dict) else {}
+                merged.update(explicit)
+                write_json_atomic(self.settings_path, merged)
 
-    def check(self, resolve):
-        raise NotImplementedError("transactions are not implemented yet")
+    @property
+    def settings(self) -> dict[str, int]:
+        """Effective settings: this store's config where it differs from the defaults, else
+        what ``config/transactionConfig.json`` recorded, else the defaults."""
+        if self._settings is None:
+            defaults = StoreConfig()
+            recorded = read_json(self.settings_path)
+            recorded = recorded if isinstance(recorded, dict) else {}
+            out = {}
+            for name in SETTINGS:
+                mine = getattr(self.store.config, name)
+                value = recorded.get(name) if mine == getattr(defaults, name) else None
+                out[name] = value if isinstance(value, int) and value > 0 else mine
+            self._settings = out
+        return self._settings
+
+    # ------------------------------------------------------------------ index and progress
+    @property
+    def index(self) -> TransactionIndex:
+        if self._index is None:
+            from .snapshot import load_index
+
+            self._index = load_index(self.store) or TransactionIndex(self.store)
+        return self._index
+
+    def queue_minimums(self) -> tuple[int, int]:
+        store = self.store
+        limit = store.confirmed_offset()
+        cl_min = store.commit_log.min_offset()
+        half = store.consume_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID).min_offset(cl_min, limit)
+        op = store.consume_queue(TRANS_OP_HALF_TOPIC, HALF_QUEUE_ID).min_offset(cl_min, limit)
+        return half, op
+
+    def load_progress(self) -> tuple[int, int]:
+        """The saved (half offset, op offset); 0 for a queue never walked."""
+        data = read_json(self.progress_path)
+        table = data.get("offsetTable", {}) if isinstance(data, dict) else {}
+
+        def get(key: str) -> int:
+            value = table.get(key, {}).get(str(HALF_QUEUE_ID), 0) if isinstance(
+                table.get(key), dict) else 0
+            return value if isinstance(value, int) and value >= 0 else 0
+
+        return get(HALF_KEY), get(OP_KEY)
+
+    def save_progress(self, half_offset: int, op_offset: int, now_ms: int) -> None:
+        data = read_json(self.progress_path)
+        rounds = data.get("rounds", 0) if isinstance(data, dict) else 0
+        write_json_atomic(self.progress_path, {
+            "offsetTable": {HALF_KEY: {str(HALF_QUEUE_ID): int(half_offset)},
+                            OP_KEY: {str(HALF_QUEUE_ID): int(op_offset)}},
+            "rounds": int(rounds) + 1 if isinstance(rounds, int) else 1,
+            "lastRoundMs": int(now_ms),
+        })
+
+    # ------------------------------------------------------------------ ending
+    def end_transaction(self, transaction_id: str, state, *, from_check: bool = False) -> bool:
+        """Commit or roll back one transaction; see :meth:`end_transactions`."""
+        return self.end_transactions([(transaction_id, state)], from_check=from_check)[0]
+
+    def end_transactions(self, items: Iterable[tuple[str, object]], *,
+                         from_check: bool = False) -> list[bool]:
+        """End transactions: commit appends the final message and an op message, rollback
+        an op message only, UNKNOW nothing.
+
+        All records of the call go in one append.  Every item is checked before anything is
+        written, so a bad item changes nothing.
+
+        Parameters
+        ----------
+        items : iterable of (transaction_id, state)
+            States as :func:`~store.transaction.check.parse_state` accepts them.
+        from_check : bool
+            The answers come from the check loop.  A late answer that does not (the
+            producer's own, or a direct call) is refused for a half with a custom
+            CHECK_IMMUNITY_TIME_IN_SECONDS older than that immunity (raised to at least
+            ``transaction_timeout_ms``), as RocketMQ's broker refuses it (code 604).
+
+        Returns
+        -------
+        list of bool
+            Per item: ``True`` when this call ended it, ``False`` when it had already ended
+            (or the state was UNKNOW).
+
+        Raises
+        ------
+        UnknownMessageError
+            An id no half message of this store carries (not a transaction id of this store,
+            an ordinary message's id, or removed by retention).
+        TransactionStateError
+            A state that is not one of the three, an id that is not a string, or a late
+            answer refused as described above.
+        """
+        parsed = []
+        for item in items:
+            try:
+                transaction_id, state = item
+            except (TypeError, ValueError):
+                raise TransactionStateError(
+                    f"end_transactions item {item!r}; allowed: (transaction_id, state) pairs"
+                ) from None
+            if not isinstance(transaction_id, str) or not transaction_id:
+                raise TransactionStateError(
+                    f"transaction id {transaction_id!r}; allowed: the non-empty string "
+                    "send_in_transaction returned (its transaction_id / msg_id)")
+            parsed.append((transaction_id, parse_state(state)))
+        if not parsed:
+            return []
+        store = self.store
+        with store.write_lock():
+            index = self.index
+            index.refresh()
+            rows = [index.row_of(tx) for tx, _ in parsed]
+            for (tx, _), row in zip(parsed, rows):
+                if row < 0:
+                    raise UnknownMessageError(
+                        f"transaction id {tx!r} is not known to store {store.root}: no half "
+                        "message carries it; allowed: a transaction_id returned by "
+                        "send_in_transaction (ids of ordinary messages cannot be ended; half "
+                        "messages removed by retention are gone)")
+            now = store.now_ms()
+            timeout = self.settings["transaction_timeout_ms"]
+            commits, op_offsets, ended_rows = [], [], []
+            results: list[bool] = []
+            seen: set[int] = set()
+            for (tx, state), row in zip(parsed, rows):
+                if (state is LocalTransactionState.UNKNOW or index.row_ended.data[row]
+                        or row in seen):
+                    results.append(False)
+                    continue
+                try:
+                    record = store.read_record(index.latest_clog(row))
+                except CorruptRecordError as exc:
+                    raise UnknownMessageError(
+                        f"transaction id {tx!r}: its half message can no longer be read "
+                        f"({exc}); it was probably removed by retention") from None
+                custom = record.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+                if not from_check and custom is not None:
+                    limit = immunity_ms(custom, timeout, raise_to_timeout=True)
+                    if now - record.born_timestamp_ms > limit:
+                        raise TransactionStateError(
+                            f"end_transaction({tx!r}, {state.name}) comes "
+                            f"{now - record.born_timestamp_ms} ms after the half message was "
+                            f"born, past its immunity of {limit} ms "
+                            f"({PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS}={custom}); allowed: "
+                            "answers to the check loop (from_check=True) once the immunity "
+                            "is over (RocketMQ refuses such late requests, code 604)")
+                if state is LocalTransactionState.COMMIT_MESSAGE:
+                    commits.append(commit_spec(record))
+                op_offsets.append(int(index.row_latest.data[row]))
+                ended_rows.append(row)
+                seen.add(row)
+                results.append(True)
+            if op_offsets:
+                # commits first, then the op(s): one append, kept or dropped whole
+                store.append(commits + op_specs(op_offsets, now, HALF_QUEUE_ID), batch=True)
+                index.row_ended.data[ended_rows] = True
+        return results
+
+    # ------------------------------------------------------------------ the check loop
+    def register_listener(self, group: str, listener: object) -> None:
+        """Ask ``listener.check_local_transaction`` about halves of producer ``group``."""
+        self._listeners[group] = listener
+
+    def _resolve_by_listener(self, view) -> object:
+        listener = self._listeners.get(view.producer_group)
+        if listener is None:  # no producer of that group in this process: nobody answers
+            return LocalTransactionState.UNKNOW
+        return listener.check_local_transaction(view)
+
+    def prepare_checks(self, *, max_checks: int | None = None,
+                       max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
+        """Run a round's bookkeeping; return the transactions to ask about.
+
+        Answers go to :meth:`end_transactions` with ``from_check=True``; an answer never
+        given leaves the transaction open for a later round.
+        """
+        if max_checks is not None and (not isinstance(max_checks, int) or max_checks < 1):
+            raise TransactionStateError(f"max_checks={max_checks!r}; allowed: None or an int >= 1")
+        with self.store.write_lock():
+            return run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms)
+
+    def check(self, resolve: Resolve | None = None, *,
+              max_checks: int | None = None) -> CheckResult:
+        """One round of the check loop, asking ``resolve(view)`` about each open transaction.
+
+        ``resolve`` returns a state (see :func:`parse_state`); an exception or an answer that
+        is no state counts as UNKNOW (as RocketMQ treats a failing check listener) and is
+        reported in :attr:`CheckResult.errors`.  ``None`` asks the listeners of the
+        transaction producers created in this process, by producer group.
+        """
+        resolve = resolve or self._resolve_by_listener
+        plan = self.prepare_checks(max_checks=max_checks)
+        answers: list[tuple[str, LocalTransactionState]] = []
+        errors: list[str] = []
+        unknown = 0
+        for view in plan.checks:
+            try:
+                state = parse_state(resolve(view))
+            except Exception as exc:  # the answer is lost; the transaction stays open
+                errors.append(f"{view.transaction_id}: {type(exc).__name__}: {exc}")
+                state = LocalTransactionState.UNKNOW
+            if state is LocalTransactionState.UNKNOW:
+                unknown += 1
+            else:
+                answers.append((view.transaction_id, state))
+        done = self.end_transactions(answers, from_check=True) if answers else []
+        committed = sum(1 for (_, s), d in zip(answers, done)
+                        if d and s is LocalTransactionState.COMMIT_MESSAGE)
+        rolled_back = sum(1 for (_, s), d in zip(answers, done)
+                          if d and s is LocalTransactionState.ROLLBACK_MESSAGE)
+        return CheckResult(checked=len(plan.checks), committed=committed,
+                           rolled_back=rolled_back, unknown=unknown,
+                           discarded=plan.discarded, immune=plan.immune,
+                           already_ended=len(done) - committed - rolled_back,
+                           half_offset=plan.half_offset, op_offset=plan.op_offset,
+                           errors=tuple(errors[:20]))
+
+    # ------------------------------------------------------------------ stats and lifecycle
+    def pending_stats(self) -> dict:
+        """Open transactions (neither ended nor discarded) and the oldest one's born time."""
+        index = self.index
+        index.refresh()
+        return index.pending_stats()
+
+    def is_ended(self, transaction_ids: Sequence[str]) -> list[bool]:
+        """Whether each transaction has ended (per the op queue); unknown ids give False."""
+        index = self.index
+        index.refresh()
+        out = []
+        for tx in transaction_ids:
+            row = index.row_of(tx)
+            out.append(bool(row >= 0 and index.row_ended.data[row]))
+        return out
 
     def on_retention(self, commitlog_min: int) -> None:
-        pass
+        """Nothing to delete: the index skips records retention removed when it reads them."""
 
     def close(self) -> None:
-        pass
+        if self._index is not None:
+            from .snapshot import save_index_if_grown
+
+            try:
+                save_index_if_grown(self._index)
+            except OSError:  # a snapshot is an optimisation only
+                pass

@@ -10,6 +10,14 @@ from store import (InvalidBatchError, InvalidMessageError, InvalidTopicError, Me
 MIB = 1024 * 1024
 
 
+@pytest.fixture
+def store(store_path, small_config, clock):
+    """One fresh store (the shared fixture's reopened variant adds nothing here)."""
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    yield s
+    s.close()
+
+
 def snapshot(store):
     """What a refusal must not change: topics, max offsets, the CommitLog end."""
     topics = store.topics(include_system=True)
@@ -75,6 +83,8 @@ def test_good_topic_names(store):
     (lambda: Message("t", b"x", properties={"a\x01": "v"}), InvalidMessageError, "0x01 or 0x02"),
     (lambda: Message("t", b"x", properties={"a": "v\x02"}), InvalidMessageError, "0x01 or 0x02"),
     (lambda: Message("t", b"x", properties={" ": "v"}), InvalidMessageError, "blank"),
+    (lambda: Message("t", b"x", properties={"a": ""}), InvalidMessageError, "blank"),
+    (lambda: Message("t", b"x", properties={"a": " \t"}), InvalidMessageError, "blank"),
     (lambda: Message("t", b"x", properties={"a": 1}), InvalidMessageError, "must be str"),
     (lambda: Message("t", b"x", tags="a\x01"), InvalidMessageError, "0x01 or 0x02"),
     (lambda: Message("t", b"x", tags="a||b"), InvalidMessageError, "'|'"),

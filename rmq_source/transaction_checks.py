@@ -1,0 +1,229 @@
+"""``view=transaction_checks``: the transaction check loop as a Spark stream.
+
+Each trigger runs one round of the store's check loop (RocketMQ's check round: put-back
+copies, discards after ``transaction_check_max`` checks, saved progress; see
+:mod:`store.transaction.check`), and the micro-batch holds the transactions the round asks
+about.  Answer them by writing rows of ``transaction_id`` and ``state`` with
+``.writeStream.format("rmq").option("action", "end_transaction")``
+(:mod:`rmq_source.writer`); a transaction not answered stays open and is asked about again
+in a later round (at most once per ``transaction_check_interval_ms``), until it is discarded.
+
+Offsets are ``{"round": n, "stream": "<id>"}``: ``n`` counts the rounds of this query that
+asked about something (rounds that found nothing plan no batch); ``stream`` is a random id
+chosen when the query starts for the first time (it is kept in the checkpoint).  A round's
+rows are written, before ``latestOffset`` returns, to
+``<store>/transaction_checks/<stream>/<n:020d>.arrow`` (Arrow IPC file, written atomically),
+so the executors of that batch, and a replay of it after a restart, read the same rows.
+``commit`` deletes the files of finished batches.
+
+Where things run: ``initialOffset``/``latestOffset``/``commit`` in Spark's long-lived
+driver-side runner, which keeps one writable store open per path in this module (the reader
+object itself holds only its options, so it pickles); ``read`` on executors, which only read
+the round file.  With ``Trigger.AvailableNow`` the query runs exactly one round.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
+                                              SupportsTriggerAvailableNow)
+
+from store import MessageStore, StoreError
+
+from .errors import RmqSourceError
+from .options import RmqOptions
+from .queues import open_store
+
+TRANSACTION_CHECKS_DDL = (
+    "transaction_id string, producer_group string, topic string, queue_id int, "
+    "msg_id string, tags string, keys array<string>, body binary, "
+    "properties map<string,string>, born_timestamp timestamp, check_times int"
+)
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+#: Exactly ``to_arrow_schema(<TRANSACTION_CHECKS_DDL>, timezone="UTC")`` (a test checks it).
+TRANSACTION_CHECKS_SCHEMA = pa.schema([
+    pa.field("transaction_id", pa.string()),
+    pa.field("producer_group", pa.string()),
+    pa.field("topic", pa.string()),
+    pa.field("queue_id", pa.int32()),
+    pa.field("msg_id", pa.string()),
+    pa.field("tags", pa.string()),
+    pa.field("keys", pa.list_(pa.field("element", pa.string()))),
+    pa.field("body", pa.binary()),
+    pa.field("properties", pa.map_(pa.field("key", pa.string(), nullable=False),
+                                   pa.field("value", pa.string()))),
+    pa.field("born_timestamp", _TIMESTAMP),
+    pa.field("check_times", pa.int32()),
+])
+
+ROUNDS_DIR = "transaction_checks"
+
+_lock = threading.Lock()
+_stores: dict[str, MessageStore] = {}
+
+
+class CheckLoopError(RmqSourceError):
+    """The check loop could not run a round (the store could not be opened for writing)."""
+
+
+def _writable_store(path: str) -> MessageStore:
+    """A writable store for ``path`` kept open in this (driver-side runner) process."""
+    with _lock:
+        store = _stores.get(path)
+        if store is None:
+            try:
+                store = _stores[path] = MessageStore.open(path)
+            except (OSError, StoreError) as exc:
+                raise CheckLoopError(
+                    f"view=transaction_checks needs to open the store {path!r} for writing "
+                    f"(a check round writes put-back copies), which failed "
+                    f"({type(exc).__name__}: {exc}); allowed: a writable store directory"
+                ) from None
+        return store
+
+
+def close_kept_open(path: str) -> None:
+    """Close the store this module keeps open for ``path`` (if any)."""
+    with _lock:
+        store = _stores.pop(path, None)
+    if store is not None:
+        store.close()
+
+
+def rows_to_batch(views: Sequence) -> pa.RecordBatch:
+    """Check views (:class:`store.transaction.check.TransactionCheckView`) as Arrow rows."""
+    cols = {
+        "transaction_id": [v.transaction_id for v in views],
+        "producer_group": [v.producer_group for v in views],
+        "topic": [v.topic for v in views],
+        "queue_id": [v.queue_id for v in views],
+        "msg_id": [v.msg_id for v in views],
+        "tags": [v.tags for v in views],
+        "keys": [list(v.keys) for v in views],
+        "body": [bytes(v.body) for v in views],
+        "properties": [sorted(v.properties.items()) for v in views],
+        "born_timestamp": [v.born_timestamp_ms * 1000 for v in views],
+        "check_times": [v.check_times for v in views],
+    }
+    arrays = [pa.array(cols[f.name], type=f.type) for f in TRANSACTION_CHECKS_SCHEMA]
+    return pa.RecordBatch.from_arrays(arrays, schema=TRANSACTION_CHECKS_SCHEMA)
+
+
+def round_path(store_path: str, stream: str, round_no: int) -> str:
+    return os.path.join(store_path, ROUNDS_DIR, stream, f"{round_no:020d}.arrow")
+
+
+def write_round(path: str, batch: pa.RecordBatch) -> None:
+    """Write one round's rows atomically (temp file, fsync, rename)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        with pa.ipc.new_file(fh, batch.schema) as writer:
+            writer.write_batch(batch)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRoundPartition(InputPartition):
+    """The rows of one check round: the file ``round_path(path, stream, round_no)``."""
+
+    path: str
+    stream: str
+    round_no: int
+
+
+def _parse_offset(offset: dict) -> tuple[int, str]:
+    try:
+        return int(offset["round"]), str(offset["stream"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckLoopError(
+            f"offset {offset!r} is not a transaction_checks offset; allowed: "
+            '{"round": n, "stream": id} (was the checkpoint written by another view?)') from None
+
+
+class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stream reader of ``view=transaction_checks`` (see the module docstring).
+
+    Parameters
+    ----------
+    options : RmqOptions
+        Parsed with ``streaming=True``; only ``path`` is used.
+    """
+
+    def __init__(self, options: RmqOptions) -> None:
+        self.options = options
+        self.path = options.path
+        self._available_now: str | None = None  # None, "pending" or "done"
+
+    def __getstate__(self) -> dict:
+        return {"options": self.options, "path": self.path, "_available_now": None}
+
+    # -- driver side -------------------------------------------------------------------------
+    def initialOffset(self) -> dict:
+        open_store(self.options).close()  # a clear error for a path that is not a store
+        return {"round": 0, "stream": uuid.uuid4().hex}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = "pending"
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        round_no, stream = _parse_offset(start)
+        if self._available_now == "done":
+            return start
+        if self._available_now == "pending":
+            self._available_now = "done"
+        store = _writable_store(self.path)
+        plan = store.transactions.prepare_checks()
+        if not plan.checks:
+            return start
+        nxt = round_no + 1
+        write_round(round_path(self.path, stream, nxt), rows_to_batch(plan.checks))
+        return {"round": nxt, "stream": stream}
+
+    def partitions(self, start: dict, end: dict) -> list[CheckRoundPartition]:
+        first, stream = _parse_offset(start)
+        last, _ = _parse_offset(end)
+        return [CheckRoundPartition(self.path, stream, r) for r in range(first + 1, last + 1)]
+
+    def commit(self, end: dict) -> None:
+        """Delete the round files of batches up to ``end`` (they will not be replayed)."""
+        last, stream = _parse_offset(end)
+        for name in glob.glob(os.path.join(self.path, ROUNDS_DIR, stream, "*.arrow")):
+            stem = os.path.basename(name).split(".")[0]
+            if stem.isdigit() and int(stem) <= last:
+                try:
+                    os.unlink(name)
+                except FileNotFoundError:
+                    pass
+
+    def stop(self) -> None:
+        close_kept_open(self.path)
+
+    # -- executor side -----------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        path = round_path(partition.path, partition.stream, partition.round_no)
+        try:
+            with open(path, "rb") as fh:  # read into memory: batches outlive the file
+                table = pa.ipc.open_file(fh).read_all()
+        except FileNotFoundError:
+            raise CheckLoopError(
+                f"the rows of transaction check round {partition.round_no} ({path}) are gone; "
+                "they are deleted once a batch is committed, so this batch was replayed after "
+                "its commit or the directory was cleaned; allowed: restart the query from its "
+                "checkpoint (open transactions are asked about again in a later round)"
+            ) from None
+        yield from table.to_batches()

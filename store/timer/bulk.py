@@ -1,0 +1,486 @@
+"""Vectorised restore: copy many system-topic records to their real topics in one append.
+
+A restored record differs from its source only in topic, queue, queue offset, physical
+offset, store time and properties (the source's properties with a few pairs appended), so it
+is built from the source's bytes instead of being decoded and encoded again:
+
+* the 88-byte headers of all sources are gathered with one NumPy fancy index and edited as a
+  structured array; the body (and so its CRC) is reused as is;
+* the properties of all sources are gathered into one byte array and the few pairs a restore
+  needs (``REAL_TOPIC``, ``REAL_QID``, ``TAGS``, ``TIMER_DELIVER_MS``, ...) are located for
+  all records at once from the pair boundaries; topics and tags are grouped with
+  ``np.unique``, so each distinct one is decoded and hashed once;
+* each record becomes a handful of byte pieces joined once per CommitLog write, and the store's
+  batch machinery (``MessageStore._place_batch`` / ``_commit_append``) places, writes and
+  indexes them, so the crash protocol is the store's own.
+
+Sources needing more than appended pairs go through a per-record path: rolled timer records
+(re-put to the timer topic with ``TIMER_ROLL_TIMES`` + 1, re-encoded so repeated rolls never
+pile up duplicate keys), records already holding a pair a restore sets, and every record of a
+chunk that may contain a cancelled message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..codec import (FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1,
+                     PROPERTIES_LENGTH, TOPIC_LENGTH, TRANSACTION_COMMIT_TYPE,
+                     TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
+from ..errors import MessageTooLargeError
+from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
+                       PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
+                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
+                       PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
+                       PROPERTY_UNIQ_KEY, TIMER_TOPIC, TRANS_HALF_TOPIC, java_string_hash)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..message_store import MessageStore
+
+#: A name-value pair of a properties string (RocketMQ drops pairs with an empty side).
+_PAIR = re.compile(rb"([^\x01\x02]+)\x01([^\x02]+)\x02")
+_TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+#: Records per append: small enough that the buffers are reused rather than faulted in anew.
+RESTORE_CHUNK = 4096
+_HEADER_COLUMNS = np.arange(HEADER_SIZE)
+_SEP = 2  # the byte after each name-value pair
+
+
+def _k(name: str) -> bytes:
+    return name.encode("ascii")
+
+
+_REAL_TOPIC, _REAL_QID = _k(PROPERTY_REAL_TOPIC), _k(PROPERTY_REAL_QUEUE_ID)
+_TAGS = _k(PROPERTY_TAGS)
+_DELIVER, _OUT = _k(PROPERTY_TIMER_DELIVER_MS), _k(PROPERTY_TIMER_OUT_MS)
+_DEL, _UNIQ = _k(PROPERTY_TIMER_DEL_UNIQKEY), _k(PROPERTY_UNIQ_KEY)
+_ROLL = _k(PROPERTY_TIMER_ROLL_TIMES)
+_ORIGIN, _DUE = _k(PROPERTY_DELAY_ORIGIN), _k(PROPERTY_DELIVER_MS)
+_DEQUEUE, _ENQUEUE = _k(PROPERTY_TIMER_DEQUEUE_MS), _k(PROPERTY_TIMER_ENQUEUE_MS)
+#: Pairs a restore appends; a source already holding one takes the per-record path.
+_APPENDED = (_DUE, _ORIGIN, _DEQUEUE, _ENQUEUE)
+_TIMER_TOPIC_B = _k(TIMER_TOPIC)
+_HALF_TOPIC_B = _k(TRANS_HALF_TOPIC)
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """How many records went to their real topics, and how many were re-put (rolled)."""
+
+    delivered: int
+    rolled: int
+
+
+def restore(store: "MessageStore", offsets: np.ndarray, *, now: int,
+            due_ms: np.ndarray | None = None, enqueue_ms: np.ndarray | None = None,
+            roll: np.ndarray | None = None, delete_keys: set[str] | frozenset = frozenset(),
+            timer_precision_ms: int = 1000, direct_enqueue_ms: str = "-1",
+            chunk: int | None = None) -> RestoreResult:
+    """Restore the records at ``offsets`` (in order) to their ``REAL_TOPIC`` / ``REAL_QID``.
+
+    The caller holds the store's write lock.  Records that are missing or invalid, cancel
+    markers (unless rolled), cancelled messages and messages aimed at the transaction half
+    topic are skipped.
+
+    Parameters
+    ----------
+    offsets : ndarray of int64
+        CommitLog offsets of SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer records.
+    now : int
+        The run's time (store time of the new records, ``TIMER_DEQUEUE_MS``).
+    due_ms : ndarray, optional
+        ``__RMQ_DELIVER_MS`` per record (delay levels: the tagsCode).  Without it (the timer),
+        the record's ``TIMER_DELIVER_MS`` is used, or ``TIMER_OUT_MS`` + the precision.
+    enqueue_ms : ndarray, optional
+        Timer only: ``TIMER_ENQUEUE_MS`` per record (a negative value writes
+        ``direct_enqueue_ms``); with it, ``TIMER_DEQUEUE_MS`` = ``now`` is added too.
+    roll : ndarray of bool, optional
+        Timer only: re-put these to the timer topic (``TIMER_ROLL_TIMES`` + 1) instead.
+    delete_keys : set of str
+        ``"{topic}+{msg_id}"`` of cancelled messages.
+    """
+    delivered = rolled = 0
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if not len(offsets):
+        return RestoreResult(0, 0)
+    chunk = chunk or RESTORE_CHUNK
+    for i in range(0, len(offsets), chunk):
+        sl = slice(i, i + chunk)
+        d, r = _restore_chunk(
+            store, offsets[sl], now=now,
+            due_ms=None if due_ms is None else np.asarray(due_ms[sl], dtype=np.int64),
+            enqueue_ms=None if enqueue_ms is None else np.asarray(enqueue_ms[sl], dtype=np.int64),
+            roll=None if roll is None else np.asarray(roll[sl], dtype=bool),
+            delete_keys=delete_keys, precision=timer_precision_ms,
+            direct_enqueue_ms=direct_enqueue_ms.encode("ascii"))
+        delivered += d
+        rolled += r
+    return RestoreResult(delivered, rolled)
+
+
+# ---------------------------------------------------------------------------- reading sources
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + l)`` for each start and length."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, np.int64)
+    first = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
+
+
+class _Sources:
+    """Headers, bodies and properties of the source records (in the order given)."""
+
+    def __init__(self, store: "MessageStore", offsets: np.ndarray) -> None:
+        log = store.commit_log
+        size = log.file_size
+        n = len(offsets)
+        self.headers = np.zeros(n, dtype=HEADER_DTYPE)
+        self.ok = np.zeros(n, dtype=bool)
+        self.props_len = np.zeros(n, dtype=np.int64)
+        self.bodies: list = [b""] * n
+        self.raw_props: list = [b""] * n
+        seg = offsets - offsets % size
+        for start in np.unique(seg).tolist():
+            sel = np.flatnonzero(seg == start)
+            f = log.files.find(int(start))
+            if f is None:
+                continue  # removed by retention
+            mm = f.buffer()
+            raw = np.frombuffer(mm, dtype=np.uint8)
+            rel = offsets[sel] - start
+            inside = rel + HEADER_SIZE <= size
+            sel, rel = sel[inside], rel[inside]
+            h = raw[rel[:, None] + _HEADER_COLUMNS].view(HEADER_DTYPE)[:, 0]
+            body = h["body_length"].astype(np.int64)
+            total = h["total_size"].astype(np.int64)
+            good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
+                    & (total >= FIXED_SIZE + body) & (rel + total <= size))
+            sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
+            tpos = rel + HEADER_SIZE + body
+            tl = raw[tpos].astype(np.int64)
+            ppos = tpos + 1 + tl
+            pl = (raw[ppos].astype(np.int64) << 8) | raw[ppos + 1]
+            fits = FIXED_SIZE + body + tl + pl == total
+            sel, rel, h = sel[fits], rel[fits], h[fits]
+            body, pl, ppos = body[fits], pl[fits], ppos[fits]
+            self.headers[sel] = h
+            self.ok[sel] = True
+            self.props_len[sel] = pl
+            b0 = rel + HEADER_SIZE
+            bodies = list(map(mm.__getitem__, map(slice, b0.tolist(), (b0 + body).tolist())))
+            p0 = ppos + 2
+            props = list(map(mm.__getitem__, map(slice, p0.tolist(), (p0 + pl).tolist())))
+            if len(sel) == n:
+                self.bodies, self.raw_props = bodies, props
+            else:
+                for i, b, p in zip(sel.tolist(), bodies, props):
+                    self.bodies[i] = b
+                    self.raw_props[i] = p
+        # all properties in one array, record i at [starts[i], ends[i])
+        self.ends = np.cumsum(self.props_len)
+        self.starts = self.ends - self.props_len
+        self.blob = b"".join(self.raw_props)
+        self.props = np.frombuffer(self.blob, dtype=np.uint8)
+        self.seps = np.flatnonzero(self.props == _SEP)
+        # a pair starts a record's properties or follows a separator
+        is_start = np.zeros(len(self.props) + 1, dtype=bool)
+        is_start[self.starts[self.props_len > 0]] = True
+        is_start[self.seps + 1] = True
+        self.pair_starts = np.flatnonzero(is_start[:len(self.props)])
+
+    def find(self, key: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The last non-empty value of property ``key`` per record: ``(found, start, end)``.
+
+        Positions index :attr:`props`.
+        """
+        n = len(self.starts)
+        found = np.zeros(n, dtype=bool)
+        vs = np.zeros(n, dtype=np.int64)
+        ve = np.zeros(n, dtype=np.int64)
+        pattern = key + b"\x01"
+        props = self.props
+        c = self.pair_starts[self.pair_starts + len(pattern) < len(props)]
+        for j, byte in enumerate(pattern):
+            if not len(c):
+                return found, vs, ve
+            c = c[props[c + j] == byte]
+        if not len(c) or not len(self.seps):
+            return found, vs, ve
+        rec = np.searchsorted(self.ends, c, side="right")
+        v0 = c + len(pattern)
+        idx = np.searchsorted(self.seps, v0)
+        inside = idx < len(self.seps)
+        c, rec, v0, idx = c[inside], rec[inside], v0[inside], idx[inside]
+        v1 = self.seps[idx]
+        good = (v1 > v0) & (v1 < self.ends[rec])
+        rec, v0, v1 = rec[good], v0[good], v1[good]
+        last = np.concatenate((rec[1:] != rec[:-1], [True])) if len(rec) else rec.astype(bool)
+        found[rec[last]] = True
+        vs[rec[last]] = v0[last]
+        ve[rec[last]] = v1[last]
+        return found, vs, ve
+
+    def matrix(self, vs: np.ndarray, ve: np.ndarray) -> np.ndarray:
+        """Values ``props[vs:ve]`` as rows of a zero-padded ``uint8`` matrix."""
+        width = int((ve - vs).max()) if len(vs) else 0
+        cols = np.arange(max(width, 1))
+        idx = vs[:, None] + cols
+        inside = cols < (ve - vs)[:, None]
+        return np.where(inside, self.props[np.minimum(idx, max(len(self.props) - 1, 0))], 0
+                        ).astype(np.uint8)
+
+
+def _unique_values(src: _Sources, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
+                   ) -> tuple[list[bytes], np.ndarray]:
+    """Distinct values of the records ``sel`` and each record's index into them."""
+    if not len(sel):
+        return [], np.empty(0, np.int64)
+    m = np.ascontiguousarray(src.matrix(vs[sel], ve[sel]))
+    rows = m.view(np.dtype((np.void, m.shape[1]))).ravel()
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    return [bytes(u).rstrip(b"\x00") for u in uniq.tolist()], inverse.ravel()
+
+
+def _parse_ints(src: _Sources, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal values of short fields: ``(value, ok)`` per record of ``sel``."""
+    m = src.matrix(vs[sel], ve[sel]).astype(np.int64)
+    lengths = ve[sel] - vs[sel]
+    digits = m - 48
+    cols = np.arange(m.shape[1])
+    inside = cols < lengths[:, None]
+    ok = (((digits >= 0) & (digits <= 9)) | ~inside).all(axis=1) & (lengths > 0) & (lengths <= 18)
+    power = np.where(inside, lengths[:, None] - 1 - cols, 0)
+    value = (np.where(inside, digits, 0) * (10 ** np.clip(power, 0, 18))).sum(axis=1)
+    return value, ok
+
+
+def _as_bytes(values: np.ndarray) -> list[bytes]:
+    """Decimal ASCII of each value, formatting each distinct value once."""
+    uniq, inverse = np.unique(values, return_inverse=True)
+    texts = [str(v).encode("ascii") for v in uniq.tolist()]
+    return list(map(texts.__getitem__, inverse.ravel().tolist()))
+
+
+# ---------------------------------------------------------------------------- one chunk
+def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
+                   roll, delete_keys, precision: int, direct_enqueue_ms: bytes
+                   ) -> tuple[int, int]:
+    n = len(offsets)
+    src = _Sources(store, offsets)
+    h = src.headers
+    keep = src.ok & np.isin(h["sys_flag"] & TRANSACTION_TYPE_MASK, _TX_OK)
+    roll = np.zeros(n, dtype=bool) if roll is None else roll
+    has_topic, t0, t1 = src.find(_REAL_TOPIC)
+    keep &= has_topic
+    slow = roll.copy()
+    if src.blob.find(_DEL + b"\x01") >= 0:  # a cancel marker: never delivered
+        keep &= ~src.find(_DEL)[0] | roll
+    for key in _APPENDED:
+        if src.blob.find(key + b"\x01") >= 0:
+            slow |= src.find(key)[0]
+    if delete_keys:
+        slow[:] = True  # the cancel check needs each record's key
+    if due_ms is None:
+        has_due, d0, d1 = src.find(_DELIVER)
+        slow |= ~has_due
+    fast = np.flatnonzero(keep & ~slow)
+    slow_idx = np.flatnonzero(keep & slow)
+
+    # per-record columns; fast records get their values vectorised, slow ones one by one
+    topic_ids = np.full(n, -1, dtype=np.int64)
+    qids = np.zeros(n, dtype=np.int64)
+    codes = np.zeros(n, dtype=np.int64)
+    topic_index: dict[bytes, int] = {}
+    if len(fast):
+        names, inverse = _unique_values(src, fast, t0, t1)
+        ids = np.array([topic_index.setdefault(t, len(topic_index)) for t in names], np.int64)
+        topic_ids[fast] = ids[inverse]
+        has_qid, q0, q1 = src.find(_REAL_QID)
+        q_sel = fast[has_qid[fast]]
+        value, ok = _parse_ints(src, q_sel, q0, q1)
+        qids[q_sel] = np.where(ok, value, 0)
+        has_tags, g0, g1 = src.find(_TAGS)
+        g_sel = fast[has_tags[fast]]
+        if len(g_sel):
+            tag_names, tag_inverse = _unique_values(src, g_sel, g0, g1)
+            tag_codes = np.array([java_string_hash(t.decode("utf-8", "replace"))
+                                  for t in tag_names], dtype=np.int64)
+            codes[g_sel] = tag_codes[tag_inverse]
+
+    props_col: list = src.raw_props
+    extra_col: list = [b""] * n
+    slow_keep = np.zeros(n, dtype=bool)
+    n_roll = 0
+    for i in slow_idx.tolist():
+        out = _restore_one(src.raw_props[i], int(offsets[i]), bool(roll[i]), now, delete_keys,
+                           None if due_ms is None else int(due_ms[i]),
+                           None if enqueue_ms is None else int(enqueue_ms[i]),
+                           precision, direct_enqueue_ms)
+        if out is None:
+            continue
+        topic, qid, code, new_props = out
+        topic_ids[i] = topic_index.setdefault(topic, len(topic_index))
+        qids[i] = qid
+        codes[i] = code
+        if props_col is src.raw_props:
+            props_col = list(props_col)
+        props_col[i] = new_props
+        slow_keep[i] = True
+        n_roll += int(roll[i])
+    topics = list(topic_index)
+    if not topics:
+        return 0, 0
+    keep_fast = np.zeros(n, dtype=bool)
+    keep_fast[fast] = True
+    half = np.array([t == _HALF_TOPIC_B for t in topics])
+    keep_fast &= ~half[np.maximum(topic_ids, 0)]
+    selected = np.flatnonzero(keep_fast | slow_keep)
+    if not len(selected):
+        return 0, 0
+
+    # the pairs a fast record gets appended, one bytes piece per record
+    fsel = np.flatnonzero(keep_fast)
+    if len(fsel):
+        if due_ms is not None:
+            due_pieces = _as_bytes(due_ms[fsel])
+        else:
+            due_pieces = list(map(src.blob.__getitem__,
+                                  map(slice, d0[fsel].tolist(), d1[fsel].tolist())))
+        parts = [[b"__RMQ_DELIVER_MS\x01"] * len(fsel), due_pieces,
+                 [b"\x02__RMQ_DELAY_ORIGIN\x01"] * len(fsel), _as_bytes(offsets[fsel])]
+        if enqueue_ms is not None:
+            enq = enqueue_ms[fsel]
+            enq_pieces = _as_bytes(enq)
+            if (enq < 0).any():
+                enq_pieces = [direct_enqueue_ms if e < 0 else p
+                              for e, p in zip(enq.tolist(), enq_pieces)]
+            parts += [[b"\x02TIMER_DEQUEUE_MS\x01" + str(now).encode("ascii")
+                       + b"\x02TIMER_ENQUEUE_MS\x01"] * len(fsel), enq_pieces]
+        parts.append([b"\x02"] * len(fsel))
+        extras = list(map(b"".join, zip(*parts)))
+        if len(fsel) == n:
+            extra_col = extras
+        else:
+            for i, e in zip(fsel.tolist(), extras):
+                extra_col[i] = e
+    if len(selected) == n:
+        props_sel, extra_sel, bodies = props_col, extra_col, src.bodies
+    else:
+        pick = selected.tolist()
+        props_sel = list(map(props_col.__getitem__, pick))
+        extra_sel = list(map(extra_col.__getitem__, pick))
+        bodies = list(map(src.bodies.__getitem__, pick))
+    props_len = (np.fromiter(map(len, props_sel), np.int64, len(selected))
+                 + np.fromiter(map(len, extra_sel), np.int64, len(selected)))
+    _append_restored(store, h[selected], bodies, props_sel, extra_sel, props_len, topics,
+                     topic_ids[selected], qids[selected], codes[selected], now)
+    return len(selected) - n_roll, n_roll
+
+
+def _restore_one(raw_props: bytes, origin: int, is_roll: bool, now: int, delete_keys,
+                 due: int | None, enqueue: int | None, precision: int,
+                 direct_enqueue_ms: bytes):
+    """The per-record path: ``(topic, queue, tagsCode, properties)`` or ``None`` to skip."""
+    props = dict(_PAIR.findall(raw_props))
+    topic = props.get(_REAL_TOPIC)
+    if not topic or (topic == _HALF_TOPIC_B and not is_roll):
+        return None
+    is_marker = _DEL in props
+    if is_marker and not is_roll:
+        return None  # a cancel marker never surfaces
+    if delete_keys and not is_marker and \
+            f"{topic.decode()}+{props.get(_UNIQ, b'').decode()}" in delete_keys:
+        return None  # cancelled
+    props[_ORIGIN] = str(origin).encode("ascii")
+    if enqueue is not None:
+        props[_DEQUEUE] = str(now).encode("ascii")
+        props[_ENQUEUE] = direct_enqueue_ms if enqueue < 0 else str(enqueue).encode("ascii")
+    if is_roll:
+        props[_ROLL] = str(int(props.get(_ROLL, b"0")) + 1).encode("ascii")
+        out = int(props[_OUT])
+        return _TIMER_TOPIC_B, 0, (-out if is_marker else out), _encode(props)
+    if due is not None:
+        props[_DUE] = str(due).encode("ascii")
+    else:
+        props[_DUE] = props.get(_DELIVER) or str(int(props[_OUT]) + precision).encode("ascii")
+    try:
+        qid = int(props.get(_REAL_QID, b"0"))
+    except ValueError:
+        qid = 0
+    tags = props.get(_TAGS)
+    code = java_string_hash(tags.decode("utf-8", "replace")) if tags else 0
+    return topic, qid, code, _encode(props)
+
+
+def _encode(props: dict[bytes, bytes]) -> bytes:
+    return b"".join(k + b"\x01" + v + b"\x02" for k, v in props.items())
+
+
+# ---------------------------------------------------------------------------- appending
+def _append_restored(store: "MessageStore", headers: np.ndarray, bodies: list, props: list,
+                     extras: list, props_len: np.ndarray, topics: list[bytes],
+                     topic_ids: np.ndarray, qids: np.ndarray, codes: np.ndarray, now: int) -> None:
+    """Place, encode, write and index restored records (write lock held)."""
+    n = len(bodies)
+    cfg = store.config
+    if int(props_len.max()) > cfg.max_properties_size_bytes:
+        raise MessageTooLargeError(
+            f"a restored record's properties are {int(props_len.max())} bytes; allowed: at "
+            f"most {cfg.max_properties_size_bytes}")
+    counts_by_topic = np.array([store._ensure_topic_cached(t.decode("ascii")) for t in topics],
+                               dtype=np.int64)
+    count = counts_by_topic[topic_ids]
+    qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
+    group_key = topic_ids * (1 << 20) + qids
+    uniq, gid = np.unique(group_key, return_inverse=True)
+    gid = gid.ravel()
+    keys = [(topics[int(k) >> 20].decode("ascii"), int(k) & ((1 << 20) - 1)) for k in uniq.tolist()]
+    topic_parts = [TOPIC_LENGTH.pack(len(topics[int(k) >> 20])) + topics[int(k) >> 20]
+                   for k in uniq.tolist()]
+    topic_len = np.array([len(p) - 1 for p in topic_parts], dtype=np.int64)
+    body_len = headers["body_length"].astype(np.int64)
+    sizes = FIXED_SIZE + body_len + topic_len[gid] + props_len
+
+    # queue offsets: each queue continues where it ends, in record order
+    order = np.argsort(gid, kind="stable")
+    counts = np.bincount(gid, minlength=len(keys))
+    group_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - np.repeat(group_start, counts)
+    firsts = np.array([store._next_queue_offset(k) for k in keys], dtype=np.int64)
+
+    starts, runs, end = store._place_batch(store._write_offset, sizes)
+    h = headers.copy()
+    h["total_size"] = sizes
+    h["queue_id"] = qids
+    h["queue_offset"] = firsts[gid] + rank
+    h["physical_offset"] = starts
+    h["store_timestamp"] = now
+    hb = h.tobytes()
+    width = 6
+    pieces: list = [None] * (width * n)
+    pieces[0::width] = list(map(hb.__getitem__, map(slice, range(0, n * HEADER_SIZE, HEADER_SIZE),
+                                                   range(HEADER_SIZE, (n + 1) * HEADER_SIZE,
+                                                         HEADER_SIZE))))
+    pieces[1::width] = bodies
+    pieces[2::width] = list(map(topic_parts.__getitem__, gid.tolist()))
+    pieces[3::width] = list(map(PROPERTIES_LENGTH.pack, props_len.tolist()))
+    pieces[4::width] = props
+    pieces[5::width] = extras
+    chunks = []
+    for off, i, j, blank in runs:
+        data = b"".join(pieces[width * i:width * j])
+        chunks.append((off, data + blank if blank else data))
+    entries = {}
+    for g, key in enumerate(keys):
+        sel = order[group_start[g]:group_start[g] + counts[g]]
+        entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
+    store._commit_append(chunks, entries, end, now)
+    for g, key in enumerate(keys):
+        store._queue_next[key] = int(firsts[g] + counts[g])

@@ -1,0 +1,409 @@
+"""The transaction index: transaction id -> half messages and outcome, derived from the queues.
+
+Everything here is derived from three ConsumeQueues and their CommitLog records, so every
+process (and every restart) reaches the same answers:
+
+* ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0: half messages and their put-back copies; one
+  transaction may own several half queue offsets, the newest one is the live copy;
+* ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0: op messages; an op naming any half offset of a
+  transaction ends the transaction (whether it was committed or rolled back);
+* ``TRANS_CHECK_MAX_TIME_TOPIC`` queue 0: halves the check loop gave up on (discarded).
+
+The index is kept in memory and refreshed incrementally by queue offset (each queue is read
+once, from where the last refresh stopped, up to the store's confirmed offset).  Reads are
+vectorised: ConsumeQueue entries give record positions; NumPy gathers the fields needed
+straight from the CommitLog mappings.  Half records carry ``__transactionId__`` as their first
+property (:mod:`store.transaction.half`), so a transaction id is 32 bytes at a fixed place
+after the topic; records that do not match that shape are decoded one by one instead.
+
+A snapshot (:mod:`store.transaction.snapshot`) lets a new process skip re-reading the queues
+from their start; it is checked against the ConsumeQueues before use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..codec import FIELD_OFFSET, HEADER_SIZE
+from ..message import (PROPERTY_TRANSACTION_ID, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC,
+                       TRANS_OP_HALF_TOPIC)
+from .half import HALF_QUEUE_ID, transaction_id_of
+from .op import REMOVE_TAG_CODE, parse_op_bodies
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..message_store import MessageStore
+
+#: Transaction ids written by the store are 32 upper-case hex characters (UNIQ_KEY).
+KEY_DTYPE = np.dtype("S32")
+_KEY_WIDTH = KEY_DTYPE.itemsize
+_TX_PREFIX = (PROPERTY_TRANSACTION_ID + "\x01").encode("ascii")
+_TX_PREFIX_ARR = np.frombuffer(_TX_PREFIX, dtype=np.uint8)
+_PAIR_END = 0x02
+#: Entries read per step: bounds the temporary arrays of one refresh.
+CHUNK = 1 << 18
+
+
+class Growable:
+    """A NumPy array that grows by doubling (amortised O(1) appends)."""
+
+    __slots__ = ("data", "n")
+
+    def __init__(self, dtype, fill=0) -> None:
+        self.data = np.full(1024, fill, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        k = len(values)
+        need = self.n + k
+        if need > len(self.data):
+            cap = max(need, 2 * len(self.data))
+            grown = np.empty(cap, dtype=self.data.dtype)
+            grown[:self.n] = self.data[:self.n]
+            self.data = grown
+        self.data[self.n:need] = values
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.data[:self.n]
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "Growable":
+        g = cls(values.dtype)
+        g.extend(values)
+        return g
+
+
+def _be(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    """Big-endian integers of ``width`` bytes at positions ``pos`` of ``buf`` (gathered)."""
+    raw = buf[pos[:, None] + np.arange(width)[None, :]]
+    return np.ascontiguousarray(raw).view(dtype).ravel().astype(np.int64)
+
+
+def gather_records(store: "MessageStore", offsets: np.ndarray, *, want_body: bool = False):
+    """Read fields of many records at CommitLog ``offsets`` (vectorised per segment).
+
+    Returns a dict of arrays aligned with ``offsets``: ``born`` (int64), ``store_ts``,
+    ``key`` (``S32`` transaction id when the record has the half-record shape, else empty),
+    ``key_ok`` (bool) and, with ``want_body``, ``body_start``/``body_len`` into the per-record
+    ``segment`` buffers (``buffers`` list, ``segment`` index array).
+    """
+    n = len(offsets)
+    out = {
+        "born": np.zeros(n, np.int64), "store_ts": np.zeros(n, np.int64),
+        "key": np.zeros(n, KEY_DTYPE), "key_ok": np.zeros(n, bool),
+        "body_len": np.zeros(n, np.int64), "body_start": np.zeros(n, np.int64),
+        "segment": np.full(n, -1, np.int64), "buffers": [],
+    }
+    if n == 0:
+        return out
+    log = store.commit_log
+    size = log.file_size
+    seg_of = offsets // size
+    for seg in np.unique(seg_of):
+        sel = np.flatnonzero(seg_of == seg)
+        f = log.files.find(int(seg) * size)
+        if f is None:
+            continue  # removed by retention: key_ok stays False, segment -1
+        buf = np.frombuffer(f.buffer(), dtype=np.uint8)
+        pos = offsets[sel] - f.start
+        out["segment"][sel] = len(out["buffers"])
+        out["buffers"].append(buf)
+        out["born"][sel] = _be(buf, pos + FIELD_OFFSET["born_timestamp"], 8, ">i8")
+        out["store_ts"][sel] = _be(buf, pos + FIELD_OFFSET["store_timestamp"], 8, ">i8")
+        body_len = _be(buf, pos + FIELD_OFFSET["body_length"], 4, ">i4")
+        out["body_len"][sel] = body_len
+        out["body_start"][sel] = pos + HEADER_SIZE
+        tpos = pos + HEADER_SIZE + body_len
+        ppos = tpos + 1 + buf[tpos].astype(np.int64)
+        plen = _be(buf, ppos, 2, ">i2")
+        props = ppos + 2
+        fits = plen >= len(_TX_PREFIX) + _KEY_WIDTH + 1
+        limit = len(buf) - (len(_TX_PREFIX) + _KEY_WIDTH + 1)
+        props_safe = np.where(fits & (props <= limit), props, 0)
+        head = buf[props_safe[:, None] + np.arange(len(_TX_PREFIX))[None, :]]
+        ok = fits & (props <= limit) & (head == _TX_PREFIX_ARR).all(axis=1)
+        end = buf[props_safe + len(_TX_PREFIX) + _KEY_WIDTH]
+        ok &= end == _PAIR_END
+        key_bytes = buf[(props_safe + len(_TX_PREFIX))[:, None] + np.arange(_KEY_WIDTH)[None, :]]
+        # ids of another alphabet go the slow way (_as_key refuses them too)
+        ok &= ((key_bytes >= 48) & (key_bytes <= 57) | (key_bytes >= 65) & (key_bytes <= 90)
+               | (key_bytes >= 97) & (key_bytes <= 122)).all(axis=1)
+        keys = np.ascontiguousarray(key_bytes).view(KEY_DTYPE).ravel()
+        out["key"][sel] = np.where(ok, keys, b"")
+        out["key_ok"][sel] = ok
+    return out
+
+
+class TransactionIndex:
+    """Transaction ids, their half offsets and outcomes (see the module docstring).
+
+    Rows number transactions in the order their first half was indexed.  Per half queue
+    offset ``q`` (from :attr:`base`): the row and CommitLog offset.  Per row: newest half
+    offset, born time, ended (an op names one of its halves) and discarded.
+    """
+
+    def __init__(self, store: "MessageStore") -> None:
+        self.store = store
+        self.lock = threading.RLock()
+        self.base = -1            # half queue offset of element 0; -1 before the first refresh
+        self.half_scanned = 0     # next half queue offset to read
+        self.op_base = -1
+        self.op_scanned = 0
+        self.discard_scanned = 0
+        self.half_row = Growable(np.int64)
+        self.half_clog = Growable(np.int64)
+        self.op_max = Growable(np.int64)      # largest half offset an op names (-1: none)
+        self.row_latest = Growable(np.int64)
+        self.row_born = Growable(np.int64)
+        self.row_ended = Growable(bool)
+        self.row_discarded = Growable(bool)
+        self.row_key = Growable(KEY_DTYPE)    # b"" for ids of another shape (see _odd)
+        self._sorted_keys = np.empty(0, KEY_DTYPE)
+        self._sorted_rows = np.empty(0, np.int64)
+        self._delta: dict[bytes, int] = {}    # recently added keys not yet in the sorted arrays
+        self._odd: dict[str, int] = {}        # ids that are not 32 ASCII characters
+        self._odd_by_row: dict[int, str] = {}
+        self.saved_entries = 0                # entries read when last snapshotted
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def rows(self) -> int:
+        return self.row_latest.n
+
+    def row_of(self, transaction_id: str) -> int:
+        """The row of a transaction id, or -1."""
+        with self.lock:
+            key = _as_key(transaction_id)
+            if key is None:
+                return self._odd.get(transaction_id, -1)
+            return int(self._lookup(np.array([key], KEY_DTYPE))[0])
+
+    def transaction_id(self, row: int) -> str:
+        odd = self._odd_by_row.get(row)
+        return odd if odd is not None else self.row_key.data[row].decode("ascii")
+
+    def latest_clog(self, row: int) -> int:
+        """CommitLog offset of the newest half copy of ``row``."""
+        return int(self.half_clog.data[int(self.row_latest.data[row]) - self.base])
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        rows = np.full(len(keys), -1, np.int64)
+        if len(self._sorted_keys):
+            pos = np.searchsorted(self._sorted_keys, keys)
+            pos_c = np.minimum(pos, len(self._sorted_keys) - 1)
+            hit = self._sorted_keys[pos_c] == keys
+            rows[hit] = self._sorted_rows[pos_c[hit]]
+        if self._delta:
+            for i in np.flatnonzero(rows < 0):
+                rows[i] = self._delta.get(keys[i].tobytes().rstrip(b"\x00"), -1)
+        return rows
+
+    def _add_keys(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        if len(keys) > 4096 or len(self._delta) + len(keys) > max(65536, len(self._sorted_keys) // 8):
+            all_keys = np.concatenate([self._sorted_keys, keys,
+                                       np.array(list(self._delta), KEY_DTYPE)])
+            all_rows = np.concatenate([self._sorted_rows, rows,
+                                       np.fromiter(self._delta.values(), np.int64, len(self._delta))])
+            order = np.argsort(all_keys, kind="stable")
+            self._sorted_keys = all_keys[order]
+            self._sorted_rows = all_rows[order]
+            self._delta = {}
+        else:
+            for k, r in zip(keys.tolist(), rows.tolist()):
+                self._delta[k] = r
+
+    # ------------------------------------------------------------------ refreshing
+    def refresh(self) -> None:
+        """Read what the three queues gained since the last refresh."""
+        with self.lock:
+            store = self.store
+            limit = store.confirmed_offset()
+            half_cq = store.consume_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
+            op_cq = store.consume_queue(TRANS_OP_HALF_TOPIC, HALF_QUEUE_ID)
+            if self.base < 0:
+                cl_min = store.commit_log.min_offset()
+                self.base = half_cq.min_offset(cl_min, limit)
+                self.half_scanned = self.base
+                self.op_base = op_cq.min_offset(cl_min, limit)
+                self.op_scanned = self.op_base
+                disc = store.consume_queue(TRANS_CHECK_MAX_TIME_TOPIC, 0)
+                self.discard_scanned = disc.min_offset(cl_min, limit)
+            # halves first: an op is always stored after the halves it names
+            half_max = half_cq.max_offset(limit)
+            while self.half_scanned < half_max:
+                end = min(half_max, self.half_scanned + CHUNK)
+                self._add_halves(half_cq.entries(self.half_scanned, end), self.half_scanned)
+                self.half_scanned = end
+            op_max = op_cq.max_offset(limit)
+            while self.op_scanned < op_max:
+                end = min(op_max, self.op_scanned + CHUNK)
+                self._add_ops(op_cq.entries(self.op_scanned, end))
+                self.op_scanned = end
+            disc_cq = store.consume_queue(TRANS_CHECK_MAX_TIME_TOPIC, 0)
+            disc_max = disc_cq.max_offset(limit)
+            while self.discard_scanned < disc_max:
+                end = min(disc_max, self.discard_scanned + CHUNK)
+                self._add_discards(disc_cq.entries(self.discard_scanned, end))
+                self.discard_scanned = end
+
+    def _keys_of(self, clogs: np.ndarray, fields) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Keys (S32) for records; ids of another shape come back as (position, id) pairs."""
+        keys = fields["key"].copy()
+        odd: list[tuple[int, str]] = []
+        for i in np.flatnonzero(~fields["key_ok"] & (fields["segment"] >= 0)):
+            try:
+                tx = transaction_id_of(self.store.read_record(int(clogs[i])))
+            except Exception:  # unreadable record: not indexed
+                tx = None
+            if not tx:
+                continue
+            key = _as_key(tx)
+            if key is None:
+                odd.append((int(i), tx))
+            else:
+                keys[i] = key
+        return keys, odd
+
+    def _add_halves(self, entries: np.ndarray, first: int) -> None:
+        clogs = entries["offset"].astype(np.int64)
+        n = len(clogs)
+        valid = (entries["size"] > 0) & (entries["size"] != 0x7FFFFFFF)
+        fields = gather_records(self.store, clogs)
+        fields["key_ok"] &= valid
+        fields["segment"][~valid] = -1
+        keys, odd = self._keys_of(clogs, fields)
+        rows = np.full(n, -1, np.int64)
+        has = keys != b""
+        has[[i for i, _ in odd]] = False
+        if has.any():
+            uniq, first_pos, inverse = np.unique(keys[has], return_index=True, return_inverse=True)
+            urows = self._lookup(uniq)
+            new = np.flatnonzero(urows < 0)
+            if len(new):
+                start = self.rows
+                urows[new] = start + np.arange(len(new))
+                born = fields["born"][np.flatnonzero(has)[first_pos[new]]]
+                self._new_rows(uniq[new], born)
+                self._add_keys(uniq[new], urows[new])
+            rows[has] = urows[inverse.ravel()]
+        for i, tx in odd:
+            row = self._odd.get(tx, -1)
+            if row < 0:
+                row = self.rows
+                self._odd[tx] = row
+                self._odd_by_row[row] = tx
+                self._new_rows(np.array([b""], KEY_DTYPE), fields["born"][i:i + 1])
+            rows[i] = row
+        self.half_row.extend(rows)
+        self.half_clog.extend(clogs)
+        known = rows >= 0
+        if known.any():
+            np.maximum.at(self.row_latest.data, rows[known],
+                          first + np.flatnonzero(known).astype(np.int64))
+
+    def _new_rows(self, keys: np.ndarray, born: np.ndarray) -> None:
+        k = len(keys)
+        self.row_key.extend(keys)
+        self.row_born.extend(born)
+        self.row_latest.extend(np.full(k, -1, np.int64))
+        self.row_ended.extend(np.zeros(k, bool))
+        self.row_discarded.extend(np.zeros(k, bool))
+
+    def _add_ops(self, entries: np.ndarray) -> None:
+        n = len(entries)
+        op_max = np.full(n, -1, np.int64)
+        is_remove = (entries["tags_code"] == REMOVE_TAG_CODE) & (entries["size"] > 0) \
+            & (entries["size"] != 0x7FFFFFFF)
+        sel = np.flatnonzero(is_remove)
+        if len(sel):
+            clogs = entries["offset"][sel].astype(np.int64)
+            fields = gather_records(self.store, clogs)
+            values_all, owners_all = [], []
+            for s, buf in enumerate(fields["buffers"]):
+                part = np.flatnonzero(fields["segment"] == s)
+                values, owner = parse_op_bodies(buf, fields["body_start"][part],
+                                                fields["body_len"][part])
+                values_all.append(values)
+                owners_all.append(part[owner])
+            if values_all:
+                values = np.concatenate(values_all)
+                owners = np.concatenate(owners_all)
+                np.maximum.at(op_max, sel[owners], values)
+                self._mark_ended(values)
+        self.op_max.extend(op_max)
+
+    def _mark_ended(self, half_offsets: np.ndarray) -> None:
+        rel = half_offsets - self.base
+        ok = (rel >= 0) & (rel < self.half_row.n)
+        rows = self.half_row.data[rel[ok]]
+        rows = rows[rows >= 0]
+        self.row_ended.data[rows] = True
+
+    def _add_discards(self, entries: np.ndarray) -> None:
+        clogs = entries["offset"].astype(np.int64)
+        valid = (entries["size"] > 0) & (entries["size"] != 0x7FFFFFFF)
+        fields = gather_records(self.store, clogs)
+        fields["key_ok"] &= valid
+        fields["segment"][~valid] = -1
+        keys, odd = self._keys_of(clogs, fields)
+        has = keys != b""
+        rows = self._lookup(keys[has]) if has.any() else np.empty(0, np.int64)
+        rows = list(rows[rows >= 0]) + [self._odd[tx] for _, tx in odd if tx in self._odd]
+        if rows:
+            self.row_discarded.data[np.array(rows, np.int64)] = True
+
+    # ------------------------------------------------------------------ views for the check loop
+    def window(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Half offsets in ``[start, end)`` that still need the check loop, and their rows.
+
+        A half offset is done when its transaction ended, was discarded, or has a newer copy
+        (the copy carries the transaction on).
+        """
+        lo = max(start, self.base) - self.base
+        hi = min(end, self.half_scanned) - self.base
+        if hi <= lo:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        rows = self.half_row.data[lo:hi]
+        qoffs = np.arange(lo, hi, dtype=np.int64) + self.base
+        known = rows >= 0
+        safe = np.where(known, rows, 0)
+        live = known & ~self.row_ended.data[safe] & ~self.row_discarded.data[safe] \
+            & (self.row_latest.data[safe] == qoffs)
+        return qoffs[live], rows[live]
+
+    def op_progress(self, op_start: int, half_progress: int) -> int:
+        """First op offset from ``op_start`` that names a half offset >= ``half_progress``.
+
+        RocketMQ advances the op offset over the contiguous run of ops whose halves are all
+        behind the half offset; an op that names nothing counts as done.
+        """
+        lo = max(op_start, self.op_base) - self.op_base
+        arr = self.op_max.data[lo:self.op_max.n]
+        pending = np.flatnonzero(arr >= half_progress)
+        return self.op_base + (lo + int(pending[0]) if len(pending) else self.op_max.n)
+
+    def pending_stats(self) -> dict:
+        """Transactions neither ended nor discarded: how many and the oldest born time."""
+        n = self.rows
+        live = ~self.row_ended.data[:n] & ~self.row_discarded.data[:n] \
+            & (self.row_latest.data[:n] >= 0)
+        count = int(live.sum())
+        oldest = int(self.row_born.data[:n][live].min()) if count else None
+        return {"pending": count, "oldest_born_ms": oldest, "transactions": n,
+                "ended": int(self.row_ended.data[:n].sum()),
+                "discarded": int(self.row_discarded.data[:n].sum())}
+
+
+def _as_key(transaction_id: str) -> bytes | None:
+    """The ``S32`` key of an id, or ``None`` when it is not 32 printable ASCII characters."""
+    if len(transaction_id) != _KEY_WIDTH:
+        return None
+    try:
+        raw = transaction_id.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    return raw if raw.isalnum() else None

@@ -1,0 +1,293 @@
+"""Vectorised Arrow decoding (store.arrow_decode) against the per-record path (pull/record_view)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import CorruptRecordError, Message, MessageStore, OffsetOutOfRangeError
+from store.arrow_decode import MESSAGE_SCHEMA, _parse_properties, empty_batch, read_queue_batch
+from store.codec import (FIELD_OFFSET, TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, RecordSpec,
+                         decode_properties)
+from store.message import (PROPERTY_DELIVER_MS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY,
+                           RESERVED_PROPERTY_NAMES, java_string_hash)
+
+
+FIELDS = ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "tags", "keys",
+          "body", "properties", "born_timestamp", "store_timestamp", "deliver_timestamp",
+          "transaction_id", "reconsume_times")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def batch_rows(batch: pa.RecordBatch) -> list[tuple]:
+    """Rows of a batch as tuples in MessageView terms (times in ms, maps as dicts)."""
+    assert batch.schema.equals(MESSAGE_SCHEMA, check_metadata=True)
+    batch.validate(full=True)
+    cols = {}
+    for name in FIELDS:
+        col = batch.column(name)
+        if pa.types.is_timestamp(col.type):
+            us = col.cast(pa.int64()).to_pylist()
+            assert all(v is None or v % 1000 == 0 for v in us)
+            cols[name] = [None if v is None else v // 1000 for v in us]
+        elif name == "properties":
+            pairs = col.to_pylist()
+            assert all(len(dict(p)) == len(p) for p in pairs), "duplicate map keys"
+            cols[name] = [dict(p) for p in pairs]
+        else:
+            cols[name] = col.to_pylist()
+    return list(zip(*(cols[name] for name in FIELDS)))
+
+
+def view_rows(views) -> list[tuple]:
+    return [(v.topic, v.queue_id, v.queue_offset, v.commitlog_offset, v.msg_id, v.tags,
+             list(v.keys), v.body, dict(v.properties), v.born_timestamp_ms,
+             v.store_timestamp_ms, v.deliver_timestamp_ms, v.transaction_id, v.reconsume_times)
+            for v in views]
+
+
+def pulled(store: MessageStore, topic: str, queue_id: int, start: int, end: int) -> list[tuple]:
+    """The reference: ``store.pull`` (decode_record + record_view per message)."""
+    views = []
+    while start < end:
+        got = store.pull(topic, queue_id, start, max_messages=min(32, end - start))
+        assert got
+        views += got
+        start += len(got)
+    return view_rows(views)
+
+
+def assert_matches_pull(store: MessageStore, topic: str, queue_id: int, start: int, end: int,
+                        tags=None) -> int:
+    batch = store.read_arrow(topic, queue_id, start, end, tags=tags)
+    expected = pulled(store, topic, queue_id, start, end)
+    if tags is not None:
+        expected = [r for r in expected if r[5] in set(tags)]
+    assert batch_rows(batch) == expected
+    return batch.num_rows
+
+
+def segments_touched(store: MessageStore, topic: str, queue_id: int) -> int:
+    entries = store.queue_entries(topic, queue_id, 0, store.max_offset(topic, queue_id))
+    return len(np.unique(entries["offset"] // store.config.commitlog_file_size_bytes))
+
+
+# -- strategies ------------------------------------------------------------------------------
+chars = st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",))
+token = st.text(chars, min_size=1, max_size=10).filter(lambda s: s.strip() != "")
+tags_st = st.none() | token.filter(lambda s: "|" not in s) | st.sampled_from(["Aa", "BB"])
+keys_st = st.none() | st.lists(token.filter(lambda s: " " not in s), max_size=3)
+# user names, plus system names a user may set (hidden from the map)
+name_st = token.filter(lambda s: s not in RESERVED_PROPERTY_NAMES and not s.startswith("__RMQ")) \
+    | st.sampled_from([PROPERTY_TRANSACTION_ID, "INNER_NUM", "tenant"])
+props_st = st.dictionaries(name_st, token, max_size=4)
+body_st = st.one_of(st.binary(min_size=1, max_size=40), st.just(b"\x00"), st.just(b"\x01\x02"),
+                    st.binary(min_size=2000, max_size=9000))
+message_st = st.builds(Message, topic=st.sampled_from(["orders", "pay-2"]), body=body_st,
+                       tags=tags_st, keys=keys_st, properties=props_st)
+
+
+class StepClock:
+    """A clock that moves only when told (the store fixture's clock is per test, not per
+    example)."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(message_st, min_size=1, max_size=40),
+       batched=st.lists(st.booleans(), min_size=40, max_size=40), data=st.data())
+def test_decode_equals_pull_for_random_messages(small_config, messages, batched, data):
+    """Random bodies, tags, keys and unicode properties, sent one by one or in batches over
+    64 KiB segments; whole ranges, random sub-ranges and tag filters equal ``pull``."""
+    clock = StepClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = MessageStore.open(os.path.join(tmp, "s"), small_config, clock=clock)
+        try:
+            producer = store.producer("g")
+            i = 0
+            while i < len(messages):  # runs of one topic go as one batch when drawn so
+                j = i + 1
+                while j < len(messages) and messages[j].topic == messages[i].topic:
+                    j += 1
+                if batched[i]:
+                    producer.send_batch(messages[i:j])
+                else:
+                    for m in messages[i:j]:
+                        producer.send(m)
+                        clock.now += 7
+                i = j
+            for topic in store.topics():
+                for qid in store.queue_ids(topic):
+                    end = store.max_offset(topic, qid)
+                    assert_matches_pull(store, topic, qid, 0, end)
+                    if end:
+                        a = data.draw(st.integers(0, end), label="start")
+                        b = data.draw(st.integers(a, end), label="end")
+                        assert_matches_pull(store, topic, qid, a, b)
+                        wanted = data.draw(st.lists(tags_st.filter(bool), max_size=2), label="tags")
+                        assert_matches_pull(store, topic, qid, 0, end, tags=wanted)
+        finally:
+            store.close()
+
+
+# -- deterministic cases ---------------------------------------------------------------------
+def fill(store: MessageStore, n: int, topic: str = "orders", *, batch: int = 0) -> None:
+    producer = store.producer("g")
+    msgs = [Message(topic, bytes([i % 256]) * (50 + 97 * i % 900), tags=f"t{i % 3}",
+                    keys=[f"k{i}", f"o{i % 5}"] if i % 2 else f"k{i}",
+                    properties={"i": str(i), "név": "ünïcode✓"} if i % 4 else {})
+            for i in range(n)]
+    if batch:
+        for i in range(0, n, batch):
+            producer.send_batch(msgs[i:i + batch])
+    else:
+        for m in msgs:
+            producer.send(m)
+
+
+def test_ranges_across_segment_boundaries_match_pull(store):
+    fill(store, 600)
+    checked = 0
+    for qid in store.queue_ids("orders"):
+        end = store.max_offset("orders", qid)
+        assert segments_touched(store, "orders", qid) >= 3
+        checked += assert_matches_pull(store, "orders", qid, 0, end)
+        assert_matches_pull(store, "orders", qid, 5, end - 3)
+    assert checked == 600
+
+
+def test_store_written_with_send_batch_matches_pull(store):
+    fill(store, 900, batch=150)
+    qids = [q for q in store.queue_ids("orders") if store.max_offset("orders", q)]
+    assert sum(store.max_offset("orders", q) for q in qids) == 900
+    for qid in qids:
+        assert segments_touched(store, "orders", qid) >= 2
+        assert_matches_pull(store, "orders", qid, 0, store.max_offset("orders", qid))
+
+
+def test_large_blocks_are_decoded_in_pieces_and_joined(store, monkeypatch):
+    import store.arrow_decode as arrow_decode
+
+    fill(store, 200, batch=100)
+    monkeypatch.setattr(arrow_decode, "_SCAN_BYTES", 4096)  # many blocks per segment
+    for qid in store.queue_ids("orders"):
+        assert_matches_pull(store, "orders", qid, 0, store.max_offset("orders", qid))
+
+
+def test_tags_filter_checks_the_string_after_a_hash_collision(store):
+    assert java_string_hash("Aa") == java_string_hash("BB")
+    assert java_string_hash("\x00") == 0  # the tagsCode of a message without a tag
+    producer = store.producer("g")
+    tags = ["Aa", "BB", "C", None, "Aa", "BB", "\x00"] * 5
+    for i, t in enumerate(tags):
+        producer.send(Message("orders", b"x%d" % i, tags=t))
+    for qid in store.queue_ids("orders"):
+        end = store.max_offset("orders", qid)
+        got = read_queue_batch(store, "orders", qid, 0, end, tags=["Aa"])
+        assert set(got.column("tags").to_pylist()) <= {"Aa"}
+        assert_matches_pull(store, "orders", qid, 0, end, tags=["Aa"])
+        assert_matches_pull(store, "orders", qid, 0, end, tags=("BB", "C"))
+        assert_matches_pull(store, "orders", qid, 0, end, tags=["\x00"])
+        assert read_queue_batch(store, "orders", qid, 0, end, tags=[]).num_rows == 0
+        assert read_queue_batch(store, "orders", qid, 0, end, tags=["zz"]).num_rows == 0
+    total = sum(read_queue_batch(store, "orders", q, 0, store.max_offset("orders", q),
+                                 tags=iter(["Aa"])).num_rows for q in store.queue_ids("orders"))
+    assert total == tags.count("Aa")
+
+
+def test_empty_range_gives_an_empty_batch_with_the_schema(store):
+    fill(store, 8)
+    end = store.max_offset("orders", 0)
+    for start in (0, end):
+        got = read_queue_batch(store, "orders", 0, start, start)
+        assert got.num_rows == 0 and got.schema.equals(MESSAGE_SCHEMA)
+    assert empty_batch().schema.equals(MESSAGE_SCHEMA)
+
+
+def test_system_columns_deliver_time_and_committed_transaction_id(store):
+    base = {PROPERTY_UNIQ_KEY: "ID", "user": "u"}
+    specs = [
+        RecordSpec("orders", b"a", {**base, PROPERTY_DELIVER_MS: "1700000000123"}, queue_id=0,
+                   born_timestamp_ms=5, reconsume_times=3),
+        RecordSpec("orders", b"b", {**base, PROPERTY_TRANSACTION_ID: "tx-1"}, queue_id=0,
+                   sys_flag=TRANSACTION_COMMIT_TYPE),
+        RecordSpec("orders", b"c", {**base, PROPERTY_TRANSACTION_ID: "tx-2"}, queue_id=0,
+                   sys_flag=TRANSACTION_NOT_TYPE),
+        RecordSpec("orders", b"", {}, queue_id=0),  # empty body, no properties, no msg id
+        # odd property strings: 0x01 inside a name, empty name, empty value
+        RecordSpec("orders", b"e", {"a\x01b": "c", "": "v", "k": "", "x": "y"}, queue_id=0),
+        RecordSpec("orders", b"f", {"x\x02y": "z", "KEYS": "  k1  k2 "}, queue_id=0),
+    ]
+    store.append(specs)
+    rows = batch_rows(read_queue_batch(store, "orders", 0, 0, len(specs)))
+    assert rows == pulled(store, "orders", 0, 0, len(specs))
+    assert rows[0][11] == 1700000000123 and rows[0][13] == 3 and rows[0][9] == 5
+    assert [r[12] for r in rows[:3]] == [None, "tx-1", None]
+    assert rows[3][4] == "" and rows[3][7] == b"" and rows[3][8] == {}
+    assert rows[4][8] == {"a": "b\x01c", "x": "y"}
+    assert rows[5][8] == {"y": "z"} and rows[5][6] == ["k1", "k2"]
+
+
+property_text = st.text(st.sampled_from("ab\u00e9\x00\x01\x02 "), max_size=14)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(property_text, min_size=1, max_size=6))
+def test_property_parser_follows_rocketmqs_rule(texts):
+    """Raw property strings (missing 0x02, several 0x01, NULs, empty pairs) parse like
+    codec.decode_properties, RocketMQ's rule written per string."""
+    pairs, row, _code, _offsets, _user = _parse_properties(pa.array(texts, pa.string()))
+    got = [dict() for _ in texts]
+    for k, r in enumerate(row.tolist()):
+        got[r][pairs[4 * k].as_py()] = pairs[4 * k + 2].as_py()
+    assert got == [decode_properties(t) for t in texts]
+
+
+# -- errors ----------------------------------------------------------------------------------
+def test_offsets_out_of_range_are_refused(store):
+    fill(store, 8)
+    end = store.max_offset("orders", 0)
+    with pytest.raises(OffsetOutOfRangeError, match="allowed"):
+        read_queue_batch(store, "orders", 0, 3, 2)
+    with pytest.raises(OffsetOutOfRangeError, match="not written"):
+        read_queue_batch(store, "orders", 0, 0, end + 1)
+
+
+def test_a_damaged_record_raises_corrupt_record_error(store):
+    fill(store, 8)
+    entries = store.queue_entries("orders", 0, 0, 2)
+    offset = int(entries["offset"][1])
+    f = store.commit_log.files.find(offset)
+    fd = os.open(f.path, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"\x00\x00\x00\x00", offset - f.start + FIELD_OFFSET["magic"])
+    finally:
+        os.close(fd)
+    with pytest.raises(CorruptRecordError, match=str(offset)):
+        read_queue_batch(store, "orders", 0, 0, 2)
+
+
+def test_a_consume_queue_entry_pointing_into_another_record_is_refused(store):
+    store.append([RecordSpec("orders", b"same size", {"TAGS": "t"}, queue_id=0)] * 4)
+    entries = store.queue_entries("orders", 0, 0, 1)
+    queue = store.consume_queue("orders", 0)
+    fd = os.open(queue.files.find(0).path, os.O_RDWR)
+    try:  # entry 1 now names record 0 again: the two "records" overlap
+        os.pwrite(fd, int(entries["offset"][0]).to_bytes(8, "big"), 20)
+    finally:
+        os.close(fd)
+    with pytest.raises(CorruptRecordError, match="overlaps"):
+        read_queue_batch(store, "orders", 0, 0, 2)

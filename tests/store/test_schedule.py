@@ -1,0 +1,162 @@
+"""4.x delay levels: SCHEDULE_TOPIC_XXXX queues, clamping, delivery, delayOffset.json."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from store import InvalidDelayError, Message, MessageStore
+from store.message import SCHEDULE_TOPIC
+from store.schedule import read_lenient_json
+
+
+def visible(store, topic):
+    try:
+        queues = store.queue_ids(topic)
+    except Exception:
+        return []
+    out = []
+    for q in queues:
+        out.extend(store.pull(topic, q, 0, 1000))
+    return out
+
+
+def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):
+    p = store.producer("g")
+    r = p.send(Message("orders", b"x", tags="TagA"), delay_level=3)
+    assert (r.topic, r.queue_id) == (SCHEDULE_TOPIC, 2)
+    rec = store.read_record(r.commitlog_offset)
+    assert rec.properties["DELAY"] == "3" and rec.properties["REAL_TOPIC"] == "orders"
+    entry = store.queue_entries(SCHEDULE_TOPIC, 2, 0, 1)
+    assert int(entry["tags_code"][0]) == rec.store_timestamp_ms + 10_000 == r.deliver_at_ms
+    assert store.schedule_deliver_time(0, 5) == 1005  # an unknown level: +1 s, as RocketMQ
+
+
+def test_invisible_before_due_then_visible_once(store, clock):
+    p = store.producer("g")
+    r = p.send(Message("orders", b"hello", tags="t", keys="k", properties={"a": "b"}),
+               delay_level=2)
+    clock.advance(4_999)
+    assert store.deliver_due() == 0 and visible(store, "orders") == []
+    clock.advance(1)
+    assert store.deliver_due() == 1
+    [v] = visible(store, "orders")
+    assert (v.body, v.tags, v.keys, dict(v.properties)) == (b"hello", "t", ("k",), {"a": "b"})
+    assert v.msg_id == r.msg_id and v.deliver_timestamp_ms == r.deliver_at_ms == clock()
+    assert v.store_timestamp_ms == clock()
+    # RocketMQ keeps DELAY/REAL_* in the stored record; users never see them
+    assert v.system_properties["DELAY"] == "2"
+    clock.advance(10_000)
+    assert store.deliver_due() == 0 and len(visible(store, "orders")) == 1
+
+
+def test_level_above_the_table_is_clamped(store_path, clock, small_config):
+    s = MessageStore.open(store_path, small_config.replace(message_delay_level="5s 8s"),
+                          clock=clock)
+    r = s.producer("g").send(Message("t", b"x"), delay_level=3)
+    assert r.queue_id == 1 and r.deliver_at_ms == clock() + 8_000
+    clock.advance(7_999)
+    assert s.deliver_due() == 0
+    clock.advance(1)
+    assert s.deliver_due() == 1
+    s.close()
+
+
+def test_levels_are_delivered_in_due_order_and_independently(store, clock):
+    p = store.producer("g")
+    for level in (1, 2, 1, 3, 2, 1):
+        p.send(Message("t", str(level).encode()), delay_level=level)
+    clock.advance(1_000)
+    assert store.deliver_due() == 3
+    clock.advance(4_000)
+    assert store.deliver_due() == 2
+    clock.advance(5_000)
+    assert store.deliver_due() == 1
+    views = visible(store, "t")
+    assert sorted(v.body for v in views) == [b"1", b"1", b"1", b"2", b"2", b"3"]
+    assert all(v.store_timestamp_ms >= v.deliver_timestamp_ms for v in views)
+
+
+def test_invalid_levels(store):
+    p = store.producer("g")
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(InvalidDelayError):
+            p.send(Message("t", b"x"), delay_level=bad)
+    with pytest.raises(InvalidDelayError):
+        store.schedule.rewrite(None, 0)
+    r = p.send(Message("t", b"x"), delay_level=0)  # 0: no delay
+    assert r.topic == "t"
+
+
+def test_delay_offsets_survive_restart(store_path, clock, small_config):
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    p = s.producer("g")
+    for i in range(3):
+        p.send(Message("t", str(i).encode()), delay_level=1)
+    p.send(Message("t", b"later"), delay_level=4)
+    clock.advance(1_000)
+    assert s.deliver_due() == 3
+    s.close()
+    data = json.load(open(os.path.join(store_path, "config", "delayOffset.json")))
+    assert data["offsetTable"] == {"1": 3} and data["deliverMark"] == -1
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    assert s.schedule.offsets() == {1: 3}
+    assert s.deliver_due() == 0
+    clock.advance(30_000)
+    assert s.deliver_due() == 1
+    assert len(visible(s, "t")) == 4
+    s.close()
+
+
+def test_fastjson_file_with_bare_integer_keys_and_out_of_range_offsets(store_path, clock,
+                                                                       small_config):
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    p = s.producer("g")
+    for i in range(4):
+        p.send(Message("t", str(i).encode()), delay_level=1)
+    s.close()
+    # RocketMQ writes {1:2} unquoted; offset 99 on level 2 lies beyond its (empty) queue
+    path = os.path.join(store_path, "config", "delayOffset.json")
+    with open(path, "w") as fh:
+        fh.write('{"offsetTable":{1:2,2:99},"dataVersion":{"counter":5},"deliverMark":-1}')
+    assert read_lenient_json(path)["offsetTable"] == {"1": 2, "2": 99}
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    clock.advance(1_000)
+    assert s.deliver_due() == 2  # entries 2 and 3 of level 1
+    assert sorted(v.body for v in visible(s, "t")) == [b"2", b"3"]
+    p = s.producer("g")
+    p.send(Message("t", b"level2"), delay_level=2)
+    clock.advance(5_000)
+    assert s.deliver_due() == 0  # level 2's saved offset is past its queue: nothing yet
+    s.close()
+
+
+def test_lost_progress_file_redelivers_nothing(store_path, clock, small_config):
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    p = s.producer("g")
+    for i in range(5):
+        p.send(Message("t", str(i).encode()), delay_level=1)
+    clock.advance(1_000)
+    assert s.deliver_due() == 5
+    for i in range(2):
+        p.send(Message("t", f"new{i}".encode()), delay_level=1)
+    s.close()
+    os.remove(os.path.join(store_path, "config", "delayOffset.json"))
+    os.remove(os.path.join(store_path, "config", "delayOffset.json.bak"))
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    clock.advance(1_000)
+    assert s.deliver_due() == 2
+    assert len(visible(s, "t")) == 7
+    s.close()
+
+
+def test_real_topic_of_the_half_topic_is_dropped(store, clock):
+    from store.codec import RecordSpec
+
+    spec = RecordSpec(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x", properties={"UNIQ_KEY": "A"})
+    spec, _ = store.schedule.rewrite(spec, 1)
+    store.append([spec])
+    clock.advance(1_000)
+    assert store.deliver_due() == 0
