@@ -104,6 +104,8 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
     total = sum(r.rows for r in work)
     if total == 0:
         return []
+    if os.path.exists("/tmp/rmq_target_rows"):  # TEMP-EXPERIMENT
+        target_rows = int(open("/tmp/rmq_target_rows").read())  # TEMP-EXPERIMENT
     if target_rows is None:
         slots = parallelism or default_parallelism()
         target_rows = min(MAX_PARTITION_ROWS, max(MIN_PARTITION_ROWS, math.ceil(total / slots)))

@@ -165,14 +165,19 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         self.options = options
         self.path = options.path
         self._available_now: str | None = None  # None, "pending" or "done"
+        self._initial: dict | None = None
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "path": self.path, "_available_now": None}
+        return {"options": self.options, "path": self.path, "_available_now": None,
+                "_initial": None}
 
     # -- driver side -------------------------------------------------------------------------
     def initialOffset(self) -> dict:
-        open_store(self.options).close()  # a clear error for a path that is not a store
-        return {"round": 0, "stream": uuid.uuid4().hex}
+        # Spark may ask more than once: always give the same answer in this runner
+        if self._initial is None:
+            open_store(self.options).close()  # a clear error for a path that is not a store
+            self._initial = {"round": 0, "stream": uuid.uuid4().hex}
+        return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()
@@ -195,8 +200,8 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         return {"round": nxt, "stream": stream}
 
     def partitions(self, start: dict, end: dict) -> list[CheckRoundPartition]:
-        first, stream = _parse_offset(start)
-        last, _ = _parse_offset(end)
+        first, _ = _parse_offset(start)
+        last, stream = _parse_offset(end)  # the rounds were written under end's stream id
         return [CheckRoundPartition(self.path, stream, r) for r in range(first + 1, last + 1)]
 
     def commit(self, end: dict) -> None:

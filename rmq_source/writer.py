@@ -2,17 +2,20 @@
 
 Rows need two columns (others are ignored): ``transaction_id`` (string) and ``state``
 (``COMMIT``, ``ROLLBACK`` or ``UNKNOWN``; RocketMQ's ``COMMIT_MESSAGE``,
-``ROLLBACK_MESSAGE`` and ``UNKNOW`` are accepted too, in any case).  Each Spark task opens the
-store for writing and ends its rows in one call (:meth:`TransactionService.end_transactions`
-with ``from_check=True``: these are the answers of the check loop): commits go to their real
-topic with an op message, rollbacks write the op message only, UNKNOWN changes nothing and
-leaves the transaction to a later check round.
+``ROLLBACK_MESSAGE`` and ``UNKNOW`` are accepted too, in any case).
+
+Two phases, so a batch is all or nothing: each Spark task only checks its rows and returns
+them in its commit message; the driver's ``commit`` then ends every transaction of the batch
+in one call (:meth:`TransactionService.end_transactions` with ``from_check=True``: these are
+the answers of the check loop), which writes all commits and op messages in one append.
+Commits go to their real topic with an op message, rollbacks write the op message only,
+UNKNOWN changes nothing and leaves the transaction to a later check round.  A state that is
+not one of the three, a missing column or an unknown transaction id fails the batch (and the
+query) with a message naming the transaction id, the value and what is allowed, and nothing
+of that batch is applied.
 
 Ending is idempotent: a transaction that already ended is left as it is, so a replayed
-micro-batch (after a failure or a restart) never commits anything twice.  A task checks all of
-its rows before writing anything: a state that is not one of the three, a missing column or an
-unknown transaction id fails the task (and the query) with a message naming the row's
-transaction id, the value and what is allowed, and that task's rows change nothing.
+micro-batch (after a failure or a restart) never commits anything twice.
 """
 
 from __future__ import annotations
@@ -39,11 +42,9 @@ class EndTransactionError(RmqSourceError):
 
 @dataclass(frozen=True, slots=True)
 class EndTransactionCommitMessage(WriterCommitMessage):
-    """What one task did: rows seen, transactions ended now, rows that changed nothing."""
+    """One task's checked rows: ``(transaction_id, state)`` pairs, applied by ``commit``."""
 
-    rows: int
-    ended: int
-    unchanged: int
+    pairs: tuple[tuple[str, str], ...]
 
 
 def _field(row, name: str):
@@ -76,11 +77,11 @@ def parse_rows(rows: Iterable) -> list[tuple[str, str]]:
     return pairs
 
 
-def end_rows(path: str, rows: Iterator) -> EndTransactionCommitMessage:
-    """End the transactions of ``rows`` in the store at ``path`` (one Spark task)."""
-    pairs = parse_rows(rows)
+def end_pairs(path: str, messages) -> tuple[int, int]:
+    """Apply the pairs of a batch's commit messages; return (rows, transactions ended)."""
+    pairs = [p for m in messages if m is not None for p in m.pairs]
     if not pairs:
-        return EndTransactionCommitMessage(0, 0, 0)
+        return 0, 0
     try:
         store = MessageStore.open(path)
     except (OSError, StoreError) as exc:
@@ -92,11 +93,10 @@ def end_rows(path: str, rows: Iterator) -> EndTransactionCommitMessage:
             done = store.transactions.end_transactions(pairs, from_check=True)
         except (TransactionStateError, StoreError) as exc:
             raise EndTransactionError(
-                f"action=end_transaction: {exc} (no row of this task was applied)") from None
+                f"action=end_transaction: {exc} (nothing of this batch was applied)") from None
     finally:
         store.close()
-    ended = sum(done)
-    return EndTransactionCommitMessage(len(pairs), ended, len(pairs) - ended)
+    return len(pairs), sum(done)
 
 
 class EndTransactionWriter(DataSourceWriter):
@@ -107,14 +107,14 @@ class EndTransactionWriter(DataSourceWriter):
         self.path = options.path
 
     def write(self, iterator: Iterator) -> EndTransactionCommitMessage:
-        return end_rows(self.path, iterator)
+        return EndTransactionCommitMessage(tuple(parse_rows(iterator)))
 
     def commit(self, messages) -> None:
-        """Nothing to do: each task's rows are durable when its ``write`` returns."""
+        """End the transactions of every task's rows (on the driver, one append)."""
+        end_pairs(self.path, messages)
 
     def abort(self, messages) -> None:
-        """Nothing to undo: tasks that finished ended their transactions for good (and
-        idempotently); a failed task changed nothing."""
+        """Nothing to undo: no row is applied before ``commit``."""
 
 
 class EndTransactionStreamWriter(DataSourceStreamWriter):
@@ -125,10 +125,11 @@ class EndTransactionStreamWriter(DataSourceStreamWriter):
         self.path = options.path
 
     def write(self, iterator: Iterator) -> EndTransactionCommitMessage:
-        return end_rows(self.path, iterator)
+        return EndTransactionCommitMessage(tuple(parse_rows(iterator)))
 
     def commit(self, messages, batchId: int) -> None:
-        """Nothing to do (see :class:`EndTransactionWriter`); a replayed batch is harmless."""
+        """End the batch's transactions (idempotent: a replayed batch changes nothing)."""
+        end_pairs(self.path, messages)
 
     def abort(self, messages, batchId: int) -> None:
-        """Nothing to undo (see :class:`EndTransactionWriter`)."""
+        """Nothing to undo: no row is applied before ``commit``."""

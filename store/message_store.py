@@ -148,6 +148,15 @@ class MessageStore:
         self._closed = False
         self.recovered = False
 
+        try:
+            self._join_and_recover()
+            self._start_services(flush_service)
+        except BaseException:
+            self._release()  # do not keep the open lock (others would wait forever)
+            raise
+
+    def _join_and_recover(self) -> None:
+        """Join the processes that have the store open; recover it when that is needed."""
         # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
         # The open lock is held (exclusive when alone, else shared) before the marker is
         # written, so a process closing at the same moment cannot delete a newcomer's marker;
@@ -180,6 +189,8 @@ class MessageStore:
         if sole:
             fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade: others may join now
 
+    def _start_services(self, flush_service: bool) -> None:
+        """Build the services on the core and start the flush thread."""
         # Services built on the core (delay levels, timer wheel, transactions).
         from .schedule import ScheduleService
         from .timer.service import TimerService
@@ -194,6 +205,20 @@ class MessageStore:
         if flush_service:  # in SYNC_FLUSH too: it makes queues durable and bounds recovery
             self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush", daemon=True)
             self._flusher.start()
+
+    def _release(self) -> None:
+        """Give back the files and locks of a store whose opening failed."""
+        self._closed = True
+        for close in (self.commit_log.close, self.checkpoint.close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - best effort; the original error matters
+                pass
+        for fd in (self._write_lock_fd, self._open_lock_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _init_read_only(self, config: StoreConfig | None, clock: Clock | None) -> None:
         if not os.path.isfile(os.path.join(self.root, "config", "store.json")):
@@ -837,10 +862,19 @@ class MessageStore:
         self._check_open()
         return self.transactions.end_transaction(transaction_id, state)
 
-    def check_transactions(self, resolve):
-        """Run one round of the transaction check loop with ``resolve(view) -> state``."""
+    def check_transactions(self, resolve=None):
+        """Run one round of the transaction check loop with ``resolve(view) -> state``.
+
+        Without ``resolve`` the listeners of this process's transaction producers are asked.
+        Returns a :class:`~store.transaction.check.CheckResult` (counts of the round).
+        """
         self._check_open()
         return self.transactions.check(resolve)
+
+    def pending_transaction_stats(self) -> dict:
+        """Open transactions (``pending``) and the oldest one's born time (``oldest_born_ms``)."""
+        self._check_open()
+        return self.transactions.pending_stats()
 
     # ------------------------------------------------------------------ retention
     def clean_expired_files(self, *, force: bool = False) -> int:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, MapType, StringType,
-                               StructField, StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from store.arrow_decode import MESSAGE_SCHEMA, MESSAGE_SPARK_DDL, empty_batch
 

@@ -12,12 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import CorruptRecordError, Message, MessageStore, OffsetOutOfRangeError
-from store.arrow_decode import MESSAGE_SCHEMA, _parse_properties, empty_batch, read_queue_batch
-from store.codec import (FIELD_OFFSET, TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, RecordSpec,
-                         decode_properties)
-from store.message import (PROPERTY_DELIVER_MS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY,
-                           RESERVED_PROPERTY_NAMES, java_string_hash)
-
+from store.arrow_decode import MESSAGE_SCHEMA, empty_batch, read_queue_batch
+from store.arrow_properties import parse_properties
+from store.codec import (
+    FIELD_OFFSET,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    RecordSpec,
+    decode_properties,
+)
+from store.message import (
+    PROPERTY_DELIVER_MS,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_UNIQ_KEY,
+    RESERVED_PROPERTY_NAMES,
+    java_string_hash,
+)
 
 FIELDS = ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "tags", "keys",
           "body", "properties", "born_timestamp", "store_timestamp", "deliver_timestamp",
@@ -179,7 +189,7 @@ def test_store_written_with_send_batch_matches_pull(store):
 
 
 def test_large_blocks_are_decoded_in_pieces_and_joined(store, monkeypatch):
-    import store.arrow_decode as arrow_decode
+    from store import arrow_decode
 
     fill(store, 200, batch=100)
     monkeypatch.setattr(arrow_decode, "_SCAN_BYTES", 4096)  # many blocks per segment
@@ -249,8 +259,8 @@ property_text = st.text(st.sampled_from("ab\u00e9\x00\x01\x02 "), max_size=14)
 def test_property_parser_follows_rocketmqs_rule(texts):
     """Raw property strings (missing 0x02, several 0x01, NULs, empty pairs) parse like
     codec.decode_properties, RocketMQ's rule written per string."""
-    pairs, row, _code, _offsets, _user = _parse_properties(pa.array(texts, pa.string()))
-    got = [dict() for _ in texts]
+    pairs, row, _code, _offsets, _user = parse_properties(pa.array(texts, pa.string()))
+    got: list[dict] = [{} for _ in texts]
     for k, r in enumerate(row.tolist()):
         got[r][pairs[4 * k].as_py()] = pairs[4 * k + 2].as_py()
     assert got == [decode_properties(t) for t in texts]
@@ -290,4 +300,46 @@ def test_a_consume_queue_entry_pointing_into_another_record_is_refused(store):
     finally:
         os.close(fd)
     with pytest.raises(CorruptRecordError, match="overlaps"):
+        read_queue_batch(store, "orders", 0, 0, 2)
+
+
+def test_properties_that_are_not_utf8_decode_with_replacement(store, monkeypatch):
+    from store import codec
+
+    real = codec.encode_properties
+
+    def raw(properties):  # the bytes a foreign or damaged writer could leave
+        return b"bad\x01\xff\xfe\x02" + real(properties) if "raw" in properties else \
+            real(properties)
+
+    monkeypatch.setattr(codec, "encode_properties", raw)
+    store.append([RecordSpec("orders", b"x", {"raw": "1", "TAGS": "t"}, queue_id=0),
+                  RecordSpec("orders", b"y", {"ok": "é"}, queue_id=0)])
+    rows = batch_rows(read_queue_batch(store, "orders", 0, 0, 2))
+    assert rows == pulled(store, "orders", 0, 0, 2)
+    assert rows[0][8] == {"bad": "\ufffd\ufffd", "raw": "1"} and rows[0][5] == "t"
+
+
+def test_a_record_whose_topic_differs_from_its_queue_is_shown_as_stored(store):
+    store.append([RecordSpec("orders", b"body-%d" % i, {"TAGS": "t"}, queue_id=0)
+                  for i in range(3)])
+    entries = store.queue_entries("orders", 0, 0, 3)
+    offset = int(entries["offset"][1])
+    f = store.commit_log.files.find(offset)
+    topic_at = offset - f.start + FIELD_OFFSET["body_length"] + 4 + len(b"body-1") + 1
+    fd = os.open(f.path, os.O_RDWR)
+    try:  # same length, other name: only the topic bytes can tell
+        os.pwrite(fd, b"orderX", topic_at)
+    finally:
+        os.close(fd)
+    rows = batch_rows(read_queue_batch(store, "orders", 0, 0, 3))
+    assert [r[0] for r in rows] == ["orders", "orderX", "orders"]
+    assert rows == pulled(store, "orders", 0, 0, 3)
+
+
+def test_a_deliver_time_that_is_not_a_number_raises_corrupt_record_error(store):
+    store.append([RecordSpec("orders", b"x", {PROPERTY_DELIVER_MS: "12"}, queue_id=0),
+                  RecordSpec("orders", b"y", {PROPERTY_DELIVER_MS: "soon"}, queue_id=0)])
+    assert batch_rows(read_queue_batch(store, "orders", 0, 0, 1))[0][11] == 12
+    with pytest.raises(CorruptRecordError, match="soon"):
         read_queue_batch(store, "orders", 0, 0, 2)

@@ -201,3 +201,27 @@ def test_writer_died_mid_append_is_repaired_by_the_next_writer(store_path, small
     dead.close()
     keeper.close()
     assert not os.path.exists(os.path.join(store_path, "abort"))
+
+
+def test_a_failed_open_releases_the_store(crashed_copy, small_config, clock):
+    """Recovery that fails (a queue file of the wrong size) raises a typed error and leaves
+    no lock behind: other opens must not wait forever."""
+    import fcntl
+
+    from store import CorruptRecordError
+
+    path, results = crashed_copy
+    bad = os.path.join(path, "consumequeue", "t", "0", f"{20000:020d}")
+    with open(bad, "wb") as fh:
+        fh.write(b"short")
+    with pytest.raises(CorruptRecordError) as info:
+        MessageStore.open(path, small_config, clock=clock)
+    assert bad in str(info.value) and "expected 20000" in str(info.value)
+    fd = os.open(os.path.join(path, "open.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock was left held
+    finally:
+        os.close(fd)
+    os.unlink(bad)
+    with MessageStore.open(path, small_config, clock=clock) as s:
+        check_prefix(s, results, N)

@@ -164,3 +164,21 @@ def test_producer_group_is_validated(store):
         store.producer("bad group")
     with pytest.raises(InvalidTopicError):
         store.producer("g" * 121)
+
+
+def test_a_plainly_valid_batch_is_checked_column_by_column(store, monkeypatch):
+    """The batch fast path: no per-message validation for an ordinary batch (and the same
+    records as the per-message path)."""
+    import store.producer as producer_module
+
+    def refuse(*_):
+        raise AssertionError("per-message validation ran for a plainly valid batch")
+
+    monkeypatch.setattr(producer_module, "validate_message", refuse)
+    msgs = [Message("t", b"x" * (i + 1), tags=("a", None)[i % 2], keys=f"k{i} g{i % 3}",
+                    properties={"p": str(i), "q": "v w"}) for i in range(50)]
+    results = store.producer("g").send_batch(msgs)
+    for m, r in zip(msgs, results):
+        v = store.pull("t", r.queue_id, r.queue_offset)[0]
+        assert (v.body, v.tags, v.keys, v.properties) == (m.body, m.tags, tuple(m.key_list()),
+                                                           m.properties)

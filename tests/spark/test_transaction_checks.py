@@ -1,0 +1,150 @@
+"""The check loop as Spark queries: ``view=transaction_checks`` and ``action=end_transaction``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from rmq_source.transaction_checks import (TRANSACTION_CHECKS_DDL, TRANSACTION_CHECKS_SCHEMA,
+                                           rows_to_batch)
+from store import LocalTransactionState, Message, MessageStore, StoreConfig
+
+pytestmark = pytest.mark.spark
+
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
+UNKNOW = LocalTransactionState.UNKNOW
+#: the producer's clock runs this far behind: its halves are old enough to check at once
+BEHIND_MS = 5_000
+
+
+class Payments:
+    def execute_local_transaction(self, message, arg):
+        return arg
+
+    def check_local_transaction(self, view):
+        return UNKNOW
+
+
+class Rows:
+    """foreachBatch sink keeping the rows of every micro-batch."""
+
+    def __init__(self, *columns):
+        self.columns = columns
+        self.rows: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, df, batch_id):
+        got = [tuple(r) for r in df.select(*self.columns).collect()]
+        with self._lock:
+            self.rows.extend(got)
+
+
+def open_store(path):
+    """A producer's store: short timeout and interval (recorded for the Spark queries)."""
+    config = StoreConfig(transaction_timeout_ms=1000, transaction_check_interval_ms=1000)
+    return MessageStore.open(path, config,
+                             clock=lambda: time.time_ns() // 1_000_000 - BEHIND_MS)
+
+
+def test_schema_is_what_spark_expects(spark):
+    schema = spark.createDataFrame([], TRANSACTION_CHECKS_DDL).schema
+    assert to_arrow_schema(schema, timezone="UTC") == TRANSACTION_CHECKS_SCHEMA
+    assert rows_to_batch([]).schema == TRANSACTION_CHECKS_SCHEMA
+
+
+def test_check_loop_query_resolves_by_join_and_messages_see_commits_once(spark, tmp_path):
+    path = str(tmp_path / "store")
+    store = open_store(path)
+    txp = store.transaction_producer("pay-service", Payments())
+    # outcome per order: commit / rollback now, or left to the check loop, which decides
+    # from the orders table (paid -> COMMIT, unpaid -> ROLLBACK, no row -> UNKNOWN)
+    kinds = ["commit", "rollback", "paid", "unpaid", "absent"]
+    sent = {}
+    for i in range(40):
+        kind = kinds[i % 5]
+        arg = {"commit": COMMIT, "rollback": ROLLBACK}.get(kind, UNKNOW)
+        r = txp.send_in_transaction(Message("payments", f"p{i}".encode(), tags="paid",
+                                            keys=f"o-{i}", properties={"amount": str(i)}),
+                                    arg=arg)
+        sent[r.transaction_id] = (f"o-{i}", kind)
+    orders = spark.createDataFrame(
+        [(oid, kind == "paid") for oid, kind in sent.values() if kind in ("paid", "unpaid")],
+        "order_id string, paid boolean")
+
+    # a streaming query on the real topic, running while the check loop decides
+    seen = Rows("msg_id", "transaction_id", "keys")
+    messages = (spark.readStream.format("rmq").option("subscribe", "payments")
+                .option("startingOffsets", "earliest").load(path)
+                .writeStream.foreachBatch(seen)
+                .option("checkpointLocation", str(tmp_path / "chk-messages"))
+                .trigger(processingTime="300 milliseconds").start())
+    try:
+        checks = spark.readStream.format("rmq").option("view", "transaction_checks").load(path)
+        decisions = (checks.withColumn("order_id", F.col("keys")[0])
+                     .join(orders, "order_id", "left")
+                     .select("transaction_id",
+                             F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
+                             .otherwise("UNKNOWN").alias("state")))
+        loop = (decisions.writeStream.format("rmq").option("action", "end_transaction")
+                .option("checkpointLocation", str(tmp_path / "chk-loop"))
+                .trigger(availableNow=True).start(path))
+        loop.awaitTermination(180)
+        assert loop.exception() is None, loop.exception()
+        assert sum(p["numInputRows"] for p in loop.recentProgress) == 24  # paid/unpaid/absent
+        messages.processAllAvailable()
+    finally:
+        messages.stop()
+
+    expected = {t for t, (_, k) in sent.items() if k in ("commit", "paid")}
+    ids = [r[0] for r in seen.rows]
+    assert len(ids) == len(set(ids)) and set(ids) == expected  # exactly the commits, once
+    assert all(msg_id == tx for msg_id, tx, _ in seen.rows)  # transaction_id is visible
+    stats = store.transactions.pending_stats()
+    assert stats["pending"] == 8  # the "absent" ones: answered UNKNOWN, asked again later
+    store.close()
+
+
+def test_rows_of_a_round_and_end_transaction_writes(spark, tmp_path):
+    path = str(tmp_path / "store")
+    store = open_store(path)
+    txp = store.transaction_producer("pay-service", Payments())
+    ids = [txp.send_in_transaction(Message("payments", f"p{i}".encode(), tags="t",
+                                           keys=[f"o-{i}", "x"], properties={"k": "v"}))
+           .transaction_id for i in range(6)]
+    rows = Rows(*[c.split()[0] for c in TRANSACTION_CHECKS_DDL.split(", ")])
+    query = (spark.readStream.format("rmq").option("view", "transaction_checks").load(path)
+             .writeStream.foreachBatch(rows)
+             .option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    by_id = {r[0]: r for r in rows.rows}
+    assert sorted(by_id) == sorted(ids)
+    tx, group, topic, qid, msg_id, tags, keys, body, props, born, times = by_id[ids[2]]
+    assert (group, topic, msg_id, tags, keys, body, props, times) == (
+        "pay-service", "payments", ids[2], "t", ["o-2", "x"], b"p2", {"k": "v"}, 1)
+    assert 0 <= qid < 4 and born.year >= 2024
+    assert not list((tmp_path / "store" / "transaction_checks").glob("*/*.tmp*"))
+
+    def write(pairs):
+        (spark.createDataFrame(pairs, "transaction_id string, state string").write
+         .format("rmq").option("action", "end_transaction").mode("append").save(path))
+
+    before = store.confirmed_offset()
+    with pytest.raises(Exception, match="MAYBE.*allowed: COMMIT, ROLLBACK or UNKNOWN"):
+        write([(ids[0], "COMMIT"), (ids[1], "MAYBE")])
+    assert store.confirmed_offset() == before  # nothing of the failed batch was applied
+    answers = [(ids[0], "COMMIT"), (ids[1], "rollback"), (ids[2], "UNKNOWN"),
+               (ids[3], "COMMIT")]
+    write(answers)
+    write(answers)  # a replayed batch is harmless
+    committed = spark.read.format("rmq").option("subscribe", "payments").load(path)
+    got = sorted(r[0] for r in committed.select("transaction_id").collect())
+    assert got == sorted([ids[0], ids[3]])
+    assert store.transactions.is_ended(ids[:3]) == [True, True, False]
+    store.close()
