@@ -74,6 +74,7 @@ def spark_session(workdir: str):
                  "appender.console.layout.pattern = %d %p %c: %m%n\n")
     return (SparkSession.builder.master("local[2]").appName("bench-spark-read")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.memory", "4g")
             .config("spark.sql.warehouse.dir", os.path.join(workdir, "warehouse"))
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")

@@ -278,6 +278,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
                         "leave it out of this query")
     if view == "transaction_checks" and streaming is False:
         raise _fail("view", raw["view"], "is a streaming view", "spark.readStream with this view")
+    if view == "transaction_checks":
+        for key in sorted(raw.keys() - {"path", "view"}):
+            raise _fail(key, raw[key], "applies to view=messages only",
+                        "path and view for view=transaction_checks")
 
     subscribe = subscribe_pattern = None
     if "subscribe" in raw and "subscribepattern" in raw:

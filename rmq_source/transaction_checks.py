@@ -28,13 +28,16 @@ import glob
 import os
 import threading
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    SupportsTriggerAvailableNow,
+)
 
 from store import MessageStore, StoreError
 

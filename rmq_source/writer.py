@@ -20,11 +20,10 @@ micro-batch (after a failure or a restart) never commits anything twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
-from pyspark.sql.datasource import (DataSourceStreamWriter, DataSourceWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from store import MessageStore, StoreError, TransactionStateError
 

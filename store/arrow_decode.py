@@ -157,7 +157,7 @@ def read_queue_batch(store: MessageStore, topic: str, queue_id: int, start: int,
         The queue.
     start, end : int
         Queue offsets; the caller guarantees ``end <= store.max_offset(topic, queue_id)``.
-    tags : iterable of str, optional
+    tags : iterable of str or str, optional
         Keep only messages whose tag is one of these (``None``: every message).  Entries are
         dropped on their ConsumeQueue tagsCode before any record is read, then by an exact
         comparison of the decoded tag (Java hashes collide).
@@ -175,11 +175,18 @@ def read_queue_batch(store: MessageStore, topic: str, queue_id: int, start: int,
         record's segment was removed by retention.
     CorruptRecordError
         A record does not match its ConsumeQueue entry or its own length fields.
+
+    Notes
+    -----
+    The first call in a process raises glibc's malloc trim and mmap thresholds (see
+    :func:`_keep_freed_heap`): freed temporaries stay in the process for the next call.
     """
     start, end = int(start), int(end)
     if start < 0 or end < start:
         raise OffsetOutOfRangeError(
             f"queue offsets [{start}, {end}) of {topic}/{queue_id}; allowed: 0 <= start <= end")
+    if isinstance(tags, str):  # one tag, not its characters
+        tags = (tags,)
     tag_set = None if tags is None else sorted({str(t) for t in tags})
     if end == start or tag_set == []:
         return empty_batch()
@@ -268,16 +275,17 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
         raise OffsetOutOfRangeError(
             f"CommitLog segment {f.path} was removed by retention while being read; allowed: "
             "from the queue's min_offset on") from None
-    k = len(pos)
-    body_end = np.empty(k, dtype=np.int64)
-    topic_len = np.empty(k, dtype=np.int64)
+    count = len(pos)
+    body_end = np.empty(count, dtype=np.int64)
+    topic_len = np.empty(count, dtype=np.int64)
     span = int(record_end[-1] - pos[0])
     steps = np.searchsorted(pos, pos[0] + np.arange(_SCAN_BYTES, span, _SCAN_BYTES))
-    bounds = [0, *sorted(set(steps.tolist()) - {0, k}), k]
+    bounds = [0, *sorted(set(steps.tolist()) - {0, count}), count]
     own = True
     for lo, hi in pairwise(bounds):
         own &= _scan(f, mm, pos[lo:hi], sizes[lo:hi], phys[lo:hi], topic,
-                     {k: v[lo:hi] for k, v in fields.items()}, body_end[lo:hi], topic_len[lo:hi])
+                     {name: out[lo:hi] for name, out in fields.items()}, body_end[lo:hi],
+                     topic_len[lo:hi])
     topic_start = body_end + _TOPIC_LENGTH_SIZE
     props_start = topic_start + topic_len + _PROPERTIES_LENGTH_SIZE
     if own:
@@ -287,7 +295,10 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
     body, topic_arr, props = _cut(mm, pos[0], record_end[-1], [
         (pos + HEADER_SIZE, body_end), (topic_start, topic_start + topic_len),
         (props_start, record_end)])
-    return body, topic_arr.cast(pa.string()), props
+    try:
+        return body, topic_arr.cast(pa.string()), props
+    except pa.ArrowInvalid:
+        raise CorruptRecordError(f.path, int(phys[0]), "a record's topic is not text") from None
 
 
 def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len) -> bool:

@@ -137,7 +137,13 @@ def parse_properties(props: pa.Array):
     regular = (len(sep) % 2 == 0 and (kind.view("<u2") == 0x0201).all() and closed.all())
     if regular:
         ends = sep[1::2]
-        row_first_segment = np.searchsorted(ends, offsets, side="left")
+        per_row = len(ends) // n
+        if per_row and len(ends) == per_row * n and (
+                ends[per_row - 1::per_row] == offsets[1:] - 1).all():
+            # every row holds per_row pairs (its last one ends the row): no search needed
+            row_first_segment = np.arange(0, len(ends) + 1, per_row)
+        else:
+            row_first_segment = np.searchsorted(ends, offsets, side="left")
     # every name and value non-empty: separators at least 2 apart, the first one past 0
     if regular and sep[0] >= 1 and (np.diff(sep) >= 2).all():
         # offsets 0, sep0, sep0 + 1, sep1, sep1 + 1, ...: name, 0x01, value, 0x02, name, ...

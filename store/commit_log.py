@@ -38,7 +38,8 @@ class CommitLog:
         remaining = self.file_size - offset % self.file_size
         if size + BLANK.size > remaining:
             if size + BLANK.size > self.file_size:
-                raise ValueError(f"record of {size} bytes cannot fit a {self.file_size}-byte segment")
+                raise ValueError(
+                    f"record of {size} bytes cannot fit a {self.file_size}-byte segment")
             return offset + remaining, encode_blank(remaining)
         return offset, None
 
@@ -53,7 +54,8 @@ class CommitLog:
         """The mapping of the segment holding ``offset`` and ``offset``'s position in it."""
         f = self.files.find(offset)
         if f is None:
-            raise CorruptRecordError(self.directory, offset, "no CommitLog segment holds this offset")
+            raise CorruptRecordError(self.directory, offset,
+                                     "no CommitLog segment holds this offset")
         return f.buffer(), offset - f.start, f
 
     def read_record(self, offset: int) -> Record:

@@ -77,7 +77,8 @@ class StoreConfig:
     max_message_size_bytes : int
         Largest body (``maxMessageSize``), 4 MiB; also the largest batch.
     file_reserved_time_hours : int
-        CommitLog segments older than this are deleted by :meth:`~store.MessageStore.clean_expired_files`, 72.
+        CommitLog segments older than this are deleted by
+        :meth:`~store.MessageStore.clean_expired_files`, 72.
     message_delay_level : str
         The 4.x delay-level table.
     timer_precision_ms : int
@@ -158,7 +159,7 @@ class StoreConfig:
             raise InvalidConfigError(
                 f"timer_precision_ms={self.timer_precision_ms}; allowed: 100, 200, 500, 1000"
             )
-        if self.timer_roll_window_slots < 2 or self.timer_roll_window_slots >= self.timer_wheel_slots:
+        if not 2 <= self.timer_roll_window_slots < self.timer_wheel_slots:
             raise InvalidConfigError(
                 f"timer_roll_window_slots={self.timer_roll_window_slots}; allowed: 2 to "
                 f"timer_wheel_slots - 1 ({self.timer_wheel_slots - 1})"

@@ -90,7 +90,8 @@ def validate_topic(topic: object, *, allow_system: bool = False) -> str:
         raise InvalidTopicError(f"topic {topic!r} must be a non-blank string")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise InvalidTopicError(
-            f"topic {topic[:40]!r}... is {len(topic)} characters; allowed: at most {TOPIC_MAX_LENGTH}"
+            f"topic {topic[:40]!r}... is {len(topic)} characters; "
+            f"allowed: at most {TOPIC_MAX_LENGTH}"
         )
     if not _TOPIC_RE.match(topic):
         raise InvalidTopicError(
@@ -227,10 +228,12 @@ def validate_message(message: Message, max_body_bytes: int) -> None:
     validate_topic(message.topic)
     if not isinstance(message.body, (bytes, bytearray, memoryview)):
         raise InvalidMessageError(
-            f"body of a message to {message.topic!r} must be bytes, got {type(message.body).__name__}"
+            f"body of a message to {message.topic!r} must be bytes, "
+            f"got {type(message.body).__name__}"
         )
     if len(message.body) == 0:
-        raise InvalidMessageError(f"body of a message to {message.topic!r} is empty; allowed: 1 byte or more")
+        raise InvalidMessageError(
+            f"body of a message to {message.topic!r} is empty; allowed: 1 byte or more")
     if len(message.body) > max_body_bytes:
         raise MessageTooLargeError(
             f"body of {len(message.body)} bytes exceeds max_message_size_bytes={max_body_bytes}"
@@ -264,7 +267,8 @@ def keys_value(keys: object) -> str | None:
     for key in parts:
         _check_text("key", key)
         if " " in key:
-            raise InvalidMessageError(f"key {key!r} may not contain a space (keys are space-separated)")
+            raise InvalidMessageError(
+                f"key {key!r} may not contain a space (keys are space-separated)")
     return " ".join(parts) or None
 
 
@@ -291,5 +295,6 @@ def _check_text(what: str, value: object, allow_blank: bool = False) -> None:
         raise InvalidMessageError(f"{what} {value!r} must not be blank")
     if "\x01" in value or "\x02" in value:
         raise InvalidMessageError(
-            f"{what} {value!r} contains 0x01 or 0x02, the properties separators; they are not allowed"
+            f"{what} {value!r} contains 0x01 or 0x02, the properties separators; "
+            "they are not allowed"
         )

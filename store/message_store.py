@@ -43,7 +43,7 @@ from .errors import (ConfigMismatchError, InvalidConfigError, InvalidMessageErro
                      StoreNotFoundError, UnknownTopicError)
 from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_DELIVER_MS, PROPERTY_KEYS,
                       PROPERTY_TAGS, PROPERTY_TRANSACTION_ID, PROPERTY_UNIQ_KEY, SCHEDULE_TOPIC,
-                      SYSTEM_PROPERTY_NAMES, MessageView, is_system_topic, validate_topic)
+                      SYSTEM_PROPERTY_NAMES, MessageView, is_system_topic)
 from .message import PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
 from .topics import TopicTable, read_json, system_queue_count, write_json_atomic
 
@@ -130,8 +130,9 @@ class MessageStore:
         self.now_ms: Clock = clock or system_clock
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
-        self._write_lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        flags = os.O_RDWR | os.O_CREAT
+        self._write_lock_fd = os.open(os.path.join(self.root, "lock"), flags, 0o644)
+        self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
                                     self.config.commitlog_file_size_bytes)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
@@ -253,7 +254,8 @@ class MessageStore:
             differing = {k: (getattr(config, k), v) for k, v in layout.items()
                          if getattr(config, k) != v}
             if differing and config.strict_layout:
-                detail = ", ".join(f"{k}: given {a!r}, recorded {b!r}" for k, (a, b) in differing.items())
+                detail = ", ".join(f"{k}: given {a!r}, recorded {b!r}"
+                                   for k, (a, b) in differing.items())
                 raise ConfigMismatchError(
                     f"store {self.root} was created with other layout settings ({detail}); "
                     "open it with the recorded values or without strict_layout"
@@ -426,7 +428,8 @@ class MessageStore:
         ids = self.queue_ids(topic)
         if not isinstance(queue_id, (int, np.integer)) or int(queue_id) not in ids:
             raise UnknownTopicError(
-                f"queue_id {queue_id!r} does not exist for topic {topic!r}; allowed: 0 to {len(ids) - 1}"
+                f"queue_id {queue_id!r} does not exist for topic {topic!r}; "
+                f"allowed: 0 to {len(ids) - 1}"
             )
         return self.consume_queue(topic, int(queue_id))
 
@@ -482,7 +485,8 @@ class MessageStore:
             size = codec.record_size(len(spec.body), len(topic_b), len(props_b))
             if size > max_record or size + codec.BLANK.size > cfg.commitlog_file_size_bytes:
                 raise MessageTooLargeError(
-                    f"a record of {size} bytes does not fit (max {min(max_record, cfg.commitlog_file_size_bytes - 8)})")
+                    f"a record of {size} bytes does not fit "
+                    f"(max {min(max_record, cfg.commitlog_file_size_bytes - 8)})")
             sized.append((spec, topic_b, props_b, size))
 
         if batch:  # move the whole batch to the next file when it would cross the boundary
@@ -500,7 +504,8 @@ class MessageStore:
             queue_count = self._ensure_topic_cached(spec.topic)
             qid = spec.queue_id
             if qid is None:
-                qid = next(self._round_robin.setdefault(spec.topic, itertools.count())) % queue_count
+                rr = self._round_robin.setdefault(spec.topic, itertools.count())
+                qid = next(rr) % queue_count
             elif not 0 <= qid < queue_count:
                 raise InvalidMessageError(
                     f"queue_id {qid} for topic {spec.topic!r}; allowed: 0 to {queue_count - 1}")
@@ -775,7 +780,8 @@ class MessageStore:
         self._check_open()
         return self.commit_log.read_record(commitlog_offset)
 
-    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32) -> list[MessageView]:
+    def pull(self, topic: str, queue_id: int, offset: int,
+             max_messages: int = 32) -> list[MessageView]:
         """Up to ``max_messages`` messages of a queue from ``offset`` on.
 
         Returns ``[]`` at the end of the queue.  Raises :class:`OffsetOutOfRangeError` for an

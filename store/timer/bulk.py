@@ -28,15 +28,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codec import (FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1,
-                     PROPERTIES_LENGTH, TOPIC_LENGTH, TRANSACTION_COMMIT_TYPE,
-                     TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
+from ..codec import (FIXED_SIZE, HEADER_SIZE, PROPERTIES_LENGTH, TOPIC_LENGTH,
+                     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
 from ..errors import MessageTooLargeError
 from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
                        PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
                        PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
                        PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
                        PROPERTY_UNIQ_KEY, TIMER_TOPIC, TRANS_HALF_TOPIC, java_string_hash)
+
+from .sources import SourceRecords, as_bytes, parse_ints, unique_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..message_store import MessageStore
@@ -46,8 +47,6 @@ _PAIR = re.compile(rb"([^\x01\x02]+)\x01([^\x02]+)\x02")
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.
 RESTORE_CHUNK = 4096
-_HEADER_COLUMNS = np.arange(HEADER_SIZE)
-_SEP = 2  # the byte after each name-value pair
 
 
 def _k(name: str) -> bytes:
@@ -122,157 +121,12 @@ def restore(store: "MessageStore", offsets: np.ndarray, *, now: int,
     return RestoreResult(delivered, rolled)
 
 
-# ---------------------------------------------------------------------------- reading sources
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The concatenation of ``arange(s, s + l)`` for each start and length."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.empty(0, np.int64)
-    first = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
-
-
-class _Sources:
-    """Headers, bodies and properties of the source records (in the order given)."""
-
-    def __init__(self, store: "MessageStore", offsets: np.ndarray) -> None:
-        log = store.commit_log
-        size = log.file_size
-        n = len(offsets)
-        self.headers = np.zeros(n, dtype=HEADER_DTYPE)
-        self.ok = np.zeros(n, dtype=bool)
-        self.props_len = np.zeros(n, dtype=np.int64)
-        self.bodies: list = [b""] * n
-        self.raw_props: list = [b""] * n
-        seg = offsets - offsets % size
-        for start in np.unique(seg).tolist():
-            sel = np.flatnonzero(seg == start)
-            f = log.files.find(int(start))
-            if f is None:
-                continue  # removed by retention
-            mm = f.buffer()
-            raw = np.frombuffer(mm, dtype=np.uint8)
-            rel = offsets[sel] - start
-            inside = rel + HEADER_SIZE <= size
-            sel, rel = sel[inside], rel[inside]
-            h = raw[rel[:, None] + _HEADER_COLUMNS].view(HEADER_DTYPE)[:, 0]
-            body = h["body_length"].astype(np.int64)
-            total = h["total_size"].astype(np.int64)
-            good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
-                    & (total >= FIXED_SIZE + body) & (rel + total <= size))
-            sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
-            tpos = rel + HEADER_SIZE + body
-            tl = raw[tpos].astype(np.int64)
-            ppos = tpos + 1 + tl
-            pl = (raw[ppos].astype(np.int64) << 8) | raw[ppos + 1]
-            fits = FIXED_SIZE + body + tl + pl == total
-            sel, rel, h = sel[fits], rel[fits], h[fits]
-            body, pl, ppos = body[fits], pl[fits], ppos[fits]
-            self.headers[sel] = h
-            self.ok[sel] = True
-            self.props_len[sel] = pl
-            b0 = rel + HEADER_SIZE
-            bodies = list(map(mm.__getitem__, map(slice, b0.tolist(), (b0 + body).tolist())))
-            p0 = ppos + 2
-            props = list(map(mm.__getitem__, map(slice, p0.tolist(), (p0 + pl).tolist())))
-            if len(sel) == n:
-                self.bodies, self.raw_props = bodies, props
-            else:
-                for i, b, p in zip(sel.tolist(), bodies, props):
-                    self.bodies[i] = b
-                    self.raw_props[i] = p
-        # all properties in one array, record i at [starts[i], ends[i])
-        self.ends = np.cumsum(self.props_len)
-        self.starts = self.ends - self.props_len
-        self.blob = b"".join(self.raw_props)
-        self.props = np.frombuffer(self.blob, dtype=np.uint8)
-        self.seps = np.flatnonzero(self.props == _SEP)
-        # a pair starts a record's properties or follows a separator
-        is_start = np.zeros(len(self.props) + 1, dtype=bool)
-        is_start[self.starts[self.props_len > 0]] = True
-        is_start[self.seps + 1] = True
-        self.pair_starts = np.flatnonzero(is_start[:len(self.props)])
-
-    def find(self, key: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The last non-empty value of property ``key`` per record: ``(found, start, end)``.
-
-        Positions index :attr:`props`.
-        """
-        n = len(self.starts)
-        found = np.zeros(n, dtype=bool)
-        vs = np.zeros(n, dtype=np.int64)
-        ve = np.zeros(n, dtype=np.int64)
-        pattern = key + b"\x01"
-        props = self.props
-        c = self.pair_starts[self.pair_starts + len(pattern) < len(props)]
-        for j, byte in enumerate(pattern):
-            if not len(c):
-                return found, vs, ve
-            c = c[props[c + j] == byte]
-        if not len(c) or not len(self.seps):
-            return found, vs, ve
-        rec = np.searchsorted(self.ends, c, side="right")
-        v0 = c + len(pattern)
-        idx = np.searchsorted(self.seps, v0)
-        inside = idx < len(self.seps)
-        c, rec, v0, idx = c[inside], rec[inside], v0[inside], idx[inside]
-        v1 = self.seps[idx]
-        good = (v1 > v0) & (v1 < self.ends[rec])
-        rec, v0, v1 = rec[good], v0[good], v1[good]
-        last = np.concatenate((rec[1:] != rec[:-1], [True])) if len(rec) else rec.astype(bool)
-        found[rec[last]] = True
-        vs[rec[last]] = v0[last]
-        ve[rec[last]] = v1[last]
-        return found, vs, ve
-
-    def matrix(self, vs: np.ndarray, ve: np.ndarray) -> np.ndarray:
-        """Values ``props[vs:ve]`` as rows of a zero-padded ``uint8`` matrix."""
-        width = int((ve - vs).max()) if len(vs) else 0
-        cols = np.arange(max(width, 1))
-        idx = vs[:, None] + cols
-        inside = cols < (ve - vs)[:, None]
-        return np.where(inside, self.props[np.minimum(idx, max(len(self.props) - 1, 0))], 0
-                        ).astype(np.uint8)
-
-
-def _unique_values(src: _Sources, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
-                   ) -> tuple[list[bytes], np.ndarray]:
-    """Distinct values of the records ``sel`` and each record's index into them."""
-    if not len(sel):
-        return [], np.empty(0, np.int64)
-    m = np.ascontiguousarray(src.matrix(vs[sel], ve[sel]))
-    rows = m.view(np.dtype((np.void, m.shape[1]))).ravel()
-    uniq, inverse = np.unique(rows, return_inverse=True)
-    return [bytes(u).rstrip(b"\x00") for u in uniq.tolist()], inverse.ravel()
-
-
-def _parse_ints(src: _Sources, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Decimal values of short fields: ``(value, ok)`` per record of ``sel``."""
-    m = src.matrix(vs[sel], ve[sel]).astype(np.int64)
-    lengths = ve[sel] - vs[sel]
-    digits = m - 48
-    cols = np.arange(m.shape[1])
-    inside = cols < lengths[:, None]
-    ok = (((digits >= 0) & (digits <= 9)) | ~inside).all(axis=1) & (lengths > 0) & (lengths <= 18)
-    power = np.where(inside, lengths[:, None] - 1 - cols, 0)
-    value = (np.where(inside, digits, 0) * (10 ** np.clip(power, 0, 18))).sum(axis=1)
-    return value, ok
-
-
-def _as_bytes(values: np.ndarray) -> list[bytes]:
-    """Decimal ASCII of each value, formatting each distinct value once."""
-    uniq, inverse = np.unique(values, return_inverse=True)
-    texts = [str(v).encode("ascii") for v in uniq.tolist()]
-    return list(map(texts.__getitem__, inverse.ravel().tolist()))
-
-
 # ---------------------------------------------------------------------------- one chunk
 def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
                    roll, delete_keys, precision: int, direct_enqueue_ms: bytes
                    ) -> tuple[int, int]:
     n = len(offsets)
-    src = _Sources(store, offsets)
+    src = SourceRecords(store, offsets)
     h = src.headers
     keep = src.ok & np.isin(h["sys_flag"] & TRANSACTION_TYPE_MASK, _TX_OK)
     roll = np.zeros(n, dtype=bool) if roll is None else roll
@@ -298,17 +152,17 @@ def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_
     codes = np.zeros(n, dtype=np.int64)
     topic_index: dict[bytes, int] = {}
     if len(fast):
-        names, inverse = _unique_values(src, fast, t0, t1)
+        names, inverse = unique_values(src, fast, t0, t1)
         ids = np.array([topic_index.setdefault(t, len(topic_index)) for t in names], np.int64)
         topic_ids[fast] = ids[inverse]
         has_qid, q0, q1 = src.find(_REAL_QID)
         q_sel = fast[has_qid[fast]]
-        value, ok = _parse_ints(src, q_sel, q0, q1)
+        value, ok = parse_ints(src, q_sel, q0, q1)
         qids[q_sel] = np.where(ok, value, 0)
         has_tags, g0, g1 = src.find(_TAGS)
         g_sel = fast[has_tags[fast]]
         if len(g_sel):
-            tag_names, tag_inverse = _unique_values(src, g_sel, g0, g1)
+            tag_names, tag_inverse = unique_values(src, g_sel, g0, g1)
             tag_codes = np.array([java_string_hash(t.decode("utf-8", "replace"))
                                   for t in tag_names], dtype=np.int64)
             codes[g_sel] = tag_codes[tag_inverse]
@@ -348,15 +202,15 @@ def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_
     fsel = np.flatnonzero(keep_fast)
     if len(fsel):
         if due_ms is not None:
-            due_pieces = _as_bytes(due_ms[fsel])
+            due_pieces = as_bytes(due_ms[fsel])
         else:
             due_pieces = list(map(src.blob.__getitem__,
                                   map(slice, d0[fsel].tolist(), d1[fsel].tolist())))
         parts = [[b"__RMQ_DELIVER_MS\x01"] * len(fsel), due_pieces,
-                 [b"\x02__RMQ_DELAY_ORIGIN\x01"] * len(fsel), _as_bytes(offsets[fsel])]
+                 [b"\x02__RMQ_DELAY_ORIGIN\x01"] * len(fsel), as_bytes(offsets[fsel])]
         if enqueue_ms is not None:
             enq = enqueue_ms[fsel]
-            enq_pieces = _as_bytes(enq)
+            enq_pieces = as_bytes(enq)
             if (enq < 0).any():
                 enq_pieces = [direct_enqueue_ms if e < 0 else p
                               for e, p in zip(enq.tolist(), enq_pieces)]

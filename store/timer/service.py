@@ -43,27 +43,16 @@ import random
 
 import numpy as np
 
-from ..codec import MessageIdGenerator, RecordSpec
-from ..errors import (
-    CorruptRecordError,
-    InvalidMessageError,
-    TimerFlowControlError,
-    UnknownTopicError,
-)
-from ..message import (
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TAGS,
-    PROPERTY_TIMER_DEL_UNIQKEY,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_TIMER_OUT_MS,
-    PROPERTY_UNIQ_KEY,
-    TIMER_TOPIC,
-)
+from ..codec import RecordSpec
+from ..errors import CorruptRecordError, InvalidMessageError, TimerFlowControlError
+from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
+                       PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
+                       PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, TIMER_TOPIC)
 from . import checkpoint as ckpt
 from .bulk import restore
 from .checkpoint import TimerCheckpoint
 from .delivery import origins_since, read_queue_entries
+from .recall import find_timer_record
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .wheel import TimerWheel
 
@@ -78,8 +67,6 @@ DEQUEUE_CHUNK = 1 << 16
 _NO_END = 1 << 62
 _FILLER_SIZE = 0x7FFFFFFF
 _FLOW_CONTROL_OFF = 2**31 - 1
-#: How far apart born and store times of one record may be when cancel looks a message up.
-_CANCEL_WINDOW_MS = 600_000
 
 
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
@@ -109,7 +96,6 @@ class TimerService:
         self._check_path = os.path.join(store.root, "config", "timercheck")
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
-        self._ids = MessageIdGenerator()
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel = TimerWheel(os.path.join(store.root, "timerwheel"), self.slots,
                                     self.precision)
@@ -182,7 +168,7 @@ class TimerService:
         store = self.store
         with store.write_lock():
             now = store.now_ms()
-            rec = self._find_timer_record(topic, msg_id, now)
+            rec = find_timer_record(store, topic, msg_id, now, self.max_delay)
             if rec is None:
                 return False
             props = rec.properties
@@ -199,57 +185,6 @@ class TimerService:
             store.append([RecordSpec(topic=TIMER_TOPIC, body=b"0", properties=marker,
                                      queue_id=0, born_timestamp_ms=now)])
             return True
-
-    def _born_candidates(self, msg_id: str, now: int) -> list[int]:
-        """Born times a message id can stand for (its ms-since-month-start field)."""
-        if len(msg_id) != 32:
-            return []
-        try:
-            since = int(msg_id[20:28], 16)
-        except ValueError:
-            return []
-        out = []
-        t = now + _CANCEL_WINDOW_MS
-        oldest = now - self.max_delay - 32 * 86_400_000
-        while t > oldest and t > 0:
-            month_start = t - self._ids._since_month(t)
-            for born in (month_start + since, month_start + since + 2**31):
-                if month_start <= born <= t:
-                    out.append(born)
-            t = month_start - 1
-        return out
-
-    def _find_timer_record(self, topic: str, msg_id: str, now: int):
-        """The timer-topic record of ``msg_id`` on ``topic``, or ``None``."""
-        store = self.store
-        try:
-            qmax = store.max_offset(TIMER_TOPIC, 0)
-        except UnknownTopicError:
-            return None
-        cq = store.consume_queue(TIMER_TOPIC, 0)
-        log = store.commit_log
-        for born in self._born_candidates(msg_id, now):
-            i = store.offset_for_timestamp(TIMER_TOPIC, 0, born)
-            while i < qmax:
-                entries = read_queue_entries(cq, i, min(qmax, i + 256))
-                if not len(entries):
-                    break
-                for e in entries:
-                    i += 1
-                    offset, tags = int(e["offset"]), int(e["tags_code"])
-                    if tags <= 0 or int(e["size"]) <= 0:
-                        continue  # a marker (or filler)
-                    try:
-                        rec = log.read_record(offset)
-                    except CorruptRecordError:
-                        continue
-                    if rec.store_timestamp_ms > born + _CANCEL_WINDOW_MS:
-                        i = qmax
-                        break
-                    if (rec.born_timestamp_ms == born
-                            and rec.properties.get(PROPERTY_UNIQ_KEY) == msg_id):
-                        return rec if rec.properties.get(PROPERTY_REAL_TOPIC) == topic else None
-        return None
 
     # ------------------------------------------------------------------ state
     def _sync(self) -> TimerCheckpoint:

@@ -32,18 +32,28 @@ query) happens after, and answers come back through ``end_transaction``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..codec import Record
 from ..errors import CorruptRecordError, TransactionStateError
-from ..message import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, PROPERTY_KEYS,
-                       PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
-                       PROPERTY_TAGS, PROPERTY_TRANSACTION_CHECK_TIMES,
-                       PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, PROPERTY_UNIQ_KEY,
-                       SYSTEM_PROPERTY_NAMES, LocalTransactionState, MessageView)
-from .half import (check_times, discard_spec, immunity_ms, put_back_spec, transaction_id_of)
+from ..message import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_KEYS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
+    PROPERTY_UNIQ_KEY,
+    SYSTEM_PROPERTY_NAMES,
+    LocalTransactionState,
+    MessageView,
+)
+from .half import check_times, discard_spec, immunity_ms, put_back_spec, transaction_id_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .service import TransactionService
@@ -153,9 +163,14 @@ def check_view(record: Record, copy_queue_offset: int, copy_commitlog_offset: in
     )
 
 
-def run_bookkeeping(service: "TransactionService", *, max_checks: int | None = None,
-                    max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
-    """Steps 1 to 4 of the round (see the module docstring); the caller holds the write lock."""
+def run_bookkeeping(service: TransactionService, *, max_checks: int | None = None,
+                    max_process_ms: int = MAX_PROCESS_TIME_MS,
+                    remember: dict | None = None) -> CheckPlan:
+    """Steps 1 to 4 of the round (see the module docstring); the caller holds the write lock.
+
+    ``remember``: a dict that receives ``{CommitLog offset: Record}`` of each put-back copy,
+    so answers given in this process need not read the copies back.
+    """
     store = service.store
     index = service.index
     settings = service.settings
@@ -172,7 +187,7 @@ def run_bookkeeping(service: "TransactionService", *, max_checks: int | None = N
     half_offset = max(saved_half, half_min)
     op_offset = max(saved_op, op_min)
     half_end = index.half_scanned
-    qoffs, rows = index.window(half_offset, half_end)
+    qoffs, _ = index.window(half_offset, half_end)
 
     new_half = half_end
     specs = []
@@ -225,11 +240,17 @@ def run_bookkeeping(service: "TransactionService", *, max_checks: int | None = N
     results = store.append(specs) if specs else []
     checks = []
     ask_iter = iter(asks)
-    for kind, r in zip(kinds, results):
+    for kind, spec, r in zip(kinds, specs, results):
         if kind == "check":
             record, count = next(ask_iter)
             checks.append(check_view(record, r.queue_offset, r.commitlog_offset,
                                      r.store_timestamp_ms, count))
+            if remember is not None:  # the copy as read back, for the answers that follow
+                remember[r.commitlog_offset] = dataclasses.replace(
+                    record, topic=spec.topic, queue_id=spec.queue_id,
+                    properties=dict(spec.properties), physical_offset=r.commitlog_offset,
+                    queue_offset=r.queue_offset, store_timestamp_ms=r.store_timestamp_ms,
+                    prepared_transaction_offset=0)
     index.refresh()  # the copies and discards just written
     new_op = index.op_progress(op_offset, new_half)
     service.save_progress(new_half, new_op, started)

@@ -26,15 +26,23 @@ TRAN_MSG, so they stay in the bytes; readers hide them).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record, RecordSpec
 from ..errors import InvalidMessageError
-from ..message import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, PROPERTY_PRODUCER_GROUP,
-                       PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
-                       PROPERTY_TRANSACTION_CHECK_TIMES, PROPERTY_TRANSACTION_ID,
-                       PROPERTY_TRANSACTION_PREPARED, PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
-                       PROPERTY_UNIQ_KEY, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC)
+from ..message import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
+    PROPERTY_UNIQ_KEY,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+)
 
 HALF_QUEUE_ID = 0
 #: RocketMQ's internal consumer group of the check loop (names the progress offsets).
@@ -168,8 +176,17 @@ def immunity_ms(value: str | None, timeout_ms: int, *, raise_to_timeout: bool) -
 
 
 __all__ = [
-    "CHECK_GROUP", "HALF_QUEUE_ID", "MAX_IMMUNITY_SECONDS", "check_times",
-    "check_transactional_properties", "commit_spec", "discard_spec", "half_spec",
-    "immunity_ms", "ordered_properties", "put_back_spec", "transaction_id_of",
+    "CHECK_GROUP",
+    "HALF_QUEUE_ID",
+    "MAX_IMMUNITY_SECONDS",
     "PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET",
+    "check_times",
+    "check_transactional_properties",
+    "commit_spec",
+    "discard_spec",
+    "half_spec",
+    "immunity_ms",
+    "ordered_properties",
+    "put_back_spec",
+    "transaction_id_of",
 ]

@@ -28,8 +28,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..codec import FIELD_OFFSET, HEADER_SIZE
-from ..message import (PROPERTY_TRANSACTION_ID, TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC,
-                       TRANS_OP_HALF_TOPIC)
+from ..errors import StoreError
+from ..message import (
+    PROPERTY_TRANSACTION_ID,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+)
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .op import REMOVE_TAG_CODE, parse_op_bodies
 
@@ -71,7 +76,7 @@ class Growable:
         return self.data[:self.n]
 
     @classmethod
-    def of(cls, values: np.ndarray) -> "Growable":
+    def of(cls, values: np.ndarray) -> Growable:
         g = cls(values.dtype)
         g.extend(values)
         return g
@@ -83,7 +88,7 @@ def _be(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(raw).view(dtype).ravel().astype(np.int64)
 
 
-def gather_records(store: "MessageStore", offsets: np.ndarray, *, want_body: bool = False):
+def gather_records(store: MessageStore, offsets: np.ndarray, *, want_body: bool = False):
     """Read fields of many records at CommitLog ``offsets`` (vectorised per segment).
 
     Returns a dict of arrays aligned with ``offsets``: ``born`` (int64), ``store_ts``,
@@ -146,7 +151,7 @@ class TransactionIndex:
     offset, born time, ended (an op names one of its halves) and discarded.
     """
 
-    def __init__(self, store: "MessageStore") -> None:
+    def __init__(self, store: MessageStore) -> None:
         self.store = store
         self.lock = threading.RLock()
         self.base = -1            # half queue offset of element 0; -1 before the first refresh
@@ -181,6 +186,19 @@ class TransactionIndex:
             if key is None:
                 return self._odd.get(transaction_id, -1)
             return int(self._lookup(np.array([key], KEY_DTYPE))[0])
+
+    def rows_of(self, transaction_ids) -> list[int]:
+        """Rows of many transaction ids at once (-1 for unknown ones)."""
+        with self.lock:
+            keys = [_as_key(t) for t in transaction_ids]
+            normal = [i for i, k in enumerate(keys) if k is not None]
+            out = [self._odd.get(t, -1) if k is None else -1
+                   for t, k in zip(transaction_ids, keys)]
+            if normal:
+                found = self._lookup(np.array([keys[i] for i in normal], KEY_DTYPE))
+                for i, row in zip(normal, found.tolist()):
+                    out[i] = row
+            return out
 
     def transaction_id(self, row: int) -> str:
         odd = self._odd_by_row.get(row)
@@ -257,7 +275,7 @@ class TransactionIndex:
         for i in np.flatnonzero(~fields["key_ok"] & (fields["segment"] >= 0)):
             try:
                 tx = transaction_id_of(self.store.read_record(int(clogs[i])))
-            except Exception:  # unreadable record: not indexed
+            except StoreError:  # unreadable record: not indexed
                 tx = None
             if not tx:
                 continue

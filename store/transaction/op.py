@@ -15,7 +15,7 @@ neither does; a body holds at most :data:`OP_BODY_MAX_CHARS` characters (RocketM
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidDelayError, TransactionStateError
-from ..message import LocalTransactionState, Message, SendResult, TRANS_HALF_TOPIC
+from ..message import TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult
 from ..producer import Producer
 from .check import parse_state
 from .half import check_transactional_properties, half_spec
@@ -58,7 +58,7 @@ class TransactionProducer(Producer):
         asks this listener about the group's open transactions.
     """
 
-    def __init__(self, store: "MessageStore", group: str, listener) -> None:
+    def __init__(self, store: MessageStore, group: str, listener) -> None:
         super().__init__(store, group)
         if not callable(getattr(listener, "execute_local_transaction", None)):
             raise TransactionStateError(
@@ -101,7 +101,7 @@ class TransactionProducer(Producer):
         try:
             answer = self.listener.execute_local_transaction(message, arg)
             state = LocalTransactionState.UNKNOW if answer is None else parse_state(answer)
-        except Exception as exc:  # RocketMQ: the local transaction's outcome is unknown
+        except Exception as exc:  # noqa: BLE001 - user code; RocketMQ: the outcome is unknown
             error = f"{type(exc).__name__}: {exc}"
             state = LocalTransactionState.UNKNOW
         ended = False

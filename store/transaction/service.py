@@ -25,15 +25,20 @@ process and every restart agrees, and no transaction reaches its real topic twic
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ..config import StoreConfig
 from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
-from ..message import (PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, TRANS_HALF_TOPIC,
-                       TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView)
+from ..message import (
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    LocalTransactionState,
+    MessageView,
+)
 from ..topics import read_json, write_json_atomic
-from .check import (MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state,
-                    run_bookkeeping)
+from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
 from .index import TransactionIndex
 from .op import op_specs
@@ -51,11 +56,12 @@ Resolve = Callable[[MessageView], object]
 class TransactionService:
     """Transactions of one :class:`~store.MessageStore` (built by the store; see module doc)."""
 
-    def __init__(self, store: "MessageStore") -> None:
+    def __init__(self, store: MessageStore) -> None:
         self.store = store
         self._index: TransactionIndex | None = None
         self._listeners: dict[str, object] = {}
         self._settings: dict[str, int] | None = None
+        self._copies: dict = {}  # put-back copies of the running in-process round, by offset
         self._config_dir = os.path.join(store.root, "config")
         self.progress_path = os.path.join(self._config_dir, "transactionOffset.json")
         self.settings_path = os.path.join(self._config_dir, "transactionConfig.json")
@@ -189,7 +195,7 @@ class TransactionService:
         with store.write_lock():
             index = self.index
             index.refresh()
-            rows = [index.row_of(tx) for tx, _ in parsed]
+            rows = index.rows_of([tx for tx, _ in parsed])
             for (tx, _), row in zip(parsed, rows):
                 if row < 0:
                     raise UnknownMessageError(
@@ -207,8 +213,9 @@ class TransactionService:
                         or row in seen):
                     results.append(False)
                     continue
+                clog = index.latest_clog(row)
                 try:
-                    record = store.read_record(index.latest_clog(row))
+                    record = self._copies.pop(clog, None) or store.read_record(clog)
                 except CorruptRecordError as exc:
                     raise UnknownMessageError(
                         f"transaction id {tx!r}: its half message can no longer be read "
@@ -248,7 +255,8 @@ class TransactionService:
         return listener.check_local_transaction(view)
 
     def prepare_checks(self, *, max_checks: int | None = None,
-                       max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
+                       max_process_ms: int = MAX_PROCESS_TIME_MS,
+                       _remember: bool = False) -> CheckPlan:
         """Run a round's bookkeeping; return the transactions to ask about.
 
         Answers go to :meth:`end_transactions` with ``from_check=True``; an answer never
@@ -257,7 +265,9 @@ class TransactionService:
         if max_checks is not None and (not isinstance(max_checks, int) or max_checks < 1):
             raise TransactionStateError(f"max_checks={max_checks!r}; allowed: None or an int >= 1")
         with self.store.write_lock():
-            return run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms)
+            self._copies = {}
+            return run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms,
+                                   remember=self._copies if _remember else None)
 
     def check(self, resolve: Resolve | None = None, *,
               max_checks: int | None = None) -> CheckResult:
@@ -269,21 +279,24 @@ class TransactionService:
         transaction producers created in this process, by producer group.
         """
         resolve = resolve or self._resolve_by_listener
-        plan = self.prepare_checks(max_checks=max_checks)
+        plan = self.prepare_checks(max_checks=max_checks, _remember=True)
         answers: list[tuple[str, LocalTransactionState]] = []
         errors: list[str] = []
         unknown = 0
         for view in plan.checks:
             try:
                 state = parse_state(resolve(view))
-            except Exception as exc:  # the answer is lost; the transaction stays open
+            except Exception as exc:  # noqa: BLE001 - user code: the answer is lost, stays open
                 errors.append(f"{view.transaction_id}: {type(exc).__name__}: {exc}")
                 state = LocalTransactionState.UNKNOW
             if state is LocalTransactionState.UNKNOW:
                 unknown += 1
             else:
                 answers.append((view.transaction_id, state))
-        done = self.end_transactions(answers, from_check=True) if answers else []
+        try:
+            done = self.end_transactions(answers, from_check=True) if answers else []
+        finally:
+            self._copies = {}
         committed = sum(1 for (_, s), d in zip(answers, done)
                         if d and s is LocalTransactionState.COMMIT_MESSAGE)
         rolled_back = sum(1 for (_, s), d in zip(answers, done)

@@ -41,11 +41,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 VERSION = 1
 FILE_NAME = "transactionIndex.npz"
-#: Save at close when the index read at least this many entries since it was loaded or saved.
+#: Save at close when the index read at least this many entries (and 10 % more than the last
+#: snapshot held) since it was loaded or saved.
 SAVE_AFTER_ENTRIES = 4096
 
 
-def _path(store: "MessageStore") -> str:
+def _path(store: MessageStore) -> str:
     return os.path.join(store.root, "config", FILE_NAME)
 
 
@@ -85,13 +86,14 @@ def save_index(index: TransactionIndex) -> None:
 def save_index_if_grown(index: TransactionIndex) -> bool:
     """Save when the index read :data:`SAVE_AFTER_ENTRIES` entries since the last save."""
     read = index.half_scanned + index.op_scanned + index.discard_scanned
-    if index.base < 0 or read - getattr(index, "saved_entries", 0) < SAVE_AFTER_ENTRIES:
+    grown = read - index.saved_entries
+    if index.base < 0 or grown < max(SAVE_AFTER_ENTRIES, index.saved_entries // 10):
         return False
     save_index(index)
     return True
 
 
-def load_index(store: "MessageStore") -> TransactionIndex | None:
+def load_index(store: MessageStore) -> TransactionIndex | None:
     """The index from the snapshot, or ``None`` when there is none or it does not match."""
     path = _path(store)
     try:

@@ -116,6 +116,8 @@ def test_subscription_and_path_rules():
     # the transaction_checks view reads the store's half messages: no subscription needed
     assert parse_options({"path": "/s", "view": "transaction_checks"},
                          streaming=True).view == "transaction_checks"
+    with pytest.raises(InvalidOptionError, match=r"tags='a': applies to view=messages only"):
+        parse_options({"path": "/s", "view": "transaction_checks", "tags": "a"}, streaming=True)
 
 
 def test_writer_options():

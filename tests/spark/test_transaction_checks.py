@@ -9,8 +9,11 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from rmq_source.transaction_checks import (TRANSACTION_CHECKS_DDL, TRANSACTION_CHECKS_SCHEMA,
-                                           rows_to_batch)
+from rmq_source.transaction_checks import (
+    TRANSACTION_CHECKS_DDL,
+    TRANSACTION_CHECKS_SCHEMA,
+    rows_to_batch,
+)
 from store import LocalTransactionState, Message, MessageStore, StoreConfig
 
 pytestmark = pytest.mark.spark
@@ -125,7 +128,7 @@ def test_rows_of_a_round_and_end_transaction_writes(spark, tmp_path):
     assert query.exception() is None, query.exception()
     by_id = {r[0]: r for r in rows.rows}
     assert sorted(by_id) == sorted(ids)
-    tx, group, topic, qid, msg_id, tags, keys, body, props, born, times = by_id[ids[2]]
+    _, group, topic, qid, msg_id, tags, keys, body, props, born, times = by_id[ids[2]]
     assert (group, topic, msg_id, tags, keys, body, props, times) == (
         "pay-service", "payments", ids[2], "t", ["o-2", "x"], b"p2", {"k": "v"}, 1)
     assert 0 <= qid < 4 and born.year >= 2024
@@ -148,3 +151,35 @@ def test_rows_of_a_round_and_end_transaction_writes(spark, tmp_path):
     assert got == sorted([ids[0], ids[3]])
     assert store.transactions.is_ended(ids[:3]) == [True, True, False]
     store.close()
+
+
+def test_reader_and_partitions_pickle_without_runner_state(tmp_path):
+    import pickle
+
+    from rmq_source.options import parse_options
+    from rmq_source.transaction_checks import (CheckRoundPartition,
+                                               TransactionChecksStreamReader)
+    from rmq_source.writer import EndTransactionError, parse_rows
+
+    path = str(tmp_path / "store")
+    MessageStore.open(path).close()
+    opts = parse_options({"path": path, "view": "transaction_checks"}, streaming=True)
+    reader = TransactionChecksStreamReader(opts)
+    first = reader.initialOffset()
+    assert reader.initialOffset() == first  # stable within the runner
+    try:
+        assert reader.latestOffset(first, None) == first  # nothing to ask about: no batch
+    finally:
+        reader.stop()  # closes the store the runner keeps open
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._initial is None and copy.path == path
+    end = {"round": 2, "stream": first["stream"]}
+    parts = reader.partitions(first, end)
+    assert parts == [CheckRoundPartition(path, first["stream"], 1),
+                     CheckRoundPartition(path, first["stream"], 2)]
+    assert pickle.loads(pickle.dumps(parts)) == parts
+    with pytest.raises(EndTransactionError, match="column 'state'"):
+        parse_rows([{"transaction_id": "A" * 32}])
+    with pytest.raises(EndTransactionError, match="state=None"):
+        parse_rows([{"transaction_id": "A" * 32, "state": None}])
+    assert parse_rows([{"transaction_id": "A", "state": " commit_message "}]) == [("A", "COMMIT")]

@@ -114,7 +114,7 @@ class StepClock:
         return self.now
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(message_st, min_size=1, max_size=40),
@@ -343,3 +343,15 @@ def test_a_deliver_time_that_is_not_a_number_raises_corrupt_record_error(store):
     assert batch_rows(read_queue_batch(store, "orders", 0, 0, 1))[0][11] == 12
     with pytest.raises(CorruptRecordError, match="soon"):
         read_queue_batch(store, "orders", 0, 0, 2)
+
+
+def test_filler_units_in_front_of_a_queue_yield_no_rows(store):
+    queue = store.consume_queue("orders", 1)
+    queue.fill_to(3)  # a queue that starts at offset 3 (as after a rebuild)
+    store.append([RecordSpec("orders", b"m%d" % i, {"TAGS": "a"}, queue_id=1) for i in range(2)])
+    assert store.max_offset("orders", 1) == 5
+    got = read_queue_batch(store, "orders", 1, 0, 5)
+    assert got.column("queue_offset").to_pylist() == [3, 4]
+    assert batch_rows(got) == pulled(store, "orders", 1, 3, 5)
+    assert read_queue_batch(store, "orders", 1, 0, 3).num_rows == 0
+    assert read_queue_batch(store, "orders", 1, 0, 5, tags="a").num_rows == 2  # a str is a tag

@@ -16,9 +16,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import SMALL, FakeClock
 
 from store import LocalTransactionState, MessageStore
-from conftest import SMALL, FakeClock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOUR = 3_600_000

@@ -12,14 +12,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+from conftest import SMALL, FakeClock
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, invariant, rule)
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from store import LocalTransactionState as S
 from store import Message, MessageStore
 from store.message import TRANS_CHECK_MAX_TIME_TOPIC
-from conftest import SMALL, FakeClock
 
 STATES = [S.COMMIT_MESSAGE, S.ROLLBACK_MESSAGE, S.UNKNOW]
 CHECK_MAX = 3
@@ -105,7 +105,12 @@ class TransactionMachine(RuleBasedStateMachine):
                 assert self.fate[tx] == "open" and self.asked[tx] == CHECK_MAX
             assert len(now_discarded) == result.discarded + len(self.discarded)
             self.discarded = now_discarded
-            print("DISCARDS", len(now_discarded))
+
+    @rule()
+    def unanswered_rounds(self):
+        """Nobody answers for a while: open transactions run out of checks."""
+        for _ in range(CHECK_MAX + 1):
+            self.check_round([S.UNKNOW], 31_000)
 
     @rule()
     def reopen(self):

@@ -7,16 +7,24 @@ import os
 
 import numpy as np
 import pytest
+from conftest import SMALL
 
-from store import (InvalidDelayError, InvalidMessageError, InvalidTopicError, LocalTransactionState, Message,
-                   MessageStore, MessageView, StoreConfig, TransactionStateError,
-                   UnknownMessageError)
+from store import (
+    InvalidDelayError,
+    InvalidMessageError,
+    InvalidTopicError,
+    LocalTransactionState,
+    Message,
+    MessageStore,
+    MessageView,
+    StoreConfig,
+    TransactionStateError,
+    UnknownMessageError,
+)
 from store.codec import TRANSACTION_COMMIT_TYPE, RecordSpec
-from store.message import (TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
+from store.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from store.transaction.half import immunity_ms
 from store.transaction.op import REMOVE_TAG, op_specs, parse_op_body
-
-from conftest import SMALL
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
 ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
@@ -167,7 +175,7 @@ def test_commit_record_rollback_and_op_messages(tx_store):
     rb = send(txp, 2, UNKNOW)
     half = tx_store.read_record(c.commitlog_offset)
     assert half.topic == TRANS_HALF_TOPIC and half.queue_id == 0 and half.sys_flag & 0xC == 0
-    assert list(half.properties)[0] == "__transactionId__"
+    assert next(iter(half.properties)) == "__transactionId__"
     assert half.properties["__transactionId__"] == half.properties["UNIQ_KEY"] == c.transaction_id
     assert (half.properties["TRAN_MSG"], half.properties["PGROUP"]) == ("true", "pay-service")
     assert (half.properties["REAL_TOPIC"], half.properties["REAL_QID"]) == ("payments",
@@ -412,7 +420,8 @@ def test_progress_offsets_advance_and_persist(store_path, clock):
     assert (first.checked, first.committed) == (6, 6)
     assert first.half_offset == 10 and first.op_offset == 4  # the 5th op names copies at >= 10
     path = os.path.join(store_path, "config", "transactionOffset.json")
-    saved = json.load(open(path))["offsetTable"]
+    with open(path) as fh:
+        saved = json.load(fh)["offsetTable"]
     assert saved == {"RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS": {"0": 10},
                      "RMQ_SYS_TRANS_OP_HALF_TOPIC@CID_RMQ_SYS_TRANS": {"0": 4}}
     s.close()
@@ -468,7 +477,7 @@ def test_vectorised_index_matches_records(tx_store, clock):
         assert index.transaction_id(row) == r.transaction_id
         assert index.latest_clog(row) == r.commitlog_offset
         assert bool(index.row_ended.data[row]) == (r.local_state is not UNKNOW)
-    qoffs, rows = index.window(0, 300)
+    qoffs, _ = index.window(0, 300)
     assert np.array_equal(qoffs, np.arange(2, 300, 3))
 
 

@@ -1,0 +1,82 @@
+"""Finding the timer record a cancel (RocketMQ's recall) refers to, by message id alone.
+
+RocketMQ's recall handle carries the fire time; ``producer.cancel(topic, msg_id)`` does not,
+so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.codec.MessageIdGenerator`)
+holds the ms since the start of its month at which it was born; for each month the id can
+belong to, the timer ConsumeQueue is binary-searched by store time to that moment and the few
+records stored from then on are compared by born time and id.  No index of pending messages
+is kept, so memory does not grow with them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..codec import MessageIdGenerator, Record
+from ..errors import CorruptRecordError, UnknownTopicError
+from ..message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, TIMER_TOPIC
+from .delivery import read_queue_entries
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..message_store import MessageStore
+
+#: How far apart born and store times of one record may be.
+CANCEL_WINDOW_MS = 600_000
+_MONTHS = MessageIdGenerator()
+
+
+def born_candidates(msg_id: str, now: int, max_delay_ms: int) -> list[int]:
+    """Born times (epoch ms) a message id can stand for, newest first."""
+    if len(msg_id) != 32:
+        return []
+    try:
+        since = int(msg_id[20:28], 16)  # ms since the month started, 31 bits
+    except ValueError:
+        return []
+    out = []
+    t = now + CANCEL_WINDOW_MS
+    oldest = now - max_delay_ms - 32 * 86_400_000
+    while t > oldest and t > 0:
+        month_start = t - _MONTHS._since_month(t)
+        for born in (month_start + since, month_start + since + 2**31):
+            if month_start <= born <= t:
+                out.append(born)
+        t = month_start - 1
+    return out
+
+
+def find_timer_record(store: "MessageStore", topic: str, msg_id: str, now: int,
+                      max_delay_ms: int) -> Record | None:
+    """The timer-topic record of ``msg_id`` whose real topic is ``topic``, or ``None``.
+
+    A record with that id but another real topic gives ``None`` too.  Cancel markers are
+    skipped.  The caller holds the store's write lock.
+    """
+    try:
+        qmax = store.max_offset(TIMER_TOPIC, 0)
+    except UnknownTopicError:
+        return None
+    queue = store.consume_queue(TIMER_TOPIC, 0)
+    log = store.commit_log
+    for born in born_candidates(msg_id, now, max_delay_ms):
+        i = store.offset_for_timestamp(TIMER_TOPIC, 0, born)
+        while i < qmax:
+            entries = read_queue_entries(queue, i, min(qmax, i + 256))
+            if not len(entries):
+                break
+            for offset, size, tags in zip(entries["offset"].tolist(), entries["size"].tolist(),
+                                          entries["tags_code"].tolist()):
+                i += 1
+                if tags <= 0 or size <= 0:
+                    continue  # a cancel marker (or a filler)
+                try:
+                    rec = log.read_record(offset)
+                except CorruptRecordError:
+                    continue
+                if rec.store_timestamp_ms > born + CANCEL_WINDOW_MS:
+                    i = qmax
+                    break
+                props = rec.properties
+                if rec.born_timestamp_ms == born and props.get(PROPERTY_UNIQ_KEY) == msg_id:
+                    return rec if props.get(PROPERTY_REAL_TOPIC) == topic else None
+    return None
