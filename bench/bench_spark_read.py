@@ -104,8 +104,7 @@ def main() -> None:
             secs = write_store(path, args.messages, args.constant_bodies)
             print(f"wrote {args.messages:,} messages of {BODY_BYTES} bytes in {secs:.1f} s")
         spark = spark_session(workdir)
-        rmq = (spark.read.format("rmq").option("subscribe", "bench")
-               .option("deliverDue", "false").load(path))
+        rmq = spark.read.format("rmq").option("subscribe", "bench").load(path)
         if not os.path.exists(parquet):
             rmq.write.parquet(parquet)
         pq = spark.read.parquet(parquet)

@@ -204,8 +204,16 @@ store.deliver_due()
 store.deliver_due()
 pending = store.timer.pending_count()
 after = status()
+maps, name = {{}}, None
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and len(head) >= 5:
+        name = head[5] if len(head) > 5 else "[anon]"
+    elif head[0] == "Rss:":
+        maps[name] = maps.get(name, 0) + int(head[1]) * 1024
+top = sorted(maps.items(), key=lambda kv: -kv[1])[:5]
 store.close()
-print(json.dumps({{"before": before, "after": after, "pending": pending}}))
+print(json.dumps({{"before": before, "after": after, "pending": pending, "top": top}}))
 """
 
 
@@ -219,7 +227,7 @@ def bench_memory(base: str, pending: int, precision: int) -> dict:
         rng = np.random.default_rng(3)
         day = 86_400_000
         send_s = enqueue_batched(store, pending, lambda s, k: start + rng.integers(
-            60_000, 30 * day, size=k))
+            3_600_000, 30 * day, size=k))  # none falls due while they are being sent
     script = _RSS_CHILD.format(root=ROOT, precision=precision)
     res = {}
     for name, path in (("empty", empty), ("full", full)):
@@ -228,6 +236,8 @@ def bench_memory(base: str, pending: int, precision: int) -> dict:
         res[name] = json.loads(out.strip().splitlines()[-1])
     growth = {k: (res["full"]["after"][k] - res["empty"]["after"][k]) / 2**20
               for k in res["full"]["after"]}
+    print("  largest mappings with the pending store:",
+          [(name, round(b / 2**20, 1)) for name, b in res["full"]["top"]])
     disk = sum(os.stat(os.path.join(d, f)).st_blocks * 512 for d, _, fs in os.walk(full)
                for f in fs)
     shutil.rmtree(full)

@@ -54,7 +54,7 @@ def string_array(texts) -> pa.Array:
     """A ``StringArray`` of Python strings, built from its buffers (no pandas import)."""
     data = [t.encode("utf-8") for t in texts]
     offsets = np.zeros(len(data) + 1, dtype=np.int32)
-    np.cumsum([len(d) for d in data], out=offsets[1:])
+    np.cumsum(np.fromiter(map(len, data), np.int64, len(data)), out=offsets[1:])
     return pa.StringArray.from_buffers(len(data), pa.py_buffer(offsets),
                                        pa.py_buffer(b"".join(data)))
 

@@ -85,11 +85,11 @@ def test_check_loop_query_resolves_by_join_and_messages_see_commits_once(spark, 
                 .option("startingOffsets", "earliest").load(path)
                 .writeStream.foreachBatch(seen)
                 .option("checkpointLocation", str(tmp_path / "chk-messages"))
-                .trigger(processingTime="300 milliseconds").start())
+                .trigger(processingTime="1 second").start())
     try:
         checks = spark.readStream.format("rmq").option("view", "transaction_checks").load(path)
         decisions = (checks.withColumn("order_id", F.col("keys")[0])
-                     .join(orders, "order_id", "left")
+                     .join(F.broadcast(orders), "order_id", "left")
                      .select("transaction_id",
                              F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
                              .otherwise("UNKNOWN").alias("state")))
@@ -157,8 +157,7 @@ def test_reader_and_partitions_pickle_without_runner_state(tmp_path):
     import pickle
 
     from rmq_source.options import parse_options
-    from rmq_source.transaction_checks import (CheckRoundPartition,
-                                               TransactionChecksStreamReader)
+    from rmq_source.transaction_checks import CheckRoundPartition, TransactionChecksStreamReader
     from rmq_source.writer import EndTransactionError, parse_rows
 
     path = str(tmp_path / "store")
