@@ -5,31 +5,20 @@ checks every one of them at query start (unknown names, malformed values, option
 apply to batch, streaming or writing) and raises :class:`InvalidOptionError` naming the option,
 the value given and what is allowed.  Nothing falls back silently.
 
-Options (the Kafka source's spellings where the concept is the same):
+Options (the Kafka source's spellings where the concept is the same; the table of every
+option with its default is docs/options.md).  Rules this module adds:
 
-======================  =========================================================  ==========
-option                  values                                                     default
-======================  =========================================================  ==========
-path                    the store directory (``.load(path)`` sets it)              required
-subscribe               comma-separated topics                                     \\ one of
-subscribePattern        a Python regular expression matched against whole names    / the two
-tags                    RocketMQ tag expression ``a || b``; ``*`` for all          ``*``
-startingOffsets         ``earliest``, ``latest`` or JSON ``{"t":{"0":42}}``        stream
-                        (-2 earliest, -1 latest; queues not named: earliest)       latest,
-                                                                                   batch
-                                                                                   earliest
-endingOffsets           batch only: ``latest`` or JSON (-1 latest; queues not      ``latest``
-                        named: latest)
-startingTimestamp       epoch ms: start at the first message stored at/after it    none
-endingTimestamp         batch only: end before the first message stored at/after   none
-maxOffsetsPerTrigger    streaming only: messages per micro-batch (>= 1)            unlimited
-failOnDataLoss          ``true``/``false``: fail, or skip ahead, when requested    ``true``
-                        offsets were removed by retention
-deliverDue              ``true``/``false``: move due delayed messages into their   ``true``
-                        topics when a query plans (each trigger)
-view                    ``messages`` or ``transaction_checks``                      messages
-action                  writers only: ``end_transaction``                          required
-======================  =========================================================  ==========
+* exactly one of ``subscribe`` / ``subscribePattern`` (a Python regular expression matched
+  against whole topic names; system topics never match) for ``view=messages``;
+  ``view=transaction_checks`` takes only ``path`` and ``view``;
+* ``startingOffsets`` JSON: queues it does not name start at earliest; ``endingOffsets``
+  JSON: queues it does not name end at latest; a batch query may not start at ``latest``
+  (-1) nor end at ``earliest`` (-2);
+* ``endingOffsets``/``endingTimestamp`` are batch-only, ``maxOffsetsPerTrigger`` is
+  streaming-only; ``startingOffsets`` and ``startingTimestamp`` (and the two ending ones)
+  exclude each other;
+* ``tags``: RocketMQ's expression, tags separated by ``||``; ``*`` (anywhere) means all;
+* ``action`` (``end_transaction``) is the only option of a writer besides ``path``.
 """
 
 from __future__ import annotations

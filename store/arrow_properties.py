@@ -135,6 +135,7 @@ def parse_properties(props: pa.Array):
     # and every non-empty row ends in 0x02.  Then pair k lies between sep[2k-1] and sep[2k+1].
     closed = (data[offsets[1:] - 1] == 2) | (offsets[1:] == offsets[:-1])
     regular = (len(sep) % 2 == 0 and (kind.view("<u2") == 0x0201).all() and closed.all())
+    per_row = 0  # pairs in every row, when all rows have as many
     if regular:
         ends = sep[1::2]
         per_row = len(ends) // n
@@ -143,6 +144,7 @@ def parse_properties(props: pa.Array):
             # every row holds per_row pairs (its last one ends the row): no search needed
             row_first_segment = np.arange(0, len(ends) + 1, per_row)
         else:
+            per_row = 0
             row_first_segment = np.searchsorted(ends, offsets, side="left")
     # every name and value non-empty: separators at least 2 apart, the first one past 0
     if regular and sep[0] >= 1 and (np.diff(sep) >= 2).all():
@@ -154,6 +156,7 @@ def parse_properties(props: pa.Array):
         pair_offsets[2::2] = sep32 + 1
         row_first_pair = row_first_segment
     else:
+        per_row = 0
         if regular:
             split_at = sep[0::2]
             starts = np.zeros(len(ends), dtype=np.int64)
@@ -176,7 +179,12 @@ def parse_properties(props: pa.Array):
                                         data_buf)
     row = np.repeat(np.arange(n, dtype=np.int32), np.diff(row_first_pair))
     name_start = pair_offsets[0:4 * n_pairs:4]
-    code = _name_codes(data, pairs, name_start, pair_offsets[1:4 * n_pairs:4] - name_start)
+    name_length = pair_offsets[1:4 * n_pairs:4] - name_start
+    code = None
+    if per_row and n > 1:  # messages of one producer usually repeat one list of names
+        code = _repeated_name_codes(data, pairs, name_start, name_length, n, per_row)
+    if code is None:
+        code = _name_codes(data, pairs, name_start, name_length)
     user = code < 0
     map_offsets = np.zeros(n + 1, dtype=np.int32)
     if user.any():
@@ -184,21 +192,51 @@ def parse_properties(props: pa.Array):
     return pairs, row, code, map_offsets, np.flatnonzero(user).astype(np.int32) * 4
 
 
-def _name_codes(data: np.ndarray, pairs: pa.Array, start: np.ndarray,
-                length: np.ndarray) -> np.ndarray:
-    """Code of each pair's name ``data[start:start + length]`` (see :func:`parse_properties`)."""
-    if len(start) == 0:
-        return np.empty(0, np.int32)
+def _first_words(data: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The 8 bytes from each ``start`` as a little-endian word (zeros past the data)."""
     if len(data) < 8:
         data = np.concatenate([data, np.zeros(8, np.uint8)])
     # word i = the 8 bytes from byte i: one unaligned gather reads every name's start
     words = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     at = np.minimum(start, len(data) - 8)
-    prefix = words[at]
+    word = words[at]
     late = at != start  # a name in the last 8 bytes: its word starts earlier
     if late.any():
-        prefix[late] >>= ((start - at)[late] * 8).astype(np.uint64)
-    prefix &= _PREFIX_MASK[np.minimum(length, 8)]
+        word[late] >>= ((start - at)[late] * 8).astype(np.uint64)
+    return word
+
+
+def _repeated_name_codes(data: np.ndarray, pairs: pa.Array, start: np.ndarray,
+                         length: np.ndarray, n: int, per_row: int) -> np.ndarray | None:
+    """Codes when all ``n`` rows name their ``per_row`` pairs alike (else ``None``).
+
+    Comparing each name with the first row's (length, first 8 bytes, and every byte of
+    names longer than 8) is cheaper than looking every name up; the first row is looked up.
+    """
+    lengths = length.reshape(n, per_row)
+    first = lengths[0]
+    if not (lengths == first).all():
+        return None
+    prefixes = _first_words(data, start).reshape(n, per_row) & _PREFIX_MASK[np.minimum(first, 8)]
+    if not (prefixes == prefixes[0]).all():
+        return None
+    starts = start.reshape(n, per_row)
+    for j in np.flatnonzero(first > 8).tolist():
+        width = int(first[j])
+        view = np.ndarray(shape=(len(data) - width + 1,), dtype=f"V{width}", buffer=data,
+                          strides=(1,))
+        names = view[starts[:, j]].view(np.uint8).reshape(n, width)
+        if not (names == names[0]).all():
+            return None
+    return np.tile(_name_codes(data, pairs, start[:per_row], length[:per_row]), n)
+
+
+def _name_codes(data: np.ndarray, pairs: pa.Array, start: np.ndarray,
+                length: np.ndarray) -> np.ndarray:
+    """Code of each pair's name ``data[start:start + length]`` (see :func:`parse_properties`)."""
+    if len(start) == 0:
+        return np.empty(0, np.int32)
+    prefix = _first_words(data, start) & _PREFIX_MASK[np.minimum(length, 8)]
     wide = length.astype(np.uint64)
     slot = ((prefix * _MIX[0] + wide * _MIX[1]) >> np.uint64(64 - _SLOT_BITS)).astype(np.intp)
     hit = (_TABLE_LENGTH[slot] == length) & (_TABLE_PREFIX[slot] == prefix)

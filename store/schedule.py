@@ -43,7 +43,7 @@ from .message import (
     SCHEDULE_TOPIC,
 )
 from .timer.bulk import restore
-from .timer.delivery import origins_since, read_queue_entries
+from .timer.delivery import origins_since, read_queue_entries, release_commitlog_pages
 from .topics import write_json_atomic
 
 #: Queue entries examined per step.
@@ -188,6 +188,7 @@ class ScheduleService:
             store.flush()  # the deliveries are durable before the offsets that claim them
             progress.mark = -1
             self._save(progress)
+            release_commitlog_pages(store)
             return delivered
 
     def _deliver_level(self, cq, start: int, maxo: int, now: int,

@@ -15,14 +15,14 @@ multi-record write, so the records found this way are exactly the deliveries tha
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codec import FIELD_OFFSET, HEADER_SIZE, RecordSpec
+from ..codec import FIELD_OFFSET, HEADER_SIZE
 from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
 from ..message import PROPERTY_DELAY_ORIGIN
 
@@ -33,8 +33,6 @@ _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 
-#: Records per ``store.append`` call while delivering.
-APPEND_CHUNK = 4096
 
 
 def record_origin(buf, pos: int) -> int:
@@ -76,17 +74,20 @@ def origins_since(store: MessageStore, start: int) -> np.ndarray:
     return np.unique(np.array(found, dtype=np.int64))
 
 
-def append_chunked(store: MessageStore, specs: Sequence[RecordSpec]) -> int:
-    """Append ``specs`` in order, :data:`APPEND_CHUNK` records per call; return how many."""
-    for i in range(0, len(specs), APPEND_CHUNK):
-        store.append(specs[i:i + APPEND_CHUNK])
-    return len(specs)
+def release_commitlog_pages(store: "MessageStore") -> None:
+    """Drop this process's resident pages of the CommitLog mappings (the data stays on disk).
 
-
-def queue_for(store: MessageStore, topic: str, queue_id: int) -> int:
-    """A valid queue of ``topic`` for a restored ``REAL_QID`` (the caller holds the lock)."""
-    count = store._ensure_topic(topic)
-    return queue_id if 0 <= queue_id < count else queue_id % count
+    Reading scattered records through a mapping makes the kernel map whole read-around
+    windows (hundreds of KiB per record here), so after a delivery run the pages are handed
+    back; otherwise resident memory would grow with every record ever delivered.
+    """
+    for f in store.commit_log.files.files:
+        m = getattr(f, "_map", None)
+        if m is not None:
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError, AttributeError):
+                pass
 
 
 _NATIVE_CQ_DTYPE = CQ_DTYPE.newbyteorder("=")

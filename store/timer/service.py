@@ -51,7 +51,7 @@ from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAG
 from . import checkpoint as ckpt
 from .bulk import restore
 from .checkpoint import TimerCheckpoint
-from .delivery import origins_since, read_queue_entries
+from .delivery import origins_since, read_queue_entries, release_commitlog_pages
 from .recall import find_timer_record
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .wheel import TimerWheel
@@ -201,6 +201,7 @@ class TimerService:
         if self._state is None and disk.deliver_mark < 0:
             # first look in this process: slots pointing past the log are corrupt
             self._repair_wheel(disk)
+            self.wheel.release_memory()
         self._state = disk
         return disk
 
@@ -258,6 +259,7 @@ class TimerService:
             finally:
                 self.wheel.release_memory()
                 self.log.release_memory()
+                release_commitlog_pages(store)
 
     def _run(self, st: TimerCheckpoint, now: int) -> int:
         store = self.store

@@ -355,3 +355,17 @@ def test_filler_units_in_front_of_a_queue_yield_no_rows(store):
     assert batch_rows(got) == pulled(store, "orders", 1, 3, 5)
     assert read_queue_batch(store, "orders", 1, 0, 3).num_rows == 0
     assert read_queue_batch(store, "orders", 1, 0, 5, tags="a").num_rows == 2  # a str is a tag
+
+
+@pytest.mark.parametrize("names", [
+    ["TIMER_DEQUEUE_MS", "TIMER_DEfoo_bar_", "TIMER_DEQUEUE_MS"],  # alike in 16 bytes' first 8
+    ["long_user_name_1", "long_user_name_1", "long_user_name_1"],  # one list of names
+    ["TIMER_DEQUEUE_MS", "TIMER_DELIVER_MS", "DELAY"],
+])
+def test_names_alike_in_length_and_first_bytes_are_told_apart(store, names):
+    store.append([RecordSpec("orders", b"m", {name: f"v{i}", "KEYS": f"k{i}"}, queue_id=0)
+                  for i, name in enumerate(names)])
+    rows = batch_rows(read_queue_batch(store, "orders", 0, 0, len(names)))
+    assert rows == pulled(store, "orders", 0, 0, len(names))
+    assert [r[8] for r in rows] == [{n: f"v{i}"} if n.islower() or "foo" in n else {}
+                                    for i, n in enumerate(names)]
