@@ -18,8 +18,9 @@ replays the same ranges.
   forgotten (and re-read from earliest) by a later batch.
 * ``maxOffsetsPerTrigger`` (``ReadMaxRows``) is shared by the queues max-min fairly: each
   queue gets an equal share, queues with less backlog give the rest to the others.
-* ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages)
-  raises :class:`DataLossError`, or with ``false`` the reader skips ahead.
+* ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages),
+  or above its end (the store lost messages the query had read), raises
+  :class:`DataLossError`, or with ``false`` the reader moves to the queue's minimum / end.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
 from .delivery import close_kept_open, deliver_due_kept_open
+from .errors import DataLossError
 from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
@@ -128,7 +130,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stops: QueueOffsets = {}
         for key, (low, high) in bounds.items():
             if key in starts:
-                from_here[key] = starts[key]
+                from_here[key] = self._not_past_end(key, starts[key], high)
             elif target is not None and key not in target:
                 continue  # appeared after the AvailableNow target was fixed
             else:
@@ -147,6 +149,18 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key, begin in from_here.items():
             end[key] = begin + grant[key]
         return to_spark(end)
+
+    def _not_past_end(self, key: QueueKey, start: int, high: int) -> int:
+        """A start past the queue's end means the store lost messages this query read."""
+        if start <= high:
+            return start
+        if self.options.fail_on_data_loss:
+            raise DataLossError(
+                f"queue {key[0]}/{key[1]} now ends at offset {high}, but this query already "
+                f"read up to {start}: the store lost messages it had (restored from an older "
+                "copy, or recovered after a crash with ASYNC_FLUSH); set option "
+                f"failOnDataLoss=false to go on from offset {high}")
+        return high
 
     def reportLatestOffset(self) -> dict | None:
         return None if self._latest is None else to_spark(self._latest)

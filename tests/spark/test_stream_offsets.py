@@ -104,6 +104,11 @@ def test_data_loss_fails_or_skips(opened, store_path, small_config, clock):
     assert {(x.queue_id, x.start) for x in ranges} == {(q, low[q]) for q in low}
     with pytest.raises(DataLossError):
         reader(store_path, subscribe="a", startingOffsets=json.dumps(start)).initialOffset()
+    # a start past a queue's end: the store lost messages this query had read
+    ahead = {"a": {str(q): opened.max_offset("a", q) + 5 for q in low}}
+    with pytest.raises(DataLossError, match=r"now ends at offset \d+, but this query already"):
+        strict.latestOffset(ahead, ReadAllAvailable())
+    assert lenient.latestOffset(ahead, ReadAllAvailable()) == end
 
 
 def test_starting_offsets_checked_against_the_store(opened, store_path, clock):
