@@ -142,7 +142,7 @@ def bench_burst(base: str, n: int, precision: int) -> dict:
     }
 
 
-def bench_spark(base: str, n: int, precision: int) -> dict:
+def bench_spark(base: str, n: int, precision: int, background: bool) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = ROOT
     from pyspark.sql import SparkSession
@@ -163,6 +163,7 @@ def bench_spark(base: str, n: int, precision: int) -> dict:
         seen["lat"].append(wall - rows.dropna().to_numpy(dtype=np.int64))
 
     query = (spark.readStream.format("rmq").option("subscribe", "orders")
+             .option("deliverDue", str(not background).lower())
              .option("startingOffsets", "earliest").load(path).writeStream.foreachBatch(sink)
              .option("checkpointLocation", os.path.join(base, "spark-checkpoint"))
              .trigger(processingTime="200 milliseconds").start())
@@ -173,9 +174,14 @@ def bench_spark(base: str, n: int, precision: int) -> dict:
     second -= second % 1000
     offsets = np.random.default_rng(2).integers(1, 1001, size=n)
     enqueue_batched(store, n, lambda s, k: second + offsets[s:s + k])
+    store.deliver_due()  # into the wheel
     deadline = time.monotonic() + lead / 1000 + 600
     while seen["rows"] < n + 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+        if background:  # a deliverer beside the query, as a producer-side daemon would be
+            store.deliver_due()
+            time.sleep(0.05)
+        else:
+            time.sleep(0.1)
     query.stop()
     spark.stop()
     store.close()
@@ -325,6 +331,8 @@ def main() -> None:
     ap.add_argument("--single", type=int, default=20_000, help="messages sent one at a time")
     ap.add_argument("--precision-ms", type=int, default=1000)
     ap.add_argument("--spark", action="store_true", help="also read the burst with Spark")
+    ap.add_argument("--spark-deliverer", choices=("query", "background"), default="query",
+                    help="who calls deliver_due: the query (deliverDue=true) or a loop beside it")
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated: enqueue,burst,memory")
     ap.add_argument("--dir", default=None, help="where the stores go (a temp dir by default)")
@@ -341,7 +349,9 @@ def main() -> None:
             results.update(bench_burst(base, args.messages, args.precision_ms))
         if args.spark:
             print("spark ...", flush=True)
-            results.update(bench_spark(base, args.messages, args.precision_ms))
+            results.update(bench_spark(base, args.messages, args.precision_ms,
+                                       args.spark_deliverer == "background"))
+            results["spark_deliverer"] = args.spark_deliverer
         if "memory" not in skip:
             print("memory ...", flush=True)
             results.update(bench_memory(base, args.pending, args.precision_ms))

@@ -877,6 +877,16 @@ class MessageStore:
         self._check_open()
         return self.transactions.check(resolve)
 
+    def pending_delayed_stats(self) -> dict:
+        """Pending delayed messages: total, per kind, next due time and counts by due time.
+
+        See :func:`store.stats.pending_delayed_stats` for the shape.
+        """
+        from .stats import pending_delayed_stats
+
+        self._check_open()
+        return pending_delayed_stats(self)
+
     def pending_transaction_stats(self) -> dict:
         """Open transactions (``pending``) and the oldest one's born time (``oldest_born_ms``)."""
         self._check_open()

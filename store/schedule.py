@@ -43,7 +43,8 @@ from .message import (
     SCHEDULE_TOPIC,
 )
 from .timer.bulk import restore
-from .timer.delivery import origins_since, read_queue_entries, release_commitlog_pages
+from .timer.delivery import (check_headroom, origins_since, read_queue_entries,
+                             release_commitlog_pages)
 from .topics import write_json_atomic
 
 #: Queue entries examined per step.
@@ -106,6 +107,7 @@ class ScheduleService:
         props[PROPERTY_REAL_TOPIC] = topic
         props[PROPERTY_REAL_QUEUE_ID] = str(qid)
         props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        check_headroom(store, props)
         rewritten = dataclasses.replace(spec, topic=SCHEDULE_TOPIC, queue_id=level - 1,
                                         properties=props)
         return rewritten, store.now_ms() + self.levels[level - 1]
@@ -232,6 +234,36 @@ class ScheduleService:
                 maxo = cq.max_offset(confirmed)
                 total += max(0, maxo - max(progress.offsets.get(level, 0), cq.first_index()))
             return total
+
+    def pending_due_ms(self) -> np.ndarray:
+        """Due times (epoch ms) of the delay-level messages not yet delivered (vectorised)."""
+        store = self.store
+        with store.write_lock():
+            progress = self._load()
+            confirmed = store.confirmed_offset()
+            parts = []
+            for level in range(1, len(self.levels) + 1):
+                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                start = max(progress.offsets.get(level, 0), cq.first_index())
+                end = cq.max_offset(confirmed)
+                if end > start:
+                    parts.append(cq.entries(start, end)["tags_code"].astype(np.int64))
+            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def pending_due_ms(self) -> np.ndarray:
+        """Due times (ms) of every stored delay-level message not yet delivered."""
+        store = self.store
+        out = [np.empty(0, np.int64)]
+        with store.write_lock():
+            progress = self._load()
+            confirmed = store.confirmed_offset()
+            for level in range(1, len(self.levels) + 1):
+                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = cq.max_offset(confirmed)
+                start = max(progress.offsets.get(level, 0), cq.first_index())
+                if start < maxo:
+                    out.append(read_queue_entries(cq, start, maxo)["tags_code"].astype(np.int64))
+        return np.concatenate(out)
 
     def on_retention(self, commitlog_min: int) -> None:
         """Nothing to do: offsets are clamped to the queue when read."""

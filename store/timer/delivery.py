@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codec import FIELD_OFFSET, HEADER_SIZE
+from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
+from ..errors import MessageTooLargeError
 from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
 from ..message import PROPERTY_DELAY_ORIGIN
 
@@ -33,6 +34,25 @@ _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 
+
+
+#: Properties bytes a delivery (or roll) may add: ``__RMQ_DELIVER_MS``, the origin,
+#: ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS``, ``TIMER_ROLL_TIMES``.
+DELIVERY_HEADROOM = 200
+
+
+def check_headroom(store: "MessageStore", properties) -> None:
+    """Refuse at send time a delayed message whose properties leave no room for delivery.
+
+    Otherwise its restored record would exceed ``max_properties_size_bytes`` and could never
+    be delivered.
+    """
+    size = len(encode_properties(properties))
+    limit = store.config.max_properties_size_bytes - DELIVERY_HEADROOM
+    if size > limit:
+        raise MessageTooLargeError(
+            f"properties of a delayed message are {size} bytes; allowed: at most {limit} "
+            f"(max_properties_size_bytes minus {DELIVERY_HEADROOM} for delivery bookkeeping)")
 
 
 def record_origin(buf, pos: int) -> int:

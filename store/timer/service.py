@@ -51,7 +51,8 @@ from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAG
 from . import checkpoint as ckpt
 from .bulk import restore
 from .checkpoint import TimerCheckpoint
-from .delivery import origins_since, read_queue_entries, release_commitlog_pages
+from .delivery import (check_headroom, origins_since, read_queue_entries,
+                       release_commitlog_pages)
 from .recall import find_timer_record
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .wheel import TimerWheel
@@ -124,6 +125,7 @@ class TimerService:
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
         props[PROPERTY_REAL_TOPIC] = topic
         props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+        check_headroom(store, props)
         rewritten = dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props)
         return rewritten, deliver_ms
 
@@ -507,7 +509,55 @@ class TimerService:
             if qmax > st.last_timer_queue_offset:
                 tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
                 backlog = int(np.count_nonzero(tags > 0)) - int(np.count_nonzero(tags < 0))
-            return max(0, self.wheel.pending_count(st.last_read_time_ms) + backlog)
+            pending = self.wheel.pending_count(st.last_read_time_ms)
+            self.wheel.release_memory()
+            return max(0, pending + backlog)
+
+    def pending_due_ms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pending timer messages by due time: ``(due_ms, count)`` arrays (vectorised).
+
+        Wheel slots at or after the read time give (slot time, num); messages still in the
+        timer queue tail (not yet on the wheel) count one each at their fire time.
+        """
+        store = self.store
+        with store.write_lock():
+            st = self._sync()
+            slots = self.wheel._slots
+            keep = ((slots["time"] >= st.last_read_time_ms // self.wheel.precision)
+                    & (slots["last_pos"] >= 0) & (slots["num"] > 0))
+            due = slots["time"][keep].astype(np.int64) * self.wheel.precision
+            num = slots["num"][keep].astype(np.int64)
+            cq = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = cq.max_offset(store.confirmed_offset())
+            if qmax > st.last_timer_queue_offset:
+                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                tail = tags[tags > 0].astype(np.int64)
+                due = np.concatenate([due, tail])
+                num = np.concatenate([num, np.ones(len(tail), np.int64)])
+            return due, num
+
+    def pending_due_ms(self) -> tuple[np.ndarray, np.ndarray]:
+        """When pending timer messages fire: ``(fire times, counts)``, vectorised.
+
+        One row per live wheel slot (its time + the precision, weighted by its ``num``; a
+        rolled message counts at its roll slot) and one per queued record not yet enqueued
+        (cancel markers weigh -1).
+        """
+        store = self.store
+        P = self.precision
+        with store.write_lock():
+            st = self._sync()
+            times, nums = self.wheel.live_slots(st.last_read_time_ms)
+            self.wheel.release_memory()
+            cq = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = cq.max_offset(store.confirmed_offset())
+            tags = np.empty(0, np.int64)
+            if qmax > st.last_timer_queue_offset:
+                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                tags = tags[tags != 0].astype(np.int64)
+        due = np.concatenate([times + P, np.abs(tags) + P])
+        weight = np.concatenate([nums, np.where(tags < 0, -1, 1)]).astype(np.int64)
+        return due.astype(np.int64), weight
 
     def on_retention(self, commitlog_min: int) -> None:
         """Delete TimerLog files whose units all point below the CommitLog minimum."""

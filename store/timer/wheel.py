@@ -138,6 +138,14 @@ class TimerWheel:
         r = self._slots[index]
         return int(r["time"]), int(r["first_pos"]), int(r["last_pos"]), int(r["num"])
 
+    def live_slots(self, from_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """Times (ms) and ``num`` of the non-empty slots at or after ``from_ms``."""
+        t = self._slots["time"].astype(np.int64)
+        idx = np.arange(self.slots)
+        keep = (t >= from_ms // self.precision) & (self._slots["last_pos"] >= 0) & (
+            t % self.slots == idx)
+        return t[keep] * self.precision, self._slots["num"][keep].astype(np.int64)
+
     def pending_count(self, from_ms: int) -> int:
         """Sum of ``num`` over live slots at or after ``from_ms`` (approximate pending count)."""
         t = self._slots["time"]

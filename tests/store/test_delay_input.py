@@ -69,3 +69,20 @@ def test_cancel_of_an_unknown_id_returns_false(store, clock):
             p.cancel(*bad)
     clock.advance(1_100)
     assert store.deliver_due() == 1
+
+
+def test_properties_must_leave_room_for_delivery(store, clock):
+    from store import MessageTooLargeError
+
+    p = store.producer("g")
+    big = {"p": "x" * 32_600}
+    with pytest.raises(MessageTooLargeError, match="delivery bookkeeping"):
+        p.send(Message("t", b"x", properties=big), delay_ms=1_000)
+    with pytest.raises(MessageTooLargeError, match="delivery bookkeeping"):
+        p.send(Message("t", b"x", properties=big), delay_level=1)
+    near = {"p": "x" * 32_300}  # fits with the headroom: delivered with its bookkeeping
+    p.send(Message("t", b"x", properties=near), delay_ms=1_000)
+    clock.advance(1_100)
+    assert store.deliver_due() == 1
+    [v] = _all(store, "t")
+    assert v.properties == near

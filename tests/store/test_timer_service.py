@@ -362,3 +362,20 @@ def test_checkpoint_makes_restart_cheap(store_path, clock, small_config):
     assert s.deliver_due() == 0  # nothing re-enqueued
     assert ckpt.load(s.timer._check_path).counter == state.counter
     s.close()
+
+
+def test_pending_due_times_for_stats(store, clock):
+    p = store.producer("g")
+    a = p.send(Message("t", b"a"), delay_ms=2_000)
+    p.send(Message("t", b"b"), delay_ms=2_000)
+    p.send(Message("t", b"c"), delay_ms=90_000)
+    level = p.send(Message("t", b"l"), delay_level=2)
+    due, num = store.timer.pending_due_ms()  # still queued
+    assert int(num.sum()) == 3 and set(due.tolist()) == {a.deliver_at_ms, clock() + 90_000}
+    store.deliver_due()  # now in the wheel
+    due, num = store.timer.pending_due_ms()
+    assert int(num.sum()) == 3
+    assert sorted(zip(due.tolist(), num.tolist())) == [(a.deliver_at_ms, 2), (clock() + 90_000, 1)]
+    assert store.schedule.pending_due_ms().tolist() == [level.deliver_at_ms]
+    stats = store.pending_delayed_stats()
+    assert (stats["pending"], stats["timer_pending"], stats["schedule_pending"]) == (4, 3, 1)
