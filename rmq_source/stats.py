@@ -51,7 +51,9 @@ def render_stats(data: dict) -> None:
                       str(q["max_offset"]), str(q["messages"]))
     console.print(t)
     delayed = data["delayed"]
-    d = Table(title=f"pending delayed messages: {delayed['pending']}")
+    console.print(f"[bold]pending delayed messages[/bold] {delayed['pending']} "
+                  f"(delay levels {delayed['schedule_pending']}, timer wheel {delayed['timer_pending']})")
+    d = Table(title="by due time")
     d.add_column("due within")
     d.add_column("messages", justify="right")
     for bucket in delayed["by_due"]:

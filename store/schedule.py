@@ -236,21 +236,6 @@ class ScheduleService:
             return total
 
     def pending_due_ms(self) -> np.ndarray:
-        """Due times (epoch ms) of the delay-level messages not yet delivered (vectorised)."""
-        store = self.store
-        with store.write_lock():
-            progress = self._load()
-            confirmed = store.confirmed_offset()
-            parts = []
-            for level in range(1, len(self.levels) + 1):
-                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
-                start = max(progress.offsets.get(level, 0), cq.first_index())
-                end = cq.max_offset(confirmed)
-                if end > start:
-                    parts.append(cq.entries(start, end)["tags_code"].astype(np.int64))
-            return np.concatenate(parts) if parts else np.empty(0, np.int64)
-
-    def pending_due_ms(self) -> np.ndarray:
         """Due times (ms) of every stored delay-level message not yet delivered."""
         store = self.store
         out = [np.empty(0, np.int64)]

@@ -514,29 +514,6 @@ class TimerService:
             return max(0, pending + backlog)
 
     def pending_due_ms(self) -> tuple[np.ndarray, np.ndarray]:
-        """Pending timer messages by due time: ``(due_ms, count)`` arrays (vectorised).
-
-        Wheel slots at or after the read time give (slot time, num); messages still in the
-        timer queue tail (not yet on the wheel) count one each at their fire time.
-        """
-        store = self.store
-        with store.write_lock():
-            st = self._sync()
-            slots = self.wheel._slots
-            keep = ((slots["time"] >= st.last_read_time_ms // self.wheel.precision)
-                    & (slots["last_pos"] >= 0) & (slots["num"] > 0))
-            due = slots["time"][keep].astype(np.int64) * self.wheel.precision
-            num = slots["num"][keep].astype(np.int64)
-            cq = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = cq.max_offset(store.confirmed_offset())
-            if qmax > st.last_timer_queue_offset:
-                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
-                tail = tags[tags > 0].astype(np.int64)
-                due = np.concatenate([due, tail])
-                num = np.concatenate([num, np.ones(len(tail), np.int64)])
-            return due, num
-
-    def pending_due_ms(self) -> tuple[np.ndarray, np.ndarray]:
         """When pending timer messages fire: ``(fire times, counts)``, vectorised.
 
         One row per live wheel slot (its time + the precision, weighted by its ``num``; a

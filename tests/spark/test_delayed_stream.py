@@ -91,5 +91,5 @@ def test_streaming_query_sees_delayed_messages_once_and_never_early(spark, store
         assert wall >= deliver, "seen by the query before its due time"
         late.append(wall - deliver)
     late.sort()
-    # generous: the whole suite shares two cores (bench/bench_timer.py measures it properly)
-    assert late[len(late) // 2] < 8_000, f"median lateness {late[len(late) // 2]} ms"
+    # prompt, but generous: CI shares two cores (bench/bench_timer.py measures lateness)
+    assert late[len(late) // 2] < 20_000, f"median lateness {late[len(late) // 2]} ms"
