@@ -23,7 +23,7 @@ i64 0, i32 0xCBD43194 -- the CommitLog's BLANK magic) and the next unit starts t
 
 Recovery: the timer checkpoint (:mod:`store.timer.checkpoint`) records how far the log is
 valid; everything past it is zeroed on the next run (:meth:`TimerLog.truncate`), and wheel
-slots pointing past it are rebuilt by walking their chains (:mod:`store.timer.service`).
+slots pointing past it are rebuilt from the units below it (:mod:`store.timer.service`).
 """
 
 from __future__ import annotations

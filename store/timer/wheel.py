@@ -20,7 +20,7 @@ slots are reused as the wheel turns without being cleared.
 Crash safety: a slot update writes firstPos, lastPos, num and only then time, field by field
 over all updated slots.  Every partial update therefore leaves either a stale slot or a slot
 whose pointers reach past the TimerLog's checkpointed end; the timer service finds both with
-:meth:`TimerWheel.slots_pointing_past` and rebuilds them from the chain.
+:meth:`TimerWheel.slots_pointing_past` and rebuilds them from the TimerLog units.
 """
 
 from __future__ import annotations
