@@ -13,7 +13,6 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .delivery import deliver_due_once
-from .offsets import QueueKey
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
 from .queues import (apply_data_loss, check_named_queues, open_store, queue_bounds,
@@ -49,7 +48,6 @@ class RmqBatchReader(DataSourceReader):
         finally:
             store.close()
         starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
-        key: QueueKey
         return [QueueRange(key[0], key[1], starts[key], max(starts[key], ends[key]))
                 for key in sorted(bounds)]
 

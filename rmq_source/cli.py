@@ -68,8 +68,10 @@ def main() -> None:
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
               help="The store directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of tables.")
-@click.option("--system", is_flag=True, help="Also list system topics (schedule, timer, transactions).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print machine-readable JSON instead of tables.")
+@click.option("--system", is_flag=True,
+              help="Also list system topics (schedule, timer, transactions).")
 def stats(store_path: str, as_json: bool, system: bool) -> None:
     """Topics, queues, offsets, pending delayed and half messages, disk use of a store."""
     from .stats import collect_stats, render_stats

@@ -118,7 +118,8 @@ def _produce(store, n: int, timeout_ms: int, outcomes: dict, rate_per_s: float,
         oid = f"o-{i:06d}"
         body = json.dumps({"order": oid, "amount": 10 + i % 90}).encode()
         producer.send(Message(ORDERS, body, tags="created", keys=oid))
-        producer.send(Message(TIMEOUTS, body, tags="close_if_unpaid", keys=oid), delay_ms=timeout_ms)
+        producer.send(Message(TIMEOUTS, body, tags="close_if_unpaid", keys=oid),
+                      delay_ms=timeout_ms)
         if outcomes[oid] != "no_payment":
             payer.send_in_transaction(Message(PAYMENTS, body, tags="paid", keys=oid), arg=oid)
         progress["produced"] = i + 1
@@ -281,7 +282,8 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
         started = time.time()
         rate = max(50.0, orders / 15.0)  # produce for about 15 s
         producer = threading.Thread(target=_produce, daemon=True,
-                                    args=(store, orders, timeout_ms, outcomes, rate, progress, stop))
+                                    args=(store, orders, timeout_ms, outcomes, rate, progress,
+                                          stop))
         producer.start()
         deadline = time.time() + orders / rate + timeout_s + 60
         live_cm = (contextlib.nullcontext(_NoLive()) if quiet else
@@ -348,7 +350,8 @@ def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed:
               f"{len(state.paid)} ({sum(k == 'commit' for k in outcomes.values())} / "
               f"{sum(k == 'unknown_paid' for k in outcomes.values())})")
     t.add_row("closed by time-out", str(len(state.closed)))
-    t.add_row("paid only after the time-out closed them (refunds)", str(len(state.paid_after_close)))
+    t.add_row("paid only after the time-out closed them (refunds)",
+              str(len(state.paid_after_close)))
     t.add_row("delivered early", str(len(state.early)))
     t.add_row("lateness p50 / p99 (store - due)",
               f"{np.percentile(lat_store, 50):.0f} / {np.percentile(lat_store, 99):.0f} ms")

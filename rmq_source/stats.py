@@ -52,7 +52,8 @@ def render_stats(data: dict) -> None:
     console.print(t)
     delayed = data["delayed"]
     console.print(f"[bold]pending delayed messages[/bold] {delayed['pending']} "
-                  f"(delay levels {delayed['schedule_pending']}, timer wheel {delayed['timer_pending']})")
+                  f"(delay levels {delayed['schedule_pending']}, "
+                  f"timer wheel {delayed['timer_pending']})")
     d = Table(title="by due time")
     d.add_column("due within")
     d.add_column("messages", justify="right")

@@ -87,7 +87,8 @@ def _render(v, fmt: str) -> str:
         }, sort_keys=True)
     late = ""
     if v.deliver_timestamp_ms is not None:
-        late = f" due={_fmt_ms(v.deliver_timestamp_ms)} (+{v.store_timestamp_ms - v.deliver_timestamp_ms} ms)"
+        lateness = v.store_timestamp_ms - v.deliver_timestamp_ms
+        late = f" due={_fmt_ms(v.deliver_timestamp_ms)} (+{lateness} ms)"
     tag = f" [{v.tags}]" if v.tags else ""
     return (f"{_fmt_ms(v.store_timestamp_ms)} {v.topic}/{v.queue_id}@{v.queue_offset}{tag}"
             f"{late} {_text_body(v.body)}")

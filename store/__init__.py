@@ -18,8 +18,8 @@ from .config import StoreConfig
 from .errors import (ConfigMismatchError, CorruptRecordError, InvalidBatchError,
                      InvalidConfigError, InvalidDelayError, InvalidMessageError,
                      InvalidTopicError, MessageTooLargeError, OffsetOutOfRangeError,
-                     StoreClosedError, StoreError, StoreNotFoundError, TransactionStateError, UnknownMessageError,
-                     UnknownTopicError)
+                     StoreClosedError, StoreError, StoreNotFoundError, TransactionStateError,
+                     UnknownMessageError,                      UnknownTopicError)
 from .message import (LocalTransactionState, Message, MessageView, SendResult,
                       TransactionListener, is_system_topic, java_string_hash, validate_topic)
 from .message_store import AppendResult, MessageStore, system_clock
@@ -30,7 +30,8 @@ __all__ = [
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "Record", "RecordSpec", "SendResult", "StoreClosedError",
-    "StoreConfig", "StoreError", "StoreNotFoundError", "TransactionListener", "TransactionStateError",
+    "StoreConfig", "StoreError", "StoreNotFoundError", "TransactionListener",
+    "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
     "system_clock", "validate_topic",
 ]

@@ -19,7 +19,7 @@ without a per-message Python loop:
    system names are dropped, the rest form the map.  One ``take`` copies every value the
    string columns and the map need.
 
-Column semantics equal :func:`store.message_store.record_view`.  When a message repeats a
+Column semantics equal :func:`store.reading.record_view`.  When a message repeats a
 property name, its scalar columns take the last value (as ``dict`` does) but the map keeps
 both entries; the store never writes such records.
 """

@@ -78,7 +78,8 @@ def _name_table():
         # can, and those are confirmed with index_in)
         keys.setdefault((int.from_bytes(name[:8].ljust(8, b"\0"), "little"), len(name)), code)
     for seed in range(1, 1000):  # odd multipliers until no two keys share a slot
-        mix = ((0x9E3779B97F4A7C15 * seed) | 1) & _MASK64, ((0xC2B2AE3D27D4EB4F * seed) | 1) & _MASK64
+        mix = (((0x9E3779B97F4A7C15 * seed) | 1) & _MASK64,
+               ((0xC2B2AE3D27D4EB4F * seed) | 1) & _MASK64)
         slots = {((p * mix[0] + n * mix[1]) & _MASK64) >> (64 - _SLOT_BITS): (p, n, c)
                  for (p, n), c in keys.items()}
         if len(slots) == len(keys):

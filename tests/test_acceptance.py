@@ -1,4 +1,4 @@
-"""Issue 2's "done when": only interface names, 100,000 messages, three topics, read back by Spark."""
+"""Issue 2's "done when": interface names only, 100,000 messages, three topics, read by Spark."""
 
 from __future__ import annotations
 

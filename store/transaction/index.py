@@ -221,11 +221,12 @@ class TransactionIndex:
         return rows
 
     def _add_keys(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        if len(keys) > 4096 or len(self._delta) + len(keys) > max(65536, len(self._sorted_keys) // 8):
+        limit = max(65536, len(self._sorted_keys) // 8)
+        if len(keys) > 4096 or len(self._delta) + len(keys) > limit:
             all_keys = np.concatenate([self._sorted_keys, keys,
                                        np.array(list(self._delta), KEY_DTYPE)])
-            all_rows = np.concatenate([self._sorted_rows, rows,
-                                       np.fromiter(self._delta.values(), np.int64, len(self._delta))])
+            delta_rows = np.fromiter(self._delta.values(), np.int64, len(self._delta))
+            all_rows = np.concatenate([self._sorted_rows, rows, delta_rows])
             order = np.argsort(all_keys, kind="stable")
             self._sorted_keys = all_keys[order]
             self._sorted_rows = all_rows[order]
