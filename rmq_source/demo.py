@@ -357,9 +357,9 @@ def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed:
               f"{np.percentile(lat_store, 50):.0f} / {np.percentile(lat_store, 99):.0f} ms")
     t.add_row("lateness p50 / p99 (seen by Spark - due)",
               f"{np.percentile(lat_seen, 50):.0f} / {np.percentile(lat_seen, 99):.0f} ms")
-    t.add_row("messages produced per second",
+    t.add_row("messages produced per second (the producer is paced)",
               f"{produced_msgs / max(progress.get('produce_s', elapsed), 1e-9):.0f}")
-    t.add_row("rows through the pipeline per second", f"{state.rows / elapsed:.0f}")
+    t.add_row("rows through the pipeline per second (same pace)", f"{state.rows / elapsed:.0f}")
     t.add_row("micro-batches", str(state.batches))
     console.print(t)
     for name, passed in checks:
