@@ -142,7 +142,8 @@ def bench_burst(base: str, n: int, precision: int) -> dict:
     }
 
 
-def bench_spark(base: str, n: int, precision: int, background: bool) -> dict:
+def bench_spark(base: str, n: int, precision: int, background: bool,
+                show_progress: bool = False) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = ROOT
     from pyspark.sql import SparkSession
@@ -182,9 +183,14 @@ def bench_spark(base: str, n: int, precision: int, background: bool) -> dict:
             time.sleep(0.05)
         else:
             time.sleep(0.1)
+    progress = [(p["batchId"], p["numInputRows"], p["durationMs"]) for p in query.recentProgress]
     query.stop()
     spark.stop()
     store.close()
+    if show_progress:
+        for batch_id, rows, ms in progress:
+            if rows:
+                print(f"  batch {batch_id}: {rows:,} rows, durationMs {ms}")
     lat = np.concatenate(seen["lat"]) if seen["lat"] else np.empty(0)
     shutil.rmtree(path)
     return {"spark_rows": seen["rows"] - 1,
@@ -333,6 +339,8 @@ def main() -> None:
     ap.add_argument("--spark", action="store_true", help="also read the burst with Spark")
     ap.add_argument("--spark-deliverer", choices=("query", "background"), default="query",
                     help="who calls deliver_due: the query (deliverDue=true) or a loop beside it")
+    ap.add_argument("--progress", action="store_true",
+                    help="print each Spark micro-batch's rows and durationMs phases")
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated: enqueue,burst,memory")
     ap.add_argument("--dir", default=None, help="where the stores go (a temp dir by default)")
@@ -350,7 +358,7 @@ def main() -> None:
         if args.spark:
             print("spark ...", flush=True)
             results.update(bench_spark(base, args.messages, args.precision_ms,
-                                       args.spark_deliverer == "background"))
+                                       args.spark_deliverer == "background", args.progress))
             results["spark_deliverer"] = args.spark_deliverer
         if "memory" not in skip:
             print("memory ...", flush=True)

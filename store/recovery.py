@@ -11,6 +11,9 @@ The scan validates every record (magic, recomputed length, body CRC), re-dispatc
 ones (idempotent: entry ``n`` of a queue is rewritten with the same bytes), stops at the first
 invalid record, zeroes the CommitLog from there and cuts every ConsumeQueue entry that points
 at or past it.  A clean close does not rescan anything.
+
+A scan without a limit (after a reboot, or on a clean open) may keep part of an append; the
+transaction commit records it keeps are noted for :mod:`store.transaction.repair`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None 
     pending: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     last_ts = None
     cut = None
+    commits: list[int] = []  # COMMIT records kept (transaction end records)
     for offset, _size in log.scan(start):
         if limit is not None and offset >= limit:
             cut = limit
@@ -53,7 +57,16 @@ def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None 
                 (rec.queue_offset, offset, rec.total_size, code))
             if store.topic_table.queue_count(rec.topic) is None:
                 store._ensure_topic(rec.topic)
+            if tx_type == TRANSACTION_COMMIT_TYPE:
+                commits.append(offset)
         last_ts = rec.store_timestamp_ms
+    if limit is None and commits:
+        # Without a limit a torn append may be kept in part: a commit record without the op
+        # message that went with it.  Note them (durably, before the checkpoint moves) for
+        # the transaction service to repair.
+        from .transaction.repair import note_kept_commits
+
+        note_kept_commits(store, commits)
     end = log.scan_end if log.files.files else 0
     if cut is not None or (limit is not None and end > limit >= start):
         end = max(start, limit)

@@ -8,6 +8,7 @@ Modules:
 * :mod:`~store.transaction.index`: transaction id -> halves and outcome, read from the queues;
 * :mod:`~store.transaction.snapshot`: ``config/transactionIndex.npz``;
 * :mod:`~store.transaction.check`: one check round;
+* :mod:`~store.transaction.repair`: op messages a reboot tore off their commit records;
 * :mod:`~store.transaction.service`: :class:`TransactionService` (end, check, progress);
 * :mod:`~store.transaction.producer`: :class:`TransactionProducer` (send_in_transaction).
 """

@@ -14,12 +14,18 @@ Files (JSON written atomically: temp file, fsync, rename, previous copy kept as 
                                     transaction_check_interval_ms); a process that opens the
                                     store with the defaults (a Spark query, the CLI) uses them
     config/transactionIndex.npz     snapshot of the transaction index (derived; optional)
+    config/transactionRepair.json   commit records a reboot's recovery kept, maybe without
+                                    their op message (:mod:`store.transaction.repair`);
+                                    repaired and removed when the service starts
 
 Whether a transaction has ended is read from the op queue (through
 :class:`~store.transaction.index.TransactionIndex`), never from memory alone: each decision
 refreshes the index while holding the store's write lock, then appends.  A commit and its op
 message go in one append, which the store keeps or drops whole after a crash, so every
-process and every restart agrees, and no transaction reaches its real topic twice.
+process and every restart agrees, and no transaction reaches its real topic twice.  The one
+exception, a reboot that tears that append after the commit record, is repaired when the
+service starts (:mod:`store.transaction.repair`): the missing op is written before anyone
+decides anything.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run
 from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
 from .index import TransactionIndex
 from .op import op_specs
+from .repair import has_note, repair_noted_commits
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..message_store import MessageStore
@@ -66,6 +73,9 @@ class TransactionService:
         self.progress_path = os.path.join(self._config_dir, "transactionOffset.json")
         self.settings_path = os.path.join(self._config_dir, "transactionConfig.json")
         self._record_explicit_settings()
+        if has_note(store):  # recovery after a reboot kept commit records: write missing ops
+            with store.write_lock():
+                repair_noted_commits(self)
 
     # ------------------------------------------------------------------ settings
     def _record_explicit_settings(self) -> None:
