@@ -183,6 +183,8 @@ def bench_spark(base: str, n: int, precision: int, background: bool,
             time.sleep(0.05)
         else:
             time.sleep(0.1)
+    if show_progress:
+        time.sleep(2)  # the last batch's progress is posted after its sink returns
     progress = [(p["batchId"], p["numInputRows"], p["durationMs"]) for p in query.recentProgress]
     query.stop()
     spark.stop()

@@ -7,6 +7,14 @@ store per path open in this module (never in a reader object, which must pickle)
 ``deliver_due()`` at every trigger.  A batch query delivers once, in its planner, and closes.
 The store's write lock makes concurrent deliverers (several queries, a producer's own process)
 safe: each due message is delivered exactly once.
+
+A streaming trigger delivers at most :data:`TRIGGER_DELIVERY_MESSAGES` itself
+(``deliver_due(max_messages=...)``), so that a large burst falling due at once does not hold
+the trigger (and the rows already delivered) back until the whole burst is in its topics.
+When that step was full, a thread of the runner process goes on delivering in steps of the
+same size while Spark reads the batch just planned; the next trigger plans what has arrived
+by then.  A trigger that finds that thread still at work leaves the delivering to it; an
+error it met is raised by the next trigger.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ from store import MessageStore, StoreError
 from .errors import InvalidOptionError
 
 _lock = threading.Lock()
-_open_stores: dict[str, MessageStore] = {}
 
 
 def _open_writable(path: str) -> MessageStore:
@@ -46,18 +53,83 @@ def deliver_due_once(path: str) -> int:
         store.close()
 
 
-def deliver_due_kept_open(path: str) -> int:
-    """Deliver due messages through a writable store kept open in this process."""
+#: Due messages one step delivers (a trigger's own step, then each background step).
+TRIGGER_DELIVERY_MESSAGES = 131_072
+
+
+class _Deliverer:
+    """A writable store kept open for one path, and the thread that drains a due burst."""
+
+    def __init__(self, store: MessageStore, step: int) -> None:
+        self.store = store
+        self.step = step
+        self.lock = threading.Lock()  # one deliver_due at a time on this store object
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.closed = False
+
+    def trigger(self) -> int:
+        """One trigger's step; starts the background drain when more may be due."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if self.thread is not None and self.thread.is_alive():
+            return 0  # the drain is delivering
+        with self.lock:
+            n = self.store.deliver_due(max_messages=self.step)
+        if n >= self.step:
+            self.thread = threading.Thread(target=self._drain, daemon=True,
+                                           name="rmq-deliver-due")
+            self.thread.start()
+        return n
+
+    def _drain(self) -> None:
+        try:
+            while not self.closed:
+                with self.lock:
+                    if self.closed:
+                        return
+                    n = self.store.deliver_due(max_messages=self.step)
+                if n < self.step:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - raised by the next trigger
+            self.error = exc
+
+    def close(self) -> None:
+        self.closed = True
+        thread = self.thread
+        if thread is not None:
+            thread.join()
+        self.store.close()
+
+
+_deliverers: dict[str, _Deliverer] = {}
+
+
+def deliver_due_kept_open(path: str, max_messages: int | None = TRIGGER_DELIVERY_MESSAGES
+                          ) -> int:
+    """Deliver due messages through a writable store kept open in this process.
+
+    With ``max_messages`` (a streaming trigger), delivers at most that many now and leaves
+    the rest of a burst to a background thread (see the module docstring); ``None`` delivers
+    every due message before returning (after any background drain has finished).
+    """
     with _lock:
-        store = _open_stores.get(path)
-        if store is None:
-            store = _open_stores[path] = _open_writable(path)
-        return store.deliver_due()
+        deliverer = _deliverers.get(path)
+        if deliverer is None:
+            step = max_messages or TRIGGER_DELIVERY_MESSAGES
+            deliverer = _deliverers[path] = _Deliverer(_open_writable(path), step)
+    if max_messages is not None:
+        return deliverer.trigger()
+    if deliverer.thread is not None:
+        deliverer.thread.join()
+    with deliverer.lock:
+        return deliverer.store.deliver_due()
 
 
 def close_kept_open(path: str) -> None:
     """Close the store :func:`deliver_due_kept_open` keeps for ``path`` (if any)."""
     with _lock:
-        store = _open_stores.pop(path, None)
-    if store is not None:
-        store.close()
+        deliverer = _deliverers.pop(path, None)
+    if deliverer is not None:
+        deliverer.close()

@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
-from .delivery import close_kept_open, deliver_due_kept_open
+from .delivery import TRIGGER_DELIVERY_MESSAGES, close_kept_open, deliver_due_kept_open
 from .errors import DataLossError
 from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
 from .options import RmqOptions
@@ -89,9 +89,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"options": self.options, "_target": None, "_latest": None}
 
     # -- driver side -------------------------------------------------------------------------
-    def _deliver(self) -> None:
+    def _deliver(self, everything: bool = False) -> None:
+        """``deliverDue``: a bounded step per trigger (the rest of a burst follows in the
+        background, :mod:`rmq_source.delivery`); everything for an AvailableNow target."""
         if self.options.deliver_due:
-            deliver_due_kept_open(self.options.path)
+            deliver_due_kept_open(self.options.path, None if everything else
+                                  TRIGGER_DELIVERY_MESSAGES)
 
     def _bounds(self) -> dict[QueueKey, tuple[int, int]]:
         store = open_store(self.options)
@@ -117,7 +120,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._deliver()
+        self._deliver(everything=True)
         self._target = {k: high for k, (_, high) in self._bounds().items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:

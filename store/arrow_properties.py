@@ -221,13 +221,15 @@ def _repeated_name_codes(data: np.ndarray, pairs: pa.Array, start: np.ndarray,
     prefixes = _first_words(data, start).reshape(n, per_row) & _PREFIX_MASK[np.minimum(first, 8)]
     if not (prefixes == prefixes[0]).all():
         return None
-    starts = start.reshape(n, per_row)
-    for j in np.flatnonzero(first > 8).tolist():
-        width = int(first[j])
-        view = np.ndarray(shape=(len(data) - width + 1,), dtype=f"V{width}", buffer=data,
-                          strides=(1,))
-        names = view[starts[:, j]].view(np.uint8).reshape(n, width)
-        if not (names == names[0]).all():
+    long_names = np.flatnonzero(first > 8)
+    if len(long_names):
+        # the rest of each long name as 8-byte words (the last one ending with the name),
+        # all gathered at once and compared with the first row's
+        cols = [(j, k) for j in long_names.tolist()
+                for k in [*range(8, int(first[j]) - 8, 8), int(first[j]) - 8]]
+        at = start.reshape(n, per_row)[:, [j for j, _ in cols]] + np.array([k for _, k in cols])
+        words = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
+        if not (words[at] == words[at[0]]).all():
             return None
     return np.tile(_name_codes(data, pairs, start[:per_row], length[:per_row]), n)
 

@@ -463,10 +463,20 @@ class MessageStore(AppendMixin, ReadMixin):
         self._check_open()
         return TransactionProducer(self, group, listener)
 
-    def deliver_due(self) -> int:
-        """Move every delayed message due by now into its real topic; return how many."""
+    def deliver_due(self, max_messages: int | None = None) -> int:
+        """Move delayed messages due by now into their real topics; return how many.
+
+        ``max_messages`` (``None``: all) bounds the work of one call, so that a caller can
+        interleave delivery with reading; repeated calls deliver every due message exactly
+        once (delay levels first, then the timer wheel).
+        """
         self._check_open()
-        return self.schedule.deliver_due() + self.timer.deliver_due()
+        if max_messages is None:
+            return self.schedule.deliver_due() + self.timer.deliver_due()
+        delivered = self.schedule.deliver_due(max_messages)
+        if delivered >= max_messages:
+            return delivered
+        return delivered + self.timer.deliver_due(max_messages - delivered)
 
     def end_transaction(self, transaction_id: str, state) -> bool:
         """Commit or roll back a half message; ``False`` when it was already ended."""

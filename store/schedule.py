@@ -157,9 +157,14 @@ class ScheduleService:
             return dict(self._load().offsets)
 
     # ------------------------------------------------------------------ delivering
-    def deliver_due(self) -> int:
-        """Deliver every delay-level message due by now; return how many."""
+    def deliver_due(self, max_messages: int | None = None) -> int:
+        """Deliver the delay-level messages due by now; return how many.
+
+        ``max_messages`` bounds the queue entries one call handles (``None``: every due one);
+        a bounded call stops inside a level's queue and the next call goes on from there.
+        """
         store = self.store
+        budget = None if max_messages is None else max(1, int(max_messages))
         with store.write_lock():
             progress = self._load()
             now = store.now_ms()
@@ -184,6 +189,11 @@ class ScheduleService:
                 done = origins_since(store, progress.mark)
             delivered = 0
             for level, cq, start, maxo in work:
+                if budget is not None:
+                    if budget <= 0:
+                        break
+                    maxo = min(maxo, start + budget)
+                    budget -= maxo - start
                 off, n = self._deliver_level(cq, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n

@@ -14,6 +14,9 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
                                        began, -1 when none (see store.timer.service)
     64   8     precisionMs             ours: timer_precision_ms the wheel was built with
     72   8     wheelSlots              ours: timer_wheel_slots the wheel was built with
+    80   8     slotDone                ours: units of the slot at lastReadTimeMs already
+                                       handled, in append order (a bounded run stopped
+                                       inside that slot); 0 otherwise
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -31,7 +34,7 @@ from ..mapped_file import fsync_dir
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
-    "deliver_mark", "precision_ms", "wheel_slots",
+    "deliver_mark", "precision_ms", "wheel_slots", "slot_done",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -51,6 +54,7 @@ class TimerCheckpoint:
     deliver_mark: int = -1
     precision_ms: int = 0
     wheel_slots: int = 0
+    slot_done: int = 0
 
     def pack(self) -> bytes:
         data = CHECKPOINT_LAYOUT.pack(*(getattr(self, f.name) for f in fields(self)))

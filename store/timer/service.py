@@ -70,6 +70,10 @@ _FILLER_SIZE = 0x7FFFFFFF
 _FLOW_CONTROL_OFF = 2**31 - 1
 
 
+def _left(budget: int | None, used: int) -> int | None:
+    return None if budget is None else max(0, budget - used)
+
+
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
     """RocketMQ's TIMER_OUT_MS: one precision earlier for exact multiples, else rounded down."""
     if deliver_ms % precision_ms == 0:
@@ -97,6 +101,9 @@ class TimerService:
         self._check_path = os.path.join(store.root, "config", "timercheck")
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
+        # the units of a slot a bounded run split, for the next run: (counter of the
+        # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
+        self._split_slot: tuple | None = None
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel = TimerWheel(os.path.join(store.root, "timerwheel"), self.slots,
                                     self.precision)
@@ -242,8 +249,15 @@ class TimerService:
         ckpt.save(self._check_path, state)
 
     # ------------------------------------------------------------------ delivering
-    def deliver_due(self) -> int:
-        """Enqueue new timer messages and deliver every one due by now; return how many."""
+    def deliver_due(self, max_messages: int | None = None) -> int:
+        """Enqueue new timer messages and deliver the ones due by now; return how many.
+
+        ``max_messages`` bounds the units one call handles (``None``: every due one).  A
+        bounded call may stop inside a slot: the checkpoint then keeps the read time at that
+        slot and how many of its units (in append order) are done, and the next call goes on
+        from there; the slot's cancel markers are read in full first, so a split never lets a
+        cancelled message through.
+        """
         store = self.store
         with store.write_lock():
             st = self._sync()
@@ -257,15 +271,18 @@ class TimerService:
                 st.last_read_time_ms = max(st.last_read_time_ms, floor_now)
                 return 0
             try:
-                return self._run(st, now)
+                return self._run(st, now, None if max_messages is None
+                                 else max(1, int(max_messages)))
             finally:
                 self.wheel.release_memory()
                 self.log.release_memory()
                 release_commitlog_pages(store)
 
-    def _run(self, st: TimerCheckpoint, now: int) -> int:
+    def _run(self, st: TimerCheckpoint, now: int, budget: int | None = None) -> int:
         store = self.store
         work = st.copy()
+        if self._split_slot is not None and self._split_slot[0] != st.counter:
+            self._split_slot = None  # another process (or a failed run) saved since
         if work.deliver_mark < 0:
             work.deliver_mark = store.confirmed_offset()
             self._save(work)  # the mark is durable before anything is appended
@@ -275,11 +292,15 @@ class TimerService:
         self._state = work  # the in-memory copy follows the file's counter
         try:
             delivered = 0
+            handled = 0  # units counted against the budget
             for _ in range(4):
-                delivered += self._enqueue(work, done, now)
-                n, rolled = self._dequeue(work, done, now)
-                delivered += n
-                if not rolled:
+                d, h = self._enqueue(work, done, now, _left(budget, handled))
+                delivered, handled = delivered + d, handled + h
+                if budget is not None and handled >= budget:
+                    break
+                n, rolled, h = self._dequeue(work, done, now, _left(budget, handled))
+                delivered, handled = delivered + n, handled + h
+                if not rolled or (budget is not None and handled >= budget):
                     break
             # what the new checkpoint claims must be on disk before it
             store.flush()
@@ -287,8 +308,11 @@ class TimerService:
             self.wheel.flush()
             work.deliver_mark = -1
             self._save(work)
+            if self._split_slot is not None:
+                self._split_slot = (work.counter, *self._split_slot[1:])
         except BaseException:
             self._state = None  # the next run reloads the file (mark set) and redoes this one
+            self._split_slot = None
             raise
         return delivered
 
@@ -339,21 +363,29 @@ class TimerService:
         return len(suspects)
 
     # -- enqueue ----------------------------------------------------------------------------
-    def _enqueue(self, work: TimerCheckpoint, done: np.ndarray, now: int) -> int:
-        """Move new timer-queue entries into the wheel (or deliver them when already due)."""
+    def _enqueue(self, work: TimerCheckpoint, done: np.ndarray, now: int,
+                 budget: int | None = None) -> tuple[int, int]:
+        """Move new timer-queue entries into the wheel (or deliver them when already due).
+
+        Returns ``(delivered, handled)``: handled counts the entries delivered at once (or
+        skipped) against ``budget``; with a budget, steps are at most the budget left, and
+        the run stops when it is spent.
+        """
         store = self.store
         cq = store.consume_queue(TIMER_TOPIC, 0)
         confirmed = store.confirmed_offset()
         qmax = cq.max_offset(confirmed)
         q = work.last_timer_queue_offset
         if q >= qmax:
-            return 0
+            return 0, 0
         q = max(q, cq.first_index())
         cl_min = store.commit_log.min_offset()
         P = self.precision
         delete_keys = self._marker_keys(cq, q, qmax, cl_min)
-        delivered = 0
+        delivered = handled = 0
         while q < qmax:
+            if budget is not None and handled >= budget:
+                break
             end = min(qmax, q + ENQUEUE_CHUNK)
             e = read_queue_entries(cq, q, end)
             if not len(e):
@@ -365,6 +397,12 @@ class TimerService:
             marker = tags < 0
             fire = np.abs(tags)
             due = live & ~marker & (fire + P <= now)
+            if budget is not None:
+                due_at = np.flatnonzero(due)
+                if len(due_at) > budget - handled:  # the step ends before the first one over
+                    cut = int(due_at[budget - handled])
+                    e, offs, sizes, live = e[:cut], offs[:cut], sizes[:cut], live[:cut]
+                    marker, fire, due = marker[:cut], fire[:cut], due[:cut]
             if due.any():
                 units = np.zeros(int(due.sum()), dtype=UNIT_DTYPE.newbyteorder("="))
                 units["offset_py"] = offs[due]
@@ -373,13 +411,14 @@ class TimerService:
                 units["enqueue_time"] = -1
                 d, _ = self._deliver_units(units, delete_keys, now, direct=True)
                 delivered += d
+                handled += len(units)
             place = live & ~due
             if place.any():
                 self._place(work, offs[place], sizes[place], fire[place], marker[place], now)
             q = q + len(e)
             work.last_timer_queue_offset = q
         work.last_timer_queue_offset = max(work.last_timer_queue_offset, q)
-        return delivered
+        return delivered, handled
 
     def _marker_keys(self, cq, start: int, end: int, cl_min: int) -> set[str]:
         """TIMER_DEL_UNIQKEY of the cancel markers among queue entries ``[start, end)``."""
@@ -439,35 +478,69 @@ class TimerService:
         work.last_timer_log_flush_pos = new_end
 
     # -- dequeue ----------------------------------------------------------------------------
-    def _dequeue(self, work: TimerCheckpoint, done: np.ndarray, now: int) -> tuple[int, int]:
-        """Fire every slot due by ``now``; return ``(delivered, rolled)``."""
+    def _dequeue(self, work: TimerCheckpoint, done: np.ndarray, now: int,
+                 budget: int | None = None) -> tuple[int, int, int]:
+        """Fire the slots due by ``now``; return ``(delivered, rolled, units handled)``.
+
+        With ``budget``, stops after that many units, possibly inside a slot (recorded in
+        ``work.slot_done``; see :meth:`deliver_due`).
+        """
         P = self.precision
         floor_now = now - now % P
         read_time = work.last_read_time_ms
         if floor_now <= read_time:
-            return 0, 0
-        delivered = rolled = 0
+            return 0, 0, 0
+        delivered = rolled = handled = 0
         parts: list[np.ndarray] = []
         pending = 0
         delete_keys: set[str] = set()
         log_end = work.last_timer_log_flush_pos
+        stop_at: tuple[int, int] | None = None  # (slot time, units done in it)
         for slot_time in self.wheel.due_slots(read_time, floor_now).tolist():
             _first, last, _num = self.wheel.get(slot_time)
-            _positions, units = self.log.walk_chain(last, log_end)
+            split = self._split_slot
+            if split is not None and split[1:4] == (slot_time, last, log_end):
+                units = split[4]  # walked by the run that split this slot
+            else:
+                _positions, units = self.log.walk_chain(last, log_end)
+                units = units[::-1]  # append order
+            self._split_slot = None
             if not len(units):
                 continue
-            units = units[::-1]  # append order
-            parts.append(self._drop_done(units, done))
-            pending += len(units)
+            skip = work.slot_done if slot_time == read_time else 0
+            rest = units[skip:]
+            if budget is not None and handled + len(rest) > budget:
+                # a split slot: its markers (anywhere in the slot) take effect first
+                self._marker_keys_of(units, delete_keys)
+                rest = rest[:budget - handled]
+                stop_at = (slot_time, skip + len(rest))
+                self._split_slot = (-1, slot_time, last, log_end, units)
+            parts.append(self._drop_done(rest, done))
+            pending += len(rest)
+            handled += len(rest)
             if pending >= DEQUEUE_CHUNK:
                 d, r = self._fire(np.concatenate(parts), delete_keys, now)
                 delivered, rolled = delivered + d, rolled + r
                 parts, pending = [], 0
+            if stop_at is not None:
+                break
         if parts:
             d, r = self._fire(np.concatenate(parts), delete_keys, now)
             delivered, rolled = delivered + d, rolled + r
-        work.last_read_time_ms = floor_now
-        return delivered, rolled
+        if stop_at is None:
+            work.last_read_time_ms, work.slot_done = floor_now, 0
+        else:
+            work.last_read_time_ms, work.slot_done = stop_at
+        return delivered, rolled, handled
+
+    def _marker_keys_of(self, units: np.ndarray, keys: set[str]) -> None:
+        """Add the TIMER_DEL_UNIQKEY of the (non-rolled) cancel markers among ``units``."""
+        magic = units["magic"]
+        is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
+        for offset in units["offset_py"][is_marker].tolist():
+            key = self._read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
+            if key:
+                keys.add(key)
 
     def _drop_done(self, units: np.ndarray, done: np.ndarray) -> np.ndarray:
         keep = units["offset_py"] >= self.store.commit_log.min_offset()
@@ -479,10 +552,7 @@ class TimerService:
         """Deliver or re-put the units of fired slots (markers first)."""
         magic = units["magic"]
         is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
-        for offset in units["offset_py"][is_marker].tolist():
-            key = self._read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
-            if key:
-                delete_keys.add(key)
+        self._marker_keys_of(units, delete_keys)
         return self._deliver_units(units[~is_marker], delete_keys, now, direct=False)
 
     def _deliver_units(self, units: np.ndarray, delete_keys: set[str], now: int, *,
@@ -509,7 +579,7 @@ class TimerService:
             if qmax > st.last_timer_queue_offset:
                 tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
                 backlog = int(np.count_nonzero(tags > 0)) - int(np.count_nonzero(tags < 0))
-            pending = self.wheel.pending_count(st.last_read_time_ms)
+            pending = self.wheel.pending_count(st.last_read_time_ms) - st.slot_done
             self.wheel.release_memory()
             return max(0, pending + backlog)
 

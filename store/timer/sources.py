@@ -18,7 +18,7 @@ from ..codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
 if TYPE_CHECKING:  # pragma: no cover
     from ..message_store import MessageStore
 
-_HEADER_COLUMNS = np.arange(HEADER_SIZE)
+_HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")
 _SEP = 2  # the byte after each name-value pair
 
 
@@ -45,7 +45,10 @@ class SourceRecords:
             rel = offsets[sel] - start
             inside = rel + HEADER_SIZE <= size
             sel, rel = sel[inside], rel[inside]
-            h = raw[rel[:, None] + _HEADER_COLUMNS].view(HEADER_DTYPE)[:, 0]
+            # element i of this view is the 88 bytes from byte i: one gather reads every header
+            view = np.ndarray(shape=(size - HEADER_SIZE + 1,), dtype=_HEADER_VOID, buffer=mm,
+                              strides=(1,))
+            h = view[rel].view(HEADER_DTYPE)
             body = h["body_length"].astype(np.int64)
             total = h["total_size"].astype(np.int64)
             good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
@@ -82,6 +85,7 @@ class SourceRecords:
         is_start[self.starts[self.props_len > 0]] = True
         is_start[self.seps + 1] = True
         self.pair_starts = np.flatnonzero(is_start[:len(self.props)])
+        self._words: np.ndarray | None = None  # 8 bytes from each position (for find)
 
     def find(self, key: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The last non-empty value of property ``key`` per record: ``(found, start, end)``.
@@ -95,7 +99,16 @@ class SourceRecords:
         pattern = key + b"\x01"
         props = self.props
         c = self.pair_starts[self.pair_starts + len(pattern) < len(props)]
-        for j, byte in enumerate(pattern):
+        if len(pattern) >= 8 and len(c):
+            # the first 8 bytes of every pair at once, then the rest on the few that match
+            if self._words is None:
+                self._words = np.ndarray(shape=(len(props) - 7,), dtype="<u8", buffer=props,
+                                         strides=(1,))
+            c = c[self._words[c] == int.from_bytes(pattern[:8], "little")]
+            rest = enumerate(pattern[8:], 8)
+        else:
+            rest = enumerate(pattern)
+        for j, byte in rest:
             if not len(c):
                 return found, vs, ve
             c = c[props[c + j] == byte]
