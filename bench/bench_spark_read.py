@@ -32,6 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from rmq_source.session import local_spark  # noqa: E402
 from store import Message, MessageStore, StoreConfig  # noqa: E402
 
 BODY_BYTES = 100
@@ -56,29 +57,8 @@ def write_store(path: str, n: int, constant: bool) -> float:
 
 
 def spark_session(workdir: str):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    import warnings
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    from pyspark.sql import SparkSession
-
-    log4j = os.path.join(workdir, "log4j2.properties")
-    with open(log4j, "w") as fh:
-        fh.write("rootLogger.level = error\nrootLogger.appenderRef.stdout.ref = console\n"
-                 "appender.console.type = Console\nappender.console.name = console\n"
-                 "appender.console.layout.type = PatternLayout\n"
-                 "appender.console.layout.pattern = %d %p %c: %m%n\n")
-    return (SparkSession.builder.master("local[2]").appName("bench-spark-read")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.memory", "4g")
-            .config("spark.sql.warehouse.dir", os.path.join(workdir, "warehouse"))
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-            .getOrCreate())
+    return local_spark("bench-spark-read", workdir, pythonpath=ROOT,
+                       extra_conf={"spark.driver.memory": "4g"})
 
 
 def timed_scan(df) -> float:

@@ -23,13 +23,14 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .session import local_spark
 
 ORDERS, PAYMENTS, TIMEOUTS, CLOSED = "orders", "payments", "order_timeouts", "order_closed"
 WARMUP = "warm-up"  # key of the messages that start both queries before the orders flow
@@ -55,32 +56,6 @@ class DemoState:
     batches: int = 0
     rows: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _quiet_spark(tmp: str):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import warnings
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    from pyspark.sql import SparkSession
-
-    log4j = os.path.join(tmp, "log4j2.properties")
-    with open(log4j, "w") as fh:
-        fh.write("rootLogger.level = error\nrootLogger.appenderRef.stdout.ref = console\n"
-                 "appender.console.type = Console\nappender.console.name = console\n"
-                 "appender.console.layout.type = PatternLayout\n"
-                 "appender.console.layout.pattern = %m%n\n")
-    spark = (SparkSession.builder.master("local[2]").appName("rmq-demo")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
-             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 class _PaymentListener:
@@ -227,7 +202,7 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
     store = MessageStore.open(path, config)
     console.print(f"[bold]rmq demo[/bold]: {orders} orders, time-out {timeout_s:g} s, store {path}")
     console.print("starting Spark (local[2]) ...")
-    spark = _quiet_spark(tmp)
+    spark = local_spark("rmq-demo", tmp)
     state = DemoState()
     progress: dict = {}
     started = time.time()

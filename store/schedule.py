@@ -38,12 +38,10 @@ from .codec import RecordSpec
 from .errors import InvalidDelayError
 from .message import (
     PROPERTY_DELAY_TIME_LEVEL,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     SCHEDULE_TOPIC,
 )
 from .timer.bulk import restore
-from .timer.delivery import (check_headroom, origins_since, read_queue_entries,
+from .timer.delivery import (check_headroom, routed_properties, origins_since, read_queue_entries,
                              release_commitlog_pages)
 from .topics import write_json_atomic
 
@@ -99,13 +97,7 @@ class ScheduleService:
             raise InvalidDelayError(f"delay_level={level!r}; allowed: an int >= 1")
         level = min(level, len(self.levels))
         store = self.store
-        topic = spec.topic
-        qid = spec.queue_id
-        if qid is None:
-            qid = store.next_queue(topic, store._ensure_topic_locked(topic))
-        props = dict(spec.properties)
-        props[PROPERTY_REAL_TOPIC] = topic
-        props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+        props = routed_properties(store, spec)
         props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
         check_headroom(store, props)
         rewritten = dataclasses.replace(spec, topic=SCHEDULE_TOPIC, queue_id=level - 1,

@@ -25,7 +25,7 @@ import numpy as np
 from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
 from ..errors import MessageTooLargeError
 from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
-from ..message import PROPERTY_DELAY_ORIGIN
+from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..message_store import MessageStore
@@ -39,6 +39,21 @@ _I16 = struct.Struct(">h")
 #: Properties bytes a delivery (or roll) may add: ``__RMQ_DELIVER_MS``, the origin,
 #: ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS``, ``TIMER_ROLL_TIMES``.
 DELIVERY_HEADROOM = 200
+
+
+def routed_properties(store: "MessageStore", spec) -> dict[str, str]:
+    """The properties of a delayed ``spec`` with its real topic and queue recorded.
+
+    The real queue is chosen now (round robin, as a plain send would) so that delivery
+    restores the message to the same queue whatever process delivers it.
+    """
+    qid = spec.queue_id
+    if qid is None:
+        qid = store.next_queue(spec.topic, store._ensure_topic_locked(spec.topic))
+    props = dict(spec.properties)
+    props[PROPERTY_REAL_TOPIC] = spec.topic
+    props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+    return props
 
 
 def check_headroom(store: "MessageStore", properties) -> None:

@@ -51,7 +51,7 @@ from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAG
 from . import checkpoint as ckpt
 from .bulk import restore
 from .checkpoint import TimerCheckpoint
-from .delivery import (check_headroom, origins_since, read_queue_entries,
+from .delivery import (check_headroom, routed_properties, origins_since, read_queue_entries,
                        release_commitlog_pages)
 from .recall import find_timer_record
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
@@ -123,15 +123,9 @@ class TimerService:
         if self.congest < _FLOW_CONTROL_OFF:
             self._check_congestion(out)
         store = self.store
-        topic = spec.topic
-        qid = spec.queue_id
-        if qid is None:
-            qid = store.next_queue(topic, store._ensure_topic_locked(topic))
-        props = dict(spec.properties)
+        props = routed_properties(store, spec)
         props[PROPERTY_TIMER_OUT_MS] = str(out)
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-        props[PROPERTY_REAL_TOPIC] = topic
-        props[PROPERTY_REAL_QUEUE_ID] = str(qid)
         check_headroom(store, props)
         rewritten = dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props)
         return rewritten, deliver_ms
