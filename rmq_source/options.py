@@ -313,18 +313,19 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
                                    allow_earliest=False, allow_latest=True)
     ts_allowed = "epoch milliseconds (an integer >= 0)"
     starting_ts = ending_ts = None
-    if "startingtimestamp" in raw:
-        starting_ts = _parse_int("startingtimestamp", raw["startingtimestamp"], 0, ts_allowed)
-        if "startingoffsets" in raw:
+    for side in ("starting", "ending"):
+        offsets_key, ts_key = f"{side}offsets", f"{side}timestamp"
+        if ts_key not in raw:
+            continue
+        value = _parse_int(ts_key, raw[ts_key], 0, ts_allowed)
+        if offsets_key in raw:
             raise InvalidOptionError(
-                f"options startingOffsets={raw['startingoffsets']!r} and startingTimestamp="
-                f"{raw['startingtimestamp']!r} are both given; allowed: at most one of them")
-    if "endingtimestamp" in raw:
-        ending_ts = _parse_int("endingtimestamp", raw["endingtimestamp"], 0, ts_allowed)
-        if "endingoffsets" in raw:
-            raise InvalidOptionError(
-                f"options endingOffsets={raw['endingoffsets']!r} and endingTimestamp="
-                f"{raw['endingtimestamp']!r} are both given; allowed: at most one of them")
+                f"options {side}Offsets={raw[offsets_key]!r} and {side}Timestamp="
+                f"{raw[ts_key]!r} are both given; allowed: at most one of them")
+        if side == "starting":
+            starting_ts = value
+        else:
+            ending_ts = value
     if starting_ts is not None and ending_ts is not None and ending_ts < starting_ts:
         raise _fail("endingtimestamp", raw["endingtimestamp"],
                     f"before startingTimestamp={starting_ts}", f"a time >= {starting_ts}")

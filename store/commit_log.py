@@ -9,11 +9,10 @@ tail from there (:meth:`CommitLog.truncate`).
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import Iterator
 
-from .codec import (BLANK, BLANK_MAGIC_CODE, FIELD_OFFSET, Record, RecordCheck, check_record,
+from .codec import (BLANK, FIELD_OFFSET, Record, RecordCheck, check_record,
                     decode_record, encode_blank)
 from .errors import CorruptRecordError
 from .mapped_file import MappedFileQueue
@@ -95,23 +94,11 @@ class CommitLog:
         """Zero the log from ``offset`` on and delete later segments."""
         self.files.truncate(offset)
 
-    def is_blank_at(self, offset: int) -> bool:
-        f = self.files.find(offset)
-        if f is None:
-            return False
-        pos = offset - f.start
-        if f.size - pos < BLANK.size:
-            return False
-        return BLANK.unpack_from(f.buffer(), pos)[1] == BLANK_MAGIC_CODE
-
     def flush(self, from_offset: int = 0) -> None:
         self.files.flush(from_offset)
 
     def segment_paths(self) -> list[str]:
         return [f.path for f in self.files.refresh()]
-
-    def disk_bytes(self) -> int:
-        return sum(os.path.getsize(p) for p in self.segment_paths() if os.path.exists(p))
 
     def close(self) -> None:
         self.files.close()

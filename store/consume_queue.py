@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from .mapped_file import MappedFileQueue, zero_tail
+from .mapped_file import MappedFileQueue, segment_name, zero_tail
 
 CQ_ENTRY = struct.Struct(
     ">"
@@ -86,16 +86,13 @@ class ConsumeQueue:
 
     def max_offset(self, limit_phys: int | None = None) -> int:
         """One past the last written entry (entries ending after ``limit_phys`` do not count)."""
-        files = self.files.refresh() if not self.files.files else self.files.files
+        files = self.files.files or self.files.refresh()
         if not files:
-            files = self.files.refresh()
-            if not files:
-                return 0
+            return 0
         # a newer file may have appeared in another process
         last = files[-1]
-        if os.path.exists(os.path.join(self.directory, _next_name(last.start, last.size))):
+        if os.path.exists(os.path.join(self.directory, segment_name(last.start + last.size))):
             files = self.files.refresh()
-            last = files[-1]
         for f in reversed(files):
             entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
             n = self._valid_count(entries, limit_phys)
@@ -238,8 +235,3 @@ class ConsumeQueue:
     def close(self) -> None:
         self.files.close()
 
-
-def _next_name(start: int, size: int) -> str:
-    from .mapped_file import segment_name
-
-    return segment_name(start + size)

@@ -10,17 +10,7 @@ import pytest
 from store import InvalidDelayError, Message, MessageStore
 from store.message import SCHEDULE_TOPIC
 from store.schedule import read_lenient_json
-
-
-def visible(store, topic):
-    try:
-        queues = store.queue_ids(topic)
-    except Exception:
-        return []
-    out = []
-    for q in queues:
-        out.extend(store.pull(topic, q, 0, 1000))
-    return out
+from queue_reading import visible  # noqa: E402  (tests/store helper)
 
 
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):

@@ -10,26 +10,9 @@ from store.codec import encode_record
 from store.errors import TimerFlowControlError
 from store.message import TIMER_TOPIC
 from store.timer import checkpoint as ckpt
+from queue_reading import visible  # noqa: E402  (tests/store helper)
 
 P = 100  # the SMALL config's timer precision
-
-
-def visible(store, topic):
-    """Every message of ``topic`` (all queues)."""
-    try:
-        queues = store.queue_ids(topic)
-    except Exception:
-        return []
-    out = []
-    for q in queues:
-        offset = 0
-        while True:
-            batch = store.pull(topic, q, offset, 1000)
-            if not batch:
-                break
-            out.extend(batch)
-            offset += len(batch)
-    return out
 
 
 def bodies(store, topic):
