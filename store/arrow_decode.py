@@ -48,6 +48,7 @@ from .arrow_properties import (
     split_keys,
     string_array,
 )
+from .consume_queue import FILLER_SIZE
 from .codec import (
     FIXED_SIZE,
     HEADER_DTYPE,
@@ -99,7 +100,6 @@ MESSAGE_SCHEMA = pa.schema([
 ])
 
 #: ConsumeQueue size of a filler unit in front of a queue that starts above 0 (no message).
-_FILLER_SIZE = 0x7FFFFFFF
 #: Bytes of records scanned per step: what the header and tail passes find in L2 cache.
 _SCAN_BYTES = 1 << 20
 
@@ -198,7 +198,7 @@ def read_queue_batch(store: MessageStore, topic: str, queue_id: int, start: int,
             f"queue offset {start + written} of {topic}/{queue_id} is not written; "
             f"allowed: end <= max_offset ({start + written} here)")
     queue_offsets = np.arange(start, end, dtype=np.int64)
-    keep = entries["size"] != _FILLER_SIZE
+    keep = entries["size"] != FILLER_SIZE
     if tag_set is not None:
         codes = np.array([java_string_hash(t) if t else 0 for t in tag_set], np.int64)
         keep &= np.isin(entries["tags_code"], codes)

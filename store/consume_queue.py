@@ -36,6 +36,18 @@ CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
 CQ_ENTRY_FIELDS = (("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"))
 CQ_DTYPE = np.dtype(list(CQ_ENTRY_FIELDS))
 assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
+#: sizePy of a filler unit: a placeholder in front of a queue that starts past entry 0.
+FILLER_SIZE = 0x7FFFFFFF
+
+
+def live_mask(entries: np.ndarray, commitlog_min: int | None = None) -> np.ndarray:
+    """Which entries point at a record: written (size > 0), not fillers and, when
+    ``commitlog_min`` is given, not below it (removed by retention)."""
+    sizes = entries["size"]
+    live = (sizes > 0) & (sizes != FILLER_SIZE)
+    if commitlog_min is not None:
+        live &= entries["offset"] >= commitlog_min
+    return live
 
 
 class ConsumeQueue:
@@ -77,7 +89,7 @@ class ConsumeQueue:
             mid = (lo + hi) // 2
             size = int(sizes[mid])
             ok = size > 0 and (limit_phys is None or int(offsets[mid]) + size <= limit_phys
-                               or size == 0x7FFFFFFF)
+                               or size == FILLER_SIZE)
             if ok:
                 lo = mid + 1
             else:
@@ -116,10 +128,8 @@ class ConsumeQueue:
             n = min(len(entries), maxo - base)
             if n <= 0:
                 return maxo
-            offs = entries["offset"][:n]
-            sizes = entries["size"][:n]
-            # fillers (size 0x7FFFFFFF) and stale entries are "too old"
-            live = (offs >= commitlog_min) & (sizes != 0x7FFFFFFF)
+            # fillers and entries below the CommitLog minimum are "too old"
+            live = live_mask(entries[:n], commitlog_min)
             idx = int(np.argmax(live)) if live.any() else -1
             if idx >= 0:
                 return base + idx
@@ -179,11 +189,11 @@ class ConsumeQueue:
                 i += k
 
     def fill_to(self, index: int) -> None:
-        """Give a queue that starts at ``index`` > 0 filler units (0, 0x7FFFFFFF, 0) in front."""
+        """Give a queue that starts at ``index`` > 0 filler units (0, FILLER_SIZE, 0) in front."""
         start = self.max_offset()
         if index > start:
             n = index - start
-            self.put(start, np.zeros(n, np.int64), np.full(n, 0x7FFFFFFF, np.int32),
+            self.put(start, np.zeros(n, np.int64), np.full(n, FILLER_SIZE, np.int32),
                      np.zeros(n, np.int64))
 
     def truncate_physical(self, process_offset: int) -> None:

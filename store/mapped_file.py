@@ -16,23 +16,13 @@ import threading
 import numpy as np
 
 from .errors import CorruptRecordError
+from .fileio import fsync_dir
 
 NAME_DIGITS = 20
 
 
 def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MappedFile:

@@ -35,6 +35,7 @@ import re
 import numpy as np
 
 from .codec import RecordSpec
+from .consume_queue import live_mask
 from .errors import InvalidDelayError
 from .message import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -43,11 +44,10 @@ from .message import (
 from .timer.bulk import restore
 from .timer.delivery import (check_headroom, routed_properties, origins_since, read_queue_entries,
                              release_commitlog_pages)
-from .topics import write_json_atomic
+from .fileio import write_json_atomic
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16
-_FILLER_SIZE = 0x7FFFFFFF
 _BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 
@@ -211,8 +211,7 @@ class ScheduleService:
             if k == 0:
                 break
             head = e[:k]
-            live = ((head["size"] > 0) & (head["size"] != _FILLER_SIZE)
-                    & (head["offset"] >= log.min_offset()))
+            live = live_mask(head, log.min_offset())
             if len(done):
                 live &= ~np.isin(head["offset"], done)
             result = restore(store, head["offset"][live].astype(np.int64), now=now,

@@ -8,47 +8,14 @@ holding the store's write lock changes it; every process re-reads it when it cha
 
 from __future__ import annotations
 
-import json
 import os
 
+from .fileio import read_json, write_json_atomic
 from .message import (SCHEDULE_TOPIC, SYSTEM_TOPICS, TIMER_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
                       TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
 
 PERM_READ = 4
 PERM_WRITE = 2
-
-
-def write_json_atomic(path: str, data: object) -> None:
-    """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
-    directory = os.path.dirname(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if os.path.exists(path):
-        try:
-            os.replace(path, path + ".bak")
-        except OSError:
-            pass
-    os.replace(tmp, path)
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def read_json(path: str) -> object | None:
-    """Read a JSON file written by :func:`write_json_atomic`, falling back to its ``.bak``."""
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def system_queue_count(topic: str, delay_levels: int) -> int | None:

@@ -29,7 +29,7 @@ import os
 import struct
 from dataclasses import dataclass, fields
 
-from ..mapped_file import fsync_dir
+from ..fileio import atomic_write
 
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
@@ -91,14 +91,4 @@ def load(path: str) -> TimerCheckpoint | None:
 
 def save(path: str, checkpoint: TimerCheckpoint, *, sync: bool = True) -> None:
     """Replace the file atomically (temp file, fsync, rename)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, checkpoint.pack())
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(os.path.dirname(path))
+    atomic_write(path, checkpoint.pack(), sync=sync)

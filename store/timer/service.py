@@ -44,6 +44,7 @@ import random
 import numpy as np
 
 from ..codec import RecordSpec
+from ..consume_queue import live_mask
 from ..errors import CorruptRecordError, InvalidMessageError, TimerFlowControlError
 from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
                        PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
@@ -66,7 +67,6 @@ ENQUEUE_CHUNK = 1 << 18
 #: Units delivered per step.
 DEQUEUE_CHUNK = 1 << 16
 _NO_END = 1 << 62
-_FILLER_SIZE = 0x7FFFFFFF
 _FLOW_CONTROL_OFF = 2**31 - 1
 
 
@@ -385,7 +385,7 @@ class TimerService:
             if not len(e):
                 break
             offs, sizes, tags = e["offset"], e["size"], e["tags_code"]
-            live = (sizes > 0) & (sizes != _FILLER_SIZE) & (offs >= cl_min) & (tags != 0)
+            live = live_mask(e, cl_min) & (tags != 0)
             if len(done):
                 live &= ~np.isin(offs, done)
             marker = tags < 0

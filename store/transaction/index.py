@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..codec import FIELD_OFFSET, HEADER_SIZE
+from ..consume_queue import live_mask
 from ..errors import StoreError
 from ..message import (
     PROPERTY_TRANSACTION_ID,
@@ -290,7 +291,7 @@ class TransactionIndex:
     def _add_halves(self, entries: np.ndarray, first: int) -> None:
         clogs = entries["offset"].astype(np.int64)
         n = len(clogs)
-        valid = (entries["size"] > 0) & (entries["size"] != 0x7FFFFFFF)
+        valid = live_mask(entries)
         fields = gather_records(self.store, clogs)
         fields["key_ok"] &= valid
         fields["segment"][~valid] = -1
@@ -335,8 +336,7 @@ class TransactionIndex:
     def _add_ops(self, entries: np.ndarray) -> None:
         n = len(entries)
         op_max = np.full(n, -1, np.int64)
-        is_remove = (entries["tags_code"] == REMOVE_TAG_CODE) & (entries["size"] > 0) \
-            & (entries["size"] != 0x7FFFFFFF)
+        is_remove = (entries["tags_code"] == REMOVE_TAG_CODE) & live_mask(entries)
         sel = np.flatnonzero(is_remove)
         if len(sel):
             clogs = entries["offset"][sel].astype(np.int64)
@@ -364,7 +364,7 @@ class TransactionIndex:
 
     def _add_discards(self, entries: np.ndarray) -> None:
         clogs = entries["offset"].astype(np.int64)
-        valid = (entries["size"] > 0) & (entries["size"] != 0x7FFFFFFF)
+        valid = live_mask(entries)
         fields = gather_records(self.store, clogs)
         fields["key_ok"] &= valid
         fields["segment"][~valid] = -1

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..errors import StoreError
 from ..message import TRANS_HALF_TOPIC
-from ..topics import read_json, write_json_atomic
+from ..fileio import read_json, write_json_atomic
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .op import op_specs
 

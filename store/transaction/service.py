@@ -43,7 +43,7 @@ from ..message import (
     LocalTransactionState,
     MessageView,
 )
-from ..topics import read_json, write_json_atomic
+from ..fileio import read_json, write_json_atomic
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
 from .index import TransactionIndex

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..fileio import atomic_write
 from ..message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from .index import KEY_DTYPE, Growable, TransactionIndex
 
@@ -69,17 +70,13 @@ def save_index(index: TransactionIndex) -> None:
             _last_clog(index, TRANS_CHECK_MAX_TIME_TOPIC, index.discard_scanned),
         ], np.int64)
         odd = sorted(index._odd.items(), key=lambda kv: kv[1])
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, meta=meta, half_row=index.half_row.view, half_clog=index.half_clog.view,
-                     op_max=index.op_max.view, row_latest=index.row_latest.view,
-                     row_born=index.row_born.view, row_ended=index.row_ended.view,
-                     row_discarded=index.row_discarded.view, row_key=index.row_key.view,
-                     odd_ids=np.array([k for k, _ in odd], dtype=str),
-                     odd_rows=np.array([r for _, r in odd], np.int64))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, lambda fh: np.savez(
+            fh, meta=meta, half_row=index.half_row.view, half_clog=index.half_clog.view,
+            op_max=index.op_max.view, row_latest=index.row_latest.view,
+            row_born=index.row_born.view, row_ended=index.row_ended.view,
+            row_discarded=index.row_discarded.view, row_key=index.row_key.view,
+            odd_ids=np.array([k for k, _ in odd], dtype=str),
+            odd_rows=np.array([r for _, r in odd], np.int64)))
         index.saved_entries = index.half_scanned + index.op_scanned + index.discard_scanned
 
 

@@ -1,0 +1,86 @@
+"""Crash-safe small-file writes: the one atomic-replace helper of the store.
+
+Every metadata file (``config/*.json``, ``config/timercheck``, the transaction index snapshot)
+is replaced with :func:`atomic_write`: the new content goes to a temporary file in the same
+directory, is ``fsync``-ed, renamed over the old file (``os.replace`` is atomic on POSIX) and
+the directory is synced, so a crash at any point leaves either the old or the new file, never a
+torn one.  JSON files also keep the previous version as ``NAME.bak``; :func:`read_json` falls
+back to it when the main file is missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Callable
+
+__all__ = ["atomic_write", "fsync_dir", "read_json", "write_json_atomic"]
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a rename, a new file) durable; best effort."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, content: bytes | Callable[[IO[bytes]], None], *,
+                 keep_backup: bool = False, sync: bool = True) -> None:
+    """Replace ``path`` with ``content`` so that a crash never leaves a torn file.
+
+    Parameters
+    ----------
+    path : str
+        The file to replace (created when missing).
+    content : bytes or callable
+        The new bytes, or a function that writes them to the binary file object it is given.
+    keep_backup : bool
+        Keep the previous file as ``path + ".bak"`` (read back by :func:`read_json`).
+    sync : bool
+        ``fsync`` the file and its directory (``False`` only for files that are rebuilt
+        anyway after a crash).
+    """
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        if callable(content):
+            content(fh)
+        else:
+            fh.write(content)
+        fh.flush()
+        if sync:
+            os.fsync(fh.fileno())
+    if keep_backup and os.path.exists(path):
+        try:
+            os.replace(path, path + ".bak")
+        except OSError:
+            pass
+    os.replace(tmp, path)
+    if sync:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_json_atomic(path: str, data: object) -> None:
+    """Write ``data`` as JSON with :func:`atomic_write`, keeping the previous file as ``.bak``."""
+    text = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+    atomic_write(path, text, keep_backup=True)
+
+
+def read_json(path: str) -> object | None:
+    """Read a JSON file written by :func:`write_json_atomic`, falling back to its ``.bak``.
+
+    Returns ``None`` when neither is readable JSON.
+    """
+    for candidate in (path, path + ".bak"):
+        try:
+            with open(candidate, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            continue
+    return None
