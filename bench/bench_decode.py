@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 import pyarrow as pa
 
 from store import Message, MessageStore, StoreConfig
-from store.arrow_decode import MESSAGE_SCHEMA, read_queue_batch
+from store.core.arrow_decode import MESSAGE_SCHEMA, read_queue_batch
 
 TOPIC = "bench"
 BODY_BYTES = 100

@@ -58,7 +58,7 @@ class Clock:
 def build(path: str, n: int, resolved: float, clock: Clock) -> list[str]:
     config = StoreConfig(commitlog_file_size_bytes=256 * 1024 * 1024)
     store = MessageStore.open(path, config, clock=clock, flush_service=False)
-    store._ensure_topic_locked("payments")
+    store.ensure_topic("payments")
     ids: list[str] = []
     body = b"p" * 100
     t = time.perf_counter()

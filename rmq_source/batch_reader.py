@@ -15,7 +15,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from .delivery import deliver_due_once
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
-from .queues import (apply_data_loss, check_named_queues, open_store, queue_bounds,
+from .stores import open_reader
+from .queues import (apply_data_loss, check_named_queues, queue_bounds,
                      resolve_offsets, subscribed_queues)
 
 
@@ -36,7 +37,7 @@ class RmqBatchReader(DataSourceReader):
         opts = self.options
         if opts.deliver_due:
             deliver_due_once(opts.path)
-        store = open_store(opts)
+        store = open_reader(opts.path)
         try:
             bounds = queue_bounds(store, subscribed_queues(store, opts))
             check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)

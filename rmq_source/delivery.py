@@ -21,27 +21,17 @@ from __future__ import annotations
 
 import threading
 
-from store import MessageStore, StoreError
+from store import MessageStore
 
 from .errors import InvalidOptionError
+from .stores import open_writer
 
 _lock = threading.Lock()
 
 
 def _open_writable(path: str) -> MessageStore:
-    # a read-only open first: a writable open would create a store at a mistyped path
-    try:
-        MessageStore.open(path, read_only=True).close()
-    except (OSError, StoreError) as exc:
-        raise InvalidOptionError(f"option path={path!r}: {exc}; allowed: the directory of an "
-                                 "existing rmq store") from None
-    try:
-        return MessageStore.open(path)
-    except (OSError, StoreError) as exc:
-        raise InvalidOptionError(
-            f"option deliverDue=true needs to open the store {path!r} for writing, which "
-            f"failed ({type(exc).__name__}: {exc}); allowed: a writable store directory, or "
-            "deliverDue=false (due delayed messages then stay pending)") from None
+    return open_writer(path, needs="option deliverDue=true", error=InvalidOptionError,
+                       hint=", or deliverDue=false (due delayed messages then stay pending)")
 
 
 def deliver_due_once(path: str) -> int:

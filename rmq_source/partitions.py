@@ -17,9 +17,10 @@ from typing import Iterable, Iterator
 
 from pyspark.sql.datasource import InputPartition
 
-from store import MessageStore, OffsetOutOfRangeError
+from store import OffsetOutOfRangeError
 
 from .errors import DataLossError
+from .stores import open_reader
 
 #: rows in one yielded RecordBatch at most (Spark's default arrow batch size)
 BATCH_ROWS = 65_536
@@ -147,7 +148,7 @@ def read_partition(partition: InputPartition) -> Iterator:
     """
     if not isinstance(partition, RmqPartition):  # Spark's placeholder for "no partitions"
         return
-    store = MessageStore.open(partition.path, read_only=True)
+    store = open_reader(partition.path)
     try:
         for r in partition.ranges:
             start = r.start

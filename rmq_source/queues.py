@@ -6,7 +6,7 @@ API (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``, ``offset_for_tim
 
 from __future__ import annotations
 
-from store import MessageStore, StoreNotFoundError
+from store import StoreReader
 
 from .errors import DataLossError, InvalidOptionError
 from .offsets import QueueKey, QueueOffsets
@@ -14,30 +14,18 @@ from .options import EARLIEST, LATEST, OffsetSpec, RmqOptions
 from .partitions import data_loss_message
 
 
-def open_store(options: RmqOptions) -> MessageStore:
-    """Open the store of ``options.path`` read-only; a bad path is an option error."""
-    try:
-        return MessageStore.open(options.path, read_only=True)
-    except StoreNotFoundError as exc:
-        raise InvalidOptionError(f"option path={options.path!r}: {exc}; allowed: the directory "
-                                 "of an existing rmq store") from None
-    except NotADirectoryError:
-        raise InvalidOptionError(f"option path={options.path!r}: not a directory; allowed: the "
-                                 "directory of an existing rmq store") from None
-
-
-def subscribed_queues(store: MessageStore, options: RmqOptions) -> list[QueueKey]:
+def subscribed_queues(store: StoreReader, options: RmqOptions) -> list[QueueKey]:
     """Every (topic, queue id) the subscription covers right now, sorted."""
     return [(t, q) for t in options.select_topics(store.topics()) for q in store.queue_ids(t)]
 
 
-def queue_bounds(store: MessageStore, keys) -> dict[QueueKey, tuple[int, int]]:
+def queue_bounds(store: StoreReader, keys) -> dict[QueueKey, tuple[int, int]]:
     """``{key: (min_offset, max_offset)}`` for each queue."""
     return {k: (store.min_offset(*k), store.max_offset(*k)) for k in keys}
 
 
 def check_named_queues(spec: OffsetSpec, option: str, bounds: dict[QueueKey, tuple[int, int]],
-                       store: MessageStore) -> None:
+                       store: StoreReader) -> None:
     """Every queue a JSON offsets option names must exist in the store."""
     for topic, queue_id in spec.named():
         if (topic, queue_id) in bounds:
@@ -58,7 +46,7 @@ def spec_text(spec: OffsetSpec) -> str:
     return repr({t: {str(q): o for q, o in qs.items()} for t, qs in spec.queues.items()})
 
 
-def resolve_offsets(store: MessageStore, bounds: dict[QueueKey, tuple[int, int]],
+def resolve_offsets(store: StoreReader, bounds: dict[QueueKey, tuple[int, int]],
                     spec: OffsetSpec, timestamp_ms: int | None, option: str) -> QueueOffsets:
     """Turn an offsets option (or a timestamp) into one offset per queue.
 

@@ -13,10 +13,11 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceStreamWriter, DataSourceWriter)
 from pyspark.sql.types import StructType
 
-from store import MESSAGE_SCHEMA, MESSAGE_SPARK_DDL
+from store import MESSAGE_SCHEMA
 
 from .errors import InvalidOptionError
 from .options import RmqOptions, parse_options
+from .schema import MESSAGE_SPARK_DDL
 
 
 class RmqDataSource(DataSource):

@@ -37,7 +37,8 @@ from .errors import DataLossError
 from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
-from .queues import (apply_data_loss, check_named_queues, open_store, queue_bounds,
+from .stores import open_reader
+from .queues import (apply_data_loss, check_named_queues, queue_bounds,
                      resolve_offsets, subscribed_queues)
 
 
@@ -97,7 +98,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                   TRIGGER_DELIVERY_MESSAGES)
 
     def _bounds(self) -> dict[QueueKey, tuple[int, int]]:
-        store = open_store(self.options)
+        store = open_reader(self.options.path)
         try:
             return queue_bounds(store, subscribed_queues(store, self.options))
         finally:
@@ -105,7 +106,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         opts = self.options
-        store = open_store(opts)
+        store = open_reader(opts.path)
         try:
             bounds = queue_bounds(store, subscribed_queues(store, opts))
             check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
@@ -173,7 +174,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if starts == ends:
             return []
         opts = self.options
-        store = open_store(opts)
+        store = open_reader(opts.path)
         try:
             keys = sorted(k for k in ends if ends[k] > starts.get(k, -1))
             bounds = queue_bounds(store, keys)

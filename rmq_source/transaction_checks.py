@@ -39,11 +39,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from store import MessageStore, StoreError
+from store import MessageStore
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .queues import open_store
+from .stores import open_reader, open_writer
 
 TRANSACTION_CHECKS_DDL = (
     "transaction_id string, producer_group string, topic string, queue_id int, "
@@ -83,14 +83,9 @@ def _writable_store(path: str) -> MessageStore:
     with _lock:
         store = _stores.get(path)
         if store is None:
-            try:
-                store = _stores[path] = MessageStore.open(path)
-            except (OSError, StoreError) as exc:
-                raise CheckLoopError(
-                    f"view=transaction_checks needs to open the store {path!r} for writing "
-                    f"(a check round writes put-back copies), which failed "
-                    f"({type(exc).__name__}: {exc}); allowed: a writable store directory"
-                ) from None
+            store = _stores[path] = open_writer(
+                path, error=CheckLoopError,
+                needs="view=transaction_checks (a check round writes put-back copies)")
         return store
 
 
@@ -178,7 +173,7 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
     def initialOffset(self) -> dict:
         # Spark may ask more than once: always give the same answer in this runner
         if self._initial is None:
-            open_store(self.options).close()  # a clear error for a path that is not a store
+            open_reader(self.options.path).close()  # a clear error for a path that is not a store
             self._initial = {"round": 0, "stream": uuid.uuid4().hex}
         return dict(self._initial)
 
@@ -195,7 +190,7 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         if self._available_now == "pending":
             self._available_now = "done"
         store = _writable_store(self.path)
-        plan = store.transactions.prepare_checks()
+        plan = store.prepare_transaction_checks()
         if not plan.checks:
             return start
         nxt = round_no + 1

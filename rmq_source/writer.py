@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from store import MessageStore, StoreError, TransactionStateError
+from store import StoreError, TransactionStateError
 
 from .errors import RmqSourceError
 from .options import RmqOptions
+from .stores import open_writer
 
 #: The state strings a row may carry, by upper-cased name.
 STATES = {"COMMIT": "COMMIT", "COMMIT_MESSAGE": "COMMIT", "ROLLBACK": "ROLLBACK",
@@ -81,15 +82,10 @@ def end_pairs(path: str, messages) -> tuple[int, int]:
     pairs = [p for m in messages if m is not None for p in m.pairs]
     if not pairs:
         return 0, 0
-    try:
-        store = MessageStore.open(path)
-    except (OSError, StoreError) as exc:
-        raise EndTransactionError(
-            f"action=end_transaction could not open the store {path!r} for writing "
-            f"({type(exc).__name__}: {exc}); allowed: a writable rmq store directory") from None
+    store = open_writer(path, needs="action=end_transaction", error=EndTransactionError)
     try:
         try:
-            done = store.transactions.end_transactions(pairs, from_check=True)
+            done = store.end_transactions(pairs, from_check=True)
         except (TransactionStateError, StoreError) as exc:
             raise EndTransactionError(
                 f"action=end_transaction: {exc} (nothing of this batch was applied)") from None

@@ -12,26 +12,31 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .arrow_decode import MESSAGE_SCHEMA, MESSAGE_SPARK_DDL
 from .codec import Record, RecordSpec
 from .config import StoreConfig
 from .errors import (ConfigMismatchError, CorruptRecordError, InvalidBatchError,
                      InvalidConfigError, InvalidDelayError, InvalidMessageError,
                      InvalidTopicError, MessageTooLargeError, OffsetOutOfRangeError,
-                     StoreClosedError, StoreError, StoreNotFoundError, TransactionStateError,
-                     UnknownMessageError,                      UnknownTopicError)
+                     FlushError, ReadOnlyStoreError, StoreClosedError, StoreError,
+                     StoreNotFoundError, TimerFlowControlError, TransactionStateError,
+                     UnknownMessageError, UnknownTopicError)
 from .message import (LocalTransactionState, Message, MessageView, SendResult,
                       TransactionListener, is_system_topic, java_string_hash, validate_topic)
-from .message_store import AppendResult, MessageStore, system_clock
+from .core.appender import AppendResult, BatchAppendResult
+from .core.arrow_decode import MESSAGE_SCHEMA
+from .core.reading import system_clock
+from .message_store import MessageStore
+from .reader import StoreReader
 
 __all__ = [
-    "MESSAGE_SCHEMA", "MESSAGE_SPARK_DDL",
-    "AppendResult", "ConfigMismatchError", "CorruptRecordError", "InvalidBatchError",
+    "MESSAGE_SCHEMA",
+    "AppendResult", "BatchAppendResult", "ConfigMismatchError", "CorruptRecordError",
+    "FlushError", "InvalidBatchError",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
-    "OffsetOutOfRangeError", "Record", "RecordSpec", "SendResult", "StoreClosedError",
-    "StoreConfig", "StoreError", "StoreNotFoundError", "TransactionListener",
-    "TransactionStateError",
+    "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
+    "StoreClosedError", "StoreConfig", "StoreError", "StoreNotFoundError", "StoreReader",
+    "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
     "system_clock", "validate_topic",
 ]

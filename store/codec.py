@@ -32,12 +32,7 @@ invalid; recovery stops at the first one and truncates the tail there.
 
 from __future__ import annotations
 
-import calendar
-import os
-import random
 import struct
-import threading
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Mapping
@@ -224,67 +219,14 @@ def encode_record(
 
 
 class _LengthBytes(dict):
-    """``n -> n`` as a big-endian i16, computed once per length."""
+    """``n -> n`` as a big-endian i16 (a PROPERTIESLENGTH field), computed once per length."""
 
     def __missing__(self, n: int) -> bytes:
         value = self[n] = PROPERTIES_LENGTH.pack(n)
         return value
 
 
-_PROPERTIES_LENGTH_BYTES = _LengthBytes()
-
-
-def batch_header_template(*, queue_id: int, sys_flag: int, born_timestamp_ms: int,
-                          born_host: bytes, born_port: int, store_timestamp_ms: int,
-                          reconsume_times: int = 0, prepared_transaction_offset: int = 0
-                          ) -> np.ndarray:
-    """One header row holding the fields the records of a batch share (a 1-element array)."""
-    t = np.zeros(1, dtype=HEADER_DTYPE)
-    t["magic"] = MESSAGE_MAGIC_CODE_V1
-    t["queue_id"] = queue_id
-    t["sys_flag"] = sys_flag
-    t["born_timestamp"] = born_timestamp_ms
-    t["born_host"] = np.void(bytes(born_host))
-    t["born_port"] = born_port
-    t["store_timestamp"] = store_timestamp_ms
-    t["store_host"] = np.void(LOCALHOST)
-    t["store_port"] = STORE_PORT
-    t["reconsume_times"] = reconsume_times
-    t["prepared_transaction_offset"] = prepared_transaction_offset
-    return t
-
-
-def encode_batch(template: np.ndarray, topic_bytes: bytes, bodies: list[bytes],
-                 properties: list[bytes], *, sizes: np.ndarray, body_lengths: np.ndarray,
-                 queue_offsets: np.ndarray, physical_offsets: np.ndarray,
-                 flags: np.ndarray | int = 0) -> list:
-    """Encode records of one topic as pieces, five per record, ready for ``b"".join``.
-
-    Record ``i`` is ``b"".join(pieces[5 * i:5 * i + 5])``, byte for byte what
-    :func:`encode_record` makes.  The headers are built at once as one NumPy structured array
-    (from ``template``, see :func:`batch_header_template`), the body CRCs with one ``map``;
-    bodies and properties are referenced, not copied, until the caller joins a run of
-    records into one write.
-    """
-    n = len(bodies)
-    headers = np.repeat(template, n)
-    headers["total_size"] = sizes
-    headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & 0x7FFFFFFF
-    headers["flag"] = flags
-    headers["queue_offset"] = queue_offsets
-    headers["physical_offset"] = physical_offsets
-    headers["body_length"] = body_lengths
-    view = memoryview(headers.tobytes())
-    rows = [view[i:i + HEADER_SIZE] for i in range(0, n * HEADER_SIZE, HEADER_SIZE)]
-    topic_part = TOPIC_LENGTH.pack(len(topic_bytes)) + topic_bytes
-    lengths = list(map(_PROPERTIES_LENGTH_BYTES.__getitem__, map(len, properties)))
-    pieces: list = [None] * (5 * n)
-    pieces[0::5] = rows
-    pieces[1::5] = bodies
-    pieces[2::5] = [topic_part] * n
-    pieces[3::5] = lengths
-    pieces[4::5] = properties
-    return pieces
+PROPERTIES_LENGTH_BYTES = _LengthBytes()
 
 
 def encode_blank(remaining: int) -> bytes:
@@ -363,72 +305,3 @@ def decode_record(buf, pos: int, *, file: str = "commitlog", base_offset: int = 
         reconsume_times=reconsume, prepared_transaction_offset=prepared, body=body,
         topic=topic, properties=decode_properties(props),
     )
-
-
-class MessageIdGenerator:
-    """RocketMQ-shaped unique ids (``UNIQ_KEY``), 32 upper-case hex characters.
-
-    16 bytes: client IPv4 (4), pid (2), a per-generator random int standing in for Java's
-    class-loader hash (4), ms since the start of the month (UTC, 4, wrapping like Java's int),
-    a counter (2).  The random part keeps two generators in one process apart; the counter
-    keeps ids within one ms apart.  One ms holds at most 65,536 ids of a generator: when a
-    burst (or a clock that stands still, as in tests) needs more, the time part moves ahead
-    to the next ms instead of letting the counter repeat, so ids never collide.
-    """
-
-    _PREFIX = struct.Struct(">4sHi")
-    _SUFFIX = struct.Struct(">IH")
-    _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-    def __init__(self) -> None:
-        self._prefix = self._PREFIX.pack(
-            LOCALHOST, os.getpid() & 0xFFFF, random.getrandbits(31)
-        ).hex().upper()
-        self._prefix_bytes = np.frombuffer(self._prefix.encode("ascii"), dtype=np.uint8)
-        self._counter = random.getrandbits(16)
-        self._lock = threading.Lock()
-        self._month_start_ms = 0
-        self._month_end_ms = 0
-        self._since = -1  # the time part in use, and how many ids it has given out
-        self._used = 0
-
-    def _since_month(self, now_ms: int) -> int:
-        if not self._month_start_ms <= now_ms < self._month_end_ms:
-            t = time.gmtime(now_ms // 1000)
-            start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0)) * 1000
-            ny, nm = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
-            end = calendar.timegm((ny, nm, 1, 0, 0, 0)) * 1000
-            self._month_start_ms, self._month_end_ms = start, end
-            self._since = -1  # a new month starts a new time base
-        return now_ms - self._month_start_ms
-
-    def next_id(self, now_ms: int | None = None) -> str:
-        return self.next_ids(1, now_ms)[0]
-
-    def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
-        """``n`` fresh ids, built with NumPy rather than one format call each."""
-        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        with self._lock:
-            since = self._since_month(now_ms)
-            if since > self._since:
-                self._since, self._used = since, 0
-            base, used = self._since, self._used  # a clock that went back keeps the time part
-            first = self._counter
-            self._counter = (first + n) & 0xFFFF
-            total = used + n
-            self._since, self._used = base + total // 65536, total % 65536
-        if n == 1 and used < 65536:
-            return [self._prefix + self._SUFFIX.pack(base & 0xFFFFFFFF, first).hex().upper()]
-        k = np.arange(n, dtype=np.int64)
-        counters = (first + k) & 0xFFFF
-        sinces = (base + (used + k) // 65536) & 0xFFFFFFFF
-        suffix = np.empty((n, 6), dtype=np.uint8)
-        suffix[:, :4] = sinces.astype(">u4").view(np.uint8).reshape(n, 4)
-        suffix[:, 4] = counters >> 8
-        suffix[:, 5] = counters & 0xFF
-        chars = np.empty((n, 32), dtype=np.uint8)
-        chars[:, :20] = self._prefix_bytes
-        chars[:, 20::2] = self._HEX[suffix >> 4]
-        chars[:, 21::2] = self._HEX[suffix & 0xF]
-        text = chars.tobytes().decode("ascii")
-        return [text[i:i + 32] for i in range(0, 32 * n, 32)]

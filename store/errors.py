@@ -69,6 +69,25 @@ class StoreClosedError(StoreError):
     """The store was used after :meth:`~store.MessageStore.close`."""
 
 
+class ReadOnlyStoreError(StoreClosedError):
+    """A write operation was called on a store opened read-only (the message names it)."""
+
+    def __init__(self, root: str, operation: str) -> None:
+        self.root = root
+        self.operation = operation
+        super().__init__(
+            f"{operation}() writes to the store, but store {root} was opened read-only; "
+            "open it with MessageStore.open(path) to write")
+
+
+class FlushError(StoreError):
+    """The background flush could not make appended data durable (the cause is chained).
+
+    Raised by the next write or :meth:`~store.MessageStore.flush` after the flush thread
+    failed; the failure is also logged when it happens.
+    """
+
+
 class CorruptRecordError(StoreError):
     """A stored record could not be decoded.
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
+from .codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record
 from .errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
 
 # --- property keys (RocketMQ MessageConst) -------------------------------------------------
@@ -298,3 +299,23 @@ def _check_text(what: str, value: object, allow_blank: bool = False) -> None:
             f"{what} {value!r} contains 0x01 or 0x02, the properties separators; "
             "they are not allowed"
         )
+
+
+def record_view(rec: Record, queue_offset: int | None = None) -> MessageView:
+    """The user-facing view of a decoded CommitLog record (system properties hidden)."""
+    props = rec.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
+    keys = tuple(k for k in props.get(PROPERTY_KEYS, "").split(" ") if k)
+    deliver = props.get(PROPERTY_DELIVER_MS)
+    tx_id = props.get(PROPERTY_TRANSACTION_ID) if (
+        rec.sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE else None
+    return MessageView(
+        topic=rec.topic, queue_id=rec.queue_id,
+        queue_offset=rec.queue_offset if queue_offset is None else queue_offset,
+        commitlog_offset=rec.physical_offset, msg_id=props.get(PROPERTY_UNIQ_KEY, ""),
+        tags=props.get(PROPERTY_TAGS), keys=keys, body=rec.body, properties=user,
+        born_timestamp_ms=rec.born_timestamp_ms, store_timestamp_ms=rec.store_timestamp_ms,
+        deliver_timestamp_ms=int(deliver) if deliver else None, transaction_id=tx_id,
+        reconsume_times=rec.reconsume_times, sys_flag=rec.sys_flag,
+        system_properties={k: v for k, v in props.items() if k in SYSTEM_PROPERTY_NAMES},
+    )

@@ -7,16 +7,17 @@ import re
 from collections import deque
 from itertools import chain, repeat
 from operator import attrgetter
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 from .codec import RecordSpec
+from .core.ports import StorePort
+from .delayed.schedule import ScheduleService
 from .errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, SendResult,
                       check_tags, check_user_properties, keys_value, validate_group,
                       validate_message, validate_topic)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .message_store import MessageStore
+from .timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
@@ -26,10 +27,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class ProducerStore(StorePort, Protocol):
+    """What a producer uses of its store: the core's port and the two delay services."""
+
+    schedule: ScheduleService
+    timer: TimerService
+
+
 class Producer:
     """Sends messages of one producer group to a :class:`~store.MessageStore`."""
 
-    def __init__(self, store: "MessageStore", group: str) -> None:
+    def __init__(self, store: ProducerStore, group: str) -> None:
         self.store = store
         self.group = validate_group(group)
 

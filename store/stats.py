@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .message_store import MessageStore
+from .delayed.schedule import ScheduleService
+from .timer.service import TimerService
 
 #: RocketMQ's timer distribution buckets (seconds ahead of now), plus "overdue" and "later".
 DUE_BUCKETS_S = (5, 60, 300, 900, 3600, 14400, 28800, 86400)
@@ -21,15 +19,14 @@ def _label(seconds: int) -> str:
     return f"{seconds // 3600} h"
 
 
-def pending_delayed_stats(store: "MessageStore") -> dict:
+def pending_delayed_stats(now: int, schedule: ScheduleService, timer: TimerService) -> dict:
     """Pending delay-level and timer messages, with counts per due-time bucket.
 
     Returns ``{"pending", "schedule_pending", "timer_pending", "next_due_ms", "by_due"}`` where
     ``by_due`` is a list of ``{"label", "upper_s", "count"}`` (``upper_s`` None = later).
     """
-    now = store.now_ms()
-    level_due = store.schedule.pending_due_ms()
-    timer_due, timer_num = store.timer.pending_due_ms()
+    level_due = schedule.pending_due_ms()
+    timer_due, timer_num = timer.pending_due_ms()
     due = np.concatenate([level_due, timer_due])
     weight = np.concatenate([np.ones(len(level_due), np.int64), timer_num])
     ahead_s = (due - now) / 1000.0

@@ -11,21 +11,16 @@ from __future__ import annotations
 import os
 
 from .fileio import read_json, write_json_atomic
-from .message import (SCHEDULE_TOPIC, SYSTEM_TOPICS, TIMER_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
-                      TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC)
+from .message import is_system_topic
 
 PERM_READ = 4
 PERM_WRITE = 2
 
 
-def system_queue_count(topic: str, delay_levels: int) -> int | None:
-    if topic == SCHEDULE_TOPIC:
-        return delay_levels
-    if topic in (TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC):
-        return 1
-    if topic in SYSTEM_TOPICS:
-        return 1
-    return None
+def default_queue_count(topic: str, user_default: int) -> int:
+    """Queues of a new topic that no service registered: one for a system topic (as
+    RocketMQ's system topics), ``user_default`` for a user topic."""
+    return 1 if is_system_topic(topic) else user_default
 
 
 class TopicTable:
@@ -55,6 +50,11 @@ class TopicTable:
 
     def get(self, topic: str) -> dict | None:
         return self.reload().get(topic)
+
+    def cached_queue_count(self, topic: str) -> int | None:
+        """The queue count of a topic this process has already seen, without a re-read."""
+        cfg = self._topics.get(topic)
+        return int(cfg["writeQueueNums"]) if cfg is not None else None
 
     def queue_count(self, topic: str) -> int | None:
         cfg = self.get(topic)

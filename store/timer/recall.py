@@ -10,15 +10,14 @@ is kept, so memory does not grow with them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ..codec import MessageIdGenerator, Record
+from ..codec import Record
+from ..message_id import MessageIdGenerator
 from ..errors import CorruptRecordError, UnknownTopicError
 from ..message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, TIMER_TOPIC
-from .delivery import read_queue_entries
+from ..core.ports import StorePort
+from ..delayed.routing import read_queue_entries
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 #: How far apart born and store times of one record may be.
 CANCEL_WINDOW_MS = 600_000
@@ -45,7 +44,7 @@ def born_candidates(msg_id: str, now: int, max_delay_ms: int) -> list[int]:
     return out
 
 
-def find_timer_record(store: "MessageStore", topic: str, msg_id: str, now: int,
+def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
                       max_delay_ms: int) -> Record | None:
     """The timer-topic record of ``msg_id`` whose real topic is ``topic``, or ``None``.
 

@@ -45,15 +45,16 @@ import numpy as np
 
 from ..codec import RecordSpec
 from ..consume_queue import live_mask
+from ..core.ports import StorePort
+from ..delayed.restore import restore
+from ..delayed.routing import (check_headroom, routed_properties, origins_since,
+                               read_queue_entries, release_commitlog_pages)
 from ..errors import CorruptRecordError, InvalidMessageError, TimerFlowControlError
 from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
                        PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
                        PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, TIMER_TOPIC)
 from . import checkpoint as ckpt
-from .bulk import restore
 from .checkpoint import TimerCheckpoint
-from .delivery import (check_headroom, routed_properties, origins_since, read_queue_entries,
-                       release_commitlog_pages)
 from .recall import find_timer_record
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .wheel import TimerWheel
@@ -74,6 +75,23 @@ def _left(budget: int | None, used: int) -> int | None:
     return None if budget is None else max(0, budget - used)
 
 
+def timer_tags_code(properties, store_timestamp_ms: int) -> int | None:
+    """tagsCode of a timer-topic record: its fire (slot) time, negated for a cancel marker.
+
+    Ours, not RocketMQ's (which stores the tag hash): the wheel enqueues from the
+    ConsumeQueue alone, without reading the records.
+    """
+    out = properties.get(PROPERTY_TIMER_OUT_MS)
+    if out is None:
+        return None
+    return -int(out) if PROPERTY_TIMER_DEL_UNIQKEY in properties else int(out)
+
+
+def register_timer_topic(port: StorePort) -> None:
+    """Make the timer topic known to the core: one queue, records indexed by fire time."""
+    port.register_system_topic(TIMER_TOPIC, 1, timer_tags_code)
+
+
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
     """RocketMQ's TIMER_OUT_MS: one precision earlier for exact multiples, else rounded down."""
     if deliver_ms % precision_ms == 0:
@@ -90,7 +108,7 @@ class TimerService:
         The store it serves; its settings ``timer_*`` shape the files.
     """
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self.store = store
         cfg = store.config
         self.precision = cfg.timer_precision_ms

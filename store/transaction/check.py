@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..codec import Record
+from ..core.ports import StorePort
 from ..errors import CorruptRecordError, TransactionStateError
 from ..message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -55,8 +56,7 @@ from ..message import (
 )
 from .half import check_times, discard_spec, immunity_ms, put_back_spec, transaction_id_of
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .service import TransactionService
+from .index import TransactionIndex
 
 #: RocketMQ's MAX_PROCESS_TIME_LIMIT: a round stops walking a queue after this long.
 MAX_PROCESS_TIME_MS = 60_000
@@ -163,7 +163,22 @@ def check_view(record: Record, copy_queue_offset: int, copy_commitlog_offset: in
     )
 
 
-def run_bookkeeping(service: TransactionService, *, max_checks: int | None = None,
+class CheckState(Protocol):
+    """What a check round uses of the transaction service: its store, index, settings and
+    saved progress."""
+
+    store: StorePort
+    index: TransactionIndex
+    settings: dict[str, int]
+
+    def queue_minimums(self) -> tuple[int, int]: ...
+
+    def load_progress(self) -> tuple[int, int]: ...
+
+    def save_progress(self, half_offset: int, op_offset: int, now_ms: int) -> None: ...
+
+
+def run_bookkeeping(service: CheckState, *, max_checks: int | None = None,
                     max_process_ms: int = MAX_PROCESS_TIME_MS,
                     remember: dict | None = None) -> CheckPlan:
     """Steps 1 to 4 of the round (see the module docstring); the caller holds the write lock.

@@ -23,10 +23,10 @@ from their start; it is checked against the ConsumeQueues before use.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.ports import StorePort
 from ..codec import FIELD_OFFSET, HEADER_SIZE
 from ..consume_queue import live_mask
 from ..errors import StoreError
@@ -39,8 +39,6 @@ from ..message import (
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .op import REMOVE_TAG_CODE, parse_op_bodies
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 #: Transaction ids written by the store are 32 upper-case hex characters (UNIQ_KEY).
 KEY_DTYPE = np.dtype("S32")
@@ -89,7 +87,7 @@ def _be(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(raw).view(dtype).ravel().astype(np.int64)
 
 
-def gather_records(store: MessageStore, offsets: np.ndarray, *, want_body: bool = False):
+def gather_records(store: StorePort, offsets: np.ndarray, *, want_body: bool = False):
     """Read fields of many records at CommitLog ``offsets`` (vectorised per segment).
 
     Returns a dict of arrays aligned with ``offsets``: ``born`` (int64), ``store_ts``,
@@ -152,7 +150,7 @@ class TransactionIndex:
     offset, born time, ended (an op names one of its halves) and discarded.
     """
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: StorePort) -> None:
         self.store = store
         self.lock = threading.RLock()
         self.base = -1            # half queue offset of element 0; -1 before the first refresh

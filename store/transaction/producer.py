@@ -13,16 +13,21 @@ A crash after step 1 leaves an open half message: the check loop asks about it l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import InvalidDelayError, TransactionStateError
 from ..message import TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult
-from ..producer import Producer
+from ..producer import Producer, ProducerStore
 from .check import parse_state
 from .half import check_transactional_properties, half_spec
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
+from .service import TransactionService
+
+
+class TransactionProducerStore(ProducerStore, Protocol):
+    """What a transaction producer uses of its store: a producer's, plus transactions."""
+
+    transactions: TransactionService
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,7 @@ class TransactionProducer(Producer):
         asks this listener about the group's open transactions.
     """
 
-    def __init__(self, store: MessageStore, group: str, listener) -> None:
+    def __init__(self, store: TransactionProducerStore, group: str, listener) -> None:
         super().__init__(store, group)
         if not callable(getattr(listener, "execute_local_transaction", None)):
             raise TransactionStateError(
@@ -93,7 +98,7 @@ class TransactionProducer(Producer):
         msg_id = store.id_generator.next_id(now)
         spec = self._spec(message, msg_id, now)  # validates (reserved names, sizes, topic)
         check_transactional_properties(message.properties)
-        queue_count = store._ensure_topic_locked(message.topic)
+        queue_count = store.ensure_topic(message.topic)
         real_qid = store.next_queue(message.topic, queue_count)
         stored = store.append([half_spec(spec, self.group, real_qid)])[0]
 

@@ -26,29 +26,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from ..core.ports import RecoveryScan, StorePort
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..errors import StoreError
 from ..message import TRANS_HALF_TOPIC
 from ..fileio import read_json, write_json_atomic
 from .half import HALF_QUEUE_ID, transaction_id_of
+from .index import TransactionIndex
 from .op import op_specs
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
-    from .service import TransactionService
 
 FILE_NAME = "transactionRepair.json"
 KEY = "commitOffsets"
 
 
-def repair_path(store: MessageStore) -> str:
+def repair_path(store: StorePort) -> str:
     """Where the note of kept commit records lives."""
     return os.path.join(store.root, "config", FILE_NAME)
 
 
-def noted_offsets(store: MessageStore) -> list[int]:
+def noted_offsets(store: StorePort) -> list[int]:
     """CommitLog offsets of the noted commit records (``[]`` when there is no note)."""
     data = read_json(repair_path(store))
     values = data.get(KEY, []) if isinstance(data, dict) else []
@@ -57,10 +55,10 @@ def noted_offsets(store: MessageStore) -> list[int]:
     return sorted({v for v in values if isinstance(v, int) and v >= 0})
 
 
-def note_kept_commits(store: MessageStore, offsets: Iterable[int]) -> None:
+def note_kept_commits(store: StorePort, offsets: Iterable[int]) -> None:
     """Record (durably, merged with an earlier note) commit records recovery kept.
 
-    Called by :func:`store.recovery.recover_tail` for a recovery without a limit, before it
+    Called (through :func:`note_kept_commits_after_recovery`) by recovery before it
     publishes the recovered end, so a crash right after still leaves the note.
     """
     new = {int(o) for o in offsets}
@@ -71,12 +69,30 @@ def note_kept_commits(store: MessageStore, offsets: Iterable[int]) -> None:
     write_json_atomic(repair_path(store), {KEY: merged})
 
 
-def has_note(store: MessageStore) -> bool:
+def note_kept_commits_after_recovery(store: StorePort, scan: RecoveryScan) -> None:
+    """Recovery listener: note the COMMIT records a scan without a limit kept.
+
+    Without a limit (after a reboot, or a damaged tail on a clean open) a torn append may be
+    kept in part: a commit record without the op message that went with it.
+    """
+    if scan.limited:
+        return
+    commits = scan.offsets[(scan.sys_flags & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE]
+    if len(commits):
+        note_kept_commits(store, commits.tolist())
+
+
+def register_transaction_recovery(port: StorePort) -> None:
+    """Make the transaction repair known to the core's recovery (a recovery listener)."""
+    port.add_recovery_listener(note_kept_commits_after_recovery)
+
+
+def has_note(store: StorePort) -> bool:
     path = repair_path(store)
     return os.path.exists(path) or os.path.exists(path + ".bak")
 
 
-def _remove_note(store: MessageStore) -> None:
+def _remove_note(store: StorePort) -> None:
     path = repair_path(store)
     for name in (path, path + ".bak"):
         try:
@@ -85,7 +101,7 @@ def _remove_note(store: MessageStore) -> None:
             pass
 
 
-def repair_noted_commits(service: TransactionService) -> int:
+def repair_noted_commits(store: StorePort, index: TransactionIndex) -> int:
     """Append the op messages the noted commit records lack; return how many transactions.
 
     The caller holds the store's write lock.  A noted offset is skipped when it no longer
@@ -93,11 +109,9 @@ def repair_noted_commits(service: TransactionService) -> int:
     prepared offset does not hold a half of the same transaction, or when the transaction
     has ended already.
     """
-    store = service.store
     offsets = noted_offsets(store)
     repaired = 0
     if offsets:
-        index = service.index
         index.refresh()
         confirmed = store.confirmed_offset()
         rows: list[int] = []
@@ -130,5 +144,6 @@ def repair_noted_commits(service: TransactionService) -> int:
     return repaired
 
 
-__all__ = ["FILE_NAME", "has_note", "note_kept_commits", "noted_offsets",
-           "repair_noted_commits", "repair_path"]
+__all__ = ["FILE_NAME", "has_note", "note_kept_commits", "note_kept_commits_after_recovery",
+           "noted_offsets", "register_transaction_recovery", "repair_noted_commits",
+           "repair_path"]

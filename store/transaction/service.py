@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
+from ..core.ports import StorePort
 from ..config import StoreConfig
 from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
 from ..message import (
@@ -50,8 +50,6 @@ from .index import TransactionIndex
 from .op import op_specs
 from .repair import has_note, repair_noted_commits
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 SETTINGS = ("transaction_timeout_ms", "transaction_check_max", "transaction_check_interval_ms")
 HALF_KEY = f"{TRANS_HALF_TOPIC}@{CHECK_GROUP}"
@@ -63,7 +61,7 @@ Resolve = Callable[[MessageView], object]
 class TransactionService:
     """Transactions of one :class:`~store.MessageStore` (built by the store; see module doc)."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: StorePort) -> None:
         self.store = store
         self._index: TransactionIndex | None = None
         self._listeners: dict[str, object] = {}
@@ -75,7 +73,7 @@ class TransactionService:
         self._record_explicit_settings()
         if has_note(store):  # recovery after a reboot kept commit records: write missing ops
             with store.write_lock():
-                repair_noted_commits(self)
+                repair_noted_commits(store, self.index)
 
     # ------------------------------------------------------------------ settings
     def _record_explicit_settings(self) -> None:

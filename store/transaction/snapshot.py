@@ -29,16 +29,14 @@ ignored and the index is rebuilt from the queues.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.ports import StorePort
 from ..fileio import atomic_write
 from ..message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from .index import KEY_DTYPE, Growable, TransactionIndex
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 VERSION = 1
 FILE_NAME = "transactionIndex.npz"
@@ -47,7 +45,7 @@ FILE_NAME = "transactionIndex.npz"
 SAVE_AFTER_ENTRIES = 4096
 
 
-def _path(store: MessageStore) -> str:
+def _path(store: StorePort) -> str:
     return os.path.join(store.root, "config", FILE_NAME)
 
 
@@ -90,7 +88,7 @@ def save_index_if_grown(index: TransactionIndex) -> bool:
     return True
 
 
-def load_index(store: MessageStore) -> TransactionIndex | None:
+def load_index(store: StorePort) -> TransactionIndex | None:
     """The index from the snapshot, or ``None`` when there is none or it does not match."""
     path = _path(store)
     try:

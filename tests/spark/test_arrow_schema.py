@@ -16,7 +16,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from store.arrow_decode import MESSAGE_SCHEMA, MESSAGE_SPARK_DDL, empty_batch
+from rmq_source.schema import MESSAGE_SPARK_DDL
+from store.core.arrow_decode import MESSAGE_SCHEMA, empty_batch
 
 # MESSAGE_SPARK_DDL written out by hand (all nullable, as the DDL parser makes them)
 SPARK_SCHEMA = StructType([

@@ -25,7 +25,7 @@ def _pyspark_modules_after(statement: str) -> int:
 
 def test_import_store_leaves_pyspark_out():
     assert _pyspark_modules_after("store") == 0
-    assert _pyspark_modules_after("store.arrow_decode") == 0
+    assert _pyspark_modules_after("store.core.arrow_decode") == 0
 
 
 def test_rmq_source_package_and_options_do_not_need_pyspark():

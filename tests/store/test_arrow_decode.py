@@ -1,4 +1,4 @@
-"""Vectorised Arrow decoding (store.arrow_decode) against the per-record path (pull/record_view)."""
+"""Vectorised Arrow decoding (store.core.arrow_decode) against the per-record path (pull/record_view)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import CorruptRecordError, Message, MessageStore, OffsetOutOfRangeError
-from store.arrow_decode import MESSAGE_SCHEMA, empty_batch, read_queue_batch
+from store.core.arrow_decode import MESSAGE_SCHEMA, empty_batch, read_queue_batch
 from store.arrow_properties import parse_properties
 from store.codec import (
     FIELD_OFFSET,
@@ -189,7 +189,7 @@ def test_store_written_with_send_batch_matches_pull(store):
 
 
 def test_large_blocks_are_decoded_in_pieces_and_joined(store, monkeypatch):
-    from store import arrow_decode
+    from store.core import arrow_decode
 
     fill(store, 200, batch=100)
     monkeypatch.setattr(arrow_decode, "_SCAN_BYTES", 4096)  # many blocks per segment

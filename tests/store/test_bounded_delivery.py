@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store import Message, MessageStore
-from store.timer import bulk
+from store.delayed import restore as bulk
 from store.timer import checkpoint as ckpt
 
 

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from store import codec
 from store.codec import (BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE,
-                         MESSAGE_MAGIC_CODE_V1, RECORD_HEADER, MessageIdGenerator, RecordCheck,
+                         MESSAGE_MAGIC_CODE_V1, RECORD_HEADER, RecordCheck,
                          RecordSpec, body_crc, check_record, decode_properties, decode_record,
                          encode_blank, encode_properties, encode_record, record_size)
 from store.errors import CorruptRecordError
+from store.message_id import MessageIdGenerator
 from store.message import java_string_hash, tags_code
 
 # -- strategies ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from store import Message, MessageStore
 from store.consume_queue import CQ_DTYPE, CQ_ENTRY, CQ_ENTRY_SIZE, ConsumeQueue
 from store.message import java_string_hash
-from store.recovery import recover_tail
+from store.core.recovery import recover_tail
 
 
 @pytest.fixture

@@ -34,9 +34,10 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import SMALL
     from store import MessageStore
-    from store import message_store as ms
-    from store.timer import bulk, service, checkpoint as ckpt, timer_log, wheel
-    from store import schedule, topics
+    from store import fileio
+    from store.core import appender
+    from store.delayed import restore as bulk, schedule
+    from store.timer import service, checkpoint as ckpt, timer_log, wheel
 
     path, now, plan = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
     bulk.RESTORE_CHUNK = 40
@@ -57,10 +58,11 @@ CHILD = textwrap.dedent("""
                 if plan["when"] == "torn":  # half the bytes of the first piece, then death
                     chunks = args[1] if name == "commit" else None
                     if chunks:
-                        store = args[0]
-                        store.checkpoint.set("write_in_progress", store._write_offset)
+                        appender_ = args[0]
+                        core = appender_.core
+                        core.checkpoint.set("write_in_progress", appender_.write_offset)
                         off, data = chunks[0]
-                        args[0].commit_log.write(off, data[:len(data) // 2])
+                        core.commit_log.write(off, data[:len(data) // 2])
                     die()
                 if plan["when"] == "mid":  # wheel.put: only the first field of each slot
                     self, times, first = args[0], args[1], args[2]
@@ -73,9 +75,9 @@ CHILD = textwrap.dedent("""
             return original(*args, **kwargs)
         return wrapper
 
-    ms.MessageStore._commit_append = planted("commit", ms.MessageStore._commit_append)
+    appender.Appender.commit = planted("commit", appender.Appender.commit)
     service.ckpt.save = planted("ckpt_save", ckpt.save)
-    schedule.write_json_atomic = planted("json_save", topics.write_json_atomic)
+    schedule.write_json_atomic = planted("json_save", fileio.write_json_atomic)
     timer_log.TimerLog.write = planted("log_write", timer_log.TimerLog.write)
     wheel.TimerWheel.put = planted("wheel_put", wheel.TimerWheel.put)
 

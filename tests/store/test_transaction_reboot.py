@@ -115,7 +115,7 @@ def test_crash_between_recovery_and_repair_repairs_at_the_next_open(
     reboot(path)
     # the process that recovers dies before its transaction service repairs: the note stays,
     # and a flush moves the durable point past the commit record before it dies
-    monkeypatch.setattr(service_module, "repair_noted_commits", lambda service: 0)
+    monkeypatch.setattr(service_module, "repair_noted_commits", lambda store, index: 0)
     store = MessageStore.open(path, SMALL, clock=clock, flush_service=False)
     assert os.path.exists(repair_path(store))
     store.producer("g").send(Message("other", b"after"))

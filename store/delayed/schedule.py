@@ -9,7 +9,7 @@ due-time order.
 Delivery (:meth:`ScheduleService.deliver_due`): for each level, the entries from the saved
 offset on whose tagsCode is at or before now are restored to their real topic and queue, many
 records per append, with ``__RMQ_DELIVER_MS`` = the due time and the origin (see
-:mod:`store.timer.delivery`); delivery stops at the first entry not yet due.  The restored
+:mod:`store.delayed.routing`); delivery stops at the first entry not yet due.  The restored
 record keeps the stored properties (``DELAY``, ``REAL_TOPIC``, ``REAL_QID`` included, as
 RocketMQ's does; users never see system properties).  A record gone to retention is skipped,
 and one whose real topic is the transaction half topic is dropped, as in RocketMQ.
@@ -34,17 +34,18 @@ import re
 
 import numpy as np
 
-from .codec import RecordSpec
-from .consume_queue import live_mask
-from .errors import InvalidDelayError
-from .message import (
+from ..codec import RecordSpec
+from ..consume_queue import live_mask
+from ..core.ports import StorePort
+from ..errors import InvalidDelayError
+from ..message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
-from .timer.bulk import restore
-from .timer.delivery import (check_headroom, routed_properties, origins_since, read_queue_entries,
+from .restore import restore
+from .routing import (check_headroom, routed_properties, origins_since, read_queue_entries,
                              release_commitlog_pages)
-from .fileio import write_json_atomic
+from ..fileio import write_json_atomic
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16
@@ -67,6 +68,25 @@ def read_lenient_json(path: str) -> object | None:
     return None
 
 
+def deliver_time(levels_ms: tuple[int, ...], level: int, store_timestamp_ms: int) -> int:
+    """RocketMQ's due time of a level-``level`` message stored at that time (its tagsCode)."""
+    if level <= 0:
+        return store_timestamp_ms + 1000
+    return store_timestamp_ms + levels_ms[min(level, len(levels_ms)) - 1]
+
+
+def register_schedule_topic(port: StorePort) -> None:
+    """Make ``SCHEDULE_TOPIC_XXXX`` known to the core: one queue per level, and records
+    indexed by their due time (the tagsCode rule)."""
+    levels = port.config.delay_levels_ms
+
+    def tags_code(properties, store_timestamp_ms: int) -> int | None:
+        level = properties.get(PROPERTY_DELAY_TIME_LEVEL)
+        return None if level is None else deliver_time(levels, int(level), store_timestamp_ms)
+
+    port.register_system_topic(SCHEDULE_TOPIC, len(levels), tags_code)
+
+
 @dataclasses.dataclass
 class _Progress:
     offsets: dict[int, int]
@@ -77,7 +97,7 @@ class _Progress:
 class ScheduleService:
     """Delivery of the 4.x delay levels of one store (see the module docstring)."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: StorePort) -> None:
         self.store = store
         self.levels = store.config.delay_levels_ms
         self.path = os.path.join(store.root, "config", "delayOffset.json")

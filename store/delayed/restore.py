@@ -10,9 +10,8 @@ is built from the source's bytes instead of being decoded and encoded again:
   needs (``REAL_TOPIC``, ``REAL_QID``, ``TAGS``, ``TIMER_DELIVER_MS``, ...) are located for
   all records at once from the pair boundaries; topics and tags are grouped with
   ``np.unique``, so each distinct one is decoded and hashed once;
-* each record becomes a handful of byte pieces joined once per CommitLog write, and the store's
-  batch machinery (``MessageStore._place_batch`` / ``_commit_append``) places, writes and
-  indexes them, so the crash protocol is the store's own.
+* the records go to the core's columnar append (:meth:`StorePort.append_encoded`), which
+  places, writes and indexes them, so the crash protocol is the store's own.
 
 Sources needing more than appended pairs go through a per-record path: rolled timer records
 (re-put to the timer topic with ``TIMER_ROLL_TIMES`` + 1, re-encoded so repeated rolls never
@@ -24,23 +23,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..codec import (FIXED_SIZE, HEADER_SIZE, PROPERTIES_LENGTH, TOPIC_LENGTH,
-                     TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
-from ..errors import MessageTooLargeError
+from ..codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
 from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
                        PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
                        PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
                        PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
                        PROPERTY_UNIQ_KEY, TIMER_TOPIC, TRANS_HALF_TOPIC, java_string_hash)
 
-from .sources import SourceRecords, as_bytes, parse_ints, unique_values
+from ..core.appender import EncodedRecords
+from ..core.ports import StorePort
+from ..record_gather import SourceRecords, as_bytes, parse_ints, unique_values
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 #: A name-value pair of a properties string (RocketMQ drops pairs with an empty side).
 _PAIR = re.compile(rb"([^\x01\x02]+)\x01([^\x02]+)\x02")
@@ -74,7 +70,7 @@ class RestoreResult:
     rolled: int
 
 
-def restore(store: "MessageStore", offsets: np.ndarray, *, now: int,
+def restore(store: StorePort, offsets: np.ndarray, *, now: int,
             due_ms: np.ndarray | None = None, enqueue_ms: np.ndarray | None = None,
             roll: np.ndarray | None = None, delete_keys: set[str] | frozenset = frozenset(),
             timer_precision_ms: int = 1000, direct_enqueue_ms: str = "-1",
@@ -122,11 +118,11 @@ def restore(store: "MessageStore", offsets: np.ndarray, *, now: int,
 
 
 # ---------------------------------------------------------------------------- one chunk
-def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
+def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
                    roll, delete_keys, precision: int, direct_enqueue_ms: bytes
                    ) -> tuple[int, int]:
     n = len(offsets)
-    src = SourceRecords(store, offsets)
+    src = SourceRecords(store.commit_log, offsets)
     h = src.headers
     keep = src.ok & np.isin(h["sys_flag"] & TRANSACTION_TYPE_MASK, _TX_OK)
     roll = np.zeros(n, dtype=bool) if roll is None else roll
@@ -233,7 +229,7 @@ def _restore_chunk(store: "MessageStore", offsets: np.ndarray, *, now: int, due_
     props_len = (np.fromiter(map(len, props_sel), np.int64, len(selected))
                  + np.fromiter(map(len, extra_sel), np.int64, len(selected)))
     _append_restored(store, h[selected], bodies, props_sel, extra_sel, props_len, topics,
-                     topic_ids[selected], qids[selected], codes[selected], now)
+                     topic_ids[selected], qids[selected], codes[selected])
     return len(selected) - n_roll, n_roll
 
 
@@ -277,64 +273,11 @@ def _encode(props: dict[bytes, bytes]) -> bytes:
 
 
 # ---------------------------------------------------------------------------- appending
-def _append_restored(store: "MessageStore", headers: np.ndarray, bodies: list, props: list,
+def _append_restored(store: StorePort, headers: np.ndarray, bodies: list, props: list,
                      extras: list, props_len: np.ndarray, topics: list[bytes],
-                     topic_ids: np.ndarray, qids: np.ndarray, codes: np.ndarray, now: int) -> None:
-    """Place, encode, write and index restored records (write lock held)."""
-    n = len(bodies)
-    cfg = store.config
-    if int(props_len.max()) > cfg.max_properties_size_bytes:
-        raise MessageTooLargeError(
-            f"a restored record's properties are {int(props_len.max())} bytes; allowed: at "
-            f"most {cfg.max_properties_size_bytes}")
-    counts_by_topic = np.array([store._ensure_topic_cached(t.decode("ascii")) for t in topics],
-                               dtype=np.int64)
-    count = counts_by_topic[topic_ids]
-    qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
-    group_key = topic_ids * (1 << 20) + qids
-    uniq, gid = np.unique(group_key, return_inverse=True)
-    gid = gid.ravel()
-    keys = [(topics[int(k) >> 20].decode("ascii"), int(k) & ((1 << 20) - 1)) for k in uniq.tolist()]
-    topic_parts = [TOPIC_LENGTH.pack(len(topics[int(k) >> 20])) + topics[int(k) >> 20]
-                   for k in uniq.tolist()]
-    topic_len = np.array([len(p) - 1 for p in topic_parts], dtype=np.int64)
-    body_len = headers["body_length"].astype(np.int64)
-    sizes = FIXED_SIZE + body_len + topic_len[gid] + props_len
-
-    # queue offsets: each queue continues where it ends, in record order
-    order = np.argsort(gid, kind="stable")
-    counts = np.bincount(gid, minlength=len(keys))
-    group_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n) - np.repeat(group_start, counts)
-    firsts = np.array([store._next_queue_offset(k) for k in keys], dtype=np.int64)
-
-    starts, runs, end = store._place_batch(store._write_offset, sizes)
-    h = headers.copy()
-    h["total_size"] = sizes
-    h["queue_id"] = qids
-    h["queue_offset"] = firsts[gid] + rank
-    h["physical_offset"] = starts
-    h["store_timestamp"] = now
-    hb = h.tobytes()
-    width = 6
-    pieces: list = [None] * (width * n)
-    pieces[0::width] = list(map(hb.__getitem__, map(slice, range(0, n * HEADER_SIZE, HEADER_SIZE),
-                                                   range(HEADER_SIZE, (n + 1) * HEADER_SIZE,
-                                                         HEADER_SIZE))))
-    pieces[1::width] = bodies
-    pieces[2::width] = list(map(topic_parts.__getitem__, gid.tolist()))
-    pieces[3::width] = list(map(PROPERTIES_LENGTH.pack, props_len.tolist()))
-    pieces[4::width] = props
-    pieces[5::width] = extras
-    chunks = []
-    for off, i, j, blank in runs:
-        data = b"".join(pieces[width * i:width * j])
-        chunks.append((off, data + blank if blank else data))
-    entries = {}
-    for g, key in enumerate(keys):
-        sel = order[group_start[g]:group_start[g] + counts[g]]
-        entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
-    store._commit_append(chunks, entries, end, now)
-    for g, key in enumerate(keys):
-        store._queue_next[key] = int(firsts[g] + counts[g])
+                     topic_ids: np.ndarray, qids: np.ndarray, codes: np.ndarray) -> None:
+    """Place, encode, write and index restored records through the core's columnar append."""
+    store.append_encoded(EncodedRecords(
+        headers=headers, bodies=bodies, properties=props, extra_properties=extras,
+        properties_length=props_len, topics=[t.decode("ascii") for t in topics],
+        topic_ids=topic_ids, queue_ids=qids, tags_codes=codes))

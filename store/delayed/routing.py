@@ -18,17 +18,15 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
 from ..errors import MessageTooLargeError
 from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
+from ..core.ports import StorePort
 from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
 
 _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
 _I32 = struct.Struct(">i")
@@ -41,7 +39,7 @@ _I16 = struct.Struct(">h")
 DELIVERY_HEADROOM = 200
 
 
-def routed_properties(store: "MessageStore", spec) -> dict[str, str]:
+def routed_properties(store: StorePort, spec) -> dict[str, str]:
     """The properties of a delayed ``spec`` with its real topic and queue recorded.
 
     The real queue is chosen now (round robin, as a plain send would) so that delivery
@@ -49,14 +47,14 @@ def routed_properties(store: "MessageStore", spec) -> dict[str, str]:
     """
     qid = spec.queue_id
     if qid is None:
-        qid = store.next_queue(spec.topic, store._ensure_topic_locked(spec.topic))
+        qid = store.next_queue(spec.topic, store.ensure_topic(spec.topic))
     props = dict(spec.properties)
     props[PROPERTY_REAL_TOPIC] = spec.topic
     props[PROPERTY_REAL_QUEUE_ID] = str(qid)
     return props
 
 
-def check_headroom(store: "MessageStore", properties) -> None:
+def check_headroom(store: StorePort, properties) -> None:
     """Refuse at send time a delayed message whose properties leave no room for delivery.
 
     Otherwise its restored record would exceed ``max_properties_size_bytes`` and could never
@@ -91,7 +89,7 @@ def record_origin(buf, pos: int) -> int:
         return -1
 
 
-def origins_since(store: MessageStore, start: int) -> np.ndarray:
+def origins_since(store: StorePort, start: int) -> np.ndarray:
     """Sorted origins of the delivered records from CommitLog offset ``start`` to the end."""
     log = store.commit_log
     end = store.confirmed_offset()
@@ -109,7 +107,7 @@ def origins_since(store: MessageStore, start: int) -> np.ndarray:
     return np.unique(np.array(found, dtype=np.int64))
 
 
-def release_commitlog_pages(store: "MessageStore") -> None:
+def release_commitlog_pages(store: StorePort) -> None:
     """Drop this process's resident pages of the CommitLog mappings (the data stays on disk).
 
     Reading scattered records through a mapping makes the kernel map whole read-around

@@ -1,4 +1,6 @@
-"""Reading many CommitLog records at once for a restore (see :mod:`store.timer.bulk`).
+"""Gathering many CommitLog records at once, at arbitrary offsets (the vectorised record reader).
+
+Used by the restore of delayed messages (:mod:`store.delayed.restore`).
 
 :class:`SourceRecords` gathers the headers, bodies and properties of records at arbitrary
 CommitLog offsets: headers with one NumPy fancy index per segment, bodies and properties as
@@ -9,14 +11,10 @@ record's properties or follow a 0x02 separator, names never contain 0x01 or 0x02
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..message_store import MessageStore
+from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
+from .commit_log import CommitLog
 
 _HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")
 _SEP = 2  # the byte after each name-value pair
@@ -25,8 +23,7 @@ _SEP = 2  # the byte after each name-value pair
 class SourceRecords:
     """Headers, bodies and properties of the source records (in the order given)."""
 
-    def __init__(self, store: "MessageStore", offsets: np.ndarray) -> None:
-        log = store.commit_log
+    def __init__(self, log: CommitLog, offsets: np.ndarray) -> None:
         size = log.file_size
         n = len(offsets)
         self.headers = np.zeros(n, dtype=HEADER_DTYPE)

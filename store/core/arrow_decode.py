@@ -19,7 +19,7 @@ without a per-message Python loop:
    system names are dropped, the rest form the map.  One ``take`` copies every value the
    string columns and the map need.
 
-Column semantics equal :func:`store.reading.record_view`.  When a message repeats a
+Column semantics equal :func:`store.message.record_view`.  When a message repeats a
 property name, its scalar columns take the last value (as ``dict`` does) but the map keeps
 both entries; the store never writes such records.
 """
@@ -30,13 +30,13 @@ import ctypes
 import sys
 from collections.abc import Iterable
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_properties import (
+from ..arrow_properties import (
     DELIVER,
     KEYS,
     SPECIAL_NAMES,
@@ -48,8 +48,9 @@ from .arrow_properties import (
     split_keys,
     string_array,
 )
-from .consume_queue import FILLER_SIZE
-from .codec import (
+from ..commit_log import CommitLog
+from ..consume_queue import FILLER_SIZE, ConsumeQueue
+from ..codec import (
     FIXED_SIZE,
     HEADER_DTYPE,
     HEADER_SIZE,
@@ -59,29 +60,28 @@ from .codec import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from .errors import CorruptRecordError, OffsetOutOfRangeError
-from .message import PROPERTY_DELIVER_MS, java_string_hash
+from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from ..message import PROPERTY_DELIVER_MS, java_string_hash
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .message_store import MessageStore
 
-__all__ = ["MESSAGE_SCHEMA", "MESSAGE_SPARK_DDL", "empty_batch", "read_queue_batch"]
 
-#: The Spark schema of the ``messages`` view (one source of truth for ``rmq_source``).
-MESSAGE_SPARK_DDL = (
-    "topic string, queue_id int, queue_offset bigint, commitlog_offset bigint, msg_id string, "
-    "tags string, keys array<string>, body binary, properties map<string,string>, "
-    "born_timestamp timestamp, store_timestamp timestamp, deliver_timestamp timestamp, "
-    "transaction_id string, reconsume_times int"
-)
+class QueueSource(Protocol):
+    """What decoding needs of a store: its CommitLog and its ConsumeQueues."""
+
+    commit_log: CommitLog
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
+
+__all__ = ["MESSAGE_SCHEMA", "empty_batch", "read_queue_batch"]
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _KEYS_TYPE = pa.list_(pa.field("element", pa.string()))
 _PROPERTIES_TYPE = pa.map_(pa.field("key", pa.string(), nullable=False),
                            pa.field("value", pa.string()))
 
-#: Exactly ``pyspark.sql.pandas.types.to_arrow_schema(<MESSAGE_SPARK_DDL>, timezone="UTC")``
-#: (tests/spark/test_arrow_schema.py checks it); hard-coded so ``store`` never imports Spark.
+#: The Arrow schema of the ``messages`` view: exactly what Spark makes of ``rmq_source``'s
+#: ``MESSAGE_SPARK_DDL`` (``to_arrow_schema(..., timezone="UTC")``; a test checks it),
+#: hard-coded so ``store`` never imports Spark.
 MESSAGE_SCHEMA = pa.schema([
     pa.field("topic", pa.string()),
     pa.field("queue_id", pa.int32()),
@@ -145,14 +145,14 @@ def empty_batch() -> pa.RecordBatch:
                                       schema=MESSAGE_SCHEMA)
 
 
-def read_queue_batch(store: MessageStore, topic: str, queue_id: int, start: int, end: int,
+def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, end: int,
                      tags: Iterable[str] | None = None) -> pa.RecordBatch:
     """Decode the messages at queue offsets ``[start, end)`` of one queue.
 
     Parameters
     ----------
-    store : MessageStore
-        An open store.
+    store : QueueSource
+        An open store (anything with ``commit_log`` and ``consume_queue``).
     topic, queue_id :
         The queue.
     start, end : int
@@ -219,7 +219,7 @@ def read_queue_batch(store: MessageStore, topic: str, queue_id: int, start: int,
 # --------------------------------------------------------------------------- records
 
 
-def _decode(store: MessageStore, topic: str, queue_id: int, entries: np.ndarray,
+def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
             queue_offsets: np.ndarray) -> pa.RecordBatch:
     """Decode the records of ``entries`` (in CommitLog order) into a batch."""
     phys = np.ascontiguousarray(entries["offset"], dtype=np.int64)

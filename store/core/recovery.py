@@ -12,23 +12,26 @@ ones (idempotent: entry ``n`` of a queue is rewritten with the same bytes), stop
 invalid record, zeroes the CommitLog from there and cuts every ConsumeQueue entry that points
 at or past it.  A clean close does not rescan anything.
 
-A scan without a limit (after a reboot, or on a clean open) may keep part of an append; the
-transaction commit records it keeps are noted for :mod:`store.transaction.repair`.
+Records are re-dispatched through the store's one :class:`~store.core.dispatch.Dispatcher`.
+A scan without a limit (after a reboot, or on a clean open) may keep part of an append: the
+recovery listeners the services registered are told what was kept (a
+:class:`~store.core.ports.RecoveryScan`) before the recovered end is published; the
+transaction service notes commit records kept without their op that way.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 import numpy as np
 
-from .codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .message_store import MessageStore
+from .dispatch import is_dispatched
+from .ports import CoreParts, RecoveryListener, RecoveryScan
 
 
-def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None = None) -> int:
+
+def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,
+                 listeners: Sequence[RecoveryListener] = ()) -> int:
     """Rescan the CommitLog from ``start_offset``; return the offset where the valid log ends.
 
     ``limit``: where an append that never completed began (``write_in_progress``); the log
@@ -41,41 +44,33 @@ def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None 
     if log.files.find(start) is None and start > log.min_offset():
         # the start lies in a segment that no longer (or never) existed: nothing to rescan
         start = max(log.min_offset(), min(start, _log_end_guess(store)))
-    pending: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
     last_ts = None
     cut = None
-    commits: list[int] = []  # COMMIT records kept (transaction end records)
+    kept_offsets: list[int] = []
+    kept_flags: list[int] = []
     for offset, _size in log.scan(start):
         if limit is not None and offset >= limit:
             cut = limit
             break
         rec = log.read_record(offset)
-        tx_type = rec.sys_flag & TRANSACTION_TYPE_MASK
-        if tx_type in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
-            code = store._tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
-            pending.setdefault((rec.topic, rec.queue_id), []).append(
+        if is_dispatched(rec.sys_flag):
+            code = store.dispatcher.tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
+            rows.setdefault((rec.topic, rec.queue_id), []).append(
                 (rec.queue_offset, offset, rec.total_size, code))
-            if store.topic_table.queue_count(rec.topic) is None:
-                store._ensure_topic(rec.topic)
-            if tx_type == TRANSACTION_COMMIT_TYPE:
-                commits.append(offset)
+            store.ensure_topic(rec.topic)
+        kept_offsets.append(offset)
+        kept_flags.append(rec.sys_flag)
         last_ts = rec.store_timestamp_ms
-    if limit is None and commits:
-        # Without a limit a torn append may be kept in part: a commit record without the op
-        # message that went with it.  Note them (durably, before the checkpoint moves) for
-        # the transaction service to repair.
-        from .transaction.repair import note_kept_commits
-
-        note_kept_commits(store, commits)
     end = log.scan_end if log.files.files else 0
     if cut is not None or (limit is not None and end > limit >= start):
         end = max(start, limit)
-    for key, rows in pending.items():
-        arr = np.array(rows, dtype=np.int64)
-        # records of one queue carry consecutive queue offsets; write runs of them
-        breaks = np.flatnonzero(np.diff(arr[:, 0]) != 1) + 1
-        for chunk in np.split(arr, breaks):
-            store.consume_queue(*key).put(int(chunk[0, 0]), chunk[:, 1], chunk[:, 2], chunk[:, 3])
+    scan = RecoveryScan(start=start, end=end, limited=limit is not None,
+                        offsets=np.array(kept_offsets, dtype=np.int64),
+                        sys_flags=np.array(kept_flags, dtype=np.int64))
+    for listener in listeners:  # durably, before the checkpoint moves
+        listener(store, scan)
+    store.dispatcher.dispatch_rows(rows)
     log.truncate(end)
     for topic, queue_id in store.all_consume_queues():
         store.consume_queue(topic, queue_id).truncate_physical(end)
@@ -90,11 +85,11 @@ def recover_tail(store: "MessageStore", start_offset: int, *, limit: int | None 
     cp.set("write_generation", cp.get("write_generation") + 1)
     cp.set("write_in_progress", -1)
     cp.flush()
-    store._queue_next.clear()
+    store.appender.queue_next.clear()
     return end
 
 
-def verify_tail(store: "MessageStore") -> bool:
+def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) -> bool:
     """Re-check, on a clean open, the records the last append wrote; repair when damaged.
 
     RocketMQ's normal recovery re-validates the CommitLog tail even after a clean shutdown.
@@ -120,10 +115,10 @@ def verify_tail(store: "MessageStore") -> bool:
         pass
     if log.scan_end == confirm:
         return False
-    recover_tail(store, start)
+    recover_tail(store, start, listeners=listeners)
     return True
 
 
-def _log_end_guess(store: "MessageStore") -> int:
+def _log_end_guess(store: CoreParts) -> int:
     last = store.commit_log.files.last_file()
     return last.start if last is not None else 0

@@ -1,0 +1,54 @@
+"""Opening stores from the data source: the one place ``rmq_source`` opens a store.
+
+Readers (the driver's planning and the executors' tasks) open a
+:class:`store.StoreReader`: no lock, no recovery, no writes.  Writers (due delivery, the
+check loop, the ``end_transaction`` writer) open a :class:`store.MessageStore`, but only
+after a read-only open succeeded, so that a mistyped path fails instead of creating a new,
+empty store there.  Every failure becomes an error of this package naming the option or the
+action and what is allowed.
+"""
+
+from __future__ import annotations
+
+from store import MessageStore, StoreError, StoreNotFoundError, StoreReader
+
+from .errors import InvalidOptionError, RmqSourceError
+
+_ALLOWED = "allowed: the directory of an existing rmq store"
+
+
+def open_reader(path: str) -> StoreReader:
+    """Open the store at ``path`` read-only; a bad path is an :class:`InvalidOptionError`."""
+    try:
+        return StoreReader.open(path)
+    except StoreNotFoundError as exc:
+        raise InvalidOptionError(f"option path={path!r}: {exc}; {_ALLOWED}") from None
+    except NotADirectoryError:
+        raise InvalidOptionError(f"option path={path!r}: not a directory; {_ALLOWED}") from None
+    except (OSError, StoreError) as exc:
+        raise InvalidOptionError(
+            f"option path={path!r}: cannot be read ({type(exc).__name__}: {exc}); {_ALLOWED}"
+        ) from None
+
+
+def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourceError,
+                hint: str = "") -> MessageStore:
+    """Open the existing store at ``path`` for writing.
+
+    Parameters
+    ----------
+    needs : str
+        What needs the writable store, for the message (e.g. ``"option deliverDue=true"``).
+    error : type
+        The :class:`RmqSourceError` subclass raised when the writable open fails.
+    hint : str
+        Appended to the "allowed" part of that message (another way out, if any).
+    """
+    open_reader(path).close()  # a writable open would create a store at a mistyped path
+    try:
+        return MessageStore.open(path)
+    except (OSError, StoreError) as exc:
+        raise error(
+            f"{needs} needs to open the store {path!r} for writing, which failed "
+            f"({type(exc).__name__}: {exc}); allowed: a writable store directory{hint}"
+        ) from None

@@ -1,0 +1,436 @@
+"""The append path: the :class:`Appender` owns the write state and puts records into the CommitLog.
+
+Order of one append, for crash safety: mark ``write_in_progress``, write the records (one
+``pwrite`` per segment), ``fsync`` when SYNC_FLUSH, dispatch the queue entries (the one
+:class:`~store.core.dispatch.Dispatcher`), publish ``confirm_phy_offset``, clear the mark.
+Readers never look past the confirmed offset.
+
+Three ways in, one way down (:meth:`Appender.commit`):
+
+* :meth:`Appender.append`: :class:`~store.codec.RecordSpec` objects, any topics (sends, ops,
+  transaction commits, timer rolls);
+* :meth:`Appender.append_encoded`: records given as columns (headers as one NumPy array,
+  bodies and properties as byte pieces) for any topics and queues: the vectorised path of
+  batches and of the restore of delayed messages;
+* :meth:`Appender.append_batch`: records of one topic and queue, encoded with NumPy and
+  appended through :meth:`append_encoded`.
+
+Every method here runs with the store's write lock held (the caller, :class:`StoreCore`, takes
+it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import zlib
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .. import codec
+from ..codec import RecordSpec
+from ..errors import InvalidMessageError, MessageTooLargeError
+from ..checkpoint import StoreCheckpoint
+from ..commit_log import CommitLog
+from ..config import StoreConfig
+from ..consume_queue import ConsumeQueue
+from .dispatch import Dispatcher, QueueEntries, is_dispatched
+
+#: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
+_QUEUE_BITS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where one record landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppendResult:
+    """Where the records of :meth:`StoreCore.append_batch` landed.
+
+    Record ``i`` has queue offset ``first_queue_offset + i`` (-1 when not indexed: prepared
+    or rolled-back transaction records) and CommitLog offset ``commitlog_offsets[i]``.
+    """
+
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    commitlog_offsets: np.ndarray
+    sizes: np.ndarray
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """Records as columns, for :meth:`Appender.append_encoded`.
+
+    ``headers`` (:data:`store.codec.HEADER_DTYPE`) holds every field the caller decides
+    (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
+    prepared offset); the appender sets size, queue id, queue offset, physical offset and
+    store time.  Record ``i`` is the header, ``bodies[i]``, the topic ``topics[topic_ids[i]]``,
+    then ``properties[i]`` followed by ``extra_properties[i]`` (when given) as its properties,
+    ``properties_length[i]`` bytes in all.  ``queue_ids[i]`` outside the topic's queues is
+    taken modulo the queue count.  ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when
+    the records are not dispatched).
+    """
+
+    headers: np.ndarray
+    bodies: Sequence
+    properties: Sequence
+    properties_length: np.ndarray
+    topics: Sequence[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    tags_codes: np.ndarray
+    extra_properties: Sequence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedAppend:
+    """Where :meth:`Appender.append_encoded` put each record (arrays in input order)."""
+
+    queue_ids: np.ndarray
+    queue_offsets: np.ndarray
+    commitlog_offsets: np.ndarray
+    sizes: np.ndarray
+    store_timestamp_ms: int
+
+
+class AppendTarget(Protocol):
+    """What the appender uses of its store (the :class:`~store.core.store_core.StoreCore`)."""
+
+    config: StoreConfig
+    commit_log: CommitLog
+    checkpoint: StoreCheckpoint
+    dispatcher: Dispatcher
+
+    def now_ms(self) -> int: ...
+
+    def ensure_topic(self, topic: str) -> int: ...
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
+
+
+class Appender:
+    """The write state of one open store: log end, queue ends, round robin (lock held)."""
+
+    def __init__(self, core: AppendTarget) -> None:
+        self.core = core
+        self.config = core.config
+        self.write_offset = 0
+        self.generation = -1
+        self.queue_next: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, itertools.count] = {}
+
+    # ------------------------------------------------------------------ state
+    def catch_up(self, force: bool = False) -> bool:
+        """Take over what other processes appended since this one last did; True if any."""
+        cp = self.core.checkpoint
+        generation = cp.get("write_generation")
+        if not force and generation == self.generation:
+            return False
+        self.generation = generation
+        self.write_offset = cp.get("confirm_phy_offset")
+        self.queue_next.clear()
+        return True
+
+    def next_queue(self, topic: str, queue_count: int) -> int:
+        """The next queue of ``topic`` in this process's round robin."""
+        return next(self._round_robin.setdefault(topic, itertools.count())) % queue_count
+
+    def next_queue_offset(self, key: tuple[str, int]) -> int:
+        nxt = self.queue_next.get(key)
+        if nxt is None:
+            nxt = self.core.consume_queue(*key).max_offset(self.write_offset)
+            self.queue_next[key] = nxt
+        return nxt
+
+    def _queue_id(self, topic: str, queue_id: int | None) -> int:
+        count = self.core.ensure_topic(topic)
+        if queue_id is None:
+            return self.next_queue(topic, count)
+        if not 0 <= queue_id < count:
+            raise InvalidMessageError(
+                f"queue_id {queue_id} for topic {topic!r}; allowed: 0 to {count - 1}")
+        return queue_id
+
+    def _max_record(self) -> int:
+        cfg = self.config
+        return min(cfg.max_message_size_bytes + 64 * 1024,
+                   cfg.commitlog_file_size_bytes - codec.BLANK.size)
+
+    # ------------------------------------------------------------------ specs
+    def append(self, specs: Sequence[RecordSpec], *, batch: bool) -> list[AppendResult]:
+        """Append records given as specs (see :meth:`StoreCore.append`)."""
+        cfg = self.config
+        dispatcher = self.core.dispatcher
+        now = self.core.now_ms()
+        offset = self.write_offset
+        pieces: list[tuple[int, bytes]] = []  # (offset, bytes), blanks included
+        results: list[AppendResult] = []
+        rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        pending_next: dict[tuple[str, int], int] = {}
+        max_record = self._max_record()
+
+        sized = []
+        for spec in specs:
+            topic_b = spec.topic.encode("ascii")
+            props_b = codec.encode_properties(spec.properties)
+            if len(props_b) > cfg.max_properties_size_bytes:
+                raise MessageTooLargeError(
+                    f"properties of a message to {spec.topic!r} are {len(props_b)} bytes; "
+                    f"allowed: at most {cfg.max_properties_size_bytes}")
+            size = codec.record_size(len(spec.body), len(topic_b), len(props_b))
+            if size > max_record:
+                raise MessageTooLargeError(
+                    f"a record of {size} bytes does not fit (max {max_record})")
+            sized.append((spec, topic_b, props_b, size))
+
+        if batch:  # move the whole batch to the next file when it would cross the boundary
+            total = sum(s[3] for s in sized)
+            if total + codec.BLANK.size <= cfg.commitlog_file_size_bytes:
+                start, blank = self.core.commit_log.place(offset, total)
+                if blank is not None:
+                    pieces.append((offset, blank))
+                    offset = start
+
+        for spec, topic_b, props_b, size in sized:
+            start, blank = self.core.commit_log.place(offset, size)
+            if blank is not None:
+                pieces.append((offset, blank))
+            qid = self._queue_id(spec.topic, spec.queue_id)
+            key = (spec.topic, qid)
+            dispatched = is_dispatched(spec.sys_flag)
+            if dispatched:
+                qoff = pending_next.get(key)
+                if qoff is None:
+                    qoff = self.next_queue_offset(key)
+                pending_next[key] = qoff + 1
+            else:
+                qoff = 0  # PREPARED and ROLLBACK records are never indexed
+            data = codec.encode_record(spec, queue_id=qid, queue_offset=qoff, physical_offset=start,
+                                       store_timestamp_ms=now, topic_bytes=topic_b,
+                                       properties_bytes=props_b)
+            pieces.append((start, data))
+            if dispatched:
+                code = dispatcher.tags_code(spec.topic, spec.properties, now)
+                rows.setdefault(key, []).append((qoff, start, size, code))
+            results.append(AppendResult(spec.topic, qid, qoff, start, size, now))
+            offset = start + size
+
+        entries: QueueEntries = {}
+        for key, queue_rows in rows.items():
+            _, offsets, sizes, codes = zip(*queue_rows)
+            entries[key] = (queue_rows[0][0], offsets, sizes, codes)
+        self.commit(self._join_pieces(pieces), entries, offset, now)
+        self.queue_next.update(pending_next)
+        return results
+
+    def _join_pieces(self, pieces: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Join contiguous ``(offset, bytes)`` pieces into one chunk per segment."""
+        size = self.config.commitlog_file_size_bytes
+        chunks: list[tuple[int, bytes]] = []
+        run_start, run, run_end = 0, [], 0
+        for off, data in pieces:
+            if run and (off != run_end or off // size != run_start // size):
+                chunks.append((run_start, b"".join(run)))
+                run = []
+            if not run:
+                run_start = off
+            run.append(data)
+            run_end = off + len(data)
+        if run:
+            chunks.append((run_start, b"".join(run)))
+        return chunks
+
+    # ------------------------------------------------------------------ columns
+    def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
+                     tags: Sequence[str | None] | None, flags, born_timestamp_ms: int,
+                     queue_id: int | None, sys_flag: int, born_host: bytes,
+                     born_port: int) -> BatchAppendResult:
+        """Records of one topic to one queue (see :meth:`StoreCore.append_batch`)."""
+        n = len(bodies)
+        headers = np.zeros(n, dtype=codec.HEADER_DTYPE)
+        headers["magic"] = codec.MESSAGE_MAGIC_CODE_V1
+        headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64,
+                                          count=n) & 0x7FFFFFFF
+        headers["flag"] = flags
+        headers["sys_flag"] = sys_flag
+        headers["born_timestamp"] = born_timestamp_ms
+        headers["born_host"] = np.void(bytes(born_host))
+        headers["born_port"] = born_port
+        headers["store_host"] = np.void(codec.LOCALHOST)
+        headers["store_port"] = codec.STORE_PORT
+        headers["body_length"] = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        dispatched = is_dispatched(sys_flag)
+        codes = (self.core.dispatcher.tag_hashes(tags) if dispatched and tags is not None
+                 else np.zeros(n, dtype=np.int64))
+        records = EncodedRecords(
+            headers=headers, bodies=bodies, properties=properties,
+            properties_length=np.fromiter(map(len, properties), dtype=np.int64, count=n),
+            topics=[topic], topic_ids=np.zeros(n, dtype=np.int64),
+            queue_ids=np.zeros(n, dtype=np.int64), tags_codes=codes)
+        self._sizes(records)  # refuse before the topic is created
+        qid = self._queue_id(topic, queue_id)
+        placed = self.append_encoded(dataclasses.replace(
+            records, queue_ids=np.full(n, qid, dtype=np.int64)))
+        first = int(placed.queue_offsets[0]) if dispatched else -1
+        return BatchAppendResult(topic, qid, first, placed.commitlog_offsets, placed.sizes,
+                                 placed.store_timestamp_ms)
+
+    def _sizes(self, records: EncodedRecords) -> np.ndarray:
+        """Each record's size; :class:`MessageTooLargeError` when one breaks a limit."""
+        limit = self.config.max_properties_size_bytes
+        props_len = np.asarray(records.properties_length, dtype=np.int64)
+        if len(props_len) and int(props_len.max()) > limit:
+            raise MessageTooLargeError(
+                f"properties of a record are {int(props_len.max())} bytes; allowed: at most "
+                f"{limit}")
+        topic_len = np.array([len(t) for t in records.topics], dtype=np.int64)
+        sizes = (codec.FIXED_SIZE + records.headers["body_length"].astype(np.int64)
+                 + topic_len[np.asarray(records.topic_ids, dtype=np.int64)] + props_len)
+        if len(sizes) and int(sizes.max()) > self._max_record():
+            raise MessageTooLargeError(
+                f"a record of {int(sizes.max())} bytes does not fit (max {self._max_record()})")
+        return sizes
+
+    def append_encoded(self, records: EncodedRecords) -> EncodedAppend:
+        """Place, finish, write and index records given as columns (see :class:`EncodedRecords`)."""
+        headers = records.headers
+        n = len(headers)
+        sizes = self._sizes(records)
+        props_len = np.asarray(records.properties_length, dtype=np.int64)
+        topics = [t.encode("ascii") for t in records.topics]
+        counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
+        topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
+        qids = np.asarray(records.queue_ids, dtype=np.int64)
+        count = counts[topic_ids]
+        qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
+        topic_parts = [codec.TOPIC_LENGTH.pack(len(t)) + t for t in topics]
+
+        now = self.core.now_ms()
+        dispatched = is_dispatched(int(headers["sys_flag"][0])) if n else False
+        # queue offsets: each queue continues where it ends, in record order
+        uniq, gid = np.unique((topic_ids << _QUEUE_BITS) | qids, return_inverse=True)
+        gid = gid.ravel()
+        keys = [(records.topics[int(k) >> _QUEUE_BITS], int(k) & ((1 << _QUEUE_BITS) - 1))
+                for k in uniq.tolist()]
+        order = np.argsort(gid, kind="stable")
+        group_counts = np.bincount(gid, minlength=len(keys))
+        group_start = np.concatenate(([0], np.cumsum(group_counts)[:-1]))
+        if dispatched:
+            rank = np.empty(n, dtype=np.int64)
+            rank[order] = np.arange(n) - np.repeat(group_start, group_counts)
+            firsts = np.array([self.next_queue_offset(k) for k in keys], dtype=np.int64)
+            queue_offsets = firsts[gid] + rank
+        else:
+            queue_offsets = np.zeros(n, dtype=np.int64)  # never indexed
+
+        starts, runs, end = self.place_batch(self.write_offset, sizes)
+        h = headers.copy()
+        h["total_size"] = sizes
+        h["queue_id"] = qids
+        h["queue_offset"] = queue_offsets
+        h["physical_offset"] = starts
+        h["store_timestamp"] = now
+        hb = h.tobytes()
+        size = codec.HEADER_SIZE
+        extra = records.extra_properties
+        width = 5 if extra is None else 6
+        pieces: list = [None] * (width * n)
+        pieces[0::width] = list(map(hb.__getitem__, map(slice, range(0, n * size, size),
+                                                       range(size, (n + 1) * size, size))))
+        pieces[1::width] = records.bodies
+        pieces[2::width] = list(map(topic_parts.__getitem__, topic_ids.tolist()))
+        pieces[3::width] = list(map(codec.PROPERTIES_LENGTH_BYTES.__getitem__, props_len.tolist()))
+        pieces[4::width] = records.properties
+        if extra is not None:
+            pieces[5::width] = extra
+        chunks = []
+        for off, i, j, blank in runs:
+            data = b"".join(pieces[width * i:width * j])
+            chunks.append((off, data + blank if blank else data))
+        entries: QueueEntries = {}
+        if dispatched:
+            codes = np.asarray(records.tags_codes, dtype=np.int64)
+            for g, key in enumerate(keys):
+                sel = order[group_start[g]:group_start[g] + group_counts[g]]
+                entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
+        self.commit(chunks, entries, end, now)
+        if dispatched:
+            for g, key in enumerate(keys):
+                self.queue_next[key] = int(firsts[g] + group_counts[g])
+        return EncodedAppend(qids, queue_offsets, starts, sizes, now)
+
+    def place_batch(self, offset: int, sizes: np.ndarray) -> tuple[np.ndarray, list, int]:
+        """Where the records of a batch go when the log ends at ``offset``.
+
+        RocketMQ's rule: a record of length L needs L + 8 bytes left in its segment, else an
+        8-byte blank closes the segment; a batch that fits a segment moves to the next one
+        whole.  Returns each record's offset, the writes as ``(offset, first, stop, blank)``
+        (records ``[first, stop)`` then an optional blank, all in one segment) and the new end.
+        """
+        file_size = self.config.commitlog_file_size_bytes
+        blank_size = codec.BLANK.size
+        ends = np.cumsum(sizes)
+        total = int(ends[-1])
+        runs: list[tuple[int, int, int, bytes]] = []
+        if total + blank_size <= file_size:
+            start, blank = self.core.commit_log.place(offset, total)
+            if blank is not None:
+                runs.append((offset, 0, 0, blank))
+            runs.append((start, 0, len(sizes), b""))
+            return start + ends - sizes, runs, start + total
+        n = len(sizes)
+        starts = np.empty(n, dtype=np.int64)
+        i, pos = 0, offset
+        while i < n:
+            segment_end = pos - pos % file_size + file_size
+            base = int(ends[i] - sizes[i])
+            # records i..j-1 fit when each ends at least 8 bytes before the segment end
+            j = int(np.searchsorted(ends, segment_end - blank_size - pos + base, side="right"))
+            if j > i:
+                starts[i:j] = pos + ends[i:j] - sizes[i:j] - base
+                runs.append((pos, i, j, b""))
+                pos += int(ends[j - 1]) - base
+                i = j
+            if i < n:  # the next record does not fit: close the segment with a blank
+                runs.append((pos, 0, 0, codec.encode_blank(segment_end - pos)))
+                pos = segment_end
+        return starts, runs, pos
+
+    # ------------------------------------------------------------------ the one way down
+    def commit(self, chunks: list[tuple[int, bytes]], entries: QueueEntries, end: int,
+               now: int) -> None:
+        """Write CommitLog chunks, dispatch queue entries, then make them visible.
+
+        ``chunks`` are ``(offset, bytes)`` writes, each inside one segment; ``entries`` are
+        the queue entries (see :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the
+        log ends afterwards.
+        """
+        core = self.core
+        cp = core.checkpoint
+        # Crash safety: mark the append, write, (sync), index, then publish.
+        cp.set("write_in_progress", self.write_offset)
+        cp.set("last_append_offset", self.write_offset)
+        for off, data in chunks:
+            core.commit_log.write(off, data)
+        if self.config.flush_disk_type == "SYNC_FLUSH":
+            core.commit_log.flush(self.write_offset)
+        core.dispatcher.dispatch(entries)
+        cp.set("physic_msg_timestamp", now)
+        cp.set("confirm_phy_offset", end)
+        self.generation = cp.get("write_generation") + 1
+        cp.set("write_generation", self.generation)
+        cp.set("write_in_progress", -1)
+        self.write_offset = end

@@ -1,0 +1,118 @@
+"""The narrow port the services (delay levels, timer wheel, transactions) see of the core.
+
+A service is handed an object satisfying :class:`StorePort` (in practice the
+:class:`~store.core.store_core.StoreCore` under a :class:`~store.message_store.MessageStore`)
+and uses nothing else of it.  The port is what the services needed before the store was cut
+into layers, made explicit, plus the three hooks through which a service makes itself known
+to the core instead of being known by it:
+
+* :meth:`StorePort.register_system_topic`: a system topic's queue count and, when its
+  ConsumeQueue ``tagsCode`` is not the tag hash, the rule that computes it (the delay levels
+  index a record by its due time, the timer by its fire time);
+* :meth:`StorePort.add_retention_listener`: called with the new CommitLog minimum after
+  retention deleted segments (the timer drops TimerLog files that pointed below it);
+* :meth:`StorePort.add_recovery_listener`: called with a :class:`RecoveryScan` after
+  recovery re-dispatched the CommitLog tail, before the recovered end is published
+  (transactions note commit records kept without their op).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+import numpy as np
+
+from .dispatch import Dispatcher, TagsCodeRule
+
+if TYPE_CHECKING:  # pragma: no cover - type-only imports of layer 0
+    from ..checkpoint import StoreCheckpoint
+    from ..codec import Record, RecordSpec
+    from ..commit_log import CommitLog
+    from ..config import StoreConfig
+    from ..consume_queue import ConsumeQueue
+    from ..message_id import MessageIdGenerator
+    from ..topics import TopicTable
+    from .appender import Appender, AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+
+#: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
+RetentionListener = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryScan:
+    """What a recovery scan kept: the records from ``start`` to ``end`` it re-dispatched.
+
+    ``limited`` is True when the scan cut an unconfirmed append whole (the same boot as the
+    crashed writer), False when it kept every valid record (after a reboot, or a damaged
+    tail found on a clean open) and so may have kept part of an append.  ``offsets`` and
+    ``sys_flags`` describe each kept record, in log order.
+    """
+
+    start: int
+    end: int
+    limited: bool
+    offsets: np.ndarray
+    sys_flags: np.ndarray
+
+
+#: ``listener(core, scan)`` after a recovery scan, before the recovered end is published.
+RecoveryListener = Callable[["StorePort", RecoveryScan], None]
+
+
+class StorePort(Protocol):
+    """What a service may use of the core (see the module docstring)."""
+
+    root: str
+    config: StoreConfig
+    commit_log: CommitLog
+    id_generator: MessageIdGenerator
+
+    def now_ms(self) -> int: ...
+
+    # -- writing ------------------------------------------------------------------------
+    def write_lock(self) -> AbstractContextManager[None]: ...
+
+    def append(self, specs: Sequence[RecordSpec], *, batch: bool = False) -> list[AppendResult]: ...
+
+    def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
+                     **kwargs) -> BatchAppendResult: ...
+
+    def append_encoded(self, records: EncodedRecords) -> EncodedAppend: ...
+
+    def flush(self) -> None: ...
+
+    def ensure_topic(self, topic: str) -> int: ...
+
+    def next_queue(self, topic: str, queue_count: int) -> int: ...
+
+    # -- reading ------------------------------------------------------------------------
+    def confirmed_offset(self) -> int: ...
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
+
+    def read_record(self, commitlog_offset: int) -> Record: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
+
+    def all_consume_queues(self) -> list[tuple[str, int]]: ...
+
+    # -- hooks --------------------------------------------------------------------------
+    def register_system_topic(self, topic: str, queue_count: int,
+                              tags_code: TagsCodeRule | None = None) -> None: ...
+
+    def add_retention_listener(self, listener: RetentionListener) -> None: ...
+
+    def add_recovery_listener(self, listener: RecoveryListener) -> None: ...
+
+
+class CoreParts(StorePort, Protocol):
+    """What the core's own parts (recovery, retention) use of the core besides the port."""
+
+    checkpoint: StoreCheckpoint
+    topic_table: TopicTable
+    dispatcher: Dispatcher
+    appender: Appender

@@ -1,0 +1,248 @@
+"""Reading a store: queues, pull, offsets by time, Arrow batches.
+
+:class:`ReadableStore` is what a writable :class:`~store.core.store_core.StoreCore` and a
+read-only :class:`~store.reader.StoreReader` share: the store's files and every read.  It
+takes no lock: it reads ``confirm_phy_offset`` first and never looks at bytes past it, so it
+never sees a partly written record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..checkpoint import StoreCheckpoint
+from ..codec import Record
+from ..commit_log import CommitLog
+from ..config import LAYOUT_FIELDS, StoreConfig
+from ..consume_queue import ConsumeQueue
+from ..errors import (ConfigMismatchError, InvalidConfigError, InvalidMessageError,
+                      OffsetOutOfRangeError, StoreClosedError, UnknownTopicError)
+from ..fileio import read_json, write_json_atomic
+from ..message import MessageView, is_system_topic, record_view
+from ..topics import TopicTable
+from .arrow_decode import read_queue_batch
+
+Clock = Callable[[], int]
+
+
+def system_clock() -> int:
+    """Wall-clock time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class ReadableStore:
+    """The files of a store directory and every read of them (see the module docstring).
+
+    Subclasses call :meth:`_open_files` from their constructor.
+    """
+
+    root: str
+    config: StoreConfig
+    read_only: bool = True
+
+    def _open_files(self, path: str, config: StoreConfig | Mapping | None,
+                    clock: Clock | None, *, record_layout: bool) -> None:
+        self.root = os.path.abspath(path)
+        self.config = self._resolve_config(config, record_layout=record_layout)
+        self.now_ms: Clock = clock or system_clock
+        self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
+                                    self.config.commitlog_file_size_bytes)
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"))
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._closed = False
+
+    def _resolve_config(self, config: StoreConfig | Mapping | None, *,
+                        record_layout: bool) -> StoreConfig:
+        """The settings to use: ``config`` with the layout recorded at creation winning."""
+        if config is None:
+            config = StoreConfig()
+        elif isinstance(config, Mapping):
+            config = StoreConfig.from_dict(dict(config))
+        elif not isinstance(config, StoreConfig):
+            raise InvalidConfigError(
+                f"config={config!r}; allowed: a StoreConfig, a dict of its fields, or None")
+        path = os.path.join(self.root, "config", "store.json")
+        recorded = read_json(path)
+        if isinstance(recorded, dict) and isinstance(recorded.get("layout"), dict):
+            layout = {k: v for k, v in recorded["layout"].items() if k in LAYOUT_FIELDS}
+            differing = {k: (getattr(config, k), v) for k, v in layout.items()
+                         if getattr(config, k) != v}
+            if differing and config.strict_layout:
+                detail = ", ".join(f"{k}: given {a!r}, recorded {b!r}"
+                                   for k, (a, b) in differing.items())
+                raise ConfigMismatchError(
+                    f"store {self.root} was created with other layout settings ({detail}); "
+                    "open it with the recorded values or without strict_layout"
+                )
+            if not differing:
+                return config
+            wheel = layout.get("timer_wheel_slots", config.timer_wheel_slots)
+            if config.timer_roll_window_slots >= wheel:
+                # the given roll window belongs to another wheel size; keep it inside this one
+                layout["timer_roll_window_slots"] = max(2, wheel // 4)
+            return config.replace(**layout)
+        if record_layout:
+            write_json_atomic(path, {"layout": config.layout(), "created_ms": system_clock()})
+        return config
+
+    def _close_files(self) -> None:
+        self._closed = True
+        for q in self._queues.values():
+            q.close()
+        self.commit_log.close()
+        self.checkpoint.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:  # overridden by the writable core
+        if not self._closed:
+            self._close_files()
+
+    # ------------------------------------------------------------------ topics and queues
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The :class:`ConsumeQueue` object of a queue (created lazily; files on first write)."""
+        key = (topic, queue_id)
+        q = self._queues.get(key)
+        if q is None:
+            q = ConsumeQueue(os.path.join(self.root, "consumequeue"), topic, queue_id,
+                             self.config.consume_queue_file_entries)
+            self._queues[key] = q
+        return q
+
+    def topics(self, *, include_system: bool = False) -> list[str]:
+        """Names of the topics in the store (user topics unless ``include_system``)."""
+        self._check_open()
+        names = self.topic_table.names()
+        return names if include_system else [t for t in names if not is_system_topic(t)]
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic``; :class:`UnknownTopicError` when it does not exist."""
+        self._check_open()
+        count = self.topic_table.queue_count(topic)
+        if count is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist in store {self.root}; "
+                                    f"existing topics: {self.topics()}")
+        return list(range(count))
+
+    def _check_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        ids = self.queue_ids(topic)
+        if not isinstance(queue_id, (int, np.integer)) or int(queue_id) not in ids:
+            raise UnknownTopicError(
+                f"queue_id {queue_id!r} does not exist for topic {topic!r}; "
+                f"allowed: 0 to {len(ids) - 1}"
+            )
+        return self.consume_queue(topic, int(queue_id))
+
+    def confirmed_offset(self) -> int:
+        """CommitLog offset up to which records are complete and indexed."""
+        return self.checkpoint.get("confirm_phy_offset")
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the newest visible message of the queue (0 for an empty queue)."""
+        self._check_open()
+        return self._check_queue(topic, queue_id).max_offset(self.confirmed_offset())
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest offset still readable (retention moves it forward)."""
+        self._check_open()
+        queue = self._check_queue(topic, queue_id)
+        return queue.min_offset(self.commit_log.min_offset(), self.confirmed_offset())
+
+    def all_consume_queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with files on disk, system topics included."""
+        root = os.path.join(self.root, "consumequeue")
+        out = []
+        for topic in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+            tdir = os.path.join(root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for q in sorted(os.listdir(tdir)):
+                if q.isdigit():
+                    out.append((topic, int(q)))
+        return out
+
+    def disk_usage_bytes(self) -> int:
+        """Bytes the store's files occupy on disk (allocated blocks, sparse files counted so)."""
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    # ------------------------------------------------------------------ reading
+    def read_record(self, commitlog_offset: int) -> Record:
+        """Decode the record at a CommitLog offset."""
+        self._check_open()
+        return self.commit_log.read_record(commitlog_offset)
+
+    def pull(self, topic: str, queue_id: int, offset: int,
+             max_messages: int = 32) -> list[MessageView]:
+        """Up to ``max_messages`` messages of a queue from ``offset`` on.
+
+        Returns ``[]`` at the end of the queue.  Raises :class:`OffsetOutOfRangeError` for an
+        offset below :meth:`min_offset` (removed by retention) or above :meth:`max_offset`.
+        """
+        self._check_open()
+        if not isinstance(max_messages, int) or max_messages <= 0:
+            raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
+        queue = self._check_queue(topic, queue_id)
+        limit = self.confirmed_offset()
+        maxo = queue.max_offset(limit)
+        mino = queue.min_offset(self.commit_log.min_offset(), limit)
+        if offset < mino or offset > maxo:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}/{queue_id} is out of range; allowed: {mino} to {maxo}"
+                + (" (older messages were removed by retention)" if offset < mino else ""))
+        entries = queue.entries(offset, min(maxo, offset + max_messages))
+        return [record_view(self.commit_log.read_record(int(e["offset"])), offset + i)
+                for i, e in enumerate(entries)]
+
+    def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
+        """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""
+        self._check_open()
+        return self.consume_queue(topic, queue_id).entries(start, end)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is at or after ``timestamp_ms``.
+
+        Returns :meth:`max_offset` when every message is older (RocketMQ's LOWER boundary).
+        """
+        self._check_open()
+        lo = self.min_offset(topic, queue_id)
+        hi = self.max_offset(topic, queue_id)
+        queue = self.consume_queue(topic, queue_id)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = queue.entry(mid)
+            assert entry is not None
+            if self.commit_log.store_timestamp(entry[0]) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
+                   tags: Iterable[str] | None = None):
+        """Decode queue offsets ``[start, end)`` into a ``pyarrow.RecordBatch`` (vectorised).
+
+        Columns follow :data:`store.MESSAGE_SCHEMA`.  ``tags`` keeps only messages whose tag
+        is one of them (filtered on tagsCode before any body is read).
+        """
+        self._check_open()
+        return read_queue_batch(self, topic, queue_id, start, end, tags=tags)

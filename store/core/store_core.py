@@ -1,0 +1,402 @@
+"""StoreCore: a writable store directory (open, locks, crash marker, catch-up, flush, appends).
+
+Directory tree under the store root::
+
+    commitlog/{20-digit offset}                 CommitLog segments (store.commit_log)
+    consumequeue/{topic}/{queueId}/{20-digit}   ConsumeQueues (store.consume_queue)
+    checkpoint                                  shared positions (store.checkpoint)
+    abort                                       crash marker: present while any process has it open
+    lock, open.lock                             append lock; open-count lock
+    config/store.json                           layout settings recorded at creation
+    config/topics.json                          topics and queue counts (store.topics)
+    config/delayOffset.json, timer*, transaction*   the services' files
+
+Concurrency: any number of processes may open one directory.  Appends take a ``flock`` on
+``lock`` (and a thread lock), so they are serialised across processes; before appending, a
+writer catches up with what other processes wrote (``write_generation``) and repairs the tail a
+dead writer left (``write_in_progress``).  Readers take no lock (see
+:mod:`store.core.reading`).
+
+Opening is two steps so that services can register their hooks (:mod:`store.core.ports`)
+before recovery runs: the constructor opens the files, :meth:`StoreCore.start` joins the other
+processes, recovers when needed and starts the flush thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
+
+from ..codec import LOCALHOST, RecordSpec
+from ..config import StoreConfig
+from ..errors import FlushError, InvalidMessageError
+from ..message_id import MessageIdGenerator
+from ..topics import default_queue_count
+from .appender import Appender, AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+from .dispatch import Dispatcher
+from .ports import RecoveryListener, RetentionListener, TagsCodeRule
+from .reading import Clock, ReadableStore
+from .recovery import recover_tail, verify_tail
+from .retention import delete_expired_segments
+
+log = logging.getLogger("store")
+
+
+class StoreCore(ReadableStore):
+    """A store directory opened for writing (see the module docstring).
+
+    Parameters
+    ----------
+    path : str
+        The store directory (created when missing).
+    config : StoreConfig or dict, optional
+        Settings; layout settings recorded in an existing store win.
+    clock : callable, optional
+        Returns "now" in epoch ms; tests pass a controllable one.
+    """
+
+    read_only = False
+
+    def __init__(self, path: str, config: StoreConfig | Mapping | None = None, *,
+                 clock: Clock | None = None) -> None:
+        root = os.path.abspath(path)
+        for sub in ("commitlog", "consumequeue", "config"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        self._open_files(root, config, clock, record_layout=True)
+        self._closed = True  # until start()
+        self._started = False
+        self._thread_lock = threading.RLock()
+        self._lock_depth = 0
+        flags = os.O_RDWR | os.O_CREAT
+        self._write_lock_fd = os.open(os.path.join(self.root, "lock"), flags, 0o644)
+        self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
+        self._flush_lock = threading.Lock()
+        self._flushed_generation = -1
+        self._flush_error: BaseException | None = None
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self.id_generator = MessageIdGenerator()
+        self.dispatcher = Dispatcher(self.consume_queue)
+        self.appender = Appender(self)
+        self._retention_listeners: list[RetentionListener] = []
+        self._recovery_listeners: list[RecoveryListener] = []
+        self.recovered = False
+
+    # ------------------------------------------------------------------ hooks
+    def register_system_topic(self, topic: str, queue_count: int,
+                              tags_code: TagsCodeRule | None = None) -> None:
+        """A service's system topic: its queue count and, optionally, its tagsCode rule."""
+        self.dispatcher.register_system_topic(topic, queue_count, tags_code)
+
+    def add_retention_listener(self, listener: RetentionListener) -> None:
+        """Call ``listener(commitlog_min)`` after retention deleted CommitLog segments."""
+        self._retention_listeners.append(listener)
+
+    def add_recovery_listener(self, listener: RecoveryListener) -> None:
+        """Call ``listener(core, scan)`` after a recovery scan, before its end is published."""
+        self._recovery_listeners.append(listener)
+
+    # ------------------------------------------------------------------ opening and closing
+    def start(self, *, flush_service: bool = True) -> None:
+        """Join the processes that have the store open, recover when needed, start flushing."""
+        self._closed = False
+        try:
+            self._join_and_recover()
+        except BaseException:
+            self._release()  # do not keep the open lock (others would wait forever)
+            raise
+        self._started = True
+        if flush_service:  # in SYNC_FLUSH too: it makes queues durable and bounds recovery
+            self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush",
+                                             daemon=True)
+            self._flusher.start()
+
+    def _join_and_recover(self) -> None:
+        # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
+        # The open lock is held (exclusive when alone, else shared) before the marker is
+        # written, so a process closing at the same moment cannot delete a newcomer's marker;
+        # a sole opener keeps it exclusive until recovery is done, so others wait for it.
+        sole = _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not sole:
+            fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)
+        abort_path = os.path.join(self.root, "abort")
+        crashed = sole and os.path.exists(abort_path)
+        # Same boot as the crashed process: the checkpoint in the page cache is exact, so
+        # an append it had not confirmed is dropped whole.  After a reboot it may be stale:
+        # keep every valid record (as RocketMQ does), since a synchronous send may have been
+        # acknowledged after the checkpoint page last reached the disk.
+        same_boot = crashed and _read_text(abort_path).split()[1:] == [_BOOT_ID] and _BOOT_ID
+        with open(abort_path, "w") as fh:
+            fh.write(f"{os.getpid()} {_BOOT_ID}")
+        with self._write_locked(catch_up=False):
+            confirm = self.checkpoint.get("confirm_phy_offset")
+            if crashed:
+                self._recover(self.checkpoint.get("flushed_phy_offset"),
+                              limit=confirm if same_boot else None)
+            elif self.checkpoint.get("write_in_progress") != -1:
+                self._recover(confirm, limit=confirm)
+            elif sole and verify_tail(self, self._recovery_listeners):
+                self.recovered = True
+            self._catch_up(force=True)
+        if sole:
+            fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade: others may join now
+
+    def _release(self) -> None:
+        """Give back the files and locks of a store whose opening failed."""
+        self._closed = True
+        for close in (self.commit_log.close, self.checkpoint.close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - best effort; the original error matters
+                pass
+        for fd in (self._write_lock_fd, self._open_lock_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _close_services(self) -> None:
+        """Release what the layers above hold, under the write lock (overridden there)."""
+
+    def close(self) -> None:
+        """Flush everything and release the store; the last process out removes ``abort``."""
+        if self._closed:
+            return
+        if not self._started:
+            self._release()
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=10)
+        with self._write_locked(catch_up=False):
+            self._close_services()
+            self._flush()
+            in_progress = self.checkpoint.get("write_in_progress") != -1
+        if _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB) and not in_progress:
+            try:
+                os.unlink(os.path.join(self.root, "abort"))
+            except FileNotFoundError:
+                pass
+        fcntl.flock(self._open_lock_fd, fcntl.LOCK_UN)
+        self._close_files()
+        os.close(self._write_lock_fd)
+        os.close(self._open_lock_fd)
+
+    # ------------------------------------------------------------------ locking and catch-up
+    @contextmanager
+    def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
+        """Hold the append lock of this process and of the store directory."""
+        with self._thread_lock:
+            # Re-entrant: only the outermost holder takes and releases the file lock (an
+            # inner release would let another process append inside the outer section).
+            outermost = self._lock_depth == 0
+            if outermost:
+                fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+            self._lock_depth += 1
+            try:
+                if outermost and catch_up:
+                    if self.checkpoint.get("write_in_progress") != -1:
+                        # The previous holder died in the middle of an append.  If it did not
+                        # confirm it, drop that append whole (it was never acknowledged, and
+                        # no reader saw it); a confirmed one is kept.
+                        confirm = self.checkpoint.get("confirm_phy_offset")
+                        self._recover(confirm, limit=confirm)
+                    self._catch_up()
+                yield
+            finally:
+                self._lock_depth -= 1
+                if outermost:
+                    fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+
+    def write_lock(self):
+        """The store's append lock as a context manager (re-entrant within a process).
+
+        Services hold it across a read-decide-append step so that concurrent processes do
+        not deliver the same message twice.
+        """
+        self._check_writable()
+        return self._write_locked()
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._flush_error is not None:
+            error, self._flush_error = self._flush_error, None
+            raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "
+                             "since the last successful flush may not be durable") from error
+
+    def _catch_up(self, force: bool = False) -> None:
+        if self.appender.catch_up(force):
+            self.commit_log.files.refresh()
+            self.topic_table.reload()
+
+    def _recover(self, start_offset: int, limit: int | None = None) -> None:
+        recover_tail(self, start_offset, limit=limit, listeners=self._recovery_listeners)
+        self.recovered = True
+
+    # ------------------------------------------------------------------ topics
+    def ensure_topic(self, topic: str) -> int:
+        """Create ``topic`` when missing (under the append lock); return its queue count.
+
+        Safe without re-reading ``topics.json`` for a known topic: topics are never changed
+        or removed, and a topic another process created is found by :meth:`TopicTable.create`.
+        """
+        count = self.topic_table.cached_queue_count(topic)
+        if count is not None:
+            return count
+        with self._write_locked():
+            count = self.topic_table.queue_count(topic)
+            if count is None:
+                count = self.dispatcher.system_queue_count(topic)
+                if count is None:
+                    count = default_queue_count(topic, self.config.default_queue_count)
+                self.topic_table.create(topic, count, self.now_ms())
+            return count
+
+    def next_queue(self, topic: str, queue_count: int) -> int:
+        """The next queue of ``topic`` in this process's round robin."""
+        with self._thread_lock:
+            return self.appender.next_queue(topic, queue_count)
+
+    # ------------------------------------------------------------------ appending
+    def append(self, specs: Sequence[RecordSpec], *, batch: bool = False) -> list[AppendResult]:
+        """Append records (already validated and rewritten by the producer or a service).
+
+        Queue ids of ``None`` are chosen round robin.  With ``batch``, the records share one
+        store time and, when they fit, one segment (RocketMQ moves a batch to the next file
+        whole).  Returns where each record landed, in order.
+        """
+        self._check_writable()
+        if not specs:
+            return []
+        with self._write_locked():
+            return self.appender.append(specs, batch=batch)
+
+    def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
+                     tags: Sequence[str | None] | None = None, flags=0,
+                     born_timestamp_ms: int = 0, queue_id: int | None = None,
+                     sys_flag: int = 0, born_host: bytes = LOCALHOST,
+                     born_port: int = 0) -> BatchAppendResult:
+        """Append records of one topic to one queue at once (the vectorised batch path).
+
+        Byte for byte what :meth:`append` with ``batch=True`` writes for the same records, but
+        without a :class:`RecordSpec` per record: headers are one NumPy array, each segment
+        gets one write, queue entries one block.
+
+        Parameters
+        ----------
+        topic : str
+            A validated topic whose tagsCode comes from the tag (not a system topic with a
+            tagsCode rule of its own: use :meth:`append`).
+        bodies : sequence of bytes
+            The bodies, already validated.
+        properties : sequence of bytes
+            Each record's encoded properties string (:func:`store.codec.encode_properties`).
+        tags : sequence of str or None, optional
+            Each record's tag, for the ConsumeQueue tagsCode.
+        flags : int or sequence of int
+            The records' user flags.
+        queue_id : int, optional
+            The queue; ``None`` picks the next one round robin.
+
+        Returns
+        -------
+        BatchAppendResult
+            The queue, the first queue offset and each record's CommitLog offset.
+        """
+        self._check_writable()
+        if self.dispatcher.has_rule(topic):
+            raise InvalidMessageError(
+                f"append_batch cannot index {topic!r} (its tagsCode comes from its "
+                "properties); use append()")
+        n = len(bodies)
+        if n == 0 or len(properties) != n:
+            raise InvalidMessageError(
+                f"append_batch needs as many properties ({len(properties)}) as bodies ({n}), "
+                "at least one")
+        with self._write_locked():
+            return self.appender.append_batch(
+                topic, bodies, properties, tags=tags, flags=flags,
+                born_timestamp_ms=born_timestamp_ms, queue_id=queue_id, sys_flag=sys_flag,
+                born_host=born_host, born_port=born_port)
+
+    def append_encoded(self, records: EncodedRecords) -> EncodedAppend:
+        """Append records given as columns (see :class:`~store.core.appender.EncodedRecords`)."""
+        self._check_writable()
+        if not len(records.headers):
+            raise InvalidMessageError("append_encoded needs at least one record")
+        with self._write_locked():
+            return self.appender.append_encoded(records)
+
+    # ------------------------------------------------------------------ flushing
+    def flush(self) -> None:
+        """Make everything appended so far durable and record it in the checkpoint.
+
+        Runs beside appends (``fdatasync`` needs no append lock); the checkpoint's
+        ``flushed_phy_offset`` only moves forward, and only after the data below it is on disk.
+        Raises :class:`FlushError` when the background flush failed since the last call.
+        """
+        self._check_writable()
+        self._flush()
+
+    def _flush(self) -> None:
+        with self._flush_lock:
+            cp = self.checkpoint
+            confirm = cp.get("confirm_phy_offset")
+            generation = cp.get("write_generation")
+            if generation == self._flushed_generation:
+                return
+            self.commit_log.flush(min(cp.get("flushed_phy_offset"), confirm))
+            for q in list(self._queues.values()):
+                q.flush()
+            cp.set("logics_msg_timestamp", cp.get("physic_msg_timestamp"))
+            if confirm > cp.get("flushed_phy_offset"):
+                cp.set("flushed_phy_offset", confirm)
+            cp.flush()
+            self._flushed_generation = generation
+
+    def _flush_loop(self) -> None:
+        interval = self.config.flush_interval_commitlog_ms / 1000
+        while not self._stop.wait(interval):
+            try:
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - reported to the next caller, retried
+                log.error("flush of store %s failed (the next write raises it): %s",
+                          self.root, exc)
+                self._flush_error = exc
+
+    # ------------------------------------------------------------------ retention
+    def clean_expired_files(self, *, force: bool = False) -> int:
+        """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
+
+        A segment's age is the store time of the first record of the next segment (records
+        are in store-time order), so the newest segment is never deleted.  ConsumeQueue files
+        whose records are all gone go too, queue minimum offsets move forward, and the
+        services' retention listeners are told the new CommitLog minimum.
+        """
+        self._check_writable()
+        with self.write_lock():
+            return delete_expired_segments(self, self._retention_listeners, force=force)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+#: Identifies this boot of the machine (Linux); empty where unknown.
+_BOOT_ID = _read_text("/proc/sys/kernel/random/boot_id").strip()
+
+
+def _try_flock(fd: int, flags: int) -> bool:
+    try:
+        fcntl.flock(fd, flags)
+        return True
+    except BlockingIOError:
+        return False

@@ -1,0 +1,72 @@
+"""The layers of the ``store`` package, as data: which module sits in which layer.
+
+Imports only go down (a module may import modules of its own layer or of lower ones), type-only
+imports included; ``tests/test_layers.py`` checks every import of ``store`` and ``rmq_source``
+against this table, and that no import cycle exists at all.  A new module must be placed here.
+
+=====  ==========  ============================================================================
+layer  name        what
+=====  ==========  ============================================================================
+0      formats     errors, settings, record and file layouts, one class per on-disk structure
+1      core        StoreCore: opening, locks, the Appender, the one dispatch path, reading,
+                   Arrow decoding, recovery, retention; the port and hooks services use
+2      services    delay levels, the timer wheel, transactions: they see only the port
+3      facade      MessageStore, StoreReader, producers, stats: what users call
+=====  ==========  ============================================================================
+
+``rmq_source`` (the Spark data source) sits above all of them and may use only the names in
+``store.__all__``.
+"""
+
+FORMATS, CORE, SERVICES, FACADE = 0, 1, 2, 3
+
+#: Module name -> layer.  A package's ``__init__`` is listed under the package name.
+LAYERS: dict[str, int] = {
+    "store.errors": FORMATS,
+    "store.config": FORMATS,
+    "store.codec": FORMATS,
+    "store.message": FORMATS,
+    "store.message_id": FORMATS,
+    "store.fileio": FORMATS,
+    "store.mapped_file": FORMATS,
+    "store.commit_log": FORMATS,
+    "store.consume_queue": FORMATS,
+    "store.checkpoint": FORMATS,
+    "store.topics": FORMATS,
+    "store.arrow_properties": FORMATS,
+    "store.record_gather": FORMATS,
+    "store.layers": FORMATS,
+    "store.timer": FORMATS,
+    "store.timer.wheel": FORMATS,
+    "store.timer.timer_log": FORMATS,
+    "store.timer.checkpoint": FORMATS,
+    "store.transaction": FORMATS,
+    "store.transaction.half": FORMATS,
+    "store.transaction.op": FORMATS,
+    "store.core": CORE,
+    "store.core.ports": CORE,
+    "store.core.dispatch": CORE,
+    "store.core.appender": CORE,
+    "store.core.reading": CORE,
+    "store.core.arrow_decode": CORE,
+    "store.core.recovery": CORE,
+    "store.core.retention": CORE,
+    "store.core.store_core": CORE,
+    "store.delayed": SERVICES,
+    "store.delayed.routing": SERVICES,
+    "store.delayed.restore": SERVICES,
+    "store.delayed.schedule": SERVICES,
+    "store.timer.recall": SERVICES,
+    "store.timer.service": SERVICES,
+    "store.transaction.index": SERVICES,
+    "store.transaction.snapshot": SERVICES,
+    "store.transaction.check": SERVICES,
+    "store.transaction.repair": SERVICES,
+    "store.transaction.service": SERVICES,
+    "store.producer": FACADE,
+    "store.transaction.producer": FACADE,
+    "store.stats": FACADE,
+    "store.reader": FACADE,
+    "store.message_store": FACADE,
+    "store": FACADE,
+}

@@ -1,0 +1,117 @@
+"""StoreReader: a store opened for reading only (what Spark executors and ``rmq stats`` open).
+
+A reader takes no lock, writes no marker, runs no recovery and no flush thread, and never
+writes a byte of the store's files.  It reads exactly what a writable store reads (see
+:class:`~store.core.reading.ReadableStore`): only records up to the confirmed offset.  Every
+write method of :class:`~store.MessageStore` exists here too and raises
+:class:`~store.errors.ReadOnlyStoreError` naming the operation, so code written for a store
+fails with a clear typed error rather than an ``AttributeError``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, NoReturn
+
+from .config import StoreConfig
+from .core.reading import Clock, ReadableStore
+from .errors import ReadOnlyStoreError, StoreNotFoundError
+
+#: The write methods of :class:`~store.MessageStore`; each raises on a reader.
+WRITE_METHODS = (
+    "append", "append_batch", "append_encoded", "producer", "transaction_producer",
+    "deliver_due", "end_transaction", "end_transactions", "check_transactions",
+    "prepare_transaction_checks", "clean_expired_files", "flush", "write_lock",
+    "ensure_topic",
+)
+
+
+class StoreReader(ReadableStore):
+    """A read-only view of a store directory (see the module docstring).
+
+    Use :meth:`open` (or ``MessageStore.open(path, read_only=True)``).
+    """
+
+    read_only = True
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, config: StoreConfig | Mapping | None = None, *,
+             clock: Clock | None = None) -> "StoreReader":
+        """Open the existing store at ``path`` for reading.
+
+        Raises
+        ------
+        StoreNotFoundError
+            ``path`` is not a store directory (no ``config/store.json``).
+        """
+        return cls(os.fspath(path), config, clock=clock)
+
+    def __init__(self, path: str, config: StoreConfig | Mapping | None = None, *,
+                 clock: Clock | None = None) -> None:
+        root = os.path.abspath(path)
+        if not os.path.isfile(os.path.join(root, "config", "store.json")):
+            raise StoreNotFoundError(
+                f"{root} is not an rmq store (no config/store.json); give the directory "
+                "a producer wrote to")
+        self._open_files(root, config, clock, record_layout=False)
+        self.recovered = False
+
+    def _refuse(self, operation: str) -> NoReturn:
+        self._check_open()
+        raise ReadOnlyStoreError(self.root, operation)
+
+    def append(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("append")
+
+    def append_batch(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("append_batch")
+
+    def append_encoded(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("append_encoded")
+
+    def producer(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("producer")
+
+    def transaction_producer(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("transaction_producer")
+
+    def deliver_due(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("deliver_due")
+
+    def end_transaction(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("end_transaction")
+
+    def end_transactions(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("end_transactions")
+
+    def check_transactions(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("check_transactions")
+
+    def prepare_transaction_checks(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("prepare_transaction_checks")
+
+    def clean_expired_files(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("clean_expired_files")
+
+    def flush(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("flush")
+
+    def write_lock(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("write_lock")
+
+    def ensure_topic(self, *args, **kwargs) -> NoReturn:
+        """Refused: raises :class:`ReadOnlyStoreError`."""
+        self._refuse("ensure_topic")
