@@ -22,7 +22,7 @@ from .errors import (ConfigMismatchError, CorruptRecordError, InvalidBatchError,
                      UnknownMessageError, UnknownTopicError)
 from .message import (LocalTransactionState, Message, MessageView, SendResult,
                       TransactionListener, is_system_topic, java_string_hash, validate_topic)
-from .core.appender import AppendResult, BatchAppendResult
+from .core.append_types import AppendResult, BatchAppendResult
 from .core.arrow_decode import MESSAGE_SCHEMA
 from .core.reading import system_clock
 from .message_store import MessageStore

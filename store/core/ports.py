@@ -26,7 +26,7 @@ import numpy as np
 
 from .dispatch import Dispatcher, TagsCodeRule
 
-if TYPE_CHECKING:  # pragma: no cover - type-only imports of layer 0
+if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..checkpoint import StoreCheckpoint
     from ..codec import Record, RecordSpec
     from ..commit_log import CommitLog
@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports of layer 0
     from ..consume_queue import ConsumeQueue
     from ..message_id import MessageIdGenerator
     from ..topics import TopicTable
-    from .appender import Appender, AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+    from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+    from .appender import Appender
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
 RetentionListener = Callable[[int], None]

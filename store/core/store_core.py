@@ -36,7 +36,8 @@ from ..config import StoreConfig
 from ..errors import FlushError, InvalidMessageError
 from ..message_id import MessageIdGenerator
 from ..topics import default_queue_count
-from .appender import Appender, AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+from .appender import Appender
 from .dispatch import Dispatcher
 from .ports import RecoveryListener, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore

@@ -33,7 +33,7 @@ from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL
                        PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
                        PROPERTY_UNIQ_KEY, TIMER_TOPIC, TRANS_HALF_TOPIC, java_string_hash)
 
-from ..core.appender import EncodedRecords
+from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
 from ..record_gather import SourceRecords, as_bytes, parse_ints, unique_values
 

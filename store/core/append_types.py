@@ -1,0 +1,72 @@
+"""What the append path takes and returns: records as columns, and where records landed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where one record landed."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    size: int
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppendResult:
+    """Where the records of :meth:`StoreCore.append_batch` landed.
+
+    Record ``i`` has queue offset ``first_queue_offset + i`` (-1 when not indexed: prepared
+    or rolled-back transaction records) and CommitLog offset ``commitlog_offsets[i]``.
+    """
+
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    commitlog_offsets: np.ndarray
+    sizes: np.ndarray
+    store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """Records as columns, for :meth:`Appender.append_encoded`.
+
+    ``headers`` (:data:`store.codec.HEADER_DTYPE`) holds every field the caller decides
+    (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
+    prepared offset); the appender sets size, queue id, queue offset, physical offset and
+    store time.  Record ``i`` is the header, ``bodies[i]``, the topic ``topics[topic_ids[i]]``,
+    then ``properties[i]`` followed by ``extra_properties[i]`` (when given) as its properties,
+    ``properties_length[i]`` bytes in all.  ``queue_ids[i]`` outside the topic's queues is
+    taken modulo the queue count.  ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when
+    the records are not dispatched).
+    """
+
+    headers: np.ndarray
+    bodies: Sequence
+    properties: Sequence
+    properties_length: np.ndarray
+    topics: Sequence[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    tags_codes: np.ndarray
+    extra_properties: Sequence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedAppend:
+    """Where :meth:`Appender.append_encoded` put each record (arrays in input order)."""
+
+    queue_ids: np.ndarray
+    queue_offsets: np.ndarray
+    commitlog_offsets: np.ndarray
+    sizes: np.ndarray
+    store_timestamp_ms: int
