@@ -1,6 +1,6 @@
 """Vectorised parsing of CommitLog properties strings (for :mod:`store.arrow_decode`).
 
-A record's PROPERTIES field is ``name 0x01 value 0x02`` repeated (reference §1.6).  RocketMQ
+A record's PROPERTIES field is ``name 0x01 value 0x02`` repeated (see :mod:`store.codec`).  RocketMQ
 splits it on 0x02 (a trailing 0x02 may be missing) and keeps a segment as a pair only when
 its first 0x01 is neither its first nor its last character: the name precedes that 0x01,
 the value is everything after it.  :func:`parse_properties` applies the rule to a whole

@@ -37,51 +37,44 @@ import zlib
 from dataclasses import dataclass
 from typing import Mapping
 
-import numpy as np
 
 from .errors import CorruptRecordError
+from .layout import layout
 
 MESSAGE_MAGIC_CODE_V1 = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB (topics longer than 127; never written here)
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194
 
-# One constant per fixed part; offsets below derive from the sizes.
-RECORD_HEADER = struct.Struct(
-    ">"
-    "i"  # TOTALSIZE
-    "i"  # MAGICCODE
-    "i"  # BODYCRC
-    "i"  # QUEUEID
-    "i"  # FLAG
-    "q"  # QUEUEOFFSET
-    "q"  # PHYSICALOFFSET
-    "i"  # SYSFLAG
-    "q"  # BORNTIMESTAMP
-    "4s"  # BORNHOST address
-    "i"  # BORNHOST port
-    "q"  # STORETIMESTAMP
-    "4s"  # STOREHOST address
-    "i"  # STOREHOST port
-    "i"  # RECONSUMETIMES
-    "q"  # PREPAREDTRANSACTIONOFFSET
-    "i"  # BODYLENGTH
+#: The fixed header of a record, in order (one field list: Struct and dtype are built from it).
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("total_size", ">i4"),  # TOTALSIZE
+    ("magic", ">i4"),  # MAGICCODE
+    ("body_crc", ">i4"),  # BODYCRC
+    ("queue_id", ">i4"),  # QUEUEID
+    ("flag", ">i4"),  # FLAG
+    ("queue_offset", ">i8"),  # QUEUEOFFSET
+    ("physical_offset", ">i8"),  # PHYSICALOFFSET
+    ("sys_flag", ">i4"),  # SYSFLAG
+    ("born_timestamp", ">i8"),  # BORNTIMESTAMP
+    ("born_host", "V4"),  # BORNHOST address
+    ("born_port", ">i4"),  # BORNHOST port
+    ("store_timestamp", ">i8"),  # STORETIMESTAMP
+    ("store_host", "V4"),  # STOREHOSTADDRESS address
+    ("store_port", ">i4"),  # STOREHOSTADDRESS port
+    ("reconsume_times", ">i4"),  # RECONSUMETIMES
+    ("prepared_transaction_offset", ">i8"),  # PREPAREDTRANSACTIONOFFSET
+    ("body_length", ">i4"),  # BODYLENGTH
 )
+_HEADER = layout(HEADER_FIELDS)
+RECORD_HEADER = _HEADER.struct
+HEADER_DTYPE = _HEADER.dtype
 TOPIC_LENGTH = struct.Struct(">B")
 PROPERTIES_LENGTH = struct.Struct(">h")
 BLANK = struct.Struct(">ii")  # TOTALSIZE (bytes left in the segment), BLANK_MAGIC_CODE
 
-#: Field names in header order, with their NumPy big-endian types (for bulk decoding).
-HEADER_FIELDS: tuple[tuple[str, str], ...] = (
-    ("total_size", ">i4"), ("magic", ">i4"), ("body_crc", ">i4"), ("queue_id", ">i4"),
-    ("flag", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"), ("sys_flag", ">i4"),
-    ("born_timestamp", ">i8"), ("born_host", "V4"), ("born_port", ">i4"),
-    ("store_timestamp", ">i8"), ("store_host", "V4"), ("store_port", ">i4"),
-    ("reconsume_times", ">i4"), ("prepared_transaction_offset", ">i8"), ("body_length", ">i4"),
-)
-HEADER_DTYPE = np.dtype(list(HEADER_FIELDS))
 HEADER_SIZE = RECORD_HEADER.size  # 88
 #: Byte offset of each header field inside a record.
-FIELD_OFFSET = {name: HEADER_DTYPE.fields[name][1] for name, _ in HEADER_FIELDS}
+FIELD_OFFSET = _HEADER.offsets
 #: Fixed bytes of a v1 record besides body, topic and properties.
 FIXED_SIZE = HEADER_SIZE + TOPIC_LENGTH.size + PROPERTIES_LENGTH.size  # 91
 

@@ -19,22 +19,22 @@ so re-dispatching a record rewrites the same bytes (dispatch is idempotent).
 from __future__ import annotations
 
 import os
-import struct
 import threading
 
 import numpy as np
 
+from .layout import layout
 from .mapped_file import MappedFileQueue, segment_name, zero_tail
 
-CQ_ENTRY = struct.Struct(
-    ">"
-    "q"  # offsetPy
-    "i"  # sizePy
-    "q"  # tagsCode
+CQ_ENTRY_FIELDS = (
+    ("offset", ">i8"),  # offsetPy
+    ("size", ">i4"),  # sizePy
+    ("tags_code", ">i8"),  # tagsCode
 )
+_ENTRY = layout(CQ_ENTRY_FIELDS)
+CQ_ENTRY = _ENTRY.struct
 CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
-CQ_ENTRY_FIELDS = (("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"))
-CQ_DTYPE = np.dtype(list(CQ_ENTRY_FIELDS))
+CQ_DTYPE = _ENTRY.dtype
 assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
 #: sizePy of a filler unit: a placeholder in front of a queue that starts past entry 0.
 FILLER_SIZE = 0x7FFFFFFF

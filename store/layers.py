@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "store.arrow_properties": FORMATS,
     "store.record_gather": FORMATS,
     "store.layers": FORMATS,
+    "store.layout": FORMATS,
     "store.timer": FORMATS,
     "store.timer.wheel": FORMATS,
     "store.timer.timer_log": FORMATS,

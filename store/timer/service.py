@@ -20,7 +20,7 @@ Flow (RocketMQ's five timer threads, run synchronously under the store's write l
    ``TIMER_DEQUEUE_MS`` and the origin (see :mod:`.delivery`), many records per append.
 
 Never early: slot T fires only once ``now >= T + P``, and rounding puts T + P at or after the
-requested time, so a message is up to one P late and never early (reference §10.2).
+requested time, so a message is up to one P late and never early.
 
 Unlike RocketMQ, nothing is lost after a long outage: the read time never jumps forward past
 unfired slots.  Placements always stay within ``timer_wheel_slots`` of the read time (when the
@@ -149,7 +149,7 @@ class TimerService:
         return rewritten, deliver_ms
 
     def _check_congestion(self, out: int) -> None:
-        """RocketMQ's isReject, with its inverted probability curve (reference §5.6)."""
+        """RocketMQ's isReject, with its inverted probability curve."""
         store = self.store
         with store.write_lock():
             st = self._sync()

@@ -35,27 +35,24 @@ import struct
 import numpy as np
 
 from ..codec import BLANK_MAGIC_CODE
+from ..layout import layout
 from ..mapped_file import MappedFileQueue
 
-UNIT = struct.Struct(
-    ">"
-    "i"  # size, 52
-    "q"  # prevPos
-    "i"  # magic
-    "q"  # enqueueTime (ms)
-    "i"  # delay: slot time - enqueueTime (ms)
-    "q"  # offsetPy
-    "i"  # sizePy
-    "i"  # topicHash
-    "q"  # reserved
-)
-UNIT_SIZE = UNIT.size  # 52
 UNIT_FIELDS = (
-    ("size", ">i4"), ("prev_pos", ">i8"), ("magic", ">i4"), ("enqueue_time", ">i8"),
-    ("delay", ">i4"), ("offset_py", ">i8"), ("size_py", ">i4"), ("topic_hash", ">i4"),
-    ("reserved", ">i8"),
+    ("size", ">i4"),  # size, 52
+    ("prev_pos", ">i8"),  # prevPos
+    ("magic", ">i4"),  # magic
+    ("enqueue_time", ">i8"),  # enqueueTime (ms)
+    ("delay", ">i4"),  # delay: slot time - enqueueTime (ms)
+    ("offset_py", ">i8"),  # offsetPy
+    ("size_py", ">i4"),  # sizePy
+    ("topic_hash", ">i4"),  # topicHash
+    ("reserved", ">i8"),  # reserved
 )
-UNIT_DTYPE = np.dtype(list(UNIT_FIELDS))
+_UNIT = layout(UNIT_FIELDS)
+UNIT = _UNIT.struct
+UNIT_SIZE = UNIT.size  # 52
+UNIT_DTYPE = _UNIT.dtype
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
 NATIVE_UNIT_DTYPE = UNIT_DTYPE.newbyteorder("=")
 

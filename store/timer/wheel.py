@@ -27,24 +27,23 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 
 import numpy as np
 
 from ..errors import CorruptRecordError
+from ..layout import layout
 
-SLOT = struct.Struct(
-    ">"
-    "q"  # time / precision
-    "q"  # firstPos
-    "q"  # lastPos
-    "i"  # num
-    "i"  # magic (unused)
+SLOT_FIELDS = (
+    ("time", ">i8"),  # time / precision
+    ("first_pos", ">i8"),  # firstPos
+    ("last_pos", ">i8"),  # lastPos
+    ("num", ">i4"),  # num
+    ("magic", ">i4"),  # magic (unused)
 )
+_SLOT = layout(SLOT_FIELDS)
+SLOT = _SLOT.struct
 SLOT_SIZE = SLOT.size  # 32
-SLOT_FIELDS = (("time", ">i8"), ("first_pos", ">i8"), ("last_pos", ">i8"), ("num", ">i4"),
-               ("magic", ">i4"))
-SLOT_DTYPE = np.dtype(list(SLOT_FIELDS))
+SLOT_DTYPE = _SLOT.dtype
 assert SLOT_DTYPE.itemsize == SLOT_SIZE
 
 

@@ -1,4 +1,4 @@
-"""Transactional messages: half messages, op messages and the check loop (reference §6).
+"""Transactional messages: half messages, op messages and the check loop.
 
 Modules:
 

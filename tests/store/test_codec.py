@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -242,3 +243,26 @@ def test_message_id_layout():
 def test_record_size_formula():
     assert record_size(100, 6, 42) == 91 + 100 + 6 + 42
     assert codec.BLANK.size == 8
+
+
+def test_each_layout_is_one_field_list_for_its_struct_and_dtype():
+    """The Struct and the NumPy dtype of each binary layout come from one field list."""
+    from store.consume_queue import CQ_DTYPE, CQ_ENTRY, CQ_ENTRY_FIELDS
+    from store.layout import layout
+    from store.timer.timer_log import UNIT, UNIT_DTYPE, UNIT_FIELDS
+    from store.timer.wheel import SLOT, SLOT_DTYPE, SLOT_FIELDS
+
+    for fields, packed, dtype in ((codec.HEADER_FIELDS, RECORD_HEADER, HEADER_DTYPE),
+                                  (CQ_ENTRY_FIELDS, CQ_ENTRY, CQ_DTYPE),
+                                  (SLOT_FIELDS, SLOT, SLOT_DTYPE),
+                                  (UNIT_FIELDS, UNIT, UNIT_DTYPE)):
+        built = layout(fields)
+        assert packed.format == built.struct.format and packed.size == dtype.itemsize
+        assert dtype == built.dtype
+        # a record packed with the Struct reads back field by field through the dtype
+        values = [i + 1 if not kind.startswith("V") else bytes(range(int(kind[1:])))
+                  for i, (_, kind) in enumerate(fields)]
+        row = np.frombuffer(packed.pack(*values), dtype=dtype)[0]
+        for (name, kind), value in zip(fields, values):
+            got = bytes(row[name]) if kind.startswith("V") else int(row[name])
+            assert got == value, name
