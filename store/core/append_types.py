@@ -47,7 +47,8 @@ class EncodedRecords:
     then ``properties[i]`` followed by ``extra_properties[i]`` (when given) as its properties,
     ``properties_length[i]`` bytes in all.  ``queue_ids[i]`` outside the topic's queues is
     taken modulo the queue count.  ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when
-    the records are not dispatched).
+    the records are not dispatched).  ``store_timestamp_ms`` (default: the store's clock at the
+    append) is the store time of every record; a delivery run passes its own "now".
     """
 
     headers: np.ndarray
@@ -59,6 +60,7 @@ class EncodedRecords:
     queue_ids: np.ndarray
     tags_codes: np.ndarray
     extra_properties: Sequence | None = None
+    store_timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,7 +254,9 @@ class Appender:
         qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
         topic_parts = [codec.TOPIC_LENGTH.pack(len(t)) + t for t in topics]
 
-        now = self.core.now_ms()
+        now = records.store_timestamp_ms
+        if now is None:
+            now = self.core.now_ms()
         dispatched = is_dispatched(int(headers["sys_flag"][0])) if n else False
         # queue offsets: each queue continues where it ends, in record order
         uniq, gid = np.unique((topic_ids << _QUEUE_BITS) | qids, return_inverse=True)

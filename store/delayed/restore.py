@@ -229,7 +229,7 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     props_len = (np.fromiter(map(len, props_sel), np.int64, len(selected))
                  + np.fromiter(map(len, extra_sel), np.int64, len(selected)))
     _append_restored(store, h[selected], bodies, props_sel, extra_sel, props_len, topics,
-                     topic_ids[selected], qids[selected], codes[selected])
+                     topic_ids[selected], qids[selected], codes[selected], now)
     return len(selected) - n_roll, n_roll
 
 
@@ -275,9 +275,9 @@ def _encode(props: dict[bytes, bytes]) -> bytes:
 # ---------------------------------------------------------------------------- appending
 def _append_restored(store: StorePort, headers: np.ndarray, bodies: list, props: list,
                      extras: list, props_len: np.ndarray, topics: list[bytes],
-                     topic_ids: np.ndarray, qids: np.ndarray, codes: np.ndarray) -> None:
+                     topic_ids: np.ndarray, qids: np.ndarray, codes: np.ndarray, now: int) -> None:
     """Place, encode, write and index restored records through the core's columnar append."""
     store.append_encoded(EncodedRecords(
         headers=headers, bodies=bodies, properties=props, extra_properties=extras,
         properties_length=props_len, topics=[t.decode("ascii") for t in topics],
-        topic_ids=topic_ids, queue_ids=qids, tags_codes=codes))
+        topic_ids=topic_ids, queue_ids=qids, tags_codes=codes, store_timestamp_ms=now))
