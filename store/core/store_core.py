@@ -290,12 +290,10 @@ class StoreCore(ReadableStore):
         Parameters
         ----------
         topic : str
-            A validated topic whose tagsCode comes from the tag (not a system topic with a
-            tagsCode rule of its own: use :meth:`append`).
-        bodies : sequence of bytes
-            The bodies, already validated.
-        properties : sequence of bytes
-            Each record's encoded properties string (:func:`store.codec.encode_properties`).
+            A validated topic whose tagsCode comes from the tag (a system topic with a tagsCode
+            rule of its own goes through :meth:`append`).
+        bodies, properties : sequence of bytes
+            The validated bodies and each record's encoded properties string.
         tags : sequence of str or None, optional
             Each record's tag, for the ConsumeQueue tagsCode.
         flags : int or sequence of int
