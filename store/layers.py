@@ -61,6 +61,7 @@ LAYERS: dict[str, int] = {
     "store.delayed.schedule": SERVICES,
     "store.timer.recall": SERVICES,
     "store.timer.service": SERVICES,
+    "store.transaction.half_records": SERVICES,
     "store.transaction.index": SERVICES,
     "store.transaction.snapshot": SERVICES,
     "store.transaction.check": SERVICES,
