@@ -60,6 +60,8 @@ LAYERS: dict[str, int] = {
     "store.delayed.restore": SERVICES,
     "store.delayed.schedule": SERVICES,
     "store.timer.recall": SERVICES,
+    "store.timer.placement": SERVICES,
+    "store.timer.firing": SERVICES,
     "store.timer.service": SERVICES,
     "store.transaction.half_records": SERVICES,
     "store.transaction.index": SERVICES,

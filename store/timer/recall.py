@@ -1,24 +1,29 @@
-"""Finding the timer record a cancel (RocketMQ's recall) refers to, by message id alone.
+"""Cancel (RocketMQ's recall): finding the timer record a cancel refers to, and its marker.
 
 RocketMQ's recall handle carries the fire time; ``producer.cancel(topic, msg_id)`` does not,
 so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.codec.MessageIdGenerator`)
 holds the ms since the start of its month at which it was born; for each month the id can
 belong to, the timer ConsumeQueue is binary-searched by store time to that moment and the few
 records stored from then on are compared by born time and id.  No index of pending messages
-is kept, so memory does not grow with them.
+is kept, so memory does not grow with them.  :func:`cancel_marker` builds the delete marker
+that is stored in the same wheel slot so the message never surfaces.
 """
 
 from __future__ import annotations
 
 
-from ..codec import Record
+from ..codec import Record, RecordSpec
 from ..message_id import MessageIdGenerator
 from ..errors import CorruptRecordError, UnknownTopicError
-from ..message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, TIMER_TOPIC
+from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
+                       PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
+                       PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, TIMER_TOPIC)
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 
 
+#: The tag RocketMQ gives a cancel (recall) marker.
+RECALL_TAG = "_RECALL_TAG_"
 #: How far apart born and store times of one record may be.
 CANCEL_WINDOW_MS = 600_000
 _MONTHS = MessageIdGenerator()
@@ -79,3 +84,28 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
                 if rec.born_timestamp_ms == born and props.get(PROPERTY_UNIQ_KEY) == msg_id:
                     return rec if props.get(PROPERTY_REAL_TOPIC) == topic else None
     return None
+
+
+def cancel_marker(store: StorePort, topic: str, msg_id: str, now: int, *, max_delay_ms: int,
+                  precision_ms: int) -> RecordSpec | None:
+    """The delete marker cancelling the pending timer message ``msg_id`` of ``topic``.
+
+    ``None`` when there is no such message or it is already due (the caller holds the write
+    lock, so the answer cannot change before the marker is appended).
+    """
+    rec = find_timer_record(store, topic, msg_id, now, max_delay_ms)
+    if rec is None:
+        return None
+    props = rec.properties
+    out = int(props[PROPERTY_TIMER_OUT_MS])
+    fire = int(props.get(PROPERTY_TIMER_DELIVER_MS) or out + precision_ms)
+    if fire <= now:
+        return None
+    marker = {
+        PROPERTY_UNIQ_KEY: msg_id, PROPERTY_TAGS: RECALL_TAG,
+        PROPERTY_TIMER_OUT_MS: str(out), PROPERTY_TIMER_DELIVER_MS: str(fire),
+        PROPERTY_TIMER_DEL_UNIQKEY: f"{topic}+{msg_id}",
+        PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: "0",
+    }
+    return RecordSpec(topic=TIMER_TOPIC, body=b"0", properties=marker, queue_id=0,
+                      born_timestamp_ms=now)

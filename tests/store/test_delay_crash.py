@@ -37,12 +37,13 @@ CHILD = textwrap.dedent("""
     from store import fileio
     from store.core import appender
     from store.delayed import restore as bulk, schedule
-    from store.timer import service, checkpoint as ckpt, timer_log, wheel
+    from store.timer import firing, placement, service, checkpoint as ckpt, timer_log, wheel
 
     path, now, plan = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
     bulk.RESTORE_CHUNK = 40
-    service.ENQUEUE_CHUNK = 60
-    service.DEQUEUE_CHUNK = 50
+    placement.ENQUEUE_CHUNK = 60
+    firing.DEQUEUE_CHUNK = 50
+    firing.MARKER_CHUNK = 60
     schedule.SCHEDULE_CHUNK = 30
     calls = {{}}
 
