@@ -60,58 +60,19 @@ class StoreReader(ReadableStore):
         self._check_open()
         raise ReadOnlyStoreError(self.root, operation)
 
-    def append(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("append")
 
-    def append_batch(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("append_batch")
+def _refusing(operation: str):
+    """A method of :class:`StoreReader` that refuses the write ``operation``."""
 
-    def append_encoded(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("append_encoded")
+    def refuse(self: StoreReader, *args, **kwargs) -> NoReturn:
+        self._refuse(operation)
 
-    def producer(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("producer")
+    refuse.__name__ = refuse.__qualname__ = operation
+    refuse.__doc__ = (f"Refused on a read-only store: raises :class:`ReadOnlyStoreError` "
+                      f"(``{operation}`` writes).")
+    return refuse
 
-    def transaction_producer(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("transaction_producer")
 
-    def deliver_due(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("deliver_due")
-
-    def end_transaction(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("end_transaction")
-
-    def end_transactions(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("end_transactions")
-
-    def check_transactions(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("check_transactions")
-
-    def prepare_transaction_checks(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("prepare_transaction_checks")
-
-    def clean_expired_files(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("clean_expired_files")
-
-    def flush(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("flush")
-
-    def write_lock(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("write_lock")
-
-    def ensure_topic(self, *args, **kwargs) -> NoReturn:
-        """Refused: raises :class:`ReadOnlyStoreError`."""
-        self._refuse("ensure_topic")
+for _operation in WRITE_METHODS:
+    setattr(StoreReader, _operation, _refusing(_operation))
+del _operation

@@ -371,10 +371,8 @@ class StoreCore(ReadableStore):
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
 
-        A segment's age is the store time of the first record of the next segment (records
-        are in store-time order), so the newest segment is never deleted.  ConsumeQueue files
-        whose records are all gone go too, queue minimum offsets move forward, and the
-        services' retention listeners are told the new CommitLog minimum.
+        See :mod:`store.core.retention`: never the newest segment; queue files and minimum
+        offsets follow, and the retention listeners are told the new CommitLog minimum.
         """
         self._check_writable()
         with self.write_lock():
