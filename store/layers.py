@@ -22,6 +22,7 @@ FORMATS, CORE, SERVICES, FACADE = 0, 1, 2, 3
 
 #: Module name -> layer.  A package's ``__init__`` is listed under the package name.
 LAYERS: dict[str, int] = {
+    "store.abort_marker": FORMATS,
     "store.errors": FORMATS,
     "store.config": FORMATS,
     "store.codec": FORMATS,

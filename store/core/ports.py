@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -85,6 +85,9 @@ class StorePort(Protocol):
     def flush(self) -> None: ...
 
     def ensure_topic(self, topic: str) -> int: ...
+
+    def tags_code(self, topic: str, properties: Mapping[str, str],
+                  store_timestamp_ms: int) -> int: ...
 
     def next_queue(self, topic: str, queue_count: int) -> int: ...
 

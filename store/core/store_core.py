@@ -31,6 +31,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
 
+from ..abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
 from ..codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
 from ..errors import FlushError, InvalidMessageError
@@ -121,18 +122,17 @@ class StoreCore(ReadableStore):
         # The open lock is held (exclusive when alone, else shared) before the marker is
         # written, so a process closing at the same moment cannot delete a newcomer's marker;
         # a sole opener keeps it exclusive until recovery is done, so others wait for it.
-        sole = _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        sole = try_flock(self._open_lock_fd, fcntl.LOCK_EX)
         if not sole:
             fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)
-        abort_path = os.path.join(self.root, "abort")
+        abort_path = os.path.join(self.root, MARKER_FILE)
         crashed = sole and os.path.exists(abort_path)
         # Same boot as the crashed process: the checkpoint in the page cache is exact, so
         # an append it had not confirmed is dropped whole.  After a reboot it may be stale:
         # keep every valid record (as RocketMQ does), since a synchronous send may have been
         # acknowledged after the checkpoint page last reached the disk.
-        same_boot = crashed and _read_text(abort_path).split()[1:] == [_BOOT_ID] and _BOOT_ID
-        with open(abort_path, "w") as fh:
-            fh.write(f"{os.getpid()} {_BOOT_ID}")
+        same_boot = crashed and written_this_boot(abort_path)
+        write_marker(abort_path)
         with self._write_locked(catch_up=False):
             confirm = self.checkpoint.get("confirm_phy_offset")
             if crashed:
@@ -177,9 +177,9 @@ class StoreCore(ReadableStore):
             self._close_services()
             self._flush()
             in_progress = self.checkpoint.get("write_in_progress") != -1
-        if _try_flock(self._open_lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB) and not in_progress:
+        if try_flock(self._open_lock_fd, fcntl.LOCK_EX) and not in_progress:
             try:
-                os.unlink(os.path.join(self.root, "abort"))
+                os.unlink(os.path.join(self.root, MARKER_FILE))
             except FileNotFoundError:
                 pass
         fcntl.flock(self._open_lock_fd, fcntl.LOCK_UN)
@@ -256,6 +256,11 @@ class StoreCore(ReadableStore):
                     count = default_queue_count(topic, self.config.default_queue_count)
                 self.topic_table.create(topic, count, self.now_ms())
             return count
+
+    def tags_code(self, topic: str, properties: Mapping[str, str],
+                  store_timestamp_ms: int) -> int:
+        """The ConsumeQueue tagsCode of a record (a registered rule, else the tag hash)."""
+        return self.dispatcher.tags_code(topic, properties, store_timestamp_ms)
 
     def next_queue(self, topic: str, queue_count: int) -> int:
         """The next queue of ``topic`` in this process's round robin."""
@@ -377,23 +382,3 @@ class StoreCore(ReadableStore):
         self._check_writable()
         with self.write_lock():
             return delete_expired_segments(self, self._retention_listeners, force=force)
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return ""
-
-
-#: Identifies this boot of the machine (Linux); empty where unknown.
-_BOOT_ID = _read_text("/proc/sys/kernel/random/boot_id").strip()
-
-
-def _try_flock(fd: int, flags: int) -> bool:
-    try:
-        fcntl.flock(fd, flags)
-        return True
-    except BlockingIOError:
-        return False

@@ -174,10 +174,10 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
                            precision, direct_enqueue_ms)
         if out is None:
             continue
-        topic, qid, code, new_props = out
+        topic, qid, props, new_props = out
         topic_ids[i] = topic_index.setdefault(topic, len(topic_index))
         qids[i] = qid
-        codes[i] = code
+        codes[i] = store.tags_code(topic.decode("ascii"), _as_text(props), now)
         if props_col is src.raw_props:
             props_col = list(props_col)
         props_col[i] = new_props
@@ -236,7 +236,10 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
 def _restore_one(raw_props: bytes, origin: int, is_roll: bool, now: int, delete_keys,
                  due: int | None, enqueue: int | None, precision: int,
                  direct_enqueue_ms: bytes):
-    """The per-record path: ``(topic, queue, tagsCode, properties)`` or ``None`` to skip."""
+    """The per-record path: ``(topic, queue, properties dict, properties)`` or ``None`` to skip.
+
+    The tagsCode is left to the caller, which asks the core's rule for the target topic.
+    """
     props = dict(_PAIR.findall(raw_props))
     topic = props.get(_REAL_TOPIC)
     if not topic or (topic == _HALF_TOPIC_B and not is_roll):
@@ -253,8 +256,7 @@ def _restore_one(raw_props: bytes, origin: int, is_roll: bool, now: int, delete_
         props[_ENQUEUE] = direct_enqueue_ms if enqueue < 0 else str(enqueue).encode("ascii")
     if is_roll:
         props[_ROLL] = str(int(props.get(_ROLL, b"0")) + 1).encode("ascii")
-        out = int(props[_OUT])
-        return _TIMER_TOPIC_B, 0, (-out if is_marker else out), _encode(props)
+        return _TIMER_TOPIC_B, 0, props, _encode(props)
     if due is not None:
         props[_DUE] = str(due).encode("ascii")
     else:
@@ -263,9 +265,11 @@ def _restore_one(raw_props: bytes, origin: int, is_roll: bool, now: int, delete_
         qid = int(props.get(_REAL_QID, b"0"))
     except ValueError:
         qid = 0
-    tags = props.get(_TAGS)
-    code = java_string_hash(tags.decode("utf-8", "replace")) if tags else 0
-    return topic, qid, code, _encode(props)
+    return topic, qid, props, _encode(props)
+
+
+def _as_text(props: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in props.items()}
 
 
 def _encode(props: dict[bytes, bytes]) -> bytes:

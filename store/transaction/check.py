@@ -1,6 +1,7 @@
 """One round of the transaction check loop (RocketMQ's ``TransactionalMessageServiceImpl.check``).
 
-The round walks the half queue from the saved half offset, as RocketMQ's TransactionalMessageCheckService does:
+The round walks the half queue from the saved half offset, as RocketMQ's
+TransactionalMessageCheckService does:
 
 1. starting offsets: the saved half and op offsets, or the queues' minimum;
 2. the op map: every op message from the op offset (here read in full through the index,

@@ -160,7 +160,8 @@ def immunity_ms(value: str | None, timeout_ms: int, *, raise_to_timeout: bool) -
 
     ``None``, ``"-1"`` or an unreadable value give ``timeout_ms``; otherwise the value in
     seconds times 1000.  The check loop uses that as given; the end-transaction reject
-    raises it to at least ``timeout_ms`` (``raise_to_timeout``), RocketMQ's quirk: with a 6 s timeout, "1" gives 1000 in the loop and 6000 at end-transaction.
+    raises it to at least ``timeout_ms`` (``raise_to_timeout``), RocketMQ's quirk: with a 6 s
+    timeout, "1" gives 1000 in the loop and 6000 at end-transaction.
     """
     if value is None:
         return timeout_ms

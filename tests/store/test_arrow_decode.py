@@ -1,4 +1,4 @@
-"""Vectorised Arrow decoding (store.core.arrow_decode) against the per-record path (pull/record_view)."""
+"""Vectorised Arrow decoding (store.core.arrow_decode) against the per-record path (pull)."""
 
 from __future__ import annotations
 
