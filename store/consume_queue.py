@@ -26,16 +26,16 @@ import numpy as np
 from .layout import layout
 from .mapped_file import MappedFileQueue, segment_name, zero_tail
 
-CQ_ENTRY_FIELDS = (
+ENTRY_FIELDS = (
     ("offset", ">i8"),  # offsetPy
     ("size", ">i4"),  # sizePy
     ("tags_code", ">i8"),  # tagsCode
 )
-_ENTRY = layout(CQ_ENTRY_FIELDS)
-CQ_ENTRY = _ENTRY.struct
-CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
-CQ_DTYPE = _ENTRY.dtype
-assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
+_ENTRY = layout(ENTRY_FIELDS)
+ENTRY = _ENTRY.struct
+ENTRY_SIZE = ENTRY.size  # 20
+ENTRY_DTYPE = _ENTRY.dtype
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
 #: sizePy of a filler unit: a placeholder in front of a queue that starts past entry 0.
 FILLER_SIZE = 0x7FFFFFFF
 
@@ -68,17 +68,17 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.entries_per_file = entries_per_file
         self.directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(self.directory, entries_per_file * CQ_ENTRY_SIZE, create=False)
+        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_SIZE, create=False)
         self._lock = threading.Lock()
         self._dirty_files: dict[int, object] = {}  # written since the last flush
 
     # -- reading ----------------------------------------------------------------------------
     def _file_entries(self, index: int):
         """The segment holding entry ``index`` and the entry array view of it."""
-        f = self.files.find(index * CQ_ENTRY_SIZE)
+        f = self.files.find(index * ENTRY_SIZE)
         if f is None:
             return None, None
-        return f, np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+        return f, np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
 
     def _valid_count(self, entries: np.ndarray, limit_phys: int | None) -> int:
         """How many leading entries are written (and end at or before ``limit_phys``)."""
@@ -106,15 +106,15 @@ class ConsumeQueue:
         if os.path.exists(os.path.join(self.directory, segment_name(last.start + last.size))):
             files = self.files.refresh()
         for f in reversed(files):
-            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
             n = self._valid_count(entries, limit_phys)
             if n > 0 or f is files[0]:
-                return f.start // CQ_ENTRY_SIZE + n
+                return f.start // ENTRY_SIZE + n
         return 0  # pragma: no cover
 
     def first_index(self) -> int:
         files = self.files.files or self.files.refresh()
-        return files[0].start // CQ_ENTRY_SIZE if files else 0
+        return files[0].start // ENTRY_SIZE if files else 0
 
     def min_offset(self, commitlog_min: int, limit_phys: int | None = None) -> int:
         """The first entry whose record still exists (offsetPy >= ``commitlog_min``)."""
@@ -123,8 +123,8 @@ class ConsumeQueue:
             return 0
         maxo = self.max_offset(limit_phys)
         for f in files:
-            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
-            base = f.start // CQ_ENTRY_SIZE
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+            base = f.start // ENTRY_SIZE
             n = min(len(entries), maxo - base)
             if n <= 0:
                 return maxo
@@ -143,20 +143,20 @@ class ConsumeQueue:
             f, arr = self._file_entries(i)
             if f is None:
                 break
-            base = f.start // CQ_ENTRY_SIZE
+            base = f.start // ENTRY_SIZE
             j = min(end, base + len(arr))
             parts.append(arr[i - base:j - base])
             i = j
         if not parts:
-            return np.empty(0, dtype=CQ_DTYPE.newbyteorder("="))
+            return np.empty(0, dtype=ENTRY_DTYPE.newbyteorder("="))
         out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return out.astype(CQ_DTYPE.newbyteorder("="))
+        return out.astype(ENTRY_DTYPE.newbyteorder("="))
 
     def entry(self, index: int) -> tuple[int, int, int] | None:
         f, arr = self._file_entries(index)
         if f is None:
             return None
-        e = arr[index - f.start // CQ_ENTRY_SIZE]
+        e = arr[index - f.start // ENTRY_SIZE]
         return int(e["offset"]), int(e["size"]), int(e["tags_code"])
 
     # -- writing ----------------------------------------------------------------------------
@@ -166,10 +166,10 @@ class ConsumeQueue:
         if n == 0:
             return
         if n <= 8:  # a few entries: struct is cheaper than building an array
-            data = b"".join(map(CQ_ENTRY.pack, map(int, offsets), map(int, sizes),
+            data = b"".join(map(ENTRY.pack, map(int, offsets), map(int, sizes),
                                 map(int, tags_codes)))
         else:
-            arr = np.empty(n, dtype=CQ_DTYPE)
+            arr = np.empty(n, dtype=ENTRY_DTYPE)
             arr["offset"] = offsets
             arr["size"] = sizes
             arr["tags_code"] = tags_codes
@@ -177,14 +177,14 @@ class ConsumeQueue:
         i = 0
         with self._lock:
             while i < n:
-                pos = (first_index + i) * CQ_ENTRY_SIZE
+                pos = (first_index + i) * ENTRY_SIZE
                 f = self.files.find(pos, refresh=False)
                 if f is None:
                     os.makedirs(self.directory, exist_ok=True)
                     f = self.files.get_or_create(pos)
-                room = (f.end - pos) // CQ_ENTRY_SIZE
+                room = (f.end - pos) // ENTRY_SIZE
                 k = min(room, n - i)
-                f.write(pos - f.start, data[i * CQ_ENTRY_SIZE:(i + k) * CQ_ENTRY_SIZE])
+                f.write(pos - f.start, data[i * ENTRY_SIZE:(i + k) * ENTRY_SIZE])
                 self._dirty_files[f.start] = f
                 i += k
 
@@ -205,7 +205,7 @@ class ConsumeQueue:
         """
         files = self.files.refresh()
         for f in reversed(files):
-            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
             n = self._valid_count(entries, None)
             if n == 0:  # nothing written here (or already cut): look at the file before
                 continue
@@ -213,7 +213,7 @@ class ConsumeQueue:
             # entries are in CommitLog order (fillers, offset 0, first)
             keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
             if keep < n:
-                zero_tail(f, keep * CQ_ENTRY_SIZE)
+                zero_tail(f, keep * ENTRY_SIZE)
             if keep > 0:
                 break
 
@@ -233,7 +233,7 @@ class ConsumeQueue:
         files = self.files.refresh()
         deleted = 0
         for f in files[:-1]:
-            entries = np.frombuffer(f.buffer(), dtype=CQ_DTYPE)
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
             last = entries[-1]
             if int(last["size"]) > 0 and int(last["offset"]) + int(last["size"]) <= commitlog_min:
                 self.files.delete_file(f)

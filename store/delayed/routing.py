@@ -23,7 +23,7 @@ import numpy as np
 
 from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
 from ..errors import MessageTooLargeError
-from ..consume_queue import CQ_DTYPE, CQ_ENTRY_SIZE
+from ..consume_queue import ENTRY_DTYPE, ENTRY_SIZE
 from ..core.ports import StorePort
 from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 
@@ -123,7 +123,7 @@ def release_commitlog_pages(store: StorePort) -> None:
                 pass
 
 
-_NATIVE_CQ_DTYPE = CQ_DTYPE.newbyteorder("=")
+_NATIVE_ENTRY_DTYPE = ENTRY_DTYPE.newbyteorder("=")
 
 
 def read_queue_entries(queue, start: int, end: int) -> np.ndarray:
@@ -135,15 +135,15 @@ def read_queue_entries(queue, start: int, end: int) -> np.ndarray:
     parts = []
     i = start
     while i < end:
-        f = queue.files.find(i * CQ_ENTRY_SIZE)
+        f = queue.files.find(i * ENTRY_SIZE)
         if f is None:
             break
-        base = f.start // CQ_ENTRY_SIZE
-        j = min(end, base + f.size // CQ_ENTRY_SIZE)
-        data = os.pread(f.fd(), (j - i) * CQ_ENTRY_SIZE, (i - base) * CQ_ENTRY_SIZE)
-        parts.append(np.frombuffer(data, dtype=CQ_DTYPE))
+        base = f.start // ENTRY_SIZE
+        j = min(end, base + f.size // ENTRY_SIZE)
+        data = os.pread(f.fd(), (j - i) * ENTRY_SIZE, (i - base) * ENTRY_SIZE)
+        parts.append(np.frombuffer(data, dtype=ENTRY_DTYPE))
         i = j
     if not parts:
-        return np.empty(0, dtype=_NATIVE_CQ_DTYPE)
+        return np.empty(0, dtype=_NATIVE_ENTRY_DTYPE)
     out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    return out.astype(_NATIVE_CQ_DTYPE)
+    return out.astype(_NATIVE_ENTRY_DTYPE)

@@ -145,10 +145,10 @@ class ScheduleService:
         store = self.store
         starts = []
         for level in range(1, len(self.levels) + 1):
-            cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
-            first = cq.first_index()
-            maxo = cq.max_offset(store.confirmed_offset())
-            e = read_queue_entries(cq, first, min(first + 1, maxo))
+            queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            first = queue.first_index()
+            maxo = queue.max_offset(store.confirmed_offset())
+            e = read_queue_entries(queue, first, min(first + 1, maxo))
             if len(e):
                 starts.append(int(e["offset"][0]))
         mark = max(min(starts), store.commit_log.min_offset()) if starts else -1
@@ -183,14 +183,14 @@ class ScheduleService:
             confirmed = store.confirmed_offset()
             work = []
             for level in range(1, len(self.levels) + 1):
-                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
-                maxo = cq.max_offset(confirmed)
-                start = max(progress.offsets.get(level, 0), cq.first_index())
+                queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = queue.max_offset(confirmed)
+                start = max(progress.offsets.get(level, 0), queue.first_index())
                 if start >= maxo:
                     continue
-                head = read_queue_entries(cq, start, start + 1)
+                head = read_queue_entries(queue, start, start + 1)
                 if len(head) and int(head["tags_code"][0]) <= now:
-                    work.append((level, cq, start, maxo))
+                    work.append((level, queue, start, maxo))
             if not work and progress.mark < 0:
                 return 0
             done = np.empty(0, np.int64)
@@ -200,13 +200,13 @@ class ScheduleService:
             else:
                 done = origins_since(store, progress.mark)
             delivered = 0
-            for level, cq, start, maxo in work:
+            for level, queue, start, maxo in work:
                 if budget is not None:
                     if budget <= 0:
                         break
                     maxo = min(maxo, start + budget)
                     budget -= maxo - start
-                off, n = self._deliver_level(cq, start, maxo, now, done)
+                off, n = self._deliver_level(queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
             store.flush()  # the deliveries are durable before the offsets that claim them
@@ -215,7 +215,7 @@ class ScheduleService:
             release_commitlog_pages(store)
             return delivered
 
-    def _deliver_level(self, cq, start: int, maxo: int, now: int,
+    def _deliver_level(self, queue, start: int, maxo: int, now: int,
                        done: np.ndarray) -> tuple[int, int]:
         """Deliver the due head of one level's queue; return ``(next offset, delivered)``."""
         store = self.store
@@ -223,7 +223,7 @@ class ScheduleService:
         delivered = 0
         off = start
         while off < maxo:
-            e = read_queue_entries(cq, off, min(maxo, off + SCHEDULE_CHUNK))
+            e = read_queue_entries(queue, off, min(maxo, off + SCHEDULE_CHUNK))
             if not len(e):
                 break
             due = e["tags_code"] <= now
@@ -251,9 +251,9 @@ class ScheduleService:
             confirmed = store.confirmed_offset()
             total = 0
             for level in range(1, len(self.levels) + 1):
-                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
-                maxo = cq.max_offset(confirmed)
-                total += max(0, maxo - max(progress.offsets.get(level, 0), cq.first_index()))
+                queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = queue.max_offset(confirmed)
+                total += max(0, maxo - max(progress.offsets.get(level, 0), queue.first_index()))
             return total
 
     def pending_due_ms(self) -> np.ndarray:
@@ -264,11 +264,11 @@ class ScheduleService:
             progress = self._load()
             confirmed = store.confirmed_offset()
             for level in range(1, len(self.levels) + 1):
-                cq = store.consume_queue(SCHEDULE_TOPIC, level - 1)
-                maxo = cq.max_offset(confirmed)
-                start = max(progress.offsets.get(level, 0), cq.first_index())
+                queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+                maxo = queue.max_offset(confirmed)
+                start = max(progress.offsets.get(level, 0), queue.first_index())
                 if start < maxo:
-                    out.append(read_queue_entries(cq, start, maxo)["tags_code"].astype(np.int64))
+                    out.append(read_queue_entries(queue, start, maxo)["tags_code"].astype(np.int64))
         return np.concatenate(out)
 
     def on_retention(self, commitlog_min: int) -> None:

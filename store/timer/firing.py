@@ -42,11 +42,11 @@ class SlotFiring:
         # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
         self.split_slot: tuple | None = None
 
-    def marker_keys(self, cq, start: int, end: int, cl_min: int) -> set[str]:
+    def marker_keys(self, queue, start: int, end: int, cl_min: int) -> set[str]:
         """TIMER_DEL_UNIQKEY of the cancel markers among queue entries ``[start, end)``."""
         keys: set[str] = set()
         for q in range(start, end, MARKER_CHUNK):
-            e = read_queue_entries(cq, q, min(end, q + MARKER_CHUNK))
+            e = read_queue_entries(queue, q, min(end, q + MARKER_CHUNK))
             for offset in e["offset"][(e["tags_code"] < 0) & (e["offset"] >= cl_min)].tolist():
                 key = self.read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
                 if key:

@@ -129,22 +129,22 @@ def enqueue(store: StorePort, wheel: TimerWheel, log: TimerLog, firing: SlotFiri
     skipped) against ``budget``; with a budget, steps are at most the budget left, and
     the run stops when it is spent.
     """
-    cq = store.consume_queue(TIMER_TOPIC, 0)
+    queue = store.consume_queue(TIMER_TOPIC, 0)
     confirmed = store.confirmed_offset()
-    qmax = cq.max_offset(confirmed)
+    qmax = queue.max_offset(confirmed)
     q = work.last_timer_queue_offset
     if q >= qmax:
         return 0, 0
-    q = max(q, cq.first_index())
+    q = max(q, queue.first_index())
     cl_min = store.commit_log.min_offset()
     P = shape.precision_ms
-    delete_keys = firing.marker_keys(cq, q, qmax, cl_min)
+    delete_keys = firing.marker_keys(queue, q, qmax, cl_min)
     delivered = handled = 0
     while q < qmax:
         if budget is not None and handled >= budget:
             break
         end = min(qmax, q + ENQUEUE_CHUNK)
-        e = read_queue_entries(cq, q, end)
+        e = read_queue_entries(queue, q, end)
         if not len(e):
             break
         offs, sizes, tags = e["offset"], e["size"], e["tags_code"]

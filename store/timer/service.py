@@ -146,10 +146,10 @@ class TimerService:
         with store.write_lock():
             st = self._sync()
             _, _, num = self.wheel.get(out)
-            cq = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = cq.max_offset(store.confirmed_offset())
+            queue = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = queue.max_offset(store.confirmed_offset())
             if qmax > st.last_timer_queue_offset:  # not yet enqueued: count them too
-                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
                 num += int(np.count_nonzero(tags == out)) - int(np.count_nonzero(tags == -out))
         limit = self.congest
         if num <= limit:
@@ -215,9 +215,9 @@ class TimerService:
         """
         store = self.store
         now = store.now_ms()
-        cq = store.consume_queue(TIMER_TOPIC, 0)
+        queue = store.consume_queue(TIMER_TOPIC, 0)
         confirmed = store.confirmed_offset()
-        qmax = cq.max_offset(confirmed)
+        qmax = queue.max_offset(confirmed)
         state = TimerCheckpoint(precision_ms=self.precision, wheel_slots=self.slots,
                                 last_read_time_ms=now - now % self.precision)
         if qmax > 0 or self.log.files.files or old is not None:
@@ -225,9 +225,9 @@ class TimerService:
                 state.last_read_time_ms = min(state.last_read_time_ms, old.last_read_time_ms)
             self.wheel.reset()
             self.log.truncate(0)
-            qmin = cq.min_offset(store.commit_log.min_offset(), confirmed)
+            qmin = queue.min_offset(store.commit_log.min_offset(), confirmed)
             state.last_timer_queue_offset = qmin
-            first = read_queue_entries(cq, qmin, min(qmax, qmin + 1))
+            first = read_queue_entries(queue, qmin, min(qmax, qmin + 1))
             if len(first):
                 state.deliver_mark = max(int(first["offset"][0]), store.commit_log.min_offset())
         self.wheel.created = False
@@ -321,11 +321,11 @@ class TimerService:
         store = self.store
         with store.write_lock():
             st = self._sync()
-            cq = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = cq.max_offset(store.confirmed_offset())
+            queue = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = queue.max_offset(store.confirmed_offset())
             backlog = 0
             if qmax > st.last_timer_queue_offset:
-                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
                 backlog = int(np.count_nonzero(tags > 0)) - int(np.count_nonzero(tags < 0))
             pending = self.wheel.pending_count(st.last_read_time_ms) - st.slot_done
             self.wheel.release_memory()
@@ -344,11 +344,11 @@ class TimerService:
             st = self._sync()
             times, nums = self.wheel.live_slots(st.last_read_time_ms)
             self.wheel.release_memory()
-            cq = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = cq.max_offset(store.confirmed_offset())
+            queue = store.consume_queue(TIMER_TOPIC, 0)
+            qmax = queue.max_offset(store.confirmed_offset())
             tags = np.empty(0, np.int64)
             if qmax > st.last_timer_queue_offset:
-                tags = read_queue_entries(cq, st.last_timer_queue_offset, qmax)["tags_code"]
+                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
                 tags = tags[tags != 0].astype(np.int64)
         due = np.concatenate([times + P, np.abs(tags) + P])
         weight = np.concatenate([nums, np.where(tags < 0, -1, 1)]).astype(np.int64)

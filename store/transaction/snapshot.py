@@ -105,11 +105,11 @@ def load_index(store: StorePort) -> TransactionIndex | None:
     for topic, scanned, last in ((TRANS_HALF_TOPIC, half_scanned, half_last),
                                  (TRANS_OP_HALF_TOPIC, op_scanned, op_last),
                                  (TRANS_CHECK_MAX_TIME_TOPIC, discard_scanned, disc_last)):
-        cq = store.consume_queue(topic, 0)
-        if cq.max_offset(limit) < scanned:
+        queue = store.consume_queue(topic, 0)
+        if queue.max_offset(limit) < scanned:
             return None
         if scanned > 0 and last >= 0:
-            entry = cq.entry(scanned - 1)
+            entry = queue.entry(scanned - 1)
             if entry is None or entry[0] != last:
                 return None
     try:

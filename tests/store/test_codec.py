@@ -247,13 +247,13 @@ def test_record_size_formula():
 
 def test_each_layout_is_one_field_list_for_its_struct_and_dtype():
     """The Struct and the NumPy dtype of each binary layout come from one field list."""
-    from store.consume_queue import CQ_DTYPE, CQ_ENTRY, CQ_ENTRY_FIELDS
+    from store.consume_queue import ENTRY_DTYPE, ENTRY, ENTRY_FIELDS
     from store.layout import layout
     from store.timer.timer_log import UNIT, UNIT_DTYPE, UNIT_FIELDS
     from store.timer.wheel import SLOT, SLOT_DTYPE, SLOT_FIELDS
 
     for fields, packed, dtype in ((codec.HEADER_FIELDS, RECORD_HEADER, HEADER_DTYPE),
-                                  (CQ_ENTRY_FIELDS, CQ_ENTRY, CQ_DTYPE),
+                                  (ENTRY_FIELDS, ENTRY, ENTRY_DTYPE),
                                   (SLOT_FIELDS, SLOT, SLOT_DTYPE),
                                   (UNIT_FIELDS, UNIT, UNIT_DTYPE)):
         built = layout(fields)

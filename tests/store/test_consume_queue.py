@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from store import Message, MessageStore
-from store.consume_queue import CQ_DTYPE, CQ_ENTRY, CQ_ENTRY_SIZE, ConsumeQueue
+from store.consume_queue import ENTRY_DTYPE, ENTRY, ENTRY_SIZE, ConsumeQueue
 from store.message import java_string_hash
 from store.core.recovery import recover_tail
 
@@ -32,10 +32,10 @@ def cq_bytes(store):
 
 
 def test_entry_layout():
-    assert CQ_ENTRY.size == CQ_DTYPE.itemsize == CQ_ENTRY_SIZE == 20
-    assert CQ_DTYPE.fields["offset"][1] == 0
-    assert CQ_DTYPE.fields["size"][1] == 8
-    assert CQ_DTYPE.fields["tags_code"][1] == 12
+    assert ENTRY.size == ENTRY_DTYPE.itemsize == ENTRY_SIZE == 20
+    assert ENTRY_DTYPE.fields["offset"][1] == 0
+    assert ENTRY_DTYPE.fields["size"][1] == 8
+    assert ENTRY_DTYPE.fields["tags_code"][1] == 12
 
 
 def test_entries_point_at_the_records(one_queue):
@@ -53,7 +53,7 @@ def test_entries_point_at_the_records(one_queue):
     # on disk: big-endian units at n * 20
     with open(os.path.join(one_queue.root, "consumequeue", "q", "0", "0" * 20), "rb") as fh:
         raw = fh.read()
-    assert CQ_ENTRY.unpack_from(raw, 5 * 20) == (sent[5].commitlog_offset,
+    assert ENTRY.unpack_from(raw, 5 * 20) == (sent[5].commitlog_offset,
                                                  int(entries["size"][5]),
                                                  int(entries["tags_code"][5]))
 
