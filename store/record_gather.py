@@ -1,8 +1,9 @@
 """Gathering many CommitLog records at once, at arbitrary offsets (the vectorised record reader).
 
-Used by the restore of delayed messages (:mod:`store.delayed.restore`).
-
-:class:`SourceRecords` gathers the headers, bodies and properties of records at arbitrary
+:func:`gather_segments` is the one gather of headers and field positions: per segment, one
+NumPy fancy index reads every header and the layout checks drop what does not fit.  The
+transaction index reads half and op records through it (:mod:`store.transaction.half_records`);
+:class:`SourceRecords`, used by the restore of delayed messages, gathers the headers, bodies and properties of records at arbitrary
 CommitLog offsets: headers with one NumPy fancy index per segment, bodies and properties as
 ``bytes`` slices of the segment mapping, and all properties joined into one byte array in
 which :meth:`SourceRecords.find` locates a property of every record at once (pairs start a
@@ -10,6 +11,8 @@ record's properties or follow a 0x02 separator, names never contain 0x01 or 0x02
 """
 
 from __future__ import annotations
+
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -20,50 +23,74 @@ _HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")
 _SEP = 2  # the byte after each name-value pair
 
 
+class SegmentRecords(NamedTuple):
+    """The valid records of one CommitLog segment among the offsets asked for.
+
+    ``sel`` indexes the offsets given to :func:`gather_segments`; positions are relative to
+    the segment (``buffer`` is its mapping, ``raw`` the same bytes as ``uint8``).
+    """
+
+    sel: np.ndarray
+    buffer: object
+    raw: np.ndarray
+    headers: np.ndarray
+    body_start: np.ndarray
+    body_length: np.ndarray
+    properties_start: np.ndarray
+    properties_length: np.ndarray
+
+
+def gather_segments(log: CommitLog, offsets: np.ndarray) -> Iterator[SegmentRecords]:
+    """Read the headers and field positions of the records at ``offsets``, per segment.
+
+    One NumPy gather per segment reads every header; records whose magic or length fields
+    do not fit the layout (and records of removed segments) are left out.
+    """
+    size = log.file_size
+    seg = offsets - offsets % size
+    for start in np.unique(seg).tolist():
+        sel = np.flatnonzero(seg == start)
+        f = log.files.find(int(start))
+        if f is None:
+            continue  # removed by retention
+        mm = f.buffer()
+        raw = np.frombuffer(mm, dtype=np.uint8)
+        rel = offsets[sel] - start
+        inside = rel + HEADER_SIZE <= size
+        sel, rel = sel[inside], rel[inside]
+        # element i of this view is the 88 bytes from byte i: one gather reads every header
+        view = np.ndarray(shape=(size - HEADER_SIZE + 1,), dtype=_HEADER_VOID, buffer=mm,
+                          strides=(1,))
+        h = view[rel].view(HEADER_DTYPE)
+        body = h["body_length"].astype(np.int64)
+        total = h["total_size"].astype(np.int64)
+        good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
+                & (total >= FIXED_SIZE + body) & (rel + total <= size))
+        sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
+        tpos = rel + HEADER_SIZE + body
+        tl = raw[tpos].astype(np.int64)
+        ppos = tpos + 1 + tl
+        pl = (raw[ppos].astype(np.int64) << 8) | raw[ppos + 1]
+        fits = FIXED_SIZE + body + tl + pl == total
+        yield SegmentRecords(sel[fits], mm, raw, h[fits], rel[fits] + HEADER_SIZE, body[fits],
+                             ppos[fits] + 2, pl[fits])
+
+
 class SourceRecords:
     """Headers, bodies and properties of the source records (in the order given)."""
 
     def __init__(self, log: CommitLog, offsets: np.ndarray) -> None:
-        size = log.file_size
         n = len(offsets)
         self.headers = np.zeros(n, dtype=HEADER_DTYPE)
         self.ok = np.zeros(n, dtype=bool)
         self.props_len = np.zeros(n, dtype=np.int64)
         self.bodies: list = [b""] * n
         self.raw_props: list = [b""] * n
-        seg = offsets - offsets % size
-        for start in np.unique(seg).tolist():
-            sel = np.flatnonzero(seg == start)
-            f = log.files.find(int(start))
-            if f is None:
-                continue  # removed by retention
-            mm = f.buffer()
-            raw = np.frombuffer(mm, dtype=np.uint8)
-            rel = offsets[sel] - start
-            inside = rel + HEADER_SIZE <= size
-            sel, rel = sel[inside], rel[inside]
-            # element i of this view is the 88 bytes from byte i: one gather reads every header
-            view = np.ndarray(shape=(size - HEADER_SIZE + 1,), dtype=_HEADER_VOID, buffer=mm,
-                              strides=(1,))
-            h = view[rel].view(HEADER_DTYPE)
-            body = h["body_length"].astype(np.int64)
-            total = h["total_size"].astype(np.int64)
-            good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
-                    & (total >= FIXED_SIZE + body) & (rel + total <= size))
-            sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
-            tpos = rel + HEADER_SIZE + body
-            tl = raw[tpos].astype(np.int64)
-            ppos = tpos + 1 + tl
-            pl = (raw[ppos].astype(np.int64) << 8) | raw[ppos + 1]
-            fits = FIXED_SIZE + body + tl + pl == total
-            sel, rel, h = sel[fits], rel[fits], h[fits]
-            body, pl, ppos = body[fits], pl[fits], ppos[fits]
+        for sel, mm, _raw, h, b0, body, p0, pl in gather_segments(log, offsets):
             self.headers[sel] = h
             self.ok[sel] = True
             self.props_len[sel] = pl
-            b0 = rel + HEADER_SIZE
             bodies = list(map(mm.__getitem__, map(slice, b0.tolist(), (b0 + body).tolist())))
-            p0 = ppos + 2
             props = list(map(mm.__getitem__, map(slice, p0.tolist(), (p0 + pl).tolist())))
             if len(sel) == n:
                 self.bodies, self.raw_props = bodies, props

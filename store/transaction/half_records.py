@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codec import FIELD_OFFSET, HEADER_SIZE
 from ..core.ports import StorePort
 from ..message import PROPERTY_TRANSACTION_ID
+from ..record_gather import gather_segments
 
 #: Transaction ids written by the store are 32 upper-case hex characters (UNIQ_KEY).
 KEY_DTYPE = np.dtype("S32")
@@ -21,14 +21,10 @@ _TX_PREFIX_ARR = np.frombuffer(_TX_PREFIX, dtype=np.uint8)
 _PAIR_END = 0x02
 
 
-def _be(buf: np.ndarray, pos: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    """Big-endian integers of ``width`` bytes at positions ``pos`` of ``buf`` (gathered)."""
-    raw = buf[pos[:, None] + np.arange(width)[None, :]]
-    return np.ascontiguousarray(raw).view(dtype).ravel().astype(np.int64)
-
-
 def gather_records(store: StorePort, offsets: np.ndarray, *, want_body: bool = False):
-    """Read fields of many records at CommitLog ``offsets`` (vectorised per segment).
+    """Read fields of many records at CommitLog ``offsets`` (through
+    :func:`store.record_gather.gather_segments`; records failing the layout checks are left
+    with ``segment`` -1).
 
     Returns a dict of arrays aligned with ``offsets``: ``born`` (int64), ``store_ts``,
     ``key`` (``S32`` transaction id when the record has the half-record shape, else empty),
@@ -44,32 +40,20 @@ def gather_records(store: StorePort, offsets: np.ndarray, *, want_body: bool = F
     }
     if n == 0:
         return out
-    log = store.commit_log
-    size = log.file_size
-    seg_of = offsets // size
-    for seg in np.unique(seg_of):
-        sel = np.flatnonzero(seg_of == seg)
-        f = log.files.find(int(seg) * size)
-        if f is None:
-            continue  # removed by retention: key_ok stays False, segment -1
-        buf = np.frombuffer(f.buffer(), dtype=np.uint8)
-        pos = offsets[sel] - f.start
+    for part in gather_segments(store.commit_log, offsets):
+        sel, buf = part.sel, part.raw
         out["segment"][sel] = len(out["buffers"])
         out["buffers"].append(buf)
-        out["born"][sel] = _be(buf, pos + FIELD_OFFSET["born_timestamp"], 8, ">i8")
-        out["store_ts"][sel] = _be(buf, pos + FIELD_OFFSET["store_timestamp"], 8, ">i8")
-        body_len = _be(buf, pos + FIELD_OFFSET["body_length"], 4, ">i4")
-        out["body_len"][sel] = body_len
-        out["body_start"][sel] = pos + HEADER_SIZE
-        tpos = pos + HEADER_SIZE + body_len
-        ppos = tpos + 1 + buf[tpos].astype(np.int64)
-        plen = _be(buf, ppos, 2, ">i2")
-        props = ppos + 2
-        fits = plen >= len(_TX_PREFIX) + _KEY_WIDTH + 1
-        limit = len(buf) - (len(_TX_PREFIX) + _KEY_WIDTH + 1)
-        props_safe = np.where(fits & (props <= limit), props, 0)
+        out["born"][sel] = part.headers["born_timestamp"]
+        out["store_ts"][sel] = part.headers["store_timestamp"]
+        out["body_len"][sel] = part.body_length
+        out["body_start"][sel] = part.body_start
+        props = part.properties_start
+        # the transaction id is the first pair: "__transactionId__" 0x01 (32 chars) 0x02
+        fits = part.properties_length >= len(_TX_PREFIX) + _KEY_WIDTH + 1
+        props_safe = np.where(fits, props, 0)
         head = buf[props_safe[:, None] + np.arange(len(_TX_PREFIX))[None, :]]
-        ok = fits & (props <= limit) & (head == _TX_PREFIX_ARR).all(axis=1)
+        ok = fits & (head == _TX_PREFIX_ARR).all(axis=1)
         end = buf[props_safe + len(_TX_PREFIX) + _KEY_WIDTH]
         ok &= end == _PAIR_END
         key_bytes = buf[(props_safe + len(_TX_PREFIX))[:, None] + np.arange(_KEY_WIDTH)[None, :]]
