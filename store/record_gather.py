@@ -16,10 +16,9 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
+from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, gather_headers
 from .commit_log import CommitLog
 
-_HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")
 _SEP = 2  # the byte after each name-value pair
 
 
@@ -58,10 +57,7 @@ def gather_segments(log: CommitLog, offsets: np.ndarray) -> Iterator[SegmentReco
         rel = offsets[sel] - start
         inside = rel + HEADER_SIZE <= size
         sel, rel = sel[inside], rel[inside]
-        # element i of this view is the 88 bytes from byte i: one gather reads every header
-        view = np.ndarray(shape=(size - HEADER_SIZE + 1,), dtype=_HEADER_VOID, buffer=mm,
-                          strides=(1,))
-        h = view[rel].view(HEADER_DTYPE)
+        h = gather_headers(mm, size, rel)
         body = h["body_length"].astype(np.int64)
         total = h["total_size"].astype(np.int64)
         good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)

@@ -44,16 +44,15 @@ from ..commit_log import CommitLog
 from ..consume_queue import FILLER_SIZE, ConsumeQueue
 from ..codec import (
     FIXED_SIZE,
-    HEADER_DTYPE,
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE_V1,
     PROPERTIES_LENGTH,
     TOPIC_LENGTH,
+    gather_headers,
 )
 from ..errors import CorruptRecordError, OffsetOutOfRangeError
 from ..message import java_string_hash
 from .message_columns import MESSAGE_SCHEMA, columns, empty_batch, repeat_string
-
 
 
 class QueueSource(Protocol):
@@ -71,7 +70,6 @@ _SCAN_BYTES = 1 << 20
 _FIELD_TYPES = {"queue_id": np.int32, "sys_flag": np.int32, "born_timestamp": np.int64,
                 "store_timestamp": np.int64, "reconsume_times": np.int32}
 _TIME_FIELDS = ("born_timestamp", "store_timestamp")
-_HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")
 _TOPIC_LENGTH_SIZE = TOPIC_LENGTH.size
 _PROPERTIES_LENGTH_SIZE = PROPERTIES_LENGTH.size
 
@@ -264,11 +262,7 @@ def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len) ->
 
     Returns whether every record's topic is ``topic``.
     """
-    # Element i of this view is the 88 bytes starting at byte i: one fancy index gathers every
-    # header in a C loop; the big-endian fields are then read through HEADER_DTYPE.
-    view = np.ndarray(shape=(f.size - HEADER_SIZE + 1,), dtype=_HEADER_VOID, buffer=mm,
-                      strides=(1,))
-    header = view[pos].view(HEADER_DTYPE)
+    header = gather_headers(mm, f.size, pos)
     body_len = header["body_length"].astype(np.int64)
     bad = ((header["magic"] != MESSAGE_MAGIC_CODE_V1) | (header["total_size"] != sizes)
            | (header["physical_offset"] != phys) | (body_len < 0)
