@@ -35,7 +35,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Mapping
+from typing import AnyStr, Mapping
 
 
 import numpy as np
@@ -110,18 +110,27 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     ).encode("utf-8")
 
 
-def decode_properties(data: bytes | str) -> dict[str, str]:
-    """Parse a properties string with RocketMQ's rules (a pair needs a name and a value)."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        text = bytes(data).decode("utf-8", errors="replace")
-    else:
-        text = data
-    out: dict[str, str] = {}
-    for part in text.split("\x02"):
-        idx = part.find("\x01")
-        if len(part) >= 3 and idx > 0 and idx < len(part) - 1:
+def split_properties(data: AnyStr) -> dict[AnyStr, AnyStr]:
+    """Split a properties string (``str`` or ``bytes``) into pairs, RocketMQ's rules.
+
+    Pairs end with 0x02; a pair's name runs to its first 0x01 and needs a name and a value
+    (others are dropped); a later pair of the same name wins.  The one scalar parser of the
+    store (the vectorised one, for Arrow, is :mod:`store.arrow_properties`).
+    """
+    pair_end, name_end = ("\x02", "\x01") if isinstance(data, str) else (b"\x02", b"\x01")
+    out = {}
+    for part in data.split(pair_end):
+        idx = part.find(name_end)
+        if 0 < idx < len(part) - 1:
             out[part[:idx]] = part[idx + 1:]
     return out
+
+
+def decode_properties(data: bytes | str) -> dict[str, str]:
+    """The properties of a record as text (see :func:`split_properties`)."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data).decode("utf-8", errors="replace")
+    return split_properties(data)
 
 
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:

@@ -2,12 +2,12 @@
 
 :func:`gather_segments` is the one gather of headers and field positions: per segment, one
 NumPy fancy index reads every header and the layout checks drop what does not fit.  The
-transaction index reads half and op records through it (:mod:`store.transaction.half_records`);
-:class:`SourceRecords`, used by the restore of delayed messages, gathers the headers, bodies and properties of records at arbitrary
-CommitLog offsets: headers with one NumPy fancy index per segment, bodies and properties as
-``bytes`` slices of the segment mapping, and all properties joined into one byte array in
-which :meth:`SourceRecords.find` locates a property of every record at once (pairs start a
-record's properties or follow a 0x02 separator, names never contain 0x01 or 0x02).
+transaction index reads half and op records through it (:mod:`store.transaction.half_records`).
+
+:class:`SourceRecords`, used by the restore of delayed messages, builds on it: bodies and
+properties as ``bytes`` slices of the segment mapping, and all properties joined into one byte
+array in which :meth:`SourceRecords.find` locates a property of every record at once (pairs
+start a record's properties or follow a 0x02 separator, names never contain 0x01 or 0x02).
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ chunk that may contain a cancelled message.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK)
+from ..codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK,
+                     split_properties)
 from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
                        PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
                        PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
@@ -38,8 +38,6 @@ from ..core.ports import StorePort
 from ..record_gather import SourceRecords, as_bytes, parse_ints, unique_values
 
 
-#: A name-value pair of a properties string (RocketMQ drops pairs with an empty side).
-_PAIR = re.compile(rb"([^\x01\x02]+)\x01([^\x02]+)\x02")
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.
 RESTORE_CHUNK = 4096
@@ -240,7 +238,7 @@ def _restore_one(raw_props: bytes, origin: int, is_roll: bool, now: int, delete_
 
     The tagsCode is left to the caller, which asks the core's rule for the target topic.
     """
-    props = dict(_PAIR.findall(raw_props))
+    props = split_properties(bytes(raw_props))
     topic = props.get(_REAL_TOPIC)
     if not topic or (topic == _HALF_TOPIC_B and not is_roll):
         return None
