@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from writer_proc import check_view  # noqa: E402
 
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "writer_proc.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WRITERS = 3
 PER_WRITER = 300
 

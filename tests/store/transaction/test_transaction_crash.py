@@ -20,7 +20,7 @@ from conftest import SMALL, FakeClock
 
 from store import LocalTransactionState, MessageStore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HOUR = 3_600_000
 
 WORKER = textwrap.dedent("""
@@ -75,7 +75,7 @@ WORKER = textwrap.dedent("""
 def spawn(tmp_path, *args) -> subprocess.Popen:
     script = tmp_path / "tx_worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=ROOT, RMQ_TESTS=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=ROOT, RMQ_TESTS=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     proc = subprocess.Popen([sys.executable, str(script), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()

@@ -10,7 +10,7 @@ import pytest
 from store import InvalidDelayError, Message, MessageStore
 from store.message import SCHEDULE_TOPIC
 from store.delayed.schedule import deliver_time, read_lenient_json
-from queue_reading import visible  # noqa: E402  (tests/store helper)
+from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):

@@ -20,7 +20,7 @@ from writer_proc import SMALL, body_of, check_view  # noqa: E402
 AFTER = itertools.count()
 
 WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "writer_proc.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SYNC = StoreConfig(flush_disk_type="SYNC_FLUSH", **SMALL)
 TOPICS = ("a", "b")
 

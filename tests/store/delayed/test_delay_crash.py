@@ -24,7 +24,7 @@ import pytest
 
 from store import Message, MessageStore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 T0 = 1_700_000_000_000
 TOPICS = ("orders", "payments", "audit")
 

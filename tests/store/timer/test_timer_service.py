@@ -10,7 +10,7 @@ from store.codec import encode_record
 from store.errors import TimerFlowControlError
 from store.message import TIMER_TOPIC
 from store.timer import checkpoint as ckpt
-from queue_reading import visible  # noqa: E402  (tests/store helper)
+from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 P = 100  # the SMALL config's timer precision
 
