@@ -32,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rmq_source.session import local_spark  # noqa: E402
+from rmq_cli.session import local_spark  # noqa: E402
 from store import Message, MessageStore, StoreConfig  # noqa: E402
 
 BODY_BYTES = 100

@@ -10,7 +10,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from rmq_source.cli import main
+from rmq_cli.cli import main
 from store import MessageStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +99,7 @@ def test_demo_end_to_end_then_cli_on_its_store(tmp_path, runner):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p), PYSPARK_PYTHON=sys.executable)
     proc = subprocess.run(
-        [sys.executable, "-m", "rmq_source.cli", "demo", "--store", path, "--orders", "200",
+        [sys.executable, "-m", "rmq_cli.cli", "demo", "--store", path, "--orders", "200",
          "--timeout-s", "4", "--quiet"], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for line in ("PASS every time-out surfaced exactly once", "PASS nothing surfaced early",

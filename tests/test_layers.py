@@ -16,7 +16,7 @@ import store
 from store.layers import LAYERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("store", "rmq_source", "pyspark_rmq")
+PACKAGES = ("store", "rmq_source", "rmq_cli", "pyspark_rmq")
 
 
 def _modules() -> dict[str, str]:
