@@ -1,24 +1,36 @@
 """The ``checkpoint`` file: a 4096-byte shared mapping of store-wide positions.
 
-Layout (big-endian i64 fields, RocketMQ's StoreCheckpoint plus three of ours)::
+Layout (big-endian i64 fields).  Bytes 0..39 are RocketMQ's ``StoreCheckpoint`` (4.x sets
+0..23, 5.x also 24..39); bytes 40.. are rmq's own, where no RocketMQ version writes::
 
-    off  size  field
-    0    8     physic_msg_timestamp   store time of the last flushed CommitLog record
-    8    8     logics_msg_timestamp   store time of the last flushed ConsumeQueue entry
-    16   8     index_msg_timestamp    unused (no key index), 0
-    24   8     flushed_phy_offset     CommitLog *and* ConsumeQueues durable up to here
-    32   8     confirm_phy_offset     end of the last record written and dispatched;
-                                      readers never look past it
-    40   8     write_in_progress      CommitLog offset a writer started at, -1 when idle;
+    off  size  field                  RocketMQ name
+    0    8     physic_msg_timestamp   physicMsgTimestamp: store time of the last flushed record
+    8    8     logics_msg_timestamp   logicsMsgTimestamp: same for the ConsumeQueues
+    16   8     index_msg_timestamp    indexMsgTimestamp (no key index here: 0)
+    24   8     flushed_phy_offset     masterFlushedOffset: CommitLog and queues durable up to here
+    32   8     confirm_phy_offset     confirmPhyOffset: end of the last record written and
+                                      dispatched; readers never look past it
+    40   8     write_in_progress      rmq: CommitLog offset a writer started at, -1 when idle;
                                       a value left behind means that writer died mid-append
-    48   8     write_generation       +1 per append; lets other processes see new data
-    56   8     last_append_offset     where the last append began; a clean open re-checks
-                                      the records from there on (RocketMQ's normal
-                                      recovery, limited to what the last writer touched)
+    48   8     write_generation       rmq: +1 per append; lets other processes see new data
+    56   8     last_append_offset     rmq: where the last append began; a clean open re-checks
+                                      the records from there on
+    64   8     layout_version         rmq: :data:`LAYOUT_MAGIC`: rmq wrote the fields above
 
 Every process maps the file shared, so a field written by one is seen by all at once; each
-field is an aligned 8-byte store.  Recovery reads ``flushed_phy_offset`` and rescans the
-CommitLog from there; a missing or short file is recreated with zeros (rescan from 0).
+field is an aligned 8-byte store.
+
+**Trust.** rmq's own fields (40..63) mean something only when rmq wrote them: the file then
+carries :data:`LAYOUT_MAGIC` at byte 64.  A checkpoint without it is either an rmq store of an
+earlier layout (a full 4096-byte file in a directory with ``config/store.json`` whose fields
+read like rmq's: a positive ``write_generation`` and ordered offsets; they are trusted and the
+magic is added, an upgrade a crash cannot tear, since it is one aligned store)
+or a file rmq did not write: Apache RocketMQ's own checkpoint (zeros after byte 23 or 39), a
+short, empty or damaged file.  Then :attr:`StoreCheckpoint.trusted` is False: nothing in it
+may limit recovery (its zeros would say "an append in progress at offset 0"), so the store
+recovers by validating every CommitLog record, keeps every record that passes the checks, and
+writes a trusted checkpoint afterwards.  A read-only open never creates, extends or writes the
+file.
 """
 
 from __future__ import annotations
@@ -36,42 +48,137 @@ CHECKPOINT_FIELDS = (
     "write_in_progress",
     "write_generation",
     "last_append_offset",
+    "layout_version",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FIELD = struct.Struct(">q")
 CHECKPOINT_FILE_SIZE = 4096
+#: ``layout_version`` of a checkpoint rmq wrote ("RMQCKPT" and layout 1).
+LAYOUT_MAGIC = int.from_bytes(b"RMQCKPT\x01", "big")
 _OFFSET = {name: i * CHECKPOINT_FIELD.size for i, name in enumerate(CHECKPOINT_FIELDS)}
+#: rmq's own fields and what they mean when the file cannot be trusted.
+_UNTRUSTED_DEFAULTS = {"write_in_progress": -1, "write_generation": 0, "last_append_offset": -1,
+                       "layout_version": 0}
 
 
 class StoreCheckpoint:
-    """Typed access to the shared checkpoint mapping."""
+    """Typed access to the shared checkpoint mapping (see the module docstring).
 
-    def __init__(self, path: str) -> None:
+    Parameters
+    ----------
+    path : str
+        The ``checkpoint`` file.
+    writable : bool
+        Open for writing (creating or extending the file as needed); a read-only checkpoint
+        never touches the file and reads a missing or short one as untrusted zeros.
+    legacy_layout : bool
+        The directory is an rmq store of an earlier layout (it has ``config/store.json``), so a
+        full-size checkpoint without the magic was written by rmq and is trusted.
+    """
+
+    def __init__(self, path: str, *, writable: bool = True, legacy_layout: bool = False) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.writable = writable
+        self._map: mmap.mmap | bytes
+        if writable:
+            self._open_writable(legacy_layout)
+        else:
+            self._open_read_only(legacy_layout)
+
+    def _open_writable(self, legacy_layout: bool) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
-                fresh = os.fstat(fd).st_size == 0
+            size = os.fstat(fd).st_size
+            if size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
-                if fresh:
-                    os.pwrite(fd, CHECKPOINT_FIELD.pack(-1), _OFFSET["write_in_progress"])
             self._map = mmap.mmap(fd, CHECKPOINT_FILE_SIZE, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)
+        self._live = True
+        magic = self._raw("layout_version") == LAYOUT_MAGIC
+        self.created = size == 0
+        self.trusted = magic or (legacy_layout and size >= CHECKPOINT_FILE_SIZE
+                                 and self._plausible_legacy())
+        if self.created:
+            self.set("write_in_progress", -1)
+            self.set("last_append_offset", -1)
+        if self.trusted and not magic:
+            self.set("layout_version", LAYOUT_MAGIC)  # upgrade of an earlier rmq layout
 
-    def get(self, name: str) -> int:
+    def _open_read_only(self, legacy_layout: bool) -> None:
+        self.created = False
+        self._live = False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            try:
+                if os.fstat(fd).st_size >= CHECKPOINT_FILE_SIZE:
+                    # a read-only shared mapping: every process's writes show at once
+                    self._map = mmap.mmap(fd, CHECKPOINT_FILE_SIZE, access=mmap.ACCESS_READ)
+                    self._live = True
+            finally:
+                os.close(fd)
+        if not self._live:
+            self._reload()
+        self.trusted = self._raw("layout_version") == LAYOUT_MAGIC or (
+            legacy_layout and self._live and self._plausible_legacy())
+
+    def _plausible_legacy(self) -> bool:
+        """Whether the fields read like an earlier rmq layout's (not zeros or garbage).
+
+        rmq bumps ``write_generation`` with every append and keeps the offsets ordered, so a
+        zeroed or damaged file fails here and is recovered without trust.
+        """
+        confirm = self._raw("confirm_phy_offset")
+        in_progress = self._raw("write_in_progress")
+        last = self._raw("last_append_offset")
+        return (self._raw("write_generation") > 0 and confirm >= 0
+                and 0 <= self._raw("flushed_phy_offset") <= confirm
+                and (in_progress == -1 or 0 <= in_progress <= confirm)
+                and -1 <= last <= confirm)
+
+    def _raw(self, name: str) -> int:
         return CHECKPOINT_FIELD.unpack_from(self._map, _OFFSET[name])[0]
 
+    def get(self, name: str) -> int:
+        if not self.writable and not self._live:
+            self._reload()  # a short or missing file: read it as it is now
+        if not self.trusted:
+            if self._raw("layout_version") != LAYOUT_MAGIC:
+                return _UNTRUSTED_DEFAULTS.get(name, self._raw(name))
+            self.trusted = True  # a writer recovered the store and wrote a trusted file
+        return self._raw(name)
+
+    def _reload(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read(CHECKPOINT_FILE_SIZE)
+        except FileNotFoundError:
+            data = b""
+        self._map = data.ljust(CHECKPOINT_FILE_SIZE, b"\0")
+
     def set(self, name: str, value: int) -> None:
+        if not self.writable:
+            raise PermissionError(f"checkpoint {self.path} was opened read-only")
         CHECKPOINT_FIELD.pack_into(self._map, _OFFSET[name], value)
 
+    def mark_trusted(self) -> None:
+        """Record that rmq's fields now hold rmq's values (after a validating recovery)."""
+        self.set("layout_version", LAYOUT_MAGIC)
+        self.trusted = True
+
     def snapshot(self) -> dict[str, int]:
-        return dict(zip(CHECKPOINT_FIELDS, CHECKPOINT_LAYOUT.unpack_from(self._map, 0)))
+        return {name: self.get(name) for name in CHECKPOINT_FIELDS}
 
     def flush(self) -> None:
-        self._map.flush()
+        if self.writable:
+            self._map.flush()
 
     def close(self) -> None:
+        if not self.writable and not self._live:
+            return
         try:
             self._map.close()
         except (BufferError, ValueError):

@@ -196,17 +196,18 @@ class Appender:
                      born_port: int) -> BatchAppendResult:
         """Records of one topic to one queue (see :meth:`StoreCore.append_batch`)."""
         n = len(bodies)
-        headers = np.zeros(n, dtype=codec.HEADER_DTYPE)
-        headers["magic"] = codec.MESSAGE_MAGIC_CODE_V1
+        template = np.zeros(1, dtype=codec.HEADER_DTYPE)  # what every record shares
+        template["magic"] = codec.MESSAGE_MAGIC_CODE_V1
+        template["sys_flag"] = sys_flag
+        template["born_timestamp"] = born_timestamp_ms
+        template["born_host"] = np.void(bytes(born_host))
+        template["born_port"] = born_port
+        template["store_host"] = np.void(codec.LOCALHOST)
+        template["store_port"] = codec.STORE_PORT
+        headers = np.repeat(template, n)
         headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64,
                                           count=n) & 0x7FFFFFFF
         headers["flag"] = flags
-        headers["sys_flag"] = sys_flag
-        headers["born_timestamp"] = born_timestamp_ms
-        headers["born_host"] = np.void(bytes(born_host))
-        headers["born_port"] = born_port
-        headers["store_host"] = np.void(codec.LOCALHOST)
-        headers["store_port"] = codec.STORE_PORT
         headers["body_length"] = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
         dispatched = is_dispatched(sys_flag)
         codes = (self.core.dispatcher.tag_hashes(tags) if dispatched and tags is not None
@@ -216,10 +217,10 @@ class Appender:
             properties_length=np.fromiter(map(len, properties), dtype=np.int64, count=n),
             topics=[topic], topic_ids=np.zeros(n, dtype=np.int64),
             queue_ids=np.zeros(n, dtype=np.int64), tags_codes=codes)
-        self._sizes(records)  # refuse before the topic is created
+        sizes = self._sizes(records)  # refuse before the topic is created
         qid = self._queue_id(topic, queue_id)
         placed = self.append_encoded(dataclasses.replace(
-            records, queue_ids=np.full(n, qid, dtype=np.int64)))
+            records, queue_ids=np.full(n, qid, dtype=np.int64)), sizes=sizes)
         first = int(placed.queue_offsets[0]) if dispatched else -1
         return BatchAppendResult(topic, qid, first, placed.commitlog_offsets, placed.sizes,
                                  placed.store_timestamp_ms)
@@ -240,11 +241,17 @@ class Appender:
                 f"a record of {int(sizes.max())} bytes does not fit (max {self._max_record()})")
         return sizes
 
-    def append_encoded(self, records: EncodedRecords) -> EncodedAppend:
-        """Place, finish, write and index records given as columns (see :class:`EncodedRecords`)."""
+    def append_encoded(self, records: EncodedRecords, *,
+                       sizes: np.ndarray | None = None) -> EncodedAppend:
+        """Place, finish, write and index records given as columns (see :class:`EncodedRecords`).
+
+        ``sizes``: the records' sizes when the caller already checked them with
+        :meth:`_sizes`.
+        """
         headers = records.headers
         n = len(headers)
-        sizes = self._sizes(records)
+        if sizes is None:
+            sizes = self._sizes(records)
         props_len = np.asarray(records.properties_length, dtype=np.int64)
         topics = [t.encode("ascii") for t in records.topics]
         counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
@@ -259,37 +266,46 @@ class Appender:
             now = self.core.now_ms()
         dispatched = is_dispatched(int(headers["sys_flag"][0])) if n else False
         # queue offsets: each queue continues where it ends, in record order
-        uniq, gid = np.unique((topic_ids << _QUEUE_BITS) | qids, return_inverse=True)
-        gid = gid.ravel()
+        queue_key = (topic_ids << _QUEUE_BITS) | qids
+        one_queue = bool((queue_key == queue_key[0]).all())
+        if one_queue:  # the usual batch: no grouping needed
+            uniq, gid = queue_key[:1], np.zeros(n, dtype=np.int64)
+            order, group_counts, group_start = None, np.array([n]), np.array([0])
+        else:
+            uniq, gid = np.unique(queue_key, return_inverse=True)
+            gid = gid.ravel()
+            order = np.argsort(gid, kind="stable")
+            group_counts = np.bincount(gid, minlength=len(uniq))
+            group_start = np.concatenate(([0], np.cumsum(group_counts)[:-1]))
         keys = [(records.topics[int(k) >> _QUEUE_BITS], int(k) & ((1 << _QUEUE_BITS) - 1))
                 for k in uniq.tolist()]
-        order = np.argsort(gid, kind="stable")
-        group_counts = np.bincount(gid, minlength=len(keys))
-        group_start = np.concatenate(([0], np.cumsum(group_counts)[:-1]))
-        if dispatched:
+        if not dispatched:
+            queue_offsets = np.zeros(n, dtype=np.int64)  # never indexed
+        elif one_queue:
+            firsts = np.array([self.next_queue_offset(keys[0])], dtype=np.int64)
+            queue_offsets = firsts[0] + np.arange(n, dtype=np.int64)
+        else:
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n) - np.repeat(group_start, group_counts)
             firsts = np.array([self.next_queue_offset(k) for k in keys], dtype=np.int64)
             queue_offsets = firsts[gid] + rank
-        else:
-            queue_offsets = np.zeros(n, dtype=np.int64)  # never indexed
 
         starts, runs, end = self.place_batch(self.write_offset, sizes)
-        h = headers.copy()
+        h = headers  # filled in place (see EncodedRecords)
         h["total_size"] = sizes
         h["queue_id"] = qids
         h["queue_offset"] = queue_offsets
         h["physical_offset"] = starts
         h["store_timestamp"] = now
-        hb = h.tobytes()
+        hb = memoryview(h.tobytes())  # rows are views: no copy until the join
         size = codec.HEADER_SIZE
         extra = records.extra_properties
         width = 5 if extra is None else 6
         pieces: list = [None] * (width * n)
-        pieces[0::width] = list(map(hb.__getitem__, map(slice, range(0, n * size, size),
-                                                       range(size, (n + 1) * size, size))))
+        pieces[0::width] = [hb[i:i + size] for i in range(0, n * size, size)]
         pieces[1::width] = records.bodies
-        pieces[2::width] = list(map(topic_parts.__getitem__, topic_ids.tolist()))
+        pieces[2::width] = ([topic_parts[0]] * n if len(topic_parts) == 1
+                            else list(map(topic_parts.__getitem__, topic_ids.tolist())))
         pieces[3::width] = list(map(codec.PROPERTIES_LENGTH_BYTES.__getitem__, props_len.tolist()))
         pieces[4::width] = records.properties
         if extra is not None:
@@ -301,7 +317,9 @@ class Appender:
         entries: QueueEntries = {}
         if dispatched:
             codes = np.asarray(records.tags_codes, dtype=np.int64)
-            for g, key in enumerate(keys):
+            if one_queue:
+                entries[keys[0]] = (int(firsts[0]), starts, sizes, codes)
+            for g, key in enumerate(keys if not one_queue else ()):
                 sel = order[group_start[g]:group_start[g] + group_counts[g]]
                 entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
         self.commit(chunks, entries, end, now)

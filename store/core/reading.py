@@ -47,11 +47,15 @@ class ReadableStore:
     def _open_files(self, path: str, config: StoreConfig | Mapping | None,
                     clock: Clock | None, *, record_layout: bool) -> None:
         self.root = os.path.abspath(path)
+        # an rmq store of an earlier checkpoint layout (see store.checkpoint): before the
+        # layout record of a new store is written
+        legacy = os.path.isfile(os.path.join(self.root, "config", "store.json"))
         self.config = self._resolve_config(config, record_layout=record_layout)
         self.now_ms: Clock = clock or system_clock
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
                                     self.config.commitlog_file_size_bytes)
-        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"))
+        self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"),
+                                          writable=not self.read_only, legacy_layout=legacy)
         self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"))
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._closed = False
