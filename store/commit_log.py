@@ -9,6 +9,7 @@ tail from there (:meth:`CommitLog.truncate`).
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Iterator
 
@@ -23,10 +24,11 @@ _I64 = struct.Struct(">q")
 class CommitLog:
     """The segment files of the CommitLog and record-level reads."""
 
-    def __init__(self, directory: str, file_size: int) -> None:
+    def __init__(self, directory: str, file_size: int, *, read_only: bool = False) -> None:
         self.directory = directory
         self.file_size = file_size
-        self.files = MappedFileQueue(directory, file_size)
+        self.files = MappedFileQueue(directory, file_size, read_only=read_only)
+        self._valid_end: tuple[tuple, int] | None = None
 
     # -- placement --------------------------------------------------------------------------
     def place(self, offset: int, size: int) -> tuple[int, bytes | None]:
@@ -89,6 +91,33 @@ class CommitLog:
                 yield f.start + pos, size
                 pos += size
                 self.scan_end = f.start + pos
+
+    def valid_end(self) -> int:
+        """Where the valid log ends, found by validating records (no checkpoint needed).
+
+        As RocketMQ's recovery: from the newest segment whose first record is valid (or a
+        blank), scan forward to the first invalid record.  Cached while the newest segment is
+        unchanged (its name, size and modification time).
+        """
+        files = self.files.refresh()
+        if not files:
+            return 0
+        try:
+            st = os.stat(files[-1].path)
+        except FileNotFoundError:
+            return self.valid_end() if self.files.refresh() else 0
+        key = (files[-1].start, len(files), st.st_mtime_ns, st.st_size)
+        if self._valid_end is not None and self._valid_end[0] == key:
+            return self._valid_end[1]
+        start = files[0].start
+        for f in reversed(files):
+            if check_record(f.buffer(), 0, f.size, check_crc=False) != RecordCheck.INVALID:
+                start = f.start
+                break
+        for _ in self.scan(start):
+            pass
+        self._valid_end = (key, self.scan_end)
+        return self.scan_end
 
     def truncate(self, offset: int) -> None:
         """Zero the log from ``offset`` on and delete later segments."""

@@ -124,10 +124,12 @@ def zero_tail(f: MappedFile, position: int) -> None:
 class MappedFileQueue:
     """The ordered segments of one log directory."""
 
-    def __init__(self, directory: str, file_size: int, *, create: bool = True) -> None:
+    def __init__(self, directory: str, file_size: int, *, create: bool = True,
+                 read_only: bool = False) -> None:
         self.directory = directory
         self.file_size = file_size
-        if create:
+        self.read_only = read_only
+        if create and not read_only:
             os.makedirs(directory, exist_ok=True)
         self._files: list[MappedFile] = []
         self._lock = threading.RLock()
@@ -155,10 +157,11 @@ class MappedFileQueue:
                         continue
                     if actual != self.file_size:
                         if actual == 0:  # an empty file left by a crash during creation
-                            try:
-                                os.unlink(path)
-                            except OSError:
-                                pass
+                            if not self.read_only:
+                                try:
+                                    os.unlink(path)
+                                except OSError:
+                                    pass
                             continue
                         raise CorruptRecordError(
                             path, 0, f"segment is {actual} bytes; expected {self.file_size}"

@@ -14,7 +14,7 @@ import os
 from typing import Mapping, NoReturn
 
 from .config import StoreConfig
-from .core.reading import Clock, ReadableStore
+from .core.reading import Clock, ReadableStore, layout_from_files
 from .errors import ReadOnlyStoreError, StoreNotFoundError
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.
@@ -49,10 +49,11 @@ class StoreReader(ReadableStore):
     def __init__(self, path: str, config: StoreConfig | Mapping | None = None, *,
                  clock: Clock | None = None) -> None:
         root = os.path.abspath(path)
-        if not os.path.isfile(os.path.join(root, "config", "store.json")):
+        if not (os.path.isfile(os.path.join(root, "config", "store.json"))
+                or layout_from_files(root)):
             raise StoreNotFoundError(
-                f"{root} is not an rmq store (no config/store.json); give the directory "
-                "a producer wrote to")
+                f"{root} is not a store (no config/store.json, no CommitLog segments); give "
+                "the directory a producer wrote to, or a RocketMQ broker's store directory")
         self._open_files(root, config, clock, record_layout=False)
         self.recovered = False
 

@@ -23,14 +23,51 @@ def default_queue_count(topic: str, user_default: int) -> int:
     return 1 if is_system_topic(topic) else user_default
 
 
-class TopicTable:
-    """In-memory view of ``topics.json`` with change detection."""
+def _topic_config(topic: str, queue_count: int) -> dict:
+    return {
+        "topicName": topic, "readQueueNums": queue_count, "writeQueueNums": queue_count,
+        "perm": PERM_READ | PERM_WRITE, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+        "order": False, "attributes": {},
+    }
 
-    def __init__(self, path: str) -> None:
+
+class TopicTable:
+    """In-memory view of ``topics.json`` with change detection.
+
+    A topic whose ConsumeQueue directory exists but that the file does not list (the file is
+    missing, unreadable, or the directory was written by RocketMQ's store, which keeps no
+    topic table) is known too, with as many queues as its highest queue directory says.
+    """
+
+    def __init__(self, path: str, queue_root: str | None = None) -> None:
         self.path = path
+        self.queue_root = queue_root
         self._stamp: tuple[int, int] | None = None
+        self._dir_stamp: int | None = None
+        self._from_dirs: dict[str, dict] = {}
         self._topics: dict[str, dict] = {}
+        self._file_topics: dict[str, dict] = {}
         self.reload()
+
+    def _queue_dirs(self) -> dict[str, dict]:
+        """Topics from the ConsumeQueue directories (cached while the directory is unchanged)."""
+        if self.queue_root is None:
+            return {}
+        try:
+            stamp = os.stat(self.queue_root).st_mtime_ns
+        except FileNotFoundError:
+            return {}
+        if stamp != self._dir_stamp:
+            found = {}
+            for topic in os.listdir(self.queue_root):
+                tdir = os.path.join(self.queue_root, topic)
+                if not os.path.isdir(tdir):
+                    continue
+                ids = [int(q) for q in os.listdir(tdir) if q.isdigit()]
+                if ids:
+                    found[topic] = _topic_config(topic, max(ids) + 1)
+            self._from_dirs, self._dir_stamp = found, stamp
+        return self._from_dirs
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
@@ -44,8 +81,14 @@ class TopicTable:
         if force or stamp != self._stamp or stamp is None:
             data = read_json(self.path) or {}
             table = data.get("topicConfigTable", {}) if isinstance(data, dict) else {}
-            self._topics = {k: v for k, v in table.items() if isinstance(v, dict)}
+            self._file_topics = {k: v for k, v in table.items()
+                                 if isinstance(v, dict) and _queue_count_of(v) is not None}
             self._stamp = stamp
+        dirs = self._queue_dirs()
+        if any(t not in self._file_topics for t in dirs):
+            self._topics = {**dirs, **self._file_topics}  # the file wins where it says
+        else:
+            self._topics = self._file_topics
         return self._topics
 
     def get(self, topic: str) -> dict | None:
@@ -54,11 +97,11 @@ class TopicTable:
     def cached_queue_count(self, topic: str) -> int | None:
         """The queue count of a topic this process has already seen, without a re-read."""
         cfg = self._topics.get(topic)
-        return int(cfg["writeQueueNums"]) if cfg is not None else None
+        return _queue_count_of(cfg) if cfg is not None else None
 
     def queue_count(self, topic: str) -> int | None:
         cfg = self.get(topic)
-        return int(cfg["writeQueueNums"]) if cfg else None
+        return _queue_count_of(cfg) if cfg else None
 
     def names(self) -> list[str]:
         return sorted(self.reload())
@@ -68,11 +111,7 @@ class TopicTable:
         topics = dict(self.reload(force=True))
         if topic in topics:
             return topics[topic]
-        cfg = {
-            "topicName": topic, "readQueueNums": queue_count, "writeQueueNums": queue_count,
-            "perm": PERM_READ | PERM_WRITE, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
-            "order": False, "attributes": {},
-        }
+        cfg = _topic_config(topic, queue_count)
         topics[topic] = cfg
         write_json_atomic(self.path, {
             "topicConfigTable": topics,
@@ -81,3 +120,11 @@ class TopicTable:
         self._topics = topics
         self._stamp = self._file_stamp()
         return cfg
+
+
+def _queue_count_of(cfg: dict) -> int | None:
+    """``writeQueueNums`` of a topic config (``None`` when it is not a positive int)."""
+    value = cfg.get("writeQueueNums")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

@@ -18,7 +18,7 @@ from ..checkpoint import StoreCheckpoint
 from ..codec import Record
 from ..commit_log import CommitLog
 from ..config import LAYOUT_FIELDS, StoreConfig
-from ..consume_queue import ConsumeQueue
+from ..consume_queue import ENTRY_SIZE, ConsumeQueue
 from ..errors import (ConfigMismatchError, InvalidConfigError, InvalidMessageError,
                       OffsetOutOfRangeError, StoreClosedError, UnknownTopicError)
 from ..fileio import read_json, write_json_atomic
@@ -32,6 +32,35 @@ Clock = Callable[[], int]
 def system_clock() -> int:
     """Wall-clock time in epoch milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+def layout_from_files(root: str) -> dict[str, int]:
+    """Segment and queue file sizes of a store directory without ``config/store.json``.
+
+    RocketMQ preallocates every CommitLog segment and ConsumeQueue file at full size, so the
+    files themselves say how large they are.  Returns the :class:`StoreConfig` fields found.
+    """
+    found: dict[str, int] = {}
+    log_dir = os.path.join(root, "commitlog")
+    try:
+        segments = sorted(n for n in os.listdir(log_dir) if len(n) == 20 and n.isdigit())
+    except OSError:
+        segments = []
+    for name in segments:
+        size = os.path.getsize(os.path.join(log_dir, name))
+        if size:
+            found["commitlog_file_size_bytes"] = size
+            break
+    queue_root = os.path.join(root, "consumequeue")
+    for topic in sorted(os.listdir(queue_root)) if os.path.isdir(queue_root) else ():
+        for queue in sorted(os.listdir(os.path.join(queue_root, topic))):
+            qdir = os.path.join(queue_root, topic, queue)
+            files = sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
+            sizes = [os.path.getsize(os.path.join(qdir, f)) for f in files[:1]]
+            if sizes and sizes[0] and sizes[0] % ENTRY_SIZE == 0:
+                found["consume_queue_file_entries"] = sizes[0] // ENTRY_SIZE
+                return found
+    return found
 
 
 class ReadableStore:
@@ -53,10 +82,12 @@ class ReadableStore:
         self.config = self._resolve_config(config, record_layout=record_layout)
         self.now_ms: Clock = clock or system_clock
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
-                                    self.config.commitlog_file_size_bytes)
+                                    self.config.commitlog_file_size_bytes,
+                                    read_only=self.read_only)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"),
                                           writable=not self.read_only, legacy_layout=legacy)
-        self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"))
+        self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"),
+                                      os.path.join(self.root, "consumequeue"))
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._closed = False
 
@@ -90,6 +121,9 @@ class ReadableStore:
                 # the given roll window belongs to another wheel size; keep it inside this one
                 layout["timer_roll_window_slots"] = max(2, wheel // 4)
             return config.replace(**layout)
+        found = layout_from_files(self.root)  # a store another system wrote (RocketMQ)
+        if found:
+            config = config.replace(**found)
         if record_layout:
             write_json_atomic(path, {"layout": config.layout(), "created_ms": system_clock()})
         return config
@@ -151,8 +185,14 @@ class ReadableStore:
         return self.consume_queue(topic, int(queue_id))
 
     def confirmed_offset(self) -> int:
-        """CommitLog offset up to which records are complete and indexed."""
-        return self.checkpoint.get("confirm_phy_offset")
+        """CommitLog offset up to which records are complete and indexed.
+
+        From the checkpoint when rmq wrote it; otherwise (a store written by RocketMQ, or a
+        damaged checkpoint, opened read-only) where the valid records end.
+        """
+        if self.checkpoint.trusted:
+            return self.checkpoint.get("confirm_phy_offset")
+        return self.commit_log.valid_end()
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """One past the newest visible message of the queue (0 for an empty queue)."""
