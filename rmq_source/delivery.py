@@ -19,14 +19,25 @@ error it met is raised by the next trigger.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from store import MessageStore
 
 from .errors import InvalidOptionError
-from .stores import open_writer
+from .stores import is_rmq_store, open_writer
 
 _lock = threading.Lock()
+log = logging.getLogger("rmq_source")
+
+
+def _foreign(path: str) -> bool:
+    """A store rmq did not create (a RocketMQ broker's): queries read it and never write."""
+    if is_rmq_store(path):
+        return False
+    log.warning("deliverDue: %s was not written by rmq (no config/store.json); due delayed "
+                "messages are not delivered, the store is only read", path)
+    return True
 
 
 def _open_writable(path: str) -> MessageStore:
@@ -36,6 +47,8 @@ def _open_writable(path: str) -> MessageStore:
 
 def deliver_due_once(path: str) -> int:
     """Open ``path`` writable, deliver every due delayed message, close; return how many."""
+    if _foreign(path):
+        return 0
     store = _open_writable(path)
     try:
         return store.deliver_due()
@@ -94,6 +107,7 @@ class _Deliverer:
 
 
 _deliverers: dict[str, _Deliverer] = {}
+_foreign_paths: set[str] = set()
 
 
 def deliver_due_kept_open(path: str, max_messages: int | None = TRIGGER_DELIVERY_MESSAGES
@@ -105,8 +119,13 @@ def deliver_due_kept_open(path: str, max_messages: int | None = TRIGGER_DELIVERY
     every due message before returning (after any background drain has finished).
     """
     with _lock:
+        if path in _foreign_paths:
+            return 0
         deliverer = _deliverers.get(path)
         if deliverer is None:
+            if _foreign(path):
+                _foreign_paths.add(path)
+                return 0
             step = max_messages or TRIGGER_DELIVERY_MESSAGES
             deliverer = _deliverers[path] = _Deliverer(_open_writable(path), step)
     if max_messages is not None:

@@ -31,6 +31,15 @@ def open_reader(path: str) -> StoreReader:
         ) from None
 
 
+def is_rmq_store(path: str) -> bool:
+    """Whether rmq created the store at ``path`` (a RocketMQ broker's directory is read only)."""
+    reader = open_reader(path)
+    try:
+        return reader.written_by_rmq
+    finally:
+        reader.close()
+
+
 def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourceError,
                 hint: str = "") -> MessageStore:
     """Open the existing store at ``path`` for writing.

@@ -52,8 +52,11 @@ class StoreReader(ReadableStore):
         if not (os.path.isfile(os.path.join(root, "config", "store.json"))
                 or layout_from_files(root)):
             raise StoreNotFoundError(
-                f"{root} is not a store (no config/store.json, no CommitLog segments); give "
-                "the directory a producer wrote to, or a RocketMQ broker's store directory")
+                f"{root} is not an rmq store (no config/store.json) nor a RocketMQ store (no "
+                "CommitLog segments); give the directory a producer wrote to, or a RocketMQ "
+                "broker's store directory")
+        #: whether rmq created the directory (``False``: another system's, e.g. RocketMQ's)
+        self.written_by_rmq = os.path.isfile(os.path.join(root, "config", "store.json"))
         self._open_files(root, config, clock, record_layout=False)
         self.recovered = False
 

@@ -117,7 +117,7 @@ class TopicTable:
             "topicConfigTable": topics,
             "dataVersion": {"counter": len(topics), "stateVersion": 0, "timestamp": now_ms},
         })
-        self._topics = topics
+        self._topics = self._file_topics = topics
         self._stamp = self._file_stamp()
         return cfg
 

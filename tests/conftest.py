@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import tarfile
 import threading
 
 import pytest
@@ -95,3 +98,21 @@ def spark(tmp_path_factory):
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+ROCKETMQ_TARBALL = os.path.join(ROOT, "tests", "fixtures", "rocketmq-4.9.8", "stores.tar.gz")
+
+
+@pytest.fixture(scope="session")
+def rocketmq_root(tmp_path_factory) -> str:
+    """The fixtures extracted once, as sparse files (the queue files are mostly zeros)."""
+    raw = tmp_path_factory.mktemp("rocketmq-raw")
+    with tarfile.open(ROCKETMQ_TARBALL) as tar:
+        try:
+            tar.extractall(raw, filter="data")
+        except TypeError:  # Python before 3.10.12 has no extraction filters
+            tar.extractall(raw)  # noqa: S202 - our own fixture
+    sparse = str(tmp_path_factory.mktemp("rocketmq")) + "/stores"
+    subprocess.run(["cp", "-r", "--sparse=always", str(raw), sparse], check=True)
+    shutil.rmtree(raw)
+    return sparse

@@ -1,4 +1,6 @@
-"""Store directories written by Apache RocketMQ 4.9.8, opened by rmq (tests/fixtures/rocketmq-4.9.8).
+"""Store directories written by Apache RocketMQ 4.9.8, opened by rmq.
+
+The stores are in ``tests/fixtures/rocketmq-4.9.8`` (the ``rocketmq_root`` fixture).
 
 Each directory comes with every message RocketMQ itself reads back from it.  rmq must return
 exactly those, read-only (without writing a byte) and writable (after its own recovery, which
@@ -11,32 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tarfile
 
 import pytest
 
 from store import MessageStore, StoreReader
 
-TARBALL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "fixtures", "rocketmq-4.9.8", "stores.tar.gz")
 STORES = ("clean-shutdown", "killed-mid-write")
-
-
-@pytest.fixture(scope="session")
-def rocketmq_root(tmp_path_factory) -> str:
-    """The fixtures extracted once, as sparse files (the queue files are mostly zeros)."""
-    raw = tmp_path_factory.mktemp("rocketmq-raw")
-    with tarfile.open(TARBALL) as tar:
-        try:
-            tar.extractall(raw, filter="data")
-        except TypeError:  # Python before 3.10.12 has no extraction filters
-            tar.extractall(raw)  # noqa: S202 - our own fixture
-    sparse = str(tmp_path_factory.mktemp("rocketmq")) + "/stores"
-    subprocess.run(["cp", "-r", "--sparse=always", str(raw), sparse], check=True)
-    shutil.rmtree(raw)
-    return sparse
 
 
 def _copy(root: str, name: str, dest) -> str:
@@ -45,7 +28,7 @@ def _copy(root: str, name: str, dest) -> str:
     return path
 
 
-def _expected(root: str, name: str) -> dict[tuple[str, int, int], dict]:
+def expected_messages(root: str, name: str) -> dict[tuple[str, int, int], dict]:
     with open(os.path.join(root, f"{name}.getMessage.jsonl"), encoding="utf-8") as fh:
         lines = [json.loads(line) for line in fh]
     return {(e["topic"], e["queue_id"], e["queue_offset"]): e for e in lines if e["kind"] == "got"}
@@ -103,7 +86,7 @@ def test_read_only_open_returns_rocketmqs_messages_and_writes_nothing(rocketmq_r
     with MessageStore.open(path, read_only=True) as reader:
         assert isinstance(reader, StoreReader)
         assert reader.config.commitlog_file_size_bytes == 262_144  # from the files
-        _assert_same_messages(_read_all(reader), _expected(rocketmq_root, name))
+        _assert_same_messages(_read_all(reader), expected_messages(rocketmq_root, name))
         assert "orders" in reader.topics() and "SCHEDULE_TOPIC_XXXX" not in reader.topics()
     assert _tree_digest(path) == before
 
@@ -115,7 +98,7 @@ def test_writable_open_recovers_like_rocketmq_and_destroys_nothing(rocketmq_root
     original = _tree_digest(os.path.join(rocketmq_root, name))
     with MessageStore.open(path) as store:
         assert store.checkpoint.trusted
-        _assert_same_messages(_read_all(store), _expected(rocketmq_root, name))
+        _assert_same_messages(_read_all(store), expected_messages(rocketmq_root, name))
     after = _tree_digest(path)
     changed = sorted(f for f in original if f.startswith(("commitlog", "consumequeue"))
                      and after.get(f) != original[f])
@@ -125,4 +108,4 @@ def test_writable_open_recovers_like_rocketmq_and_destroys_nothing(rocketmq_root
         assert changed == ["commitlog/00000000000006291456"]
     # reopening rmq's result reads the same again
     with MessageStore.open(path) as store:
-        _assert_same_messages(_read_all(store), _expected(rocketmq_root, name))
+        _assert_same_messages(_read_all(store), expected_messages(rocketmq_root, name))
