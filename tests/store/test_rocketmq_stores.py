@@ -109,3 +109,19 @@ def test_writable_open_recovers_like_rocketmq_and_destroys_nothing(rocketmq_root
     # reopening rmq's result reads the same again
     with MessageStore.open(path) as store:
         _assert_same_messages(_read_all(store), expected_messages(rocketmq_root, name))
+
+
+def test_writable_open_delivers_due_levels_from_where_rocketmq_stopped(rocketmq_root, tmp_path):
+    """delayOffset.json says RocketMQ delivered levels 1 and 2; level 18's 8 are still due."""
+    path = _copy(rocketmq_root, "clean-shutdown", tmp_path)
+    far_future = 4_000_000_000_000
+    with MessageStore.open(path, clock=lambda: far_future) as store:
+        assert store.schedule.offsets() == {1: 8, 2: 7}
+        before = {t: sum(store.max_offset(t, q) for q in store.queue_ids(t))
+                  for t in store.topics()}
+        assert store.deliver_due() == 8
+        assert store.deliver_due() == 0
+        grown = {t: sum(store.max_offset(t, q) for q in store.queue_ids(t)) - before[t]
+                 for t in store.topics()}
+        assert sum(grown.values()) == 8
+        assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
