@@ -11,6 +11,7 @@ Measures, in one run and one directory:
 * ``raw write per record``  the same bytes, one ``os.write`` per record (a second baseline:
   what a naive one-write-per-message log costs);
 * ``send_batch``  ``Producer.send_batch`` of ``B`` 100-byte messages at a time (ASYNC_FLUSH);
+* ``send_table``  ``Producer.send_table`` of the same messages as one Arrow table;
 * ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH);
 
 and prints messages/s, MB/s and each ratio against both raw writes (bytes per second of the
@@ -52,6 +53,28 @@ def run_batch(path: str, messages: list[Message], batch_size: int) -> tuple[floa
         t0 = time.perf_counter()
         for i in range(1, len(messages), batch_size):
             producer.send_batch(messages[i:i + batch_size])
+        elapsed = time.perf_counter() - t0
+        return elapsed, store.confirmed_offset()
+
+
+def message_table(messages: list[Message]):
+    """The messages as the Arrow table ``send_table`` takes (built before the clock starts)."""
+    import pyarrow as pa
+
+    return pa.table({
+        "topic": [m.topic for m in messages], "body": [m.body for m in messages],
+        "tags": [m.tags for m in messages], "keys": [m.keys for m in messages],
+        "properties": pa.array([list(m.properties.items()) for m in messages],
+                               pa.map_(pa.string(), pa.string()))})
+
+
+def run_table(path: str, table) -> tuple[float, int]:
+    """Seconds to ``send_table`` the whole table, and the CommitLog bytes written."""
+    with MessageStore.open(path, StoreConfig()) as store:
+        producer = store.producer("bench")
+        producer.send_table(table.slice(0, 1))  # create the topic and the first segment
+        t0 = time.perf_counter()
+        producer.send_table(table.slice(1))
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
 
@@ -140,6 +163,9 @@ def main() -> None:
         raw_record_s = run_raw(base, records, args.repeat)
         single_s, single_bytes = best_of(args.repeat, base, "single", run_single,
                                          messages[:args.single])
+        table_s, table_bytes = best_of(args.repeat, base, "table", run_table,
+                                       message_table(messages))
+        assert table_bytes == batch_bytes, (table_bytes, batch_bytes)  # the same records
         per_msg = batch_bytes / args.messages
         raw_rate = batch_bytes / raw_s
         raw_record_rate = batch_bytes / raw_record_s
@@ -149,6 +175,7 @@ def main() -> None:
             ("raw write, 1 per record", args.messages / raw_record_s, raw_record_rate),
             (f"send_batch ({args.batch_size}/batch)", n_batch / batch_s,
              n_batch * per_msg / batch_s),
+            ("send_table (columnar)", n_batch / table_s, n_batch * per_msg / table_s),
             ("send (one at a time)", n_single / single_s,
              n_single * (single_bytes / args.single) / single_s),
         ]

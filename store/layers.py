@@ -24,6 +24,7 @@ FORMATS, CORE, SERVICES, FACADE = 0, 1, 2, 3
 LAYERS: dict[str, int] = {
     "store.abort_marker": FORMATS,
     "store.errors": FORMATS,
+    "store.batch_encoding": FORMATS,
     "store.config": FORMATS,
     "store.codec": FORMATS,
     "store.message": FORMATS,
@@ -70,6 +71,7 @@ LAYERS: dict[str, int] = {
     "store.transaction.check": SERVICES,
     "store.transaction.repair": SERVICES,
     "store.transaction.service": SERVICES,
+    "store.table_producer": FACADE,
     "store.producer": FACADE,
     "store.transaction.producer": FACADE,
     "store.stats": FACADE,

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import deque
-from itertools import chain, repeat
+from itertools import repeat
 from operator import attrgetter
 from typing import Protocol, Sequence
 
+from .batch_encoding import (normalized_columns, paused_gc, properties_strings,
+                             validated_columns)
 from .codec import RecordSpec
 from .core.ports import StorePort
 from .delayed.schedule import ScheduleService
 from .errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, SendResult,
-                      check_tags, check_user_properties, keys_value, validate_group,
+                      validate_group,
                       validate_message, validate_topic)
 
+from .table_producer import send_table
 from .timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
@@ -145,23 +147,47 @@ class Producer:
         if isinstance(topic, str) and topic.startswith((RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)):
             raise InvalidBatchError(f"a batch may not go to the retry or DLQ topic {topic!r}")
         validate_topic(topic)
+        with paused_gc():
+            return self._send_batch(messages, topic)
+
+    def _send_batch(self, messages: Sequence[Message], topic: str) -> list[SendResult]:
         limit = self.store.config.max_message_size_bytes
-        bodies, tags, keys, users, flags = _batch_columns(messages, limit)
+        bodies, tags, keys, properties, flags = zip(*map(_FIELDS, messages))
+        try:
+            bodies, tags, keys, users = validated_columns(bodies, tags, keys, properties, limit,
+                                                          flags)
+        except (TypeError, InvalidMessageError):
+            for m in messages:  # the first message's own error, as single sends would raise
+                validate_message(m, limit)
+            bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
         now = self.store.now_ms()
         ids = self.store.id_generator.next_ids(len(messages), now)
-        props = _batch_properties(users, tags, keys, ids)
+        props = properties_strings(users, tags, keys, ids)
         # RocketMQ's wire size of a batch: 20 fixed bytes + body + 2 + properties, per message
         total = 22 * len(bodies) + sum(map(len, bodies)) + sum(map(len, props))
         if total > limit:
             raise MessageTooLargeError(
                 f"batch of {len(bodies)} messages is {total} bytes encoded; allowed: at most "
                 f"max_message_size_bytes={limit}; split it into smaller batches")
-        r = self.store.append_batch(topic, bodies, props, tags=tags, flags=flags,
+        r = self.store.append_batch(topic, bodies, props, tags=tags, flags=list(flags),
                                     born_timestamp_ms=now)
         n = len(bodies)
         return _send_results(ids, topic, r.queue_id,
                              range(r.first_queue_offset, r.first_queue_offset + n),
                              r.commitlog_offsets.tolist())
+
+    def send_table(self, data, *, topic: str | None = None):
+        """Store a whole table of messages: the columnar write path.
+
+        ``data`` is a ``pyarrow.Table``, ``pyarrow.RecordBatch`` or ``pandas.DataFrame`` with
+        the columns ``topic`` (or ``topic=`` for every row), ``body`` (or ``value``), and
+        optionally ``tags``, ``keys``, ``properties`` and one of ``delay_ms``, ``deliver_at``,
+        ``delay_level`` per row.  Every row is validated before anything is stored.  Returns a
+        ``pyarrow.Table`` (``msg_id``, ``topic``, ``queue_id``, ``queue_offset``,
+        ``commitlog_offset``, ``deliver_at_ms``), one row per input row; see
+        :mod:`store.table_producer`.
+        """
+        return send_table(self.store, data, topic=topic)
 
     def cancel(self, topic: str, msg_id: str) -> bool:
         """Cancel a pending timer message (RocketMQ's delete marker).
@@ -175,110 +201,9 @@ class Producer:
 
 _TOPIC = attrgetter("topic")
 _FIELDS = attrgetter("body", "tags", "keys", "properties", "flag")
-# keys the fast path takes as they are: single inner spaces only, no other whitespace
-_WHITESPACE_BUT_SPACE = re.compile(r"[^\S ]")
 _SEND_RESULT_FIELDS = dataclasses.fields(SendResult)
 assert [f.name for f in _SEND_RESULT_FIELDS[:5]] == [
     "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset"]
-
-
-def _batch_columns(messages: Sequence[Message], max_body: int):
-    """Validate a batch column by column; return bodies, tags, KEYS values, user properties
-    (encoded, without the trailing system properties) and flags.
-
-    Each check runs over a whole column (distinct tags, one scan of all keys, the set of
-    property names) rather than per message.  Whenever a column is not plainly valid the
-    messages are validated one by one instead, which raises the first message's error,
-    exactly as single sends would.
-    """
-    bodies, tags, keys, properties, flags = zip(*map(_FIELDS, messages))
-    try:
-        fast = _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body)
-    except (TypeError, InvalidMessageError):
-        fast = False
-    if not fast:
-        for m in messages:
-            validate_message(m, max_body)
-        bodies = [bytes(b) for b in bodies]
-        keys_values = [keys_value(k) for k in keys]
-        users = [_user_properties(p) if p else "" for p in properties]
-    else:
-        keys_values = [k or None for k in keys]
-        users = _users_properties(properties)
-    return list(bodies), list(tags), keys_values, users, list(flags)
-
-
-def _users_properties(properties: Sequence[dict]) -> list[str]:
-    """:func:`_user_properties` of many dicts; whole-column when all have as many items."""
-    n = len(properties)
-    counts = set(map(len, properties))
-    if len(counts) != 1:
-        return [_user_properties(p) if p else "" for p in properties]
-    count = counts.pop()
-    if count == 0:
-        return [""] * n
-    pairs = map("\x01".join, chain.from_iterable(map(dict.items, properties)))
-    if count > 1:
-        pairs = map("\x02".join, zip(*[pairs] * count))
-    return list(map(str.__add__, pairs, repeat("\x02", n)))
-
-
-def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int) -> bool:
-    """True when every message of the columns is valid; False when unsure (or invalid)."""
-    if set(map(type, bodies)) != {bytes}:
-        return False
-    lengths = list(map(len, bodies))
-    if min(lengths) < 1 or max(lengths) > max_body:
-        return False
-    for f in set(flags):
-        if type(f) is not int or not -(2**31) <= f < 2**31:
-            return False
-    for t in set(tags):
-        check_tags(t)
-    if not set(map(type, keys)) <= {str, type(None)}:
-        return False
-    text_keys = [k for k in keys if k]
-    if text_keys:
-        joined = "\x02".join(text_keys)
-        if (joined.count("\x02") != len(text_keys) - 1 or "\x01" in joined or "  " in joined
-                or " \x02" in joined or "\x02 " in joined or joined[0] == " "
-                or joined[-1] == " " or _WHITESPACE_BUT_SPACE.search(joined)):
-            return False
-    if set(map(type, properties)) != {dict}:
-        return False
-    if any(properties):
-        for name in set().union(*properties):
-            if type(name) is not str:
-                return False
-            check_user_properties({name: "x"})  # the name alone: values come next
-        values = list(chain.from_iterable(map(dict.values, properties)))
-        if set(map(type, values)) != {str}:
-            return False
-        joined = "\x02".join(values)
-        if ("\x01" in joined or joined.count("\x02") != len(values) - 1
-                or not all(map(str.strip, values))):
-            return False
-    return True
-
-
-def _user_properties(properties: dict) -> str:
-    """``name 0x01 value 0x02 ...`` of a message's (validated) user properties."""
-    return "\x02".join(map("\x01".join, properties.items())) + "\x02"
-
-
-def _batch_properties(users: list[str], tags: list, keys: list, ids: list[str]) -> list[bytes]:
-    """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY.
-
-    The same order (and bytes) as :func:`store.codec.encode_properties` of the dict a
-    single send builds.
-    """
-    tag_part = {t: f"{PROPERTY_TAGS}\x01{t}\x02" if t else "" for t in set(tags)}
-    tag_parts = list(map(tag_part.__getitem__, tags))
-    key_parts = [f"{PROPERTY_KEYS}\x01{k}\x02" if k else "" for k in keys]
-    n = len(ids)
-    text = map("".join, zip(users, tag_parts, key_parts, repeat(f"{PROPERTY_UNIQ_KEY}\x01", n),
-                            ids, repeat("\x02", n)))
-    return list(map(str.encode, text))
 
 
 def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets

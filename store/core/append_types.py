@@ -43,12 +43,13 @@ class EncodedRecords:
     ``headers`` (:data:`store.codec.HEADER_DTYPE`) holds every field the caller decides
     (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
     prepared offset); the appender sets size, queue id, queue offset, physical offset and
-    store time, in place.  Record ``i`` is the header, ``bodies[i]``, the topic ``topics[topic_ids[i]]``,
-    then ``properties[i]`` followed by ``extra_properties[i]`` (when given) as its properties,
-    ``properties_length[i]`` bytes in all.  ``queue_ids[i]`` outside the topic's queues is
-    taken modulo the queue count.  ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when
-    the records are not dispatched).  ``store_timestamp_ms`` (default: the store's clock at the
-    append) is the store time of every record; a delivery run passes its own "now".
+    store time, in place.  Record ``i`` is the header, ``bodies[i]``, the topic
+    ``topics[topic_ids[i]]``, then ``properties[i]`` followed by ``extra_properties[i]``
+    (when given) as its properties, ``properties_length[i]`` bytes in all.
+    ``queue_ids[i]`` outside the topic's queues is taken modulo the queue count.
+    ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when the records are not
+    dispatched).  ``store_timestamp_ms`` (default: the store's clock at the append) is the
+    store time of every record; a delivery run passes its own "now".
     """
 
     headers: np.ndarray

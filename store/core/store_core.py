@@ -31,6 +31,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Sequence
 
+import numpy as np
+
 from ..abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
 from ..codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
@@ -279,6 +281,10 @@ class StoreCore(ReadableStore):
                   store_timestamp_ms: int) -> int:
         """The ConsumeQueue tagsCode of a record (a registered rule, else the tag hash)."""
         return self.dispatcher.tags_code(topic, properties, store_timestamp_ms)
+
+    def tag_hashes(self, tags: Sequence[str | None]) -> np.ndarray:
+        """The tagsCodes of plain records with these tags (one hash per distinct tag)."""
+        return self.dispatcher.tag_hashes(tags)
 
     def next_queue(self, topic: str, queue_count: int) -> int:
         """The next queue of ``topic`` in this process's round robin."""

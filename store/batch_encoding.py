@@ -1,0 +1,150 @@
+"""Messages as columns: whole-column validation and the properties strings of many messages.
+
+Shared by :meth:`Producer.send_batch <store.producer.Producer.send_batch>` (lists of
+:class:`~store.message.Message`) and :mod:`store.table_producer` (tables).  Each check runs over
+a whole column instead of per message, and the properties strings are built with ``map`` and
+``str.join`` over the columns, byte for byte what :func:`store.codec.encode_properties` makes of
+the dict a single send builds.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from contextlib import contextmanager
+from itertools import chain, repeat
+from typing import Iterator, Sequence
+
+from .errors import InvalidMessageError
+from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, check_tags,
+                      check_user_properties, keys_value)
+
+# keys the fast path takes as they are: single inner spaces only, no other whitespace
+_WHITESPACE_BUT_SPACE = re.compile(r"[^\S ]")
+
+def validated_columns(bodies: Sequence, tags: Sequence, keys: Sequence, properties: Sequence,
+                      max_body: int, flags: Sequence | None = None):
+    """Validate messages given as columns; return bodies, tags, KEYS values and user
+    properties (encoded, without the trailing system properties).
+
+    Each check runs over a whole column (distinct tags, one scan of all keys, the set of
+    property names) rather than per message.  When a column is not plainly valid, raises
+    :class:`InvalidMessageError` or ``TypeError``; the caller then validates row by row to
+    name the first bad one (as single sends would).  Keys may be strings or lists of strings.
+    """
+    keys = [_joined_keys(k) for k in keys] if any(map(_is_list, keys)) else keys
+    if not _columns_plainly_valid(bodies, tags, keys, properties,
+                                  flags if flags is not None else (0,), max_body):
+        raise InvalidMessageError("a message of the batch is not valid")
+    return list(bodies), list(tags), [k or None for k in keys], _users_properties(properties)
+
+
+def normalized_columns(bodies: Sequence, tags: Sequence, keys: Sequence, properties: Sequence):
+    """What :func:`validated_columns` returns, row by row, for messages already validated
+    one by one (bodies of any bytes-like type, keys as lists, unusual spacing)."""
+    return ([bytes(b) for b in bodies], list(tags), [keys_value(k) for k in keys],
+            [_user_properties(p) if p else "" for p in properties])
+
+
+def _is_list(value: object) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _joined_keys(keys):
+    """A list of keys as one KEYS string; a key with a space is left for the check to refuse."""
+    if not _is_list(keys):
+        return keys
+    parts = [k for k in keys if k]
+    if not all(isinstance(k, str) and " " not in k for k in parts):
+        raise InvalidMessageError(f"keys {keys!r}: each key must be a str without spaces")
+    return " ".join(parts) or None
+
+
+def _users_properties(properties: Sequence[dict]) -> list[str]:
+    """:func:`_user_properties` of many dicts; whole-column when all have as many items."""
+    n = len(properties)
+    counts = set(map(len, properties))
+    if len(counts) != 1:
+        return [_user_properties(p) if p else "" for p in properties]
+    count = counts.pop()
+    if count == 0:
+        return [""] * n
+    pairs = map("\x01".join, chain.from_iterable(map(dict.items, properties)))
+    if count > 1:
+        pairs = map("\x02".join, zip(*[pairs] * count))
+    return list(map(str.__add__, pairs, repeat("\x02", n)))
+
+
+def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int) -> bool:
+    """True when every message of the columns is valid; False when unsure (or invalid)."""
+    if set(map(type, bodies)) != {bytes}:
+        return False
+    lengths = list(map(len, bodies))
+    if min(lengths) < 1 or max(lengths) > max_body:
+        return False
+    for f in set(flags):
+        if type(f) is not int or not -(2**31) <= f < 2**31:
+            return False
+    for t in set(tags):
+        check_tags(t)
+    if not set(map(type, keys)) <= {str, type(None)}:
+        return False
+    text_keys = [k for k in keys if k]
+    if text_keys:
+        joined = "\x02".join(text_keys)
+        if (joined.count("\x02") != len(text_keys) - 1 or "\x01" in joined or "  " in joined
+                or " \x02" in joined or "\x02 " in joined or joined[0] == " "
+                or joined[-1] == " " or _WHITESPACE_BUT_SPACE.search(joined)):
+            return False
+    if set(map(type, properties)) != {dict}:
+        return False
+    if any(properties):
+        for name in set().union(*properties):
+            if type(name) is not str:
+                return False
+            check_user_properties({name: "x"})  # the name alone: values come next
+        values = list(chain.from_iterable(map(dict.values, properties)))
+        if set(map(type, values)) != {str}:
+            return False
+        joined = "\x02".join(values)
+        if ("\x01" in joined or joined.count("\x02") != len(values) - 1
+                or not all(map(str.strip, values))):
+            return False
+    return True
+
+
+def _user_properties(properties: dict) -> str:
+    """``name 0x01 value 0x02 ...`` of a message's (validated) user properties."""
+    return "\x02".join(map("\x01".join, properties.items())) + "\x02"
+
+
+def properties_strings(users: list[str], tags: list, keys: list, ids: list[str]) -> list[bytes]:
+    """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY.
+
+    The same order (and bytes) as :func:`store.codec.encode_properties` of the dict a
+    single send builds.
+    """
+    tag_part = {t: f"{PROPERTY_TAGS}\x01{t}\x02" if t else "" for t in set(tags)}
+    tag_parts = list(map(tag_part.__getitem__, tags))
+    key_parts = [f"{PROPERTY_KEYS}\x01{k}\x02" if k else "" for k in keys]
+    n = len(ids)
+    text = map("".join, zip(users, tag_parts, key_parts, repeat(f"{PROPERTY_UNIQ_KEY}\x01", n),
+                            ids, repeat("\x02", n)))
+    return list(map(str.encode, text))
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a batch is encoded.
+
+    Encoding allocates a few objects per message and frees none of them in cycles; the
+    collector would otherwise rescan the young objects again and again (a third of the time
+    of a large table, measured).  Reference counting still frees everything at once.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

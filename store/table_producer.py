@@ -1,0 +1,354 @@
+"""Sending a whole table of messages at once: the columnar write path.
+
+:meth:`Producer.send_table <store.producer.Producer.send_table>` takes a ``pyarrow.Table``,
+``pyarrow.RecordBatch`` or ``pandas.DataFrame`` whose columns are, by name:
+
+=============  ====================================  ==========================================
+column         type                                  meaning
+=============  ====================================  ==========================================
+topic          string                                the destination (or ``topic=`` for all)
+body           binary or string (``value`` too)      the payload (required)
+tags           string                                one tag, nullable
+keys           string or list<string>                business keys, nullable
+properties     map<string, string>                   user properties, nullable
+delay_ms       integer                               deliver after this many ms (timer wheel)
+deliver_at     timestamp or integer (epoch ms)       deliver at this time (timer wheel)
+delay_level    integer                               a 4.x delay level
+=============  ====================================  ==========================================
+
+At most one of the three delay columns may be set in a row (null: not delayed).  Any other
+column is refused with an error naming it.  Every row is validated as a single send would
+validate it (the same typed errors) before anything is written: a bad row means nothing of the
+table is stored.
+
+The rows are encoded as columns and appended with the core's columnar append
+(:meth:`StoreCore.append_encoded <store.core.store_core.StoreCore.append_encoded>`) in chunks
+of :data:`CHUNK_ROWS`: headers as one NumPy array, the properties strings built column by
+column, the CommitLog bytes written with one ``pwrite`` per segment and chunk, the ConsumeQueue
+entries in one block per queue.  As in a RocketMQ batch, the rows of one topic in one chunk go
+to one queue (the next of the topic's round robin) and keep their order; delayed rows are
+routed to their real queue now, as single sends are.  The bytes on disk are exactly what
+:meth:`~store.producer.Producer.send` writes for the same message.
+
+The result is a ``pyarrow.Table`` with one row per input row: ``msg_id``, ``topic`` (the
+user's), ``queue_id`` (the queue it surfaces in), ``queue_offset`` (null for a delayed row:
+its offset is known once delivered), ``commitlog_offset`` (of the stored record) and
+``deliver_at_ms`` (null unless delayed).
+"""
+
+from __future__ import annotations
+
+import zlib
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .batch_encoding import (normalized_columns, paused_gc, properties_strings,
+                             validated_columns)
+from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
+from .core.append_types import EncodedRecords
+from .core.ports import StorePort
+from .delayed.routing import DELIVERY_HEADROOM
+from .errors import InvalidDelayError, InvalidMessageError, MessageTooLargeError
+from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
+                      PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_OUT_MS,
+                      RESERVED_PROPERTY_NAMES, SCHEDULE_TOPIC, TIMER_TOPIC, Message,
+                      validate_message, validate_topic)
+
+#: Rows appended per chunk (one commit each).
+CHUNK_ROWS = 8192
+COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
+           "delay_level")
+RESULT_SCHEMA = pa.schema([
+    ("msg_id", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
+    ("queue_offset", pa.int64()), ("commitlog_offset", pa.int64()),
+    ("deliver_at_ms", pa.int64()),
+])
+
+
+def as_table(data) -> pa.Table:
+    """A ``pyarrow.Table`` of ``data`` (a Table, RecordBatch or pandas DataFrame)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InvalidMessageError(
+        f"send_table got {type(data).__name__}; allowed: a pyarrow.Table, a pyarrow.RecordBatch "
+        "or a pandas.DataFrame")
+
+
+def _check_columns(table: pa.Table, topic: str | None) -> pa.Table:
+    names = table.column_names
+    if "value" in names and "body" not in names:  # Kafka's name for the payload
+        table = table.rename_columns(["body" if n == "value" else n for n in names])
+        names = table.column_names
+    unknown = [n for n in names if n not in COLUMNS]
+    if unknown:
+        raise InvalidMessageError(
+            f"unknown column(s) {unknown}; allowed: {', '.join(COLUMNS)} (or value for body)")
+    if "body" not in names:
+        raise InvalidMessageError(f"no body column in {names}; a body (or value) is required")
+    if topic is None and "topic" not in names:
+        raise InvalidMessageError("no topic column and no topic=...; give one of them")
+    if topic is not None and "topic" in names:
+        raise InvalidMessageError("both a topic column and topic=... were given; give one")
+    return table
+
+
+def _strings(table: pa.Table, name: str) -> list:
+    if name not in table.column_names:
+        return [None] * table.num_rows
+    col = table.column(name)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    return col.to_pylist()
+
+
+def _bodies(table: pa.Table) -> list:
+    col = table.column("body")
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.cast(col, pa.binary())
+    elif not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        raise InvalidMessageError(f"column body has type {col.type}; allowed: binary or string")
+    return col.to_pylist()
+
+
+def _keys(table: pa.Table) -> list:
+    if "keys" not in table.column_names:
+        return [None] * table.num_rows
+    col = table.column("keys")
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        return [None if k is None else list(k) for k in col.to_pylist()]
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col.to_pylist()
+    raise InvalidMessageError(f"column keys has type {col.type}; allowed: string or "
+                              "list<string>")
+
+
+def _properties(table: pa.Table) -> list[dict]:
+    if "properties" not in table.column_names:
+        return [{}] * table.num_rows
+    col = table.column("properties")
+    if not pa.types.is_map(col.type):
+        raise InvalidMessageError(
+            f"column properties has type {col.type}; allowed: map<string, string>")
+    return [dict(p) if p else {} for p in col.to_pylist()]
+
+
+def _user_property_strings(table: pa.Table) -> list[str] | None:
+    """Each row's user properties as ``name 0x01 value 0x02 ...``, built and checked with
+    Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
+    value the rules refuse, or a name twice in one row), which then names the bad row."""
+    n = table.num_rows
+    if "properties" not in table.column_names:
+        return [""] * n
+    col = table.column("properties")
+    if not pa.types.is_map(col.type):
+        raise InvalidMessageError(
+            f"column properties has type {col.type}; allowed: map<string, string>")
+    col = col.combine_chunks()
+    offsets = col.offsets
+    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
+    names, values = col.keys.slice(lo, hi - lo), col.items.slice(lo, hi - lo)
+    if hi > lo:
+        if names.null_count or values.null_count:
+            return None
+        for text in (names, values):
+            if pc.any(pc.match_substring_regex(text, "[\x01\x02]")).as_py() or pc.any(
+                    pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)).as_py():
+                return None
+        if pc.any(pc.is_in(names, value_set=pa.array(sorted(RESERVED_PROPERTY_NAMES)))).as_py() \
+                or pc.any(pc.starts_with(names, "__RMQ")).as_py():
+            return None
+        rows = np.repeat(np.arange(n), np.diff(offsets.to_numpy(zero_copy_only=False)))
+        pairs = pa.table({"row": rows, "name": names})
+        if pairs.group_by(["row", "name"]).aggregate([]).num_rows != hi - lo:
+            return None  # a name twice in one row: the per-row path keeps the last, as a dict
+    pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
+    pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")
+    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, pairs), "")
+    return joined.fill_null("").to_pylist()
+
+
+def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the delay level (0: none) and the timer deliver time (-1: none)."""
+    n = table.num_rows
+    config = store.config
+    given = {}
+    for name in ("delay_ms", "deliver_at", "delay_level"):
+        if name in table.column_names:
+            col = table.column(name)
+            if name == "deliver_at" and pa.types.is_timestamp(col.type):
+                col = pc.cast(pc.cast(col, pa.timestamp("ms", tz=col.type.tz)), pa.int64())
+            if not pa.types.is_integer(col.type):
+                raise InvalidDelayError(f"column {name} has type {col.type}; allowed: "
+                                        + ("timestamp or epoch ms" if name == "deliver_at"
+                                           else "an integer type"))
+            given[name] = (col.is_valid().to_numpy(zero_copy_only=False),
+                           col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+    levels = np.zeros(n, dtype=np.int64)
+    deliver = np.full(n, -1, dtype=np.int64)
+    if not given:
+        return levels, deliver
+    count = sum(valid.astype(np.int64) for valid, _ in given.values())
+    if (count > 1).any():
+        row = int(np.argmax(count > 1))
+        raise InvalidDelayError(f"row {row} sets more than one of delay_ms, deliver_at, "
+                                "delay_level; allowed: at most one per row")
+    max_delay = config.timer_max_delay_ms
+    if "delay_level" in given:
+        valid, values = given["delay_level"]
+        bad = valid & (values < 0)
+        if bad.any():
+            raise InvalidDelayError(f"delay_level={int(values[np.argmax(bad)])}; allowed: an int "
+                                    ">= 0 (0 means no delay; levels above the table are clamped)")
+        levels = np.where(valid, np.minimum(values, len(config.delay_levels_ms)), 0)
+    if "delay_ms" in given:
+        valid, values = given["delay_ms"]
+        bad = valid & ((values < 0) | (values > max_delay))
+        if bad.any():
+            raise InvalidDelayError(f"delay_ms={int(values[np.argmax(bad)])}; allowed: an int "
+                                    f"from 0 to timer_max_delay_ms={max_delay}")
+        deliver = np.where(valid & (values > 0), now + values, deliver)
+    if "deliver_at" in given:
+        valid, values = given["deliver_at"]
+        bad = valid & ((values < 0) | (values - now > max_delay))
+        if bad.any():
+            raise InvalidDelayError(f"deliver_at={int(values[np.argmax(bad)])} (epoch ms); "
+                                    f"allowed: at most timer_max_delay_ms={max_delay} ahead")
+        # a time in the past is delivered at once, as RocketMQ does
+        deliver = np.where(valid & (values > now), values, deliver)
+    return levels, deliver
+
+
+def send_table(store: StorePort, data, *, topic: str | None = None) -> pa.Table:
+    """Validate and append a table of messages; see the module docstring."""
+    with paused_gc():
+        return _send_table(store, data, topic)
+
+
+def _send_table(store: StorePort, data, topic: str | None) -> pa.Table:
+    table = _check_columns(as_table(data), topic)
+    n = table.num_rows
+    if n == 0:
+        return RESULT_SCHEMA.empty_table()
+    topics = [topic] * n if topic is not None else _strings(table, "topic")
+    for t in set(topics):
+        validate_topic(t)
+    bodies, tags, keys = _bodies(table), _strings(table, "tags"), _keys(table)
+    limit = store.config.max_message_size_bytes
+    users = _user_property_strings(table)
+    properties = [{}] * n if users is not None else _properties(table)
+    try:
+        bodies, tags, keys, plain = validated_columns(bodies, tags, keys, properties, limit)
+        users = users if users is not None else plain
+    except (TypeError, InvalidMessageError):  # name the first bad row, as single sends would
+        properties = _properties(table)
+        for i in range(n):
+            validate_message(Message(topics[i], bodies[i], tags[i], keys[i], properties[i]),
+                             limit)
+        bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
+    now = store.now_ms()
+    levels, deliver = _delays(table, now, store)
+    ids = store.id_generator.next_ids(n, now)
+    results = []
+    for lo in range(0, n, CHUNK_ROWS):
+        hi = min(n, lo + CHUNK_ROWS)
+        results.append(_append_chunk(store, now, topics[lo:hi], bodies[lo:hi], tags[lo:hi],
+                                     keys[lo:hi], users[lo:hi], ids[lo:hi], levels[lo:hi],
+                                     deliver[lo:hi]))
+    return pa.concat_tables(results)
+
+
+def _append_chunk(store: StorePort, now: int, topics, bodies, tags, keys, users, ids,
+                  levels: np.ndarray, deliver: np.ndarray) -> pa.Table:
+    config = store.config
+    n = len(bodies)
+    names = sorted(set(topics))
+    index = {t: i for i, t in enumerate(names)}
+    user_topic_ids = np.fromiter(map(index.__getitem__, topics), dtype=np.int64, count=n)
+    # one queue per topic per chunk, as a RocketMQ batch: the next of the topic's round robin
+    real_qid = np.array([store.next_queue(t, store.ensure_topic(t)) for t in names],
+                        dtype=np.int64)[user_topic_ids]
+    props = properties_strings(users, tags, keys, ids)
+    by_level, by_timer = levels > 0, deliver >= 0
+    delayed = by_level | by_timer
+    codes = store.tag_hashes(tags)
+    target_topics = list(names)
+    target_ids = user_topic_ids.copy()
+    queue_ids = real_qid.copy()
+    if delayed.any():
+        props = _with_routing(props, topics, real_qid, levels, deliver, by_level, by_timer,
+                              codes, config.timer_precision_ms)
+        if by_level.any():
+            target_topics.append(SCHEDULE_TOPIC)
+            target_ids[by_level] = len(target_topics) - 1
+            queue_ids[by_level] = levels[by_level] - 1
+            level_ms = np.array(config.delay_levels_ms, dtype=np.int64)
+            codes[by_level] = now + level_ms[levels[by_level] - 1]
+        if by_timer.any():
+            target_topics.append(TIMER_TOPIC)
+            target_ids[by_timer] = len(target_topics) - 1
+            queue_ids[by_timer] = 0
+    props_len = np.fromiter(map(len, props), dtype=np.int64, count=n)
+    headroom = config.max_properties_size_bytes - DELIVERY_HEADROOM
+    too_long = delayed & (props_len > headroom)
+    if too_long.any():
+        raise MessageTooLargeError(
+            f"properties of a delayed message are {int(props_len[np.argmax(too_long)])} bytes; "
+            f"allowed: at most {headroom} (max_properties_size_bytes minus {DELIVERY_HEADROOM} "
+            "for delivery bookkeeping)")
+    headers = np.zeros(n, dtype=HEADER_DTYPE)
+    headers["magic"] = MESSAGE_MAGIC_CODE_V1
+    headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), np.int64, n) & 0x7FFFFFFF
+    headers["born_timestamp"] = now
+    headers["born_host"] = np.void(LOCALHOST)
+    headers["store_host"] = np.void(LOCALHOST)
+    headers["store_port"] = STORE_PORT
+    headers["body_length"] = np.fromiter(map(len, bodies), np.int64, n)
+    placed = store.append_encoded(EncodedRecords(
+        headers=headers, bodies=bodies, properties=props, properties_length=props_len,
+        topics=target_topics, topic_ids=target_ids, queue_ids=queue_ids, tags_codes=codes,
+        store_timestamp_ms=now))
+    deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
+                                                   dtype=np.int64)[levels], deliver)
+    return pa.table({
+        "msg_id": pa.array(ids, pa.string()),
+        "topic": pa.array(topics, pa.string()),
+        "queue_id": pa.array(real_qid, pa.int32()),
+        "queue_offset": pa.array(placed.queue_offsets, pa.int64(), mask=delayed),
+        "commitlog_offset": pa.array(placed.commitlog_offsets, pa.int64()),
+        "deliver_at_ms": pa.array(deliver_ms, pa.int64(), mask=~delayed),
+    }, schema=RESULT_SCHEMA)
+
+
+def _with_routing(props: list, topics: list, real_qid: np.ndarray, levels: np.ndarray,
+                  deliver: np.ndarray, by_level: np.ndarray, by_timer: np.ndarray,
+                  codes: np.ndarray, precision_ms: int) -> list:
+    """Append the routing properties of delayed rows, as the services' ``rewrite`` does.
+
+    Level rows get ``REAL_TOPIC``, ``REAL_QID`` and ``DELAY``; timer rows ``REAL_TOPIC``,
+    ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, also their tagsCode, see
+    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.  Built with
+    ``map`` over the selected rows and added with one object-array addition.
+    """
+    out = np.where(deliver % precision_ms == 0, deliver - precision_ms,
+                   deliver - deliver % precision_ms)
+    codes[by_timer] = out[by_timer]
+    route = f"{PROPERTY_REAL_TOPIC}\x01{{}}\x02{PROPERTY_REAL_QUEUE_ID}\x01{{}}\x02"
+    level = route + f"{PROPERTY_DELAY_TIME_LEVEL}\x01{{}}\x02"
+    timer = route + f"{PROPERTY_TIMER_OUT_MS}\x01{{}}\x02{PROPERTY_TIMER_DELIVER_MS}\x01{{}}\x02"
+    column = np.empty(len(props), dtype=object)
+    column[:] = props
+    for sel, template, *values in ((by_level, level, levels), (by_timer, timer, out, deliver)):
+        idx = np.flatnonzero(sel)
+        if len(idx):
+            added = map(str.encode, map(template.format, map(topics.__getitem__, idx.tolist()),
+                                        real_qid[idx].tolist(), *(v[idx].tolist()
+                                                                  for v in values)))
+            extra = np.empty(len(idx), dtype=object)
+            extra[:] = list(added)
+            column[idx] = column[idx] + extra
+    return column.tolist()

@@ -1,0 +1,143 @@
+"""``Producer.send_table``: the columnar write path, against single sends and a simple model."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import (InvalidDelayError, InvalidMessageError, InvalidTopicError, Message,
+                   MessageStore, MessageTooLargeError, StoreError)
+
+PROPS = pa.map_(pa.string(), pa.string())
+
+
+def _record_fields(store, offset):
+    rec = store.read_record(offset)
+    props = dict(rec.properties)
+    props.pop("UNIQ_KEY")
+    return (rec.topic, rec.body, rec.flag, rec.sys_flag, rec.born_timestamp_ms,
+            rec.reconsume_times, rec.total_size, props)
+
+
+def _rows(store, topic):
+    out = []
+    for q in store.queue_ids(topic):
+        out += [(q, v) for v in store.pull(topic, q, store.min_offset(topic, q), 10_000)]
+    return out
+
+
+def test_same_records_as_single_sends(tmp_path, small_config, clock):
+    messages = [Message("orders", b"body-%d" % i, tags=("a", None, "b")[i % 3],
+                        keys=(None, "k1", ["k2", "k3"])[i % 3],
+                        properties=({}, {"x": "1"}, {"x": "2", "ü": "✓"})[i % 3])
+                for i in range(30)]
+    singles, table = str(tmp_path / "singles"), str(tmp_path / "table")
+    with MessageStore.open(singles, small_config, clock=clock) as s:
+        p = s.producer("g")
+        sent = [p.send(m) for m in messages]
+        expected = [_record_fields(s, r.commitlog_offset) for r in sent]
+    with MessageStore.open(table, small_config, clock=clock) as s:
+        result = s.producer("g").send_table(pa.table({
+            "topic": [m.topic for m in messages], "body": [m.body for m in messages],
+            "tags": [m.tags for m in messages],
+            "keys": pa.array([[m.keys] if isinstance(m.keys, str) else m.keys
+                              for m in messages], pa.list_(pa.string())),
+            "properties": pa.array([list(m.properties.items()) for m in messages], PROPS)}))
+        got = [_record_fields(s, o) for o in result.column("commitlog_offset").to_pylist()]
+        ids = result.column("msg_id").to_pylist()
+        assert [s.read_record(o).properties["UNIQ_KEY"]
+                for o in result.column("commitlog_offset").to_pylist()] == ids
+        assert len(set(ids)) == len(ids)
+        # rows of one topic go to one queue, in table order
+        rows = _rows(s, "orders")
+        assert [v.body for _, v in rows] == [m.body for m in messages]
+        assert result.column("queue_offset").to_pylist() == list(range(30))
+    assert got == expected
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(
+    st.sampled_from(["t1", "t2", "t3"]),
+    st.binary(min_size=1, max_size=200),
+    st.one_of(st.none(), st.sampled_from(["a", "b", "标签"])),
+    st.one_of(st.none(), st.lists(st.sampled_from(["k1", "k2", "key-3"]), max_size=3)),
+    st.dictionaries(st.sampled_from(["p", "q", "ü"]), st.sampled_from(["1", "v", "✓"]),
+                    max_size=3)), min_size=1, max_size=40))
+def test_round_trip_against_a_model(tmp_path_factory, small_config, clock, rows):
+    path = str(tmp_path_factory.mktemp("rt"))
+    with MessageStore.open(path, small_config, clock=clock) as s:
+        s.producer("g").send_table(pa.table({
+            "topic": [r[0] for r in rows], "body": [r[1] for r in rows],
+            "tags": pa.array([r[2] for r in rows], pa.string()),
+            "keys": pa.array([r[3] for r in rows], pa.list_(pa.string())),
+            "properties": pa.array([list(r[4].items()) for r in rows], PROPS)}))
+        for topic in ("t1", "t2", "t3"):
+            model = [(r[1], r[2], tuple(r[3] or ()), r[4]) for r in rows if r[0] == topic]
+            got = [(v.body, v.tags, v.keys, v.properties) for _, v in _rows(s, topic)] \
+                if topic in s.topics() else []
+            assert got == model
+
+
+def test_pandas_value_column_and_topic_argument(store):
+    frame = pd.DataFrame({"value": ["a", "b"], "tags": ["x", None]})
+    result = store.producer("g").send_table(frame, topic="orders")
+    assert result.num_rows == 2 and result.column("topic").to_pylist() == ["orders"] * 2
+    assert sorted(v.body for _, v in _rows(store, "orders")) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("table, error, needle", [
+    (pa.table({"topic": ["t"], "tags": ["x"]}), InvalidMessageError, "body"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "colour": ["red"]}), InvalidMessageError,
+     "colour"),
+    (pa.table({"topic": ["bad topic"], "body": [b"x"]}), InvalidTopicError, "bad topic"),
+    (pa.table({"topic": ["t", "t"], "body": [b"x", b"x" * (4 * 1024 * 1024 + 1)]}),
+     MessageTooLargeError, "body"),
+    (pa.table({"topic": ["t"], "body": [b""]}), InvalidMessageError, "body"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "delay_ms": pa.array([5], pa.int64()),
+               "delay_level": pa.array([2], pa.int32())}), InvalidDelayError, "at most one"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "delay_ms": pa.array([-1], pa.int64())}),
+     InvalidDelayError, "delay_ms=-1"),
+    (pa.table({"topic": ["t"], "body": [b"x"],
+               "properties": pa.array([[("KEYS", "x")]], PROPS)}), InvalidMessageError,
+     "reserved"),
+    (pa.table({"topic": ["t"], "body": [1]}), InvalidMessageError, "binary or string"),
+], ids=["no-body", "unknown-column", "bad-topic", "oversized", "empty-body", "two-delays",
+        "negative-delay", "reserved-property", "body-type"])
+def test_bad_input_is_refused_and_nothing_is_written(store, table, error, needle):
+    before, topics = store.confirmed_offset(), store.topics()
+    with pytest.raises(error, match=needle) as info:
+        store.producer("g").send_table(table)
+    assert isinstance(info.value, StoreError)
+    assert store.confirmed_offset() == before and store.topics() == topics
+
+
+def test_delayed_rows_surface_once_due_and_never_early(store, clock):
+    now = clock()
+    table = pa.table({
+        "topic": ["d"] * 4, "body": [b"timer", b"at", b"level", b"now"],
+        "delay_ms": pa.array([3_000, None, None, None], pa.int64()),
+        "deliver_at": pa.array([None, dt.datetime.fromtimestamp((now + 7_000) / 1000,
+                                                                tz=dt.timezone.utc), None, None],
+                               pa.timestamp("ms", tz="UTC")),
+        "delay_level": pa.array([None, None, 1, None], pa.int32())})
+    result = store.producer("g").send_table(table)
+    assert result.column("deliver_at_ms").to_pylist() == [now + 3_000, now + 7_000,
+                                                          now + 1_000, None]
+    assert result.column("queue_offset").to_pylist()[:3] == [None] * 3
+    seen = []
+    for step in range(10):
+        store.deliver_due()
+        bodies = {v.body for _, v in _rows(store, "d")}
+        for body, due in ((b"now", now), (b"level", now + 1_000), (b"timer", now + 3_000),
+                          (b"at", now + 7_000)):
+            assert (body in bodies) == (clock() >= due), (body, clock() - now)
+        seen.append(len(bodies))
+        clock.advance(1_000)
+    assert seen[-1] == 4 and sorted(v.body for _, v in _rows(store, "d")) == sorted(
+        [b"timer", b"at", b"level", b"now"])
