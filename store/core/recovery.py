@@ -122,3 +122,21 @@ def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) ->
 def _log_end_guess(store: CoreParts) -> int:
     last = store.commit_log.files.last_file()
     return last.start if last is not None else 0
+
+
+def recover_without_checkpoint(store: CoreParts, listeners: Sequence[RecoveryListener] = ()
+                               ) -> bool:
+    """Recover a store whose checkpoint rmq did not write (or that is damaged or missing).
+
+    Nothing in such a file may limit recovery: every CommitLog record is validated, every
+    one that passes the checks is kept and re-dispatched, and a trusted checkpoint is
+    written for the result (see :mod:`store.checkpoint`).  Returns whether there were
+    records to recover.
+    """
+    cp = store.checkpoint
+    had_records = bool(store.commit_log.files.refresh())
+    end = recover_tail(store, store.commit_log.min_offset(), limit=None, listeners=listeners)
+    cp.set("last_append_offset", end)  # nothing left for a clean open to re-check
+    cp.mark_trusted()
+    cp.flush()
+    return had_records

@@ -44,7 +44,7 @@ from .appender import Appender
 from .dispatch import Dispatcher
 from .ports import RecoveryListener, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
-from .recovery import recover_tail, verify_tail
+from .recovery import recover_tail, recover_without_checkpoint, verify_tail
 from .retention import delete_expired_segments
 
 log = logging.getLogger("store")
@@ -137,8 +137,8 @@ class StoreCore(ReadableStore):
         write_marker(abort_path)
         with self._write_locked(catch_up=False):
             confirm = self.checkpoint.get("confirm_phy_offset")
-            if not self.checkpoint.trusted:
-                self._recover_without_checkpoint()
+            if not self.checkpoint.trusted:  # one rmq did not write: the records decide
+                self.recovered = recover_without_checkpoint(self, self._recovery_listeners)
             elif crashed:
                 self._recover(self.checkpoint.get("flushed_phy_offset"),
                               limit=confirm if same_boot else None)
@@ -232,22 +232,6 @@ class StoreCore(ReadableStore):
             error, self._flush_error = self._flush_error, None
             raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "
                              "since the last successful flush may not be durable") from error
-
-    def _recover_without_checkpoint(self) -> None:
-        """Recover a store whose checkpoint rmq did not write (or that is damaged or missing).
-
-        Nothing in such a file may limit recovery: every CommitLog record is validated, every
-        one that passes the checks is kept and re-dispatched, and a trusted checkpoint is
-        written for the result (see :mod:`store.checkpoint`).
-        """
-        cp = self.checkpoint
-        had_records = bool(self.commit_log.files.refresh())
-        end = recover_tail(self, self.commit_log.min_offset(), limit=None,
-                           listeners=self._recovery_listeners)
-        cp.set("last_append_offset", end)  # nothing left for a clean open to re-check
-        cp.mark_trusted()
-        cp.flush()
-        self.recovered = had_records
 
     def _catch_up(self, force: bool = False) -> None:
         if self.appender.catch_up(force):
