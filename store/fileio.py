@@ -72,15 +72,18 @@ def write_json_atomic(path: str, data: object) -> None:
     atomic_write(path, text, keep_backup=True)
 
 
-def read_json(path: str) -> object | None:
+def read_json(path: str, valid: Callable[[object], bool] | None = None) -> object | None:
     """Read a JSON file written by :func:`write_json_atomic`, falling back to its ``.bak``.
 
-    Returns ``None`` when neither is readable JSON.
+    ``valid`` (optional) checks the shape: a file of readable JSON that fails it counts as
+    unreadable.  Returns ``None`` when neither file is readable (valid) JSON.
     """
     for candidate in (path, path + ".bak"):
         try:
             with open(candidate, encoding="utf-8") as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
+                data = json.load(fh)
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
             continue
+        if valid is None or valid(data):
+            return data
     return None

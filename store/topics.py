@@ -79,8 +79,8 @@ class TopicTable:
     def reload(self, force: bool = False) -> dict[str, dict]:
         stamp = self._file_stamp()
         if force or stamp != self._stamp or stamp is None:
-            data = read_json(self.path) or {}
-            table = data.get("topicConfigTable", {}) if isinstance(data, dict) else {}
+            data = read_json(self.path, valid=_is_topic_table) or {}
+            table = data.get("topicConfigTable", {})
             self._file_topics = {k: v for k, v in table.items()
                                  if isinstance(v, dict) and _queue_count_of(v) is not None}
             self._stamp = stamp
@@ -120,6 +120,11 @@ class TopicTable:
         self._topics = self._file_topics = topics
         self._stamp = self._file_stamp()
         return cfg
+
+
+def _is_topic_table(data: object) -> bool:
+    """Whether ``data`` has the shape of ``topics.json`` (a dict of topic configs)."""
+    return isinstance(data, dict) and isinstance(data.get("topicConfigTable", {}), dict)
 
 
 def _queue_count_of(cfg: dict) -> int | None:

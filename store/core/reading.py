@@ -245,6 +245,9 @@ class ReadableStore:
         self._check_open()
         if not isinstance(max_messages, int) or max_messages <= 0:
             raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+            raise OffsetOutOfRangeError(f"offset={offset!r}; allowed: an int queue offset")
+        offset = int(offset)
         queue = self._check_queue(topic, queue_id)
         limit = self.confirmed_offset()
         maxo = queue.max_offset(limit)

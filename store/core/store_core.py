@@ -36,7 +36,7 @@ import numpy as np
 from ..abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
 from ..codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
-from ..errors import FlushError, InvalidMessageError
+from ..errors import FlushError, InvalidMessageError, StoreNotFoundError
 from ..message_id import MessageIdGenerator
 from ..topics import default_queue_count
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
@@ -68,6 +68,9 @@ class StoreCore(ReadableStore):
     def __init__(self, path: str, config: StoreConfig | Mapping | None = None, *,
                  clock: Clock | None = None) -> None:
         root = os.path.abspath(path)
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise StoreNotFoundError(f"{root} is a file, not a store directory; allowed: a "
+                                     "directory (created when missing)")
         for sub in ("commitlog", "consumequeue", "config"):
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         self._open_files(root, config, clock, record_layout=True)

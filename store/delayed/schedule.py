@@ -58,7 +58,7 @@ def read_lenient_json(path: str) -> object | None:
         try:
             with open(candidate, encoding="utf-8") as fh:
                 text = fh.read()
-        except OSError:
+        except (OSError, UnicodeDecodeError):  # missing, unreadable or not text: the next
             continue
         for attempt in (text, _BARE_KEY.sub(r'\1"\2"\3', text)):
             try:
@@ -66,6 +66,14 @@ def read_lenient_json(path: str) -> object | None:
             except ValueError:
                 continue
     return None
+
+
+def _int_or(value: object, default: int) -> int:
+    """``value`` as an int, or ``default`` when it is missing or not a number."""
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else default
+    except (TypeError, ValueError):
+        return default
 
 
 def deliver_time(levels_ms: tuple[int, ...], level: int, store_timestamp_ms: int) -> int:
@@ -137,8 +145,8 @@ class ScheduleService:
             except (TypeError, ValueError):
                 continue
         version = data.get("dataVersion") or {}
-        return _Progress(offsets, int(data.get("deliverMark", -1)),
-                         int(version.get("counter", 0)) if isinstance(version, dict) else 0)
+        return _Progress(offsets, _int_or(data.get("deliverMark"), -1),
+                         _int_or(version.get("counter"), 0) if isinstance(version, dict) else 0)
 
     def _lost(self) -> _Progress:
         """No progress file: start at each queue's beginning, skipping what was delivered."""
