@@ -46,8 +46,9 @@ OPTION_NAMES = {name.lower(): name for name in (
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action",
 )}
-#: options Spark itself may put into a writer's option map; accepted and ignored
-_SPARK_WRITE_OPTIONS = frozenset({"checkpointlocation"})
+#: options Spark itself may put into a source's or writer's option map (a query's name and
+#: checkpoint); accepted and ignored
+SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 _READ_ONLY = frozenset(k for k in OPTION_NAMES if k not in ("path", "action"))
 _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
 _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
@@ -227,7 +228,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
     """
     raw = {str(k).lower(): "" if v is None else str(v) for k, v in options.items()}
     for key, value in raw.items():
-        if key not in OPTION_NAMES and not (write and key in _SPARK_WRITE_OPTIONS):
+        if key not in OPTION_NAMES and key not in SPARK_OPTIONS:
             raise InvalidOptionError(
                 f"unknown option {key}={value!r}; allowed: {', '.join(OPTION_NAMES.values())}")
 
@@ -268,7 +269,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
     if view == "transaction_checks" and streaming is False:
         raise _fail("view", raw["view"], "is a streaming view", "spark.readStream with this view")
     if view == "transaction_checks":
-        for key in sorted(raw.keys() - {"path", "view"}):
+        for key in sorted(raw.keys() - {"path", "view"} - SPARK_OPTIONS):
             raise _fail(key, raw[key], "applies to view=messages only",
                         "path and view for view=transaction_checks")
 

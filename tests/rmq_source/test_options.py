@@ -185,3 +185,19 @@ def test_row_limit_is_shared_fairly_and_every_queue_moves():
             if n:
                 seen.add(key)
     assert seen == set(backlog)
+
+
+@pytest.mark.parametrize("injected", ["queryName", "checkpointLocation"])
+@pytest.mark.parametrize("mode", ["read", "stream", "write", "checks"])
+def test_options_spark_injects_are_accepted_everywhere(injected, mode):
+    """Spark puts a query's name and checkpoint into the option map of sources and sinks."""
+    base = {"path": "/s", injected: "q1"}
+    if mode == "write":
+        opts = parse_options({**base, "action": "end_transaction"}, streaming=True, write=True)
+        assert opts.action == "end_transaction"
+    elif mode == "checks":
+        opts = parse_options({**base, "view": "transaction_checks"}, streaming=True)
+        assert opts.view == "transaction_checks"
+    else:
+        opts = parse_options({**base, "subscribe": "t"}, streaming=mode == "stream")
+        assert opts.subscribe == ("t",)

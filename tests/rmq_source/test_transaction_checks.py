@@ -94,6 +94,7 @@ def test_check_loop_query_resolves_by_join_and_messages_see_commits_once(spark, 
                              F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
                              .otherwise("UNKNOWN").alias("state")))
         loop = (decisions.writeStream.format("rmq").option("action", "end_transaction")
+                .queryName("check-loop")  # Spark passes it in the writer's options
                 .option("checkpointLocation", str(tmp_path / "chk-loop"))
                 .trigger(availableNow=True).start(path))
         loop.awaitTermination(180)
