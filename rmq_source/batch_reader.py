@@ -15,9 +15,14 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from .delivery import deliver_due_once
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
+from .queues import (
+    apply_data_loss,
+    check_named_queues,
+    queue_bounds,
+    resolve_offsets,
+    subscribed_queues,
+)
 from .stores import open_reader
-from .queues import (apply_data_loss, check_named_queues, queue_bounds,
-                     resolve_offsets, subscribed_queues)
 
 
 class RmqBatchReader(DataSourceReader):

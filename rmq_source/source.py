@@ -9,8 +9,13 @@ bad option fails when the query starts.  The ``transaction_checks`` view and the
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
-                                    DataSourceStreamWriter, DataSourceWriter)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from store import MESSAGE_SCHEMA

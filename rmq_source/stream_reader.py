@@ -29,17 +29,27 @@ from typing import Iterator, Mapping
 
 import numpy as np
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
-                                              ReadMinRows, SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 
 from .delivery import TRIGGER_DELIVERY_MESSAGES, close_kept_open, deliver_due_kept_open
 from .errors import DataLossError
 from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
+from .queues import (
+    apply_data_loss,
+    check_named_queues,
+    queue_bounds,
+    resolve_offsets,
+    subscribed_queues,
+)
 from .stores import open_reader
-from .queues import (apply_data_loss, check_named_queues, queue_bounds,
-                     resolve_offsets, subscribed_queues)
 
 
 def distribute_rows(max_rows: int, available: Mapping[QueueKey, int],

@@ -14,17 +14,39 @@ Example
 
 from .codec import Record, RecordSpec
 from .config import StoreConfig
-from .errors import (ConfigMismatchError, CorruptRecordError, InvalidBatchError,
-                     InvalidConfigError, InvalidDelayError, InvalidMessageError,
-                     InvalidTopicError, MessageTooLargeError, OffsetOutOfRangeError,
-                     FlushError, ReadOnlyStoreError, StoreClosedError, StoreError,
-                     StoreNotFoundError, TimerFlowControlError, TransactionStateError,
-                     UnknownMessageError, UnknownTopicError)
-from .message import (LocalTransactionState, Message, MessageView, SendResult,
-                      TransactionListener, is_system_topic, java_string_hash, validate_topic)
 from .core.append_types import AppendResult, BatchAppendResult
 from .core.arrow_decode import MESSAGE_SCHEMA
 from .core.reading import system_clock
+from .errors import (
+                     ConfigMismatchError,
+                     CorruptRecordError,
+                     FlushError,
+                     InvalidBatchError,
+                     InvalidConfigError,
+                     InvalidDelayError,
+                     InvalidMessageError,
+                     InvalidTopicError,
+                     MessageTooLargeError,
+                     OffsetOutOfRangeError,
+                     ReadOnlyStoreError,
+                     StoreClosedError,
+                     StoreError,
+                     StoreNotFoundError,
+                     TimerFlowControlError,
+                     TransactionStateError,
+                     UnknownMessageError,
+                     UnknownTopicError,
+)
+from .message import (
+                     LocalTransactionState,
+                     Message,
+                     MessageView,
+                     SendResult,
+                     TransactionListener,
+                     is_system_topic,
+                     java_string_hash,
+                     validate_topic,
+)
 from .message_store import MessageStore
 from .reader import StoreReader
 

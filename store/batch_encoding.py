@@ -16,8 +16,14 @@ from itertools import chain, repeat
 from typing import Iterator, Sequence
 
 from .errors import InvalidMessageError
-from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, check_tags,
-                      check_user_properties, keys_value)
+from .message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    check_tags,
+    check_user_properties,
+    keys_value,
+)
 
 # keys the fast path takes as they are: single inner spaces only, no other whitespace
 _WHITESPACE_BUT_SPACE = re.compile(r"[^\S ]")

@@ -37,7 +37,6 @@ import zlib
 from dataclasses import dataclass
 from typing import AnyStr, Mapping
 
-
 import numpy as np
 
 from .errors import CorruptRecordError

@@ -13,8 +13,15 @@ import os
 import struct
 from typing import Iterator
 
-from .codec import (BLANK, FIELD_OFFSET, Record, RecordCheck, check_record,
-                    decode_record, encode_blank)
+from .codec import (
+    BLANK,
+    FIELD_OFFSET,
+    Record,
+    RecordCheck,
+    check_record,
+    decode_record,
+    encode_blank,
+)
 from .errors import CorruptRecordError
 from .mapped_file import MappedFileQueue
 

@@ -8,16 +8,21 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Protocol, Sequence
 
-from .batch_encoding import (normalized_columns, paused_gc, properties_strings,
-                             validated_columns)
+from .batch_encoding import normalized_columns, paused_gc, properties_strings, validated_columns
 from .codec import RecordSpec
 from .core.ports import StorePort
 from .delayed.schedule import ScheduleService
 from .errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
-from .message import (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message, SendResult,
-                      validate_group,
-                      validate_message, validate_topic)
-
+from .message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    SendResult,
+    validate_group,
+    validate_message,
+    validate_topic,
+)
 from .table_producer import send_table
 from .timer.service import TimerService
 

@@ -39,21 +39,30 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 from __future__ import annotations
 
 import zlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .batch_encoding import (normalized_columns, paused_gc, properties_strings,
-                             validated_columns)
+from .batch_encoding import normalized_columns, paused_gc, properties_strings, validated_columns
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
 from .core.append_types import EncodedRecords
 from .core.ports import StorePort
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import InvalidDelayError, InvalidMessageError, MessageTooLargeError
-from .message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC,
-                      PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_OUT_MS,
-                      RESERVED_PROPERTY_NAMES, SCHEDULE_TOPIC, TIMER_TOPIC, Message,
-                      validate_message, validate_topic)
+from .message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    RESERVED_PROPERTY_NAMES,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    Message,
+    validate_message,
+    validate_topic,
+)
 
 #: Rows appended per chunk (one commit each).
 CHUNK_ROWS = 8192

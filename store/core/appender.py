@@ -29,12 +29,12 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .. import codec
-from ..codec import RecordSpec
-from ..errors import InvalidMessageError, MessageTooLargeError
 from ..checkpoint import StoreCheckpoint
+from ..codec import RecordSpec
 from ..commit_log import CommitLog
 from ..config import StoreConfig
 from ..consume_queue import ConsumeQueue
+from ..errors import InvalidMessageError, MessageTooLargeError
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
 from .dispatch import Dispatcher, QueueEntries, is_dispatched
 

@@ -40,8 +40,6 @@ from ..arrow_properties import (
     arrow_of,
     string_array,
 )
-from ..commit_log import CommitLog
-from ..consume_queue import FILLER_SIZE, ConsumeQueue
 from ..codec import (
     FIXED_SIZE,
     HEADER_SIZE,
@@ -50,6 +48,8 @@ from ..codec import (
     TOPIC_LENGTH,
     gather_headers,
 )
+from ..commit_log import CommitLog
+from ..consume_queue import FILLER_SIZE, ConsumeQueue
 from ..errors import CorruptRecordError, OffsetOutOfRangeError
 from ..message import java_string_hash
 from .message_columns import MESSAGE_SCHEMA, columns, empty_batch, repeat_string

@@ -6,7 +6,6 @@ topics and properties :mod:`store.core.arrow_decode` gathered into its columns.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,9 +28,6 @@ from ..codec import (
 )
 from ..errors import CorruptRecordError
 from ..message import PROPERTY_DELIVER_MS
-
-
-
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _KEYS_TYPE = pa.list_(pa.field("element", pa.string()))

@@ -19,8 +19,14 @@ from ..codec import Record
 from ..commit_log import CommitLog
 from ..config import LAYOUT_FIELDS, StoreConfig
 from ..consume_queue import ENTRY_SIZE, ConsumeQueue
-from ..errors import (ConfigMismatchError, InvalidConfigError, InvalidMessageError,
-                      OffsetOutOfRangeError, StoreClosedError, UnknownTopicError)
+from ..errors import (
+    ConfigMismatchError,
+    InvalidConfigError,
+    InvalidMessageError,
+    OffsetOutOfRangeError,
+    StoreClosedError,
+    UnknownTopicError,
+)
 from ..fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..topics import TopicTable

@@ -29,7 +29,6 @@ from .dispatch import is_dispatched
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
 
-
 def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,
                  listeners: Sequence[RecoveryListener] = ()) -> int:
     """Rescan the CommitLog from ``start_offset``; return the offset where the valid log ends.

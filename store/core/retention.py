@@ -16,7 +16,6 @@ from typing import Sequence
 from ..codec import FIELD_OFFSET, RecordCheck, check_record
 from .ports import CoreParts, RetentionListener
 
-
 _I64 = struct.Struct(">q")
 
 

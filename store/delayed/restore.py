@@ -25,18 +25,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK,
-                     split_properties)
-from ..message import (PROPERTY_DELAY_ORIGIN, PROPERTY_DELIVER_MS, PROPERTY_REAL_QUEUE_ID,
-                       PROPERTY_REAL_TOPIC, PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY,
-                       PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DEQUEUE_MS,
-                       PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_ROLL_TIMES,
-                       PROPERTY_UNIQ_KEY, TIMER_TOPIC, TRANS_HALF_TOPIC, java_string_hash)
-
+from ..codec import (
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
+    split_properties,
+)
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
+from ..message import (
+    PROPERTY_DELAY_ORIGIN,
+    PROPERTY_DELIVER_MS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_DEQUEUE_MS,
+    PROPERTY_TIMER_ENQUEUE_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_ROLL_TIMES,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+    TRANS_HALF_TOPIC,
+    java_string_hash,
+)
 from ..record_gather import SourceRecords, as_bytes, parse_ints, unique_values
-
 
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.

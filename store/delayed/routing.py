@@ -22,11 +22,10 @@ import struct
 import numpy as np
 
 from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
-from ..errors import MessageTooLargeError
 from ..consume_queue import ENTRY_DTYPE, ENTRY_SIZE
 from ..core.ports import StorePort
+from ..errors import MessageTooLargeError
 from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
-
 
 _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
 _I32 = struct.Struct(">i")

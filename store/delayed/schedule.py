@@ -38,14 +38,19 @@ from ..codec import RecordSpec
 from ..consume_queue import live_mask
 from ..core.ports import StorePort
 from ..errors import InvalidDelayError
+from ..fileio import write_json_atomic
 from ..message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
 from .restore import restore
-from .routing import (check_headroom, routed_properties, origins_since, read_queue_entries,
-                             release_commitlog_pages)
-from ..fileio import write_json_atomic
+from .routing import (
+    check_headroom,
+    origins_since,
+    read_queue_entries,
+    release_commitlog_pages,
+    routed_properties,
+)
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16

@@ -11,16 +11,21 @@ that is stored in the same wheel slot so the message never surfaces.
 
 from __future__ import annotations
 
-
 from ..codec import Record, RecordSpec
-from ..message_id import MessageIdGenerator
-from ..errors import CorruptRecordError, UnknownTopicError
-from ..message import (PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, PROPERTY_TAGS,
-                       PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
-                       PROPERTY_TIMER_OUT_MS, PROPERTY_UNIQ_KEY, TIMER_TOPIC)
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
-
+from ..errors import CorruptRecordError, UnknownTopicError
+from ..message import (
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+)
+from ..message_id import MessageIdGenerator
 
 #: The tag RocketMQ gives a cancel (recall) marker.
 RECALL_TAG = "_RECALL_TAG_"

@@ -47,11 +47,20 @@ import numpy as np
 
 from ..codec import RecordSpec
 from ..core.ports import StorePort
-from ..delayed.routing import (check_headroom, routed_properties, origins_since,
-                               read_queue_entries, release_commitlog_pages)
+from ..delayed.routing import (
+    check_headroom,
+    origins_since,
+    read_queue_entries,
+    release_commitlog_pages,
+    routed_properties,
+)
 from ..errors import InvalidMessageError, TimerFlowControlError
-from ..message import (PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_DELIVER_MS,
-                       PROPERTY_TIMER_OUT_MS, TIMER_TOPIC)
+from ..message import (
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_TOPIC,
+)
 from . import checkpoint as ckpt
 from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring

@@ -56,7 +56,6 @@ from ..message import (
     MessageView,
 )
 from .half import check_times, discard_spec, immunity_ms, put_back_spec, transaction_id_of
-
 from .index import TransactionIndex
 
 #: RocketMQ's MAX_PROCESS_TIME_LIMIT: a round stops walking a queue after this long.

@@ -26,8 +26,8 @@ import threading
 
 import numpy as np
 
-from ..core.ports import StorePort
 from ..consume_queue import live_mask
+from ..core.ports import StorePort
 from ..errors import StoreError
 from ..message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
@@ -37,7 +37,6 @@ from ..message import (
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .half_records import _KEY_WIDTH, KEY_DTYPE, gather_records
 from .op import REMOVE_TAG_CODE, parse_op_bodies
-
 
 #: Entries read per step: bounds the temporary arrays of one refresh.
 CHUNK = 1 << 18

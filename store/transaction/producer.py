@@ -20,7 +20,6 @@ from ..message import TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResu
 from ..producer import Producer, ProducerStore
 from .check import parse_state
 from .half import check_transactional_properties, half_spec
-
 from .service import TransactionService
 
 

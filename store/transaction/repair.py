@@ -27,15 +27,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..core.ports import RecoveryScan, StorePort
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..core.ports import RecoveryScan, StorePort
 from ..errors import StoreError
-from ..message import TRANS_HALF_TOPIC
 from ..fileio import read_json, write_json_atomic
+from ..message import TRANS_HALF_TOPIC
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .index import TransactionIndex
 from .op import op_specs
-
 
 FILE_NAME = "transactionRepair.json"
 KEY = "commitOffsets"

@@ -33,9 +33,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 
-from ..core.ports import StorePort
 from ..config import StoreConfig
+from ..core.ports import StorePort
 from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
+from ..fileio import read_json, write_json_atomic
 from ..message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     TRANS_HALF_TOPIC,
@@ -43,13 +44,11 @@ from ..message import (
     LocalTransactionState,
     MessageView,
 )
-from ..fileio import read_json, write_json_atomic
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
 from .index import TransactionIndex
 from .op import op_specs
 from .repair import has_note, repair_noted_commits
-
 
 SETTINGS = ("transaction_timeout_ms", "transaction_check_max", "transaction_check_interval_ms")
 HALF_KEY = f"{TRANS_HALF_TOPIC}@{CHECK_GROUP}"

@@ -37,7 +37,6 @@ from ..fileio import atomic_write
 from ..message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from .index import KEY_DTYPE, Growable, TransactionIndex
 
-
 VERSION = 1
 FILE_NAME = "transactionIndex.npz"
 #: Save at close when the index read at least this many entries (and 10 % more than the last

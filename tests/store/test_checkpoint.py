@@ -15,8 +15,7 @@ import struct
 import pytest
 
 from store import Message, MessageStore
-from store.checkpoint import (CHECKPOINT_FIELD, CHECKPOINT_FILE_SIZE, LAYOUT_MAGIC,
-                              StoreCheckpoint)
+from store.checkpoint import CHECKPOINT_FIELD, CHECKPOINT_FILE_SIZE, LAYOUT_MAGIC, StoreCheckpoint
 
 N = 60
 

@@ -7,8 +7,15 @@ import os
 
 import pytest
 
-from store import (Message, MessageStore, ReadOnlyStoreError, StoreClosedError, StoreError,
-                   StoreNotFoundError, StoreReader)
+from store import (
+    Message,
+    MessageStore,
+    ReadOnlyStoreError,
+    StoreClosedError,
+    StoreError,
+    StoreNotFoundError,
+    StoreReader,
+)
 from store.reader import WRITE_METHODS
 
 

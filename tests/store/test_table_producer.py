@@ -10,8 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import (InvalidDelayError, InvalidMessageError, InvalidTopicError, Message,
-                   MessageStore, MessageTooLargeError, StoreError)
+from store import (
+    InvalidDelayError,
+    InvalidMessageError,
+    InvalidTopicError,
+    Message,
+    MessageStore,
+    MessageTooLargeError,
+    StoreError,
+)
 
 PROPS = pa.map_(pa.string(), pa.string())
 
