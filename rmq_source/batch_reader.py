@@ -44,7 +44,7 @@ class RmqBatchReader(DataSourceReader):
             deliver_due_once(opts.path)
         store = open_reader(opts.path)
         try:
-            bounds = queue_bounds(store, subscribed_queues(store, opts))
+            bounds = queue_bounds(store, subscribed_queues(store, opts, missing_topics="fail"))
             check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
             check_named_queues(opts.ending_offsets, "endingOffsets", bounds, store)
             starts = resolve_offsets(store, bounds, opts.starting_offsets,

@@ -6,6 +6,8 @@ API (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``, ``offset_for_tim
 
 from __future__ import annotations
 
+import logging
+
 from store import StoreReader
 
 from .errors import DataLossError, InvalidOptionError
@@ -13,10 +15,35 @@ from .offsets import QueueKey, QueueOffsets
 from .options import EARLIEST, LATEST, OffsetSpec, RmqOptions
 from .partitions import data_loss_message
 
+log = logging.getLogger("rmq_source")
 
-def subscribed_queues(store: StoreReader, options: RmqOptions) -> list[QueueKey]:
-    """Every (topic, queue id) the subscription covers right now, sorted."""
-    return [(t, q) for t in options.select_topics(store.topics()) for q in store.queue_ids(t)]
+
+def subscribed_queues(store: StoreReader, options: RmqOptions, *,
+                      missing_topics: str = "ignore") -> list[QueueKey]:
+    """Every (topic, queue id) the subscription covers right now, sorted.
+
+    ``missing_topics`` says what a ``subscribe`` naming a topic the store does not hold does:
+    ``"fail"`` (a batch query: the topic is probably mistyped), ``"warn"`` (a stream: it may
+    be created later; logged once per store and topic) or ``"ignore"``.
+    """
+    known = store.topics()
+    missing = sorted(set(options.subscribe or ()) - set(known))
+    if missing and missing_topics == "fail":
+        raise InvalidOptionError(
+            f"option subscribe={','.join(options.subscribe)!r}: topic(s) {missing} do not exist "
+            f"in the store {options.path}; allowed: existing topics {known} (or read with "
+            "readStream, which waits for new topics)")
+    if missing and missing_topics == "warn":
+        new = [t for t in missing if (options.path, t) not in _warned]
+        if new:
+            _warned.update((options.path, t) for t in new)
+            log.warning("subscribe: topic(s) %s do not exist in the store %s yet (existing: "
+                        "%s); the query reads them once they are created", new, options.path,
+                        known)
+    return [(t, q) for t in options.select_topics(known) for q in store.queue_ids(t)]
+
+
+_warned: set[tuple[str, str]] = set()
 
 
 def queue_bounds(store: StoreReader, keys) -> dict[QueueKey, tuple[int, int]]:

@@ -118,7 +118,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.options
         store = open_reader(opts.path)
         try:
-            bounds = queue_bounds(store, subscribed_queues(store, opts))
+            bounds = queue_bounds(store, subscribed_queues(store, opts, missing_topics="warn"))
             check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
             starts = resolve_offsets(store, bounds, opts.starting_offsets,
                                      opts.starting_timestamp_ms, "startingOffsets")

@@ -148,3 +148,15 @@ def test_data_loss_fails_or_skips(spark, store_path, small_config, clock):
     rows = reader.option("failOnDataLoss", "false").load(store_path).collect()
     assert sorted((r["queue_id"], r["queue_offset"]) for r in rows) == sorted(
         (q, o) for q in low for o in range(low[q], high[q]))
+
+
+def test_a_batch_read_of_a_topic_that_does_not_exist_names_it(spark, store_path, small_config,
+                                                               clock):
+    with MessageStore.open(store_path, small_config, clock=clock) as store:
+        store.producer("g").send(Message("orders", b"x"))
+    with pytest.raises(Exception, match=r"\['ordres'\] do not exist.*'orders'"):
+        (spark.read.format("rmq").option("subscribe", "orders,ordres").load(store_path)
+         .collect())
+    # a pattern matching nothing is not a mistyped name: no rows, no error
+    assert spark.read.format("rmq").option("subscribePattern", "nope.*").load(
+        store_path).count() == 0
