@@ -18,7 +18,9 @@ option with its default is docs/options.md).  Rules this module adds:
   streaming-only; ``startingOffsets`` and ``startingTimestamp`` (and the two ending ones)
   exclude each other;
 * ``tags``: RocketMQ's expression, tags separated by ``||``; ``*`` (anywhere) means all;
-* ``action`` (``end_transaction``) is the only option of a writer besides ``path``.
+* a writer without ``action`` is the exactly-once sink (:mod:`rmq_source.sink_writer`):
+  options ``topic``, ``producerGroup``, ``guarantee`` (``exactly_once`` or
+  ``at_least_once``) and ``sinkId``; ``action=end_transaction`` takes only ``path``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from store import InvalidTopicError, is_system_topic, validate_topic
+from store import InvalidTopicError, is_system_topic, validate_group, validate_topic
 
 from .errors import InvalidOptionError
 
@@ -39,17 +41,20 @@ LATEST = -1
 
 VIEWS = ("messages", "transaction_checks")
 ACTIONS = ("end_transaction",)
+GUARANTEES = ("exactly_once", "at_least_once")
+DEFAULT_PRODUCER_GROUP = "rmq-spark-sink"
 
 #: canonical spelling of every option, by its lower-cased name
 OPTION_NAMES = {name.lower(): name for name in (
     "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
-    "deliverDue", "view", "action",
+    "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
 )}
 #: options Spark itself may put into a source's or writer's option map (a query's name and
 #: checkpoint); accepted and ignored
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
-_READ_ONLY = frozenset(k for k in OPTION_NAMES if k not in ("path", "action"))
+_WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid"})
+_READ_ONLY = frozenset(k for k in OPTION_NAMES if k != "path" and k not in _WRITE_ONLY)
 _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
 _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
 
@@ -101,6 +106,10 @@ class RmqOptions:
     fail_on_data_loss: bool = True
     deliver_due: bool = True
     action: str | None = None
+    topic: str | None = None
+    producer_group: str = DEFAULT_PRODUCER_GROUP
+    guarantee: str = "exactly_once"
+    sink_id: str | None = None
     streaming: bool | None = None
     raw: Mapping[str, str] = field(default_factory=dict)
 
@@ -206,6 +215,44 @@ def parse_offset_spec(name: str, value: str, *, allow_earliest: bool,
     return OffsetSpec(default, queues)
 
 
+def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
+    """Options of a writer: the sink's, or ``action=end_transaction`` with ``path`` only."""
+    sink_names = "path, topic, producerGroup, guarantee, sinkId"
+    for key in raw:
+        if key in _READ_ONLY:
+            raise _fail(key, raw[key], "applies to reading only",
+                        f"{sink_names} (or path and action=end_transaction)")
+    action = raw.get("action")
+    if action is not None:
+        if action.strip().lower() not in ACTIONS:
+            raise _fail("action", action, "unknown action",
+                        f"{', '.join(ACTIONS)}, or no action to write messages")
+        for key in sorted(raw.keys() & {"topic", "producergroup", "guarantee", "sinkid"}):
+            raise _fail(key, raw[key], "applies to writing messages, not to "
+                        "action=end_transaction", "path and action")
+        return RmqOptions(path=path, action=action.strip().lower(), streaming=streaming,
+                          raw=raw)
+    topic = None
+    if "topic" in raw:
+        topic = _parse_topic("topic", raw["topic"], raw["topic"].strip())
+    group = raw.get("producergroup", DEFAULT_PRODUCER_GROUP).strip()
+    try:
+        validate_group(group)
+    except InvalidTopicError as exc:
+        raise _fail("producerGroup", raw.get("producergroup"), str(exc),
+                    "a producer group name") from None
+    guarantee = raw.get("guarantee", "exactly_once").strip().lower()
+    if guarantee not in GUARANTEES:
+        raise _fail("guarantee", raw["guarantee"], "unknown delivery guarantee",
+                    ", ".join(GUARANTEES))
+    sink_id = raw.get("sinkid")
+    if sink_id is not None and not sink_id.strip():
+        raise _fail("sinkId", sink_id, "is empty", "a non-empty string naming the sink")
+    return RmqOptions(path=path, topic=topic, producer_group=group, guarantee=guarantee,
+                      sink_id=sink_id.strip() if sink_id else None, streaming=streaming,
+                      raw=raw)
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool | None,
                   write: bool = False) -> RmqOptions:
     """Check and parse a data source option map (keys in any case, values ``str``).
@@ -239,22 +286,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
             "or .option('path', ...)")
 
     if write:
-        for key in raw:
-            if key in _READ_ONLY:
-                raise _fail(key, raw[key], "applies to reading only", "path and action")
-        action = raw.get("action")
-        if action is None:
-            raise InvalidOptionError(
-                f"option action is missing for a write to the rmq store {path}; allowed: "
-                f"{', '.join(ACTIONS)}")
-        if action.strip().lower() not in ACTIONS:
-            raise _fail("action", action, "unknown action", ", ".join(ACTIONS))
-        return RmqOptions(path=path, action=action.strip().lower(), streaming=streaming,
-                          raw=raw)
+        return _parse_write(raw, path, streaming)
 
-    if "action" in raw:
-        raise _fail("action", raw["action"], "applies to writing only",
-                    "no action option on spark.read / spark.readStream")
+    for key in sorted(_WRITE_ONLY & raw.keys()):
+        raise _fail(key, raw[key], "applies to writing only",
+                    "leave it out of spark.read / spark.readStream")
 
     view = raw.get("view", "messages").strip().lower()
     if view not in VIEWS:

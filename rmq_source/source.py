@@ -29,7 +29,8 @@ class RmqDataSource(DataSource):
     """The ``rmq`` data source: batch and streaming reads of a store, and its writer.
 
     Views (option ``view``): ``messages`` (default; batch and streaming) and
-    ``transaction_checks`` (streaming).  Writing takes ``action=end_transaction``.
+    ``transaction_checks`` (streaming).  Writing: messages through the exactly-once sink
+    (:mod:`rmq_source.sink_writer`), or ``action=end_transaction``.
     """
 
     @classmethod
@@ -42,6 +43,9 @@ class RmqDataSource(DataSource):
     def schema(self) -> str:
         if "action" in self.options:  # a write: the rows it takes
             return "transaction_id string, state string"
+        if "subscribe" not in self.options and "subscribepattern" not in self.options and \
+                "view" not in self.options:  # a write of messages: the sink's columns
+            return "topic string, body binary"
         opts = self._options(streaming=None)
         if opts.view == "transaction_checks":
             from .transaction_checks import TRANSACTION_CHECKS_DDL
@@ -68,14 +72,24 @@ class RmqDataSource(DataSource):
         return RmqStreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        opts = self._options(streaming=False, write=True)
+        if opts.action is None:
+            from .sink_writer import RmqSinkWriter
+
+            return RmqSinkWriter(opts, schema)
         from .writer import EndTransactionWriter
 
-        return EndTransactionWriter(self._options(streaming=False, write=True))
+        return EndTransactionWriter(opts)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        opts = self._options(streaming=True, write=True)
+        if opts.action is None:
+            from .sink_writer import RmqSinkStreamWriter
+
+            return RmqSinkStreamWriter(opts, schema)
         from .writer import EndTransactionStreamWriter
 
-        return EndTransactionStreamWriter(self._options(streaming=True, write=True))
+        return EndTransactionStreamWriter(opts)
 
 
 def _check_schema(schema: StructType) -> None:

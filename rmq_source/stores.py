@@ -61,3 +61,19 @@ def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourc
             f"{needs} needs to open the store {path!r} for writing, which failed "
             f"({type(exc).__name__}: {exc}); allowed: a writable store directory{hint}"
         ) from None
+
+
+def ensure_store(path: str) -> None:
+    """Create a store at ``path`` when nothing is there yet (a write may start a new store;
+    an existing store is only checked to be readable)."""
+    import os
+
+    if os.path.isdir(path) and os.listdir(path):
+        open_reader(path).close()
+        return
+    try:
+        MessageStore.open(path).close()
+    except (OSError, StoreError) as exc:
+        raise InvalidOptionError(
+            f"option path={path!r}: cannot create a store there ({type(exc).__name__}: "
+            f"{exc}); allowed: an existing rmq store or a new (or empty) directory") from None

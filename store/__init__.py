@@ -29,6 +29,7 @@ from .errors import (
                      MessageTooLargeError,
                      OffsetOutOfRangeError,
                      ReadOnlyStoreError,
+                     SinkCommitError,
                      StoreClosedError,
                      StoreError,
                      StoreNotFoundError,
@@ -45,10 +46,12 @@ from .message import (
                      TransactionListener,
                      is_system_topic,
                      java_string_hash,
+                     validate_group,
                      validate_topic,
 )
 from .message_store import MessageStore
 from .reader import StoreReader
+from .sink import Sink, SinkCommit
 
 __all__ = [
     "MESSAGE_SCHEMA",
@@ -57,8 +60,9 @@ __all__ = [
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
+    "Sink", "SinkCommit", "SinkCommitError",
     "StoreClosedError", "StoreConfig", "StoreError", "StoreNotFoundError", "StoreReader",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
-    "system_clock", "validate_topic",
+    "system_clock", "validate_group", "validate_topic",
 ]

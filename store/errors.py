@@ -53,6 +53,10 @@ class TransactionStateError(StoreError, ValueError):
     """An end-transaction request names an invalid state or a non-transactional message."""
 
 
+class SinkCommitError(StoreError):
+    """A batch of the exactly-once sink cannot commit: a half it lists is no longer open."""
+
+
 class OffsetOutOfRangeError(StoreError, LookupError):
     """A requested queue offset was removed by retention or lies beyond the queue's end."""
 

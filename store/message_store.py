@@ -27,6 +27,7 @@ from .core.store_core import StoreCore
 from .delayed.schedule import ScheduleService, register_schedule_topic
 from .producer import Producer
 from .reader import StoreReader
+from .sink import Sink, register_sink_topic, settle_check_views
 from .stats import pending_delayed_stats
 from .timer.service import TimerService, register_timer_topic
 from .transaction.check import CheckResult
@@ -75,11 +76,13 @@ class MessageStore(StoreCore):
         register_schedule_topic(self)
         register_timer_topic(self)
         register_transaction_recovery(self)
+        register_sink_topic(self)
         self.start(flush_service=flush_service)
         try:
             self.schedule = ScheduleService(self)
             self.timer = TimerService(self)
             self.transactions = TransactionService(self)
+            self.transactions.set_sink_settler(lambda views: settle_check_views(self, views))
         except BaseException:
             self.close()
             raise
@@ -97,6 +100,12 @@ class MessageStore(StoreCore):
         """A :class:`~store.producer.Producer` of ``group``."""
         self._check_writable()
         return Producer(self, group)
+
+    def sink(self, sink_id: str, group: str = "rmq-sink") -> Sink:
+        """The exactly-once batch writer of ``sink_id`` (see :mod:`store.sink`): stage rows as
+        half messages anywhere, commit a batch of them at once, idempotently."""
+        self._check_writable()
+        return Sink(self, sink_id, group)
 
     def transaction_producer(self, group: str, listener) -> TransactionProducer:
         """A producer that sends half messages and runs ``listener``'s local transaction."""

@@ -39,6 +39,7 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -232,17 +233,52 @@ def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np
     return levels, deliver
 
 
+@dataclass(slots=True)
+class PreparedRows:
+    """Rows validated and encoded as columns, ready to append (see :func:`prepare_rows`).
+
+    ``properties``: each row's whole properties string (user properties, TAGS, KEYS,
+    UNIQ_KEY), without the routing of a delayed row (added when appended); ``tags_codes``:
+    the tag hashes; ``levels``: delay level (0: none); ``deliver_ms``: timer deliver time
+    (-1: none); ``born_ms``: when the rows were taken (delays count from it).
+    """
+
+    topics: list
+    bodies: list
+    properties: list
+    tags_codes: np.ndarray
+    msg_ids: list
+    levels: np.ndarray
+    deliver_ms: np.ndarray
+    born_ms: int
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def slice(self, lo: int, hi: int) -> PreparedRows:
+        return PreparedRows(self.topics[lo:hi], self.bodies[lo:hi], self.properties[lo:hi],
+                            self.tags_codes[lo:hi], self.msg_ids[lo:hi], self.levels[lo:hi],
+                            self.deliver_ms[lo:hi], self.born_ms)
+
+
 def send_table(store: StorePort, data, *, topic: str | None = None) -> pa.Table:
     """Validate and append a table of messages; see the module docstring."""
     with paused_gc():
-        return _send_table(store, data, topic)
+        rows = prepare_rows(store, data, topic=topic)
+        return append_prepared(store, rows)
 
 
-def _send_table(store: StorePort, data, topic: str | None) -> pa.Table:
+def prepare_rows(store: StorePort, data, *, topic: str | None = None) -> PreparedRows:
+    """Validate a table of messages (nothing is written) and encode its columns.
+
+    Raises the typed error a single send would raise for the first bad row.
+    """
     table = _check_columns(as_table(data), topic)
     n = table.num_rows
+    now = store.now_ms()
     if n == 0:
-        return RESULT_SCHEMA.empty_table()
+        return PreparedRows([], [], [], np.zeros(0, np.int64), [], np.zeros(0, np.int64),
+                            np.zeros(0, np.int64), now)
     topics = [topic] * n if topic is not None else _strings(table, "topic")
     for t in set(topics):
         validate_topic(t)
@@ -259,21 +295,38 @@ def _send_table(store: StorePort, data, topic: str | None) -> pa.Table:
             validate_message(Message(topics[i], bodies[i], tags[i], keys[i], properties[i]),
                              limit)
         bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
-    now = store.now_ms()
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_ids(n, now)
+    props = properties_strings(users, tags, keys, ids)
+    return PreparedRows(topics, bodies, props, store.tag_hashes(tags), ids, levels, deliver, now)
+
+
+def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
+                    prepared_offsets: np.ndarray | None = None) -> pa.Table:
+    """Append prepared rows in chunks of :data:`CHUNK_ROWS`; return the results table.
+
+    ``sys_flag`` and ``prepared_offsets`` (PREPAREDTRANSACTIONOFFSET per row) are for the
+    records a transaction commit writes.  Each chunk is one append; inside
+    :meth:`~store.core.store_core.StoreCore.atomic_append` they all land together.
+    """
+    n = len(rows)
+    if n == 0:
+        return RESULT_SCHEMA.empty_table()
     results = []
     for lo in range(0, n, CHUNK_ROWS):
         hi = min(n, lo + CHUNK_ROWS)
-        results.append(_append_chunk(store, now, topics[lo:hi], bodies[lo:hi], tags[lo:hi],
-                                     keys[lo:hi], users[lo:hi], ids[lo:hi], levels[lo:hi],
-                                     deliver[lo:hi]))
+        results.append(_append_chunk(
+            store, rows.slice(lo, hi), sys_flag,
+            None if prepared_offsets is None else prepared_offsets[lo:hi]))
     return pa.concat_tables(results)
 
 
-def _append_chunk(store: StorePort, now: int, topics, bodies, tags, keys, users, ids,
-                  levels: np.ndarray, deliver: np.ndarray) -> pa.Table:
+def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
+                  prepared: np.ndarray | None) -> pa.Table:
     config = store.config
+    now = rows.born_ms
+    topics, bodies, props, ids = rows.topics, rows.bodies, rows.properties, rows.msg_ids
+    levels, deliver = rows.levels, rows.deliver_ms
     n = len(bodies)
     names = sorted(set(topics))
     index = {t: i for i, t in enumerate(names)}
@@ -281,10 +334,9 @@ def _append_chunk(store: StorePort, now: int, topics, bodies, tags, keys, users,
     # one queue per topic per chunk, as a RocketMQ batch: the next of the topic's round robin
     real_qid = np.array([store.next_queue(t, store.ensure_topic(t)) for t in names],
                         dtype=np.int64)[user_topic_ids]
-    props = properties_strings(users, tags, keys, ids)
     by_level, by_timer = levels > 0, deliver >= 0
     delayed = by_level | by_timer
-    codes = store.tag_hashes(tags)
+    codes = np.array(rows.tags_codes, dtype=np.int64)
     target_topics = list(names)
     target_ids = user_topic_ids.copy()
     queue_ids = real_qid.copy()
@@ -312,15 +364,18 @@ def _append_chunk(store: StorePort, now: int, topics, bodies, tags, keys, users,
     headers = np.zeros(n, dtype=HEADER_DTYPE)
     headers["magic"] = MESSAGE_MAGIC_CODE_V1
     headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), np.int64, n) & 0x7FFFFFFF
+    headers["sys_flag"] = sys_flag
     headers["born_timestamp"] = now
     headers["born_host"] = np.void(LOCALHOST)
     headers["store_host"] = np.void(LOCALHOST)
     headers["store_port"] = STORE_PORT
     headers["body_length"] = np.fromiter(map(len, bodies), np.int64, n)
+    if prepared is not None:
+        headers["prepared_transaction_offset"] = prepared
     placed = store.append_encoded(EncodedRecords(
         headers=headers, bodies=bodies, properties=props, properties_length=props_len,
         topics=target_topics, topic_ids=target_ids, queue_ids=queue_ids, tags_codes=codes,
-        store_timestamp_ms=now))
+        store_timestamp_ms=None if prepared is not None else now))
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
     return pa.table({

@@ -17,6 +17,11 @@ Three ways in, one way down (:meth:`Appender.commit`):
 
 Every method here runs with the store's write lock held (the caller, :class:`StoreCore`, takes
 it).
+
+Several appends can form one **atomic group** (:meth:`Appender.atomic_group`): the mark is set
+once before the first and cleared, with ``confirm_phy_offset`` published, only after the last.
+Readers see none of the group until then, and a crash anywhere inside it (of this process:
+the next writer's recovery cuts back to the mark) or an exception drops the whole group.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import zlib
-from typing import Protocol, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -56,6 +62,8 @@ class AppendTarget(Protocol):
 
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
 
+    def drop_tail(self, offset: int) -> None: ...
+
 
 class Appender:
     """The write state of one open store: log end, queue ends, round robin (lock held)."""
@@ -67,6 +75,40 @@ class Appender:
         self.generation = -1
         self.queue_next: dict[tuple[str, int], int] = {}
         self._round_robin: dict[str, itertools.count] = {}
+        self._group_start: int | None = None   # where the open atomic group began
+        self._group_now: int | None = None
+
+    # ------------------------------------------------------------------ atomic groups
+    @contextmanager
+    def atomic_group(self) -> Iterator[None]:
+        """Make every append inside the block one all-or-nothing unit (see the module doc).
+
+        Nested groups join the outer one.  On an exception the records appended inside the
+        group are cut (CommitLog and queues, as recovery would) and the error propagates.
+        """
+        if self._group_start is not None:
+            yield
+            return
+        cp = self.core.checkpoint
+        start = self.write_offset
+        cp.set("write_in_progress", start)
+        cp.set("last_append_offset", start)
+        self._group_start, self._group_now = start, None
+        try:
+            yield
+        except BaseException:
+            self._group_start = None
+            self.core.drop_tail(start)
+            raise
+        self._group_start = None
+        if self._group_now is not None:
+            self._publish(self._group_now)
+        else:
+            cp.set("write_in_progress", -1)
+
+    @property
+    def in_group(self) -> bool:
+        return self._group_start is not None
 
     # ------------------------------------------------------------------ state
     def catch_up(self, force: bool = False) -> bool:
@@ -376,17 +418,27 @@ class Appender:
         """
         core = self.core
         cp = core.checkpoint
+        grouped = self._group_start is not None
         # Crash safety: mark the append, write, (sync), index, then publish.
-        cp.set("write_in_progress", self.write_offset)
-        cp.set("last_append_offset", self.write_offset)
+        if not grouped:
+            cp.set("write_in_progress", self.write_offset)
+            cp.set("last_append_offset", self.write_offset)
         for off, data in chunks:
             core.commit_log.write(off, data)
         if self.config.flush_disk_type == "SYNC_FLUSH":
             core.commit_log.flush(self.write_offset)
         core.dispatcher.dispatch(entries)
+        self.write_offset = end
+        if grouped:  # published when the group ends
+            self._group_now = now
+            return
+        self._publish(now)
+
+    def _publish(self, now: int) -> None:
+        """Confirm everything appended so far: readers may see it, recovery keeps it."""
+        cp = self.core.checkpoint
         cp.set("physic_msg_timestamp", now)
-        cp.set("confirm_phy_offset", end)
+        cp.set("confirm_phy_offset", self.write_offset)
         self.generation = cp.get("write_generation") + 1
         cp.set("write_generation", self.generation)
         cp.set("write_in_progress", -1)
-        self.write_offset = end

@@ -241,6 +241,22 @@ class StoreCore(ReadableStore):
             self.commit_log.files.refresh()
             self.topic_table.reload()
 
+    def drop_tail(self, offset: int) -> None:
+        """Cut what was appended from ``offset`` on (an atomic group that failed), as recovery
+        cuts an append that never completed."""
+        self._recover(offset, limit=offset)
+        self._catch_up(force=True)
+
+    @contextmanager
+    def atomic_append(self) -> Iterator[None]:
+        """Hold the write lock; every append inside the block lands whole or not at all.
+
+        Readers (in every process) see the block's records only when it ends; a crash or an
+        exception inside it drops them all (see :meth:`Appender.atomic_group`).
+        """
+        with self.write_lock(), self.appender.atomic_group():
+            yield
+
     def _recover(self, start_offset: int, limit: int | None = None) -> None:
         recover_tail(self, start_offset, limit=limit, listeners=self._recovery_listeners)
         self.recovered = True

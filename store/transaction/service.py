@@ -30,10 +30,12 @@ decides anything.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 
 from ..config import StoreConfig
+from ..sink_format import PROPERTY_SINK, is_sink_transaction
 from ..core.ports import StorePort
 from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
 from ..fileio import read_json, write_json_atomic
@@ -66,6 +68,7 @@ class TransactionService:
         self._listeners: dict[str, object] = {}
         self._settings: dict[str, int] | None = None
         self._copies: dict = {}  # put-back copies of the running in-process round, by offset
+        self._sink_settler: Callable | None = None
         self._config_dir = os.path.join(store.root, "config")
         self.progress_path = os.path.join(self._config_dir, "transactionOffset.json")
         self.settings_path = os.path.join(self._config_dir, "transactionConfig.json")
@@ -73,6 +76,12 @@ class TransactionService:
         if has_note(store):  # recovery after a reboot kept commit records: write missing ops
             with store.write_lock():
                 repair_noted_commits(store, self.index)
+
+    def set_sink_settler(self, settle: Callable) -> None:
+        """Who answers the check loop for halves of the exactly-once sink
+        (``settle(views)``, called with the write lock held); those halves are never shown to
+        users' resolvers (see :mod:`store.sink`)."""
+        self._sink_settler = settle
 
     # ------------------------------------------------------------------ settings
     def _record_explicit_settings(self) -> None:
@@ -227,6 +236,12 @@ class TransactionService:
                     raise UnknownMessageError(
                         f"transaction id {tx!r}: its half message can no longer be read "
                         f"({exc}); it was probably removed by retention") from None
+                if (state is LocalTransactionState.COMMIT_MESSAGE
+                        and PROPERTY_SINK in record.properties):
+                    raise TransactionStateError(
+                        f"transaction {tx!r} is a half of the rmq sink "
+                        f"{record.properties[PROPERTY_SINK]!r}; allowed: ROLLBACK only (its "
+                        "rows become visible when the sink commits its batch)")
                 custom = record.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
                 if not from_check and custom is not None:
                     limit = immunity_ms(custom, timeout, raise_to_timeout=True)
@@ -273,8 +288,17 @@ class TransactionService:
             raise TransactionStateError(f"max_checks={max_checks!r}; allowed: None or an int >= 1")
         with self.store.write_lock():
             self._copies = {}
-            return run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms,
+            plan = run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms,
                                    remember=self._copies if _remember else None)
+            sink_views = [v for v in plan.checks if is_sink_transaction(v.transaction_id)
+                          and PROPERTY_SINK in {**v.properties, **v.system_properties}]
+            if not sink_views:
+                return plan
+            if self._sink_settler is not None:
+                self._sink_settler(sink_views)
+            skip = {id(v) for v in sink_views}
+            return dataclasses.replace(
+                plan, checks=tuple(v for v in plan.checks if id(v) not in skip))
 
     def check(self, resolve: Resolve | None = None, *,
               max_checks: int | None = None) -> CheckResult:

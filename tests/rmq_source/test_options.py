@@ -125,8 +125,29 @@ def test_writer_options():
                           "checkpointLocation": "/c"}, streaming=True, write=True)
     assert isinstance(opts, RmqOptions) and opts.action == "end_transaction"
     assert opts.raw["checkpointlocation"] == "/c"
-    with pytest.raises(InvalidOptionError, match="action is missing"):
-        parse_options({"path": "/s"}, streaming=False, write=True)
+    sink = parse_options({"path": "/s"}, streaming=False, write=True)
+    assert sink.action is None and sink.guarantee == "exactly_once" and sink.topic is None
+    assert sink.producer_group == "rmq-spark-sink" and sink.sink_id is None
+    sink = parse_options({"path": "/s", "topic": "Orders", "producerGroup": "g1",
+                          "guarantee": "AT_LEAST_ONCE", "sinkId": "orders-sink",
+                          "queryName": "q"}, streaming=True, write=True)
+    assert (sink.topic, sink.producer_group, sink.guarantee, sink.sink_id) == (
+        "Orders", "g1", "at_least_once", "orders-sink")
+    with pytest.raises(InvalidOptionError, match=r"guarantee='twice'.*exactly_once, "
+                                                 r"at_least_once"):
+        parse_options({"path": "/s", "guarantee": "twice"}, streaming=False, write=True)
+    with pytest.raises(InvalidOptionError, match=r"topic='bad topic'"):
+        parse_options({"path": "/s", "topic": "bad topic"}, streaming=False, write=True)
+    with pytest.raises(InvalidOptionError, match=r"topic='RMQ_SYS_TRANS_HALF_TOPIC'"):
+        parse_options({"path": "/s", "topic": "RMQ_SYS_TRANS_HALF_TOPIC"}, streaming=False,
+                      write=True)
+    with pytest.raises(InvalidOptionError, match=r"producerGroup='a b'"):
+        parse_options({"path": "/s", "producerGroup": "a b"}, streaming=False, write=True)
+    with pytest.raises(InvalidOptionError, match=r"topic='T'.*not to action=end_transaction"):
+        parse_options({"path": "/s", "action": "end_transaction", "topic": "T"},
+                      streaming=False, write=True)
+    with pytest.raises(InvalidOptionError, match=r"topic='T': applies to writing only"):
+        parse_options({"path": "/s", "subscribe": "a", "topic": "T"}, streaming=False)
     with pytest.raises(InvalidOptionError, match=r"action='commit_all'.*end_transaction"):
         parse_options({"path": "/s", "action": "commit_all"}, streaming=False, write=True)
     with pytest.raises(InvalidOptionError, match="subscribe='a': applies to reading only"):

@@ -1,0 +1,226 @@
+"""``df.write.format("rmq")`` and ``df.writeStream.format("rmq")``: the exactly-once sink.
+
+Columns, by name (anything else is refused when the query starts, naming the column):
+
+=============  ======================================  =======================================
+column         Spark type                              meaning
+=============  ======================================  =======================================
+topic          string                                  destination (or option ``topic``)
+body / value   binary or string                        the payload (required)
+tags           string                                  one tag
+keys           string or array<string>                 business keys
+properties     map<string,string>                      user properties
+delay_ms       integer types                           deliver after this many ms
+deliver_at     timestamp (or epoch ms as long)         deliver at this time
+delay_level    integer types                           a 4.x delay level
+=============  ======================================  =======================================
+
+At most one delay column may be set per row (null: not delayed).  Rows arrive as Arrow
+batches (``DataSourceArrowWriter`` / ``DataSourceStreamArrowWriter``) and are validated and
+encoded by the store's columnar write path (:func:`store.table_producer.prepare_rows`).
+
+**Exactly once** (``guarantee=exactly_once``, the default): each task stages its rows as half
+messages of the sink (:class:`store.Sink`), invisible to every reader, and returns their
+transaction ids; the driver's ``commit`` makes the whole batch visible in one atomic group
+with a marker for (sink, batch id).  A batch Spark re-runs after a failure finds the marker
+and rolls its new halves back; halves of failed task attempts and of batches that never
+committed are rolled back by the next commit (or ``abort``) of the same sink.  Delayed rows
+become delayed messages at the commit, due from when their task staged them.
+
+The sink is identified by option ``sinkId`` or else, for a streaming query, by its
+checkpoint location (so a restarted query is the same sink and its replays are recognised).
+A batch job is a sink of its own (a fresh id per job).  Two queries writing at the same time
+with the same identity are not supported: one of them fails its commit with
+``SinkCommitError`` and writes nothing of that batch.
+
+``guarantee=at_least_once``: tasks append their rows directly (no halves, no commit step);
+a re-run task or batch appends its rows again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from store import SinkCommitError, StoreError
+
+from .errors import RmqSourceError
+from .options import RmqOptions
+from .stores import ensure_store, open_writer
+
+_INTS = (ByteType, ShortType, IntegerType, LongType)
+#: column -> (allowed Spark types, how the allowed types are named in errors)
+COLUMN_TYPES = {
+    "topic": ((StringType,), "string"),
+    "body": ((BinaryType, StringType), "binary or string"),
+    "value": ((BinaryType, StringType), "binary or string"),
+    "tags": ((StringType,), "string"),
+    "keys": ((StringType, ArrayType), "string or array<string>"),
+    "properties": ((MapType,), "map<string,string>"),
+    "delay_ms": (_INTS, "an integer type"),
+    "deliver_at": ((TimestampType, TimestampNTZType, LongType), "timestamp or long epoch ms"),
+    "delay_level": (_INTS, "an integer type"),
+}
+
+
+class SinkWriteError(RmqSourceError):
+    """The rows given to the ``rmq`` sink cannot be written (columns, types, values)."""
+
+
+def check_sink_schema(schema: StructType, options: RmqOptions) -> None:
+    """Refuse a DataFrame the sink cannot write, before any task runs."""
+    names = [f.name for f in schema.fields]
+    allowed = ", ".join(c for c in COLUMN_TYPES)
+    for f in schema.fields:
+        if f.name not in COLUMN_TYPES:
+            raise SinkWriteError(
+                f"the DataFrame written to rmq has a column {f.name!r} the sink does not know; "
+                f"allowed columns: {allowed} (select or rename the columns first, e.g. "
+                f"df.selectExpr('order_id AS keys', ...))")
+        types, described = COLUMN_TYPES[f.name]
+        if not isinstance(f.dataType, types):
+            raise SinkWriteError(
+                f"column {f.name!r} has type {f.dataType.simpleString()}; allowed: {described}")
+        if isinstance(f.dataType, ArrayType) and not isinstance(f.dataType.elementType,
+                                                                StringType):
+            raise SinkWriteError(f"column keys has type {f.dataType.simpleString()}; allowed: "
+                                 "string or array<string>")
+        if isinstance(f.dataType, MapType) and not (
+                isinstance(f.dataType.keyType, StringType)
+                and isinstance(f.dataType.valueType, StringType)):
+            raise SinkWriteError(f"column properties has type {f.dataType.simpleString()}; "
+                                 "allowed: map<string,string>")
+    if "body" not in names and "value" not in names:
+        raise SinkWriteError(f"the DataFrame written to rmq has no body column (columns: "
+                             f"{names}); allowed: a binary or string column body (or value)")
+    if "body" in names and "value" in names:
+        raise SinkWriteError("the DataFrame written to rmq has both body and value; give one")
+    if "topic" not in names and options.topic is None:
+        raise SinkWriteError(f"no topic for the rows written to rmq (columns: {names}); give a "
+                             "topic column or .option('topic', ...)")
+    if "topic" in names and options.topic is not None:
+        raise SinkWriteError(f"both a topic column and option topic={options.topic!r} were "
+                             "given; give one of them")
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommitMessage(WriterCommitMessage):
+    """One task's staged halves (exactly once) and its row count."""
+
+    transactions: tuple[str, ...]
+    rows: int
+
+
+def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:
+    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    transactions: list[str] = []
+    rows = 0
+    try:
+        if options.guarantee == "at_least_once":
+            producer = store.producer(options.producer_group)
+        else:
+            sink = store.sink(sink_id, options.producer_group)
+        for batch in iterator:
+            if batch.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([batch])
+            try:
+                if options.guarantee == "at_least_once":
+                    producer.send_table(table, topic=options.topic)
+                else:
+                    transactions += sink.stage(table, topic=options.topic)
+            except StoreError as exc:
+                raise SinkWriteError(f"writing to rmq store {options.path}: {exc} (nothing of "
+                                     "this batch becomes visible)") from None
+            rows += batch.num_rows
+    finally:
+        store.close()
+    return SinkCommitMessage(tuple(transactions), rows)
+
+
+def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:
+    if options.guarantee == "at_least_once":
+        return
+    transactions = [tx for m in messages if m is not None for tx in m.transactions]
+    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    try:
+        store.sink(sink_id, options.producer_group).commit(batch_id, transactions)
+    except SinkCommitError as exc:
+        raise SinkWriteError(str(exc)) from None
+    finally:
+        store.close()
+
+
+def _abort(options: RmqOptions, sink_id: str) -> None:
+    if options.guarantee == "at_least_once":
+        return
+    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    try:
+        store.sink(sink_id, options.producer_group).abort()
+    finally:
+        store.close()
+
+
+class RmqSinkWriter(DataSourceArrowWriter):
+    """Batch: ``df.write.format("rmq")``; the whole job becomes visible at once."""
+
+    def __init__(self, options: RmqOptions, schema: StructType) -> None:
+        check_sink_schema(schema, options)
+        ensure_store(options.path)
+        self.options = options
+        self.sink_id = options.sink_id or f"batch-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator) -> SinkCommitMessage:
+        return _write_task(self.options, self.sink_id, iterator)
+
+    def commit(self, messages) -> None:
+        _commit(self.options, self.sink_id, messages, 0)
+
+    def abort(self, messages) -> None:
+        _abort(self.options, self.sink_id)
+
+
+class RmqSinkStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming: ``df.writeStream.format("rmq")``; each micro-batch exactly once."""
+
+    def __init__(self, options: RmqOptions, schema: StructType) -> None:
+        check_sink_schema(schema, options)
+        ensure_store(options.path)
+        self.options = options
+        sink_id = options.sink_id or options.raw.get("checkpointlocation")
+        if not sink_id and options.guarantee == "exactly_once":
+            raise SinkWriteError(
+                "the rmq sink needs an identity for exactly-once streaming: give the query "
+                ".option('checkpointLocation', ...) (the usual way) or .option('sinkId', ...), "
+                "or write with .option('guarantee', 'at_least_once')")
+        self.sink_id = sink_id or "at-least-once"
+
+    def write(self, iterator: Iterator) -> SinkCommitMessage:
+        return _write_task(self.options, self.sink_id, iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        _commit(self.options, self.sink_id, messages, batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        _abort(self.options, self.sink_id)

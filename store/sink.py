@@ -1,0 +1,352 @@
+"""Exactly-once batches of rows: stage them as half messages, commit them all at once.
+
+This is what the Spark sink (``df.write.format("rmq")``) runs on; Python users can call it
+through :meth:`MessageStore.sink <store.message_store.MessageStore.sink>` as well.  A *sink*
+is identified by a string (the Spark sink uses the query's checkpoint location); each of its
+batches by an integer (Spark's batch id).
+
+1. **Stage** (:meth:`Sink.stage`, on any process, e.g. a Spark task): the rows are validated
+   exactly as :meth:`Producer.send_table <store.producer.Producer.send_table>` validates them
+   (a bad row raises its typed error and nothing is written), encoded as columns and appended
+   as *sink halves* (:mod:`store.sink_format`): half messages holding up to about
+   ``max_message_size_bytes`` of rows each, invisible to every reader.  Returns their
+   transaction ids, which the task hands to the driver.
+2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
+   (:meth:`~store.core.store_core.StoreCore.atomic_append`: readers see all of it or none,
+   a crash drops all of it) the marker of ``(sink, batch)``, every row of the listed halves
+   in its real topic (or as a delayed message, due from the time the row was staged, not
+   from the commit) and the op messages ending the halves.  Halves of the sink that are open
+   but not listed (failed task attempts, an earlier attempt of the batch, a killed job) are
+   rolled back in the same group.
+3. **Replay**: a commit of a batch whose marker exists (Spark re-running a batch after a
+   failure) commits nothing new: it rolls the new halves back.  Ending is idempotent.
+
+Halves that no commit ever lists stay open (invisible) until the sink's next commit or
+:meth:`Sink.abort` rolls them back, or the transaction check loop discards them after
+``transaction_check_max`` rounds; the check loop never asks users about sink halves, and
+commits a half that a marker lists but that is still open (:func:`settle_check_views`).
+A user's ``end_transaction(..., COMMIT)`` on a sink half is refused.
+
+Two writers with the same sink id at the same time are not supported: the later commit
+rolls back the halves of the other one's batch in progress, whose commit then fails with
+:class:`SinkCommitError` (nothing of that batch becomes visible).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .batch_encoding import paused_gc
+from .codec import TRANSACTION_COMMIT_TYPE, RecordSpec
+from .errors import CorruptRecordError, InvalidMessageError, SinkCommitError
+from .message import (
+    PROPERTY_KEYS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    TRANS_HALF_TOPIC,
+    validate_group,
+)
+from .sink_format import (
+    PROPERTY_SINK,
+    PROPERTY_SINK_BATCH,
+    PROPERTY_SINK_ROWS,
+    SINK_COMMIT_TOPIC,
+    STAGED_SCHEMA,
+    decode_marker,
+    decode_staged,
+    encode_marker,
+    encode_staged,
+    is_sink_transaction,
+    marker_code,
+    marker_tags_code,
+    new_transaction_id,
+    sink_code,
+    sink_key,
+    transaction_prefix,
+)
+from .table_producer import PreparedRows, append_prepared, prepare_rows
+from .transaction.half import HALF_QUEUE_ID
+from .transaction.op import op_specs
+
+#: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
+HALF_FILL = 0.9
+_MARKER_CHUNK = 1 << 18
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit:
+    """What :meth:`Sink.commit` did: rows and halves committed, halves rolled back, and
+    whether the batch had committed before (a replay: nothing new became visible)."""
+
+    rows: int
+    halves: int
+    rolled_back: int
+    replayed: bool
+
+
+def register_sink_topic(store) -> None:
+    """The marker topic: one queue, tagsCode from the marker's sink and batch."""
+    store.register_system_topic(SINK_COMMIT_TOPIC, 1, marker_tags_code)
+
+
+class Sink:
+    """Stage and commit batches of rows for one sink id (see the module docstring)."""
+
+    def __init__(self, store, sink_id: str, group: str = "rmq-sink") -> None:
+        if not isinstance(sink_id, str) or not sink_id:
+            raise InvalidMessageError(f"sink id {sink_id!r}; allowed: a non-empty string")
+        self.store = store
+        self.sink_id = sink_id
+        self.group = validate_group(group)
+
+    # ------------------------------------------------------------------ staging
+    def stage(self, data, *, topic: str | None = None) -> list[str]:
+        """Validate and stage rows (a table as for ``send_table``); return the halves' ids."""
+        store = self.store
+        with paused_gc():
+            rows = prepare_rows(store, data, topic=topic)
+            if not len(rows):
+                return []
+            specs = [self._half_spec(rows, lo, hi) for lo, hi in _half_bounds(rows, store)]
+            store.append(specs, batch=True)
+        return [s.properties[PROPERTY_TRANSACTION_ID] for s in specs]
+
+    def _half_spec(self, rows: PreparedRows, lo: int, hi: int) -> RecordSpec:
+        part = rows.slice(lo, hi)
+        table = pa.table({
+            "topic": pa.array(part.topics, pa.string()),
+            "body": pa.array(part.bodies, pa.binary()),
+            "properties": pa.array(part.properties, pa.binary()),
+            "tags_code": pa.array(part.tags_codes, pa.int64()),
+            "msg_id": pa.array(part.msg_ids, pa.string()),
+            "delay_level": pa.array(part.levels, pa.int64()),
+            "deliver_ms": pa.array(part.deliver_ms, pa.int64()),
+        }, schema=STAGED_SCHEMA)
+        tx = new_transaction_id(self.sink_id)
+        props = {PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",
+                 PROPERTY_PRODUCER_GROUP: self.group, PROPERTY_REAL_TOPIC: part.topics[0],
+                 PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
+                 PROPERTY_SINK_ROWS: str(hi - lo)}
+        return RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_staged(table), properties=props,
+                          queue_id=HALF_QUEUE_ID, born_timestamp_ms=rows.born_ms)
+
+    # ------------------------------------------------------------------ committing
+    def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
+        """Commit batch ``batch_id`` made of the staged halves ``transactions`` (see the
+        module docstring); idempotent per ``(sink, batch_id)``.
+
+        Raises
+        ------
+        SinkCommitError
+            A listed half is not open (rolled back by a concurrent writer of the same sink,
+            discarded by the check loop, or not a half of this sink); nothing is written.
+        """
+        if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+            raise InvalidMessageError(f"batch id {batch_id!r}; allowed: an int >= 0")
+        listed = list(dict.fromkeys(transactions))
+        store = self.store
+        index = store.transactions.index
+        with paused_gc(), store.atomic_append():
+            index.refresh()
+            open_rows = self._open_rows(index)
+            marker = self._marker(batch_id)
+            replayed = marker is not None
+            if replayed:
+                commit = [tx for tx in marker["transactions"] if tx in open_rows]
+            else:
+                missing = [tx for tx in listed if tx not in open_rows]
+                if missing:
+                    raise SinkCommitError(
+                        f"sink {self.sink_id!r} batch {batch_id}: {len(missing)} of its "
+                        f"{len(listed)} staged halves are no longer open (first: "
+                        f"{missing[0]}); they were rolled back by another writer with the same "
+                        "sink id or discarded by the transaction check loop (a batch must "
+                        "commit within transaction_check_max check rounds); nothing of the "
+                        "batch was committed, re-run it")
+                commit = listed
+            chosen = set(commit)
+            stray = [tx for tx in open_rows if tx not in chosen]
+            if stray:  # a marker may list some (a commit torn by a reboot): finish those
+                listed_before = self._listed_by_markers()
+                commit += [tx for tx in stray if tx in listed_before]
+                chosen = set(commit)
+            rollback = [tx for tx in open_rows if tx not in chosen]
+            now = store.now_ms()
+            rows = 0
+            if not replayed:
+                store.append([self._marker_spec(batch_id, listed, now)])
+            for tx in commit:
+                rows += self._commit_half(index, open_rows[tx])
+            ended = [open_rows[tx] for tx in commit + rollback]
+            if ended:
+                offsets = sorted(int(index.row_latest.data[r]) for r in ended)
+                store.append(op_specs(offsets, now, HALF_QUEUE_ID), batch=True)
+        if ended:
+            index.row_ended.data[ended] = True
+        return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
+                          replayed=replayed)
+
+    def abort(self) -> int:
+        """Roll back every open half of this sink (a failed batch); return how many."""
+        store = self.store
+        index = store.transactions.index
+        with store.write_lock():
+            index.refresh()
+            open_rows = self._open_rows(index)
+            if not open_rows:
+                return 0
+            offsets = sorted(int(index.row_latest.data[r]) for r in open_rows.values())
+            store.append(op_specs(offsets, store.now_ms(), HALF_QUEUE_ID), batch=True)
+            index.row_ended.data[list(open_rows.values())] = True
+        return len(open_rows)
+
+    def committed_batches(self) -> dict[int, dict]:
+        """Every committed batch of this sink still in the store: batch id -> marker fields."""
+        return {m["batch"]: m for m in self._markers(None)}
+
+    def open_halves(self) -> list[str]:
+        """Transaction ids of this sink's halves that are still open."""
+        index = self.store.transactions.index
+        index.refresh()
+        return list(self._open_rows(index))
+
+    # ------------------------------------------------------------------ internals
+    def _open_rows(self, index) -> dict[str, int]:
+        n = index.rows
+        if n == 0:
+            return {}
+        keys = index.row_key.data[:n].view(np.uint8).reshape(n, 32)
+        prefix = np.frombuffer(transaction_prefix(self.sink_id), np.uint8)
+        mine = (keys[:, :len(prefix)] == prefix).all(axis=1)
+        mine &= ~index.row_ended.data[:n] & ~index.row_discarded.data[:n] \
+            & (index.row_latest.data[:n] >= 0)
+        return {index.transaction_id(int(r)): int(r) for r in np.flatnonzero(mine)}
+
+    def _marker_spec(self, batch_id: int, transactions: list[str], now: int) -> RecordSpec:
+        key = sink_key(self.sink_id)
+        body = encode_marker(self.sink_id, batch_id, transactions)
+        return RecordSpec(topic=SINK_COMMIT_TOPIC, body=body, queue_id=0, born_timestamp_ms=now,
+                          properties={PROPERTY_TAGS: key, PROPERTY_KEYS: f"{key}:{batch_id}",
+                                      PROPERTY_SINK: self.sink_id,
+                                      PROPERTY_SINK_BATCH: str(batch_id)})
+
+    def _markers(self, batch_id: int | None) -> list[dict]:
+        """Markers of this sink (of one batch when ``batch_id`` is given), read through the
+        marker queue's tagsCodes (only matching records are decoded)."""
+        store = self.store
+        limit = store.confirmed_offset()
+        cq = store.consume_queue(SINK_COMMIT_TOPIC, 0)
+        lo = cq.min_offset(store.commit_log.min_offset(), limit)
+        hi = cq.max_offset(limit)
+        out = []
+        for start in range(lo, hi, _MARKER_CHUNK):
+            entries = cq.entries(start, min(hi, start + _MARKER_CHUNK))
+            codes = entries["tags_code"].astype(np.int64)
+            if batch_id is None:
+                hit = (codes >> 32) == sink_code(self.sink_id)
+            else:
+                hit = codes == marker_code(self.sink_id, batch_id)
+            for off in entries["offset"][hit].tolist():
+                try:
+                    record = store.read_record(int(off))
+                except CorruptRecordError:
+                    continue  # removed by retention
+                data = decode_marker(record.body)
+                if data is not None and data["sink"] == self.sink_id and (
+                        batch_id is None or data["batch"] == batch_id):
+                    out.append(data)
+        return out
+
+    def _marker(self, batch_id: int) -> dict | None:
+        found = self._markers(batch_id)
+        return found[0] if found else None
+
+    def _listed_by_markers(self) -> set[str]:
+        return {tx for m in self._markers(None) for tx in m["transactions"]}
+
+    def _commit_half(self, index, row: int) -> int:
+        store = self.store
+        clog = index.latest_clog(row)
+        record = store.read_record(clog)
+        if record.properties.get(PROPERTY_SINK) != self.sink_id:
+            raise SinkCommitError(
+                f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is not a "
+                f"half of sink {self.sink_id!r}")
+        table = decode_staged(record.body, f"at CommitLog offset {clog}")
+        rows = _prepared_from_staged(table, record.born_timestamp_ms)
+        if len(rows):
+            append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE,
+                            prepared_offsets=np.full(len(rows), clog, dtype=np.int64))
+        return len(rows)
+
+
+def _prepared_from_staged(table: pa.Table, born_ms: int) -> PreparedRows:
+    return PreparedRows(
+        topics=table.column("topic").to_pylist(),
+        bodies=table.column("body").to_pylist(),
+        properties=table.column("properties").to_pylist(),
+        tags_codes=table.column("tags_code").to_numpy(),
+        msg_ids=table.column("msg_id").to_pylist(),
+        levels=table.column("delay_level").to_numpy(),
+        deliver_ms=table.column("deliver_ms").to_numpy(),
+        born_ms=born_ms)
+
+
+def _half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
+    """Row ranges of the halves: each holds at most ``HALF_FILL`` of the message size limit
+    (a single larger row gets a half of its own)."""
+    n = len(rows)
+    budget = int(store.config.max_message_size_bytes * HALF_FILL)
+    sizes = (np.fromiter(map(len, rows.bodies), np.int64, n)
+             + np.fromiter(map(len, rows.properties), np.int64, n) + 96)
+    ends = np.cumsum(sizes)
+    bounds = []
+    lo, base = 0, 0
+    while lo < n:
+        hi = int(np.searchsorted(ends, base + budget, side="right"))
+        hi = max(hi, lo + 1)
+        bounds.append((lo, hi))
+        base = int(ends[hi - 1])
+        lo = hi
+    return bounds
+
+
+def settle_check_views(store, views) -> None:
+    """The check loop's answer for sink halves: commit those a marker lists (a commit a
+    reboot tore), leave the others open (their sink's next commit or abort ends them)."""
+    sinks = {}
+    for view in views:
+        sink_id = view.system_properties.get(PROPERTY_SINK) or view.properties.get(PROPERTY_SINK)
+        if sink_id and is_sink_transaction(view.transaction_id):
+            sinks.setdefault(sink_id, []).append(view.transaction_id)
+    for sink_id, txs in sinks.items():
+        sink = Sink(store, sink_id)
+        listed = sink._listed_by_markers()
+        if any(tx in listed for tx in txs):
+            _finish_listed(sink)
+
+
+def _finish_listed(sink: Sink) -> None:
+    """Commit the open halves of ``sink`` that a marker lists (nothing else changes)."""
+    store = sink.store
+    index = store.transactions.index
+    with store.atomic_append():
+        index.refresh()
+        open_rows = sink._open_rows(index)
+        listed = sink._listed_by_markers()
+        commit = [tx for tx in open_rows if tx in listed]
+        for tx in commit:
+            sink._commit_half(index, open_rows[tx])
+        if commit:
+            offsets = sorted(int(index.row_latest.data[open_rows[tx]]) for tx in commit)
+            store.append(op_specs(offsets, store.now_ms(), HALF_QUEUE_ID), batch=True)
+    if commit:
+        index.row_ended.data[[open_rows[tx] for tx in commit]] = True

@@ -1,0 +1,148 @@
+"""What the exactly-once sink stores: its half messages and its commit markers.
+
+The sink (:mod:`store.sink`) writes the rows of a batch as *sink halves*: ordinary half
+messages (:mod:`store.transaction.half`) in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, each holding
+many rows, invisible until the batch commits.  On commit one *marker* record names the batch
+and the halves it committed, in the same atomic group as the committed rows and the op
+messages that end the halves.
+
+Sink half (a CommitLog record, layout :mod:`store.codec`)::
+
+    field / property        value
+    body                    an Arrow IPC stream of the rows, schema STAGED_SCHEMA below
+    __transactionId__       "SINK" + 12 hex of the sink key + 16 random hex (32 characters);
+                            always the first property
+    TRAN_MSG                "true"
+    PGROUP                  the sink's producer group
+    REAL_TOPIC, REAL_QID    the first row's topic, "0" (informational: rows carry their own)
+    __RMQ_SINK              the sink id
+    __RMQ_SINK_ROWS         number of rows in the body
+    born timestamp          when the rows were taken (their delays count from it)
+
+STAGED_SCHEMA (one row per message; everything a send would have validated and encoded)::
+
+    column        type      meaning
+    topic         string    the destination topic
+    body          binary    the payload
+    properties    binary    the whole properties string (user properties, TAGS, KEYS,
+                            UNIQ_KEY), without the routing of a delayed row
+    tags_code     int64     the tag hash (ConsumeQueue tagsCode)
+    msg_id        string    the message id (UNIQ_KEY)
+    delay_level   int64     4.x delay level, 0: none
+    deliver_ms    int64     timer deliver time (epoch ms), -1: none
+
+Marker (``rmq_sys_sink_commit`` queue 0, a system topic: hidden from readers)::
+
+    field / property        value
+    body                    JSON {"sink": id, "batch": n, "transactions": [ids]}
+    TAGS                    the sink key (12 hex)
+    KEYS                    "<sink key>:<batch id>"
+    __RMQ_SINK              the sink id
+    __RMQ_SINK_BATCH        the batch id
+    tagsCode                (31 bits of the sink key << 32) | (batch id & 0xFFFFFFFF):
+                            a marker is found from its ConsumeQueue entries alone
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+
+import pyarrow as pa
+
+from .errors import CorruptRecordError
+
+SINK_COMMIT_TOPIC = "rmq_sys_sink_commit"
+PROPERTY_SINK = "__RMQ_SINK"
+PROPERTY_SINK_ROWS = "__RMQ_SINK_ROWS"
+PROPERTY_SINK_BATCH = "__RMQ_SINK_BATCH"
+#: Transaction ids of sink halves start with this, then the sink key.
+SINK_TX_PREFIX = "SINK"
+SINK_KEY_HEX = 12
+
+STAGED_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("body", pa.binary()), ("properties", pa.binary()),
+    ("tags_code", pa.int64()), ("msg_id", pa.string()), ("delay_level", pa.int64()),
+    ("deliver_ms", pa.int64()),
+])
+
+
+def sink_key(sink_id: str) -> str:
+    """The 12 upper-case hex characters that stand for a sink id in ids and tags."""
+    return hashlib.sha1(sink_id.encode("utf-8")).hexdigest()[:SINK_KEY_HEX].upper()
+
+
+def new_transaction_id(sink_id: str) -> str:
+    """A fresh transaction id of a half of ``sink_id`` (32 characters, see the module doc)."""
+    return SINK_TX_PREFIX + sink_key(sink_id) + secrets.token_hex(8).upper()
+
+
+def transaction_prefix(sink_id: str) -> bytes:
+    """The first 16 bytes every transaction id of ``sink_id``'s halves shares."""
+    return (SINK_TX_PREFIX + sink_key(sink_id)).encode("ascii")
+
+
+def is_sink_transaction(transaction_id: str | None) -> bool:
+    return bool(transaction_id) and transaction_id.startswith(SINK_TX_PREFIX) \
+        and len(transaction_id) == 32
+
+
+def marker_code(sink_id: str, batch_id: int) -> int:
+    """The ConsumeQueue tagsCode of the marker of ``(sink_id, batch_id)``."""
+    return (int(sink_key(sink_id)[:8], 16) >> 1) << 32 | (int(batch_id) & 0xFFFFFFFF)
+
+
+def sink_code(sink_id: str) -> int:
+    """The upper 32 bits every marker code of ``sink_id`` shares."""
+    return int(sink_key(sink_id)[:8], 16) >> 1
+
+
+def encode_staged(table: pa.Table) -> bytes:
+    """The body of a sink half: ``table`` (STAGED_SCHEMA) as an Arrow IPC stream."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, STAGED_SCHEMA) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_staged(body: bytes, where: str) -> pa.Table:
+    """The rows of a sink half's body; :class:`CorruptRecordError` naming ``where`` if the
+    body is not a stream of STAGED_SCHEMA."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptRecordError(f"sink half {where}: its body is no Arrow stream ({exc})") \
+            from None
+    if not table.schema.equals(STAGED_SCHEMA):
+        raise CorruptRecordError(
+            f"sink half {where}: its rows have schema {table.schema}; expected {STAGED_SCHEMA}")
+    return table
+
+
+def encode_marker(sink_id: str, batch_id: int, transactions: list[str]) -> bytes:
+    return json.dumps({"sink": sink_id, "batch": int(batch_id),
+                       "transactions": list(transactions)},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def decode_marker(body: bytes) -> dict | None:
+    """The marker's fields, or ``None`` when the body is not a marker."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("sink"), str) \
+            or not isinstance(data.get("batch"), int) \
+            or not isinstance(data.get("transactions"), list):
+        return None
+    return data
+
+
+def marker_tags_code(properties, store_timestamp_ms: int) -> int | None:
+    """TagsCode rule of the marker topic (for re-dispatch by recovery)."""
+    sink_id = properties.get(PROPERTY_SINK)
+    batch = properties.get(PROPERTY_SINK_BATCH)
+    if sink_id is None or batch is None or not batch.lstrip("-").isdigit():
+        return None
+    return marker_code(sink_id, int(batch))
