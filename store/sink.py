@@ -302,9 +302,11 @@ def _prepared_from_staged(table: pa.Table, born_ms: int) -> PreparedRows:
 
 def _half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
     """Row ranges of the halves: each holds at most ``HALF_FILL`` of the message size limit
-    (a single larger row gets a half of its own)."""
+    (or of half a CommitLog segment, when smaller); a single larger row gets a half of its
+    own."""
     n = len(rows)
-    budget = int(store.config.max_message_size_bytes * HALF_FILL)
+    cfg = store.config
+    budget = int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
     sizes = (np.fromiter(map(len, rows.bodies), np.int64, n)
              + np.fromiter(map(len, rows.properties), np.int64, n) + 96)
     ends = np.cumsum(sizes)
