@@ -142,7 +142,7 @@ def test_bad_rows_are_refused_with_nothing_staged(tmp_path, small_config, clock)
             (pa.table({"topic": ["a"], "body": [b"x"], "delay_ms": [5], "delay_level": [1]}),
              InvalidDelayError, "more than one"),
             (pa.table({"topic": ["a"], "body": [b"x" * (small_config.max_message_size_bytes
-                                                        + 1)]}), MessageTooLargeError, "allowed"),
+                                                        + 1)]}), MessageTooLargeError, "exceeds max_message_size_bytes"),
         ]
         for table, error, text in cases:
             with pytest.raises(error, match=text):
