@@ -182,6 +182,21 @@ def _user_property_strings(table: pa.Table) -> list[str] | None:
     return joined.fill_null("").to_pylist()
 
 
+_PER_MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _epoch_ms_ceil(col) -> pa.ChunkedArray:
+    """Epoch ms of a timestamp column, rounded up (a time between two ms is never early)."""
+    per_ms = _PER_MS[col.type.unit]
+    raw = pc.cast(col, pa.int64())
+    if per_ms < 0:
+        return pc.multiply(raw, -per_ms)
+    if per_ms == 1:
+        return raw
+    # ceil(v / per_ms) for v >= 0 (integer division; negative times are refused later)
+    return pc.divide(pc.add(raw, per_ms - 1), per_ms)
+
+
 def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np.ndarray]:
     """Per row: the delay level (0: none) and the timer deliver time (-1: none)."""
     n = table.num_rows
@@ -191,7 +206,7 @@ def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np
         if name in table.column_names:
             col = table.column(name)
             if name == "deliver_at" and pa.types.is_timestamp(col.type):
-                col = pc.cast(pc.cast(col, pa.timestamp("ms", tz=col.type.tz)), pa.int64())
+                col = _epoch_ms_ceil(col)
             if not pa.types.is_integer(col.type):
                 raise InvalidDelayError(f"column {name} has type {col.type}; allowed: "
                                         + ("timestamp or epoch ms" if name == "deliver_at"

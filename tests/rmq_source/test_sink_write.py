@@ -1,0 +1,149 @@
+"""``df.write.format("rmq")`` / ``df.writeStream.format("rmq")``: the exactly-once sink."""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import json
+import os
+
+import pytest
+
+from store import MessageStore
+
+pytestmark = pytest.mark.spark
+
+
+def _read(spark, path, topic):
+    return spark.read.format("rmq").option("subscribe", topic).load(path)
+
+
+def _write_json(directory, name, rows):
+    with open(os.path.join(directory, name), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows))
+
+
+def test_batch_write_every_column_round_trips(spark, tmp_path):
+    path = str(tmp_path / "store")  # a new store: the write creates it
+    df = spark.sql("""
+        SELECT CASE WHEN id % 2 = 0 THEN 'orders' ELSE 'payments' END AS topic,
+               concat('order-', id) AS body,
+               CASE WHEN id % 3 = 0 THEN NULL ELSE 'created' END AS tags,
+               array(concat('o', id), 'all') AS keys,
+               map('amount', cast(id * 10 AS string), 'ü', '✓') AS properties
+        FROM range(200)""")
+    df.write.format("rmq").mode("append").save(path)
+    rows = _read(spark, path, "orders,payments").collect()
+    assert len(rows) == 200
+    by_body = {bytes(r["body"]).decode(): r for r in rows}
+    for i in range(200):
+        r = by_body[f"order-{i}"]
+        assert r["topic"] == ("orders" if i % 2 == 0 else "payments")
+        assert r["tags"] == (None if i % 3 == 0 else "created")
+        assert list(r["keys"]) == [f"o{i}", "all"]
+        assert r["properties"] == {"amount": str(i * 10), "ü": "✓"}
+    with MessageStore.open(path) as store:
+        assert store.pending_transaction_stats()["pending"] == 0
+
+
+def test_value_column_option_topic_and_delays(spark, tmp_path):
+    path = str(tmp_path / "store")
+    now = dt.datetime.now(dt.timezone.utc)
+    df = spark.createDataFrame(
+        [(b"plain", None, None, None), (b"in-1h", 3_600_000, None, None),
+         (b"at", None, now + dt.timedelta(hours=2), None), (b"level", None, None, 18)],
+        "value binary, delay_ms long, deliver_at timestamp, delay_level int")
+    df.write.format("rmq").option("topic", "reminders").mode("append").save(path)
+    rows = _read(spark, path, "reminders").collect()
+    assert [bytes(r["body"]) for r in rows] == [b"plain"]  # the others are not due
+    with MessageStore.open(path) as store:
+        stats = store.pending_delayed_stats()
+        assert (stats["timer_pending"], stats["schedule_pending"]) == (2, 1)
+
+
+@pytest.mark.parametrize("select, option, message", [
+    ("'t' AS topic, 'x' AS body, 1 AS color", {}, r"column 'color' the sink does not know"),
+    ("'t' AS topic", {}, "has no body column"),
+    ("'t' AS topic, 'x' AS body", {"topic": "u"}, "both a topic column and option topic"),
+    ("'x' AS body", {}, r"no topic for the rows"),
+    ("'t' AS topic, 'x' AS body, 1.5D AS delay_ms", {}, r"column 'delay_ms' has type double"),
+    ("'t' AS topic, 'x' AS body, array(1) AS keys", {}, r"keys has type array<int>"),
+    ("'t' AS topic, 'x' AS body", {"guarantee": "maybe"}, r"guarantee='maybe'"),
+])
+def test_bad_dataframes_are_refused_at_start(spark, tmp_path, select, option, message):
+    path = str(tmp_path / "store")
+    writer = spark.range(1).selectExpr(*select.split(", ")).write.format("rmq").mode("append")
+    for k, v in option.items():
+        writer = writer.option(k, v)
+    with pytest.raises(Exception, match=message):
+        writer.save(path)
+
+
+def test_a_bad_row_fails_the_job_and_nothing_is_visible(spark, tmp_path):
+    path = str(tmp_path / "store")
+    df = spark.sql("SELECT 'orders' AS topic, concat('b', id) AS body, "
+                   "CASE WHEN id = 150 THEN 5 END AS delay_ms, "
+                   "CASE WHEN id = 150 THEN 2 END AS delay_level FROM range(300)").repartition(2)
+    with pytest.raises(Exception, match="more than one of delay_ms, deliver_at, delay_level"):
+        df.write.format("rmq").mode("append").save(path)
+    with MessageStore.open(path) as store:
+        assert "orders" not in store.topics()
+        assert store.pending_transaction_stats()["pending"] == 0  # the good task's halves too
+
+
+def test_stream_replayed_batch_adds_nothing(spark, tmp_path):
+    """Spark re-runs the last batch when its commit was not recorded (a driver died between
+    the sink's commit and Spark's commit log): the sink recognises it."""
+    path, src, ckpt = str(tmp_path / "store"), str(tmp_path / "in"), str(tmp_path / "ckpt")
+    os.makedirs(src)
+
+    def run():
+        q = (spark.readStream.schema("topic string, body string, delay_ms long").json(src)
+             .writeStream.format("rmq").option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start(path))
+        q.awaitTermination(120)
+        return q
+
+    _write_json(src, "a.json", [{"topic": "s", "body": f"a{i}"} for i in range(40)])
+    run()
+    _write_json(src, "b.json", [{"topic": "s", "body": f"b{i}", "delay_ms": 600_000 if i == 0
+                                 else None} for i in range(25)])
+    run()
+    assert _read(spark, path, "s").count() == 64
+    commits = sorted(glob.glob(os.path.join(ckpt, "commits", "[0-9]*")), key=lambda p: int(
+        os.path.basename(p)))
+    os.remove(commits[-1])  # Spark forgets it committed the last batch
+    crc = os.path.join(ckpt, "commits", f".{os.path.basename(commits[-1])}.crc")
+    if os.path.exists(crc):
+        os.remove(crc)
+    run()
+    bodies = [bytes(r["body"]).decode() for r in _read(spark, path, "s").collect()]
+    assert len(bodies) == 64 and len(set(bodies)) == 64
+    with MessageStore.open(path) as store:
+        assert store.pending_transaction_stats()["pending"] == 0
+        assert store.pending_delayed_stats()["timer_pending"] == 1  # b0 once, not twice
+        batches = store.sink(ckpt).committed_batches()
+        assert sorted(batches) == [0, 1]
+        # the re-run staged halves of its own, which its commit found replayed and rolled back
+        committed = sum(len(m["transactions"]) for m in batches.values())
+        assert store.pending_transaction_stats()["transactions"] > committed
+
+
+def test_stream_at_least_once_and_sink_id(spark, tmp_path):
+    path, src = str(tmp_path / "store"), str(tmp_path / "in")
+    os.makedirs(src)
+    _write_json(src, "a.json", [{"body": f"x{i}"} for i in range(10)])
+    q = (spark.readStream.schema("body string").json(src).writeStream.format("rmq")
+         .option("topic", "alo").option("guarantee", "at_least_once")
+         .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True)
+         .start(path))
+    q.awaitTermination(120)
+    q = (spark.readStream.schema("body string").json(src).writeStream.format("rmq")
+         .option("topic", "named").option("sinkId", "orders-sink")
+         .option("checkpointLocation", str(tmp_path / "c2")).trigger(availableNow=True)
+         .start(path))
+    q.awaitTermination(120)
+    assert _read(spark, path, "alo").count() == 10 and _read(spark, path, "named").count() == 10
+    with MessageStore.open(path) as store:
+        assert list(store.sink("orders-sink").committed_batches()) == [0]
+        assert store.sink(str(tmp_path / "c1")).committed_batches() == {}
