@@ -2,13 +2,15 @@
 
 The scenario of the seed articles, with RocketMQ's 30-minute time-out scaled to seconds:
 
-1. A producer thread creates orders (topic ``orders``).  Each order also gets a delayed
-   "close if unpaid" message (topic ``order_timeouts``, timer wheel, ``timeout_s`` ahead).
-2. Most orders are paid through transactional messages (topic ``payments``): committed at
+1. A producer thread creates orders (topic ``orders``).
+2. Spark query ``scheduler`` reads the orders as a stream and schedules each one's delayed
+   "close if unpaid" message (topic ``order_timeouts``, timer wheel, ``timeout_s`` ahead)
+   through the exactly-once ``rmq`` sink (``writeStream.format("rmq")`` with ``delay_ms``).
+3. Most orders are paid through transactional messages (topic ``payments``): committed at
    once, rolled back, or left UNKNOW for the check loop; a few are never paid.
-3. Spark query ``pipeline`` reads orders, payments and time-outs as micro-batches and closes
+4. Spark query ``pipeline`` reads orders, payments and time-outs as micro-batches and closes
    every order whose time-out surfaces while it is unpaid (topic ``order_closed``).
-4. Spark query ``check_loop`` reads ``view=transaction_checks``, joins the half messages with
+5. Spark query ``check_loop`` reads ``view=transaction_checks``, joins the half messages with
    the orders table (did the customer really pay?) and writes COMMIT / ROLLBACK back with
    ``action=end_transaction``.
 
@@ -93,8 +95,6 @@ def _produce(store, n: int, timeout_ms: int, outcomes: dict, rate_per_s: float,
         oid = f"o-{i:06d}"
         body = json.dumps({"order": oid, "amount": 10 + i % 90}).encode()
         producer.send(Message(ORDERS, body, tags="created", keys=oid))
-        producer.send(Message(TIMEOUTS, body, tags="close_if_unpaid", keys=oid),
-                      delay_ms=timeout_ms)
         if outcomes[oid] != "no_payment":
             payer.send_in_transaction(Message(PAYMENTS, body, tags="paid", keys=oid), arg=oid)
         progress["produced"] = i + 1
@@ -229,6 +229,16 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
             decisions.writeStream.format("rmq").option("action", "end_transaction")
             .option("checkpointLocation", os.path.join(tmp, "chk-checks"))
             .trigger(processingTime="500 milliseconds").start(path))
+        # each order's time-out, scheduled through the exactly-once sink
+        new_orders = (spark.readStream.format("rmq").option("subscribe", ORDERS)
+                      .option("startingOffsets", "earliest").load(path))
+        queries.append(
+            new_orders.select(F.lit(TIMEOUTS).alias("topic"), "body",
+                              F.lit("close_if_unpaid").alias("tags"), "keys",
+                              F.lit(timeout_ms).cast("long").alias("delay_ms"))
+            .writeStream.format("rmq").queryName("scheduler")
+            .option("checkpointLocation", os.path.join(tmp, "chk-scheduler"))
+            .trigger(processingTime="250 milliseconds").start(path))
         stream = (spark.readStream.format("rmq")
                   .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS}")
                   .option("startingOffsets", "earliest").load(path))
@@ -241,17 +251,21 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
         # orders flow, so Spark's cold start does not count as lateness.
         from store import Message
 
-        console.print("warming up the two streaming queries ...")
+        console.print("warming up the three streaming queries ...")
         store.producer("order-service").send(Message(ORDERS, b"{}", keys=WARMUP))
         store.transaction_producer("pay-service", _PaymentListener({})).send_in_transaction(
             Message(PAYMENTS, b"{}", keys=WARMUP), arg=WARMUP)
         warm_deadline = time.time() + 120
-        while {ORDERS, PAYMENTS} - state.warm and time.time() < warm_deadline:
+        def scheduled() -> int:
+            return sum(p.get("numInputRows", 0) for p in queries[1].recentProgress)
+
+        while ({ORDERS, PAYMENTS} - state.warm or not scheduled()) \
+                and time.time() < warm_deadline:
             for q in queries:
                 if q.exception() is not None:
                     raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
             time.sleep(0.2)
-        if {ORDERS, PAYMENTS} - state.warm:
+        if {ORDERS, PAYMENTS} - state.warm or not scheduled():
             raise RuntimeError("the streaming queries did not start within 120 s")
         console.print(f"queries ready after {time.time() - started:.1f} s; producing orders")
         started = time.time()

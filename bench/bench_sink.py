@@ -1,0 +1,146 @@
+"""The exactly-once sink against Spark's Parquet writer, and the Python sink against send_table.
+
+Run::
+
+    PYTHONPATH=. /work/venv/bin/python bench/bench_sink.py [--rows N] [--repeat R] [--no-spark]
+
+Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
+
+* ``df.write.parquet``            the rows (``topic``, 100-byte ``body``, ``tags``, ``keys``)
+  written as Parquet: the baseline;
+* ``df.write.format("rmq")``      the same rows through the exactly-once sink (tasks stage,
+  the driver commits);
+* ``... guarantee=at_least_once`` the same rows appended directly by the tasks;
+* ``writeStream.format("rmq")``   the rows as a rate-free stream of 10 files, one file per
+  micro-batch, at the default exactly-once setting (rows/s over the whole query);
+
+and, without Spark, ``Sink.stage`` + ``Sink.commit`` against ``send_table`` of the same table.
+The DataFrame is cached and counted first, so every writer reads the same in-memory rows.
+Each case runs ``--repeat`` times (best run).  Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import pyarrow as pa  # noqa: E402
+
+from store import MessageStore  # noqa: E402
+
+
+def python_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+    body = bytes(i % 256 for i in range(100))
+    table = pa.table({"topic": ["bench"] * n, "body": [body] * n, "tags": ["TagA"] * n,
+                      "keys": [f"k{i}" for i in range(n)]})
+    out = []
+    for name in ("send_table", "sink stage+commit"):
+        best = None
+        for r in range(repeat):
+            path = os.path.join(tmp, f"py-{name.split()[0]}-{r}")
+            with MessageStore.open(path) as store:
+                t0 = time.perf_counter()
+                if name == "send_table":
+                    store.producer().send_table(table)
+                else:
+                    sink = store.sink("bench")
+                    sink.commit(0, sink.stage(table))
+                elapsed = time.perf_counter() - t0
+            shutil.rmtree(path)
+            best = elapsed if best is None else min(best, elapsed)
+        out.append((name, best))
+    return out
+
+
+def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYTHONPATH"] = ROOT
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.sql(f"""SELECT 'bench' AS topic,
+                              unhex(repeat('0102030405060708090A', 10)) AS body,
+                              'TagA' AS tags, concat('k', id) AS keys
+                       FROM range({n})""").repartition(2).cache()
+    df.count()
+    # warm both writers once (Python workers, the store's first open)
+    df.limit(1000).write.mode("overwrite").parquet(os.path.join(tmp, "warm.parquet"))
+    df.limit(1000).write.format("rmq").mode("append").save(os.path.join(tmp, "warm-store"))
+    cases = {
+        "df.write.parquet": lambda p: df.write.mode("overwrite").parquet(p),
+        'df.write.format("rmq")': lambda p: df.write.format("rmq").mode("append").save(p),
+        'df.write.format("rmq") at_least_once': lambda p: df.write.format("rmq").option(
+            "guarantee", "at_least_once").mode("append").save(p),
+    }
+    out = []
+    for name, run in cases.items():
+        best = None
+        for r in range(repeat):
+            path = os.path.join(tmp, f"spark-{len(out)}-{r}")
+            t0 = time.perf_counter()
+            run(path)
+            elapsed = time.perf_counter() - t0
+            shutil.rmtree(path, ignore_errors=True)
+            best = elapsed if best is None else min(best, elapsed)
+        out.append((name, best))
+    # streaming: 10 JSON files, one per micro-batch, exactly once
+    src, store, ckpt = (os.path.join(tmp, x) for x in ("stream-in", "stream-store", "ckpt"))
+    os.makedirs(src)
+    per = n // 10
+    for f in range(10):
+        with open(os.path.join(src, f"{f:02d}.json"), "w") as fh:
+            fh.write("\n".join(json.dumps({"topic": "bench", "body": "x" * 100, "tags": "TagA",
+                                           "keys": f"k{f}-{i}"}) for i in range(per)))
+    stream = (spark.readStream.schema("topic string, body string, tags string, keys string")
+              .option("maxFilesPerTrigger", 1).json(src))
+    t0 = time.perf_counter()
+    q = (stream.writeStream.format("rmq").option("checkpointLocation", ckpt)
+         .trigger(availableNow=True).start(store))
+    q.awaitTermination()
+    out.append(('writeStream.format("rmq") (10 batches)', time.perf_counter() - t0))
+    with MessageStore.open(store) as s:
+        assert sum(s.max_offset("bench", q) for q in s.queue_ids("bench")) == per * 10
+    spark.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--python-rows", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-spark", action="store_true")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-sink-")
+    try:
+        py = python_cases(tmp, args.python_rows, args.repeat)
+        base = py[0][1]
+        print(f"\nPython, {args.python_rows:,} rows of 100-byte bodies (best of {args.repeat})")
+        print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs send_table':>14}")
+        for name, s in py:
+            print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
+        if not args.no_spark:
+            sp = spark_cases(tmp, args.rows, args.repeat)
+            base = sp[0][1]
+            print(f"\nSpark local[2], {args.rows:,} rows (best of {args.repeat}; streaming once)")
+            print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs parquet':>14}")
+            for name, s in sp:
+                print(f"{name:<40} {s:8.3f} {args.rows / s:12,.0f} {base / s:13.2f}x")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
