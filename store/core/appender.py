@@ -41,9 +41,12 @@ from ..commit_log import CommitLog
 from ..config import StoreConfig
 from ..consume_queue import ConsumeQueue
 from ..errors import InvalidMessageError, MessageTooLargeError
+from ..record_kernels import ByteColumn, assemble_records, empty_column
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
 from .dispatch import Dispatcher, QueueEntries, is_dispatched
 
+#: Byte offset of BODYCRC in a record (the kernel writes it).
+_CRC_AT = codec.FIELD_OFFSET["body_crc"]
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
 
@@ -301,7 +304,6 @@ class Appender:
         qids = np.asarray(records.queue_ids, dtype=np.int64)
         count = counts[topic_ids]
         qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
-        topic_parts = [codec.TOPIC_LENGTH.pack(len(t)) + t for t in topics]
 
         now = records.store_timestamp_ms
         if now is None:
@@ -339,23 +341,7 @@ class Appender:
         h["queue_offset"] = queue_offsets
         h["physical_offset"] = starts
         h["store_timestamp"] = now
-        hb = memoryview(h.tobytes())  # rows are views: no copy until the join
-        size = codec.HEADER_SIZE
-        extra = records.extra_properties
-        width = 5 if extra is None else 6
-        pieces: list = [None] * (width * n)
-        pieces[0::width] = [hb[i:i + size] for i in range(0, n * size, size)]
-        pieces[1::width] = records.bodies
-        pieces[2::width] = ([topic_parts[0]] * n if len(topic_parts) == 1
-                            else list(map(topic_parts.__getitem__, topic_ids.tolist())))
-        pieces[3::width] = list(map(codec.PROPERTIES_LENGTH_BYTES.__getitem__, props_len.tolist()))
-        pieces[4::width] = records.properties
-        if extra is not None:
-            pieces[5::width] = extra
-        chunks = []
-        for off, i, j, blank in runs:
-            data = b"".join(pieces[width * i:width * j])
-            chunks.append((off, data + blank if blank else data))
+        chunks = self._assemble(records, topics, topic_ids, starts, sizes, runs)
         entries: QueueEntries = {}
         if dispatched:
             codes = np.asarray(records.tags_codes, dtype=np.int64)
@@ -369,6 +355,33 @@ class Appender:
             for g, key in enumerate(keys):
                 self.queue_next[key] = int(firsts[g] + group_counts[g])
         return EncodedAppend(qids, queue_offsets, starts, sizes, now)
+
+    def _assemble(self, records: EncodedRecords, topics: list[bytes], topic_ids: np.ndarray,
+                  starts: np.ndarray, sizes: np.ndarray, runs: list) -> list:
+        """The CommitLog writes of placed records: one buffer per run, filled by the
+        compiled :func:`~store.record_kernels.assemble_records` (body CRCs included)."""
+        n = len(sizes)
+        hb = np.ascontiguousarray(records.headers).view(np.uint8).reshape(n, codec.HEADER_SIZE)
+        bodies = ByteColumn.of(records.bodies)
+        props = ByteColumn.of(records.properties)
+        extra = (empty_column(n) if records.extra_properties is None
+                 else ByteColumn.of(records.extra_properties))
+        names = ByteColumn.of(topics)
+        chunks = []
+        for off, i, j, blank in runs:
+            if j <= i:
+                chunks.append((off, blank))
+                continue
+            local = starts[i:j] - starts[i]
+            used = int(local[-1] + sizes[j - 1])
+            buf = np.empty(used + len(blank), dtype=np.uint8)
+            assemble_records(buf, local, hb[i:j], _CRC_AT, bodies.data, bodies.offsets[i:j + 1],
+                             names.data, names.offsets, topic_ids[i:j], props.data,
+                             props.offsets[i:j + 1], extra.data, extra.offsets[i:j + 1])
+            if blank:
+                buf[used:] = np.frombuffer(blank, dtype=np.uint8)
+            chunks.append((off, buf))
+        return chunks
 
     def place_batch(self, offset: int, sizes: np.ndarray) -> tuple[np.ndarray, list, int]:
         """Where the records of a batch go when the log ends at ``offset``.
