@@ -67,6 +67,16 @@ class MessageIdGenerator:
 
     def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
         """``n`` fresh ids, built with NumPy rather than one format call each."""
+        if n == 1:
+            return self._ids(1, now_ms, as_chars=False)
+        text = self._ids(n, now_ms, as_chars=True).tobytes().decode("ascii")
+        return [text[i:i + 32] for i in range(0, 32 * n, 32)]
+
+    def next_id_chars(self, n: int, now_ms: int | None = None) -> np.ndarray:
+        """``n`` fresh ids as one ``(n, 32)`` uint8 array of ASCII characters."""
+        return self._ids(n, now_ms, as_chars=True)
+
+    def _ids(self, n: int, now_ms: int | None, *, as_chars: bool):
         now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         with self._lock:
             since = self._since_month(now_ms)
@@ -77,7 +87,7 @@ class MessageIdGenerator:
             self._counter = (first + n) & 0xFFFF
             total = used + n
             self._since, self._used = base + total // 65536, total % 65536
-        if n == 1 and used < 65536:
+        if n == 1 and used < 65536 and not as_chars:
             return [self._prefix + self._SUFFIX.pack(base & 0xFFFFFFFF, first).hex().upper()]
         k = np.arange(n, dtype=np.int64)
         counters = (first + k) & 0xFFFF
@@ -90,5 +100,7 @@ class MessageIdGenerator:
         chars[:, :20] = self._prefix_bytes
         chars[:, 20::2] = self._HEX[suffix >> 4]
         chars[:, 21::2] = self._HEX[suffix & 0xF]
-        text = chars.tobytes().decode("ascii")
-        return [text[i:i + 32] for i in range(0, 32 * n, 32)]
+        if not as_chars:
+            text = chars.tobytes().decode("ascii")
+            return [text[i:i + 32] for i in range(0, 32 * n, 32)]
+        return chars

@@ -175,6 +175,13 @@ class ByteColumn:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def to_arrow(self, type_: pa.DataType = pa.binary()) -> pa.Array:
+        """An Arrow binary (or string) array of the rows (one copy of the bytes)."""
+        lo, hi = int(self.offsets[0]), int(self.offsets[-1])
+        offsets = (self.offsets - lo).astype(np.int32)
+        return pa.Array.from_buffers(type_, len(self), [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(self.data[lo:hi].copy())])
+
 
 EMPTY = ByteColumn(np.zeros(1, np.uint8), np.zeros(1, np.int64))
 

@@ -72,6 +72,7 @@ from .sink_format import (
     sink_key,
     transaction_prefix,
 )
+from .record_kernels import ByteColumn
 from .table_producer import PreparedRows, append_prepared, prepare_rows
 from .transaction.half import HALF_QUEUE_ID
 from .transaction.op import op_specs
@@ -122,17 +123,18 @@ class Sink:
     def _half_spec(self, rows: PreparedRows, lo: int, hi: int) -> RecordSpec:
         part = rows.slice(lo, hi)
         table = pa.table({
-            "topic": pa.array(part.topics, pa.string()),
-            "body": pa.array(part.bodies, pa.binary()),
-            "properties": pa.array(part.properties, pa.binary()),
+            "topic": part.topic_array(),
+            "body": part.bodies.to_arrow(),
+            "properties": part.properties.to_arrow(),
             "tags_code": pa.array(part.tags_codes, pa.int64()),
-            "msg_id": pa.array(part.msg_ids, pa.string()),
+            "msg_id": part.msg_ids.to_arrow(pa.string()),
             "delay_level": pa.array(part.levels, pa.int64()),
             "deliver_ms": pa.array(part.deliver_ms, pa.int64()),
         }, schema=STAGED_SCHEMA)
         tx = new_transaction_id(self.sink_id)
         props = {PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",
-                 PROPERTY_PRODUCER_GROUP: self.group, PROPERTY_REAL_TOPIC: part.topics[0],
+                 PROPERTY_PRODUCER_GROUP: self.group,
+                 PROPERTY_REAL_TOPIC: part.topic_names[int(part.topic_ids[0])],
                  PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
                  PROPERTY_SINK_ROWS: str(hi - lo)}
         return RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_staged(table), properties=props,
@@ -289,12 +291,14 @@ class Sink:
 
 
 def _prepared_from_staged(table: pa.Table, born_ms: int) -> PreparedRows:
+    topics = table.column("topic").combine_chunks().dictionary_encode()
     return PreparedRows(
-        topics=table.column("topic").to_pylist(),
-        bodies=table.column("body").to_pylist(),
-        properties=table.column("properties").to_pylist(),
+        topic_names=topics.dictionary.to_pylist(),
+        topic_ids=topics.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+        bodies=ByteColumn.from_arrow(table.column("body")),
+        properties=ByteColumn.from_arrow(table.column("properties")),
         tags_codes=table.column("tags_code").to_numpy(),
-        msg_ids=table.column("msg_id").to_pylist(),
+        msg_ids=ByteColumn.from_arrow(table.column("msg_id")),
         levels=table.column("delay_level").to_numpy(),
         deliver_ms=table.column("deliver_ms").to_numpy(),
         born_ms=born_ms)
@@ -307,8 +311,7 @@ def _half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
     n = len(rows)
     cfg = store.config
     budget = int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
-    sizes = (np.fromiter(map(len, rows.bodies), np.int64, n)
-             + np.fromiter(map(len, rows.properties), np.int64, n) + 96)
+    sizes = rows.bodies.lengths() + rows.properties.lengths() + 96
     ends = np.cumsum(sizes)
     bounds = []
     lo, base = 0, 0

@@ -38,7 +38,6 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +48,7 @@ from .batch_encoding import normalized_columns, paused_gc, properties_strings, v
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
 from .core.append_types import EncodedRecords
 from .core.ports import StorePort
+from .record_kernels import ByteColumn, empty_column
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (
@@ -60,7 +60,11 @@ from .message import (
     RESERVED_PROPERTY_NAMES,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
     Message,
+    check_tags,
     validate_message,
     validate_topic,
 )
@@ -147,13 +151,14 @@ def _properties(table: pa.Table) -> list[dict]:
     return [dict(p) if p else {} for p in col.to_pylist()]
 
 
-def _user_property_strings(table: pa.Table) -> list[str] | None:
+def _user_property_strings(table: pa.Table) -> pa.Array | None:
     """Each row's user properties as ``name 0x01 value 0x02 ...``, built and checked with
     Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
     value the rules refuse, or a name twice in one row), which then names the bad row."""
     n = table.num_rows
     if "properties" not in table.column_names:
-        return [""] * n
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
+            np.zeros(n + 1, np.int32)), pa.py_buffer(b"")])
     col = table.column("properties")
     if not pa.types.is_map(col.type):
         raise InvalidMessageError(
@@ -179,7 +184,7 @@ def _user_property_strings(table: pa.Table) -> list[str] | None:
     pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
     pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")
     joined = pc.binary_join(pa.ListArray.from_arrays(offsets, pairs), "")
-    return joined.fill_null("").to_pylist()
+    return joined.fill_null("")
 
 
 _PER_MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}
@@ -252,28 +257,42 @@ def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np
 class PreparedRows:
     """Rows validated and encoded as columns, ready to append (see :func:`prepare_rows`).
 
-    ``properties``: each row's whole properties string (user properties, TAGS, KEYS,
-    UNIQ_KEY), without the routing of a delayed row (added when appended); ``tags_codes``:
-    the tag hashes; ``levels``: delay level (0: none); ``deliver_ms``: timer deliver time
-    (-1: none); ``born_ms``: when the rows were taken (delays count from it).
+    ``topic_names`` / ``topic_ids``: each row's topic; ``properties``: each row's whole
+    properties string (user properties, TAGS, KEYS, UNIQ_KEY), without the routing of a
+    delayed row (added when appended); ``tags_codes``: the tag hashes; ``msg_ids``: the
+    UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
+    deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it).
     """
 
-    topics: list
-    bodies: list
-    properties: list
+    topic_names: list
+    topic_ids: np.ndarray
+    bodies: ByteColumn
+    properties: ByteColumn
     tags_codes: np.ndarray
-    msg_ids: list
+    msg_ids: ByteColumn
     levels: np.ndarray
     deliver_ms: np.ndarray
     born_ms: int
 
     def __len__(self) -> int:
-        return len(self.bodies)
+        return len(self.topic_ids)
 
     def slice(self, lo: int, hi: int) -> PreparedRows:
-        return PreparedRows(self.topics[lo:hi], self.bodies[lo:hi], self.properties[lo:hi],
-                            self.tags_codes[lo:hi], self.msg_ids[lo:hi], self.levels[lo:hi],
+        return PreparedRows(self.topic_names, self.topic_ids[lo:hi], self.bodies.slice(lo, hi),
+                            self.properties.slice(lo, hi), self.tags_codes[lo:hi],
+                            self.msg_ids.slice(lo, hi), self.levels[lo:hi],
                             self.deliver_ms[lo:hi], self.born_ms)
+
+    def topic_array(self) -> pa.Array:
+        """Each row's topic as an Arrow string array."""
+        return pa.DictionaryArray.from_arrays(
+            pa.array(self.topic_ids, pa.int32()),
+            pa.array(self.topic_names, pa.string())).cast(pa.string())
+
+    @classmethod
+    def empty(cls, now: int) -> PreparedRows:
+        z = np.zeros(0, np.int64)
+        return cls([], z, empty_column(0), empty_column(0), z, empty_column(0), z, z, now)
 
 
 def send_table(store: StorePort, data, *, topic: str | None = None) -> pa.Table:
@@ -286,20 +305,29 @@ def send_table(store: StorePort, data, *, topic: str | None = None) -> pa.Table:
 def prepare_rows(store: StorePort, data, *, topic: str | None = None) -> PreparedRows:
     """Validate a table of messages (nothing is written) and encode its columns.
 
-    Raises the typed error a single send would raise for the first bad row.
+    Whole columns are checked and encoded with Arrow compute; when a column is not plainly
+    valid the rows are checked one by one, to raise the typed error a single send would
+    raise for the first bad row.
     """
     table = _check_columns(as_table(data), topic)
-    n = table.num_rows
     now = store.now_ms()
-    if n == 0:
-        return PreparedRows([], [], [], np.zeros(0, np.int64), [], np.zeros(0, np.int64),
-                            np.zeros(0, np.int64), now)
+    if table.num_rows == 0:
+        return PreparedRows.empty(now)
+    fast = _prepare_columns(store, table, topic, now)
+    return fast if fast is not None else _prepare_by_rows(store, table, topic, now)
+
+
+def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
+                     now: int) -> PreparedRows:
+    """Row-by-row validation (names the first bad row) and encoding."""
+    n = table.num_rows
     topics = [topic] * n if topic is not None else _strings(table, "topic")
     for t in set(topics):
         validate_topic(t)
     bodies, tags, keys = _bodies(table), _strings(table, "tags"), _keys(table)
     limit = store.config.max_message_size_bytes
     users = _user_property_strings(table)
+    users = users.to_pylist() if users is not None else None
     properties = [{}] * n if users is not None else _properties(table)
     try:
         bodies, tags, keys, plain = validated_columns(bodies, tags, keys, properties, limit)
@@ -313,7 +341,101 @@ def prepare_rows(store: StorePort, data, *, topic: str | None = None) -> Prepare
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_ids(n, now)
     props = properties_strings(users, tags, keys, ids)
-    return PreparedRows(topics, bodies, props, store.tag_hashes(tags), ids, levels, deliver, now)
+    names = sorted(set(topics))
+    index = {t: i for i, t in enumerate(names)}
+    topic_ids = np.fromiter(map(index.__getitem__, topics), dtype=np.int64, count=n)
+    return PreparedRows(names, topic_ids, ByteColumn.of(bodies), ByteColumn.of(props),
+                        store.tag_hashes(tags), ByteColumn.of([i.encode() for i in ids]),
+                        levels, deliver, now)
+
+
+_BAD_KEYS = "[\x01\x02]|  |^ | $|[^\\S ]"
+
+
+def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
+                     now: int) -> PreparedRows | None:
+    """The whole-column path: ``None`` when some column is not plainly valid (or of a shape
+    this path does not take), so that :func:`_prepare_by_rows` names the bad row."""
+    n = table.num_rows
+    # topics: one check per distinct name
+    if topic is not None:
+        names, topic_ids = [topic], np.zeros(n, np.int64)
+    else:
+        col = table.column("topic")
+        if not pa.types.is_string(col.type) or col.null_count:
+            return None
+        enc = col.combine_chunks().dictionary_encode()
+        names = enc.dictionary.to_pylist()
+        for t in names:
+            validate_topic(t)
+        topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # bodies: binary, non-null, 1 byte to the limit
+    body = table.column("body")
+    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+        body = pc.cast(body, pa.binary() if pa.types.is_string(body.type) else pa.large_binary())
+    elif not (pa.types.is_binary(body.type) or pa.types.is_large_binary(body.type)):
+        raise InvalidMessageError(f"column body has type {body.type}; allowed: binary or string")
+    if body.null_count:
+        return None
+    bodies = ByteColumn.from_arrow(body)
+    lengths = bodies.lengths()
+    if int(lengths.min()) < 1 or int(lengths.max()) > store.config.max_message_size_bytes:
+        return None
+    # tags: one check per distinct tag
+    if "tags" in table.column_names:
+        tags = table.column("tags")
+        if pa.types.is_dictionary(tags.type):
+            tags = tags.cast(tags.type.value_type)
+        if not pa.types.is_string(tags.type):
+            return None
+        enc = tags.combine_chunks().dictionary_encode()
+        distinct = enc.dictionary.to_pylist()
+        try:
+            for t in distinct:
+                check_tags(t)
+        except InvalidMessageError:
+            return None
+        codes = np.append(store.tag_hashes(distinct), 0)
+        idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
+        tags_codes = codes[idx.astype(np.int64)]
+        tag_part = pc.binary_join_element_wise(f"{PROPERTY_TAGS}\x01", tags, "\x02", "")
+    else:
+        tags_codes = np.zeros(n, np.int64)
+        tag_part = None
+    # keys: a string (space-separated) or a list of strings, each without spaces
+    key_part = None
+    if "keys" in table.column_names:
+        keys = table.column("keys")
+        if pa.types.is_list(keys.type) or pa.types.is_large_list(keys.type):
+            flat = pc.list_flatten(keys)
+            if not pa.types.is_string(flat.type):
+                return None
+            if len(flat) and (flat.null_count or pc.any(pc.match_substring_regex(
+                    flat, "^$| |[\x01\x02]|[^\\S ]")).as_py()):
+                return None
+            keys = pc.binary_join(keys, " ")
+        elif not pa.types.is_string(keys.type):
+            return None
+        elif len(keys) - keys.null_count and pc.any(
+                pc.match_substring_regex(keys, _BAD_KEYS)).as_py():
+            return None
+        keys = pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys)
+        key_part = pc.binary_join_element_wise(f"{PROPERTY_KEYS}\x01", keys, "\x02", "")
+    users = _user_property_strings(table)
+    if users is None:
+        return None
+    levels, deliver = _delays(table, now, store)
+    ids = store.id_generator.next_id_chars(n, now)
+    id_text = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
+        np.arange(0, 32 * (n + 1), 32, dtype=np.int32)), pa.py_buffer(ids)])
+    parts = [users]
+    for part in (tag_part, key_part):
+        if part is not None:
+            parts.append(pc.fill_null(part, ""))
+    parts += [f"{PROPERTY_UNIQ_KEY}\x01", id_text, "\x02"]
+    props = pc.binary_join_element_wise(*parts, "")
+    return PreparedRows(names, topic_ids, bodies, ByteColumn.from_arrow(props), tags_codes,
+                        ByteColumn.from_arrow(id_text), levels, deliver, now)
 
 
 def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
@@ -340,24 +462,27 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
                   prepared: np.ndarray | None) -> pa.Table:
     config = store.config
     now = rows.born_ms
-    topics, bodies, props, ids = rows.topics, rows.bodies, rows.properties, rows.msg_ids
+    names = rows.topic_names
     levels, deliver = rows.levels, rows.deliver_ms
-    n = len(bodies)
-    names = sorted(set(topics))
-    index = {t: i for i, t in enumerate(names)}
-    user_topic_ids = np.fromiter(map(index.__getitem__, topics), dtype=np.int64, count=n)
+    n = len(rows)
+    user_topic_ids = rows.topic_ids
     # one queue per topic per chunk, as a RocketMQ batch: the next of the topic's round robin
-    real_qid = np.array([store.next_queue(t, store.ensure_topic(t)) for t in names],
-                        dtype=np.int64)[user_topic_ids]
+    queue_of = np.zeros(len(names), dtype=np.int64)
+    for t in np.unique(user_topic_ids).tolist():
+        queue_of[t] = store.next_queue(names[t], store.ensure_topic(names[t]))
+    real_qid = queue_of[user_topic_ids]
     by_level, by_timer = levels > 0, deliver >= 0
     delayed = by_level | by_timer
     codes = np.array(rows.tags_codes, dtype=np.int64)
     target_topics = list(names)
     target_ids = user_topic_ids.copy()
     queue_ids = real_qid.copy()
+    suffix = None
+    props_len = rows.properties.lengths()
     if delayed.any():
-        props = _with_routing(props, topics, real_qid, levels, deliver, by_level, by_timer,
-                              codes, config.timer_precision_ms)
+        suffix = _with_routing(n, names, user_topic_ids, real_qid, levels, deliver, by_level,
+                               by_timer, codes, config.timer_precision_ms)
+        props_len = props_len + suffix.lengths()
         if by_level.any():
             target_topics.append(SCHEDULE_TOPIC)
             target_ids[by_level] = len(target_topics) - 1
@@ -368,7 +493,6 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
             target_topics.append(TIMER_TOPIC)
             target_ids[by_timer] = len(target_topics) - 1
             queue_ids[by_timer] = 0
-    props_len = np.fromiter(map(len, props), dtype=np.int64, count=n)
     headroom = config.max_properties_size_bytes - DELIVERY_HEADROOM
     too_long = delayed & (props_len > headroom)
     if too_long.any():
@@ -378,24 +502,24 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
             "for delivery bookkeeping)")
     headers = np.zeros(n, dtype=HEADER_DTYPE)
     headers["magic"] = MESSAGE_MAGIC_CODE_V1
-    headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), np.int64, n) & 0x7FFFFFFF
     headers["sys_flag"] = sys_flag
     headers["born_timestamp"] = now
     headers["born_host"] = np.void(LOCALHOST)
     headers["store_host"] = np.void(LOCALHOST)
     headers["store_port"] = STORE_PORT
-    headers["body_length"] = np.fromiter(map(len, bodies), np.int64, n)
+    headers["body_length"] = rows.bodies.lengths()  # BODYCRC: filled by the appender's kernel
     if prepared is not None:
         headers["prepared_transaction_offset"] = prepared
     placed = store.append_encoded(EncodedRecords(
-        headers=headers, bodies=bodies, properties=props, properties_length=props_len,
-        topics=target_topics, topic_ids=target_ids, queue_ids=queue_ids, tags_codes=codes,
+        headers=headers, bodies=rows.bodies, properties=rows.properties,
+        properties_length=props_len, topics=target_topics, topic_ids=target_ids,
+        queue_ids=queue_ids, tags_codes=codes, extra_properties=suffix,
         store_timestamp_ms=None if prepared is not None else now))
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
     return pa.table({
-        "msg_id": pa.array(ids, pa.string()),
-        "topic": pa.array(topics, pa.string()),
+        "msg_id": rows.msg_ids.to_arrow(pa.string()),
+        "topic": rows.topic_array(),
         "queue_id": pa.array(real_qid, pa.int32()),
         "queue_offset": pa.array(placed.queue_offsets, pa.int64(), mask=delayed),
         "commitlog_offset": pa.array(placed.commitlog_offsets, pa.int64()),
@@ -403,15 +527,15 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
     }, schema=RESULT_SCHEMA)
 
 
-def _with_routing(props: list, topics: list, real_qid: np.ndarray, levels: np.ndarray,
-                  deliver: np.ndarray, by_level: np.ndarray, by_timer: np.ndarray,
-                  codes: np.ndarray, precision_ms: int) -> list:
-    """Append the routing properties of delayed rows, as the services' ``rewrite`` does.
+def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarray,
+                  levels: np.ndarray, deliver: np.ndarray, by_level: np.ndarray,
+                  by_timer: np.ndarray, codes: np.ndarray, precision_ms: int) -> ByteColumn:
+    """The routing properties of delayed rows, as the services' ``rewrite`` adds them (a
+    suffix column: empty for rows that are not delayed).
 
     Level rows get ``REAL_TOPIC``, ``REAL_QID`` and ``DELAY``; timer rows ``REAL_TOPIC``,
     ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, also their tagsCode, see
-    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.  Built with
-    ``map`` over the selected rows and added with one object-array addition.
+    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.
     """
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,
                    deliver - deliver % precision_ms)
@@ -419,15 +543,13 @@ def _with_routing(props: list, topics: list, real_qid: np.ndarray, levels: np.nd
     route = f"{PROPERTY_REAL_TOPIC}\x01{{}}\x02{PROPERTY_REAL_QUEUE_ID}\x01{{}}\x02"
     level = route + f"{PROPERTY_DELAY_TIME_LEVEL}\x01{{}}\x02"
     timer = route + f"{PROPERTY_TIMER_OUT_MS}\x01{{}}\x02{PROPERTY_TIMER_DELIVER_MS}\x01{{}}\x02"
-    column = np.empty(len(props), dtype=object)
-    column[:] = props
+    column = [b""] * n
     for sel, template, *values in ((by_level, level, levels), (by_timer, timer, out, deliver)):
         idx = np.flatnonzero(sel)
         if len(idx):
-            added = map(str.encode, map(template.format, map(topics.__getitem__, idx.tolist()),
-                                        real_qid[idx].tolist(), *(v[idx].tolist()
-                                                                  for v in values)))
-            extra = np.empty(len(idx), dtype=object)
-            extra[:] = list(added)
-            column[idx] = column[idx] + extra
-    return column.tolist()
+            row_topics = [names[t] for t in topic_ids[idx].tolist()]
+            added = map(str.encode, map(template.format, row_topics, real_qid[idx].tolist(),
+                                        *(v[idx].tolist() for v in values)))
+            for i, text in zip(idx.tolist(), added):
+                column[i] = text
+    return ByteColumn.of(column)

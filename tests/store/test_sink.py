@@ -36,7 +36,7 @@ def _visible(store, topic):
     for q in store.queue_ids(topic):
         for v in store.pull(topic, q, store.min_offset(topic, q), 100_000):
             out.append((v.body, v.tags, tuple(v.keys), dict(v.properties)))
-    return sorted(out)
+    return sorted(out, key=repr)
 
 
 def _table(n, topic="orders", **extra):
