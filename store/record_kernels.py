@@ -85,12 +85,13 @@ def body_crcs(data, offsets, t):
 @njit(cache=True, nogil=True)
 def assemble_records(out, positions, headers, crc_at, body_data, body_offsets, topic_data,
                      topic_offsets, topic_ids, props_data, props_offsets, suffix_data,
-                     suffix_offsets):
+                     suffix_offsets, given_crcs):
     """Write records ``i`` at ``out[positions[i]:]`` (see the module doc for the layout).
 
     ``headers`` is the ``(n, HEADER_SIZE)`` uint8 view of the filled headers; the body CRC
     (masked to 31 bits, as RocketMQ stores it) is computed while the body is copied and
-    written big-endian at ``crc_at``.  ``suffix_offsets`` may be all zeros (no suffix).
+    written big-endian at ``crc_at``, unless ``given_crcs[i] >= 0`` (computed by the caller,
+    e.g. with zlib for large bodies).  ``suffix_offsets`` may be all zeros (no suffix).
     """
     n, hsize = headers.shape
     t = CRC_TABLES
@@ -98,7 +99,10 @@ def assemble_records(out, positions, headers, crc_at, body_data, body_offsets, t
         p = positions[i]
         out[p:p + hsize] = headers[i]
         b0, b1 = body_offsets[i], body_offsets[i + 1]
-        crc = _crc32(body_data, b0, b1, t) & np.uint32(0x7FFFFFFF)
+        if given_crcs[i] >= 0:
+            crc = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
+        else:
+            crc = _crc32(body_data, b0, b1, t) & np.uint32(0x7FFFFFFF)
         out[p + crc_at] = (crc >> 24) & 0xFF
         out[p + crc_at + 1] = (crc >> 16) & 0xFF
         out[p + crc_at + 2] = (crc >> 8) & 0xFF

@@ -177,9 +177,12 @@ def _user_property_strings(table: pa.Table) -> pa.Array | None:
         if pc.any(pc.is_in(names, value_set=pa.array(sorted(RESERVED_PROPERTY_NAMES)))).as_py() \
                 or pc.any(pc.starts_with(names, "__RMQ")).as_py():
             return None
-        rows = np.repeat(np.arange(n), np.diff(offsets.to_numpy(zero_copy_only=False)))
-        pairs = pa.table({"row": rows, "name": names})
-        if pairs.group_by(["row", "name"]).aggregate([]).num_rows != hi - lo:
+        rows = np.repeat(np.arange(n, dtype=np.int64),
+                         np.diff(offsets.to_numpy(zero_copy_only=False)))
+        enc = names.dictionary_encode()
+        keys = rows * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
+        keys.sort()
+        if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
             return None  # a name twice in one row: the per-row path keeps the last, as a dict
     pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
     pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")

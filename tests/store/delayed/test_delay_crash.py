@@ -57,7 +57,7 @@ CHILD = textwrap.dedent("""
                 if plan["when"] == "before":
                     die()
                 if plan["when"] == "torn":  # half the bytes of the first piece, then death
-                    chunks = args[1] if name == "commit" else None
+                    chunks = list(args[1]) if name == "commit" else None
                     if chunks:
                         appender_ = args[0]
                         core = appender_.core
