@@ -132,31 +132,51 @@ class SinkCommitMessage(WriterCommitMessage):
     rows: int
 
 
+#: A task hands rows to the store in tables of about this many rows / bytes (Spark's Arrow
+#: batches are 10,000 rows; fewer, larger calls amortise the per-call work).
+TASK_BATCH_ROWS = 65536
+TASK_BATCH_BYTES = 16 * 1024 * 1024
+
+
 def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:
     store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
     transactions: list[str] = []
     rows = 0
     try:
         if options.guarantee == "at_least_once":
-            producer = store.producer(options.producer_group)
+            write = store.producer(options.producer_group).send_table
         else:
             sink = store.sink(sink_id, options.producer_group)
+
+            def write(table, topic):
+                transactions.extend(sink.stage(table, topic=topic))
+
+        pending: list = []
+        size = count = 0
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
-            table = pa.Table.from_batches([batch])
-            try:
-                if options.guarantee == "at_least_once":
-                    producer.send_table(table, topic=options.topic)
-                else:
-                    transactions += sink.stage(table, topic=options.topic)
-            except StoreError as exc:
-                raise SinkWriteError(f"writing to rmq store {options.path}: {exc} (nothing of "
-                                     "this batch becomes visible)") from None
-            rows += batch.num_rows
+            pending.append(batch)
+            count += batch.num_rows
+            size += batch.nbytes
+            if count >= TASK_BATCH_ROWS or size >= TASK_BATCH_BYTES:
+                rows += _hand_over(options, write, pending)
+                pending, size, count = [], 0, 0
+        if pending:
+            rows += _hand_over(options, write, pending)
     finally:
         store.close()
     return SinkCommitMessage(tuple(transactions), rows)
+
+
+def _hand_over(options: RmqOptions, write, batches: list) -> int:
+    table = pa.Table.from_batches(batches)
+    try:
+        write(table, topic=options.topic)
+    except StoreError as exc:
+        raise SinkWriteError(f"writing to rmq store {options.path}: {exc} (nothing of this "
+                             "batch becomes visible)") from None
+    return table.num_rows
 
 
 def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:

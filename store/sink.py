@@ -43,11 +43,13 @@ import pyarrow as pa
 from .batch_encoding import paused_gc
 from .codec import (
     HEADER_DTYPE,
+    HEADER_SIZE,
     LOCALHOST,
     MESSAGE_MAGIC_CODE_V1,
     STORE_PORT,
     TRANSACTION_COMMIT_TYPE,
     RecordSpec,
+    decode_properties,
     encode_properties,
 )
 from .core.append_types import EncodedRecords
@@ -88,6 +90,8 @@ from .transaction.op import op_specs
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
 HALF_FILL = 0.9
+#: Rows a commit encodes and appends at once (several halves together).
+COMMIT_GROUP_ROWS = 65536
 _MARKER_CHUNK = 1 << 18
 
 
@@ -195,8 +199,7 @@ class Sink:
             rows = 0
             if not replayed:
                 store.append([self._marker_spec(batch_id, listed, now)])
-            for tx in commit:
-                rows += self._commit_half(index, open_rows[tx])
+            rows += self._commit_halves(index, [open_rows[tx] for tx in commit])
             ended = [open_rows[tx] for tx in commit + rollback]
             if ended:
                 offsets = sorted(int(index.row_latest.data[r]) for r in ended)
@@ -284,20 +287,65 @@ class Sink:
     def _listed_by_markers(self) -> set[str]:
         return {tx for m in self._markers(None) for tx in m["transactions"]}
 
-    def _commit_half(self, index, row: int) -> int:
+    def _commit_halves(self, index, rows: list[int]) -> int:
+        """Append the rows of the halves ``rows`` (index rows) in their real topics, as
+        COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
         store = self.store
-        clog = index.latest_clog(row)
-        record = store.read_record(clog)
-        if record.properties.get(PROPERTY_SINK) != self.sink_id:
-            raise SinkCommitError(
-                f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is not a "
-                f"half of sink {self.sink_id!r}")
-        table = decode_staged(record.body, f"at CommitLog offset {clog}")
-        rows = _prepared_from_staged(table, record.born_timestamp_ms)
-        if len(rows):
-            append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE,
-                            prepared_offsets=np.full(len(rows), clog, dtype=np.int64))
-        return len(rows)
+        total = 0
+        group: list = []
+        group_rows = 0
+        for row in rows:
+            clog = index.latest_clog(row)
+            props, body, born = _half_view(store, clog)
+            if props.get(PROPERTY_SINK) != self.sink_id:
+                raise SinkCommitError(
+                    f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is "
+                    f"not a half of sink {self.sink_id!r}")
+            table = decode_staged(body, f"at CommitLog offset {clog}")
+            group.append((table, clog, born))
+            group_rows += table.num_rows
+            if group_rows >= COMMIT_GROUP_ROWS:
+                total += _append_group(store, group)
+                group, group_rows = [], 0
+        if group:
+            total += _append_group(store, group)
+        return total
+
+
+def _append_group(store, group: list) -> int:
+    """Append the staged rows of several halves (same born time per half) at once."""
+    tables = [t for t, _, _ in group if t.num_rows]
+    if not tables:
+        return 0
+    n = sum(t.num_rows for t in tables)
+    prepared = np.concatenate([np.full(t.num_rows, clog, dtype=np.int64)
+                               for t, clog, _ in group if t.num_rows])
+    born = np.concatenate([np.full(t.num_rows, b, dtype=np.int64)
+                           for t, _, b in group if t.num_rows])
+    rows = _prepared_from_staged(pa.concat_tables(tables), born)
+    append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE, prepared_offsets=prepared,
+                    chunk_rows=COMMIT_GROUP_ROWS)
+    return n
+
+
+def _half_view(store, offset: int) -> tuple[dict, memoryview, int]:
+    """Properties, body (a view of the mapped segment, no copy) and born time of the half
+    record at ``offset``."""
+    buf, pos, f = store.commit_log.buffer_at(offset)
+    if pos + HEADER_SIZE > f.size:
+        raise CorruptRecordError(f"sink half at CommitLog offset {offset}: past its segment")
+    header = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1, offset=pos)[0]
+    size, body_len = int(header["total_size"]), int(header["body_length"])
+    if int(header["magic"]) != MESSAGE_MAGIC_CODE_V1 or size <= 0 or pos + size > f.size \
+            or HEADER_SIZE + body_len > size:
+        raise CorruptRecordError(f"sink half at CommitLog offset {offset}: not a record")
+    view = memoryview(buf)
+    body_at = pos + HEADER_SIZE
+    topic_len = view[body_at + body_len]
+    props_at = body_at + body_len + 1 + topic_len
+    props_len = int.from_bytes(view[props_at:props_at + 2], "big")
+    props = decode_properties(view[props_at + 2:props_at + 2 + props_len])
+    return props, view[body_at:body_at + body_len], int(header["born_timestamp"])
 
 
 def _append_half(store, spec: RecordSpec) -> None:
@@ -321,7 +369,7 @@ def _append_half(store, spec: RecordSpec) -> None:
         tags_codes=np.array([code], np.int64)))
 
 
-def _prepared_from_staged(table: pa.Table, born_ms: int) -> PreparedRows:
+def _prepared_from_staged(table: pa.Table, born_ms) -> PreparedRows:
     topics = table.column("topic").combine_chunks().dictionary_encode()
     return PreparedRows(
         topic_names=topics.dictionary.to_pylist(),
@@ -379,8 +427,7 @@ def _finish_listed(sink: Sink) -> None:
         open_rows = sink._open_rows(index)
         listed = sink._listed_by_markers()
         commit = [tx for tx in open_rows if tx in listed]
-        for tx in commit:
-            sink._commit_half(index, open_rows[tx])
+        sink._commit_halves(index, [open_rows[tx] for tx in commit])
         if commit:
             offsets = sorted(int(index.row_latest.data[open_rows[tx]]) for tx in commit)
             store.append(op_specs(offsets, store.now_ms(), HALF_QUEUE_ID), batch=True)

@@ -264,7 +264,8 @@ class PreparedRows:
     properties string (user properties, TAGS, KEYS, UNIQ_KEY), without the routing of a
     delayed row (added when appended); ``tags_codes``: the tag hashes; ``msg_ids``: the
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
-    deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it).
+    deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
+    an int, or one per row for rows of several staged halves).
     """
 
     topic_names: list
@@ -284,7 +285,9 @@ class PreparedRows:
         return PreparedRows(self.topic_names, self.topic_ids[lo:hi], self.bodies.slice(lo, hi),
                             self.properties.slice(lo, hi), self.tags_codes[lo:hi],
                             self.msg_ids.slice(lo, hi), self.levels[lo:hi],
-                            self.deliver_ms[lo:hi], self.born_ms)
+                            self.deliver_ms[lo:hi],
+                            self.born_ms[lo:hi] if isinstance(self.born_ms, np.ndarray)
+                            else self.born_ms)
 
     def topic_array(self) -> pa.Array:
         """Each row's topic as an Arrow string array."""
@@ -442,19 +445,21 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
 
 
 def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
-                    prepared_offsets: np.ndarray | None = None) -> pa.Table:
+                    prepared_offsets: np.ndarray | None = None,
+                    chunk_rows: int = CHUNK_ROWS) -> pa.Table:
     """Append prepared rows in chunks of :data:`CHUNK_ROWS`; return the results table.
 
     ``sys_flag`` and ``prepared_offsets`` (PREPAREDTRANSACTIONOFFSET per row) are for the
-    records a transaction commit writes.  Each chunk is one append; inside
+    records a transaction commit writes; ``born_ms`` of the rows may then be an array (one
+    born time per row).  Each chunk is one append; inside
     :meth:`~store.core.store_core.StoreCore.atomic_append` they all land together.
     """
     n = len(rows)
     if n == 0:
         return RESULT_SCHEMA.empty_table()
     results = []
-    for lo in range(0, n, CHUNK_ROWS):
-        hi = min(n, lo + CHUNK_ROWS)
+    for lo in range(0, n, chunk_rows):
+        hi = min(n, lo + chunk_rows)
         results.append(_append_chunk(
             store, rows.slice(lo, hi), sys_flag,
             None if prepared_offsets is None else prepared_offsets[lo:hi]))
@@ -491,7 +496,8 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
             target_ids[by_level] = len(target_topics) - 1
             queue_ids[by_level] = levels[by_level] - 1
             level_ms = np.array(config.delay_levels_ms, dtype=np.int64)
-            codes[by_level] = now + level_ms[levels[by_level] - 1]
+            born = now[by_level] if isinstance(now, np.ndarray) else now
+            codes[by_level] = born + level_ms[levels[by_level] - 1]
         if by_timer.any():
             target_topics.append(TIMER_TOPIC)
             target_ids[by_timer] = len(target_topics) - 1

@@ -224,8 +224,10 @@ _KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     import pyarrow as pa
+    import store.sink as sk
     import store.table_producer as tp
     from store import MessageStore, StoreConfig
+    sk.COMMIT_GROUP_ROWS = 4096  # several appends in the commit's group
     cfg = StoreConfig(commitlog_file_size_bytes=64 * 1024)
     s = MessageStore.open(sys.argv[1], cfg)
     sink = s.sink("k")
