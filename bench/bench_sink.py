@@ -8,11 +8,14 @@ Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
 
 * ``df.write.parquet``            the rows (``topic``, 100-byte ``body``, ``tags``, ``keys``)
   written as Parquet: the baseline;
+* ``no-op Python sink``           a Python data source writer (``DataSourceArrowWriter``)
+  that only counts the Arrow batches Spark hands it: the ceiling of any Python sink;
 * ``df.write.format("rmq")``      the same rows through the exactly-once sink (tasks stage,
   the driver commits);
 * ``... guarantee=at_least_once`` the same rows appended directly by the tasks;
-* ``writeStream.format("rmq")``   the rows as a rate-free stream of 10 files, one file per
-  micro-batch, at the default exactly-once setting (rows/s over the whole query);
+* ``writeStream.parquet`` and ``writeStream.format("rmq")``: the rows as a stream of 10 JSON
+  files, one file per micro-batch (``Trigger.AvailableNow``), into Parquet and into the sink
+  at the default exactly-once setting (rows/s over the whole query, JSON parsing included);
 
 and, without Spark, ``Sink.stage`` + ``Sink.commit`` against ``send_table`` of the same table.
 The DataFrame is cached and counted first, so every writer reads the same in-memory rows.
@@ -33,6 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import pyarrow as pa  # noqa: E402
+
+_NoopSink = None
 
 from store import MessageStore  # noqa: E402
 
@@ -60,11 +65,39 @@ def python_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
     return out
 
 
+def _noop_classes():
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class Counted(WriterCommitMessage):
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+    class Writer(DataSourceArrowWriter):
+        def write(self, iterator):
+            return Counted(sum(b.num_rows for b in iterator))
+
+        def commit(self, messages) -> None:
+            pass
+
+    class NoopSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "rmq-bench-noop"
+
+        def writer(self, schema, overwrite):
+            return Writer()
+
+    return NoopSink
+
+
 def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = ROOT
     from pyspark.sql import SparkSession
+
+    global _NoopSink
+    _NoopSink = _noop_classes()
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
@@ -75,11 +108,15 @@ def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
                               'TagA' AS tags, concat('k', id) AS keys
                        FROM range({n})""").repartition(2).cache()
     df.count()
+    spark.dataSource.register(_NoopSink)
     # warm both writers once (Python workers, the store's first open)
     df.limit(1000).write.mode("overwrite").parquet(os.path.join(tmp, "warm.parquet"))
     df.limit(1000).write.format("rmq").mode("append").save(os.path.join(tmp, "warm-store"))
+    df.limit(1000).write.format("rmq-bench-noop").mode("append").save()
     cases = {
         "df.write.parquet": lambda p: df.write.mode("overwrite").parquet(p),
+        "no-op Python sink (ceiling)": lambda p: df.write.format("rmq-bench-noop").mode(
+            "append").save(),
         'df.write.format("rmq")': lambda p: df.write.format("rmq").mode("append").save(p),
         'df.write.format("rmq") at_least_once': lambda p: df.write.format("rmq").option(
             "guarantee", "at_least_once").mode("append").save(p),
@@ -103,10 +140,17 @@ def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
         with open(os.path.join(src, f"{f:02d}.json"), "w") as fh:
             fh.write("\n".join(json.dumps({"topic": "bench", "body": "x" * 100, "tags": "TagA",
                                            "keys": f"k{f}-{i}"}) for i in range(per)))
-    stream = (spark.readStream.schema("topic string, body string, tags string, keys string")
-              .option("maxFilesPerTrigger", 1).json(src))
+    def stream():
+        return (spark.readStream.schema("topic string, body string, tags string, keys string")
+                .option("maxFilesPerTrigger", 1).json(src))
+
     t0 = time.perf_counter()
-    q = (stream.writeStream.format("rmq").option("checkpointLocation", ckpt)
+    q = (stream().writeStream.format("parquet").option("checkpointLocation", ckpt + "-pq")
+         .trigger(availableNow=True).start(os.path.join(tmp, "stream.parquet")))
+    q.awaitTermination()
+    out.append(("writeStream.parquet (10 batches)", time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    q = (stream().writeStream.format("rmq").option("checkpointLocation", ckpt)
          .trigger(availableNow=True).start(store))
     q.awaitTermination()
     out.append(('writeStream.format("rmq") (10 batches)', time.perf_counter() - t0))
@@ -135,9 +179,11 @@ def main() -> None:
             sp = spark_cases(tmp, args.rows, args.repeat)
             base = sp[0][1]
             print(f"\nSpark local[2], {args.rows:,} rows (best of {args.repeat}; streaming once)")
-            print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs parquet':>14}")
+            ceiling = sp[1][1]
+            print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs parquet':>11} {'vs no-op':>9}")
             for name, s in sp:
-                print(f"{name:<40} {s:8.3f} {args.rows / s:12,.0f} {base / s:13.2f}x")
+                print(f"{name:<40} {s:8.3f} {args.rows / s:12,.0f} {base / s:10.2f}x "
+                      f"{ceiling / s:8.2f}x")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
