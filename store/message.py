@@ -179,7 +179,14 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where a sent message was stored."""
+    """Where a sent message was stored.
+
+    ``topic`` and ``queue_id`` are always the user's: where the message surfaces.  A delayed
+    message waits in a system topic until it is due: its ``queue_offset`` is -1 (known once
+    delivered), ``deliver_at_ms`` is set, and ``stored_topic`` / ``stored_queue_id`` /
+    ``stored_queue_offset`` say where the waiting record is (``None`` for other messages).
+    ``commitlog_offset`` is always the stored record's.
+    """
 
     msg_id: str
     topic: str
@@ -188,6 +195,9 @@ class SendResult:
     commitlog_offset: int
     deliver_at_ms: int | None = None
     transaction_id: str | None = None
+    stored_topic: str | None = None
+    stored_queue_id: int | None = None
+    stored_queue_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from .delayed.schedule import ScheduleService
 from .errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (
     PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     Message,
@@ -116,8 +117,9 @@ class Producer:
         Returns
         -------
         SendResult
-            Where the record was stored (for delayed messages: in the system topic, with
-            ``deliver_at_ms`` set).
+            Where the message surfaces (topic and queue) and where its record was stored;
+            for a delayed message ``queue_offset`` is -1 until delivered, ``deliver_at_ms``
+            is set and ``stored_topic`` names the system topic it waits in.
         """
         now = self.store.now_ms()
         level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
@@ -129,8 +131,13 @@ class Producer:
         elif deliver_ms is not None:
             spec, due = self.store.timer.rewrite(spec, deliver_ms)
         r = self.store.append([spec])[0]
-        return SendResult(msg_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset,
-                          deliver_at_ms=due)
+        if spec.topic == message.topic:
+            return SendResult(msg_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset,
+                              deliver_at_ms=due)
+        real_qid = int(spec.properties.get(PROPERTY_REAL_QUEUE_ID, r.queue_id))
+        return SendResult(msg_id, message.topic, real_qid, -1, r.commitlog_offset,
+                          deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
+                          stored_queue_offset=r.queue_offset)
 
     def send_batch(self, messages: Sequence[Message]) -> list[SendResult]:
         """Store messages of one topic as consecutive records of one queue.

@@ -413,6 +413,9 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     if "keys" in table.column_names:
         keys = table.column("keys")
         if pa.types.is_list(keys.type) or pa.types.is_large_list(keys.type):
+            if not pa.types.is_string(keys.type.value_type):
+                return None
+            keys = keys.cast(pa.list_(pa.string()))  # Spark's elements are "not null"
             flat = pc.list_flatten(keys)
             if not pa.types.is_string(flat.type):
                 return None

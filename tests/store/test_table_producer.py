@@ -148,3 +148,17 @@ def test_delayed_rows_surface_once_due_and_never_early(store, clock):
         clock.advance(1_000)
     assert seen[-1] == 4 and sorted(v.body for _, v in _rows(store, "d")) == sorted(
         [b"timer", b"at", b"level", b"now"])
+
+
+def test_columns_with_non_nullable_children_as_spark_sends_them(tmp_path, small_config, clock):
+    """Spark's Arrow batches mark list elements and map values "not null"."""
+    keys_type = pa.list_(pa.field("element", pa.string(), nullable=False))
+    props_type = pa.map_(pa.string(), pa.field("value", pa.string(), nullable=False))
+    table = pa.table({"topic": ["a", "a"], "body": [b"x", b"y"],
+                      "keys": pa.array([["k1", "k2"], []], keys_type),
+                      "properties": pa.array([[("p", "v")], []], props_type)})
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        store.producer().send_table(table)
+        views = store.pull("a", 0, 0)
+        assert [(v.keys, dict(v.properties)) for v in views] == [(("k1", "k2"), {"p": "v"}),
+                                                                 ((), {})]

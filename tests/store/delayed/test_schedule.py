@@ -16,7 +16,9 @@ from queue_reading import visible  # noqa: E402  (tests/ helper)
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):
     p = store.producer("g")
     r = p.send(Message("orders", b"x", tags="TagA"), delay_level=3)
-    assert (r.topic, r.queue_id) == (SCHEDULE_TOPIC, 2)
+    assert (r.stored_topic, r.stored_queue_id) == (SCHEDULE_TOPIC, 2)
+    assert (r.topic, r.queue_offset) == ("orders", -1)  # the user's topic; offset once due
+    assert r.queue_id in store.queue_ids("orders") and r.stored_queue_offset == 0
     rec = store.read_record(r.commitlog_offset)
     assert rec.properties["DELAY"] == "3" and rec.properties["REAL_TOPIC"] == "orders"
     entry = store.queue_entries(SCHEDULE_TOPIC, 2, 0, 1)
@@ -46,7 +48,7 @@ def test_level_above_the_table_is_clamped(store_path, clock, small_config):
     s = MessageStore.open(store_path, small_config.replace(message_delay_level="5s 8s"),
                           clock=clock)
     r = s.producer("g").send(Message("t", b"x"), delay_level=3)
-    assert r.queue_id == 1 and r.deliver_at_ms == clock() + 8_000
+    assert r.stored_queue_id == 1 and r.deliver_at_ms == clock() + 8_000
     clock.advance(7_999)
     assert s.deliver_due() == 0
     clock.advance(1)

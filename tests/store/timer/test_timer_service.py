@@ -29,7 +29,7 @@ def test_ten_topics_relative_and_absolute(store, clock):
                 r = p.send(Message(f"topic{t}", body), delay_ms=3_000 + 100 * i)
             else:
                 r = p.send(Message(f"topic{t}", body), deliver_at_ms=clock() + 2_000 + 37 * i)
-            assert r.topic == TIMER_TOPIC
+            assert (r.topic, r.stored_topic, r.queue_offset) == (f"topic{t}", TIMER_TOPIC, -1)
             sent[r.msg_id] = (f"topic{t}", body, r.deliver_at_ms)
     assert store.deliver_due() == 0
     assert store.timer.pending_count() == 50
@@ -143,6 +143,17 @@ def test_roll_boundaries_in_the_default_window(store, clock):
     assert int(views[3 * window + 11].system_properties["TIMER_ROLL_TIMES"]) >= 2
     for v in views.values():
         assert v.store_timestamp_ms >= v.deliver_timestamp_ms
+
+
+def test_cancel_with_the_send_result(store, clock):
+    """The result of a delayed send names the user's topic, so it can cancel the message."""
+    p = store.producer("g")
+    r = p.send(Message("orders", b"close-if-unpaid"), delay_ms=60_000)
+    assert (r.topic, r.stored_topic) == ("orders", TIMER_TOPIC)
+    assert p.cancel(r.topic, r.msg_id) is True
+    clock.advance(61_000)
+    store.deliver_due()
+    assert not visible(store, "orders")
 
 
 def test_cancel_rules(store, clock):
