@@ -20,6 +20,7 @@ from .core.reading import system_clock
 from .errors import (
                      ConfigMismatchError,
                      CorruptRecordError,
+                     DiskFullError,
                      FlushError,
                      InvalidBatchError,
                      InvalidConfigError,
@@ -56,7 +57,7 @@ from .sink import Sink, SinkCommit
 __all__ = [
     "MESSAGE_SCHEMA",
     "AppendResult", "BatchAppendResult", "ConfigMismatchError", "CorruptRecordError",
-    "FlushError", "InvalidBatchError",
+    "DiskFullError", "FlushError", "InvalidBatchError",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",

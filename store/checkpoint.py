@@ -39,6 +39,8 @@ import mmap
 import os
 import struct
 
+from .fileio import allocate
+
 CHECKPOINT_FIELDS = (
     "physic_msg_timestamp",
     "logics_msg_timestamp",
@@ -91,6 +93,7 @@ class StoreCheckpoint:
             size = os.fstat(fd).st_size
             if size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
+            allocate(fd, CHECKPOINT_FILE_SIZE, self.path)  # written through mmap
             self._map = mmap.mmap(fd, CHECKPOINT_FILE_SIZE, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)

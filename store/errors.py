@@ -53,6 +53,11 @@ class TransactionStateError(StoreError, ValueError):
     """An end-transaction request names an invalid state or a non-transactional message."""
 
 
+class DiskFullError(StoreError, OSError):
+    """The filesystem holding the store has no space left (ENOSPC); what was being written
+    did not land (an append is cut back as after a crash), stored data is intact."""
+
+
 class SinkCommitError(StoreError):
     """A batch of the exactly-once sink cannot commit: a half it lists is no longer open."""
 

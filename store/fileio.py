@@ -10,11 +10,43 @@ back to it when the main file is missing or unreadable.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from typing import IO, Callable
 
+from .errors import DiskFullError
+
 __all__ = ["atomic_write", "fsync_dir", "read_json", "write_json_atomic"]
+
+
+def allocate(fd: int, size: int, path: str) -> None:
+    """Reserve the blocks of the first ``size`` bytes of an open file (``posix_fallocate``).
+
+    Files written through a writable ``mmap`` must be allocated first: a store on a full (or
+    too small) filesystem would otherwise die of SIGBUS on the first write to a hole.
+    Raises :class:`DiskFullError` when the space is not there; a filesystem that cannot
+    allocate (EOPNOTSUPP, EINVAL) is left as it is.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(
+                exc.errno, f"{path}: no space left to allocate its {size} bytes "
+                f"({os.strerror(exc.errno)}); allowed: a filesystem with room for the store "
+                "(free some space, or open the store elsewhere)") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+def disk_full(exc: OSError, path: str, what: str) -> OSError:
+    """``exc`` as a :class:`DiskFullError` when it is ENOSPC / EDQUOT, else ``exc``."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(exc.errno, f"{path}: {what} failed, the disk is full "
+                             f"({os.strerror(exc.errno)}); nothing past the last complete "
+                             "append is kept; allowed: free some space and write again")
+    return exc
 
 
 def fsync_dir(path: str) -> None:

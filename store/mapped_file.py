@@ -15,8 +15,8 @@ import threading
 
 import numpy as np
 
-from .errors import CorruptRecordError
-from .fileio import fsync_dir
+from .errors import CorruptRecordError, DiskFullError
+from .fileio import allocate, disk_full, fsync_dir
 
 NAME_DIGITS = 20
 
@@ -62,9 +62,13 @@ class MappedFile:
 
     def write(self, position: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``position`` (relative to the segment start)."""
-        n = os.pwrite(self.fd(), data, position)
-        if n != len(data):  # pragma: no cover - a short write means a full disk
-            raise OSError(f"short write to {self.path}: {n} of {len(data)} bytes")
+        try:
+            n = os.pwrite(self.fd(), data, position)
+        except OSError as exc:
+            raise disk_full(exc, self.path, f"a write of {len(data)} bytes") from None
+        if n != len(data):  # a short write means a full disk
+            raise DiskFullError(errno.ENOSPC, f"{self.path}: short write, {n} of {len(data)} "
+                                "bytes; the disk is full; allowed: free some space")
 
     def flush(self) -> None:
         os.fdatasync(self.fd())
@@ -217,6 +221,11 @@ class MappedFileQueue:
             tmp = path + ".tmp"
             with open(tmp, "wb") as fh:
                 fh.truncate(self.file_size)
+                try:  # reserve the blocks now: a full disk fails here, typed, not mid-write
+                    allocate(fh.fileno(), self.file_size, path)
+                except OSError:
+                    os.unlink(tmp)
+                    raise
             os.replace(tmp, path)
             fsync_dir(self.directory)
             self.refresh()

@@ -110,7 +110,7 @@ def test_demo_end_to_end_then_cli_on_its_store(tmp_path, runner):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     topics = {t["topic"]: t["messages"] for t in data["topics"]}
-    assert topics["order_timeouts"] == 200 + 0  # the warm-up has no time-out message
+    assert topics["order_timeouts"] == 200 + 1  # the warm-up order is scheduled too
     assert topics["orders"] == 201  # 200 orders and the warm-up order
     r = runner.invoke(main, ["tail", "--store", path, "--topic", "order_closed", "--from",
                              "earliest", "--no-follow", "--format", "json"])

@@ -31,6 +31,7 @@ import os
 import numpy as np
 
 from ..errors import CorruptRecordError
+from ..fileio import allocate
 from ..layout import layout
 
 SLOT_FIELDS = (
@@ -79,6 +80,12 @@ class TimerWheel:
                 raise CorruptRecordError(
                     path, 0, f"timerwheel is {actual} bytes; expected {size} "
                     f"({slots} slots of {SLOT_SIZE} bytes, timer_wheel_slots={slots})")
+            try:
+                allocate(fd, size, path)  # written through mmap: no holes (SIGBUS when full)
+            except OSError:
+                if self.created:  # leave the empty file a failed creation leaves
+                    os.ftruncate(fd, 0)
+                raise
             self._map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)
