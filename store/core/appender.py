@@ -301,7 +301,6 @@ class Appender:
         n = len(headers)
         if sizes is None:
             sizes = self._sizes(records)
-        props_len = np.asarray(records.properties_length, dtype=np.int64)
         topics = [t.encode("ascii") for t in records.topics]
         counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
         topic_ids = np.asarray(records.topic_ids, dtype=np.int64)

@@ -142,7 +142,8 @@ def test_bad_rows_are_refused_with_nothing_staged(tmp_path, small_config, clock)
             (pa.table({"topic": ["a"], "body": [b"x"], "delay_ms": [5], "delay_level": [1]}),
              InvalidDelayError, "more than one"),
             (pa.table({"topic": ["a"], "body": [b"x" * (small_config.max_message_size_bytes
-                                                        + 1)]}), MessageTooLargeError, "exceeds max_message_size_bytes"),
+                                                        + 1)]}), MessageTooLargeError,
+             "exceeds max_message_size_bytes"),
         ]
         for table, error, text in cases:
             with pytest.raises(error, match=text):
@@ -273,7 +274,8 @@ _rows = st.lists(st.tuples(
                     .filter(str.strip), max_size=2)), min_size=1, max_size=40)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(_rows, min_size=1, max_size=4), replays=st.lists(st.booleans(),
                                                                         min_size=4, max_size=4))
 def test_model_every_row_exactly_once(tmp_path_factory, batches, replays):
