@@ -1,7 +1,9 @@
 """Compiled loops over whole batches of records: body CRCs and record assembly.
 
 Two kernels, JIT-compiled with numba (``cache=True``: compiled once per installation and
-machine, then loaded from the cache in every process, Spark workers included):
+machine, then loaded from the cache in every process, Spark workers included).  numba is
+imported on the first use of a kernel, not with this module, so processes that only read
+(Spark read tasks, ``rmq stats``) never pay its import:
 
 * :func:`body_crcs`: RocketMQ's BODYCRC (zlib's CRC32, slice-by-8) of many bodies held in
   one buffer (an Arrow binary column's data and offsets), in one call;
@@ -31,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 CRC_POLY = 0xEDB88320
 
@@ -55,7 +56,6 @@ def _crc_tables() -> np.ndarray:
 CRC_TABLES = _crc_tables()
 
 
-@njit(cache=True, nogil=True)
 def _crc32(data, start, end, t):
     crc = np.uint32(0xFFFFFFFF)
     i = start
@@ -72,8 +72,7 @@ def _crc32(data, start, end, t):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True)
-def body_crcs(data, offsets, t):
+def _body_crcs(data, offsets, t):
     """CRC32 of ``data[offsets[i]:offsets[i + 1]]`` for every i (uint32)."""
     n = len(offsets) - 1
     out = np.empty(n, dtype=np.uint32)
@@ -82,8 +81,7 @@ def body_crcs(data, offsets, t):
     return out
 
 
-@njit(cache=True, nogil=True)
-def assemble_records(out, positions, headers, crc_at, body_data, body_offsets, topic_data,
+def _assemble_records(out, positions, headers, crc_at, body_data, body_offsets, topic_data,
                      topic_offsets, topic_ids, props_data, props_offsets, suffix_data,
                      suffix_offsets, given_crcs):
     """Write records ``i`` at ``out[positions[i]:]`` (see the module doc for the layout).
@@ -125,6 +123,31 @@ def assemble_records(out, positions, headers, crc_at, body_data, body_offsets, t
         p += r1 - r0
         out[p:p + (s1 - s0)] = suffix_data[s0:s1]
 
+
+
+_COMPILED: dict = {}
+
+
+def _kernels() -> dict:
+    """The compiled kernels (numba imported and the cache loaded on the first call)."""
+    if not _COMPILED:
+        from numba import njit
+
+        jit = njit(cache=True, nogil=True)
+        globals()["_crc32"] = jit(_crc32)  # the kernels below call the compiled one
+        _COMPILED["body_crcs"] = jit(_body_crcs)
+        _COMPILED["assemble_records"] = jit(_assemble_records)
+    return _COMPILED
+
+
+def body_crcs(data, offsets, t=CRC_TABLES):
+    """CRC32 of ``data[offsets[i]:offsets[i + 1]]`` for every i (uint32), compiled."""
+    return _kernels()["body_crcs"](data, offsets, t)
+
+
+def assemble_records(*args):
+    """:func:`_assemble_records`, compiled (same arguments)."""
+    return _kernels()["assemble_records"](*args)
 
 
 @dataclass(frozen=True, slots=True)
