@@ -38,6 +38,12 @@ class _Group(click.Group):
     """Turns store errors into one line and exit code 1 for every command."""
 
     def invoke(self, ctx):
+        from rmq_source.setup_check import store_package_problem
+
+        problem = store_package_problem()
+        if problem is not None:
+            click.echo(f"rmq: error: {problem}", err=True)
+            sys.exit(EXIT_STORE_ERROR)
         from store import StoreError
 
         try:
