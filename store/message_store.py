@@ -88,6 +88,7 @@ class MessageStore(StoreCore):
             raise
         for service in (self.schedule, self.timer, self.transactions):
             self.add_retention_listener(service.on_retention)
+            self.add_retention_guard(service.retention_floor)
 
     def _close_services(self) -> None:
         for name in ("timer", "schedule", "transactions"):

@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
 RetentionListener = Callable[[int], None]
+#: ``guard() -> lowest CommitLog offset still needed, or None``: retention keeps the segment
+#: holding it and every later one.
+RetentionGuard = Callable[[], "int | None"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,10 @@
 """Retention: delete CommitLog segments past ``file_reserved_time_hours`` and what pointed at them.
 
 A segment may go when the first record of the *next* segment was stored at least the reserved
-time ago (so every record of the segment is at least that old).  Deletion runs from the oldest
+time ago (so every record of the segment is at least that old), and when no record the
+services still need lies in it: the retention guards the services registered name the lowest
+CommitLog offset they need (a delayed message not yet delivered, an open half message); a
+segment reaching past that offset stays, however old, even with ``force``.  Deletion runs from the oldest
 segment forward and stops at the first one that stays; the newest segment always stays.  Then
 ConsumeQueue files (never a queue's last file) whose entries all point below the new CommitLog
 minimum are deleted; queue minimum offsets follow from the CommitLog minimum.  Last, the
@@ -14,14 +17,22 @@ import struct
 from typing import Sequence
 
 from ..codec import FIELD_OFFSET, RecordCheck, check_record
-from .ports import CoreParts, RetentionListener
+from .ports import CoreParts, RetentionGuard, RetentionListener
 
 _I64 = struct.Struct(">q")
 
 
+def retention_floor(guards: Sequence[RetentionGuard]) -> int | None:
+    """The lowest CommitLog offset any guard still needs (``None``: none needs anything)."""
+    floors = [f for f in (guard() for guard in guards) if f is not None]
+    return min(floors) if floors else None
+
+
 def delete_expired_segments(store: CoreParts, listeners: Sequence[RetentionListener] = (), *,
-                            force: bool = False) -> int:
-    """Delete expired CommitLog segments (all but the newest when ``force``); return how many.
+                            force: bool = False,
+                            guards: Sequence[RetentionGuard] = ()) -> int:
+    """Delete expired CommitLog segments (all but the newest when ``force``, and never one
+    holding a record a guard needs); return how many.
 
     The caller holds the write lock.
     """
@@ -30,7 +41,10 @@ def delete_expired_segments(store: CoreParts, listeners: Sequence[RetentionListe
     files = log.files.refresh()
     now = store.now_ms()
     reserved = store.config.file_reserved_time_ms
+    floor = retention_floor(guards)
     for current, nxt in zip(files, files[1:]):
+        if floor is not None and current.end > floor:
+            break  # a pending delayed message or an open half lies here (or later)
         if not force:
             buf = nxt.buffer()
             if check_record(buf, 0, nxt.size, check_crc=False) in (RecordCheck.INVALID,):

@@ -42,7 +42,7 @@ from ..topics import default_queue_count
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
 from .appender import Appender
 from .dispatch import Dispatcher
-from .ports import RecoveryListener, RetentionListener, TagsCodeRule
+from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
 from .recovery import recover_tail, recover_without_checkpoint, verify_tail
 from .retention import delete_expired_segments
@@ -90,6 +90,7 @@ class StoreCore(ReadableStore):
         self.dispatcher = Dispatcher(self.consume_queue)
         self.appender = Appender(self)
         self._retention_listeners: list[RetentionListener] = []
+        self._retention_guards: list[RetentionGuard] = []
         self._recovery_listeners: list[RecoveryListener] = []
         self.recovered = False
 
@@ -102,6 +103,11 @@ class StoreCore(ReadableStore):
     def add_retention_listener(self, listener: RetentionListener) -> None:
         """Call ``listener(commitlog_min)`` after retention deleted CommitLog segments."""
         self._retention_listeners.append(listener)
+
+    def add_retention_guard(self, guard: RetentionGuard) -> None:
+        """Retention never deletes the segment holding the CommitLog offset ``guard()``
+        returns (a record a service still needs), nor any later one."""
+        self._retention_guards.append(guard)
 
     def add_recovery_listener(self, listener: RecoveryListener) -> None:
         """Call ``listener(core, scan)`` after a recovery scan, before its end is published."""
@@ -403,9 +409,12 @@ class StoreCore(ReadableStore):
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
 
-        See :mod:`store.core.retention`: never the newest segment; queue files and minimum
-        offsets follow, and the retention listeners are told the new CommitLog minimum.
+        See :mod:`store.core.retention`: never the newest segment, never a segment holding a
+        delayed message not yet delivered or an open half message (not even with ``force``);
+        queue files and minimum offsets follow, and the retention listeners are told the new
+        CommitLog minimum.
         """
         self._check_writable()
         with self.write_lock():
-            return delete_expired_segments(self, self._retention_listeners, force=force)
+            return delete_expired_segments(self, self._retention_listeners, force=force,
+                                           guards=self._retention_guards)

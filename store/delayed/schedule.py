@@ -176,6 +176,21 @@ class ScheduleService:
             "deliverMark": progress.mark,
         })
 
+    def retention_floor(self) -> int | None:
+        """The CommitLog offset of the oldest delay-level message not yet delivered."""
+        store = self.store
+        progress = self._load()
+        confirmed = store.confirmed_offset()
+        floors = []
+        for level in range(1, len(self.levels) + 1):
+            queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            start = max(progress.offsets.get(level, 0), queue.first_index())
+            if start < queue.max_offset(confirmed):
+                head = read_queue_entries(queue, start, start + 1)
+                if len(head):
+                    floors.append(int(head["offset"][0]))
+        return min(floors) if floors else None
+
     def offsets(self) -> dict[int, int]:
         """Level -> next queue offset to deliver (a copy)."""
         with self.store.write_lock():

@@ -363,6 +363,29 @@ class TimerService:
         weight = np.concatenate([nums, np.where(tags < 0, -1, 1)]).astype(np.int64)
         return due.astype(np.int64), weight
 
+    def retention_floor(self) -> int | None:
+        """The lowest CommitLog offset a pending timer message may have: the first record
+        not yet enqueued, and every unit of the timer log from the oldest chain start of a
+        live slot on (conservative: it may keep a few delivered records longer)."""
+        store = self.store
+        st = self._sync()
+        floors = []
+        queue = store.consume_queue(TIMER_TOPIC, 0)
+        qmax = queue.max_offset(store.confirmed_offset())
+        if qmax > st.last_timer_queue_offset:
+            head = read_queue_entries(queue, st.last_timer_queue_offset,
+                                      st.last_timer_queue_offset + 1)
+            if len(head):
+                floors.append(int(head["offset"][0]))
+        first = self.wheel.live_first_pos(st.last_read_time_ms)
+        if first is not None:
+            for _, units in self.log.valid_units(first, st.last_timer_log_flush_pos):
+                live = units["offset_py"][units["offset_py"] >= 0]
+                if len(live):
+                    floors.append(int(live.min()))
+        self.wheel.release_memory()
+        return min(floors) if floors else None
+
     def on_retention(self, commitlog_min: int) -> None:
         """Delete TimerLog files whose units all point below the CommitLog minimum."""
         self.log.delete_expired(commitlog_min)

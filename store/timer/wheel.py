@@ -152,6 +152,13 @@ class TimerWheel:
             t % self.slots == idx)
         return t[keep] * self.precision, self._slots["num"][keep].astype(np.int64)
 
+    def live_first_pos(self, from_ms: int) -> int | None:
+        """The lowest ``first_pos`` of the non-empty slots at or after ``from_ms``."""
+        t = self._slots["time"]
+        keep = (t >= from_ms // self.precision) & (self._slots["last_pos"] >= 0) & (
+            self._slots["first_pos"] >= 0)
+        return int(self._slots["first_pos"][keep].min()) if keep.any() else None
+
     def pending_count(self, from_ms: int) -> int:
         """Sum of ``num`` over live slots at or after ``from_ms`` (approximate pending count)."""
         t = self._slots["time"]

@@ -346,6 +346,21 @@ class TransactionService:
         index.refresh()
         return index.pending_stats()
 
+    def retention_floor(self) -> int | None:
+        """The CommitLog offset of the oldest open half message (its newest copy)."""
+        index = self.index
+        index.refresh()
+        n = index.rows
+        if n == 0:
+            return None
+        open_rows = ~index.row_ended.data[:n] & ~index.row_discarded.data[:n] \
+            & (index.row_latest.data[:n] >= 0)
+        if not open_rows.any():
+            return None
+        latest = index.row_latest.data[:n][open_rows] - index.base
+        latest = latest[(latest >= 0) & (latest < index.half_clog.n)]
+        return int(index.half_clog.data[latest].min()) if len(latest) else None
+
     def is_ended(self, transaction_ids: Sequence[str]) -> list[bool]:
         """Whether each transaction has ended (per the op queue); unknown ids give False."""
         index = self.index

@@ -133,3 +133,41 @@ def test_after_retention_appends_reopen_and_crash_recovery_work(aged, clock, sto
     with MessageStore.open(store_path, cfg, clock=clock) as s:
         assert s.max_offset("t", 0) == maxo
         assert s.producer("g").send(Message("t", b"more")).queue_offset == maxo
+
+
+def test_pending_delayed_messages_and_open_halves_keep_their_segments(store_path, small_config,
+                                                                      clock):
+    """RocketMQ's bug #9006: retention must not delete a delayed message before it is
+    delivered, nor an open half message; once delivered / ended, the segments may go."""
+    from store import LocalTransactionState
+
+    class Unknown:
+        def execute_local_transaction(self, message, arg):
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, view):
+            return LocalTransactionState.UNKNOW
+
+    cfg = small_config.replace(default_queue_count=1, file_reserved_time_hours=1)
+    s = MessageStore.open(store_path, cfg, clock=clock)
+    p = s.producer("g")
+    start = clock()
+    p.send(Message("late", b"timer"), delay_ms=5 * HOUR)
+    p.send(Message("late", b"level"), delay_level=18)  # 2 h
+    tx = s.transaction_producer("tx", Unknown()).send_in_transaction(Message("late", b"half"))
+    for hour in range(4):  # ~12 segments of filler over 4 hours
+        for i in range(400):
+            p.send(Message("filler", b"f" * 100))
+        clock.advance(HOUR)
+    first_segment = s.commit_log.min_offset()
+    s.clean_expired_files()
+    s.clean_expired_files(force=True)
+    assert s.commit_log.min_offset() == first_segment  # the pending ones hold the first one
+    clock.set(start + 5 * HOUR + 1_000)
+    assert s.deliver_due() == 2
+    assert s.end_transaction(tx.transaction_id, "COMMIT")
+    bodies = sorted(v.body for v in s.pull("late", 0, 0, 10))
+    assert bodies == [b"half", b"level", b"timer"]
+    assert s.clean_expired_files() > 0  # nothing pending any more: old segments go
+    assert s.commit_log.min_offset() > first_segment
+    s.close()
