@@ -78,6 +78,8 @@ GROUP_MAX_LENGTH = 120
 
 
 def is_system_topic(topic: str) -> bool:
+    """Whether ``topic`` is one of RocketMQ's system topics or starts with ``rmq_sys_``
+    (such topics are hidden from readers and refused by producers)."""
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
 
 

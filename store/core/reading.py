@@ -152,6 +152,7 @@ class ReadableStore:
         self.close()
 
     def close(self) -> None:  # overridden by the writable core
+        """Release the store's files (idempotent); later calls raise ``StoreClosedError``."""
         if not self._closed:
             self._close_files()
 
