@@ -18,11 +18,21 @@ EXIT_INTERRUPTED = 130
 
 
 def _open_store(path: str, *, must_exist: bool = True):
+    """The store at ``path``: writable for an rmq store; read-only (nothing written, not a
+    byte) for a directory Apache RocketMQ wrote."""
     import os
 
-    from store import MessageStore, StoreNotFoundError
+    from store import MessageStore, StoreNotFoundError, StoreReader
 
     if must_exist and not os.path.isfile(os.path.join(path, "config", "store.json")):
+        try:
+            reader = StoreReader.open(path)
+        except (StoreNotFoundError, OSError):
+            reader = None
+        if reader is not None and not reader.written_by_rmq:
+            return reader
+        if reader is not None:
+            reader.close()
         raise StoreNotFoundError(
             f"{path} is not an rmq store (no config/store.json); run `rmq send` or `rmq demo "
             f"--store {path}` first")
@@ -176,7 +186,8 @@ def tail(store_path, topic, start, tags, follow, deliver_due, fmt, max_messages,
     store = _open_store(store_path)
     try:
         follow_topic(store, topic, start=start, tags=tags, follow=follow,
-                     deliver_due=deliver_due, fmt=fmt, max_messages=max_messages,
+                     deliver_due=deliver_due and not getattr(store, "read_only", False),
+                     fmt=fmt, max_messages=max_messages,
                      poll_s=poll_ms / 1000, echo=click.echo)
     finally:
         store.close()

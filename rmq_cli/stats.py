@@ -18,12 +18,16 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
         topics.append({"topic": topic, "system": is_system_topic(topic), "queues": queues,
                        "messages": sum(q["messages"] for q in queues)})
     now = store.now_ms()
+    read_only = getattr(store, "read_only", False)
     return {
         "store": store.root,
         "now_ms": now,
+        "read_only": read_only,
         "topics": topics,
-        "delayed": store.pending_delayed_stats(),
-        "transactions": store.pending_transaction_stats(),
+        # a directory Apache RocketMQ wrote is only read: its schedule / timer / transaction
+        # state is RocketMQ's, not figured here
+        "delayed": None if read_only else store.pending_delayed_stats(),
+        "transactions": None if read_only else store.pending_transaction_stats(),
         "disk_bytes": store.disk_usage_bytes(),
     }
 
@@ -51,6 +55,10 @@ def render_stats(data: dict) -> None:
                       str(q["max_offset"]), str(q["messages"]))
     console.print(t)
     delayed = data["delayed"]
+    if delayed is None:  # a store Apache RocketMQ wrote: only read
+        console.print("read-only: a store written by Apache RocketMQ (its delayed and "
+                      "half messages are RocketMQ's to deliver; not counted here)")
+        return
     console.print(f"[bold]pending delayed messages[/bold] {delayed['pending']} "
                   f"(delay levels {delayed['schedule_pending']}, "
                   f"timer wheel {delayed['timer_pending']})")

@@ -20,8 +20,9 @@ from .errors import DiskFullError
 __all__ = ["atomic_write", "fsync_dir", "read_json", "write_json_atomic"]
 
 
-def allocate(fd: int, size: int, path: str) -> None:
-    """Reserve the blocks of the first ``size`` bytes of an open file (``posix_fallocate``).
+def allocate(fd: int, size: int, path: str, *, offset: int = 0) -> None:
+    """Reserve the blocks of ``size`` bytes from ``offset`` of an open file
+    (``posix_fallocate``; blocks already there cost nothing).
 
     Files written through a writable ``mmap`` must be allocated first: a store on a full (or
     too small) filesystem would otherwise die of SIGBUS on the first write to a hole.
@@ -29,11 +30,11 @@ def allocate(fd: int, size: int, path: str) -> None:
     allocate (EOPNOTSUPP, EINVAL) is left as it is.
     """
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, offset, size)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
-                exc.errno, f"{path}: no space left to allocate its {size} bytes "
+                exc.errno, f"{path}: no space left to allocate {size} bytes "
                 f"({os.strerror(exc.errno)}); allowed: a filesystem with room for the store "
                 "(free some space, or open the store elsewhere)") from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):

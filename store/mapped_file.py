@@ -62,6 +62,9 @@ class MappedFile:
 
     def write(self, position: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``position`` (relative to the segment start)."""
+        # reserve the blocks first: on a full disk nothing is written (no torn record, and no
+        # hole that a mapping would fault on), the error is typed
+        allocate(self.fd(), len(data), self.path, offset=position)
         try:
             n = os.pwrite(self.fd(), data, position)
         except OSError as exc:
@@ -221,11 +224,6 @@ class MappedFileQueue:
             tmp = path + ".tmp"
             with open(tmp, "wb") as fh:
                 fh.truncate(self.file_size)
-                try:  # reserve the blocks now: a full disk fails here, typed, not mid-write
-                    allocate(fh.fileno(), self.file_size, path)
-                except OSError:
-                    os.unlink(tmp)
-                    raise
             os.replace(tmp, path)
             fsync_dir(self.directory)
             self.refresh()

@@ -125,3 +125,29 @@ def test_writable_open_delivers_due_levels_from_where_rocketmq_stopped(rocketmq_
                  for t in store.topics()}
         assert sum(grown.values()) == 8
         assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_cli_stats_and_tail_read_a_rocketmq_store_without_writing(rocketmq_root, name):
+    """``rmq stats`` and ``rmq tail`` open a RocketMQ-written directory read-only."""
+    from click.testing import CliRunner
+
+    from rmq_cli.cli import main
+
+    path = os.path.join(rocketmq_root, name)
+    before = _tree_digest(path)
+    runner = CliRunner()
+    r = runner.invoke(main, ["stats", "--store", path, "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["read_only"] is True and data["delayed"] is None
+    expected = expected_messages(rocketmq_root, name)
+    orders = sum(1 for (topic, _, _) in expected if topic == "orders")
+    assert {t["topic"]: t["messages"] for t in data["topics"]}["orders"] == orders
+    r = runner.invoke(main, ["stats", "--store", path])
+    assert r.exit_code == 0 and "read-only" in r.output, r.output
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders", "--from", "earliest",
+                             "--no-follow", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert len([line for line in r.stdout.splitlines() if line.startswith("{")]) == orders
+    assert _tree_digest(path) == before
