@@ -365,7 +365,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     n = table.num_rows
     # topics: one check per distinct name
     if topic is not None:
-        names, topic_ids = [topic], np.zeros(n, np.int64)
+        names, topic_ids = [validate_topic(topic)], np.zeros(n, np.int64)
     else:
         col = table.column("topic")
         if not pa.types.is_string(col.type) or col.null_count:

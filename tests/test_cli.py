@@ -116,3 +116,28 @@ def test_demo_end_to_end_then_cli_on_its_store(tmp_path, runner):
                              "earliest", "--no-follow", "--format", "json"])
     assert r.exit_code == 0
     assert len(r.stdout.splitlines()) == topics.get("order_closed", 0)
+
+
+def test_send_of_many_piped_lines_goes_in_tables(runner, tmp_path, monkeypatch):
+    """200k piped lines: appended SEND_CHUNK at a time (not one send each), every line once."""
+    import rmq_cli.cli as cli
+
+    calls = []
+    from store.producer import Producer
+
+    real = Producer.send_table
+
+    def counting(self, table, **kw):
+        calls.append(table.num_rows)
+        return real(self, table, **kw)
+
+    monkeypatch.setattr(Producer, "send_table", counting)
+    path = str(tmp_path / "s")
+    lines = "".join(f"line {i}\n" for i in range(25_000))
+    r = runner.invoke(main, ["send", "--store", path, "--topic", "bulk", "--delay-level", "1"],
+                      input=lines)
+    assert r.exit_code == 0, r.output
+    assert calls == [cli.SEND_CHUNK, cli.SEND_CHUNK, 5_000]
+    assert "sent 25000 message(s) to bulk, delay level 1" in r.stderr
+    with MessageStore.open(path) as store:
+        assert store.pending_delayed_stats()["schedule_pending"] == 25_000

@@ -162,3 +162,11 @@ def test_columns_with_non_nullable_children_as_spark_sends_them(tmp_path, small_
         views = store.pull("a", 0, 0)
         assert [(v.keys, dict(v.properties)) for v in views] == [(("k1", "k2"), {"p": "v"}),
                                                                  ((), {})]
+
+
+def test_a_bad_topic_argument_is_refused(tmp_path, small_config, clock):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        for bad in ("../etc", "a b", "RMQ_SYS_TRANS_HALF_TOPIC", ""):
+            with pytest.raises(InvalidTopicError):
+                store.producer().send_table(pa.table({"body": [b"x"]}), topic=bad)
+        assert store.topics() == []
