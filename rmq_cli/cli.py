@@ -93,6 +93,7 @@ def main() -> None:
       rmq stats --store ./demo-store   what is in a store
       echo hello | rmq send --store ./s --topic orders --delay-ms 5000
       rmq tail --store ./s --topic orders --from earliest
+      rmq repair --store ./s           rebuild the queues from the CommitLog
     """
 
 
@@ -117,6 +118,37 @@ def stats(store_path: str, as_json: bool, system: bool) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         render_stats(data)
+
+
+# --------------------------------------------------------------------------- repair
+@main.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory.")
+def repair(store_path: str) -> None:
+    """Rebuild every ConsumeQueue and the topic table from the CommitLog.
+
+    For queue files that were deleted, truncated, zeroed or overwritten (messages missing
+    although the CommitLog holds them).  Damaged files are renamed to *.damaged, never
+    deleted; no CommitLog record is removed.  Run it while nothing else uses the store.
+    """
+    store = _open_store(store_path)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads "
+                               "it (repair it with RocketMQ's own tools)")
+    try:
+        result = store.rebuild_queues()
+    finally:
+        store.close()
+    click.echo(f"rebuilt {result.queues} queue(s): {result.entries} entries from "
+               f"{result.records} records (CommitLog valid to {result.end_offset})")
+    for name in result.set_aside:
+        click.echo(f"set aside damaged file {name}.damaged")
+    if result.topics_widened:
+        click.echo(f"topic table updated: {', '.join(result.topics_widened)}")
+    if result.stopped_early:
+        click.echo("warning: the CommitLog has an invalid record before its confirmed end; "
+                   "the records after it were not indexed", err=True)
 
 
 # --------------------------------------------------------------------------- send

@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "store.core.message_columns": CORE,
     "store.core.recovery": CORE,
     "store.core.retention": CORE,
+    "store.core.repair": CORE,
     "store.core.store_core": CORE,
     "store.delayed": SERVICES,
     "store.delayed.routing": SERVICES,

@@ -22,7 +22,7 @@ WRITE_METHODS = (
     "append", "append_batch", "append_encoded", "producer", "transaction_producer",
     "deliver_due", "end_transaction", "end_transactions", "check_transactions",
     "prepare_transaction_checks", "clean_expired_files", "flush", "write_lock",
-    "ensure_topic", "sink", "atomic_append", "drop_tail",
+    "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
 )
 
 

@@ -65,6 +65,7 @@ from .message import (
     TRANS_HALF_TOPIC,
     validate_group,
 )
+from .record_kernels import ByteColumn
 from .sink_format import (
     PROPERTY_SINK,
     PROPERTY_SINK_BATCH,
@@ -83,7 +84,6 @@ from .sink_format import (
     sink_key,
     transaction_prefix,
 )
-from .record_kernels import ByteColumn
 from .table_producer import PreparedRows, append_prepared, prepare_rows
 from .transaction.half import HALF_QUEUE_ID
 from .transaction.op import op_specs

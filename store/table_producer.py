@@ -48,26 +48,26 @@ from .batch_encoding import normalized_columns, paused_gc, properties_strings, v
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
 from .core.append_types import EncodedRecords
 from .core.ports import StorePort
-from .record_kernels import ByteColumn, empty_column
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (
     PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
+    PROPERTY_UNIQ_KEY,
     RESERVED_PROPERTY_NAMES,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
     Message,
     check_tags,
     validate_message,
     validate_topic,
 )
+from .record_kernels import ByteColumn, empty_column
 
 #: Rows appended per chunk (one commit each).
 CHUNK_ROWS = 8192

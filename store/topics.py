@@ -122,6 +122,26 @@ class TopicTable:
         return cfg
 
 
+    def widen(self, counts: dict[str, int], now_ms: int) -> list[str]:
+        """Raise the queue count of topics to at least ``counts[topic]`` (a repair found
+        records in those queues; the caller holds the write lock); return the topics changed."""
+        topics = dict(self.reload(force=True))
+        changed = []
+        for topic, count in counts.items():
+            cfg = topics.get(topic)
+            if cfg is None or (_queue_count_of(cfg) or 0) < count:
+                topics[topic] = _topic_config(topic, count)
+                changed.append(topic)
+        if changed:
+            write_json_atomic(self.path, {
+                "topicConfigTable": topics,
+                "dataVersion": {"counter": len(topics), "stateVersion": 0, "timestamp": now_ms},
+            })
+            self._topics = self._file_topics = topics
+            self._stamp = self._file_stamp()
+        return sorted(changed)
+
+
 def _is_topic_table(data: object) -> bool:
     """Whether ``data`` has the shape of ``topics.json`` (a dict of topic configs)."""
     return isinstance(data, dict) and isinstance(data.get("topicConfigTable", {}), dict)

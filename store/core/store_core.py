@@ -45,6 +45,7 @@ from .dispatch import Dispatcher
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
 from .recovery import recover_tail, recover_without_checkpoint, verify_tail
+from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
 
 log = logging.getLogger("store")
@@ -406,6 +407,18 @@ class StoreCore(ReadableStore):
                 self._flush_error = exc
 
     # ------------------------------------------------------------------ retention
+    def rebuild_queues(self) -> RebuildResult:
+        """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``).
+
+        For a queue file that was deleted, truncated, zeroed or overwritten: the CommitLog is
+        the truth (see :mod:`store.core.repair`).  Damaged queue files are renamed to
+        ``*.damaged``, never deleted; no CommitLog record is removed.  Best run while no
+        other process uses the store (readers would see queues empty for a moment).
+        """
+        self._check_writable()
+        with self.write_lock():
+            return rebuild_queues(self)
+
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
 

@@ -35,7 +35,6 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 
 from ..config import StoreConfig
-from ..sink_format import PROPERTY_SINK, is_sink_transaction
 from ..core.ports import StorePort
 from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
 from ..fileio import read_json, write_json_atomic
@@ -46,6 +45,7 @@ from ..message import (
     LocalTransactionState,
     MessageView,
 )
+from ..sink_format import PROPERTY_SINK, is_sink_transaction
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
 from .index import TransactionIndex
