@@ -6,9 +6,10 @@ services still need lies in it: the retention guards the services registered nam
 CommitLog offset they need (a delayed message not yet delivered, an open half message); a
 segment reaching past that offset stays, however old, even with ``force``.  Deletion runs
 from the oldest segment forward and stops at the first one that stays; the newest segment
-always stays.  Then ConsumeQueue files (never a queue's last file) whose entries all point below the new CommitLog
-minimum are deleted; queue minimum offsets follow from the CommitLog minimum.  Last, the
-retention listeners the services registered are told the new CommitLog minimum.
+always stays.  Then ConsumeQueue files (never a queue's last file) whose entries all point
+below the new CommitLog minimum are deleted; queue minimum offsets follow from the CommitLog
+minimum.  Last, the retention listeners the services registered are told the new CommitLog
+minimum.
 """
 
 from __future__ import annotations
