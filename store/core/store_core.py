@@ -25,7 +25,6 @@ processes, recovers when needed and starts the flush thread.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import threading
 from contextlib import contextmanager
@@ -42,13 +41,12 @@ from ..topics import default_queue_count
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
 from .appender import Appender
 from .dispatch import Dispatcher
+from .flushing import FlushService
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
 from .recovery import recover_tail, recover_without_checkpoint, verify_tail
 from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
-
-log = logging.getLogger("store")
 
 
 class StoreCore(ReadableStore):
@@ -82,11 +80,6 @@ class StoreCore(ReadableStore):
         flags = os.O_RDWR | os.O_CREAT
         self._write_lock_fd = os.open(os.path.join(self.root, "lock"), flags, 0o644)
         self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
-        self._flush_lock = threading.Lock()
-        self._flushed_generation = -1
-        self._flush_error: BaseException | None = None
-        self._stop = threading.Event()
-        self._flusher: threading.Thread | None = None
         self.id_generator = MessageIdGenerator()
         self.dispatcher = Dispatcher(self.consume_queue)
         self.appender = Appender(self)
@@ -94,6 +87,9 @@ class StoreCore(ReadableStore):
         self._retention_guards: list[RetentionGuard] = []
         self._recovery_listeners: list[RecoveryListener] = []
         self.recovered = False
+        self.flusher = FlushService(self.root, self.commit_log, self.checkpoint,
+                                    lambda: self._queues.values(),
+                                    self.config.flush_interval_commitlog_ms)
 
     # ------------------------------------------------------------------ hooks
     def register_system_topic(self, topic: str, queue_count: int,
@@ -125,9 +121,7 @@ class StoreCore(ReadableStore):
             raise
         self._started = True
         if flush_service:  # in SYNC_FLUSH too: it makes queues durable and bounds recovery
-            self._flusher = threading.Thread(target=self._flush_loop, name="rmq-flush",
-                                             daemon=True)
-            self._flusher.start()
+            self.flusher.start()
 
     def _join_and_recover(self) -> None:
         # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
@@ -184,12 +178,10 @@ class StoreCore(ReadableStore):
         if not self._started:
             self._release()
             return
-        self._stop.set()
-        if self._flusher is not None:
-            self._flusher.join(timeout=10)
+        self.flusher.stop()
         with self._write_locked(catch_up=False):
             self._close_services()
-            self._flush()
+            self.flusher.flush()
             in_progress = self.checkpoint.get("write_in_progress") != -1
         if try_flock(self._open_lock_fd, fcntl.LOCK_EX) and not in_progress:
             try:
@@ -238,8 +230,8 @@ class StoreCore(ReadableStore):
 
     def _check_writable(self) -> None:
         self._check_open()
-        if self._flush_error is not None:
-            error, self._flush_error = self._flush_error, None
+        error = self.flusher.take_error()
+        if error is not None:
             raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "
                              "since the last successful flush may not be durable") from error
 
@@ -378,33 +370,7 @@ class StoreCore(ReadableStore):
         Raises :class:`FlushError` when the background flush failed since the last call.
         """
         self._check_writable()
-        self._flush()
-
-    def _flush(self) -> None:
-        with self._flush_lock:
-            cp = self.checkpoint
-            confirm = cp.get("confirm_phy_offset")
-            generation = cp.get("write_generation")
-            if generation == self._flushed_generation:
-                return
-            self.commit_log.flush(min(cp.get("flushed_phy_offset"), confirm))
-            for q in list(self._queues.values()):
-                q.flush()
-            cp.set("logics_msg_timestamp", cp.get("physic_msg_timestamp"))
-            if confirm > cp.get("flushed_phy_offset"):
-                cp.set("flushed_phy_offset", confirm)
-            cp.flush()
-            self._flushed_generation = generation
-
-    def _flush_loop(self) -> None:
-        interval = self.config.flush_interval_commitlog_ms / 1000
-        while not self._stop.wait(interval):
-            try:
-                self._flush()
-            except Exception as exc:  # noqa: BLE001 - reported to the next caller, retried
-                log.error("flush of store %s failed (the next write raises it): %s",
-                          self.root, exc)
-                self._flush_error = exc
+        self.flusher.flush()
 
     # ------------------------------------------------------------------ retention
     def rebuild_queues(self) -> RebuildResult:

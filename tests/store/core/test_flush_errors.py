@@ -24,7 +24,7 @@ def test_a_failed_background_flush_is_logged_and_raised_by_the_next_write(store_
     with caplog.at_level(logging.ERROR, logger="store"):
         p.send(Message("t", b"y"))  # a new generation for the flusher to flush
         deadline = time.monotonic() + 5
-        while s._flush_error is None and time.monotonic() < deadline:
+        while s.flusher.error is None and time.monotonic() < deadline:
             time.sleep(0.01)
     assert any("flush of store" in r.getMessage() for r in caplog.records)
     s.commit_log.flush = original
@@ -38,7 +38,7 @@ def test_a_failed_background_flush_is_logged_and_raised_by_the_next_write(store_
 def test_flush_raises_the_background_error_too(store_path):
     s = MessageStore.open(store_path, StoreConfig(commitlog_file_size_bytes=1 << 16),
                           flush_service=False)
-    s._flush_error = OSError(28, "No space left on device")
+    s.flusher.error = OSError(28, "No space left on device")
     with pytest.raises(FlushError, match="No space left"):
         s.flush()
     s.flush()

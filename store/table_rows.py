@@ -1,0 +1,395 @@
+"""A table of messages validated and encoded as columns: :class:`PreparedRows`.
+
+:func:`prepare_rows` takes a ``pyarrow.Table``, ``RecordBatch`` or ``pandas.DataFrame`` with
+the columns of :mod:`store.table_producer` and checks and encodes whole columns with Arrow
+compute (topics, bodies, tags, keys, property maps, delays; message ids as one NumPy
+array; the properties strings joined element-wise).  Only when a column is not plainly
+valid are the rows checked one by one, to raise the typed error a single send would raise
+for the first bad row.  Nothing is written here: :func:`store.table_producer.append_prepared`
+appends prepared rows, and :mod:`store.sink` stages them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .batch_encoding import normalized_columns, properties_strings, validated_columns
+from .core.ports import StorePort
+from .errors import InvalidDelayError, InvalidMessageError
+from .message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    RESERVED_PROPERTY_NAMES,
+    Message,
+    check_tags,
+    validate_message,
+    validate_topic,
+)
+from .record_kernels import ByteColumn, empty_column
+
+COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
+           "delay_level")
+
+def as_table(data) -> pa.Table:
+    """A ``pyarrow.Table`` of ``data`` (a Table, RecordBatch or pandas DataFrame)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise InvalidMessageError(
+        f"send_table got {type(data).__name__}; allowed: a pyarrow.Table, a pyarrow.RecordBatch "
+        "or a pandas.DataFrame")
+
+
+def _check_columns(table: pa.Table, topic: str | None) -> pa.Table:
+    names = table.column_names
+    if "value" in names and "body" not in names:  # Kafka's name for the payload
+        table = table.rename_columns(["body" if n == "value" else n for n in names])
+        names = table.column_names
+    unknown = [n for n in names if n not in COLUMNS]
+    if unknown:
+        raise InvalidMessageError(
+            f"unknown column(s) {unknown}; allowed: {', '.join(COLUMNS)} (or value for body)")
+    if "body" not in names:
+        raise InvalidMessageError(f"no body column in {names}; a body (or value) is required")
+    if topic is None and "topic" not in names:
+        raise InvalidMessageError("no topic column and no topic=...; give one of them")
+    if topic is not None and "topic" in names:
+        raise InvalidMessageError("both a topic column and topic=... were given; give one")
+    return table
+
+
+def _strings(table: pa.Table, name: str) -> list:
+    if name not in table.column_names:
+        return [None] * table.num_rows
+    col = table.column(name)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    return col.to_pylist()
+
+
+def _bodies(table: pa.Table) -> list:
+    col = table.column("body")
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.cast(col, pa.binary())
+    elif not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        raise InvalidMessageError(f"column body has type {col.type}; allowed: binary or string")
+    return col.to_pylist()
+
+
+def _keys(table: pa.Table) -> list:
+    if "keys" not in table.column_names:
+        return [None] * table.num_rows
+    col = table.column("keys")
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        return [None if k is None else list(k) for k in col.to_pylist()]
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col.to_pylist()
+    raise InvalidMessageError(f"column keys has type {col.type}; allowed: string or "
+                              "list<string>")
+
+
+def _properties(table: pa.Table) -> list[dict]:
+    if "properties" not in table.column_names:
+        return [{}] * table.num_rows
+    col = table.column("properties")
+    if not pa.types.is_map(col.type):
+        raise InvalidMessageError(
+            f"column properties has type {col.type}; allowed: map<string, string>")
+    return [dict(p) if p else {} for p in col.to_pylist()]
+
+
+def _user_property_strings(table: pa.Table) -> pa.Array | None:
+    """Each row's user properties as ``name 0x01 value 0x02 ...``, built and checked with
+    Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
+    value the rules refuse, or a name twice in one row), which then names the bad row."""
+    n = table.num_rows
+    if "properties" not in table.column_names:
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
+            np.zeros(n + 1, np.int32)), pa.py_buffer(b"")])
+    col = table.column("properties")
+    if not pa.types.is_map(col.type):
+        raise InvalidMessageError(
+            f"column properties has type {col.type}; allowed: map<string, string>")
+    col = col.combine_chunks()
+    offsets = col.offsets
+    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
+    names, values = col.keys.slice(lo, hi - lo), col.items.slice(lo, hi - lo)
+    if hi > lo:
+        if names.null_count or values.null_count:
+            return None
+        for text in (names, values):
+            if pc.any(pc.match_substring_regex(text, "[\x01\x02]")).as_py() or pc.any(
+                    pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)).as_py():
+                return None
+        if pc.any(pc.is_in(names, value_set=pa.array(sorted(RESERVED_PROPERTY_NAMES)))).as_py() \
+                or pc.any(pc.starts_with(names, "__RMQ")).as_py():
+            return None
+        rows = np.repeat(np.arange(n, dtype=np.int64),
+                         np.diff(offsets.to_numpy(zero_copy_only=False)))
+        enc = names.dictionary_encode()
+        keys = rows * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
+        keys.sort()
+        if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
+            return None  # a name twice in one row: the per-row path keeps the last, as a dict
+    pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
+    pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")
+    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, pairs), "")
+    return joined.fill_null("")
+
+
+_PER_MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _epoch_ms_ceil(col) -> pa.ChunkedArray:
+    """Epoch ms of a timestamp column, rounded up (a time between two ms is never early)."""
+    per_ms = _PER_MS[col.type.unit]
+    raw = pc.cast(col, pa.int64())
+    if per_ms < 0:
+        return pc.multiply(raw, -per_ms)
+    if per_ms == 1:
+        return raw
+    # ceil(v / per_ms) for v >= 0 (integer division; negative times are refused later)
+    return pc.divide(pc.add(raw, per_ms - 1), per_ms)
+
+
+def _delays(table: pa.Table, now: int, store: StorePort) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the delay level (0: none) and the timer deliver time (-1: none)."""
+    n = table.num_rows
+    config = store.config
+    given = {}
+    for name in ("delay_ms", "deliver_at", "delay_level"):
+        if name in table.column_names:
+            col = table.column(name)
+            if name == "deliver_at" and pa.types.is_timestamp(col.type):
+                col = _epoch_ms_ceil(col)
+            if not pa.types.is_integer(col.type):
+                raise InvalidDelayError(f"column {name} has type {col.type}; allowed: "
+                                        + ("timestamp or epoch ms" if name == "deliver_at"
+                                           else "an integer type"))
+            given[name] = (col.is_valid().to_numpy(zero_copy_only=False),
+                           col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64))
+    levels = np.zeros(n, dtype=np.int64)
+    deliver = np.full(n, -1, dtype=np.int64)
+    if not given:
+        return levels, deliver
+    count = sum(valid.astype(np.int64) for valid, _ in given.values())
+    if (count > 1).any():
+        row = int(np.argmax(count > 1))
+        raise InvalidDelayError(f"row {row} sets more than one of delay_ms, deliver_at, "
+                                "delay_level; allowed: at most one per row")
+    max_delay = config.timer_max_delay_ms
+    if "delay_level" in given:
+        valid, values = given["delay_level"]
+        bad = valid & (values < 0)
+        if bad.any():
+            raise InvalidDelayError(f"delay_level={int(values[np.argmax(bad)])}; allowed: an int "
+                                    ">= 0 (0 means no delay; levels above the table are clamped)")
+        levels = np.where(valid, np.minimum(values, len(config.delay_levels_ms)), 0)
+    if "delay_ms" in given:
+        valid, values = given["delay_ms"]
+        bad = valid & ((values < 0) | (values > max_delay))
+        if bad.any():
+            raise InvalidDelayError(f"delay_ms={int(values[np.argmax(bad)])}; allowed: an int "
+                                    f"from 0 to timer_max_delay_ms={max_delay}")
+        deliver = np.where(valid & (values > 0), now + values, deliver)
+    if "deliver_at" in given:
+        valid, values = given["deliver_at"]
+        bad = valid & ((values < 0) | (values - now > max_delay))
+        if bad.any():
+            raise InvalidDelayError(f"deliver_at={int(values[np.argmax(bad)])} (epoch ms); "
+                                    f"allowed: at most timer_max_delay_ms={max_delay} ahead")
+        # a time in the past is delivered at once, as RocketMQ does
+        deliver = np.where(valid & (values > now), values, deliver)
+    return levels, deliver
+
+
+@dataclass(slots=True)
+class PreparedRows:
+    """Rows validated and encoded as columns, ready to append (see :func:`prepare_rows`).
+
+    ``topic_names`` / ``topic_ids``: each row's topic; ``properties``: each row's whole
+    properties string (user properties, TAGS, KEYS, UNIQ_KEY), without the routing of a
+    delayed row (added when appended); ``tags_codes``: the tag hashes; ``msg_ids``: the
+    UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
+    deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
+    an int, or one per row for rows of several staged halves).
+    """
+
+    topic_names: list
+    topic_ids: np.ndarray
+    bodies: ByteColumn
+    properties: ByteColumn
+    tags_codes: np.ndarray
+    msg_ids: ByteColumn
+    levels: np.ndarray
+    deliver_ms: np.ndarray
+    born_ms: int
+
+    def __len__(self) -> int:
+        return len(self.topic_ids)
+
+    def slice(self, lo: int, hi: int) -> PreparedRows:
+        return PreparedRows(self.topic_names, self.topic_ids[lo:hi], self.bodies.slice(lo, hi),
+                            self.properties.slice(lo, hi), self.tags_codes[lo:hi],
+                            self.msg_ids.slice(lo, hi), self.levels[lo:hi],
+                            self.deliver_ms[lo:hi],
+                            self.born_ms[lo:hi] if isinstance(self.born_ms, np.ndarray)
+                            else self.born_ms)
+
+    def topic_array(self) -> pa.Array:
+        """Each row's topic as an Arrow string array."""
+        return pa.DictionaryArray.from_arrays(
+            pa.array(self.topic_ids, pa.int32()),
+            pa.array(self.topic_names, pa.string())).cast(pa.string())
+
+    @classmethod
+    def empty(cls, now: int) -> PreparedRows:
+        z = np.zeros(0, np.int64)
+        return cls([], z, empty_column(0), empty_column(0), z, empty_column(0), z, z, now)
+
+
+def prepare_rows(store: StorePort, data, *, topic: str | None = None) -> PreparedRows:
+    """Validate a table of messages (nothing is written) and encode its columns.
+
+    Whole columns are checked and encoded with Arrow compute; when a column is not plainly
+    valid the rows are checked one by one, to raise the typed error a single send would
+    raise for the first bad row.
+    """
+    table = _check_columns(as_table(data), topic)
+    now = store.now_ms()
+    if table.num_rows == 0:
+        return PreparedRows.empty(now)
+    fast = _prepare_columns(store, table, topic, now)
+    return fast if fast is not None else _prepare_by_rows(store, table, topic, now)
+
+
+def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
+                     now: int) -> PreparedRows:
+    """Row-by-row validation (names the first bad row) and encoding."""
+    n = table.num_rows
+    topics = [topic] * n if topic is not None else _strings(table, "topic")
+    for t in set(topics):
+        validate_topic(t)
+    bodies, tags, keys = _bodies(table), _strings(table, "tags"), _keys(table)
+    limit = store.config.max_message_size_bytes
+    users = _user_property_strings(table)
+    users = users.to_pylist() if users is not None else None
+    properties = [{}] * n if users is not None else _properties(table)
+    try:
+        bodies, tags, keys, plain = validated_columns(bodies, tags, keys, properties, limit)
+        users = users if users is not None else plain
+    except (TypeError, InvalidMessageError):  # name the first bad row, as single sends would
+        properties = _properties(table)
+        for i in range(n):
+            validate_message(Message(topics[i], bodies[i], tags[i], keys[i], properties[i]),
+                             limit)
+        bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
+    levels, deliver = _delays(table, now, store)
+    ids = store.id_generator.next_ids(n, now)
+    props = properties_strings(users, tags, keys, ids)
+    names = sorted(set(topics))
+    index = {t: i for i, t in enumerate(names)}
+    topic_ids = np.fromiter(map(index.__getitem__, topics), dtype=np.int64, count=n)
+    return PreparedRows(names, topic_ids, ByteColumn.of(bodies), ByteColumn.of(props),
+                        store.tag_hashes(tags), ByteColumn.of([i.encode() for i in ids]),
+                        levels, deliver, now)
+
+
+_BAD_KEYS = "[\x01\x02]|  |^ | $|[^\\S ]"
+
+
+def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
+                     now: int) -> PreparedRows | None:
+    """The whole-column path: ``None`` when some column is not plainly valid (or of a shape
+    this path does not take), so that :func:`_prepare_by_rows` names the bad row."""
+    n = table.num_rows
+    # topics: one check per distinct name
+    if topic is not None:
+        names, topic_ids = [validate_topic(topic)], np.zeros(n, np.int64)
+    else:
+        col = table.column("topic")
+        if not pa.types.is_string(col.type) or col.null_count:
+            return None
+        enc = col.combine_chunks().dictionary_encode()
+        names = enc.dictionary.to_pylist()
+        for t in names:
+            validate_topic(t)
+        topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # bodies: binary, non-null, 1 byte to the limit
+    body = table.column("body")
+    if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+        body = pc.cast(body, pa.binary() if pa.types.is_string(body.type) else pa.large_binary())
+    elif not (pa.types.is_binary(body.type) or pa.types.is_large_binary(body.type)):
+        raise InvalidMessageError(f"column body has type {body.type}; allowed: binary or string")
+    if body.null_count:
+        return None
+    bodies = ByteColumn.from_arrow(body)
+    lengths = bodies.lengths()
+    if int(lengths.min()) < 1 or int(lengths.max()) > store.config.max_message_size_bytes:
+        return None
+    # tags: one check per distinct tag
+    if "tags" in table.column_names:
+        tags = table.column("tags")
+        if pa.types.is_dictionary(tags.type):
+            tags = tags.cast(tags.type.value_type)
+        if not pa.types.is_string(tags.type):
+            return None
+        enc = tags.combine_chunks().dictionary_encode()
+        distinct = enc.dictionary.to_pylist()
+        try:
+            for t in distinct:
+                check_tags(t)
+        except InvalidMessageError:
+            return None
+        codes = np.append(store.tag_hashes(distinct), 0)
+        idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
+        tags_codes = codes[idx.astype(np.int64)]
+        tag_part = pc.binary_join_element_wise(f"{PROPERTY_TAGS}\x01", tags, "\x02", "")
+    else:
+        tags_codes = np.zeros(n, np.int64)
+        tag_part = None
+    # keys: a string (space-separated) or a list of strings, each without spaces
+    key_part = None
+    if "keys" in table.column_names:
+        keys = table.column("keys")
+        if pa.types.is_list(keys.type) or pa.types.is_large_list(keys.type):
+            if not pa.types.is_string(keys.type.value_type):
+                return None
+            keys = keys.cast(pa.list_(pa.string()))  # Spark's elements are "not null"
+            flat = pc.list_flatten(keys)
+            if not pa.types.is_string(flat.type):
+                return None
+            if len(flat) and (flat.null_count or pc.any(pc.match_substring_regex(
+                    flat, "^$| |[\x01\x02]|[^\\S ]")).as_py()):
+                return None
+            keys = pc.binary_join(keys, " ")
+        elif not pa.types.is_string(keys.type):
+            return None
+        elif len(keys) - keys.null_count and pc.any(
+                pc.match_substring_regex(keys, _BAD_KEYS)).as_py():
+            return None
+        keys = pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys)
+        key_part = pc.binary_join_element_wise(f"{PROPERTY_KEYS}\x01", keys, "\x02", "")
+    users = _user_property_strings(table)
+    if users is None:
+        return None
+    levels, deliver = _delays(table, now, store)
+    ids = store.id_generator.next_id_chars(n, now)
+    id_text = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
+        np.arange(0, 32 * (n + 1), 32, dtype=np.int32)), pa.py_buffer(ids)])
+    parts = [users]
+    for part in (tag_part, key_part):
+        if part is not None:
+            parts.append(pc.fill_null(part, ""))
+    parts += [f"{PROPERTY_UNIQ_KEY}\x01", id_text, "\x02"]
+    props = pc.binary_join_element_wise(*parts, "")
+    return PreparedRows(names, topic_ids, bodies, ByteColumn.from_arrow(props), tags_codes,
+                        ByteColumn.from_arrow(id_text), levels, deliver, now)
