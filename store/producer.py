@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 from .batch_encoding import normalized_columns, paused_gc, properties_strings, validated_columns
 from .codec import RecordSpec
 from .core.ports import StorePort
-from .delayed.schedule import ScheduleService
+from .delayed.schedule import ScheduleService, deliver_time
 from .errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from .message import (
     PROPERTY_KEYS,
@@ -131,6 +131,8 @@ class Producer:
         elif deliver_ms is not None:
             spec, due = self.store.timer.rewrite(spec, deliver_ms)
         r = self.store.append([spec])[0]
+        if level is not None:  # the exact due time: from the store time of the record
+            due = deliver_time(self.store.config.delay_levels_ms, level, r.store_timestamp_ms)
         if spec.topic == message.topic:
             return SendResult(msg_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset,
                               deliver_at_ms=due)

@@ -6,11 +6,11 @@ import json
 import os
 
 import pytest
+from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, Message, MessageStore
-from store.message import SCHEDULE_TOPIC
 from store.delayed.schedule import deliver_time, read_lenient_json
-from queue_reading import visible  # noqa: E402  (tests/ helper)
+from store.message import SCHEDULE_TOPIC
 
 
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):
@@ -152,3 +152,16 @@ def test_real_topic_of_the_half_topic_is_dropped(store, clock):
     store.append([spec])
     clock.advance(1_000)
     assert store.deliver_due() == 0
+
+
+def test_send_result_due_time_is_the_records_exact_due_time(store_path, small_config):
+    """Under contention the store time comes after the send began: the result's
+    ``deliver_at_ms`` is the record's due time (its tagsCode), not the send's start + delay."""
+    ticks = iter(range(1_700_000_000_000, 1_800_000_000_000, 37))  # every call 37 ms later
+
+    s = MessageStore.open(store_path, small_config, clock=lambda: next(ticks))
+    r = s.producer("g").send(Message("orders", b"x"), delay_level=2)  # 5 s
+    rec = s.read_record(r.commitlog_offset)
+    entry = s.queue_entries(SCHEDULE_TOPIC, 1, r.stored_queue_offset, r.stored_queue_offset + 1)
+    assert r.deliver_at_ms == int(entry["tags_code"][0]) == rec.store_timestamp_ms + 5_000
+    s.close()
