@@ -1,17 +1,16 @@
-"""Compiled loops over whole batches of records: body CRCs and record assembly.
+"""A compiled loop over whole batches of records: record assembly with the body CRCs.
 
-Two kernels, JIT-compiled with numba (``cache=True``: compiled once per installation and
-machine, then loaded from the cache in every process, Spark workers included).  numba is
-imported on the first use of a kernel, not with this module, so processes that only read
-(Spark read tasks, ``rmq stats``) never pay its import:
+JIT-compiled with numba (``cache=True``: compiled once per installation and machine, then
+loaded from the cache in every process, Spark workers included).  numba is imported on the
+first use of the kernel, not with this module, so processes that only read (Spark read
+tasks, ``rmq stats``) never pay its import.
 
-* :func:`body_crcs`: RocketMQ's BODYCRC (zlib's CRC32, slice-by-8) of many bodies held in
-  one buffer (an Arrow binary column's data and offsets), in one call;
-* :func:`assemble_records`: writes whole CommitLog records into one output buffer: the
-  fixed header (:data:`store.codec.HEADER_DTYPE`, already filled but for the CRC), the
-  body, the topic (length byte and name), the properties length (2 bytes, big-endian) and
-  the properties (the row's string, then an optional suffix such as delay routing), each
-  copied from the column buffers with no Python object per record.
+:func:`assemble_records` writes whole CommitLog records into one output buffer: the fixed
+header (:data:`store.codec.HEADER_DTYPE`, already filled but for the CRC), the body, the
+topic (length byte and name), the properties length (2 bytes, big-endian) and the
+properties (the row's string, then an optional suffix such as delay routing), each copied
+from the column buffers with no Python object per record; RocketMQ's BODYCRC (zlib's CRC32,
+slice-by-8 tables) is computed while the body is copied.
 
 Record layout (big-endian, :mod:`store.codec`)::
 
@@ -72,15 +71,6 @@ def _crc32(data, start, end, t):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-def _body_crcs(data, offsets, t):
-    """CRC32 of ``data[offsets[i]:offsets[i + 1]]`` for every i (uint32)."""
-    n = len(offsets) - 1
-    out = np.empty(n, dtype=np.uint32)
-    for i in range(n):
-        out[i] = _crc32(data, offsets[i], offsets[i + 1], t)
-    return out
-
-
 def _assemble_records(out, positions, headers, crc_at, body_data, body_offsets, topic_data,
                      topic_offsets, topic_ids, props_data, props_offsets, suffix_data,
                      suffix_offsets, given_crcs):
@@ -129,20 +119,14 @@ _COMPILED: dict = {}
 
 
 def _kernels() -> dict:
-    """The compiled kernels (numba imported and the cache loaded on the first call)."""
+    """The compiled kernel (numba imported and the cache loaded on the first call)."""
     if not _COMPILED:
         from numba import njit
 
         jit = njit(cache=True, nogil=True)
         globals()["_crc32"] = jit(_crc32)  # the kernels below call the compiled one
-        _COMPILED["body_crcs"] = jit(_body_crcs)
         _COMPILED["assemble_records"] = jit(_assemble_records)
     return _COMPILED
-
-
-def body_crcs(data, offsets, t=CRC_TABLES):
-    """CRC32 of ``data[offsets[i]:offsets[i + 1]]`` for every i (uint32), compiled."""
-    return _kernels()["body_crcs"](data, offsets, t)
 
 
 def assemble_records(*args):

@@ -190,9 +190,7 @@ class Sink:
                 store.append([self._marker_spec(batch_id, listed, now)])
             rows += self._commit_halves(index, [open_rows[tx] for tx in commit])
             ended = [open_rows[tx] for tx in commit + rollback]
-            if ended:
-                offsets = sorted(int(index.row_latest.data[r]) for r in ended)
-                store.append(op_specs(offsets, now, HALF_QUEUE_ID), batch=True)
+            self._end_halves(index, ended, now)
         if ended:
             index.row_ended.data[ended] = True
         return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
@@ -207,8 +205,7 @@ class Sink:
             open_rows = self._open_rows(index)
             if not open_rows:
                 return 0
-            offsets = sorted(int(index.row_latest.data[r]) for r in open_rows.values())
-            store.append(op_specs(offsets, store.now_ms(), HALF_QUEUE_ID), batch=True)
+            self._end_halves(index, list(open_rows.values()), store.now_ms())
             index.row_ended.data[list(open_rows.values())] = True
         return len(open_rows)
 
@@ -223,6 +220,13 @@ class Sink:
         return list(self._open_rows(index))
 
     # ------------------------------------------------------------------ internals
+    def _end_halves(self, index, rows: list[int], now: int) -> None:
+        """Append the op messages ending the halves of index ``rows`` (their newest copies);
+        the caller holds the write lock and marks the rows ended once the append landed."""
+        if rows:
+            offsets = sorted(int(index.row_latest.data[r]) for r in rows)
+            self.store.append(op_specs(offsets, now, HALF_QUEUE_ID), batch=True)
+
     def _open_rows(self, index) -> dict[str, int]:
         n = index.rows
         if n == 0:
@@ -313,21 +317,18 @@ def settle_check_views(store, views) -> None:
         sink = Sink(store, sink_id)
         listed = sink._listed_by_markers()
         if any(tx in listed for tx in txs):
-            _finish_listed(sink)
+            _finish_listed(sink, listed)
 
 
-def _finish_listed(sink: Sink) -> None:
-    """Commit the open halves of ``sink`` that a marker lists (nothing else changes)."""
+def _finish_listed(sink: Sink, listed: set[str]) -> None:
+    """Commit the open halves of ``sink`` that a marker lists (nothing else changes); the
+    caller (the check round) holds the write lock, so ``listed`` is current."""
     store = sink.store
     index = store.transactions.index
     with store.atomic_append():
         index.refresh()
         open_rows = sink._open_rows(index)
-        listed = sink._listed_by_markers()
-        commit = [tx for tx in open_rows if tx in listed]
-        sink._commit_halves(index, [open_rows[tx] for tx in commit])
-        if commit:
-            offsets = sorted(int(index.row_latest.data[open_rows[tx]]) for tx in commit)
-            store.append(op_specs(offsets, store.now_ms(), HALF_QUEUE_ID), batch=True)
-    if commit:
-        index.row_ended.data[[open_rows[tx] for tx in commit]] = True
+        rows = [row for tx, row in open_rows.items() if tx in listed]
+        sink._commit_halves(index, rows)
+        sink._end_halves(index, rows, store.now_ms())
+    index.row_ended.data[rows] = True

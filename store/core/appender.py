@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import zlib
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Protocol, Sequence
 
@@ -247,9 +246,7 @@ class Appender:
         template["born_port"] = born_port
         template["store_host"] = np.void(codec.LOCALHOST)
         template["store_port"] = codec.STORE_PORT
-        headers = np.repeat(template, n)
-        headers["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64,
-                                          count=n) & 0x7FFFFFFF
+        headers = np.repeat(template, n)  # BODYCRC: computed by the record kernel
         headers["flag"] = flags
         headers["body_length"] = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
         dispatched = is_dispatched(sys_flag)

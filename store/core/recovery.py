@@ -21,12 +21,46 @@ transaction service notes commit records kept without their op that way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from .dispatch import is_dispatched
 from .ports import CoreParts, RecoveryListener, RecoveryScan
+
+
+@dataclass(slots=True)
+class ScannedEntries:
+    """What :func:`scan_entries` read: queue entries of the indexed records by queue, every
+    valid record's offset and sys flag, the last store time, and where a limit cut the scan."""
+
+    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]]
+    offsets: list[int]
+    sys_flags: list[int]
+    last_timestamp_ms: int | None
+    cut: int | None
+
+
+def scan_entries(store: CoreParts, start: int, *, limit: int | None = None) -> ScannedEntries:
+    """Validate records from ``start`` (magic, size, CRC) up to the first invalid one (or
+    ``limit``) and collect the queue entry of every indexed record, as the dispatcher would
+    write it.  Shared by recovery and the queue rebuild (:mod:`store.core.repair`)."""
+    log = store.commit_log
+    found = ScannedEntries({}, [], [], None, None)
+    for offset, _size in log.scan(start):
+        if limit is not None and offset >= limit:
+            found.cut = limit
+            break
+        rec = log.read_record(offset)
+        if is_dispatched(rec.sys_flag):
+            code = store.dispatcher.tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
+            found.rows.setdefault((rec.topic, rec.queue_id), []).append(
+                (rec.queue_offset, offset, rec.total_size, code))
+        found.offsets.append(offset)
+        found.sys_flags.append(rec.sys_flag)
+        found.last_timestamp_ms = rec.store_timestamp_ms
+    return found
 
 
 def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,
@@ -43,24 +77,11 @@ def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = Non
     if log.files.find(start) is None and start > log.min_offset():
         # the start lies in a segment that no longer (or never) existed: nothing to rescan
         start = max(log.min_offset(), min(start, _log_end_guess(store)))
-    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    last_ts = None
-    cut = None
-    kept_offsets: list[int] = []
-    kept_flags: list[int] = []
-    for offset, _size in log.scan(start):
-        if limit is not None and offset >= limit:
-            cut = limit
-            break
-        rec = log.read_record(offset)
-        if is_dispatched(rec.sys_flag):
-            code = store.dispatcher.tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
-            rows.setdefault((rec.topic, rec.queue_id), []).append(
-                (rec.queue_offset, offset, rec.total_size, code))
-            store.ensure_topic(rec.topic)
-        kept_offsets.append(offset)
-        kept_flags.append(rec.sys_flag)
-        last_ts = rec.store_timestamp_ms
+    found = scan_entries(store, start, limit=limit)
+    rows, last_ts, cut = found.rows, found.last_timestamp_ms, found.cut
+    for topic in {topic for topic, _ in rows}:
+        store.ensure_topic(topic)
+    kept_offsets, kept_flags = found.offsets, found.sys_flags
     end = log.scan_end if log.files.files else 0
     if cut is not None or (limit is not None and end > limit >= start):
         end = max(start, limit)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from ..consume_queue import ENTRY_SIZE
 from ..mapped_file import zero_tail
-from .dispatch import is_dispatched
 from .ports import CoreParts
+from .recovery import scan_entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +62,11 @@ def rebuild_queues(store: CoreParts) -> RebuildResult:
             zero_tail(f, 0)  # every entry of every file, whatever it held
     log = store.commit_log
     log.files.refresh()
-    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
-    records = entries = 0
-    end = log.min_offset()
-    for offset, size in log.scan(log.min_offset()):
-        rec = log.read_record(offset)
-        records += 1
-        end = offset + size
-        if is_dispatched(rec.sys_flag):
-            code = store.dispatcher.tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
-            rows.setdefault((rec.topic, rec.queue_id), []).append(
-                (rec.queue_offset, offset, rec.total_size, code))
-            entries += 1
+    found = scan_entries(store, log.min_offset())
+    rows = found.rows
+    records = len(found.offsets)
+    entries = sum(len(r) for r in rows.values())
+    end = log.scan_end if records else log.min_offset()
     counts: dict[str, int] = {}
     for topic, queue_id in rows:
         counts[topic] = max(counts.get(topic, 0), queue_id + 1)
