@@ -5,9 +5,8 @@ NumPy fancy index reads every header and the layout checks drop what does not fi
 transaction index reads half and op records through it (:mod:`store.transaction.half_records`).
 
 :class:`SourceRecords`, used by the restore of delayed messages, builds on it: bodies and
-properties as ``bytes`` slices of the segment mapping, and all properties joined into one byte
-array in which :meth:`SourceRecords.find` locates a property of every record at once (pairs
-start a record's properties or follow a 0x02 separator, names never contain 0x01 or 0x02).
+properties copied out of the segment mappings into two byte columns by a compiled loop, ready
+for the property kernels (:mod:`store.property_kernels`) and the record kernel.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import numpy as np
 
 from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, gather_headers
 from .commit_log import CommitLog
-
-_SEP = 2  # the byte after each name-value pair
+from .property_kernels import gather_ranges
+from .record_kernels import ByteColumn, ByteSlices
 
 
 class SegmentRecords(NamedTuple):
@@ -56,135 +55,90 @@ def gather_segments(log: CommitLog, offsets: np.ndarray) -> Iterator[SegmentReco
         raw = np.frombuffer(mm, dtype=np.uint8)
         rel = offsets[sel] - start
         inside = rel + HEADER_SIZE <= size
-        sel, rel = sel[inside], rel[inside]
+        if not inside.all():
+            sel, rel = sel[inside], rel[inside]
         h = gather_headers(mm, size, rel)
         body = h["body_length"].astype(np.int64)
         total = h["total_size"].astype(np.int64)
         good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (body >= 0)
                 & (total >= FIXED_SIZE + body) & (rel + total <= size))
-        sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
+        if not good.all():
+            sel, rel, h, body, total = sel[good], rel[good], h[good], body[good], total[good]
         tpos = rel + HEADER_SIZE + body
         tl = raw[tpos].astype(np.int64)
         ppos = tpos + 1 + tl
         pl = (raw[ppos].astype(np.int64) << 8) | raw[ppos + 1]
         fits = FIXED_SIZE + body + tl + pl == total
-        yield SegmentRecords(sel[fits], mm, raw, h[fits], rel[fits] + HEADER_SIZE, body[fits],
-                             ppos[fits] + 2, pl[fits])
+        if fits.all():
+            yield SegmentRecords(sel, mm, raw, h, rel + HEADER_SIZE, body, ppos + 2, pl)
+        else:
+            yield SegmentRecords(sel[fits], mm, raw, h[fits], rel[fits] + HEADER_SIZE,
+                                 body[fits], ppos[fits] + 2, pl[fits])
 
 
 class SourceRecords:
-    """Headers, bodies and properties of the source records (in the order given)."""
+    """Headers, bodies and properties of the source records (in the order given), as columns.
+
+    ``headers`` and ``ok`` (False: missing or invalid record, whose rows are empty) have a
+    row per offset.  ``bodies`` and ``properties`` read the records in place
+    (:class:`ByteSlices` of the segment mapping) when they all lie in one segment; records of
+    several segments are copied into two :class:`ByteColumn` by a compiled loop.
+    """
 
     def __init__(self, log: CommitLog, offsets: np.ndarray) -> None:
         n = len(offsets)
         self.headers = np.zeros(n, dtype=HEADER_DTYPE)
         self.ok = np.zeros(n, dtype=bool)
-        self.props_len = np.zeros(n, dtype=np.int64)
-        self.bodies: list = [b""] * n
-        self.raw_props: list = [b""] * n
-        for sel, mm, _raw, h, b0, body, p0, pl in gather_segments(log, offsets):
-            self.headers[sel] = h
-            self.ok[sel] = True
-            self.props_len[sel] = pl
-            bodies = list(map(mm.__getitem__, map(slice, b0.tolist(), (b0 + body).tolist())))
-            props = list(map(mm.__getitem__, map(slice, p0.tolist(), (p0 + pl).tolist())))
-            if len(sel) == n:
-                self.bodies, self.raw_props = bodies, props
+        segments = list(gather_segments(log, offsets))
+        if len(segments) == 1:
+            seg = segments[0]
+            if len(seg.sel) == n:  # every record valid (sel is then 0 .. n-1)
+                self.headers = seg.headers
+                self.ok[:] = True
             else:
-                for i, b, p in zip(sel.tolist(), bodies, props):
-                    self.bodies[i] = b
-                    self.raw_props[i] = p
-        # all properties in one array, record i at [starts[i], ends[i])
-        self.ends = np.cumsum(self.props_len)
-        self.starts = self.ends - self.props_len
-        self.blob = b"".join(self.raw_props)
-        self.props = np.frombuffer(self.blob, dtype=np.uint8)
-        self.seps = np.flatnonzero(self.props == _SEP)
-        # a pair starts a record's properties or follows a separator
-        is_start = np.zeros(len(self.props) + 1, dtype=bool)
-        is_start[self.starts[self.props_len > 0]] = True
-        is_start[self.seps + 1] = True
-        self.pair_starts = np.flatnonzero(is_start[:len(self.props)])
-        self._words: np.ndarray | None = None  # 8 bytes from each position (for find)
-
-    def find(self, key: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The last non-empty value of property ``key`` per record: ``(found, start, end)``.
-
-        Positions index :attr:`props`.
-        """
-        n = len(self.starts)
-        found = np.zeros(n, dtype=bool)
-        vs = np.zeros(n, dtype=np.int64)
-        ve = np.zeros(n, dtype=np.int64)
-        pattern = key + b"\x01"
-        props = self.props
-        c = self.pair_starts[self.pair_starts + len(pattern) < len(props)]
-        if len(pattern) >= 8 and len(c):
-            # the first 8 bytes of every pair at once, then the rest on the few that match
-            if self._words is None:
-                self._words = np.ndarray(shape=(len(props) - 7,), dtype="<u8", buffer=props,
-                                         strides=(1,))
-            c = c[self._words[c] == int.from_bytes(pattern[:8], "little")]
-            rest = enumerate(pattern[8:], 8)
-        else:
-            rest = enumerate(pattern)
-        for j, byte in rest:
-            if not len(c):
-                return found, vs, ve
-            c = c[props[c + j] == byte]
-        if not len(c) or not len(self.seps):
-            return found, vs, ve
-        rec = np.searchsorted(self.ends, c, side="right")
-        v0 = c + len(pattern)
-        idx = np.searchsorted(self.seps, v0)
-        inside = idx < len(self.seps)
-        c, rec, v0, idx = c[inside], rec[inside], v0[inside], idx[inside]
-        v1 = self.seps[idx]
-        good = (v1 > v0) & (v1 < self.ends[rec])
-        rec, v0, v1 = rec[good], v0[good], v1[good]
-        last = np.concatenate((rec[1:] != rec[:-1], [True])) if len(rec) else rec.astype(bool)
-        found[rec[last]] = True
-        vs[rec[last]] = v0[last]
-        ve[rec[last]] = v1[last]
-        return found, vs, ve
-
-    def matrix(self, vs: np.ndarray, ve: np.ndarray) -> np.ndarray:
-        """Values ``props[vs:ve]`` as rows of a zero-padded ``uint8`` matrix."""
-        width = int((ve - vs).max()) if len(vs) else 0
-        cols = np.arange(max(width, 1))
-        idx = vs[:, None] + cols
-        inside = cols < (ve - vs)[:, None]
-        return np.where(inside, self.props[np.minimum(idx, max(len(self.props) - 1, 0))], 0
-                        ).astype(np.uint8)
+                self.headers[seg.sel] = seg.headers
+                self.ok[seg.sel] = True
+            self.bodies = _in_place(seg.raw, n, seg.sel, seg.body_start, seg.body_length)
+            self.properties = _in_place(seg.raw, n, seg.sel, seg.properties_start,
+                                        seg.properties_length)
+            return
+        body_len = np.zeros(n, dtype=np.int64)
+        props_len = np.zeros(n, dtype=np.int64)
+        parts = []
+        for seg in segments:
+            self.headers[seg.sel] = seg.headers
+            self.ok[seg.sel] = True
+            body_len[seg.sel] = seg.body_length
+            props_len[seg.sel] = seg.properties_length
+            parts.append((seg.sel, gather_ranges(seg.raw, seg.body_start, seg.body_length),
+                          gather_ranges(seg.raw, seg.properties_start,
+                                        seg.properties_length)))
+        self.bodies = _merge(parts, 1, body_len)
+        self.properties = _merge(parts, 2, props_len)
 
 
-def unique_values(src: SourceRecords, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
-                   ) -> tuple[list[bytes], np.ndarray]:
-    """Distinct values of the records ``sel`` and each record's index into them."""
-    if not len(sel):
-        return [], np.empty(0, np.int64)
-    m = np.ascontiguousarray(src.matrix(vs[sel], ve[sel]))
-    rows = m.view(np.dtype((np.void, m.shape[1]))).ravel()
-    uniq, inverse = np.unique(rows, return_inverse=True)
-    return [bytes(u).rstrip(b"\x00") for u in uniq.tolist()], inverse.ravel()
+def _in_place(raw: np.ndarray, n: int, sel: np.ndarray, start: np.ndarray,
+              length: np.ndarray) -> ByteSlices:
+    """Rows ``sel`` at ``raw[start:start + length]``, the other rows empty."""
+    if len(sel) == n:
+        return ByteSlices(raw, start, start + length)
+    starts = np.zeros(n, dtype=np.int64)
+    starts[sel] = start
+    ends = starts.copy()
+    ends[sel] += length
+    return ByteSlices(raw, starts, ends)
 
 
-def parse_ints(src: SourceRecords, sel: np.ndarray, vs: np.ndarray, ve: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Decimal values of short fields: ``(value, ok)`` per record of ``sel``."""
-    m = src.matrix(vs[sel], ve[sel]).astype(np.int64)
-    lengths = ve[sel] - vs[sel]
-    digits = m - 48
-    cols = np.arange(m.shape[1])
-    inside = cols < lengths[:, None]
-    ok = (((digits >= 0) & (digits <= 9)) | ~inside).all(axis=1) & (lengths > 0) & (lengths <= 18)
-    power = np.where(inside, lengths[:, None] - 1 - cols, 0)
-    value = (np.where(inside, digits, 0) * (10 ** np.clip(power, 0, 18))).sum(axis=1)
-    return value, ok
-
-
-def as_bytes(values: np.ndarray) -> list[bytes]:
-    """Decimal ASCII of each value."""
-    if len(values) > 1 and values[0] == values[-1] and (values == values[0]).all():
-        return [str(int(values[0])).encode("ascii")] * len(values)
-    return list(map(str.encode, map(str, values.tolist())))
+def _merge(parts: list, field: int, lengths: np.ndarray) -> ByteColumn:
+    """One column (rows in the original order) from the per-segment ones."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for part in parts:
+        sel, col = part[0], part[field]
+        if not len(sel):
+            continue
+        # rows of one segment keep their order; copy each row to its place
+        src = np.repeat(col.offsets[:-1] - offsets[sel], np.diff(col.offsets))
+        data[np.arange(len(col.data)) - src] = col.data
+    return ByteColumn(data, offsets)

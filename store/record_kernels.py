@@ -71,22 +71,23 @@ def _crc32(data, start, end, t):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-def _assemble_records(out, positions, headers, crc_at, body_data, body_offsets, topic_data,
-                     topic_offsets, topic_ids, props_data, props_offsets, suffix_data,
-                     suffix_offsets, given_crcs):
+def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, body_ends,
+                      topic_data, topic_offsets, topic_ids, props_data, props_starts,
+                      props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs):
     """Write records ``i`` at ``out[positions[i]:]`` (see the module doc for the layout).
 
-    ``headers`` is the ``(n, HEADER_SIZE)`` uint8 view of the filled headers; the body CRC
-    (masked to 31 bits, as RocketMQ stores it) is computed while the body is copied and
-    written big-endian at ``crc_at``, unless ``given_crcs[i] >= 0`` (computed by the caller,
-    e.g. with zlib for large bodies).  ``suffix_offsets`` may be all zeros (no suffix).
+    ``headers`` is the ``(n, HEADER_SIZE)`` uint8 view of the filled headers; record ``i``'s
+    body is ``body_data[body_starts[i]:body_ends[i]]``, its properties and suffix likewise.
+    The body CRC (masked to 31 bits, as RocketMQ stores it) is computed while the body is
+    copied and written big-endian at ``crc_at``, unless ``given_crcs[i] >= 0`` (known to the
+    caller: computed with zlib for a large body, or kept from a copied record).
     """
     n, hsize = headers.shape
     t = CRC_TABLES
     for i in range(n):
         p = positions[i]
         out[p:p + hsize] = headers[i]
-        b0, b1 = body_offsets[i], body_offsets[i + 1]
+        b0, b1 = body_starts[i], body_ends[i]
         if given_crcs[i] >= 0:
             crc = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
         else:
@@ -103,8 +104,8 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_offsets, 
         out[p] = t1 - t0
         out[p + 1:p + 1 + (t1 - t0)] = topic_data[t0:t1]
         p += 1 + (t1 - t0)
-        r0, r1 = props_offsets[i], props_offsets[i + 1]
-        s0, s1 = suffix_offsets[i], suffix_offsets[i + 1]
+        r0, r1 = props_starts[i], props_ends[i]
+        s0, s1 = suffix_starts[i], suffix_ends[i]
         plen = (r1 - r0) + (s1 - s0)
         out[p] = (plen >> 8) & 0xFF
         out[p + 1] = plen & 0xFF
@@ -114,24 +115,37 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_offsets, 
         out[p:p + (s1 - s0)] = suffix_data[s0:s1]
 
 
+def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
+             kernels: tuple[str, ...] = ()):
+    """A function returning the compiled ``kernels`` of a module (by name), compiling on
+    the first call.
 
-_COMPILED: dict = {}
+    ``namespace`` is the module's ``globals()``; ``helpers`` are functions the kernels call,
+    replaced there by their compiled versions first (numba resolves globals when it compiles).
+    numba is imported then, not with the module.
+    """
+    done: dict = {}
+
+    def get() -> dict:
+        if not done:
+            from numba import njit
+
+            jit = njit(cache=True, nogil=True)
+            for name in helpers:
+                namespace[name] = jit(namespace[name])
+            for name in kernels:
+                done[name] = jit(namespace[name])
+        return done
+
+    return get
 
 
-def _kernels() -> dict:
-    """The compiled kernel (numba imported and the cache loaded on the first call)."""
-    if not _COMPILED:
-        from numba import njit
-
-        jit = njit(cache=True, nogil=True)
-        globals()["_crc32"] = jit(_crc32)  # the kernels below call the compiled one
-        _COMPILED["assemble_records"] = jit(_assemble_records)
-    return _COMPILED
+_kernels = compiled(globals(), helpers=("_crc32",), kernels=("_assemble_records",))
 
 
 def assemble_records(*args):
     """:func:`_assemble_records`, compiled (same arguments)."""
-    return _kernels()["assemble_records"](*args)
+    return _kernels()["_assemble_records"](*args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +162,19 @@ class ByteColumn:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def starts(self) -> np.ndarray:
+        return self.offsets[:-1]
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self.offsets[1:]
+
     @classmethod
-    def of(cls, values) -> ByteColumn:
-        """A column of ``values``: a ByteColumn, an Arrow (chunked) binary/string array, or a
-        sequence of bytes-like objects."""
-        if isinstance(values, ByteColumn):
+    def of(cls, values) -> ByteColumn | ByteSlices:
+        """A column of ``values``: a ByteColumn or ByteSlices (as is), an Arrow (chunked)
+        binary/string array, or a sequence of bytes-like objects."""
+        if isinstance(values, (ByteColumn, ByteSlices)):
             return values
         if isinstance(values, (pa.Array, pa.ChunkedArray)):
             return cls.from_arrow(values)
@@ -192,6 +214,25 @@ class ByteColumn:
         offsets = (self.offsets - lo).astype(np.int32)
         return pa.Array.from_buffers(type_, len(self), [None, pa.py_buffer(offsets),
                                                         pa.py_buffer(self.data[lo:hi].copy())])
+
+
+@dataclass(frozen=True, slots=True)
+class ByteSlices:
+    """Byte strings anywhere in one buffer: row ``i`` is ``data[starts[i]:ends[i]]``.
+
+    Rows may be apart, overlap or come in any order (the bodies of records read in place
+    from a mapped segment, say); used wherever a :class:`ByteColumn` is.
+    """
+
+    data: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def lengths(self) -> np.ndarray:
+        return self.ends - self.starts
 
 
 EMPTY = ByteColumn(np.zeros(1, np.uint8), np.zeros(1, np.int64))

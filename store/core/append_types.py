@@ -50,6 +50,9 @@ class EncodedRecords:
     ``tags_codes`` are the ConsumeQueue tagsCodes (ignored when the records are not
     dispatched).  ``store_timestamp_ms`` (default: the store's clock at the append) is the
     store time of every record; a delivery run passes its own "now".
+    ``body_crc_known``: the headers' ``body_crc`` are the bodies' CRCs already (records
+    copied from the CommitLog keep theirs, so damage in a source stays detectable); else
+    they are computed while the records are assembled.
     """
 
     headers: np.ndarray
@@ -62,6 +65,7 @@ class EncodedRecords:
     tags_codes: np.ndarray
     extra_properties: Sequence | None = None
     store_timestamp_ms: int | None = None
+    body_crc_known: bool = False
 
 
 @dataclass(frozen=True, slots=True)

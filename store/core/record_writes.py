@@ -45,11 +45,14 @@ def assemble_writes(records: EncodedRecords, topics: list[bytes], topic_ids: np.
     names = ByteColumn.of(topics)
     ends = np.cumsum(sizes)
     # large bodies: zlib's CRC (faster per byte); small ones: the kernel (no call each)
-    crcs = np.full(n, -1, dtype=np.int64)
-    lengths = bodies.lengths()
-    for i in np.flatnonzero(lengths >= _ZLIB_CRC_BYTES).tolist():
-        o = int(bodies.offsets[i])
-        crcs[i] = zlib.crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
+    if records.body_crc_known:
+        crcs = records.headers["body_crc"].astype(np.int64)
+    else:
+        crcs = np.full(n, -1, dtype=np.int64)
+        lengths = bodies.lengths()
+        for i in np.flatnonzero(lengths >= _ZLIB_CRC_BYTES).tolist():
+            o = int(bodies.starts[i])
+            crcs[i] = zlib.crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
     scratch = np.empty(0, dtype=np.uint8)
     for off, i, j, blank in runs:
         if j <= i:  # a blank alone closes a segment
@@ -65,9 +68,9 @@ def assemble_writes(records: EncodedRecords, topics: list[bytes], topic_ids: np.
                 scratch = np.empty(max(used + tail, WRITE_CHUNK), dtype=np.uint8)
             buf = scratch[:used + tail]
             assemble_records(buf, starts[i:k] - starts[i], hb[i:k], _CRC_AT, bodies.data,
-                             bodies.offsets[i:k + 1], names.data, names.offsets,
-                             topic_ids[i:k], props.data, props.offsets[i:k + 1],
-                             extra.data, extra.offsets[i:k + 1], crcs[i:k])
+                             bodies.starts[i:k], bodies.ends[i:k], names.data, names.offsets,
+                             topic_ids[i:k], props.data, props.starts[i:k], props.ends[i:k],
+                             extra.data, extra.starts[i:k], extra.ends[i:k], crcs[i:k])
             if tail:
                 buf[used:] = np.frombuffer(blank, dtype=np.uint8)
             yield int(starts[i]), buf

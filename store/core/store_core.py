@@ -102,8 +102,7 @@ class StoreCore(ReadableStore):
         self._retention_listeners.append(listener)
 
     def add_retention_guard(self, guard: RetentionGuard) -> None:
-        """Retention never deletes the segment holding the CommitLog offset ``guard()``
-        returns (a record a service still needs), nor any later one."""
+        """Retention keeps the segment of the offset ``guard()`` returns, and later ones."""
         self._retention_guards.append(guard)
 
     def add_recovery_listener(self, listener: RecoveryListener) -> None:
@@ -284,6 +283,10 @@ class StoreCore(ReadableStore):
         """The ConsumeQueue tagsCode of a record (a registered rule, else the tag hash)."""
         return self.dispatcher.tags_code(topic, properties, store_timestamp_ms)
 
+    def has_tags_rule(self, topic: str) -> bool:
+        """Whether ``topic``'s tagsCode comes from a registered rule rather than its tag."""
+        return self.dispatcher.has_rule(topic)
+
     def tag_hashes(self, tags: Sequence[str | None]) -> np.ndarray:
         """The tagsCodes of plain records with these tags (one hash per distinct tag)."""
         return self.dispatcher.tag_hashes(tags)
@@ -332,10 +335,8 @@ class StoreCore(ReadableStore):
         queue_id : int, optional
             The queue; ``None`` picks the next one round robin.
 
-        Returns
-        -------
-        BatchAppendResult
-            The queue, the first queue offset and each record's CommitLog offset.
+        Returns the queue, the first queue offset and each record's CommitLog offset
+        (:class:`BatchAppendResult`).
         """
         self._check_writable()
         if self.dispatcher.has_rule(topic):

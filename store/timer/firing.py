@@ -22,7 +22,7 @@ from .timer_log import MAGIC_DELETE, MAGIC_ROLL, TimerLog
 from .wheel import TimerWheel
 
 #: TIMER_ENQUEUE_MS of a message delivered straight from the queue (RocketMQ: Long.MAX).
-DIRECT_ENQUEUE_MS = "9223372036854775807"
+DIRECT_ENQUEUE_MS = 9223372036854775807
 #: ConsumeQueue entries read per step when collecting cancel markers.
 MARKER_CHUNK = 1 << 18
 #: Units delivered per step.
@@ -33,8 +33,9 @@ class SlotFiring:
     """Fires due slots of one store's wheel (the dequeue half of the timer service)."""
 
     def __init__(self, store: StorePort, wheel: TimerWheel, log: TimerLog,
-                 precision_ms: int) -> None:
+                 precision_ms: int, roll_tags_codes) -> None:
         self.store = store
+        self.roll_tags_codes = roll_tags_codes  # the timer topic's tagsCode rule, vectorised
         self.wheel = wheel
         self.log = log
         self.precision = precision_ms
@@ -124,17 +125,20 @@ class SlotFiring:
                 keys.add(key)
 
     def _drop_done(self, units: np.ndarray, done: np.ndarray) -> np.ndarray:
-        keep = units["offset_py"] >= self.store.commit_log.min_offset()
+        offsets = units["offset_py"]
+        keep = offsets >= self.store.commit_log.min_offset()
         if len(done):
-            keep &= ~np.isin(units["offset_py"], done)
-        return units[keep]
+            keep &= ~np.isin(offsets, done)
+        return units if keep.all() else units[keep]
 
     def _fire(self, units: np.ndarray, delete_keys: set[str], now: int) -> tuple[int, int]:
         """Deliver or re-put the units of fired slots (markers first)."""
         magic = units["magic"]
         is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
-        self._marker_keys_of(units, delete_keys)
-        return self.deliver_units(units[~is_marker], delete_keys, now, direct=False)
+        if is_marker.any():
+            self._marker_keys_of(units, delete_keys)
+            units = units[~is_marker]
+        return self.deliver_units(units, delete_keys, now, direct=False)
 
     def deliver_units(self, units: np.ndarray, delete_keys: set[str], now: int, *,
                        direct: bool) -> tuple[int, int]:
@@ -145,5 +149,6 @@ class SlotFiring:
         result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
                          enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
                          delete_keys=delete_keys, timer_precision_ms=self.precision,
-                         direct_enqueue_ms=DIRECT_ENQUEUE_MS)
+                         direct_enqueue_ms=DIRECT_ENQUEUE_MS,
+                         roll_tags_codes=self.roll_tags_codes)
         return result.delivered, result.rolled

@@ -89,6 +89,11 @@ def timer_tags_code(properties, store_timestamp_ms: int) -> int | None:
     return -int(out) if PROPERTY_TIMER_DEL_UNIQKEY in properties else int(out)
 
 
+def timer_tags_codes(out_ms: np.ndarray, is_marker: np.ndarray) -> np.ndarray:
+    """:func:`timer_tags_code` of many records: ``TIMER_OUT_MS``, negated for markers."""
+    return np.where(is_marker, -out_ms, out_ms).astype(np.int64)
+
+
 def register_timer_topic(port: StorePort) -> None:
     """Make the timer topic known to the core: one queue, records indexed by fire time."""
     port.register_system_topic(TIMER_TOPIC, 1, timer_tags_code)
@@ -127,7 +132,8 @@ class TimerService:
                                     self.precision)
             self.log = TimerLog(os.path.join(store.root, "timerlog"),
                                 cfg.timer_log_file_size_bytes)
-            self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
+            self.firing = SlotFiring(store, self.wheel, self.log, self.precision,
+                                     timer_tags_codes)
             self._sync()
 
     # ------------------------------------------------------------------ sending

@@ -10,7 +10,7 @@ from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
 from store.codec import encode_record
 from store.core.retention import delete_expired_segments
 from store.errors import TimerFlowControlError
-from store.message import TIMER_TOPIC
+from store.message import TIMER_TOPIC, java_string_hash
 from store.timer import checkpoint as ckpt
 
 P = 100  # the SMALL config's timer precision
@@ -378,3 +378,42 @@ def test_pending_due_times_for_stats(store, clock):
     assert store.schedule.pending_due_ms().tolist() == [level.deliver_at_ms]
     stats = store.pending_delayed_stats()
     assert (stats["pending"], stats["timer_pending"], stats["schedule_pending"]) == (4, 3, 1)
+
+
+def test_repeated_rolls_keep_one_pair_per_key(narrow, clock):
+    """Each roll re-puts the record with the restore's pairs replaced, never repeated."""
+    r = narrow.producer("g").send(Message("t", b"far"), delay_ms=40 * P)
+    _stepper(narrow, clock, r.deliver_at_ms + 2 * P, P)
+    [v] = visible(narrow, "t")
+    buf, pos, _ = narrow.commit_log.buffer_at(v.commitlog_offset)
+    rec = narrow.read_record(v.commitlog_offset)
+    raw = bytes(buf[pos:pos + rec.total_size])
+    for key in ("TIMER_ROLL_TIMES", "__RMQ_DELAY_ORIGIN", "TIMER_DEQUEUE_MS",
+                "TIMER_ENQUEUE_MS", "__RMQ_DELIVER_MS", "UNIQ_KEY", "REAL_TOPIC"):
+        assert raw.count(b"\x02" + key.encode() + b"\x01") \
+            + raw.count(b"\x00" + key.encode() + b"\x01") <= 1, key
+        assert key in rec.properties, key
+    assert int(rec.properties["TIMER_ROLL_TIMES"]) >= 3
+    assert int(rec.properties["__RMQ_DELIVER_MS"]) == r.deliver_at_ms
+
+
+def test_one_run_over_many_segments_honours_cancels(store, clock):
+    """Sources spread over many 64 KiB segments, cancels among them, one delivery run."""
+    p = store.producer("g")
+    sent = [p.send(Message("t", b"m%04d" % i, tags=f"T{i % 3}", keys=f"k{i}",
+                           properties={"n": str(i)}), delay_ms=2_000 + (i % 7) * 10)
+            for i in range(1500)]
+    assert store.commit_log.files.files[-1].start >= 5 * 65536  # many segments
+    cancelled = {r.msg_id for r in sent[::5]}
+    for msg_id in cancelled:
+        assert store.timer.cancel("t", msg_id)
+    clock.advance(5_000)
+    assert store.deliver_due() == 1500 - len(cancelled)
+    views = visible(store, "t")
+    assert sorted(v.msg_id for v in views) == sorted(r.msg_id for r in sent
+                                                     if r.msg_id not in cancelled)
+    for v in views:
+        i = int(v.body[1:])
+        assert v.tags == f"T{i % 3}" and v.properties["n"] == str(i)
+        entry = store.queue_entries("t", v.queue_id, v.queue_offset, v.queue_offset + 1)
+        assert int(entry["tags_code"][0]) == java_string_hash(f"T{i % 3}")

@@ -1,0 +1,327 @@
+"""Compiled loops over the properties of whole batches of records (no Python per record).
+
+A record's properties are ``name 0x01 value 0x02`` pairs (:mod:`store.codec`).  The kernels
+here work on a :class:`~store.record_kernels.ByteColumn` of properties strings (row ``i`` is
+``data[offsets[i]:offsets[i + 1]]``):
+
+* :func:`scan_properties` finds the values of a few names in every row in one pass;
+* :func:`hash_ranges`, :func:`parse_int_ranges`: a 64-bit FNV-1a hash, or the decimal value,
+  of the located values;
+* :func:`strip_pairs`: the rows without the pairs of some names;
+* :func:`format_int_pairs`: rows of ``name 0x01 decimal 0x02`` pairs from an int matrix;
+* :func:`gather_ranges`: byte ranges of a mapped segment copied into one column.
+
+:func:`distinct_values` groups located values by hash and checks every row against its
+group's first row byte by byte, so a hash collision can never merge two values.
+
+The loops are JIT-compiled with numba on first use (see :mod:`store.record_kernels`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .record_kernels import ByteColumn, ByteSlices, compiled
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+#: Digits of the longest decimal an int64 holds.
+_MAX_DIGITS = 19
+
+
+def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart, vend):
+    """For every row and key: the last non-empty value of that name (``found``, positions).
+
+    A pair without its closing 0x02 inside the row ends the scan of that row.
+    """
+    n = len(starts)
+    nk = len(keys_offsets) - 1
+    for i in range(n):
+        p = starts[i]
+        end = ends[i]
+        while p < end:
+            q = p
+            while q < end and data[q] != 1:
+                q += 1
+            if q >= end:
+                break
+            v1 = q + 1
+            while v1 < end and data[v1] != 2:
+                v1 += 1
+            if v1 >= end:
+                break
+            if v1 > q + 1:
+                for k in range(nk):
+                    k0 = keys_offsets[k]
+                    if keys_offsets[k + 1] - k0 != q - p:
+                        continue
+                    same = True
+                    for j in range(q - p):
+                        if data[p + j] != keys_data[k0 + j]:
+                            same = False
+                            break
+                    if same:
+                        found[k, i] = True
+                        vstart[k, i] = q + 1
+                        vend[k, i] = v1
+            p = v1 + 1
+
+
+def _hash_ranges(data, vstart, vend, out):
+    for i in range(len(vstart)):
+        h = np.uint64(0xCBF29CE484222325)
+        for j in range(vstart[i], vend[i]):
+            h = (h ^ np.uint64(data[j])) * np.uint64(0x100000001B3)
+        out[i] = h
+
+
+def _same_as_first(data, vstart, vend, first):
+    """Whether each row's value equals that of row ``first[i]``."""
+    n = len(vstart)
+    out = np.ones(n, dtype=np.bool_)
+    for i in range(n):
+        f = first[i]
+        a, b = vstart[i], vstart[f]
+        length = vend[i] - a
+        if length != vend[f] - b:
+            out[i] = False
+            continue
+        for j in range(length):
+            if data[a + j] != data[b + j]:
+                out[i] = False
+                break
+    return out
+
+
+def _parse_int_ranges(data, vstart, vend, value, ok):
+    for i in range(len(vstart)):
+        a, b = vstart[i], vend[i]
+        neg = False
+        if a < b and data[a] == 45:  # '-'
+            neg = True
+            a += 1
+        if b <= a or b - a > 19:
+            continue
+        v = 0
+        good = True
+        for j in range(a, b):
+            d = data[j] - 48
+            if d < 0 or d > 9:
+                good = False
+                break
+            v = v * 10 + d
+        if good and v >= 0:  # 19 digits may overflow
+            value[i] = -v if neg else v
+            ok[i] = True
+
+
+def _strip_pairs(data, starts, ends, keys_data, keys_offsets, drop, out, out_offsets):
+    """Copy every row without the pairs of key ``k`` where ``drop[k, i]``; fills ``out_offsets``."""
+    n = len(starts)
+    nk = len(keys_offsets) - 1
+    w = 0
+    out_offsets[0] = 0
+    for i in range(n):
+        p = starts[i]
+        end = ends[i]
+        while p < end:
+            q = p
+            while q < end and data[q] != 2:
+                q += 1
+            stop = q + 1 if q < end else end  # the pair with its separator
+            c = p
+            while c < q and data[c] != 1:
+                c += 1
+            dropped = False
+            if c < q:
+                for k in range(nk):
+                    k0 = keys_offsets[k]
+                    if keys_offsets[k + 1] - k0 != c - p:
+                        continue
+                    same = True
+                    for j in range(c - p):
+                        if data[p + j] != keys_data[k0 + j]:
+                            same = False
+                            break
+                    if same and drop[k, i]:
+                        dropped = True
+                        break
+            if not dropped:
+                out[w:w + (stop - p)] = data[p:stop]
+                w += stop - p
+            p = stop
+        out_offsets[i + 1] = w
+
+
+#: "00" .. "99" as ASCII, two bytes each, and the powers of ten an int64 holds.
+_DIGIT_PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode("ascii"),
+                             dtype=np.uint8).copy()
+_POWERS_OF_TEN = np.array([10 ** i for i in range(19)], dtype=np.int64)
+
+
+def _write_decimal(out, w, v, pairs, powers):
+    """Write ``v`` in decimal at ``out[w:]``; return the end (two digits per division)."""
+    if v < 0:
+        out[w] = 45
+        w += 1
+        v = -v
+    d = 1
+    while d < 19 and v >= powers[d]:
+        d += 1
+    e = w + d
+    while v >= 100:
+        r = v % 100
+        v //= 100
+        e -= 2
+        out[e] = pairs[2 * r]
+        out[e + 1] = pairs[2 * r + 1]
+    if v >= 10:
+        out[e - 2] = pairs[2 * v]
+        out[e - 1] = pairs[2 * v + 1]
+    else:
+        out[e - 1] = 48 + v
+    return w + d
+
+
+def _format_int_pairs(names_data, names_offsets, values, present, out, out_offsets, pairs,
+                      powers):
+    """Row ``i``: ``name_k 0x01 values[k, i] 0x02`` for every ``k`` with ``present[k, i]``."""
+    nk, n = values.shape
+    w = 0
+    out_offsets[0] = 0
+    for i in range(n):
+        for k in range(nk):
+            if not present[k, i]:
+                continue
+            a, b = names_offsets[k], names_offsets[k + 1]
+            out[w:w + (b - a)] = names_data[a:b]
+            w += b - a
+            out[w] = 1
+            w = _write_decimal(out, w + 1, values[k, i], pairs, powers)
+            out[w] = 2
+            w += 1
+        out_offsets[i + 1] = w
+
+
+def _gather_ranges(raw, starts, lengths, out, out_offsets):
+    w = 0
+    out_offsets[0] = 0
+    for i in range(len(starts)):
+        s = starts[i]
+        m = lengths[i]
+        out[w:w + m] = raw[s:s + m]
+        w += m
+        out_offsets[i + 1] = w
+
+
+_KERNELS = compiled(globals(), helpers=("_write_decimal",),
+                    kernels=("_scan_properties", "_hash_ranges", "_same_as_first",
+                             "_parse_int_ranges", "_strip_pairs", "_format_int_pairs",
+                             "_gather_ranges"))
+
+
+def _names(names) -> ByteColumn:
+    return ByteColumn.of([n.encode("utf-8") if isinstance(n, str) else n for n in names])
+
+
+def scan_properties(props: ByteColumn | ByteSlices, names
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(found, start, end)``, each ``(len(names), rows)``: the last non-empty value of each
+    name in each row, as positions into ``props.data``."""
+    n, k = len(props), len(names)
+    found = np.zeros((k, n), dtype=np.bool_)
+    vstart = np.zeros((k, n), dtype=np.int64)
+    vend = np.zeros((k, n), dtype=np.int64)
+    if n:
+        keys = _names(names)
+        _KERNELS()["_scan_properties"](props.data, np.ascontiguousarray(props.starts),
+                                       np.ascontiguousarray(props.ends), keys.data,
+                                       keys.offsets, found, vstart, vend)
+    return found, vstart, vend
+
+
+def hash_ranges(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray) -> np.ndarray:
+    """FNV-1a (64 bits) of each ``data[vstart[i]:vend[i]]``."""
+    out = np.empty(len(vstart), dtype=np.uint64)
+    if len(vstart):
+        _KERNELS()["_hash_ranges"](data, np.ascontiguousarray(vstart), np.ascontiguousarray(vend),
+                                   out)
+    return out
+
+
+def parse_int_ranges(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``(value, ok)``: each range as a decimal int64 (optional ``-``; ``ok`` False else)."""
+    value = np.zeros(len(vstart), dtype=np.int64)
+    ok = np.zeros(len(vstart), dtype=np.bool_)
+    if len(vstart):
+        _KERNELS()["_parse_int_ranges"](data, np.ascontiguousarray(vstart),
+                                        np.ascontiguousarray(vend), value, ok)
+    return value, ok
+
+
+def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
+                    ) -> tuple[list[bytes], np.ndarray]:
+    """The distinct values among the ranges and each range's index into them.
+
+    Grouped by hash, then every range is compared with its group's first one; only when two
+    values share a hash (never seen in practice) are the rows grouped by their bytes.
+    """
+    if not len(vstart):
+        return [], np.empty(0, np.int64)
+    vstart, vend = np.ascontiguousarray(vstart), np.ascontiguousarray(vend)
+    hashes = hash_ranges(data, vstart, vend)
+    uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if _KERNELS()["_same_as_first"](data, vstart, vend, first[inverse]).all():
+        values = [data[vstart[f]:vend[f]].tobytes() for f in first.tolist()]
+        return values, inverse.astype(np.int64)
+    rows = [data[a:b].tobytes() for a, b in zip(vstart.tolist(), vend.tolist())]
+    index: dict[bytes, int] = {}
+    ids = np.fromiter((index.setdefault(r, len(index)) for r in rows), np.int64, len(rows))
+    return list(index), ids
+
+
+def strip_pairs(props: ByteColumn | ByteSlices, names, drop: np.ndarray) -> ByteColumn:
+    """The rows of ``props`` without the pairs of ``names[k]`` where ``drop[k, i]``."""
+    out = np.empty(int(props.lengths().sum()), dtype=np.uint8)
+    offsets = np.zeros(len(props) + 1, dtype=np.int64)
+    keys = _names(names)
+    if len(props):
+        _KERNELS()["_strip_pairs"](props.data, np.ascontiguousarray(props.starts),
+                                   np.ascontiguousarray(props.ends), keys.data, keys.offsets,
+                                   np.ascontiguousarray(drop, dtype=np.bool_), out, offsets)
+    return ByteColumn(out[:int(offsets[-1])], offsets)
+
+
+def format_int_pairs(names, values: np.ndarray, present: np.ndarray) -> ByteColumn:
+    """Rows of ``name 0x01 decimal 0x02`` pairs: ``values[k, i]`` where ``present[k, i]``
+    (``values`` and ``present`` are ``(len(names), rows)``)."""
+    keys = _names(names)
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    present = np.ascontiguousarray(present, dtype=np.bool_)
+    k, n = values.shape
+    name_len = np.diff(keys.offsets)
+    room = int((present * (name_len + 3 + _MAX_DIGITS)[:, None]).sum()) if n else 0
+    out = np.empty(room, dtype=np.uint8)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    if n:
+        _KERNELS()["_format_int_pairs"](keys.data, keys.offsets, values, present, out, offsets,
+                                        _DIGIT_PAIRS, _POWERS_OF_TEN)
+    return ByteColumn(out[:int(offsets[-1])], offsets)
+
+
+def gather_ranges(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> ByteColumn:
+    """``raw[starts[i]:starts[i] + lengths[i]]`` of every row, copied into one column."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    if len(starts):
+        _KERNELS()["_gather_ranges"](raw, starts, lengths, out, offsets)
+    return ByteColumn(out, offsets)
+
+
+def take_rows(column: ByteColumn | ByteSlices, rows: np.ndarray) -> ByteSlices:
+    """The rows ``rows`` of ``column`` (in that order; the bytes are not copied)."""
+    return ByteSlices(column.data, column.starts[rows], column.ends[rows])
