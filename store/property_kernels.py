@@ -27,6 +27,7 @@ FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 #: Digits of the longest decimal an int64 holds.
 _MAX_DIGITS = 19
+_NO_BYTES = np.zeros(1, dtype=np.uint8)
 
 
 def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart, vend):
@@ -183,13 +184,17 @@ def _write_decimal(out, w, v, pairs, powers):
     return w + d
 
 
-def _format_int_pairs(names_data, names_offsets, values, present, out, out_offsets, pairs,
-                      powers):
-    """Row ``i``: ``name_k 0x01 values[k, i] 0x02`` for every ``k`` with ``present[k, i]``."""
+def _format_int_pairs(names_data, names_offsets, values, present, prefix_data, prefix_starts,
+                      prefix_ends, out, out_offsets, pairs, powers):
+    """Row ``i``: its prefix, then ``name_k 0x01 values[k, i] 0x02`` for every ``k`` with
+    ``present[k, i]``."""
     nk, n = values.shape
     w = 0
     out_offsets[0] = 0
     for i in range(n):
+        a, b = prefix_starts[i], prefix_ends[i]
+        out[w:w + (b - a)] = prefix_data[a:b]
+        w += b - a
         for k in range(nk):
             if not present[k, i]:
                 continue
@@ -294,19 +299,26 @@ def strip_pairs(props: ByteColumn | ByteSlices, names, drop: np.ndarray) -> Byte
     return ByteColumn(out[:int(offsets[-1])], offsets)
 
 
-def format_int_pairs(names, values: np.ndarray, present: np.ndarray) -> ByteColumn:
+def format_int_pairs(names, values: np.ndarray, present: np.ndarray,
+                     prefix: ByteColumn | ByteSlices | None = None) -> ByteColumn:
     """Rows of ``name 0x01 decimal 0x02`` pairs: ``values[k, i]`` where ``present[k, i]``
-    (``values`` and ``present`` are ``(len(names), rows)``)."""
+    (``values`` and ``present`` are ``(len(names), rows)``), each after its ``prefix`` row
+    (pairs of text values, say) when given."""
     keys = _names(names)
     values = np.ascontiguousarray(values, dtype=np.int64)
     present = np.ascontiguousarray(present, dtype=np.bool_)
     k, n = values.shape
+    if prefix is None:
+        prefix = ByteSlices(_NO_BYTES, np.zeros(n, np.int64), np.zeros(n, np.int64))
     name_len = np.diff(keys.offsets)
     room = int((present * (name_len + 3 + _MAX_DIGITS)[:, None]).sum()) if n else 0
+    room += int(prefix.lengths().sum()) if n else 0
     out = np.empty(room, dtype=np.uint8)
     offsets = np.zeros(n + 1, dtype=np.int64)
     if n:
-        _KERNELS()["_format_int_pairs"](keys.data, keys.offsets, values, present, out, offsets,
+        _KERNELS()["_format_int_pairs"](keys.data, keys.offsets, values, present, prefix.data,
+                                        np.ascontiguousarray(prefix.starts),
+                                        np.ascontiguousarray(prefix.ends), out, offsets,
                                         _DIGIT_PAIRS, _POWERS_OF_TEN)
     return ByteColumn(out[:int(offsets[-1])], offsets)
 

@@ -55,7 +55,8 @@ from .message import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
 )
-from .record_kernels import ByteColumn
+from .property_kernels import format_int_pairs
+from .record_kernels import ByteColumn, ByteSlices
 from .table_rows import COLUMNS, PreparedRows, as_table, prepare_rows
 
 #: Rows appended per chunk (one commit each).
@@ -179,19 +180,21 @@ def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarr
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,
                    deliver - deliver % precision_ms)
     codes[by_timer] = out[by_timer]
-    route = f"{PROPERTY_REAL_TOPIC}\x01{{}}\x02{PROPERTY_REAL_QUEUE_ID}\x01{{}}\x02"
-    level = route + f"{PROPERTY_DELAY_TIME_LEVEL}\x01{{}}\x02"
-    timer = route + f"{PROPERTY_TIMER_OUT_MS}\x01{{}}\x02{PROPERTY_TIMER_DELIVER_MS}\x01{{}}\x02"
-    column = [b""] * n
-    for sel, template, *values in ((by_level, level, levels), (by_timer, timer, out, deliver)):
-        idx = np.flatnonzero(sel)
-        if len(idx):
-            row_topics = [names[t] for t in topic_ids[idx].tolist()]
-            added = map(str.encode, map(template.format, row_topics, real_qid[idx].tolist(),
-                                        *(v[idx].tolist() for v in values)))
-            for i, text in zip(idx.tolist(), added):
-                column[i] = text
-    return ByteColumn.of(column)
+    # REAL_TOPIC from a pair per distinct topic, then the int pairs, one compiled pass
+    routes = ByteColumn.of([f"{PROPERTY_REAL_TOPIC}\x01{name}\x02".encode("utf-8")
+                            for name in names])
+    delayed = by_level | by_timer
+    starts = np.where(delayed, routes.starts[topic_ids], 0)
+    ends = np.where(delayed, routes.ends[topic_ids], 0)
+    values = np.stack([real_qid, levels, out, deliver]).astype(np.int64)
+    present = np.stack([delayed, by_level, by_timer, by_timer])
+    return format_int_pairs(_ROUTING_PAIRS, values, present,
+                            ByteSlices(routes.data, starts, ends))
+
+
+#: The int pairs of a delayed row's routing, in the order the services' ``rewrite`` adds them.
+_ROUTING_PAIRS = (PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_OUT_MS,
+                  PROPERTY_TIMER_DELIVER_MS)
 
 
 __all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "append_prepared",

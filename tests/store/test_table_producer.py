@@ -67,6 +67,34 @@ def test_same_records_as_single_sends(tmp_path, small_config, clock):
     assert got == expected
 
 
+def test_delayed_rows_are_routed_as_single_sends_route_them(tmp_path, small_config, clock):
+    """Delay-level and timer rows get the routing pairs the services' rewrite gives a send."""
+    delays = [("delay_ms", 1_234), ("delay_level", 3), ("deliver_at", clock() + 99_999),
+              (None, None)] * 6
+    topics = ["a", "bb", "ccc"]
+    singles, table = str(tmp_path / "singles"), str(tmp_path / "table")
+    with MessageStore.open(singles, small_config, clock=clock) as s:
+        p = s.producer("g")
+        expected = []
+        for i, (kind, value) in enumerate(delays):
+            name = "deliver_at_ms" if kind == "deliver_at" else kind
+            kwargs = {} if kind is None else {name: value}
+            r = p.send(Message(topics[i % 3], b"m%d" % i, tags="t"), **kwargs)
+            expected.append(_record_fields(s, r.commitlog_offset))
+    columns = {kind: pa.array([v if k == kind else None for k, v in delays], pa.int64())
+               for kind in ("delay_ms", "delay_level", "deliver_at")}
+    with MessageStore.open(table, small_config, clock=clock) as s:
+        result = s.producer("g").send_table(pa.table({
+            "topic": [topics[i % 3] for i in range(len(delays))],
+            "body": [b"m%d" % i for i in range(len(delays))], "tags": ["t"] * len(delays),
+            **columns}))
+        got = [_record_fields(s, o) for o in result.column("commitlog_offset").to_pylist()]
+    for fields in got + expected:  # the queue: round robin per send, one per table and topic
+        assert fields[-1].pop("REAL_QID", None) in (None, "0", "1", "2", "3")
+    assert got == expected
+    assert any("TIMER_OUT_MS" in g[-1] for g in got) and any("DELAY" in g[-1] for g in got)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(
