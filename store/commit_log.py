@@ -13,6 +13,8 @@ import os
 import struct
 from typing import Iterator
 
+import numpy as np
+
 from .codec import (
     BLANK,
     FIELD_OFFSET,
@@ -24,6 +26,7 @@ from .codec import (
 )
 from .errors import CorruptRecordError
 from .mapped_file import MappedFileQueue
+from .scan_kernels import STOP_BLANK, STOP_INVALID, walk_records
 
 _I64 = struct.Struct(">q")
 
@@ -79,25 +82,41 @@ class CommitLog:
 
         Stops at the first invalid record; :attr:`scan_end` then holds where the valid log ends.
         """
+        for f, positions, sizes in self.scan_batches(start, check_crc=check_crc):
+            yield from zip((positions + f.start).tolist(), sizes.tolist())
+
+    def scan_batches(self, start: int, *, check_crc: bool = True,
+                     max_records: int = 1 << 18) -> Iterator[tuple[object, np.ndarray,
+                                                                   np.ndarray]]:
+        """Yield ``(segment, positions, sizes)``: runs of valid records from ``start`` (positions
+        relative to the segment), validated by the compiled walk
+        (:func:`~store.scan_kernels.walk_records`: the checks of
+        :func:`~store.codec.check_record`), following blanks into the next segment.
+
+        Stops at the first invalid record; :attr:`scan_end` holds where the valid records
+        yielded so far end (the valid log's end once the scan is exhausted).
+        """
         self.scan_end = start
         offset = start
         while True:
             f = self.files.find(offset)
             if f is None:
                 return
-            buf = f.buffer()
+            raw = np.frombuffer(f.buffer(), dtype=np.uint8)
             pos = offset - f.start
             while True:
-                size = check_record(buf, pos, f.size, check_crc=check_crc)
-                if size == RecordCheck.BLANK:
+                positions, sizes, end, stop = walk_records(raw, pos, f.size, check_crc=check_crc,
+                                                           max_records=max_records)
+                self.scan_end = f.start + end
+                if len(positions):
+                    yield f, positions, sizes
+                pos = end
+                if stop == STOP_BLANK:
                     offset = f.end
                     self.scan_end = offset  # a blank is a valid end: the log resumes next file
                     break
-                if size == RecordCheck.INVALID:
+                if stop == STOP_INVALID:
                     return
-                yield f.start + pos, size
-                pos += size
-                self.scan_end = f.start + pos
 
     def valid_end(self) -> int:
         """Where the valid log ends, found by validating records (no checkpoint needed).

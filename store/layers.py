@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "store.sink_format": FORMATS,
     "store.record_kernels": FORMATS,
     "store.property_kernels": FORMATS,
+    "store.scan_kernels": FORMATS,
     "store.timer": FORMATS,
     "store.timer.wheel": FORMATS,
     "store.timer.timer_log": FORMATS,

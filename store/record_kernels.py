@@ -71,6 +71,10 @@ def _crc32(data, start, end, t):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
+#: The plain-Python CRC loop, for other kernel modules to compile as their own helper.
+crc32_loop = _crc32
+
+
 def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, body_ends,
                       topic_data, topic_offsets, topic_ids, props_data, props_starts,
                       props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs):

@@ -1,0 +1,111 @@
+"""A compiled walk over the records of a CommitLog segment: the vectorised recovery scan.
+
+:func:`walk_records` validates records one after another from a position of a mapped segment
+with exactly the checks of :func:`store.codec.check_record` (magic, sizes adding up, the
+topic, the last byte, and the body CRC when asked), in a numba loop instead of Python:
+recovery and the queue rebuild scan a GiB of CommitLog in about a second instead of minutes.
+It stops at the first record that fails a check, at an end-of-segment blank, or when the
+output arrays are full; the caller then decodes the valid records' headers, topics and
+properties as whole columns (:mod:`store.core.recovery`).
+
+Record layout (big-endian, :mod:`store.codec`)::
+
+    offset              field
+    0                   TOTALSIZE (i32), MAGICCODE (i32), BODYCRC (i32), ... (HEADER_SIZE)
+    HEADER_SIZE - 4     BODYLENGTH (i32), then the body
+    ...                 TOPICLENGTH (1 byte), TOPIC, PROPERTIESLENGTH (i16), PROPERTIES
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .codec import (
+    BLANK_MAGIC_CODE,
+    FIELD_OFFSET,
+    FIXED_SIZE,
+    HEADER_SIZE,
+    MESSAGE_MAGIC_CODE_V1,
+)
+from .record_kernels import CRC_TABLES, compiled, crc32_loop
+
+#: How :func:`walk_records` stopped.
+STOP_INVALID, STOP_BLANK, STOP_FULL = 0, 1, 2
+
+_crc32 = crc32_loop
+
+
+def _i32(buf, p):
+    v = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | (np.int64(buf[p + 2]) << 8) \
+        | np.int64(buf[p + 3])
+    return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
+
+
+def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v1, magic_blank,
+                  fixed, header, crc_at, body_len_at):
+    """Validate records from ``pos``; return ``(count, end position, how it stopped)``."""
+    count = 0
+    cap = len(out_pos)
+    while True:
+        if count == cap:
+            return count, pos, 2
+        remaining = limit - pos
+        if remaining <= 4:
+            return count, pos, 0
+        total = np.int64(0)
+        magic = np.int64(0)
+        if remaining >= 8:
+            total = _i32(buf, pos)
+            magic = _i32(buf, pos + 4)
+        if magic == magic_blank:
+            if 8 <= total <= remaining:
+                return count, pos, 1
+            return count, pos, 0
+        if magic != magic_v1 or total < fixed or total > remaining:
+            return count, pos, 0
+        body_len = _i32(buf, pos + body_len_at)
+        if body_len < 0 or header + body_len + 1 > total:
+            return count, pos, 0
+        tpos = pos + header + body_len
+        topic_len = np.int64(buf[tpos])
+        ppos = tpos + 1 + topic_len
+        if topic_len == 0 or ppos + 2 > pos + total:
+            return count, pos, 0
+        props_len = (np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1])
+        if props_len >= 32768:
+            return count, pos, 0  # a negative i16
+        if fixed + body_len + topic_len + props_len != total:
+            return count, pos, 0
+        last = pos + total - 1 if props_len else ppos - 1
+        if buf[last] == 0:
+            return count, pos, 0  # a write cut short: a zeroed suffix
+        if check_crc:
+            crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, tables)
+                           & np.uint32(0x7FFFFFFF))
+            if crc != _i32(buf, pos + crc_at):
+                return count, pos, 0
+        out_pos[count] = pos
+        out_size[count] = total
+        count += 1
+        pos += total
+
+
+_KERNELS = compiled(globals(), helpers=("_crc32", "_i32"), kernels=("_walk_records",))
+
+
+def walk_records(buf: np.ndarray, pos: int, limit: int, *, check_crc: bool = True,
+                 max_records: int = 1 << 20) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Validate records of ``buf`` (a segment as uint8) from ``pos`` up to ``limit``.
+
+    Returns ``(positions, sizes, end, stop)``: the valid records, where the walk ended, and
+    why (:data:`STOP_INVALID` at a record failing a check, :data:`STOP_BLANK` at an
+    end-of-segment blank, :data:`STOP_FULL` after ``max_records``; ``end`` is where to go on).
+    """
+    cap = max(1, int(max_records))
+    out_pos = np.empty(cap, dtype=np.int64)
+    out_size = np.empty(cap, dtype=np.int64)
+    count, end, stop = _KERNELS()["_walk_records"](
+        buf, int(pos), int(limit), bool(check_crc), CRC_TABLES, out_pos, out_size,
+        MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE,
+        FIELD_OFFSET["body_crc"], FIELD_OFFSET["body_length"])
+    return out_pos[:count], out_size[:count], int(end), int(stop)
