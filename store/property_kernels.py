@@ -33,7 +33,8 @@ _NO_BYTES = np.zeros(1, dtype=np.uint8)
 def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart, vend):
     """For every row and key: the last non-empty value of that name (``found``, positions).
 
-    A pair without its closing 0x02 inside the row ends the scan of that row.
+    The row's last pair may end without its 0x02 (RocketMQ writes properties that way); a
+    name without its 0x01 ends the scan of that row.
     """
     n = len(starts)
     nk = len(keys_offsets) - 1
@@ -49,9 +50,7 @@ def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart,
             v1 = q + 1
             while v1 < end and data[v1] != 2:
                 v1 += 1
-            if v1 >= end:
-                break
-            if v1 > q + 1:
+            if v1 > q + 1:  # (the last pair may lack its 0x02, as RocketMQ writes it)
                 for k in range(nk):
                     k0 = keys_offsets[k]
                     if keys_offsets[k + 1] - k0 != q - p:

@@ -26,18 +26,29 @@ from typing import Sequence
 
 import numpy as np
 
-from .dispatch import is_dispatched
+from ..codec import (
+    HEADER_SIZE,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
+    decode_properties,
+    gather_headers,
+)
+from ..message import PROPERTY_TAGS
+from ..property_kernels import distinct_values, scan_properties, take_rows
+from ..record_kernels import ByteSlices
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
 
 @dataclass(slots=True)
 class ScannedEntries:
-    """What :func:`scan_entries` read: queue entries of the indexed records by queue, every
-    valid record's offset and sys flag, the last store time, and where a limit cut the scan."""
+    """What :func:`scan_entries` read: queue entries of the indexed records by queue (rows of
+    ``(queue offset, CommitLog offset, size, tagsCode)``), every valid record's offset and
+    sys flag, the last store time, and where a limit cut the scan."""
 
-    rows: dict[tuple[str, int], list[tuple[int, int, int, int]]]
-    offsets: list[int]
-    sys_flags: list[int]
+    rows: dict[tuple[str, int], np.ndarray]
+    offsets: np.ndarray
+    sys_flags: np.ndarray
     last_timestamp_ms: int | None
     cut: int | None
 
@@ -45,22 +56,78 @@ class ScannedEntries:
 def scan_entries(store: CoreParts, start: int, *, limit: int | None = None) -> ScannedEntries:
     """Validate records from ``start`` (magic, size, CRC) up to the first invalid one (or
     ``limit``) and collect the queue entry of every indexed record, as the dispatcher would
-    write it.  Shared by recovery and the queue rebuild (:mod:`store.core.repair`)."""
+    write it.  Shared by recovery and the queue rebuild (:mod:`store.core.repair`).
+
+    Vectorised: the compiled walk validates a run of records, then headers, topics and tags
+    of the whole run are read as columns (each distinct topic and tag decoded once).  Only
+    records of a topic with a registered tagsCode rule are decoded one by one, for the rule.
+    """
     log = store.commit_log
-    found = ScannedEntries({}, [], [], None, None)
-    for offset, _size in log.scan(start):
-        if limit is not None and offset >= limit:
-            found.cut = limit
+    rows: dict[tuple[str, int], list[np.ndarray]] = {}
+    offsets: list[np.ndarray] = []
+    flags: list[np.ndarray] = []
+    last_ts: int | None = None
+    cut: int | None = None
+    for f, positions, sizes in log.scan_batches(start):
+        absolute = positions + f.start
+        if limit is not None and absolute[-1] >= limit:
+            keep = absolute < limit
+            positions, sizes, absolute = positions[keep], sizes[keep], absolute[keep]
+            cut = limit
+        if len(positions):
+            h = gather_headers(f.buffer(), f.size, positions)
+            sys_flags = h["sys_flag"].astype(np.int64)
+            offsets.append(absolute)
+            flags.append(sys_flags)
+            last_ts = int(h["store_timestamp"][-1])
+            _collect_rows(store, f, positions, sizes, absolute, h, sys_flags, rows)
+        if cut is not None:
             break
-        rec = log.read_record(offset)
-        if is_dispatched(rec.sys_flag):
-            code = store.dispatcher.tags_code(rec.topic, rec.properties, rec.store_timestamp_ms)
-            found.rows.setdefault((rec.topic, rec.queue_id), []).append(
-                (rec.queue_offset, offset, rec.total_size, code))
-        found.offsets.append(offset)
-        found.sys_flags.append(rec.sys_flag)
-        found.last_timestamp_ms = rec.store_timestamp_ms
-    return found
+    return ScannedEntries(
+        {key: np.concatenate(parts) for key, parts in rows.items()},
+        np.concatenate(offsets) if offsets else np.empty(0, np.int64),
+        np.concatenate(flags) if flags else np.empty(0, np.int64), last_ts, cut)
+
+
+def _collect_rows(store: CoreParts, f, positions: np.ndarray, sizes: np.ndarray,
+                  absolute: np.ndarray, h: np.ndarray, sys_flags: np.ndarray,
+                  rows: dict[tuple[str, int], list[np.ndarray]]) -> None:
+    """Add the queue entries of the indexed records among one run of valid records."""
+    tx = sys_flags & TRANSACTION_TYPE_MASK
+    sel = np.flatnonzero((tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE))
+    if not len(sel):
+        return
+    raw = np.frombuffer(f.buffer(), dtype=np.uint8)
+    tpos = positions[sel] + HEADER_SIZE + h["body_length"][sel].astype(np.int64)
+    topic_len = raw[tpos].astype(np.int64)
+    names, topic_ids = distinct_values(raw, tpos + 1, tpos + 1 + topic_len)
+    topics = [n.decode("ascii", "replace") for n in names]
+    ppos = tpos + 1 + topic_len
+    props = ByteSlices(raw, ppos + 2, ppos + 2 + ((raw[ppos].astype(np.int64) << 8)
+                                                  | raw[ppos + 1]))
+    codes = np.zeros(len(sel), dtype=np.int64)
+    ruled = np.array([store.dispatcher.has_rule(t) for t in topics], dtype=bool)[topic_ids]
+    plain = np.flatnonzero(~ruled)
+    if len(plain):
+        found, v0, v1 = scan_properties(take_rows(props, plain), (PROPERTY_TAGS,))
+        tagged = plain[found[0]]
+        if len(tagged):
+            tags, inverse = distinct_values(raw, v0[0, found[0]], v1[0, found[0]])
+            hashes = np.array([store.dispatcher.tag_hash(t.decode("utf-8", "replace"))
+                               for t in tags], dtype=np.int64)
+            codes[tagged] = hashes[inverse]
+    stored = h["store_timestamp"][sel].astype(np.int64)
+    for i in np.flatnonzero(ruled).tolist():  # a service's rule reads the properties
+        text = raw[props.starts[i]:props.ends[i]].tobytes()
+        codes[i] = store.dispatcher.tags_code(topics[topic_ids[i]], decode_properties(text),
+                                              int(stored[i]))
+    table = np.stack([h["queue_offset"][sel].astype(np.int64), absolute[sel], sizes[sel],
+                      codes], axis=1)
+    queue_ids = h["queue_id"][sel].astype(np.int64)
+    key = topic_ids * (1 << 32) + queue_ids
+    for k in np.unique(key).tolist():
+        mine = key == k
+        rows.setdefault((topics[k >> 32], k & 0xFFFFFFFF), []).append(table[mine])
 
 
 def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,
@@ -86,8 +153,7 @@ def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = Non
     if cut is not None or (limit is not None and end > limit >= start):
         end = max(start, limit)
     scan = RecoveryScan(start=start, end=end, limited=limit is not None,
-                        offsets=np.array(kept_offsets, dtype=np.int64),
-                        sys_flags=np.array(kept_flags, dtype=np.int64))
+                        offsets=kept_offsets, sys_flags=kept_flags)
     for listener in listeners:  # durably, before the checkpoint moves
         listener(store, scan)
     store.dispatcher.dispatch_rows(rows)

@@ -64,7 +64,7 @@ from ..property_kernels import (
     take_rows,
 )
 from ..record_gather import SourceRecords
-from ..record_kernels import ByteColumn
+from ..record_kernels import ByteColumn, ByteSlices
 
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.
@@ -80,6 +80,7 @@ _KEYS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TAGS, PROPERTY_TI
 _K_TOPIC, _K_QID, _K_TAGS, _K_DELIVER, _K_OUT, _K_DEL, _K_UNIQ = range(7)
 _K_SET = slice(7, 7 + len(_SET))
 _K_ROLL = 7 + _S_ROLL
+_SEPARATOR = np.array([2], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -220,13 +221,17 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     drop = found[_K_SET] & present  # a pair set again replaces the old one
     if drop[:, selected].any():
         props = strip_pairs(props, _SET, drop)
-    extras = format_int_pairs(_SET, values[:, selected], present[:, selected])
-
     if len(selected) != n:
         props = take_rows(props, selected)
         bodies = take_rows(src.bodies, selected)
     else:
         bodies = src.bodies
+    # RocketMQ writes the last pair without its 0x02: close it before appending
+    lengths = props.lengths()
+    open_end = (lengths > 0) & (props.data[np.maximum(props.ends - 1, 0)] != 2)
+    extras = format_int_pairs(_SET, values[:, selected], present[:, selected],
+                              ByteSlices(_SEPARATOR, np.zeros(len(selected), np.int64),
+                                         open_end.astype(np.int64)))
     props_len = props.lengths() + extras.lengths()
     _append_restored(store, EncodedRecords(
         headers=src.headers[selected], bodies=bodies, properties=props,

@@ -26,9 +26,11 @@ values = st.text(st.characters(blacklist_characters="\x00\x01\x02",
 rows = st.lists(st.lists(st.tuples(names, values), max_size=8), min_size=1, max_size=30)
 
 
-def encode_row(pairs) -> bytes:
-    """Properties with repeated names kept (a dict would merge them)."""
-    return b"".join(k.encode() + b"\x01" + v.encode() + b"\x02" for k, v in pairs)
+def encode_row(pairs, last_separator: bool = True) -> bytes:
+    """Properties with repeated names kept (a dict would merge them); RocketMQ leaves the
+    last pair's separator out."""
+    row = b"".join(k.encode() + b"\x01" + v.encode() + b"\x02" for k, v in pairs)
+    return row if last_separator or not row else row[:-1]
 
 
 def model_last_non_empty(pairs, name):
@@ -37,9 +39,9 @@ def model_last_non_empty(pairs, name):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows)
-def test_scan_finds_the_last_non_empty_value_of_each_name(data):
-    col = ByteColumn.of([encode_row(r) for r in data])
+@given(rows, st.booleans())
+def test_scan_finds_the_last_non_empty_value_of_each_name(data, last_separator):
+    col = ByteColumn.of([encode_row(r, last_separator) for r in data])
     found, v0, v1 = scan_properties(col, NAMES)
     for i, pairs in enumerate(data):
         for k, name in enumerate(NAMES):
@@ -133,9 +135,10 @@ def test_gather_and_take_copy_the_chosen_rows(items, draw):
         [items[i] for i in pick.tolist()]
 
 
-def test_scan_of_a_row_without_its_last_separator_stops_there():
-    col = ByteColumn.of([b"A\x011\x02TAGS\x01t", b"TAGS\x01x\x02"])
+def test_scan_reads_a_last_pair_without_its_separator_as_rocketmq_writes_it():
+    col = ByteColumn.of([b"A\x011\x02TAGS\x01t", b"TAGS\x01x\x02", b"A\x011\x02TAGS"])
     found, v0, v1 = scan_properties(col, ["A", "TAGS"])
-    assert found[0].tolist() == [True, False]  # A: in row 0 only
-    assert found[1].tolist() == [False, True]  # TAGS: row 0's is unterminated
+    assert found[0].tolist() == [True, False, True]
+    assert found[1].tolist() == [True, True, False]  # row 2: a name without a value
+    assert col.data[v0[1, 0]:v1[1, 0]].tobytes() == b"t"
     assert col.data[v0[1, 1]:v1[1, 1]].tobytes() == b"x"

@@ -125,6 +125,23 @@ def test_writable_open_delivers_due_levels_from_where_rocketmq_stopped(rocketmq_
                  for t in store.topics()}
         assert sum(grown.values()) == 8
         assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
+        # each delivered record keeps its source's pairs intact (RocketMQ leaves the last
+        # pair's separator out: a restore must close it before appending its own)
+        checked = 0
+        for topic, n in grown.items():
+            for q in store.queue_ids(topic) if n else ():
+                end = store.max_offset(topic, q)
+                for v in store.pull(topic, q, max(0, end - n), n):
+                    rec = store.read_record(v.commitlog_offset)
+                    if "__RMQ_DELAY_ORIGIN" not in rec.properties:
+                        continue
+                    src = store.read_record(int(rec.properties["__RMQ_DELAY_ORIGIN"]))
+                    for key, value in src.properties.items():
+                        if key not in ("REAL_TOPIC", "REAL_QID"):
+                            assert rec.properties[key] == value, key
+                    assert int(rec.properties["__RMQ_DELIVER_MS"]) > 0
+                    checked += 1
+        assert checked == 8
 
 
 @pytest.mark.parametrize("name", STORES)
