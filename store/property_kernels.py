@@ -28,6 +28,8 @@ FNV_PRIME = np.uint64(0x100000001B3)
 #: Digits of the longest decimal an int64 holds.
 _MAX_DIGITS = 19
 _NO_BYTES = np.zeros(1, dtype=np.uint8)
+#: Distinct values :func:`distinct_values` groups in one pass before it falls back to hashing.
+_FEW = 32
 
 
 def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart, vend):
@@ -91,6 +93,51 @@ def _same_as_first(data, vstart, vend, first):
                 out[i] = False
                 break
     return out
+
+
+def _distinct_few(data, vstart, vend, table_start, table_end, ids):
+    """Group ranges by their bytes with a small table of distinct values (linear search of
+    a table row picked by the value's length and first byte); return how many distinct
+    values, or -1 when more than the table holds."""
+    cap = len(table_start)
+    used = 0
+    last = -1
+    for i in range(len(vstart)):
+        a, b = vstart[i], vend[i]
+        length = b - a
+        if last >= 0 and table_end[last] - table_start[last] == length:
+            same = True  # runs of one value are the usual case: try the last match first
+            t = table_start[last]
+            for j in range(length):
+                if data[a + j] != data[t + j]:
+                    same = False
+                    break
+            if same:
+                ids[i] = last
+                continue
+        hit = -1
+        for k in range(used):
+            t = table_start[k]
+            if table_end[k] - t != length:
+                continue
+            same = True
+            for j in range(length):
+                if data[a + j] != data[t + j]:
+                    same = False
+                    break
+            if same:
+                hit = k
+                break
+        if hit < 0:
+            if used == cap:
+                return -1
+            table_start[used] = a
+            table_end[used] = b
+            hit = used
+            used += 1
+        ids[i] = hit
+        last = hit
+    return used
 
 
 def _parse_int_ranges(data, vstart, vend, value, ok):
@@ -219,7 +266,7 @@ def _gather_ranges(raw, starts, lengths, out, out_offsets):
 
 
 _KERNELS = compiled(globals(), helpers=("_write_decimal",),
-                    kernels=("_scan_properties", "_hash_ranges", "_same_as_first",
+                    kernels=("_scan_properties", "_hash_ranges", "_same_as_first", "_distinct_few",
                              "_parse_int_ranges", "_strip_pairs", "_format_int_pairs",
                              "_gather_ranges"))
 
@@ -268,12 +315,22 @@ def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
                     ) -> tuple[list[bytes], np.ndarray]:
     """The distinct values among the ranges and each range's index into them.
 
-    Grouped by hash, then every range is compared with its group's first one; only when two
-    values share a hash (never seen in practice) are the rows grouped by their bytes.
+    Up to 32 distinct values (the topics or tags of a batch, say) are grouped in one pass
+    with a small table; more are grouped by hash, then every range is compared with its
+    group's first one; only when two values share a hash (never seen in practice) are the
+    rows grouped by their bytes.
     """
     if not len(vstart):
         return [], np.empty(0, np.int64)
     vstart, vend = np.ascontiguousarray(vstart), np.ascontiguousarray(vend)
+    # a few distinct values (topics, tags): one pass with a small table
+    table_start = np.empty(_FEW, dtype=np.int64)
+    table_end = np.empty(_FEW, dtype=np.int64)
+    ids = np.empty(len(vstart), dtype=np.int64)
+    used = _KERNELS()["_distinct_few"](data, vstart, vend, table_start, table_end, ids)
+    if used >= 0:
+        return ([data[a:b].tobytes() for a, b in zip(table_start[:used].tolist(),
+                                                      table_end[:used].tolist())], ids)
     hashes = hash_ranges(data, vstart, vend)
     uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     inverse = inverse.ravel()

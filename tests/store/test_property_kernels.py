@@ -95,8 +95,9 @@ def test_parse_accepts_exactly_the_decimal_int64s(texts):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.binary(max_size=6), min_size=1, max_size=40))
-def test_distinct_values_groups_equal_bytes(items):
+@given(st.one_of(st.lists(st.binary(max_size=6), min_size=1, max_size=40),
+                 st.lists(st.binary(min_size=2, max_size=3), min_size=30, max_size=200)))
+def test_distinct_values_groups_equal_bytes(items):  # few values (one pass) and many (hash)
     col = ByteColumn.of(items)
     values, inverse = distinct_values(col.data, col.starts, col.ends)
     assert sorted(values) == sorted(set(items))
@@ -106,6 +107,7 @@ def test_distinct_values_groups_equal_bytes(items):
 def test_distinct_values_survive_a_hash_collision(monkeypatch):
     import store.property_kernels as pk
 
+    monkeypatch.setattr(pk, "_FEW", 1)  # past the one-pass table
     monkeypatch.setattr(pk, "hash_ranges",
                         lambda data, a, b: np.zeros(len(a), dtype=np.uint64))
     col = ByteColumn.of([b"a", b"b", b"a", b"c"])
