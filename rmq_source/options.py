@@ -90,7 +90,8 @@ class RmqOptions:
 
     ``raw`` keeps the option map as given (lower-cased keys) for code that needs more.
     ``streaming`` is ``True``/``False`` for stream/batch readers and ``None`` when the mode is
-    not known yet (``schema()``) or for writers.
+    not known yet (``schema()``) or for writers.  ``columns``: the message columns a narrower
+    user schema asks for (``None``: all of them).
     """
 
     path: str
@@ -111,6 +112,7 @@ class RmqOptions:
     guarantee: str = "exactly_once"
     sink_id: str | None = None
     streaming: bool | None = None
+    columns: tuple[str, ...] | None = None
     raw: Mapping[str, str] = field(default_factory=dict)
 
     def matches_topic(self, topic: str) -> bool:

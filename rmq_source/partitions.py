@@ -59,12 +59,15 @@ class RmqPartition(InputPartition):
     fail_on_data_loss : bool
         Raise :class:`DataLossError` (``True``) or skip ahead (``False``) when a range starts
         below the queue's minimum offset because retention removed older messages.
+    columns : tuple of str or None
+        The message columns to decode, in the order of the user's schema (``None``: all).
     """
 
     path: str
     ranges: tuple[QueueRange, ...]
     tags: tuple[str, ...] | None = None
     fail_on_data_loss: bool = True
+    columns: tuple[str, ...] | None = None
 
     @property
     def rows(self) -> int:
@@ -84,7 +87,8 @@ def default_parallelism() -> int:
 
 def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str, ...] | None,
                     fail_on_data_loss: bool, parallelism: int | None = None,
-                    target_rows: int | None = None) -> list[RmqPartition]:
+                    target_rows: int | None = None,
+                    columns: tuple[str, ...] | None = None) -> list[RmqPartition]:
     """Cut queue ranges into partitions of about ``target_rows`` offsets each.
 
     Parameters
@@ -93,7 +97,7 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
         The store directory.
     ranges : iterable of QueueRange
         Ranges to read; empty ones are dropped.
-    tags, fail_on_data_loss :
+    tags, fail_on_data_loss, columns :
         Copied into each partition.
     parallelism : int, optional
         Tasks that run at once (default: :func:`default_parallelism`); with ``target_rows``
@@ -128,10 +132,11 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
             start += take
             room -= take
             if room == 0:
-                partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss))
+                partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss,
+                                               columns))
                 current, room = [], size
     if current:
-        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss))
+        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss, columns))
     return partitions
 
 
@@ -160,7 +165,8 @@ def read_partition(partition: InputPartition) -> Iterator:
             while start < r.end:
                 end = min(r.end, start + BATCH_ROWS)
                 try:
-                    batch = store.read_arrow(r.topic, r.queue_id, start, end, tags=partition.tags)
+                    batch = store.read_arrow(r.topic, r.queue_id, start, end,
+                                             tags=partition.tags, columns=partition.columns)
                 except OffsetOutOfRangeError:
                     low = store.min_offset(r.topic, r.queue_id)
                     if start >= low:

@@ -10,3 +10,6 @@ MESSAGE_SPARK_DDL = (
     "born_timestamp timestamp, store_timestamp timestamp, deliver_timestamp timestamp, "
     "transaction_id string, reconsume_times int"
 )
+
+#: Column name -> Spark type (``simpleString``) of :data:`MESSAGE_SPARK_DDL`.
+MESSAGE_SPARK_TYPES = dict(part.split(" ", 1) for part in MESSAGE_SPARK_DDL.split(", "))

@@ -9,6 +9,8 @@ bad option fails when the query starts.  The ``transaction_checks`` view and the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -18,11 +20,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from store import MESSAGE_SCHEMA
-
 from .errors import InvalidOptionError
 from .options import RmqOptions, parse_options
-from .schema import MESSAGE_SPARK_DDL
+from .schema import MESSAGE_SPARK_DDL, MESSAGE_SPARK_TYPES
 
 
 class RmqDataSource(DataSource):
@@ -57,8 +57,7 @@ class RmqDataSource(DataSource):
         from .batch_reader import RmqBatchReader
 
         opts = self._options(streaming=False)
-        _check_schema(schema)
-        return RmqBatchReader(opts)
+        return RmqBatchReader(replace(opts, columns=_check_schema(schema)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options(streaming=True)
@@ -68,8 +67,7 @@ class RmqDataSource(DataSource):
             return TransactionChecksStreamReader(opts)
         from .stream_reader import RmqStreamReader
 
-        _check_schema(schema)
-        return RmqStreamReader(opts)
+        return RmqStreamReader(replace(opts, columns=_check_schema(schema)))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         opts = self._options(streaming=False, write=True)
@@ -92,11 +90,20 @@ class RmqDataSource(DataSource):
         return EndTransactionStreamWriter(opts)
 
 
-def _check_schema(schema: StructType) -> None:
-    """A user-given schema must be the messages schema (the rows are decoded in that shape)."""
+def _check_schema(schema: StructType) -> tuple[str, ...] | None:
+    """The message columns a user-given schema asks for (``None``: the whole messages schema).
+
+    A schema may name any of the messages schema's columns, with their types, in any order;
+    only those are decoded.
+    """
     given = [f.name for f in schema.fields]
-    expected = list(MESSAGE_SCHEMA.names)
-    if given != expected:
+    if given == list(MESSAGE_SPARK_TYPES):
+        return None
+    wrong = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields
+             if MESSAGE_SPARK_TYPES.get(f.name) != f.dataType.simpleString()]
+    if wrong or not given or len(set(given)) != len(given):
         raise InvalidOptionError(
-            f"schema with columns {given} was given; allowed: no .schema(...) call, or the "
-            f"messages schema {MESSAGE_SPARK_DDL}")
+            f"schema with columns {given} was given ({', '.join(wrong) or 'repeated or none'} "
+            "does not fit); allowed: any of the messages schema's columns with their types, "
+            f"each once, in any order: {MESSAGE_SPARK_DDL}")
+    return tuple(given)

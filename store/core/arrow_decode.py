@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Protocol
 
@@ -50,9 +50,15 @@ from ..codec import (
 )
 from ..commit_log import CommitLog
 from ..consume_queue import FILLER_SIZE, ConsumeQueue
-from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from ..errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
 from ..message import java_string_hash
-from .message_columns import MESSAGE_SCHEMA, columns, empty_batch, repeat_string
+from .message_columns import (
+    MESSAGE_SCHEMA,
+    columns,
+    empty_batch,
+    projected_schema,
+    repeat_string,
+)
 
 
 class QueueSource(Protocol):
@@ -102,7 +108,8 @@ def _keep_freed_heap() -> None:
 
 
 def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, end: int,
-                     tags: Iterable[str] | None = None) -> pa.RecordBatch:
+                     tags: Iterable[str] | None = None,
+                     columns: Sequence[str] | None = None) -> pa.RecordBatch:
     """Decode the messages at queue offsets ``[start, end)`` of one queue.
 
     Parameters
@@ -117,18 +124,25 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         Keep only messages whose tag is one of these (``None``: every message).  Entries are
         dropped on their ConsumeQueue tagsCode before any record is read, then by an exact
         comparison of the decoded tag (Java hashes collide).
+    columns : sequence of str, optional
+        Only these columns of :data:`MESSAGE_SCHEMA`, in this order (``None``: all).  Columns
+        not asked for are not decoded: without any of ``msg_id``, ``tags``, ``keys``,
+        ``properties``, ``deliver_timestamp``, ``transaction_id`` no properties string is
+        parsed at all.
 
     Returns
     -------
     pyarrow.RecordBatch
-        Rows in queue order with :data:`MESSAGE_SCHEMA`; ConsumeQueue filler units (in front
-        of a queue that begins above offset 0) yield no row.
+        Rows in queue order with :data:`MESSAGE_SCHEMA` (or its ``columns``); ConsumeQueue
+        filler units (in front of a queue that begins above offset 0) yield no row.
 
     Raises
     ------
     OffsetOutOfRangeError
         ``start``/``end`` are negative or reversed, an entry is not written yet, or its
         record's segment was removed by retention.
+    InvalidMessageError
+        ``columns`` names an unknown column (or one twice, or none).
     CorruptRecordError
         A record does not match its ConsumeQueue entry or its own length fields.
 
@@ -137,6 +151,10 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
     The first call in a process raises glibc's malloc trim and mmap thresholds (see
     :func:`_keep_freed_heap`): freed temporaries stay in the process for the next call.
     """
+    try:
+        schema = projected_schema(columns)
+    except ValueError as exc:
+        raise InvalidMessageError(f"read_arrow: {exc}") from None
     start, end = int(start), int(end)
     if start < 0 or end < start:
         raise OffsetOutOfRangeError(
@@ -145,7 +163,7 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         tags = (tags,)
     tag_set = None if tags is None else sorted({str(t) for t in tags})
     if end == start or tag_set == []:
-        return empty_batch()
+        return empty_batch(schema)
     entries = store.consume_queue(topic, queue_id).entries(start, end)
     if len(entries) != end - start or (entries["size"] <= 0).any():
         written = len(entries) if (entries["size"] > 0).all() else int(
@@ -161,12 +179,15 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
     if not keep.all():
         entries, queue_offsets = entries[keep], queue_offsets[keep]
         if len(entries) == 0:
-            return empty_batch()
+            return empty_batch(schema)
     _keep_freed_heap()
-    batch = _decode(store, topic, queue_id, entries, queue_offsets)
+    names = None if columns is None else frozenset(schema.names) | (
+        {"tags"} if tag_set is not None else set())
+    arrays = _decode(store, topic, queue_id, entries, queue_offsets, names)
+    batch = pa.RecordBatch.from_arrays([arrays[n] for n in schema.names], schema=schema)
     if tag_set is not None:
         # is_in gives False (not null) for a row without a tag
-        exact = pc.is_in(batch.column("tags"), value_set=string_array(tag_set))
+        exact = pc.is_in(arrays["tags"], value_set=string_array(tag_set))
         if not pc.all(exact).as_py():
             batch = batch.filter(exact)
     return batch
@@ -176,8 +197,9 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
 
 
 def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
-            queue_offsets: np.ndarray) -> pa.RecordBatch:
-    """Decode the records of ``entries`` (in CommitLog order) into a batch."""
+            queue_offsets: np.ndarray, names: frozenset | None) -> dict[str, pa.Array]:
+    """Decode the records of ``entries`` (in CommitLog order) into columns (``names`` of
+    them, or all)."""
     phys = np.ascontiguousarray(entries["offset"], dtype=np.int64)
     sizes = entries["size"].astype(np.int64)
     n = len(phys)
@@ -206,8 +228,7 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
             [repeat_string(topic_bytes, len(p[0])) if p[1] is None else p[1] for p in parts])
     if topic_arr is None:
         topic_arr = repeat_string(topic_bytes, n)
-    arrays = columns(fields, phys, queue_offsets, body, topic_arr, props)
-    return pa.RecordBatch.from_arrays(arrays, schema=MESSAGE_SCHEMA)
+    return columns(fields, phys, queue_offsets, body, topic_arr, props, names)
 
 
 def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: dict):

@@ -57,10 +57,30 @@ MESSAGE_SCHEMA = pa.schema([
 #: ConsumeQueue size of a filler unit in front of a queue that starts above 0 (no message).
 #: Bytes of records scanned per step: what the header and tail passes find in L2 cache.
 
-def empty_batch() -> pa.RecordBatch:
-    """A batch with :data:`MESSAGE_SCHEMA` and no rows."""
-    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in MESSAGE_SCHEMA],
-                                      schema=MESSAGE_SCHEMA)
+#: Columns whose values come from the properties (the rest come from the header, the body
+#: and the topic): a projection without them never parses a properties string.
+PROPERTY_COLUMNS = frozenset({"msg_id", "tags", "keys", "properties", "deliver_timestamp",
+                              "transaction_id"})
+
+
+def projected_schema(names=None) -> pa.Schema:
+    """:data:`MESSAGE_SCHEMA` (``names`` None) or its columns ``names``, in that order.
+
+    Raises :class:`ValueError` naming the allowed columns for an unknown or repeated one.
+    """
+    if names is None:
+        return MESSAGE_SCHEMA
+    names = list(names)
+    unknown = [n for n in names if n not in MESSAGE_SCHEMA.names]
+    if unknown or len(set(names)) != len(names) or not names:
+        raise ValueError(f"columns {names}; allowed: one or more distinct names of "
+                         f"{', '.join(MESSAGE_SCHEMA.names)}")
+    return pa.schema([MESSAGE_SCHEMA.field(n) for n in names])
+
+
+def empty_batch(schema: pa.Schema = MESSAGE_SCHEMA) -> pa.RecordBatch:
+    """A batch with ``schema`` (:data:`MESSAGE_SCHEMA` by default) and no rows."""
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 
 def repeat_string(value: bytes, n: int) -> pa.Array:
@@ -74,9 +94,31 @@ def repeat_string(value: bytes, n: int) -> pa.Array:
 # --------------------------------------------------------------------------- columns
 
 
-def columns(header, phys, queue_offsets, body, topic_arr, props_bin) -> list[pa.Array]:
-    """The 14 columns of :data:`MESSAGE_SCHEMA` for one block of records."""
+def columns(header, phys, queue_offsets, body, topic_arr, props_bin,
+            names: frozenset | None = None) -> dict[str, pa.Array]:
+    """The columns of :data:`MESSAGE_SCHEMA` for one block of records, by name: all 14, or
+    the ``names`` asked for (the properties are parsed only when one of
+    :data:`PROPERTY_COLUMNS` is)."""
     n = len(phys)
+    plain = {
+        "topic": lambda: topic_arr,
+        "queue_id": lambda: arrow_of(header["queue_id"]),
+        "queue_offset": lambda: arrow_of(queue_offsets),
+        "commitlog_offset": lambda: arrow_of(phys),
+        "body": lambda: body,
+        "born_timestamp": lambda: _timestamps(header["born_timestamp"]),
+        "store_timestamp": lambda: _timestamps(header["store_timestamp"]),
+        "reconsume_times": lambda: arrow_of(header["reconsume_times"]),
+    }
+    if names is not None and not (names & PROPERTY_COLUMNS):
+        return {name: plain[name]() for name in names}
+    out = {name: make() for name, make in plain.items() if names is None or name in names}
+    out.update(_property_columns(header, phys, props_bin, n))
+    return out if names is None else {k: v for k, v in out.items() if k in names}
+
+
+def _property_columns(header, phys, props_bin, n: int) -> dict[str, pa.Array]:
+    """The columns parsed out of the properties strings."""
     props = props_bin.view(pa.string())
     try:
         props.validate(full=True)
@@ -117,22 +159,9 @@ def columns(header, phys, queue_offsets, body, topic_arr, props_bin) -> list[pa.
         msg_id = msg_id.fill_null("")
     deliver = special_columns.get(DELIVER)
     deliver_us = pa.nulls(n, _TIMESTAMP) if deliver is None else _deliver_us(deliver, phys)
-    return [
-        topic_arr,
-        arrow_of(header["queue_id"]),
-        arrow_of(queue_offsets),
-        arrow_of(phys),
-        msg_id,
-        special_column(TAGS),
-        split_keys(keys_values, keys_rows, n),
-        body,
-        properties,
-        _timestamps(header["born_timestamp"]),
-        _timestamps(header["store_timestamp"]),
-        deliver_us,
-        special_column(TRANSACTION),
-        arrow_of(header["reconsume_times"]),
-    ]
+    return {"msg_id": msg_id, "tags": special_column(TAGS),
+            "keys": split_keys(keys_values, keys_rows, n), "properties": properties,
+            "deliver_timestamp": deliver_us, "transaction_id": special_column(TRANSACTION)}
 
 
 def _deliver_us(deliver: pa.Array, phys: np.ndarray) -> pa.Array:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -292,11 +292,12 @@ class ReadableStore:
         return lo
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
-                   tags: Iterable[str] | None = None):
+                   tags: Iterable[str] | None = None, columns: Sequence[str] | None = None):
         """Decode queue offsets ``[start, end)`` into a ``pyarrow.RecordBatch`` (vectorised).
 
-        Columns follow :data:`store.MESSAGE_SCHEMA`.  ``tags`` keeps only messages whose tag
-        is one of them (filtered on tagsCode before any body is read).
+        Columns follow :data:`store.MESSAGE_SCHEMA`, or are the ``columns`` named, in that
+        order (only those are decoded).  ``tags`` keeps only messages whose tag is one of
+        them (filtered on tagsCode before any body is read).
         """
         self._check_open()
-        return read_queue_batch(self, topic, queue_id, start, end, tags=tags)
+        return read_queue_batch(self, topic, queue_id, start, end, tags=tags, columns=columns)

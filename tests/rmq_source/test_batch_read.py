@@ -160,3 +160,34 @@ def test_a_batch_read_of_a_topic_that_does_not_exist_names_it(spark, store_path,
     # a pattern matching nothing is not a mistyped name: no rows, no error
     assert spark.read.format("rmq").option("subscribePattern", "nope.*").load(
         store_path).count() == 0
+
+
+def test_a_narrower_schema_reads_only_its_columns(spark, filled):
+    """``.schema(...)`` with some of the columns, in any order: the same values, and only
+    those columns (with a tags filter on a schema without ``tags`` too)."""
+    path, sent = filled
+    full = rows_by_key(spark.read.format("rmq").option("subscribe", "orders,payments")
+                       .load(path))
+    narrow = (spark.read.format("rmq").schema("body binary, queue_offset bigint, topic string,"
+                                              " queue_id int, msg_id string")
+              .option("subscribe", "orders,payments").load(path))
+    assert narrow.columns == ["body", "queue_offset", "topic", "queue_id", "msg_id"]
+    got = rows_by_key(narrow)
+    assert set(got) == set(full)
+    for key, row in got.items():
+        assert bytes(row["body"]) == bytes(full[key]["body"])
+        assert row["msg_id"] == full[key]["msg_id"]
+    paid = rows_by_key(spark.read.format("rmq").schema("topic string, queue_id int, "
+                                                       "queue_offset bigint")
+                       .option("subscribe", "orders").option("tags", "paid").load(path))
+    assert set(paid) == {k for k, (_, m, _) in sent.items() if k[0] == "orders"
+                         and m.tags == "paid"}
+
+
+@pytest.mark.parametrize("ddl", ["body string", "topic string, nope int",
+                                 "topic string, topic string"])
+def test_a_schema_that_does_not_fit_is_refused_naming_the_allowed_columns(spark, filled, ddl):
+    path, _ = filled
+    with pytest.raises(Exception) as info:
+        spark.read.format("rmq").schema(ddl).option("subscribe", "orders").load(path).collect()
+    assert "any of the messages schema's columns" in str(info.value)

@@ -369,3 +369,32 @@ def test_names_alike_in_length_and_first_bytes_are_told_apart(store, names):
     assert rows == pulled(store, "orders", 0, 0, len(names))
     assert [r[8] for r in rows] == [{n: f"v{i}"} if n.islower() or "foo" in n else {}
                                     for i, n in enumerate(names)]
+
+
+def test_a_projection_decodes_the_asked_columns_in_the_asked_order(tmp_path, small_config,
+                                                                     clock):
+    from store.errors import InvalidMessageError
+
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        p = store.producer("g")
+        for i in range(40):
+            p.send(Message("t", b"b%d" % i, tags=("a", "b")[i % 2], keys=f"k{i}",
+                           properties={"x": str(i)}))
+        q = store.queue_ids("t")[0]
+        end = store.max_offset("t", q)
+        full = store.read_arrow("t", q, 0, end)
+        for names in (["body", "topic"], ["properties", "queue_offset"], ["msg_id"],
+                      list(reversed(full.schema.names))):
+            part = store.read_arrow("t", q, 0, end, columns=names)
+            assert part.schema.names == names
+            for n in names:
+                assert part.column(n).equals(full.column(n)), n
+        tagged = store.read_arrow("t", q, 0, end, tags="a", columns=["queue_offset"])
+        assert tagged.schema.names == ["queue_offset"]
+        assert tagged.column(0).to_pylist() == [
+            o for o, t in zip(full.column("queue_offset").to_pylist(),
+                              full.column("tags").to_pylist()) if t == "a"]
+        assert store.read_arrow("t", q, 0, 0, columns=["body"]).schema.names == ["body"]
+        for bad in (["nope"], ["body", "body"], []):
+            with pytest.raises(InvalidMessageError, match="allowed"):
+                store.read_arrow("t", q, 0, end, columns=bad)
