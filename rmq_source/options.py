@@ -5,8 +5,7 @@ checks every one of them at query start (unknown names, malformed values, option
 apply to batch, streaming or writing) and raises :class:`InvalidOptionError` naming the option,
 the value given and what is allowed.  Nothing falls back silently.
 
-Options (the Kafka source's spellings where the concept is the same; the table of every
-option with its default is docs/options.md).  Rules this module adds:
+Options: the Kafka source's spellings where the concept is the same (table: docs/options.md).
 
 * exactly one of ``subscribe`` / ``subscribePattern`` (a Python regular expression matched
   against whole topic names; system topics never match) for ``view=messages``;
@@ -88,10 +87,9 @@ class OffsetSpec:
 class RmqOptions:
     """Every option of one ``rmq`` read or write, parsed and checked.
 
-    ``raw`` keeps the option map as given (lower-cased keys) for code that needs more.
-    ``streaming`` is ``True``/``False`` for stream/batch readers and ``None`` when the mode is
-    not known yet (``schema()``) or for writers.  ``columns``: the message columns a narrower
-    user schema asks for (``None``: all of them).
+    ``raw``: the option map as given (lower-cased keys).  ``streaming``: ``True``/``False``
+    for stream/batch readers, ``None`` when not known yet (``schema()``) or for writers.
+    ``columns``: the message columns a narrower user schema asks for (``None``: all).
     """
 
     path: str

@@ -132,8 +132,7 @@ class TimerService:
                                     self.precision)
             self.log = TimerLog(os.path.join(store.root, "timerlog"),
                                 cfg.timer_log_file_size_bytes)
-            self.firing = SlotFiring(store, self.wheel, self.log, self.precision,
-                                     timer_tags_codes)
+            self.firing = SlotFiring(store, self.wheel, self.log, self.precision, timer_tags_codes)
             self._sync()
 
     # ------------------------------------------------------------------ sending
