@@ -9,7 +9,6 @@ here work on a :class:`~store.record_kernels.ByteColumn` of properties strings (
   of the located values;
 * :func:`strip_pairs`: the rows without the pairs of some names;
 * :func:`format_int_pairs`: rows of ``name 0x01 decimal 0x02`` pairs from an int matrix;
-* :func:`gather_ranges`: byte ranges of a mapped segment copied into one column.
 
 :func:`distinct_values` groups located values by hash and checks every row against its
 group's first row byte by byte, so a hash collision can never merge two values.
@@ -254,21 +253,9 @@ def _format_int_pairs(names_data, names_offsets, values, present, prefix_data, p
         out_offsets[i + 1] = w
 
 
-def _gather_ranges(raw, starts, lengths, out, out_offsets):
-    w = 0
-    out_offsets[0] = 0
-    for i in range(len(starts)):
-        s = starts[i]
-        m = lengths[i]
-        out[w:w + m] = raw[s:s + m]
-        w += m
-        out_offsets[i + 1] = w
-
-
 _KERNELS = compiled(globals(), helpers=("_write_decimal",),
                     kernels=("_scan_properties", "_hash_ranges", "_same_as_first", "_distinct_few",
-                             "_parse_int_ranges", "_strip_pairs", "_format_int_pairs",
-                             "_gather_ranges"))
+                             "_parse_int_ranges", "_strip_pairs", "_format_int_pairs"))
 
 
 def _names(names) -> ByteColumn:
@@ -377,17 +364,6 @@ def format_int_pairs(names, values: np.ndarray, present: np.ndarray,
                                         np.ascontiguousarray(prefix.ends), out, offsets,
                                         _DIGIT_PAIRS, _POWERS_OF_TEN)
     return ByteColumn(out[:int(offsets[-1])], offsets)
-
-
-def gather_ranges(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> ByteColumn:
-    """``raw[starts[i]:starts[i] + lengths[i]]`` of every row, copied into one column."""
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    if len(starts):
-        _KERNELS()["_gather_ranges"](raw, starts, lengths, out, offsets)
-    return ByteColumn(out, offsets)
 
 
 def take_rows(column: ByteColumn | ByteSlices, rows: np.ndarray) -> ByteSlices:

@@ -5,8 +5,8 @@ NumPy fancy index reads every header and the layout checks drop what does not fi
 transaction index reads half and op records through it (:mod:`store.transaction.half_records`).
 
 :class:`SourceRecords`, used by the restore of delayed messages, builds on it: bodies and
-properties copied out of the segment mappings into two byte columns by a compiled loop, ready
-for the property kernels (:mod:`store.property_kernels`) and the record kernel.
+properties of one segment's records as byte slices of its mapping, ready for the property
+kernels (:mod:`store.property_kernels`) and the record kernel.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import numpy as np
 
 from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, gather_headers
 from .commit_log import CommitLog
-from .property_kernels import gather_ranges
-from .record_kernels import ByteColumn, ByteSlices
+from .record_kernels import ByteSlices
 
 
 class SegmentRecords(NamedTuple):
@@ -77,12 +76,13 @@ def gather_segments(log: CommitLog, offsets: np.ndarray) -> Iterator[SegmentReco
 
 
 class SourceRecords:
-    """Headers, bodies and properties of the source records (in the order given), as columns.
+    """Headers, bodies and properties of source records of **one** CommitLog segment (in the
+    order given), as columns.
 
     ``headers`` and ``ok`` (False: missing or invalid record, whose rows are empty) have a
-    row per offset.  ``bodies`` and ``properties`` read the records in place
-    (:class:`ByteSlices` of the segment mapping) when they all lie in one segment; records of
-    several segments are copied into two :class:`ByteColumn` by a compiled loop.
+    row per offset; ``bodies`` and ``properties`` read the records in place
+    (:class:`ByteSlices` of the segment mapping, no copy).  The caller splits its offsets by
+    segment (the restore of delayed messages does).
     """
 
     def __init__(self, log: CommitLog, offsets: np.ndarray) -> None:
@@ -90,31 +90,23 @@ class SourceRecords:
         self.headers = np.zeros(n, dtype=HEADER_DTYPE)
         self.ok = np.zeros(n, dtype=bool)
         segments = list(gather_segments(log, offsets))
-        if len(segments) == 1:
-            seg = segments[0]
-            if len(seg.sel) == n:  # every record valid (sel is then 0 .. n-1)
-                self.headers = seg.headers
-                self.ok[:] = True
-            else:
-                self.headers[seg.sel] = seg.headers
-                self.ok[seg.sel] = True
-            self.bodies = _in_place(seg.raw, n, seg.sel, seg.body_start, seg.body_length)
-            self.properties = _in_place(seg.raw, n, seg.sel, seg.properties_start,
-                                        seg.properties_length)
+        if len(segments) > 1:
+            raise ValueError("SourceRecords reads one CommitLog segment; split the offsets")
+        if not segments:  # the segment is gone (retention): every row missing
+            empty = ByteSlices(np.zeros(1, np.uint8), np.zeros(n, np.int64),
+                               np.zeros(n, np.int64))
+            self.bodies = self.properties = empty
             return
-        body_len = np.zeros(n, dtype=np.int64)
-        props_len = np.zeros(n, dtype=np.int64)
-        parts = []
-        for seg in segments:
+        seg = segments[0]
+        if len(seg.sel) == n:  # every record valid (sel is then 0 .. n-1)
+            self.headers = seg.headers
+            self.ok[:] = True
+        else:
             self.headers[seg.sel] = seg.headers
             self.ok[seg.sel] = True
-            body_len[seg.sel] = seg.body_length
-            props_len[seg.sel] = seg.properties_length
-            parts.append((seg.sel, gather_ranges(seg.raw, seg.body_start, seg.body_length),
-                          gather_ranges(seg.raw, seg.properties_start,
-                                        seg.properties_length)))
-        self.bodies = _merge(parts, 1, body_len)
-        self.properties = _merge(parts, 2, props_len)
+        self.bodies = _in_place(seg.raw, n, seg.sel, seg.body_start, seg.body_length)
+        self.properties = _in_place(seg.raw, n, seg.sel, seg.properties_start,
+                                    seg.properties_length)
 
 
 def _in_place(raw: np.ndarray, n: int, sel: np.ndarray, start: np.ndarray,
@@ -127,18 +119,3 @@ def _in_place(raw: np.ndarray, n: int, sel: np.ndarray, start: np.ndarray,
     ends = starts.copy()
     ends[sel] += length
     return ByteSlices(raw, starts, ends)
-
-
-def _merge(parts: list, field: int, lengths: np.ndarray) -> ByteColumn:
-    """One column (rows in the original order) from the per-segment ones."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    for part in parts:
-        sel, col = part[0], part[field]
-        if not len(sel):
-            continue
-        # rows of one segment keep their order; copy each row to its place
-        src = np.repeat(col.offsets[:-1] - offsets[sel], np.diff(col.offsets))
-        data[np.arange(len(col.data)) - src] = col.data
-    return ByteColumn(data, offsets)

@@ -113,9 +113,8 @@ def _collect_rows(store: CoreParts, f, positions: np.ndarray, sizes: np.ndarray,
         tagged = plain[found[0]]
         if len(tagged):
             tags, inverse = distinct_values(raw, v0[0, found[0]], v1[0, found[0]])
-            hashes = np.array([store.dispatcher.tag_hash(t.decode("utf-8", "replace"))
-                               for t in tags], dtype=np.int64)
-            codes[tagged] = hashes[inverse]
+            codes[tagged] = store.dispatcher.tag_hashes(
+                [t.decode("utf-8", "replace") for t in tags])[inverse]
     stored = h["store_timestamp"][sel].astype(np.int64)
     for i in np.flatnonzero(ruled).tolist():  # a service's rule reads the properties
         text = raw[props.starts[i]:props.ends[i]].tobytes()

@@ -33,7 +33,7 @@ from ..codec import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
-    split_properties,
+    decode_properties,
 )
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
@@ -52,7 +52,6 @@ from ..message import (
     PROPERTY_UNIQ_KEY,
     TIMER_TOPIC,
     TRANS_HALF_TOPIC,
-    java_string_hash,
 )
 from ..property_kernels import (
     distinct_values,
@@ -228,7 +227,9 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         bodies = src.bodies
     # RocketMQ writes the last pair without its 0x02: close it before appending
     lengths = props.lengths()
-    open_end = (lengths > 0) & (props.data[np.maximum(props.ends - 1, 0)] != 2)
+    open_end = lengths > 0
+    if open_end.any():
+        open_end &= props.data[np.maximum(props.ends - 1, 0)] != 2
     extras = format_int_pairs(_SET, values[:, selected], present[:, selected],
                               ByteSlices(_SEPARATOR, np.zeros(len(selected), np.int64),
                                          open_end.astype(np.int64)))
@@ -280,18 +281,12 @@ def _tags_codes(store: StorePort, src: SourceRecords, found, v0, v1, roll, keep,
     tagged = np.flatnonzero(keep & ~per_record & ~roll & found[_K_TAGS])
     if len(tagged):
         tags, inverse = distinct_values(data, v0[_K_TAGS, tagged], v1[_K_TAGS, tagged])
-        hashes = np.array([java_string_hash(t.decode("utf-8", "replace")) for t in tags],
-                          dtype=np.int64)
-        codes[tagged] = hashes[inverse]
+        codes[tagged] = store.tag_hashes([t.decode("utf-8", "replace") for t in tags])[inverse]
     props = src.properties
     for i in np.flatnonzero(per_record).tolist():
         row = props.data[props.starts[i]:props.ends[i]].tobytes()
-        codes[i] = store.tags_code(topics[topic_ids[i]], _as_text(split_properties(row)), now)
+        codes[i] = store.tags_code(topics[topic_ids[i]], decode_properties(row), now)
     return codes
-
-
-def _as_text(props: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in props.items()}
 
 
 def _append_restored(store: StorePort, records: EncodedRecords) -> None:
