@@ -98,7 +98,14 @@ def close_kept_open(path: str) -> None:
 
 
 def rows_to_batch(views: Sequence) -> pa.RecordBatch:
-    """Check views (:class:`store.transaction.check.TransactionCheckView`) as Arrow rows."""
+    """Check views as Arrow rows: a round's ``plan.checks`` decoded as columns by the store
+    (its ``to_arrow()``), or any sequence of
+    :class:`store.transaction.check.TransactionCheckView` one by one."""
+    if hasattr(views, "to_arrow"):
+        batch = views.to_arrow()
+        return pa.RecordBatch.from_arrays(
+            [batch.column(f.name) for f in TRANSACTION_CHECKS_SCHEMA],
+            schema=TRANSACTION_CHECKS_SCHEMA)
     cols = {
         "transaction_id": [v.transaction_id for v in views],
         "producer_group": [v.producer_group for v in views],

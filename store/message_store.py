@@ -154,8 +154,10 @@ class MessageStore(StoreCore):
     def prepare_transaction_checks(self, *, max_checks: int | None = None):
         """The bookkeeping half of a check round, for a resolver outside this process.
 
-        Returns the :class:`~store.transaction.check.CheckPlan` whose ``views`` are the half
-        messages to ask about (what the Spark ``transaction_checks`` view reads).
+        Returns the :class:`~store.transaction.check.CheckPlan` whose ``checks`` are the half
+        messages to ask about: a sequence of views, built one by one when accessed, and
+        ``checks.to_arrow()`` gives them all as one Arrow batch decoded as columns (what the
+        Spark ``transaction_checks`` view reads).
         """
         self._check_writable()
         return self.transactions.prepare_checks(max_checks=max_checks)

@@ -29,12 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import (
-    TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_NOT_TYPE,
-    TRANSACTION_TYPE_MASK,
-    decode_properties,
-)
+from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
 from ..message import (
@@ -62,8 +57,9 @@ from ..property_kernels import (
     strip_pairs,
     take_rows,
 )
+from ..record_copies import closing_separators, tags_codes
 from ..record_gather import SourceRecords
-from ..record_kernels import ByteColumn, ByteSlices
+from ..record_kernels import ByteColumn
 
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.
@@ -79,7 +75,6 @@ _KEYS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TAGS, PROPERTY_TI
 _K_TOPIC, _K_QID, _K_TAGS, _K_DELIVER, _K_OUT, _K_DEL, _K_UNIQ = range(7)
 _K_SET = slice(7, 7 + len(_SET))
 _K_ROLL = 7 + _S_ROLL
-_SEPARATOR = np.array([2], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -225,14 +220,8 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         bodies = take_rows(src.bodies, selected)
     else:
         bodies = src.bodies
-    # RocketMQ writes the last pair without its 0x02: close it before appending
-    lengths = props.lengths()
-    open_end = lengths > 0
-    if open_end.any():
-        open_end &= props.data[np.maximum(props.ends - 1, 0)] != 2
     extras = format_int_pairs(_SET, values[:, selected], present[:, selected],
-                              ByteSlices(_SEPARATOR, np.zeros(len(selected), np.int64),
-                                         open_end.astype(np.int64)))
+                              closing_separators(props))
     props_len = props.lengths() + extras.lengths()
     _append_restored(store, EncodedRecords(
         headers=src.headers[selected], bodies=bodies, properties=props,
@@ -267,26 +256,16 @@ def _cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys) -> n
 
 def _tags_codes(store: StorePort, src: SourceRecords, found, v0, v1, roll, keep, topic_ids,
                 topics, now: int, out_ms, roll_tags_codes) -> np.ndarray:
-    """ConsumeQueue tagsCodes: the tag hash (one per distinct tag), a topic's registered rule
-    (asked per record, for the rare delivery to a rule-bearing topic), and for rolled
-    records ``roll_tags_codes(TIMER_OUT_MS, is_marker)`` when the caller gives it."""
-    n = len(keep)
-    data = src.properties.data
-    codes = np.zeros(n, dtype=np.int64)
-    ruled = np.array([store.has_tags_rule(t) for t in topics], dtype=bool)
-    per_record = keep & ruled[np.maximum(topic_ids, 0)]
+    """ConsumeQueue tagsCodes (:func:`~store.record_copies.tags_codes`); for rolled records
+    ``roll_tags_codes(TIMER_OUT_MS, is_marker)`` when the caller gives it (else the timer
+    topic's rule is asked per record)."""
     if roll_tags_codes is not None and roll.any():
+        codes = tags_codes(store, src.properties, keep & ~roll, found[_K_TAGS], v0[_K_TAGS],
+                           v1[_K_TAGS], topic_ids, topics, now)
         codes[roll] = roll_tags_codes(out_ms[roll], found[_K_DEL, roll])
-        per_record &= ~roll
-    tagged = np.flatnonzero(keep & ~per_record & ~roll & found[_K_TAGS])
-    if len(tagged):
-        tags, inverse = distinct_values(data, v0[_K_TAGS, tagged], v1[_K_TAGS, tagged])
-        codes[tagged] = store.tag_hashes([t.decode("utf-8", "replace") for t in tags])[inverse]
-    props = src.properties
-    for i in np.flatnonzero(per_record).tolist():
-        row = props.data[props.starts[i]:props.ends[i]].tobytes()
-        codes[i] = store.tags_code(topics[topic_ids[i]], decode_properties(row), now)
-    return codes
+        return codes
+    return tags_codes(store, src.properties, keep, found[_K_TAGS], v0[_K_TAGS], v1[_K_TAGS],
+                      topic_ids, topics, now)
 
 
 def _append_restored(store: StorePort, records: EncodedRecords) -> None:

@@ -33,33 +33,27 @@ query) happens after, and answers come back through ``end_transaction``.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..codec import Record
+import numpy as np
+
 from ..core.ports import StorePort
-from ..errors import CorruptRecordError, TransactionStateError
-from ..message import (
-    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-    PROPERTY_KEYS,
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TAGS,
-    PROPERTY_TRANSACTION_CHECK_TIMES,
-    PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
-    PROPERTY_UNIQ_KEY,
-    SYSTEM_PROPERTY_NAMES,
-    LocalTransactionState,
-    MessageView,
-)
-from .half import check_times, discard_spec, immunity_ms, put_back_spec, transaction_id_of
+from ..errors import TransactionStateError
+from ..message import LocalTransactionState
+from .check_round import ChunkChecks, Rules, walk_chunk
+from .check_views import CheckViews, TransactionCheckView, check_view
 from .index import TransactionIndex
+
+__all__ = ["MAX_PROCESS_TIME_MS", "WALK_CHUNK", "CheckPlan", "CheckResult", "CheckState",
+           "CheckViews", "TransactionCheckView", "check_view", "parse_state",
+           "run_bookkeeping"]
 
 #: RocketMQ's MAX_PROCESS_TIME_LIMIT: a round stops walking a queue after this long.
 MAX_PROCESS_TIME_MS = 60_000
+#: Half offsets decided and written per step of the walk.
+WALK_CHUNK = 8192
 
 _STATE_NAMES = {
     "COMMIT": LocalTransactionState.COMMIT_MESSAGE,
@@ -94,23 +88,11 @@ def parse_state(value: object) -> LocalTransactionState:
 
 
 @dataclass(frozen=True, slots=True)
-class TransactionCheckView(MessageView):
-    """A half message the check loop asks about: a :class:`MessageView` of the put-back copy
-    with topic and queue restored to the real ones, plus who to ask and how often it was asked.
-
-    ``queue_offset`` / ``commitlog_offset`` / ``store_timestamp_ms`` are the copy's (in the
-    half topic); ``transaction_id`` is set.
-    """
-
-    producer_group: str = ""
-    check_times: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class CheckPlan:
-    """What a round's bookkeeping did, and the transactions to ask about."""
+    """What a round's bookkeeping did, and the transactions to ask about (a lazy sequence of
+    :class:`TransactionCheckView`; :meth:`CheckViews.to_arrow` gives them as columns)."""
 
-    checks: tuple[TransactionCheckView, ...]
+    checks: CheckViews
     discarded: int
     immune: int
     half_offset: int
@@ -141,28 +123,6 @@ class CheckResult:
     errors: tuple[str, ...] = field(default_factory=tuple)
 
 
-def check_view(record: Record, copy_queue_offset: int, copy_commitlog_offset: int,
-               copy_store_ms: int, count: int) -> TransactionCheckView:
-    """The view of a put-back copy sent to whoever decides (topic and queue restored)."""
-    props = dict(record.properties)
-    props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(count)
-    qid = props.get(PROPERTY_REAL_QUEUE_ID, "0")
-    return TransactionCheckView(
-        topic=props.get(PROPERTY_REAL_TOPIC, ""),
-        queue_id=int(qid) if qid.lstrip("-").isdigit() else 0,
-        queue_offset=copy_queue_offset, commitlog_offset=copy_commitlog_offset,
-        msg_id=props.get(PROPERTY_UNIQ_KEY, ""), tags=props.get(PROPERTY_TAGS),
-        keys=tuple(k for k in props.get(PROPERTY_KEYS, "").split(" ") if k),
-        body=record.body,
-        properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES},
-        born_timestamp_ms=record.born_timestamp_ms, store_timestamp_ms=copy_store_ms,
-        deliver_timestamp_ms=None, transaction_id=transaction_id_of(record),
-        reconsume_times=record.reconsume_times, sys_flag=record.sys_flag,
-        system_properties={k: v for k, v in props.items() if k in SYSTEM_PROPERTY_NAMES},
-        producer_group=props.get(PROPERTY_PRODUCER_GROUP, ""), check_times=count,
-    )
-
-
 class CheckState(Protocol):
     """What a check round uses of the transaction service: its store, index, settings and
     saved progress."""
@@ -179,22 +139,20 @@ class CheckState(Protocol):
 
 
 def run_bookkeeping(service: CheckState, *, max_checks: int | None = None,
-                    max_process_ms: int = MAX_PROCESS_TIME_MS,
-                    remember: dict | None = None) -> CheckPlan:
+                    max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
     """Steps 1 to 4 of the round (see the module docstring); the caller holds the write lock.
 
-    ``remember``: a dict that receives ``{CommitLog offset: Record}`` of each put-back copy,
-    so answers given in this process need not read the copies back.
+    The open half offsets are walked in chunks (:func:`~store.transaction.check_round.
+    walk_chunk`, at most :data:`WALK_CHUNK` records of one CommitLog segment each), each
+    decided and written as columns; the time limit is looked at between chunks.
     """
     store = service.store
     index = service.index
     settings = service.settings
-    timeout = settings["transaction_timeout_ms"]
-    check_max = settings["transaction_check_max"]
-    interval = settings["transaction_check_interval_ms"]
-    reserved = store.config.file_reserved_time_ms
-
-    started = store.now_ms()
+    rules = Rules(started_ms=store.now_ms(), timeout_ms=settings["transaction_timeout_ms"],
+                  check_max=settings["transaction_check_max"],
+                  interval_ms=settings["transaction_check_interval_ms"],
+                  reserved_ms=store.config.file_reserved_time_ms)
     wall = time.monotonic()
     index.refresh()
     half_min, op_min = service.queue_minimums()
@@ -203,72 +161,35 @@ def run_bookkeeping(service: CheckState, *, max_checks: int | None = None,
     op_offset = max(saved_op, op_min)
     half_end = index.half_scanned
     qoffs, _ = index.window(half_offset, half_end)
+    clogs = index.half_clog.data[qoffs - index.base] if len(qoffs) else qoffs
+    segment = clogs // store.config.commitlog_file_size_bytes
 
     new_half = half_end
-    specs = []
-    asks: list[tuple[Record, int]] = []    # (record, its check count), aligned with copies
-    kinds: list[str] = []
-    discarded = immune = 0
-    for q in qoffs.tolist():
-        if (max_checks is not None and len(asks) >= max_checks) or \
+    chunks: list[ChunkChecks] = []
+    asked = discarded = immune = 0
+    lo = 0
+    while lo < len(qoffs):
+        if (max_checks is not None and asked >= max_checks) or \
                 (time.monotonic() - wall) * 1000 > max_process_ms:
-            new_half = q
+            new_half = int(qoffs[lo])
             break
-        try:
-            record = store.read_record(int(index.half_clog.data[q - index.base]))
-        except CorruptRecordError:
-            continue  # gone with retention: nothing to check
-        props = record.properties
-        times = check_times(record)
-        age = started - record.born_timestamp_ms
-        if times >= check_max or age > reserved:
-            specs.append(discard_spec(record))
-            kinds.append("discard")
-            discarded += 1
-            continue
-        count = times + 1
-        if record.store_timestamp_ms >= started:
-            new_half = q
+        hi = min(len(qoffs), lo + WALK_CHUNK)
+        other = np.flatnonzero(segment[lo:hi] != segment[lo])
+        if len(other):
+            hi = lo + int(other[0])
+        part = walk_chunk(store, qoffs[lo:hi], clogs[lo:hi], rules,
+                          None if max_checks is None else max_checks - asked)
+        discarded += part.discarded
+        immune += part.immune
+        if part.checks is not None:
+            chunks.append(part.checks)
+            asked += len(part.checks.commitlog_offsets)
+        if part.cut < hi - lo:
+            new_half = int(qoffs[lo + part.cut])
             break
-        made_by_loop = (PROPERTY_TRANSACTION_CHECK_TIMES in props
-                        or PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET in props)
-        if made_by_loop and started - record.store_timestamp_ms < interval:
-            new_half = q
-            break
-        custom = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
-        if custom is not None:
-            if age <= immunity_ms(custom, timeout, raise_to_timeout=False):
-                first = props.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET) or str(q)
-                specs.append(put_back_spec(
-                    record, **{PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET: first}))
-                kinds.append("immune")
-                immune += 1
-                continue
-        elif 0 <= age <= timeout:
-            new_half = q
-            break
-        # every op has been read, none ends it, and it is past its immunity: ask
-        specs.append(put_back_spec(record, **{PROPERTY_TRANSACTION_CHECK_TIMES: str(count)}))
-        kinds.append("check")
-        asks.append((record, count))
-
-    results = store.append(specs) if specs else []
-    checks = []
-    ask_iter = iter(asks)
-    for kind, spec, r in zip(kinds, specs, results):
-        if kind == "check":
-            record, count = next(ask_iter)
-            checks.append(check_view(record, r.queue_offset, r.commitlog_offset,
-                                     r.store_timestamp_ms, count))
-            if remember is not None:  # the copy as read back, for the answers that follow
-                remember[r.commitlog_offset] = dataclasses.replace(
-                    record, topic=spec.topic, queue_id=spec.queue_id,
-                    properties=dict(spec.properties), physical_offset=r.commitlog_offset,
-                    queue_offset=r.queue_offset, store_timestamp_ms=r.store_timestamp_ms,
-                    prepared_transaction_offset=0)
+        lo = hi
     index.refresh()  # the copies and discards just written
     new_op = index.op_progress(op_offset, new_half)
-    service.save_progress(new_half, new_op, started)
-    return CheckPlan(checks=tuple(checks), discarded=discarded, immune=immune,
-                     half_offset=new_half, op_offset=new_op, started_ms=started)
-
+    service.save_progress(new_half, new_op, rules.started_ms)
+    return CheckPlan(checks=CheckViews(store, chunks), discarded=discarded, immune=immune,
+                     half_offset=new_half, op_offset=new_op, started_ms=rules.started_ms)

@@ -34,22 +34,17 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from ..config import StoreConfig
 from ..core.ports import StorePort
-from ..errors import CorruptRecordError, TransactionStateError, UnknownMessageError
+from ..errors import TransactionStateError, UnknownMessageError
 from ..fileio import read_json, write_json_atomic
-from ..message import (
-    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-    TRANS_HALF_TOPIC,
-    TRANS_OP_HALF_TOPIC,
-    LocalTransactionState,
-    MessageView,
-)
-from ..sink_format import PROPERTY_SINK, is_sink_transaction
+from ..message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
-from .half import CHECK_GROUP, HALF_QUEUE_ID, commit_spec, immunity_ms
+from .ending import end_rows
+from .half import CHECK_GROUP, HALF_QUEUE_ID
 from .index import TransactionIndex
-from .op import op_specs
 from .repair import has_note, repair_noted_commits
 
 SETTINGS = ("transaction_timeout_ms", "transaction_check_max", "transaction_check_interval_ms")
@@ -67,7 +62,6 @@ class TransactionService:
         self._index: TransactionIndex | None = None
         self._listeners: dict[str, object] = {}
         self._settings: dict[str, int] | None = None
-        self._copies: dict = {}  # put-back copies of the running in-process round, by offset
         self._sink_settler: Callable | None = None
         self._config_dir = os.path.join(store.root, "config")
         self.progress_path = os.path.join(self._config_dir, "transactionOffset.json")
@@ -192,7 +186,8 @@ class TransactionService:
             A state that is not one of the three, an id that is not a string, or a late
             answer refused as described above.
         """
-        parsed = []
+        txs: list[str] = []
+        states: list[LocalTransactionState] = []
         for item in items:
             try:
                 transaction_id, state = item
@@ -204,66 +199,39 @@ class TransactionService:
                 raise TransactionStateError(
                     f"transaction id {transaction_id!r}; allowed: the non-empty string "
                     "send_in_transaction returned (its transaction_id / msg_id)")
-            parsed.append((transaction_id, parse_state(state)))
-        if not parsed:
+            txs.append(transaction_id)
+            states.append(parse_state(state))
+        if not txs:
             return []
         store = self.store
+        commit_state = LocalTransactionState.COMMIT_MESSAGE
+        unknown_state = LocalTransactionState.UNKNOW
         with store.write_lock():
             index = self.index
             index.refresh()
-            rows = index.rows_of([tx for tx, _ in parsed])
-            for (tx, _), row in zip(parsed, rows):
-                if row < 0:
-                    raise UnknownMessageError(
-                        f"transaction id {tx!r} is not known to store {store.root}: no half "
-                        "message carries it; allowed: a transaction_id returned by "
-                        "send_in_transaction (ids of ordinary messages cannot be ended; half "
-                        "messages removed by retention are gone)")
-            now = store.now_ms()
-            timeout = self.settings["transaction_timeout_ms"]
-            commits, op_offsets, ended_rows = [], [], []
-            results: list[bool] = []
-            seen: set[int] = set()
-            for (tx, state), row in zip(parsed, rows):
-                if (state is LocalTransactionState.UNKNOW or index.row_ended.data[row]
-                        or row in seen):
-                    results.append(False)
-                    continue
-                clog = index.latest_clog(row)
-                try:
-                    record = self._copies.pop(clog, None) or store.read_record(clog)
-                except CorruptRecordError as exc:
-                    raise UnknownMessageError(
-                        f"transaction id {tx!r}: its half message can no longer be read "
-                        f"({exc}); it was probably removed by retention") from None
-                if (state is LocalTransactionState.COMMIT_MESSAGE
-                        and PROPERTY_SINK in record.properties):
-                    raise TransactionStateError(
-                        f"transaction {tx!r} is a half of the rmq sink "
-                        f"{record.properties[PROPERTY_SINK]!r}; allowed: ROLLBACK only (its "
-                        "rows become visible when the sink commits its batch)")
-                custom = record.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
-                if not from_check and custom is not None:
-                    limit = immunity_ms(custom, timeout, raise_to_timeout=True)
-                    if now - record.born_timestamp_ms > limit:
-                        raise TransactionStateError(
-                            f"end_transaction({tx!r}, {state.name}) comes "
-                            f"{now - record.born_timestamp_ms} ms after the half message was "
-                            f"born, past its immunity of {limit} ms "
-                            f"({PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS}={custom}); allowed: "
-                            "answers to the check loop (from_check=True) once the immunity "
-                            "is over (RocketMQ refuses such late requests, code 604)")
-                if state is LocalTransactionState.COMMIT_MESSAGE:
-                    commits.append(commit_spec(record))
-                op_offsets.append(int(index.row_latest.data[row]))
-                ended_rows.append(row)
-                seen.add(row)
-                results.append(True)
-            if op_offsets:
-                # commits first, then the op(s): one append, kept or dropped whole
-                store.append(commits + op_specs(op_offsets, now, HALF_QUEUE_ID), batch=True)
-                index.row_ended.data[ended_rows] = True
-        return results
+            rows = np.asarray(index.rows_of(txs), dtype=np.int64)
+            missing = np.flatnonzero(rows < 0)
+            if len(missing):
+                raise UnknownMessageError(
+                    f"transaction id {txs[int(missing[0])]!r} is not known to store "
+                    f"{store.root}: no half message carries it; allowed: a transaction_id "
+                    "returned by send_in_transaction (ids of ordinary messages cannot be ended; "
+                    "half messages removed by retention are gone)")
+            # an item ends its transaction when it answers, the transaction is open, and no
+            # earlier item of the call ended it
+            eligible = np.array([s is not unknown_state for s in states]) \
+                & ~index.row_ended.data[rows]
+            pick = np.flatnonzero(eligible)
+            _, first = np.unique(rows[pick], return_index=True)
+            pick = np.sort(pick[first])
+            results = np.zeros(len(txs), dtype=bool)
+            results[pick] = True
+            end_rows(store, index, [txs[i] for i in pick.tolist()],
+                     [states[i].name for i in pick.tolist()],
+                     np.array([states[i] is commit_state for i in pick.tolist()], dtype=bool),
+                     rows[pick], now=store.now_ms(),
+                     timeout_ms=self.settings["transaction_timeout_ms"], from_check=from_check)
+        return results.tolist()
 
     # ------------------------------------------------------------------ the check loop
     def register_listener(self, group: str, listener: object) -> None:
@@ -277,28 +245,23 @@ class TransactionService:
         return listener.check_local_transaction(view)
 
     def prepare_checks(self, *, max_checks: int | None = None,
-                       max_process_ms: int = MAX_PROCESS_TIME_MS,
-                       _remember: bool = False) -> CheckPlan:
+                       max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
         """Run a round's bookkeeping; return the transactions to ask about.
 
         Answers go to :meth:`end_transactions` with ``from_check=True``; an answer never
-        given leaves the transaction open for a later round.
+        given leaves the transaction open for a later round.  Halves of the exactly-once
+        sink are answered by the sink (see :meth:`set_sink_settler`), not listed.
         """
         if max_checks is not None and (not isinstance(max_checks, int) or max_checks < 1):
             raise TransactionStateError(f"max_checks={max_checks!r}; allowed: None or an int >= 1")
         with self.store.write_lock():
-            self._copies = {}
-            plan = run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms,
-                                   remember=self._copies if _remember else None)
-            sink_views = [v for v in plan.checks if is_sink_transaction(v.transaction_id)
-                          and PROPERTY_SINK in {**v.properties, **v.system_properties}]
-            if not sink_views:
+            plan = run_bookkeeping(self, max_checks=max_checks, max_process_ms=max_process_ms)
+            sink = plan.checks.sink
+            if not sink.any():
                 return plan
             if self._sink_settler is not None:
-                self._sink_settler(sink_views)
-            skip = {id(v) for v in sink_views}
-            return dataclasses.replace(
-                plan, checks=tuple(v for v in plan.checks if id(v) not in skip))
+                self._sink_settler(list(plan.checks.select(sink)))
+            return dataclasses.replace(plan, checks=plan.checks.select(~sink))
 
     def check(self, resolve: Resolve | None = None, *,
               max_checks: int | None = None) -> CheckResult:
@@ -310,7 +273,7 @@ class TransactionService:
         transaction producers created in this process, by producer group.
         """
         resolve = resolve or self._resolve_by_listener
-        plan = self.prepare_checks(max_checks=max_checks, _remember=True)
+        plan = self.prepare_checks(max_checks=max_checks)
         answers: list[tuple[str, LocalTransactionState]] = []
         errors: list[str] = []
         unknown = 0
@@ -324,10 +287,7 @@ class TransactionService:
                 unknown += 1
             else:
                 answers.append((view.transaction_id, state))
-        try:
-            done = self.end_transactions(answers, from_check=True) if answers else []
-        finally:
-            self._copies = {}
+        done = self.end_transactions(answers, from_check=True) if answers else []
         committed = sum(1 for (_, s), d in zip(answers, done)
                         if d and s is LocalTransactionState.COMMIT_MESSAGE)
         rolled_back = sum(1 for (_, s), d in zip(answers, done)

@@ -60,6 +60,7 @@ WORKER = textwrap.dedent("""
         def slow_decide(view):  # slow enough for the kill to land inside a round
             time.sleep(0.0003)
             return decide(view)
+        store.transactions.check(slow_decide, max_checks=100)  # loads the compiled kernels
         print("ROUND", flush=True)
         while True:
             store.transactions.check(slow_decide, max_checks=100)
@@ -70,6 +71,14 @@ WORKER = textwrap.dedent("""
         print("DONE", flush=True)
     store.close()
 """)
+
+
+def wait_for_acks(log, timeout_s: float = 30.0) -> None:
+    """Wait until the worker has acknowledged its first transaction."""
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and log.stat().st_size):
+        assert time.monotonic() < deadline, "the worker acknowledged nothing"
+        time.sleep(0.01)
 
 
 def spawn(tmp_path, *args) -> subprocess.Popen:
@@ -140,6 +149,7 @@ def test_kill_while_sending_then_reopen(tmp_path, seed):
     rng = random.Random(seed)
     path, log = tmp_path / "store", tmp_path / "acks"
     proc = spawn(tmp_path, "send", path, log)
+    wait_for_acks(log)  # the first send loads the compiled kernels (a few tenths of a second)
     time.sleep(rng.uniform(0.3, 0.8))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
