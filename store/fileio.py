@@ -120,3 +120,15 @@ def read_json(path: str, valid: Callable[[object], bool] | None = None) -> objec
         if valid is None or valid(data):
             return data
     return None
+
+
+def move_aside(path: str) -> str:
+    """Rename a damaged file or directory to ``<path>.damaged-<n>`` (the first free ``n``),
+    so a rebuild can start afresh without destroying anything; returns the new name."""
+    n = 1
+    while os.path.exists(f"{path}.damaged-{n}"):
+        n += 1
+    target = f"{path}.damaged-{n}"
+    os.replace(path, target)
+    fsync_dir(os.path.dirname(path) or ".")
+    return target

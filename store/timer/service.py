@@ -66,8 +66,7 @@ from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring
 from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
-from .timer_log import TimerLog
-from .wheel import TimerWheel
+from .wheel import open_timer_files
 
 _NO_END = 1 << 62
 _FLOW_CONTROL_OFF = 2**31 - 1
@@ -128,10 +127,10 @@ class TimerService:
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
         with store.write_lock():  # one process creates and initialises the wheel
-            self.wheel = TimerWheel(os.path.join(store.root, "timerwheel"), self.slots,
-                                    self.precision)
-            self.log = TimerLog(os.path.join(store.root, "timerlog"),
-                                cfg.timer_log_file_size_bytes)
+            self.wheel, self.log, damaged = open_timer_files(
+                store.root, self.slots, self.precision, cfg.timer_log_file_size_bytes)
+            if damaged:  # the wheel is rebuilt from the timer ConsumeQueue (see _sync)
+                self.wheel.created = True
             self.firing = SlotFiring(store, self.wheel, self.log, self.precision, timer_tags_codes)
             self._sync()
 

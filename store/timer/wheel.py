@@ -25,14 +25,18 @@ whose pointers reach past the TimerLog's checkpointed end; the timer service fin
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 
 import numpy as np
 
 from ..errors import CorruptRecordError
-from ..fileio import allocate
+from ..fileio import allocate, move_aside
 from ..layout import layout
+from .timer_log import TimerLog
+
+log = logging.getLogger("store")
 
 SLOT_FIELDS = (
     ("time", ">i8"),  # time / precision
@@ -205,3 +209,32 @@ class TimerWheel:
             self._map.close()
         except (BufferError, ValueError):
             pass
+
+
+def open_timer_files(root: str, slots: int, precision_ms: int,
+                     log_file_size: int) -> tuple[TimerWheel, TimerLog, bool]:
+    """Open ``<root>/timerwheel`` and ``<root>/timerlog``; ``damaged`` is True when one had
+    the wrong length.
+
+    Such a file is moved aside (``<name>.damaged-<n>``, kept for inspection, never deleted)
+    and a fresh one created: both files are derived from the timer ConsumeQueue and the
+    CommitLog, so the caller rebuilds them (the timer service's ``_rebuild``).
+    """
+    wheel_path, log_path = os.path.join(root, "timerwheel"), os.path.join(root, "timerlog")
+    damaged = False
+    for _ in range(3):
+        try:
+            wheel = TimerWheel(wheel_path, slots, precision_ms)
+        except CorruptRecordError as exc:
+            log.warning("%s; moved to %s, rebuilding the timer wheel", exc,
+                        move_aside(wheel_path))
+            damaged = True
+            continue
+        try:
+            return wheel, TimerLog(log_path, log_file_size), damaged
+        except CorruptRecordError as exc:
+            wheel.close()
+            log.warning("%s; moved %s to %s, rebuilding the timer wheel", exc, log_path,
+                        move_aside(log_path))
+            damaged = True
+    raise CorruptRecordError(wheel_path, 0, "the timer files could not be opened or rebuilt")

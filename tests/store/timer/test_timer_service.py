@@ -417,3 +417,38 @@ def test_one_run_over_many_segments_honours_cancels(store, clock):
         assert v.tags == f"T{i % 3}" and v.properties["n"] == str(i)
         entry = store.queue_entries("t", v.queue_id, v.queue_offset, v.queue_offset + 1)
         assert int(entry["tags_code"][0]) == java_string_hash(f"T{i % 3}")
+
+
+@pytest.mark.parametrize("damage", ["wheel-short", "wheel-long", "timerlog-short"])
+def test_timer_file_of_the_wrong_length_is_set_aside_and_rebuilt(store_path, clock,
+                                                                 small_config, damage):
+    """A damaged timerwheel or TimerLog segment does not make the store unopenable: it is
+    moved aside (kept) and the timer files are rebuilt from the timer ConsumeQueue; every
+    pending message is delivered once, none early, and those already delivered stay once."""
+    import glob
+    import os
+
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    p = s.producer("g")
+    early = [p.send(Message("t", f"e{i}".encode()), delay_ms=500).msg_id for i in range(30)]
+    late = [p.send(Message("t", f"l{i}".encode()), delay_ms=20_000).msg_id for i in range(300)]
+    clock.advance(1_000)
+    assert s.deliver_due() == 30
+    s.close()
+    if damage.startswith("wheel"):
+        path = f"{store_path}/timerwheel"
+        size = os.path.getsize(path)
+        os.truncate(path, size // 2 if damage == "wheel-short" else size + 4096)
+    else:
+        (path,) = sorted(glob.glob(f"{store_path}/timerlog/*"))[:1]
+        os.truncate(path, 1000)
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    aside = glob.glob(f"{store_path}/*.damaged-1")
+    assert len(aside) == 1  # kept for inspection, never deleted
+    assert s.deliver_due() == 0  # nothing early
+    assert sorted(v.msg_id for v in visible(s, "t")) == sorted(early)
+    clock.advance(20_000)
+    assert s.deliver_due() == 300
+    assert sorted(v.msg_id for v in visible(s, "t")) == sorted(early + late)
+    assert s.deliver_due() == 0
+    s.close()
