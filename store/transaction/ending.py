@@ -10,7 +10,7 @@ dropped whole after a crash), it appends
 
 * the commit records: the half's header, body (with its CRC) and properties as stored, in the
   real topic and queue, SYSFLAG transaction type COMMIT, PREPAREDTRANSACTIONOFFSET the
-  half's CommitLog offset (:func:`~store.transaction.half.commit_spec`, as columns);
+  half's CommitLog offset (see :mod:`store.transaction.half`);
 * the op messages naming the newest half offset of every transaction ended.
 """
 

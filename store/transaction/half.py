@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record, RecordSpec
+from ..codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
 from ..errors import InvalidMessageError
 from ..message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -40,7 +40,6 @@ from ..message import (
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
     PROPERTY_UNIQ_KEY,
-    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
 )
 
@@ -112,49 +111,6 @@ def transaction_id_of(record: Record) -> str | None:
     return props.get(PROPERTY_TRANSACTION_ID) or props.get(PROPERTY_UNIQ_KEY)
 
 
-def put_back_spec(record: Record, **changes: str | None) -> RecordSpec:
-    """A copy of a half record for the end of the half queue (check or immunity put-back)."""
-    props = ordered_properties(record.properties, transaction_id_of(record) or "", **changes)
-    return record.to_spec(topic=TRANS_HALF_TOPIC, queue_id=HALF_QUEUE_ID, properties=props,
-                          prepared_transaction_offset=0)
-
-
-def discard_spec(record: Record) -> RecordSpec:
-    """RocketMQ's resolveDiscardMsg: the half as is, to ``TRANS_CHECK_MAX_TIME_TOPIC`` queue 0."""
-    props = ordered_properties(record.properties, transaction_id_of(record) or "")
-    return record.to_spec(topic=TRANS_CHECK_MAX_TIME_TOPIC, queue_id=0, properties=props,
-                          prepared_transaction_offset=0)
-
-
-def commit_spec(record: Record) -> RecordSpec:
-    """The final record of a committed half: real topic and queue, COMMIT type, prepared offset.
-
-    Raises
-    ------
-    InvalidMessageError
-        The half lacks REAL_TOPIC / REAL_QID (it was not written by a transaction producer).
-    """
-    props = record.properties
-    topic = props.get(PROPERTY_REAL_TOPIC)
-    qid = props.get(PROPERTY_REAL_QUEUE_ID)
-    if not topic or qid is None or not qid.lstrip("-").isdigit():
-        raise InvalidMessageError(
-            f"half message at CommitLog offset {record.physical_offset} has REAL_TOPIC={topic!r}, "
-            f"REAL_QID={qid!r}; allowed: a topic and an integer queue id")
-    sys_flag = (record.sys_flag & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT_TYPE
-    return record.to_spec(topic=topic, queue_id=int(qid), properties=dict(props),
-                          sys_flag=sys_flag, prepared_transaction_offset=record.physical_offset)
-
-
-def check_times(record: Record) -> int:
-    """TRANSACTION_CHECK_TIMES of a half record (0 when absent or unreadable)."""
-    value = record.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES)
-    try:
-        return int(value) if value is not None else 0
-    except ValueError:
-        return 0
-
-
 def immunity_ms(value: str | None, timeout_ms: int, *, raise_to_timeout: bool) -> int:
     """RocketMQ's immunity time of a half message.
 
@@ -180,13 +136,9 @@ __all__ = [
     "HALF_QUEUE_ID",
     "MAX_IMMUNITY_SECONDS",
     "PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET",
-    "check_times",
     "check_transactional_properties",
-    "commit_spec",
-    "discard_spec",
     "half_spec",
     "immunity_ms",
     "ordered_properties",
-    "put_back_spec",
     "transaction_id_of",
 ]

@@ -33,16 +33,29 @@ from store.message import (
     TRANS_HALF_TOPIC,
 )
 from store.sink_format import PROPERTY_SINK
-from store.transaction.half import (
-    check_times,
-    discard_spec,
-    half_spec,
-    immunity_ms,
-    put_back_spec,
-)
+from store.transaction.half import half_spec, immunity_ms, ordered_properties
 
 CONFIG = dataclasses.replace(SMALL, transaction_check_max=4)
 TIMEOUT, INTERVAL, CHECK_MAX = 6000, 30_000, 4
+
+
+def check_times(record) -> int:
+    try:
+        return int(record.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, 0))
+    except ValueError:
+        return 0
+
+
+def put_back_spec(record, **changes) -> RecordSpec:
+    """The model's copy of a half for the end of the half queue."""
+    props = ordered_properties(record.properties, record.properties["__transactionId__"],
+                               **changes)
+    return record.to_spec(topic=TRANS_HALF_TOPIC, queue_id=0, properties=props,
+                          prepared_transaction_offset=0)
+
+
+def discard_spec(record) -> RecordSpec:
+    return dataclasses.replace(put_back_spec(record), topic=TRANS_CHECK_MAX_TIME_TOPIC)
 
 
 def model_round(store, started, max_checks):
