@@ -37,7 +37,8 @@ class CommitLog:
     def __init__(self, directory: str, file_size: int, *, read_only: bool = False) -> None:
         self.directory = directory
         self.file_size = file_size
-        self.files = MappedFileQueue(directory, file_size, read_only=read_only)
+        self.files = MappedFileQueue(directory, file_size, read_only=read_only,
+                                     wrong_length="repair")
         self._valid_end: tuple[tuple, int] | None = None
 
     # -- placement --------------------------------------------------------------------------
@@ -93,10 +94,14 @@ class CommitLog:
         (:func:`~store.scan_kernels.walk_records`: the checks of
         :func:`~store.codec.check_record`), following blanks into the next segment.
 
-        Stops at the first invalid record; :attr:`scan_end` holds where the valid records
-        yielded so far end (the valid log's end once the scan is exhausted).
+        Stops at the first invalid record that no valid segment follows; :attr:`scan_end`
+        holds where the valid records yielded so far end (the valid log's end once the scan is
+        exhausted).  An invalid record followed by a segment that begins with a valid record
+        is damage, not a torn tail: the rest of its segment is skipped (the range added to
+        :attr:`scan_skipped`) and the scan goes on there, so no repair cuts valid records.
         """
         self.scan_end = start
+        self.scan_skipped: list[tuple[int, int]] = []
         offset = start
         while True:
             f = self.files.find(offset)
@@ -116,7 +121,20 @@ class CommitLog:
                     self.scan_end = offset  # a blank is a valid end: the log resumes next file
                     break
                 if stop == STOP_INVALID:
-                    return
+                    resume = self._next_valid_segment(f)
+                    if resume is None:  # the torn (or zeroed) tail: the log ends here
+                        return
+                    self.scan_skipped.append((f.start + end, f.end))
+                    offset = self.scan_end = resume
+                    break
+
+    def _next_valid_segment(self, f) -> int | None:
+        """The start of the first segment after ``f`` that begins with a valid record: the
+        scan goes on there past damage in ``f`` (``None``: nothing valid follows ``f``)."""
+        for g in self.files.files:
+            if g.start > f.start and check_record(g.buffer(), 0, g.size) >= 0:
+                return g.start
+        return None
 
     def valid_end(self) -> int:
         """Where the valid log ends, found by validating records (no checkpoint needed).

@@ -61,14 +61,19 @@ class ConsumeQueue:
         Which queue.
     entries_per_file : int
         Units per file.
+    read_only : bool
+        Never change a file (a store opened read-only): a queue file of the wrong length is
+        read as a zero-padded copy instead of being repaired (see :mod:`store.mapped_file`).
     """
 
-    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int) -> None:
+    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int, *,
+                 read_only: bool = False) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.entries_per_file = entries_per_file
         self.directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_SIZE, create=False)
+        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_SIZE, create=False,
+                                     read_only=read_only, wrong_length="repair")
         self._lock = threading.Lock()
         self._dirty_files: dict[int, object] = {}  # written since the last flush
 

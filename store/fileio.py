@@ -81,14 +81,23 @@ def atomic_write(path: str, content: bytes | Callable[[IO[bytes]], None], *,
         anyway after a crash).
     """
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        if callable(content):
-            content(fh)
-        else:
-            fh.write(content)
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            if callable(content):
+                content(fh)
+            else:
+                fh.write(content)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise disk_full(exc, path, "replacing the file") from None
     if keep_backup and os.path.exists(path):
         try:
             os.replace(path, path + ".bak")

@@ -4,11 +4,21 @@ Used by the CommitLog, every ConsumeQueue and the TimerLog.  A segment is create
 size (sparse, zero-filled), written with ``os.pwrite`` and read through a shared read-only
 ``mmap``, so readers in other processes see bytes as soon as they are written and never take
 a lock.  The segment holding offset ``o`` starts at ``o - o % file_size``.
+
+A segment of the wrong length (truncated, or grown by foreign bytes) is damage.  With
+``wrong_length="raise"`` (the TimerLog, whose owner rebuilds it) it is a
+:class:`CorruptRecordError`.  With ``"repair"`` (CommitLog, ConsumeQueues) the rest of the
+log stays readable: a writable queue moves the file aside (``<name>.damaged-<n>``, kept)
+and puts a full-length copy of its first ``file_size`` bytes in its place (missing bytes
+read as zeros, i.e. as no record); a read-only queue maps that zero-padded copy in memory and
+changes nothing on disk.  Either way a warning names the file and :attr:`repaired` lists it,
+so the store can rescan what the damage touched.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -16,9 +26,10 @@ import threading
 import numpy as np
 
 from .errors import CorruptRecordError, DiskFullError
-from .fileio import allocate, disk_full, fsync_dir
+from .fileio import allocate, disk_full, fsync_dir, move_aside
 
 NAME_DIGITS = 20
+log = logging.getLogger("store")
 
 
 def segment_name(start: int) -> str:
@@ -28,12 +39,15 @@ def segment_name(start: int) -> str:
 class MappedFile:
     """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
 
-    __slots__ = ("path", "start", "size", "_fd", "_map", "_lock")
+    __slots__ = ("path", "start", "size", "length", "_fd", "_map", "_lock")
 
-    def __init__(self, path: str, start: int, size: int) -> None:
+    def __init__(self, path: str, start: int, size: int, length: int | None = None) -> None:
         self.path = path
         self.start = start
         self.size = size
+        #: bytes the file really holds when it is not ``size`` long (a damaged segment opened
+        #: read-only: mapped as an in-memory copy padded with zeros); ``None`` otherwise
+        self.length = length
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._lock = threading.Lock()
@@ -54,7 +68,9 @@ class MappedFile:
         m = self._map
         if m is None:
             with self._lock:
-                if self._map is None:
+                if self._map is None and self.length is not None:
+                    self._map = _padded_copy(self.path, self.size)
+                elif self._map is None:
                     with open(self.path, "rb") as fh:
                         self._map = mmap.mmap(fh.fileno(), self.size, access=mmap.ACCESS_READ)
                 m = self._map
@@ -90,6 +106,43 @@ class MappedFile:
 
 
 _ZERO_CHUNK = 4 * 1024 * 1024
+
+
+def _padded_copy(path: str, size: int) -> mmap.mmap:
+    """An anonymous mapping of ``size`` bytes holding the first bytes of ``path`` (the rest
+    zeros: untouched anonymous pages cost no memory)."""
+    m = mmap.mmap(-1, size)
+    with open(path, "rb") as fh:
+        pos = 0
+        while pos < size:
+            chunk = fh.read(min(_ZERO_CHUNK, size - pos))
+            if not chunk:
+                break
+            m[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+    return m
+
+
+def _repair_in_place(path: str, size: int) -> str:
+    """Move the damaged segment at ``path`` aside and put a ``size``-byte copy of its first
+    bytes (zero-padded) in its place; returns where the original went."""
+    aside = move_aside(path)
+    tmp = path + ".tmp"
+    with open(aside, "rb") as src, open(tmp, "wb") as dst:
+        dst.truncate(size)
+        allocate(dst.fileno(), min(size, os.fstat(src.fileno()).st_size), tmp)
+        pos = 0
+        while pos < size:
+            chunk = src.read(min(_ZERO_CHUNK, size - pos))
+            if not chunk:
+                break
+            if any(chunk):
+                os.pwrite(dst.fileno(), chunk, pos)
+            pos += len(chunk)
+        os.fdatasync(dst.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+    return aside
 
 
 def _data_extents(f: MappedFile, position: int):
@@ -132,10 +185,16 @@ class MappedFileQueue:
     """The ordered segments of one log directory."""
 
     def __init__(self, directory: str, file_size: int, *, create: bool = True,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, wrong_length: str = "raise") -> None:
+        if wrong_length not in ("raise", "repair"):
+            raise ValueError(f"wrong_length={wrong_length!r}; allowed: 'raise', 'repair'")
         self.directory = directory
         self.file_size = file_size
         self.read_only = read_only
+        self.wrong_length = wrong_length
+        #: ``(path, length found, where the original went or None)`` of every segment of the
+        #: wrong length met so far (see the module docstring)
+        self.repaired: list[tuple[str, int, str | None]] = []
         if create and not read_only:
             os.makedirs(directory, exist_ok=True)
         self._files: list[MappedFile] = []
@@ -170,6 +229,11 @@ class MappedFileQueue:
                                 except OSError:
                                     pass
                             continue
+                        if start % self.file_size == 0 and self.wrong_length == "repair":
+                            f = self._repair(path, start, actual)
+                            if f is not None:
+                                files.append(f)
+                            continue
                         raise CorruptRecordError(
                             path, 0, f"segment is {actual} bytes; expected {self.file_size}"
                         )
@@ -182,6 +246,25 @@ class MappedFileQueue:
                 stale.close()
             self._files = files
             return files
+
+    def _repair(self, path: str, start: int, actual: int) -> MappedFile | None:
+        """A segment for the damaged file at ``path`` (see the module docstring)."""
+        what = "truncated" if actual < self.file_size else "grown"
+        if self.read_only:
+            log.warning("%s is %d bytes, expected %d (%s): read as a zero-padded copy; a "
+                        "writable open sets it aside and repairs it", path, actual,
+                        self.file_size, what)
+            self.repaired.append((path, actual, None))
+            return MappedFile(path, start, self.file_size, length=actual)
+        try:
+            aside = _repair_in_place(path, self.file_size)
+        except FileNotFoundError:  # moved or removed by another process meanwhile
+            return None
+        log.warning("%s was %d bytes, expected %d (%s): kept as %s; a copy of its first %d "
+                    "bytes, zero-padded, takes its place", path, actual, self.file_size, what,
+                    aside, min(actual, self.file_size))
+        self.repaired.append((path, actual, aside))
+        return MappedFile(path, start, self.file_size)
 
     @property
     def files(self) -> list[MappedFile]:

@@ -6,7 +6,8 @@ topic, the last byte, and the body CRC when asked), in a numba loop instead of P
 recovery and the queue rebuild scan a GiB of CommitLog in about a second instead of minutes.
 It stops at the first record that fails a check, at an end-of-segment blank, or when the
 output arrays are full; the caller then decodes the valid records' headers, topics and
-properties as whole columns (:mod:`store.core.recovery`).
+properties as whole columns (:mod:`store.core.recovery`).  :func:`body_crcs` computes the
+body CRCs of many records at once (reads with ``verify_crc``).
 
 Record layout (big-endian, :mod:`store.codec`)::
 
@@ -90,7 +91,23 @@ def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v
         pos += total
 
 
-_KERNELS = compiled(globals(), helpers=("_crc32", "_i32"), kernels=("_walk_records",))
+def _body_crcs(buf, starts, ends, tables, out):
+    for i in range(len(starts)):
+        out[i] = np.int64(_crc32(buf, starts[i], ends[i], tables) & np.uint32(0x7FFFFFFF))
+
+
+_KERNELS = compiled(globals(), helpers=("_crc32", "_i32"),
+                    kernels=("_walk_records", "_body_crcs"))
+
+
+def body_crcs(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """RocketMQ's BODYCRC (CRC32 & 0x7FFFFFFF) of the byte ranges ``[starts[i], ends[i])`` of
+    ``buf`` (uint8), as int64: what a record's header must hold for its body."""
+    out = np.empty(len(starts), dtype=np.int64)
+    if len(out):
+        _KERNELS()["_body_crcs"](buf, np.ascontiguousarray(starts, dtype=np.int64),
+                                 np.ascontiguousarray(ends, dtype=np.int64), CRC_TABLES, out)
+    return out
 
 
 def walk_records(buf: np.ndarray, pos: int, limit: int, *, check_crc: bool = True,

@@ -59,6 +59,7 @@ from .message_columns import (
     projected_schema,
     repeat_string,
 )
+from .record_checks import blank_holes, check_body_crcs, intact_mask
 
 
 class QueueSource(Protocol):
@@ -109,7 +110,8 @@ def _keep_freed_heap() -> None:
 
 def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, end: int,
                      tags: Iterable[str] | None = None,
-                     columns: Sequence[str] | None = None) -> pa.RecordBatch:
+                     columns: Sequence[str] | None = None, *, verify_crc: bool = False,
+                     skip_corrupt: bool = False) -> pa.RecordBatch:
     """Decode the messages at queue offsets ``[start, end)`` of one queue.
 
     Parameters
@@ -129,6 +131,11 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         not asked for are not decoded: without any of ``msg_id``, ``tags``, ``keys``,
         ``properties``, ``deliver_timestamp``, ``transaction_id`` no properties string is
         parsed at all.
+    verify_crc : bool
+        Check every body against its record's BODYCRC (:mod:`store.core.record_checks`).
+    skip_corrupt : bool
+        Drop, rather than raise for, entries whose record fails the checks (header against
+        entry, blank entries, the CRC with ``verify_crc``): Spark's ``failOnDataLoss=false``.
 
     Returns
     -------
@@ -165,13 +172,21 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
     if end == start or tag_set == []:
         return empty_batch(schema)
     entries = store.consume_queue(topic, queue_id).entries(start, end)
-    if len(entries) != end - start or (entries["size"] <= 0).any():
+    queue_offsets = np.arange(start, end, dtype=np.int64)
+    holes = blank_holes(entries) if len(entries) == end - start else ()
+    if len(holes):  # a zeroed range of the queue file
+        if not skip_corrupt:
+            raise CorruptRecordError(
+                store.consume_queue(topic, queue_id).directory, start + int(holes[0]),
+                f"ConsumeQueue entry {start + int(holes[0])} of {topic}/{queue_id} is blank "
+                "below written ones: the queue file is damaged; `rmq repair` rebuilds it")
+        entries, queue_offsets = np.delete(entries, holes), np.delete(queue_offsets, holes)
+    if len(entries) != len(queue_offsets) or (entries["size"] <= 0).any():
         written = len(entries) if (entries["size"] > 0).all() else int(
             np.argmin(entries["size"] > 0))
         raise OffsetOutOfRangeError(
             f"queue offset {start + written} of {topic}/{queue_id} is not written; "
             f"allowed: end <= max_offset ({start + written} here)")
-    queue_offsets = np.arange(start, end, dtype=np.int64)
     keep = entries["size"] != FILLER_SIZE
     if tag_set is not None:
         codes = np.array([java_string_hash(t) if t else 0 for t in tag_set], np.int64)
@@ -180,10 +195,17 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         entries, queue_offsets = entries[keep], queue_offsets[keep]
         if len(entries) == 0:
             return empty_batch(schema)
+    if skip_corrupt:
+        ok = intact_mask(store.commit_log, queue_id, entries, queue_offsets,
+                         verify_crc=verify_crc)
+        if not ok.all():
+            entries, queue_offsets = entries[ok], queue_offsets[ok]
+            if len(entries) == 0:
+                return empty_batch(schema)
     _keep_freed_heap()
     names = None if columns is None else frozenset(schema.names) | (
         {"tags"} if tag_set is not None else set())
-    arrays = _decode(store, topic, queue_id, entries, queue_offsets, names)
+    arrays = _decode(store, topic, queue_id, entries, queue_offsets, names, verify_crc)
     batch = pa.RecordBatch.from_arrays([arrays[n] for n in schema.names], schema=schema)
     if tag_set is not None:
         # is_in gives False (not null) for a row without a tag
@@ -197,7 +219,8 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
 
 
 def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
-            queue_offsets: np.ndarray, names: frozenset | None) -> dict[str, pa.Array]:
+            queue_offsets: np.ndarray, names: frozenset | None,
+            verify_crc: bool = False) -> dict[str, pa.Array]:
     """Decode the records of ``entries`` (in CommitLog order) into columns (``names`` of
     them, or all)."""
     phys = np.ascontiguousarray(entries["offset"], dtype=np.int64)
@@ -218,7 +241,8 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
                 f"CommitLog offset {int(phys[lo])}, which is no longer stored (removed by "
                 "retention); allowed: from the queue's min_offset on")
         parts.append(_read_segment(f, phys[lo:hi], sizes[lo:hi], topic_bytes,
-                                   {k: v[lo:hi] for k, v in fields.items()}))
+                                   {k: v[lo:hi] for k, v in fields.items()},
+                                   (queue_id, queue_offsets[lo:hi]), verify_crc))
     if len(parts) == 1:
         body, topic_arr, props = parts[0]
     else:
@@ -231,8 +255,10 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
     return columns(fields, phys, queue_offsets, body, topic_arr, props, names)
 
 
-def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: dict):
-    """Check and read the records of one segment; fill ``fields``.
+def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: dict,
+                  queue: tuple[int, np.ndarray], verify_crc: bool = False):
+    """Check and read the records of one segment; fill ``fields``.  ``queue``: the queue id
+    and the queue offsets of the entries (each record's header must say the same).
 
     Returns body, topic (``None`` when every record holds exactly ``topic``, the queue's
     own) and properties as ``BinaryArray`` s.
@@ -262,7 +288,7 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
     for lo, hi in pairwise(bounds):
         own &= _scan(f, mm, pos[lo:hi], sizes[lo:hi], phys[lo:hi], topic,
                      {name: out[lo:hi] for name, out in fields.items()}, body_end[lo:hi],
-                     topic_len[lo:hi])
+                     topic_len[lo:hi], (queue[0], queue[1][lo:hi]), verify_crc)
     topic_start = body_end + _TOPIC_LENGTH_SIZE
     props_start = topic_start + topic_len + _PROPERTIES_LENGTH_SIZE
     if own:
@@ -278,7 +304,8 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
         raise CorruptRecordError(f.path, int(phys[0]), "a record's topic is not text") from None
 
 
-def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len) -> bool:
+def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len,
+          queue: tuple[int, np.ndarray], verify_crc: bool) -> bool:
     """Read and check one step of records; fill ``fields``, ``body_end`` and ``topic_len``.
 
     Returns whether every record's topic is ``topic``.
@@ -287,20 +314,25 @@ def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len) ->
     body_len = header["body_length"].astype(np.int64)
     bad = ((header["magic"] != MESSAGE_MAGIC_CODE_V1) | (header["total_size"] != sizes)
            | (header["physical_offset"] != phys) | (body_len < 0)
-           | (body_len > sizes - FIXED_SIZE))
+           | (body_len > sizes - FIXED_SIZE) | (header["queue_id"] != queue[0])
+           | (header["queue_offset"] != queue[1]))
     if bad.any():
         i = int(np.argmax(bad))
         raise CorruptRecordError(
             f.path, int(phys[i]), f"record header (magic {int(header['magic'][i]) & 0xFFFFFFFF:#x},"
             f" size {int(header['total_size'][i])}, physical offset "
-            f"{int(header['physical_offset'][i])}) does not match its ConsumeQueue entry "
-            f"(size {int(sizes[i])})")
+            f"{int(header['physical_offset'][i])}, queue {int(header['queue_id'][i])} offset "
+            f"{int(header['queue_offset'][i])}) does not match its ConsumeQueue entry (size "
+            f"{int(sizes[i])}, queue {queue[0]} offset {int(queue[1][i])}): the record or "
+            "the queue file is damaged; a damaged queue is rebuilt by `rmq repair`")
     for name, out in fields.items():
         if name in _TIME_FIELDS:
             np.multiply(header[name], 1000, out=out)  # ms -> µs
         else:
             out[:] = header[name]
     np.add(pos + HEADER_SIZE, body_len, out=body_end)  # where TOPICLENGTH sits
+    if verify_crc:
+        check_body_crcs(f, mm, pos, body_end, header["body_crc"], phys)
     record_end = pos + sizes
     # Usual case, one gather: TOPICLENGTH, TOPIC and PROPERTIESLENGTH of the queue's topic.
     tail_dtype = _tail_dtype(len(topic))

@@ -21,6 +21,7 @@ from ..config import LAYOUT_FIELDS, StoreConfig
 from ..consume_queue import ENTRY_SIZE, ConsumeQueue
 from ..errors import (
     ConfigMismatchError,
+    CorruptRecordError,
     InvalidConfigError,
     InvalidMessageError,
     OffsetOutOfRangeError,
@@ -31,6 +32,7 @@ from ..fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..topics import TopicTable
 from .arrow_decode import read_queue_batch
+from .record_checks import check_record_entry
 
 Clock = Callable[[], int]
 
@@ -163,7 +165,7 @@ class ReadableStore:
         q = self._queues.get(key)
         if q is None:
             q = ConsumeQueue(os.path.join(self.root, "consumequeue"), topic, queue_id,
-                             self.config.consume_queue_file_entries)
+                             self.config.consume_queue_file_entries, read_only=self.read_only)
             self._queues[key] = q
         return q
 
@@ -242,12 +244,14 @@ class ReadableStore:
         self._check_open()
         return self.commit_log.read_record(commitlog_offset)
 
-    def pull(self, topic: str, queue_id: int, offset: int,
-             max_messages: int = 32) -> list[MessageView]:
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
+             verify_crc: bool = False) -> list[MessageView]:
         """Up to ``max_messages`` messages of a queue from ``offset`` on.
 
         Returns ``[]`` at the end of the queue.  Raises :class:`OffsetOutOfRangeError` for an
-        offset below :meth:`min_offset` (removed by retention) or above :meth:`max_offset`.
+        offset below :meth:`min_offset` (removed by retention) or above :meth:`max_offset`,
+        and :class:`CorruptRecordError` (file and offset) for a record that does not match
+        its queue entry or, with ``verify_crc``, whose body fails its CRC.
         """
         self._check_open()
         if not isinstance(max_messages, int) or max_messages <= 0:
@@ -264,8 +268,17 @@ class ReadableStore:
                 f"offset {offset} of {topic}/{queue_id} is out of range; allowed: {mino} to {maxo}"
                 + (" (older messages were removed by retention)" if offset < mino else ""))
         entries = queue.entries(offset, min(maxo, offset + max_messages))
-        return [record_view(self.commit_log.read_record(int(e["offset"])), offset + i)
-                for i, e in enumerate(entries)]
+        views = []
+        for i, (phys, size, _) in enumerate(entries.tolist()):
+            rec = self.commit_log.read_record(phys)
+            path = self.commit_log.files.find(phys).path
+            check_record_entry(rec, path, int(queue_id), offset + i, size, verify_crc=verify_crc)
+            try:
+                views.append(record_view(rec, offset + i))
+            except ValueError as exc:  # a damaged number among the properties
+                raise CorruptRecordError(path, phys, f"cannot decode its properties: {exc}"
+                                         ) from None
+        return views
 
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""
@@ -292,12 +305,16 @@ class ReadableStore:
         return lo
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
-                   tags: Iterable[str] | None = None, columns: Sequence[str] | None = None):
+                   tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                   verify_crc: bool = False, skip_corrupt: bool = False):
         """Decode queue offsets ``[start, end)`` into a ``pyarrow.RecordBatch`` (vectorised).
 
         Columns follow :data:`store.MESSAGE_SCHEMA`, or are the ``columns`` named, in that
         order (only those are decoded).  ``tags`` keeps only messages whose tag is one of
-        them (filtered on tagsCode before any body is read).
+        them (filtered on tagsCode before any body is read).  ``verify_crc`` checks every
+        body against its CRC; ``skip_corrupt`` drops records failing a check instead of
+        raising :class:`CorruptRecordError`.
         """
         self._check_open()
-        return read_queue_batch(self, topic, queue_id, start, end, tags=tags, columns=columns)
+        return read_queue_batch(self, topic, queue_id, start, end, tags=tags, columns=columns,
+                                verify_crc=verify_crc, skip_corrupt=skip_corrupt)

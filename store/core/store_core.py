@@ -9,6 +9,7 @@ Directory tree under the store root::
     lock, open.lock                             append lock; open-count lock
     config/store.json                           layout settings recorded at creation
     config/topics.json                          topics and queue counts (store.topics)
+    config/queueTable.json                      queue ends at the last close (.integrity)
     config/delayOffset.json, timer*, transaction*   the services' files
 
 Concurrency: any number of processes may open one directory.  Appends take a ``flock`` on
@@ -42,6 +43,7 @@ from .append_types import AppendResult, BatchAppendResult, EncodedAppend, Encode
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
+from .integrity import check_at_open, write_queue_table
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
 from .recovery import recover_tail, recover_without_checkpoint, verify_tail
@@ -149,6 +151,8 @@ class StoreCore(ReadableStore):
                 self._recover(confirm, limit=confirm)
             elif sole and verify_tail(self, self._recovery_listeners):
                 self.recovered = True
+            if sole and check_at_open(self, self._recovery_listeners):
+                self.recovered = True  # damaged segments or lost queue entries repaired
             self._catch_up(force=True)
         if sole:
             fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade: others may join now
@@ -181,6 +185,7 @@ class StoreCore(ReadableStore):
         with self._write_locked(catch_up=False):
             self._close_services()
             self.flusher.flush()
+            write_queue_table(self)
             in_progress = self.checkpoint.get("write_in_progress") != -1
         if try_flock(self._open_lock_fd, fcntl.LOCK_EX) and not in_progress:
             try:
@@ -262,10 +267,7 @@ class StoreCore(ReadableStore):
     # ------------------------------------------------------------------ topics
     def ensure_topic(self, topic: str) -> int:
         """Create ``topic`` when missing (under the append lock); return its queue count.
-
-        Safe without re-reading ``topics.json`` for a known topic: topics are never changed
-        or removed, and a topic another process created is found by :meth:`TopicTable.create`.
-        """
+        Topics never change or go, so a known one needs no re-read of ``topics.json``."""
         count = self.topic_table.cached_queue_count(topic)
         if count is not None:
             return count
@@ -375,16 +377,14 @@ class StoreCore(ReadableStore):
 
     # ------------------------------------------------------------------ retention
     def rebuild_queues(self) -> RebuildResult:
-        """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``).
-
-        For a queue file that was deleted, truncated, zeroed or overwritten: the CommitLog is
-        the truth (see :mod:`store.core.repair`).  Damaged queue files are renamed to
-        ``*.damaged``, never deleted; no CommitLog record is removed.  Best run while no
-        other process uses the store (readers would see queues empty for a moment).
-        """
+        """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``;
+        see :mod:`store.core.repair`): nothing is deleted, no CommitLog record removed.  Best
+        run while no other process uses the store (its readers see queues empty a moment)."""
         self._check_writable()
         with self.write_lock():
-            return rebuild_queues(self)
+            result = rebuild_queues(self)
+            write_queue_table(self)
+            return result
 
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.

@@ -65,18 +65,20 @@ def test_damaged_queues_come_back_from_the_commitlog(filled, clock, damage):
             if os.path.exists(p):
                 with open(p, "w") as fh:
                     fh.write("{not json")
-    with MessageStore.open(path, cfg, clock=clock) as s:
-        if damage != "topics":  # the damage shows: messages missing, or a typed error
+    with MessageStore.open(path, cfg, read_only=True, clock=clock) as r:
+        if damage != "topics":  # the damage shows to a reader: messages missing, or typed
             try:
-                assert _everything(s) != expected
+                assert _everything(r) != expected
             except CorruptRecordError as exc:
-                assert "expected" in str(exc)
+                assert "damaged" in str(exc)
+    with MessageStore.open(path, cfg, clock=clock) as s:
+        # queues ending below the ends recorded at the last close: rebuilt by the open
+        assert _everything(s) == expected
         result = s.rebuild_queues()
         assert _everything(s) == expected
         assert result.entries >= len(expected) and not result.stopped_early
-        if damage == "truncate":
-            assert result.set_aside
-            assert glob.glob(os.path.join(path, "consumequeue", "orders", "*", "*.damaged"))
+        if damage == "truncate":  # the damaged files were kept
+            assert glob.glob(os.path.join(path, "consumequeue", "orders", "*", "*.damaged*"))
         # the services keep working on the rebuilt queues
         clock.advance(3_600_000 + 1_000)
         assert s.deliver_due() == 2

@@ -204,14 +204,14 @@ def test_writer_died_mid_append_is_repaired_by_the_next_writer(store_path, small
 
 
 def test_a_failed_open_releases_the_store(crashed_copy, small_config, clock):
-    """Recovery that fails (a queue file of the wrong size) raises a typed error and leaves
-    no lock behind: other opens must not wait forever."""
+    """Recovery that fails (a queue file whose name is no file boundary) raises a typed error
+    and leaves no lock behind: other opens must not wait forever."""
     import fcntl
 
     from store import CorruptRecordError
 
     path, results = crashed_copy
-    bad = os.path.join(path, "consumequeue", "t", "0", f"{20000:020d}")
+    bad = os.path.join(path, "consumequeue", "t", "0", f"{20001:020d}")
     with open(bad, "wb") as fh:
         fh.write(b"short")
     with pytest.raises(CorruptRecordError) as info:

@@ -1,0 +1,106 @@
+"""Checks of records read through a ConsumeQueue: header against entry, and the body CRC.
+
+Every read checks that the record an entry points at is the one the entry describes: magic,
+total size, physical offset, queue id and queue offset in the header equal what the entry
+and its position say (a flipped or zeroed queue entry would otherwise serve another
+message).  The body CRC is only checked on request (``verify_crc``): RocketMQ's BODYCRC,
+CRC32 of the body masked to 31 bits, recomputed by a compiled loop over the mapped segment
+(:func:`~store.scan_kernels.body_crcs`).  A record failing a check is a
+:class:`~store.errors.CorruptRecordError` naming the segment file and the record's CommitLog
+offset; :func:`intact_mask` instead says which entries pass, for reads that skip damage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codec import FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, Record, body_crc, gather_headers
+from ..commit_log import CommitLog
+from ..errors import CorruptRecordError
+from ..scan_kernels import body_crcs
+
+
+def check_body_crcs(f, mm, pos: np.ndarray, body_end: np.ndarray, stored: np.ndarray,
+                    phys: np.ndarray) -> None:
+    """Raise unless the bodies ``[pos + HEADER_SIZE, body_end)`` of segment ``f`` (mapped as
+    ``mm``) have the CRCs ``stored`` (their headers' BODYCRC)."""
+    crcs = body_crcs(np.frombuffer(mm, dtype=np.uint8), pos + HEADER_SIZE, body_end)
+    bad = crcs != stored.astype(np.int64)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise CorruptRecordError(
+            f.path, int(phys[i]), f"body CRC {int(crcs[i])} does not match the record's BODYCRC "
+            f"{int(stored[i])}: the body is damaged ({int(bad.sum())} such record(s) in this "
+            "read)")
+
+
+def check_record_entry(rec: Record, path: str, queue_id: int, queue_offset: int, size: int,
+                       *, verify_crc: bool = False) -> None:
+    """Raise unless the decoded ``rec`` is the record of entry ``queue_offset`` of queue
+    ``queue_id`` (``size`` bytes) and, with ``verify_crc``, its body matches its CRC."""
+    if (rec.queue_id, rec.queue_offset, rec.total_size) != (queue_id, queue_offset, size):
+        raise CorruptRecordError(
+            path, rec.physical_offset, f"record of queue {rec.queue_id} offset "
+            f"{rec.queue_offset} ({rec.total_size} bytes) does not match its ConsumeQueue "
+            f"entry (queue {queue_id} offset {queue_offset}, {size} bytes): the queue file "
+            "is damaged; `rmq repair` rebuilds it")
+    if verify_crc and body_crc(rec.body) != rec.body_crc:
+        raise CorruptRecordError(path, rec.physical_offset,
+                                 f"body CRC {body_crc(rec.body)} does not match the record's "
+                                 f"BODYCRC {rec.body_crc}: the body is damaged")
+
+
+def blank_holes(entries: np.ndarray) -> np.ndarray:
+    """Indexes of unwritten entries (size 0) below a written one: a zeroed range of a queue
+    file (a queue is written in order, so a blank is only ever at its end)."""
+    written = entries["size"] > 0
+    if written.all() or not written.any():
+        return np.empty(0, dtype=np.int64)
+    last = len(written) - 1 - int(np.argmax(written[::-1]))
+    return np.flatnonzero(~written[:last])
+
+
+def intact_mask(log: CommitLog, queue_id: int, entries: np.ndarray, queue_offsets: np.ndarray,
+                *, verify_crc: bool) -> np.ndarray:
+    """Which ``entries`` (of queue ``queue_id``, at ``queue_offsets``) point at a record that
+    passes the checks: inside a stored segment, header matching the entry, lengths adding
+    up and, with ``verify_crc``, the body CRC."""
+    phys = entries["offset"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    ok = np.zeros(len(phys), dtype=bool)
+    segments = phys // log.file_size
+    for seg in np.unique(segments).tolist():
+        idx = np.flatnonzero(segments == seg)
+        f = log.files.find(int(seg) * log.file_size)
+        if f is None:
+            continue
+        pos = phys[idx] - f.start
+        inside = (sizes[idx] >= FIXED_SIZE) & (pos + sizes[idx] <= f.size)
+        idx, pos = idx[inside], pos[inside]
+        if not len(idx):
+            continue
+        mm = f.buffer()
+        h = gather_headers(mm, f.size, pos)
+        body_len = h["body_length"].astype(np.int64)
+        good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (h["total_size"] == sizes[idx])
+                & (h["physical_offset"] == phys[idx]) & (h["queue_id"] == queue_id)
+                & (h["queue_offset"] == queue_offsets[idx]) & (body_len >= 0)
+                & (body_len <= sizes[idx] - FIXED_SIZE))
+        u8 = np.frombuffer(mm, dtype=np.uint8)
+        end = pos + sizes[idx]
+        body_end = pos + HEADER_SIZE + np.where(good, body_len, 0)
+        topic_len = u8[np.minimum(body_end, f.size - 1)].astype(np.int64)
+        props_at = body_end + 1 + topic_len
+        good &= (topic_len > 0) & (props_at + 2 <= end)
+        props_len = np.full(len(idx), -1, dtype=np.int64)
+        props_len[good] = ((u8[props_at[good]].astype(np.int64) << 8) | u8[props_at[good] + 1])
+        good &= props_at + 2 + props_len == end
+        if verify_crc and good.any():
+            sel = np.flatnonzero(good)
+            crcs = body_crcs(u8, pos[sel] + HEADER_SIZE, body_end[sel])
+            good[sel] = crcs == h["body_crc"][sel].astype(np.int64)
+        ok[idx] = good
+    return ok
+
+
+__all__ = ["blank_holes", "check_body_crcs", "check_record_entry", "intact_mask"]
