@@ -105,19 +105,28 @@ def main() -> None:
               help="Print machine-readable JSON instead of tables.")
 @click.option("--system", is_flag=True,
               help="Also list system topics (schedule, timer, transactions).")
-def stats(store_path: str, as_json: bool, system: bool) -> None:
+@click.option("--verify", is_flag=True,
+              help="Also check every CommitLog record (structure and body CRC); exit 1 when "
+                   "one is damaged.")
+def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
     """Topics, queues, offsets, pending delayed and half messages, disk use of a store."""
-    from .stats import collect_stats, render_stats
+    from .stats import collect_stats, render_stats, render_verify
 
     store = _open_store(store_path)
     try:
         data = collect_stats(store, include_system=system)
+        if verify:
+            data["verify"] = store.verify_commitlog().as_dict()
     finally:
         store.close()
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
         render_stats(data)
+        if verify:
+            render_verify(data["verify"])
+    if verify and not data["verify"]["ok"]:
+        sys.exit(1)
 
 
 # --------------------------------------------------------------------------- repair

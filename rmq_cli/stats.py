@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
+import click
+
 from store import is_system_topic
 
 
@@ -74,3 +76,16 @@ def render_stats(data: dict) -> None:
     tx = data["transactions"]
     console.print(f"pending half messages: {tx['pending']}"
                   + (f" (oldest born {tx['oldest_born_ms']})" if tx.get("oldest_born_ms") else ""))
+
+
+def render_verify(report: dict) -> None:
+    """Print what ``store.verify_commitlog()`` found."""
+    mb = report["bytes_checked"] / 1e6
+    rate = mb / report["seconds"] if report["seconds"] else 0.0
+    click.echo(f"verified {report['records']} records, {mb:.1f} MB of CommitLog in "
+               f"{report['seconds']:.2f} s ({rate:.0f} MB/s): "
+               + ("all intact" if report["ok"] else "DAMAGE FOUND"))
+    for bad in report["bad_crc"]:
+        click.echo(f"  bad body CRC: {bad['file']} at CommitLog offset {bad['offset']}")
+    for d in report["damaged"]:
+        click.echo(f"  damaged: {d['file']} from CommitLog offset {d['from']} to {d['to']}")

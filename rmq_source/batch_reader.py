@@ -60,7 +60,8 @@ class RmqBatchReader(DataSourceReader):
     def partitions(self) -> list[RmqPartition]:
         opts = self.options
         return plan_partitions(opts.path, self.plan_ranges(), tags=opts.tags,
-                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns)
+                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns,
+                               verify_crc=opts.verify_crc)
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_partition(partition)

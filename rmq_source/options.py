@@ -48,6 +48,7 @@ OPTION_NAMES = {name.lower(): name for name in (
     "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
+    "verifyCrc",
 )}
 #: options Spark itself may put into a source's or writer's option map (a query's name and
 #: checkpoint); accepted and ignored
@@ -104,6 +105,7 @@ class RmqOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     deliver_due: bool = True
+    verify_crc: bool = False
     action: str | None = None
     topic: str | None = None
     producer_group: str = DEFAULT_PRODUCER_GROUP
@@ -388,13 +390,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
     if "maxoffsetspertrigger" in raw:
         max_per_trigger = _parse_int("maxoffsetspertrigger", raw["maxoffsetspertrigger"], 1,
                                      "an integer >= 1 (messages per micro-batch)")
-    fail_on_data_loss = (_parse_bool("failondataloss", raw["failondataloss"])
-                         if "failondataloss" in raw else True)
-    deliver_due = _parse_bool("deliverdue", raw["deliverdue"]) if "deliverdue" in raw else True
-
+    flags = {name: _parse_bool(name, raw[name]) if name in raw else default for name, default
+             in (("failondataloss", True), ("deliverdue", True), ("verifycrc", False))}
     return RmqOptions(
         path=path, view=view, subscribe=subscribe, subscribe_pattern=subscribe_pattern, tags=tags,
         starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
         ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=fail_on_data_loss, deliver_due=deliver_due, streaming=streaming,
-        raw=raw)
+        fail_on_data_loss=flags["failondataloss"], deliver_due=flags["deliverdue"],
+        verify_crc=flags["verifycrc"], streaming=streaming, raw=raw)

@@ -61,6 +61,10 @@ class RmqPartition(InputPartition):
         below the queue's minimum offset because retention removed older messages.
     columns : tuple of str or None
         The message columns to decode, in the order of the user's schema (``None``: all).
+    verify_crc : bool
+        Check every body against its CRC (option ``verifyCrc``).  A record failing a check
+        fails the task with a ``CorruptRecordError`` naming file and offset, or with
+        ``failOnDataLoss=false`` is skipped.
     """
 
     path: str
@@ -68,6 +72,7 @@ class RmqPartition(InputPartition):
     tags: tuple[str, ...] | None = None
     fail_on_data_loss: bool = True
     columns: tuple[str, ...] | None = None
+    verify_crc: bool = False
 
     @property
     def rows(self) -> int:
@@ -88,7 +93,8 @@ def default_parallelism() -> int:
 def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str, ...] | None,
                     fail_on_data_loss: bool, parallelism: int | None = None,
                     target_rows: int | None = None,
-                    columns: tuple[str, ...] | None = None) -> list[RmqPartition]:
+                    columns: tuple[str, ...] | None = None,
+                    verify_crc: bool = False) -> list[RmqPartition]:
     """Cut queue ranges into partitions of about ``target_rows`` offsets each.
 
     Parameters
@@ -97,7 +103,7 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
         The store directory.
     ranges : iterable of QueueRange
         Ranges to read; empty ones are dropped.
-    tags, fail_on_data_loss, columns :
+    tags, fail_on_data_loss, columns, verify_crc :
         Copied into each partition.
     parallelism : int, optional
         Tasks that run at once (default: :func:`default_parallelism`); with ``target_rows``
@@ -133,10 +139,11 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
             room -= take
             if room == 0:
                 partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss,
-                                               columns))
+                                               columns, verify_crc))
                 current, room = [], size
     if current:
-        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss, columns))
+        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss, columns,
+                                       verify_crc))
     return partitions
 
 
@@ -166,7 +173,9 @@ def read_partition(partition: InputPartition) -> Iterator:
                 end = min(r.end, start + BATCH_ROWS)
                 try:
                     batch = store.read_arrow(r.topic, r.queue_id, start, end,
-                                             tags=partition.tags, columns=partition.columns)
+                                             tags=partition.tags, columns=partition.columns,
+                                             verify_crc=partition.verify_crc,
+                                             skip_corrupt=not partition.fail_on_data_loss)
                 except OffsetOutOfRangeError:
                     low = store.min_offset(r.topic, r.queue_id)
                     if start >= low:

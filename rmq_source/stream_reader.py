@@ -194,7 +194,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begins = apply_data_loss(begins, bounds, opts.fail_on_data_loss)
         ranges = [QueueRange(k[0], k[1], begins[k], max(begins[k], ends[k])) for k in keys]
         return plan_partitions(opts.path, ranges, tags=opts.tags,
-                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns)
+                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns,
+                               verify_crc=opts.verify_crc)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the store keeps every message until retention removes it."""

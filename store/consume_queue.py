@@ -133,9 +133,13 @@ class ConsumeQueue:
             n = min(len(entries), maxo - base)
             if n <= 0:
                 return maxo
-            # fillers and entries below the CommitLog minimum are "too old"
-            live = live_mask(entries[:n], commitlog_min)
-            idx = int(np.argmax(live)) if live.any() else -1
+            # fillers, blank units and entries below the CommitLog minimum are "too old"; a
+            # damaged unit (a negative offset or size) is not: reading it raises
+            head = entries[:n]
+            old = ((head["size"] == FILLER_SIZE) | ((head["size"] == 0) & (head["offset"] == 0))
+                   | ((head["size"] > 0) & (head["offset"] >= 0)
+                      & (head["offset"] < commitlog_min)))
+            idx = int(np.argmin(old)) if not old.all() else -1
             if idx >= 0:
                 return base + idx
         return maxo

@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "store.core.record_writes": CORE,
     "store.core.reading": CORE,
     "store.core.record_checks": CORE,
+    "store.core.verify": CORE,
     "store.core.arrow_decode": CORE,
     "store.core.message_columns": CORE,
     "store.core.recovery": CORE,

@@ -76,6 +76,8 @@ class Base:
     path: str
     #: (topic, queue id, queue offset) -> (CommitLog offset, record size, body)
     visible: dict = field(default_factory=dict)
+    #: every body sent, delayed ones included
+    sent: set = field(default_factory=set)
     clock_ms: int = START_MS
 
 
@@ -103,6 +105,10 @@ def build_base(path: str) -> Base:
         clock.now += 7_000
         s.check_transactions(lambda v: LocalTransactionState.UNKNOW)
     base = Base(path, clock_ms=clock.now)
+    base.sent = ({b"order-%05d-" % i + b"x" * (i % 97) for i in range(600)}
+                 | {b"pay-%d" % i for i in range(40)} | {b"tx-%d" % i for i in range(12)}
+                 | {b"%s-%d" % (k, i) for k in (b"level", b"timer") for i in range(30)}
+                 | {b"far-%d" % i for i in range(10)} | {b"after"})
     with MessageStore.open(path, CONFIG, read_only=True, clock=clock) as r:
         for topic in USER_TOPICS:
             for q in r.queue_ids(topic):
@@ -273,14 +279,20 @@ def run_case(base: Base, work: str, rel: str, kind: str, rng: random.Random,
         finally:
             _guard(out, "close", store.close)
     failed_queues = {(t, q) for t, q, o in failed if o is None}
+    sent = base.sent
     for key, (phys, size, body) in base.visible.items():
         got = seen.get(key)
         intact = (_commitlog_bytes(copy, phys, size)
                   == _commitlog_bytes(base.path, phys, size))
-        if got is not None and (body not in got or len(got) > 1) and verify:
+        # a record that is gone may come back elsewhere (a delayed message delivered again
+        # after its copy was cut), so another message at its offset is no fault
+        if got is not None and verify and ((intact and got != {body}) or got - sent):
             out.bad.append(f"{key}: served {sorted(got)[:2]} instead of {body!r}")
         if got is None and intact and key not in failed and key[:2] not in failed_queues:
             out.lost.append(f"{key} at CommitLog {phys}: not read, no error")
+    for key in set(seen) - set(base.visible):
+        if verify and seen[key] - sent:
+            out.bad.append(f"{key}: served {sorted(seen[key])[:2]}, never sent")
     return out
 
 

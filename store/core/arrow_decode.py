@@ -9,7 +9,8 @@ without a per-message Python loop:
    records still in the CPU cache), the 88-byte headers are gathered with one NumPy fancy
    index over a stride-1 ``V88`` view of the segment's ``mmap`` and read through
    :data:`store.codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
-   and PROPERTIESLENGTH behind each body.  Every length is checked against the entry size.
+   and PROPERTIESLENGTH behind each body.  Every length is checked against the entry (and,
+   asked to, each body against its CRC: :mod:`store.core.record_checks`).
 3. Bodies and properties are cut out by Arrow: one ``BinaryArray`` over the segment bytes
    whose offsets walk ``body, gap, properties, gap`` for every record, so a ``take`` of every
    other element copies the bodies (in C++, one pass per segment).
@@ -19,9 +20,8 @@ without a per-message Python loop:
    system names are dropped, the rest form the map.  One ``take`` copies every value the
    string columns and the map need.
 
-Column semantics equal :func:`store.message.record_view`.  When a message repeats a
-property name, its scalar columns take the last value (as ``dict`` does) but the map keeps
-both entries; the store never writes such records.
+Column semantics equal :func:`store.message.record_view`.  A repeated property name: the
+scalar columns take the last value (as ``dict`` does), the map keeps both (never written).
 """
 
 from __future__ import annotations
@@ -95,11 +95,9 @@ def _keep_freed_heap() -> None:
     nothing off Linux/glibc.
     """
     global _heap_kept
-    if _heap_kept:
+    if _heap_kept or not sys.platform.startswith("linux"):
         return
     _heap_kept = True
-    if not sys.platform.startswith("linux"):
-        return
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
@@ -174,12 +172,11 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
     entries = store.consume_queue(topic, queue_id).entries(start, end)
     queue_offsets = np.arange(start, end, dtype=np.int64)
     holes = blank_holes(entries) if len(entries) == end - start else ()
-    if len(holes):  # a zeroed range of the queue file
-        if not skip_corrupt:
-            raise CorruptRecordError(
-                store.consume_queue(topic, queue_id).directory, start + int(holes[0]),
-                f"ConsumeQueue entry {start + int(holes[0])} of {topic}/{queue_id} is blank "
-                "below written ones: the queue file is damaged; `rmq repair` rebuilds it")
+    if len(holes) and not skip_corrupt:  # a zeroed range of the queue file
+        raise CorruptRecordError(f"consumequeue/{topic}/{queue_id}", start + int(holes[0]),
+                                 "a blank entry below written ones: the queue file is damaged;"
+                                 " `rmq repair` rebuilds it")
+    if len(holes):
         entries, queue_offsets = np.delete(entries, holes), np.delete(queue_offsets, holes)
     if len(entries) != len(queue_offsets) or (entries["size"] <= 0).any():
         written = len(entries) if (entries["size"] > 0).all() else int(
@@ -227,9 +224,12 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
     sizes = entries["size"].astype(np.int64)
     n = len(phys)
     file_size = store.commit_log.file_size
-    first, last = int(phys[0]) // file_size, int(phys[-1]) // file_size
-    cuts = np.searchsorted(phys, np.arange(first + 1, last + 1, dtype=np.int64) * file_size)
-    bounds = [0, *sorted(set(cuts.tolist()) - {0, n}), n]
+    if phys[0] < 0 or (np.diff(phys) <= 0).any():
+        i = 0 if phys[0] < 0 else int(np.argmax(np.diff(phys) <= 0))
+        raise CorruptRecordError(f"consumequeue/{topic}/{queue_id}", int(queue_offsets[i]),
+                                 "entries out of CommitLog order after this queue offset: the "
+                                 "queue file is damaged; `rmq repair` rebuilds it")
+    bounds = [0, *(np.flatnonzero(np.diff(phys // file_size)) + 1).tolist(), n]
     topic_bytes = topic.encode("utf-8")
     fields = {name: np.empty(n, dtype) for name, dtype in _FIELD_TYPES.items()}
     parts = []

@@ -8,18 +8,22 @@ A writable open by the only process on the store runs :func:`check_at_open` afte
   truncated newest segment ends the log where its valid records end; damage in an older
   segment is skipped, never cut.
 * **ConsumeQueues that lost entries.**  At every clean close the store records each queue's
-  end offset in ``config/queueTable.json`` (layout below).  A queue that now ends below its
-  recorded end (its file was deleted, truncated or zeroed at the tail), whose directory is
-  gone, or one of whose files had the wrong length, hides messages the CommitLog still holds:
-  every queue is then rebuilt from the CommitLog (:func:`~store.core.repair.rebuild_queues`).
-  Queues only grow between closes (retention removes from the front), so the recorded ends
-  stay lower bounds after a crash, too.  Damage inside a queue (entries zeroed or flipped
-  below its end) is not looked for here: reads check every entry against its record's header
-  and raise :class:`~store.errors.CorruptRecordError` naming ``rmq repair``.
+  first and end offsets in ``config/queueTable.json`` (layout below).  A queue that now ends
+  below its recorded end (its file was deleted, truncated or zeroed at the tail), starts
+  above its recorded first offset (its head zeroed), whose directory is gone, or one of whose
+  files had the wrong length, hides messages the CommitLog still holds: every queue is then
+  rebuilt from the CommitLog (:func:`~store.core.repair.rebuild_queues`).  Between an
+  open's checks and the next close only an open store moves a queue (it grows at the end;
+  retention removes from the front), so the recorded offsets hold after a crash, too; a
+  retention run by another process after this one closed costs one needless rebuild.
+  Damage inside a queue (entries zeroed or flipped below its end) is not looked for here:
+  reads check every entry against its record's header and raise
+  :class:`~store.errors.CorruptRecordError` naming ``rmq repair``.
 
 ``config/queueTable.json`` (with a ``.bak`` of the previous one)::
 
-    {"version": 1, "written_ms": <epoch ms>, "queues": {"<topic>": {"<queue id>": <end>}}}
+    {"version": 1, "written_ms": <epoch ms>,
+     "queues": {"<topic>": {"<queue id>": [<first offset>, <end offset>]}}}
 
 A missing or unreadable table only skips the queue check (the next close writes it again).
 """
@@ -44,14 +48,16 @@ def table_path(store: CoreParts) -> str:
     return os.path.join(store.root, "config", TABLE_FILE)
 
 
-def queue_ends(store: CoreParts) -> dict[str, dict[str, int]]:
-    """``{topic: {queue id: end offset}}`` of every queue with files."""
+def queue_ends(store: CoreParts) -> dict[str, dict[str, list[int]]]:
+    """``{topic: {queue id: [min offset, end offset]}}`` of every queue with entries."""
     confirmed = store.checkpoint.get("confirm_phy_offset")
-    ends: dict[str, dict[str, int]] = {}
+    cl_min = store.commit_log.min_offset()
+    ends: dict[str, dict[str, list[int]]] = {}
     for topic, queue_id in store.all_consume_queues():
-        end = store.consume_queue(topic, queue_id).max_offset(confirmed)
+        q = store.consume_queue(topic, queue_id)
+        end = q.max_offset(confirmed)
         if end:
-            ends.setdefault(topic, {})[str(queue_id)] = end
+            ends.setdefault(topic, {})[str(queue_id)] = [q.min_offset(cl_min, confirmed), end]
     return ends
 
 
@@ -70,8 +76,9 @@ def _valid_table(data: object) -> bool:
     return (isinstance(data, dict) and data.get("version") == TABLE_VERSION
             and isinstance(data.get("queues"), dict)
             and all(isinstance(t, str) and isinstance(qs, dict)
-                    and all(isinstance(q, str) and q.isdigit() and isinstance(e, int)
-                            and not isinstance(e, bool) for q, e in qs.items())
+                    and all(isinstance(q, str) and q.isdigit() and isinstance(e, list)
+                            and len(e) == 2 and all(type(v) is int for v in e)
+                            for q, e in qs.items())
                     for t, qs in data["queues"].items()))
 
 
@@ -87,10 +94,11 @@ def lost_queues(store: CoreParts) -> list[str]:
         return found
     ends = queue_ends(store)
     for topic, queues in recorded["queues"].items():
-        for queue_id, end in queues.items():
-            now = ends.get(topic, {}).get(queue_id, 0)
-            if now < end:
-                found.append(f"{topic}/{queue_id} (ends at {now}, recorded {end})")
+        for queue_id, (low, end) in queues.items():
+            now_low, now_end = ends.get(topic, {}).get(queue_id, (end, 0))
+            if now_end < end or now_low > low:
+                found.append(f"{topic}/{queue_id} (offsets {now_low} to {now_end}, recorded "
+                             f"{low} to {end})")
     return found
 
 

@@ -8,8 +8,11 @@ never sees a partly written record.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
+import zlib
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -33,13 +36,44 @@ from ..message import MessageView, is_system_topic, record_view
 from ..topics import TopicTable
 from .arrow_decode import read_queue_batch
 from .record_checks import check_record_entry
+from .verify import VerifyReport, verify_commitlog
 
 Clock = Callable[[], int]
+log = logging.getLogger("store")
 
 
 def system_clock() -> int:
     """Wall-clock time in epoch milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+def _layout_crc(layout: dict) -> int:
+    return zlib.crc32(json.dumps(layout, sort_keys=True).encode("utf-8"))
+
+
+def _recorded_layout(data: object) -> bool:
+    """``config/store.json`` as :func:`_record_layout` writes it: a layout whose settings
+    are valid and, when it carries one, match their checksum."""
+    if not (isinstance(data, dict) and isinstance(data.get("layout"), dict)):
+        return False
+    crc = data.get("layout_crc32")
+    if crc is not None and crc != _layout_crc(data["layout"]):
+        return False
+    values = {k: v for k, v in data["layout"].items() if k in LAYOUT_FIELDS}
+    if isinstance(values.get("timer_wheel_slots"), int):  # a roll window inside that wheel
+        values["timer_roll_window_slots"] = max(2, values["timer_wheel_slots"] // 4)
+    try:
+        StoreConfig().replace(**values)
+    except (InvalidConfigError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _record_layout(path: str, layout: dict, created_ms) -> None:
+    """Write ``config/store.json`` and its ``.bak`` (the layout is read from either)."""
+    data = {"layout": layout, "layout_crc32": _layout_crc(layout), "created_ms": created_ms}
+    write_json_atomic(path, data)
+    write_json_atomic(path, data)  # the first copy becomes the .bak
 
 
 def layout_from_files(root: str) -> dict[str, int]:
@@ -110,8 +144,13 @@ class ReadableStore:
             raise InvalidConfigError(
                 f"config={config!r}; allowed: a StoreConfig, a dict of its fields, or None")
         path = os.path.join(self.root, "config", "store.json")
-        recorded = read_json(path)
-        if isinstance(recorded, dict) and isinstance(recorded.get("layout"), dict):
+        recorded = read_json(path, _recorded_layout)
+        if recorded is None and os.path.exists(path):
+            log.warning("%s (and its .bak) is damaged: the layout is taken from the files "
+                        "and the settings given", path)
+        elif recorded is not None and record_layout and not os.path.exists(path + ".bak"):
+            _record_layout(path, recorded["layout"], recorded.get("created_ms"))
+        if recorded is not None:
             layout = {k: v for k, v in recorded["layout"].items() if k in LAYOUT_FIELDS}
             differing = {k: (getattr(config, k), v) for k, v in layout.items()
                          if getattr(config, k) != v}
@@ -133,7 +172,7 @@ class ReadableStore:
         if found:
             config = config.replace(**found)
         if record_layout:
-            write_json_atomic(path, {"layout": config.layout(), "created_ms": system_clock()})
+            _record_layout(path, config.layout(), system_clock())
         return config
 
     def _close_files(self) -> None:
@@ -303,6 +342,12 @@ class ReadableStore:
             else:
                 hi = mid
         return lo
+
+    def verify_commitlog(self) -> VerifyReport:
+        """Check the structure and body CRC of every CommitLog record up to the confirmed
+        end (``rmq stats --verify``); changes nothing.  See :mod:`store.core.verify`."""
+        self._check_open()
+        return verify_commitlog(self)
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,

@@ -128,8 +128,8 @@ class TransactionService:
 
     def load_progress(self) -> tuple[int, int]:
         """The saved (half offset, op offset); 0 for a queue never walked."""
-        data = read_json(self.progress_path)
-        table = data.get("offsetTable", {}) if isinstance(data, dict) else {}
+        data = read_json(self.progress_path, _progress_shape)
+        table = data["offsetTable"] if data is not None else {}
 
         def get(key: str) -> int:
             value = table.get(key, {}).get(str(HALF_QUEUE_ID), 0) if isinstance(
@@ -139,7 +139,7 @@ class TransactionService:
         return get(HALF_KEY), get(OP_KEY)
 
     def save_progress(self, half_offset: int, op_offset: int, now_ms: int) -> None:
-        data = read_json(self.progress_path)
+        data = read_json(self.progress_path, _progress_shape)
         rounds = data.get("rounds", 0) if isinstance(data, dict) else 0
         write_json_atomic(self.progress_path, {
             "offsetTable": {HALF_KEY: {str(HALF_QUEUE_ID): int(half_offset)},
@@ -342,3 +342,9 @@ class TransactionService:
                 save_index_if_grown(self._index)
             except OSError:  # a snapshot is an optimisation only
                 pass
+
+
+def _progress_shape(data: object) -> bool:
+    """A progress file as :meth:`TransactionService.save_progress` writes it (else the
+    ``.bak`` is tried, then the walk starts from the queues' minimums)."""
+    return isinstance(data, dict) and isinstance(data.get("offsetTable", {}), dict)

@@ -191,3 +191,31 @@ def test_a_schema_that_does_not_fit_is_refused_naming_the_allowed_columns(spark,
     with pytest.raises(Exception) as info:
         spark.read.format("rmq").schema(ddl).option("subscribe", "orders").load(path).collect()
     assert "any of the messages schema's columns" in str(info.value)
+
+
+def test_verify_crc_fails_or_skips_a_damaged_body(spark, store_path, small_config, clock):
+    """A flipped body bit: served as is by default; with verifyCrc=true the task fails
+    naming the file and offset, or with failOnDataLoss=false the row is skipped."""
+    import os
+
+    with MessageStore.open(store_path, small_config, clock=clock) as store:
+        p = store.producer("crc")
+        results = [p.send(Message("crc", b"body-%03d" % i + b"." * 50)) for i in range(40)]
+    bad = results[17]
+    seg = small_config.commitlog_file_size_bytes
+    start = bad.commitlog_offset - bad.commitlog_offset % seg
+    path = os.path.join(store_path, "commitlog", f"{start:020d}")
+    with open(path, "r+b") as fh:
+        where = bad.commitlog_offset % seg + 88 + 3  # the body's fourth byte
+        fh.seek(where)
+        byte = fh.read(1)[0]
+        fh.seek(where)
+        fh.write(bytes([byte ^ 0x01]))
+    reader = spark.read.format("rmq").option("subscribe", "crc").option("deliverDue", "false")
+    assert reader.load(store_path).count() == 40
+    with pytest.raises(Exception) as err:
+        reader.option("verifyCrc", "true").load(store_path).collect()
+    assert "body CRC" in str(err.value) and str(bad.commitlog_offset) in str(err.value)
+    rows = (reader.option("verifyCrc", "true").option("failOnDataLoss", "false")
+            .load(store_path).collect())
+    assert len(rows) == 39 and b"body-017" not in {bytes(r["body"][:8]) for r in rows}

@@ -299,7 +299,7 @@ def test_a_consume_queue_entry_pointing_into_another_record_is_refused(store):
         os.pwrite(fd, int(entries["offset"][0]).to_bytes(8, "big"), 20)
     finally:
         os.close(fd)
-    with pytest.raises(CorruptRecordError, match="overlaps"):
+    with pytest.raises(CorruptRecordError, match="out of CommitLog order"):
         read_queue_batch(store, "orders", 0, 0, 2)
 
 
