@@ -83,6 +83,13 @@ def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
 
 
+def is_valid_topic_name(name: str) -> bool:
+    """Whether ``name`` could name a topic (system ones included): what a record read back
+    must hold before anything is written to that topic."""
+    return 0 < len(name) <= TOPIC_MAX_LENGTH and bool(_TOPIC_RE.match(name)) and name not in (
+        ".", "..")
+
+
 def validate_topic(topic: object, *, allow_system: bool = False) -> str:
     """Check a topic name against RocketMQ's rules and return it.
 

@@ -21,12 +21,14 @@ transaction service notes commit records kept without their op that way.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..codec import (
+    FIXED_SIZE,
     HEADER_SIZE,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -34,10 +36,12 @@ from ..codec import (
     decode_properties,
     gather_headers,
 )
-from ..message import PROPERTY_TAGS
+from ..message import PROPERTY_TAGS, is_valid_topic_name
 from ..property_kernels import distinct_values, scan_properties, take_rows
 from ..record_kernels import ByteSlices
 from .ports import CoreParts, RecoveryListener, RecoveryScan
+
+logger = logging.getLogger("store")
 
 
 @dataclass(slots=True)
@@ -83,10 +87,57 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None) -> S
             _collect_rows(store, f, positions, sizes, absolute, h, sys_flags, rows)
         if cut is not None:
             break
+    tables, dropped = _plausible_rows(store, {key: np.concatenate(parts)
+                                              for key, parts in rows.items()})
+    if dropped:
+        logger.warning("%d CommitLog record(s) whose header names an impossible queue or queue "
+                       "offset (damaged; their body CRC does not cover it) were not indexed",
+                       dropped)
     return ScannedEntries(
-        {key: np.concatenate(parts) for key, parts in rows.items()},
-        np.concatenate(offsets) if offsets else np.empty(0, np.int64),
+        tables, np.concatenate(offsets) if offsets else np.empty(0, np.int64),
         np.concatenate(flags) if flags else np.empty(0, np.int64), last_ts, cut)
+
+
+#: No topic rmq creates has more queues (StoreConfig.default_queue_count's limit).
+MAX_QUEUE_ID = 1024
+
+
+def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
+                    ) -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """Drop queue entries whose record header cannot be right (the body CRC does not cover
+    the header, so a flipped queue id or offset passes the record checks).
+
+    * A topic name no topic can have (it would also name a directory outside the store).
+    * A queue id at or above the topic's queue count and :data:`MAX_QUEUE_ID`.
+    * A queue offset above ``physical offset // FIXED_SIZE`` (every earlier message of the
+      queue precedes the record in the CommitLog, each at least ``FIXED_SIZE`` long).
+    * A queue's records follow each other in the CommitLog at offsets n, n+1, ...: an
+      offset that breaks the run while its successor continues it, or that is not above
+      every offset before it, belongs to a damaged header.
+
+    Returns the kept rows (by queue) and how many were dropped.
+    """
+    kept, dropped = {}, 0
+    caps: dict[str, int] = {}
+    for (topic, queue_id), table in rows.items():
+        if topic not in caps:
+            caps[topic] = (max(MAX_QUEUE_ID, store.topic_table.queue_count(topic) or 0)
+                           if is_valid_topic_name(topic) else 0)
+        if queue_id >= caps[topic]:
+            dropped += len(table)
+            continue
+        q = table[:, 0]
+        ok = (q >= 0) & (q <= table[:, 1] // FIXED_SIZE)
+        if len(q) >= 3:  # a break in the run that its successor does not follow
+            ok[1:-1] &= ~((q[1:-1] != q[:-2] + 1) & (q[2:] == q[:-2] + 2))
+        good = np.flatnonzero(ok)
+        if len(good) > 1:  # never back: above every offset kept before it
+            g = q[good]
+            ok[good[1:]] &= g[1:] > np.maximum.accumulate(g)[:-1]
+        dropped += int(len(q) - ok.sum())
+        if ok.any():
+            kept[(topic, queue_id)] = table if ok.all() else table[ok]
+    return kept, dropped
 
 
 def _collect_rows(store: CoreParts, f, positions: np.ndarray, sizes: np.ndarray,

@@ -25,6 +25,7 @@ per record:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,7 @@ from ..message import (
     PROPERTY_UNIQ_KEY,
     TIMER_TOPIC,
     TRANS_HALF_TOPIC,
+    is_valid_topic_name,
 )
 from ..property_kernels import (
     distinct_values,
@@ -60,6 +62,8 @@ from ..property_kernels import (
 from ..record_copies import closing_separators, tags_codes
 from ..record_gather import SourceRecords
 from ..record_kernels import ByteColumn
+
+log = logging.getLogger("store")
 
 _TX_OK = (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
 #: Records per append: small enough that the buffers are reused rather than faulted in anew.
@@ -176,6 +180,12 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         topics.append(TIMER_TOPIC)
     if TRANS_HALF_TOPIC in topics[:len(names)]:
         keep &= topic_ids != topics.index(TRANS_HALF_TOPIC)
+    damaged = [i for i, t in enumerate(topics[:len(names)]) if not is_valid_topic_name(t)]
+    if damaged:  # a REAL_TOPIC no topic can have: a damaged record, never delivered
+        bad = deliver & np.isin(topic_ids, damaged)
+        log.warning("delayed records at CommitLog offsets %s name no valid topic (damaged); "
+                    "skipped", offsets[bad][:10].tolist())
+        keep &= ~bad
     if delete_keys:
         keep &= ~_cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys)
     selected = np.flatnonzero(keep)

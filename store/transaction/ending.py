@@ -21,12 +21,18 @@ import numpy as np
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
-from ..errors import InvalidMessageError, TransactionStateError, UnknownMessageError
+from ..errors import (
+    CorruptRecordError,
+    InvalidMessageError,
+    TransactionStateError,
+    UnknownMessageError,
+)
 from ..message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
+    is_valid_topic_name,
 )
 from ..property_kernels import distinct_values, parse_int_ranges, scan_properties, take_rows
 from ..record_copies import tags_codes
@@ -121,6 +127,12 @@ def _commit_records(store: StorePort, clogs: np.ndarray, commit: np.ndarray, txs
             f"REAL_QID={qid!r}; allowed: a topic and an integer queue id")
     names, topic_ids = distinct_values(data, v0[_K_TOPIC, sel], v1[_K_TOPIC, sel])
     topics = [t.decode("utf-8", "replace") for t in names]
+    damaged = [i for i, t in enumerate(topics) if not is_valid_topic_name(t)]
+    if damaged:  # a damaged half: committing it would write to no valid topic
+        i = int(sel[np.flatnonzero(topic_ids == damaged[0])[0]])
+        raise CorruptRecordError("commitlog", int(clogs[i]), f"half message: REAL_TOPIC="
+                                 f"{topics[damaged[0]]!r} names no valid topic (damaged); "
+                                 "allowed: roll it back")
     wanted = np.zeros(len(clogs), dtype=bool)
     wanted[sel] = True
     all_ids = np.zeros(len(clogs), dtype=np.int64)

@@ -238,3 +238,54 @@ def test_a_garbled_transaction_progress_file_is_read_past(filled, clock):
             json.dump({"offsetTable": [1, 2]}, fh)
     with MessageStore.open(path, cfg, clock=clock) as s:
         s.check_transactions(lambda v: None)  # before: AttributeError
+
+
+def _patch(path, offset, data):
+    seg = _segment(path, offset // SEG)
+    with open(seg, "r+b") as fh:
+        fh.seek(offset % SEG)
+        fh.write(data)
+
+
+@pytest.mark.parametrize("field,value", [("queue_id", 70_000), ("queue_offset", 1 << 40),
+                                         ("queue_offset", 3)])
+def test_a_rebuild_does_not_index_a_record_whose_header_was_damaged(filled, clock, field,
+                                                                    value):
+    """The body CRC does not cover the header: a flipped queue id or offset passes the record
+    checks.  Before, a rebuild widened the topic to 70,001 queues, or wrote an entry at
+    offset 2**40, or let the record replace entry 3."""
+    from store.codec import FIELD_OFFSET
+
+    path, cfg, sent = filled
+    off, q, body = sent[400]
+    width = 4 if field == "queue_id" else 8
+    _patch(path, off + FIELD_OFFSET[field], value.to_bytes(width, "big"))
+    with MessageStore.open(path, cfg, clock=clock) as s:
+        result = s.rebuild_queues()
+        assert s.queue_ids("orders") == [0]
+        assert s.max_offset("orders", 0) == len(sent)
+        got, errors = _readable(s, sent)
+    assert result.entries >= len(sent) - 1
+    assert got == {qo: b for _, qo, b in sent if qo != q}
+    assert [o for o, _ in errors] == [q]  # the damaged one is reported, typed
+
+
+def test_a_delayed_record_naming_no_valid_topic_is_skipped(store_path, small_config, clock):
+    with MessageStore.open(store_path, small_config, clock=clock) as s:
+        p = s.producer("g")
+        bad = p.send(Message("reminders", b"damaged"), delay_ms=500)
+        p.send(Message("reminders", b"fine"), delay_ms=500)
+    seg_path = _segment(store_path, 0)
+    data = open(seg_path, "rb").read()
+    start = bad.commitlog_offset if bad.commitlog_offset else 0
+    where = data.index(b"reminders", start, start + 400)  # the REAL_TOPIC value of the first
+    with open(seg_path, "r+b") as fh:
+        fh.seek(where)
+        fh.write(b"remi/ders")
+    clock.advance(2_000)
+    with MessageStore.open(store_path, small_config, clock=clock) as s:
+        s.deliver_due()
+        bodies = [v.body for q in s.queue_ids("reminders")
+                  for v in s.pull("reminders", q, 0, 10)]
+    assert bodies == [b"fine"]
+    assert not os.path.exists(os.path.join(store_path, "consumequeue", "remi"))
