@@ -207,8 +207,8 @@ class Producer:
         """Cancel a pending timer message (RocketMQ's delete marker).
 
         Returns ``True`` when a pending message with that id on that topic was found and
-        will never surface; ``False`` when nothing matched (a wrong id, or the id on another
-        topic, cancels nothing; the marker itself never surfaces).
+        will never surface; ``False`` when nothing matched (a wrong id, the id on another
+        topic, or a message already cancelled; the marker itself never surfaces).
         """
         return self.store.timer.cancel(topic, msg_id)
 

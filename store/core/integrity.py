@@ -95,9 +95,11 @@ def lost_queues(store: CoreParts) -> list[str]:
     ends = queue_ends(store)
     for topic, queues in recorded["queues"].items():
         for queue_id, (low, end) in queues.items():
-            now_low, now_end = ends.get(topic, {}).get(queue_id, (end, 0))
-            if now_end < end or now_low > low:
-                found.append(f"{topic}/{queue_id} (offsets {now_low} to {now_end}, recorded "
+            now = ends.get(topic, {}).get(queue_id)
+            if now is None:
+                found.append(f"{topic}/{queue_id} (no entries left, recorded {low} to {end})")
+            elif now[1] < end or now[0] > low:
+                found.append(f"{topic}/{queue_id} (offsets {now[0]} to {now[1]}, recorded "
                              f"{low} to {end})")
     return found
 

@@ -55,8 +55,9 @@ def born_candidates(msg_id: str, now: int, max_delay_ms: int) -> list[int]:
 
 
 def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
-                      max_delay_ms: int) -> Record | None:
-    """The timer-topic record of ``msg_id`` whose real topic is ``topic``, or ``None``.
+                      max_delay_ms: int) -> tuple[Record, int] | None:
+    """The timer-topic record of ``msg_id`` whose real topic is ``topic`` and its queue
+    offset, or ``None``.
 
     A record with that id but another real topic gives ``None`` too.  Cancel markers are
     skipped.  The caller holds the store's write lock.
@@ -87,19 +88,43 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
                     break
                 props = rec.properties
                 if rec.born_timestamp_ms == born and props.get(PROPERTY_UNIQ_KEY) == msg_id:
-                    return rec if props.get(PROPERTY_REAL_TOPIC) == topic else None
+                    return (rec, i - 1) if props.get(PROPERTY_REAL_TOPIC) == topic else None
     return None
+
+
+def has_marker(store: StorePort, topic: str, msg_id: str, start: int) -> bool:
+    """Whether a cancel marker for ``msg_id`` of ``topic`` was stored at or after queue
+    offset ``start`` of the timer topic (markers are the entries of tagsCode <= 0; only
+    those records are read)."""
+    queue = store.consume_queue(TIMER_TOPIC, 0)
+    qmax = store.max_offset(TIMER_TOPIC, 0)
+    key = f"{topic}+{msg_id}"
+    for i in range(start, qmax, 4096):
+        entries = read_queue_entries(queue, i, min(qmax, i + 4096))
+        marks = (entries["tags_code"] <= 0) & (entries["size"] > 0)
+        for offset in entries["offset"][marks].tolist():
+            try:
+                props = store.commit_log.read_record(offset).properties
+            except CorruptRecordError:
+                continue
+            if props.get(PROPERTY_TIMER_DEL_UNIQKEY) == key:
+                return True
+    return False
 
 
 def cancel_marker(store: StorePort, topic: str, msg_id: str, now: int, *, max_delay_ms: int,
                   precision_ms: int) -> RecordSpec | None:
     """The delete marker cancelling the pending timer message ``msg_id`` of ``topic``.
 
-    ``None`` when there is no such message or it is already due (the caller holds the write
-    lock, so the answer cannot change before the marker is appended).
+    ``None`` when there is no such message, it is already due, or it was cancelled before
+    (the caller holds the write lock, so the answer cannot change before the marker is
+    appended).
     """
-    rec = find_timer_record(store, topic, msg_id, now, max_delay_ms)
-    if rec is None:
+    found = find_timer_record(store, topic, msg_id, now, max_delay_ms)
+    if found is None:
+        return None
+    rec, index = found
+    if has_marker(store, topic, msg_id, index + 1):  # cancelled before: nothing to do
         return None
     props = rec.properties
     out = int(props[PROPERTY_TIMER_OUT_MS])

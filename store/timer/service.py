@@ -178,10 +178,9 @@ class TimerService:
 
         Returns ``True`` when a timer message with ``msg_id`` whose real topic is ``topic`` is
         still pending (its delivery time is in the future): a marker is stored in the same
-        slot and the message never surfaces; cancelling it again also returns ``True``.
-        Returns ``False`` (and stores nothing) for an unknown id, the id of a message on
-        another topic, a message sent with a delay level, or one already due.  The marker
-        itself never surfaces.
+        slot and the message never surfaces.  Returns ``False`` (and stores nothing) for an
+        unknown id, the id of a message on another topic, a message sent with a delay level,
+        one already due, or one already cancelled.  The marker itself never surfaces.
 
         Raises
         ------

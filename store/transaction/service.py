@@ -129,7 +129,7 @@ class TransactionService:
     def load_progress(self) -> tuple[int, int]:
         """The saved (half offset, op offset); 0 for a queue never walked."""
         data = read_json(self.progress_path, _progress_shape)
-        table = data["offsetTable"] if data is not None else {}
+        table = data.get("offsetTable", {}) if data is not None else {}
 
         def get(key: str) -> int:
             value = table.get(key, {}).get(str(HALF_QUEUE_ID), 0) if isinstance(

@@ -226,16 +226,16 @@ def test_a_damaged_store_json_falls_back_to_its_backup(filled, clock, small_conf
     assert len(got) == len(sent) and not errors
 
 
-def test_a_garbled_transaction_progress_file_is_read_past(filled, clock):
+@pytest.mark.parametrize("content", [{"offsetTable": [1, 2]}, {"a": {"b": None}}])
+def test_a_garbled_transaction_progress_file_is_read_past(filled, clock, content):
     path, cfg, sent = filled
-    progress = glob.glob(os.path.join(path, "config", "transaction*.json"))
     with MessageStore.open(path, cfg, clock=clock) as s:
         s.check_transactions(lambda v: None)
     progress = glob.glob(os.path.join(path, "config", "transactionOffset.json*"))
     assert progress
     for name in progress:
         with open(name, "w") as fh:
-            json.dump({"offsetTable": [1, 2]}, fh)
+            json.dump(content, fh)
     with MessageStore.open(path, cfg, clock=clock) as s:
         s.check_transactions(lambda v: None)  # before: AttributeError
 

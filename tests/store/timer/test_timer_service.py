@@ -162,7 +162,7 @@ def test_cancel_rules(store, clock):
     rs = [p.send(Message("orders", str(i).encode()), delay_ms=2_000) for i in range(5)]
     other = p.send(Message("payments", b"p"), delay_ms=2_000)
     assert p.cancel("orders", rs[2].msg_id) is True
-    assert p.cancel("orders", rs[2].msg_id) is True  # again: still will not surface
+    assert p.cancel("orders", rs[2].msg_id) is False  # again: already cancelled
     assert p.cancel("orders", "XXX") is False
     assert p.cancel("orders", "0" * 32) is False
     assert p.cancel("payments", rs[3].msg_id) is False  # same id, another topic
