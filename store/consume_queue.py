@@ -135,13 +135,16 @@ class ConsumeQueue:
                 return maxo
             # fillers, blank units and entries below the CommitLog minimum are "too old"; a
             # damaged unit (a negative offset or size) is not: reading it raises
-            head = entries[:n]
-            old = ((head["size"] == FILLER_SIZE) | ((head["size"] == 0) & (head["offset"] == 0))
-                   | ((head["size"] > 0) & (head["offset"] >= 0)
-                      & (head["offset"] < commitlog_min)))
-            idx = int(np.argmin(old)) if not old.all() else -1
-            if idx >= 0:
-                return base + idx
+            pos, step = 0, 64  # usually the first entry: look at growing chunks
+            while pos < n:
+                head = entries[pos:min(n, pos + step)]
+                old = ((head["size"] == FILLER_SIZE)
+                       | ((head["size"] == 0) & (head["offset"] == 0))
+                       | ((head["size"] > 0) & (head["offset"] >= 0)
+                          & (head["offset"] < commitlog_min)))
+                if not old.all():
+                    return base + pos + int(np.argmin(old))
+                pos, step = pos + len(head), step * 8
         return maxo
 
     def entries(self, start: int, end: int) -> np.ndarray:

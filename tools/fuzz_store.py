@@ -257,6 +257,23 @@ def _read_all(store, out: Outcome, seen: dict, failed: set, verify: bool) -> Non
                     seen.setdefault((topic, q, o), set()).add(body)
 
 
+def _as_crashed(copy: str, rng: random.Random) -> str:
+    """Leave the crash marker of a process of another boot and move the checkpoint's flushed
+    offset back, so the next open recovers (rescans and re-dispatches) from there."""
+    from store.checkpoint import StoreCheckpoint
+
+    with open(os.path.join(copy, "abort"), "w") as fh:
+        fh.write("999999 another-boot")
+    cp = StoreCheckpoint(os.path.join(copy, "checkpoint"))
+    try:
+        back = rng.randrange(0, cp.get("confirm_phy_offset") + 1)
+        cp.set("flushed_phy_offset", back)
+        cp.flush()
+    finally:
+        cp.close()
+    return f", crashed (rescan from {back})"
+
+
 def _validated(batch):
     batch.validate(full=True)
     return batch
@@ -267,8 +284,11 @@ def run_case(base: Base, work: str, rel: str, kind: str, rng: random.Random,
     copy = os.path.join(work, "store")
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(base.path, copy)
+    crashed = ""
+    if rng.random() < 0.5:  # as if the last process died: recovery rescans from earlier
+        crashed = _as_crashed(copy, rng)
     desc = damage(os.path.join(copy, rel), kind, rng)
-    out = Outcome(f"{rel}: {kind} ({desc})")
+    out = Outcome(f"{rel}: {kind} ({desc}){crashed}")
     seen: dict = {}
     failed: set = set()
     clock = Clock(base.clock_ms + 1_000)
