@@ -18,6 +18,7 @@ import numpy as np
 from .codec import (
     BLANK,
     FIELD_OFFSET,
+    MESSAGE_MAGIC_CODE_V1,
     Record,
     RecordCheck,
     check_record,
@@ -29,6 +30,7 @@ from .mapped_file import MappedFileQueue
 from .scan_kernels import STOP_BLANK, STOP_INVALID, walk_records
 
 _I64 = struct.Struct(">q")
+_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE_V1)
 
 
 class CommitLog:
@@ -86,9 +88,9 @@ class CommitLog:
         for f, positions, sizes in self.scan_batches(start, check_crc=check_crc):
             yield from zip((positions + f.start).tolist(), sizes.tolist())
 
-    def scan_batches(self, start: int, *, check_crc: bool = True,
-                     max_records: int = 1 << 18) -> Iterator[tuple[object, np.ndarray,
-                                                                   np.ndarray]]:
+    def scan_batches(self, start: int, *, check_crc: bool = True, max_records: int = 1 << 18,
+                     resync_until: int | None = None) -> Iterator[tuple[object, np.ndarray,
+                                                                        np.ndarray]]:
         """Yield ``(segment, positions, sizes)``: runs of valid records from ``start`` (positions
         relative to the segment), validated by the compiled walk
         (:func:`~store.scan_kernels.walk_records`: the checks of
@@ -99,6 +101,9 @@ class CommitLog:
         exhausted).  An invalid record followed by a segment that begins with a valid record
         is damage, not a torn tail: the rest of its segment is skipped (the range added to
         :attr:`scan_skipped`) and the scan goes on there, so no repair cuts valid records.
+        Below ``resync_until`` (where the log is known to hold records: the confirmed end),
+        damage inside a segment is skipped too: the scan goes on at the next valid record
+        (found by its magic code, then every record check, CRC included).
         """
         self.scan_end = start
         self.scan_skipped: list[tuple[int, int]] = []
@@ -120,6 +125,13 @@ class CommitLog:
                     offset = f.end
                     self.scan_end = offset  # a blank is a valid end: the log resumes next file
                     break
+                if stop == STOP_INVALID and resync_until is not None \
+                        and f.start + end < resync_until:
+                    found = self._next_valid_record(f, end, min(f.size, resync_until - f.start))
+                    if found is not None:
+                        self.scan_skipped.append((f.start + end, f.start + found))
+                        pos = found
+                        continue
                 if stop == STOP_INVALID:
                     resume = self._next_valid_segment(f)
                     if resume is None:  # the torn (or zeroed) tail: the log ends here
@@ -127,6 +139,21 @@ class CommitLog:
                     self.scan_skipped.append((f.start + end, f.end))
                     offset = self.scan_end = resume
                     break
+
+    def _next_valid_record(self, f, pos: int, stop: int) -> int | None:
+        """The position of the first valid record of ``f`` after ``pos`` that starts before
+        ``stop`` (``None``: none)."""
+        raw = np.frombuffer(f.buffer(), dtype=np.uint8)
+        magic = np.frombuffer(_MAGIC, dtype=np.uint8)
+        window = raw[pos + 5:stop + 4]  # MAGICCODE of a record starting in (pos, stop)
+        if len(window) < 4:
+            return None
+        hits = np.flatnonzero((window[:-3] == magic[0]) & (window[1:-2] == magic[1])
+                              & (window[2:-1] == magic[2]) & (window[3:] == magic[3]))
+        for start in (hits + pos + 1).tolist()[:100_000]:
+            if check_record(f.buffer(), start, f.size) >= 0:
+                return start
+        return None
 
     def _next_valid_segment(self, f) -> int | None:
         """The start of the first segment after ``f`` that begins with a valid record: the

@@ -257,16 +257,17 @@ def _read_all(store, out: Outcome, seen: dict, failed: set, verify: bool) -> Non
                     seen.setdefault((topic, q, o), set()).add(body)
 
 
-def _as_crashed(copy: str, rng: random.Random) -> str:
+def _as_crashed(copy: str, rng: random.Random, boundaries: list[int]) -> str:
     """Leave the crash marker of a process of another boot and move the checkpoint's flushed
-    offset back, so the next open recovers (rescans and re-dispatches) from there."""
+    offset back to a record boundary, so the next open recovers (rescans and re-dispatches)
+    from there."""
     from store.checkpoint import StoreCheckpoint
 
     with open(os.path.join(copy, "abort"), "w") as fh:
         fh.write("999999 another-boot")
     cp = StoreCheckpoint(os.path.join(copy, "checkpoint"))
     try:
-        back = rng.randrange(0, cp.get("confirm_phy_offset") + 1)
+        back = rng.choice(boundaries)
         cp.set("flushed_phy_offset", back)
         cp.flush()
     finally:
@@ -286,7 +287,7 @@ def run_case(base: Base, work: str, rel: str, kind: str, rng: random.Random,
     shutil.copytree(base.path, copy)
     crashed = ""
     if rng.random() < 0.5:  # as if the last process died: recovery rescans from earlier
-        crashed = _as_crashed(copy, rng)
+        crashed = _as_crashed(copy, rng, [0] + sorted(p for p, _, _ in base.visible.values()))
     desc = damage(os.path.join(copy, rel), kind, rng)
     out = Outcome(f"{rel}: {kind} ({desc}){crashed}")
     seen: dict = {}

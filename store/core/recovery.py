@@ -8,9 +8,12 @@ When it runs:
   mid-append, in this or another process): scan from ``confirm_phy_offset``.
 
 The scan validates every record (magic, recomputed length, body CRC), re-dispatches the valid
-ones (idempotent: entry ``n`` of a queue is rewritten with the same bytes), stops at the first
-invalid record, zeroes the CommitLog from there and cuts every ConsumeQueue entry that points
-at or past it.  A clean close does not rescan anything.
+ones (idempotent: entry ``n`` of a queue is rewritten with the same bytes), stops at the torn
+tail, zeroes the CommitLog from there and cuts every ConsumeQueue entry that points at or past
+it.  The tail is the first invalid record after which nothing valid follows: damage before the
+checkpoint's confirmed end, or followed by a segment that begins with a valid record, is
+skipped (:meth:`~store.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
+not rescan anything.
 
 Records are re-dispatched through the store's one :class:`~store.core.dispatch.Dispatcher`.
 A scan without a limit (after a reboot, or on a clean open) may keep part of an append: the
@@ -57,10 +60,12 @@ class ScannedEntries:
     cut: int | None
 
 
-def scan_entries(store: CoreParts, start: int, *, limit: int | None = None) -> ScannedEntries:
-    """Validate records from ``start`` (magic, size, CRC) up to the first invalid one (or
-    ``limit``) and collect the queue entry of every indexed record, as the dispatcher would
-    write it.  Shared by recovery and the queue rebuild (:mod:`store.core.repair`).
+def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
+                 resync_until: int | None = None) -> ScannedEntries:
+    """Validate records from ``start`` (magic, size, CRC) up to the torn tail (or ``limit``;
+    damage before ``resync_until`` is skipped) and collect the queue entry of every indexed
+    record, as the dispatcher would write it.  Shared by recovery and the queue rebuild
+    (:mod:`store.core.repair`).
 
     Vectorised: the compiled walk validates a run of records, then headers, topics and tags
     of the whole run are read as columns (each distinct topic and tag decoded once).  Only
@@ -72,7 +77,7 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None) -> S
     flags: list[np.ndarray] = []
     last_ts: int | None = None
     cut: int | None = None
-    for f, positions, sizes in log.scan_batches(start):
+    for f, positions, sizes in log.scan_batches(start, resync_until=resync_until):
         absolute = positions + f.start
         if limit is not None and absolute[-1] >= limit:
             keep = absolute < limit
@@ -167,15 +172,23 @@ def _collect_rows(store: CoreParts, f, positions: np.ndarray, sizes: np.ndarray,
             codes[tagged] = store.dispatcher.tag_hashes(
                 [t.decode("utf-8", "replace") for t in tags])[inverse]
     stored = h["store_timestamp"][sel].astype(np.int64)
+    unreadable = np.zeros(len(sel), dtype=bool)
     for i in np.flatnonzero(ruled).tolist():  # a service's rule reads the properties
         text = raw[props.starts[i]:props.ends[i]].tobytes()
-        codes[i] = store.dispatcher.tags_code(topics[topic_ids[i]], decode_properties(text),
-                                              int(stored[i]))
+        try:
+            codes[i] = store.dispatcher.tags_code(topics[topic_ids[i]],
+                                                  decode_properties(text), int(stored[i]))
+        except (ValueError, KeyError, TypeError):  # damaged properties (the CRC covers the
+            unreadable[i] = True                   # body only): never index a due time
+    if unreadable.any():
+        logger.warning("%d CommitLog record(s) of a system topic have damaged properties "
+                       "(e.g. at offset %d): not indexed", int(unreadable.sum()),
+                       int(absolute[sel][unreadable][0]))
     table = np.stack([h["queue_offset"][sel].astype(np.int64), absolute[sel], sizes[sel],
                       codes], axis=1)
     queue_ids = h["queue_id"][sel].astype(np.int64)
-    key = topic_ids * (1 << 32) + queue_ids
-    for k in np.unique(key).tolist():
+    key = np.where(unreadable, -1, topic_ids * (1 << 32) + queue_ids)
+    for k in np.unique(key[key >= 0]).tolist():
         mine = key == k
         rows.setdefault((topics[k >> 32], k & 0xFFFFFFFF), []).append(table[mine])
 
@@ -194,7 +207,9 @@ def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = Non
     if log.files.find(start) is None and start > log.min_offset():
         # the start lies in a segment that no longer (or never) existed: nothing to rescan
         start = max(log.min_offset(), min(start, _log_end_guess(store)))
-    found = scan_entries(store, start, limit=limit)
+    # damage before the confirmed end is skipped, not cut (the records after it are valid)
+    confirmed = store.checkpoint.get("confirm_phy_offset") if store.checkpoint.trusted else None
+    found = scan_entries(store, start, limit=limit, resync_until=confirmed)
     rows, last_ts, cut = found.rows, found.last_timestamp_ms, found.cut
     for topic in {topic for topic, _ in rows}:
         store.ensure_topic(topic)

@@ -10,8 +10,9 @@ still holds, and RocketMQ's answer is the same as ours: rebuild it.  The rebuild
    process may have one mapped);
 3. scans the whole CommitLog from its first segment, validating every record (magic, size,
    CRC) as recovery does, and writes the queue entry of every indexed record at the queue
-   offset its header records; the scan stops at the first invalid record, which it does not
-   cut (a repair never removes a record: recovery at the next crash open decides);
+   offset its header records; damage before the confirmed end is skipped (the scan goes on
+   at the next valid record), the scan stops at the torn tail, and nothing is cut (a repair
+   never removes a record: recovery at the next crash open decides);
 4. raises the queue count of every topic to cover the queues its records name (the topic
    table may have been lost).
 
@@ -62,7 +63,8 @@ def rebuild_queues(store: CoreParts) -> RebuildResult:
             zero_tail(f, 0)  # every entry of every file, whatever it held
     log = store.commit_log
     log.files.refresh()
-    found = scan_entries(store, log.min_offset())
+    found = scan_entries(store, log.min_offset(),
+                         resync_until=store.checkpoint.get("confirm_phy_offset"))
     rows = found.rows
     records = len(found.offsets)
     entries = sum(len(r) for r in rows.values())

@@ -289,3 +289,19 @@ def test_a_delayed_record_naming_no_valid_topic_is_skipped(store_path, small_con
                   for v in s.pull("reminders", q, 0, 10)]
     assert bodies == [b"fine"]
     assert not os.path.exists(os.path.join(store_path, "consumequeue", "remi"))
+
+
+def test_a_rebuild_indexes_the_records_after_damage_in_the_newest_segment(filled, clock):
+    """Before: the rebuild's scan stopped at the damaged record, so every later record of the
+    newest segment lost its queue entry (and delayed copies there were delivered twice)."""
+    path, cfg, sent = filled
+    newest = int(os.path.basename(_segment(path, -1)))
+    mine = [(off, q) for off, q, _ in sent if off >= newest]
+    off, q = mine[len(mine) // 2]
+    _patch(path, off + 100, b"\x00\xff\x00\xff")  # inside the body: its CRC fails
+    (qfile,) = glob.glob(os.path.join(path, "consumequeue", "orders", "0", "0*"))
+    os.remove(qfile)
+    with MessageStore.open(path, cfg, clock=clock) as s:  # the open rebuilds the queue
+        got, errors = _readable(s, sent)
+        assert s.max_offset("orders", 0) == len(sent)
+    assert set(got) == {qo for _, qo, _ in sent} - {q} and [o for o, _ in errors] == [q]

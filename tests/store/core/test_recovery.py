@@ -145,9 +145,13 @@ def test_crc_damage_in_the_last_record(crashed_copy, small_config, clock, mode):
         check_prefix(s, results, N - 1)
 
 
-def test_crc_damage_after_the_flushed_offset_drops_the_rest(store_path, small_config, clock,
-                                                           tmp_path):
-    """Recovery stops at the first invalid record; records after it go too (RocketMQ)."""
+def test_crc_damage_before_the_confirmed_end_keeps_the_rest(store_path, small_config, clock,
+                                                            tmp_path):
+    """A damaged record before the confirmed end is skipped, not cut: the acknowledged records
+    after it pass every check and stay (RocketMQ would cut them); the damaged one is a typed
+    error when read."""
+    from store import CorruptRecordError
+
     s = MessageStore.open(store_path, small_config, clock=clock, flush_service=False)
     p = s.producer("g")
     results = [p.send(Message("t", f"a{i}".encode() * 20)) for i in range(5)]
@@ -158,7 +162,15 @@ def test_crc_damage_after_the_flushed_offset_drops_the_rest(store_path, small_co
     s.close()
     patch(copy, results[7].commitlog_offset + HEADER_SIZE + 3, b"!")
     with MessageStore.open(copy, small_config, clock=clock) as s2:
-        check_prefix(s2, results, 7)
+        assert s2.recovered
+        for i, r in enumerate(results):
+            if i == 7:
+                with pytest.raises(CorruptRecordError):
+                    s2.pull("t", r.queue_id, r.queue_offset, 1, verify_crc=True)
+            else:
+                (v,) = s2.pull("t", r.queue_id, r.queue_offset, 1, verify_crc=True)
+                assert v.msg_id == r.msg_id
+        assert sum(maxes(s2).values()) == 10
 
 
 def test_unflushed_tail_is_rescanned_and_queues_rebuilt(crashed_copy, small_config, clock):
