@@ -136,7 +136,7 @@ def _repair_in_place(path: str, size: int) -> str:
             chunk = src.read(min(_ZERO_CHUNK, size - pos))
             if not chunk:
                 break
-            if any(chunk):
+            if np.frombuffer(chunk, dtype=np.uint8).any():  # zeros stay a hole
                 os.pwrite(dst.fileno(), chunk, pos)
             pos += len(chunk)
         os.fdatasync(dst.fileno())

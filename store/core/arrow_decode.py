@@ -43,7 +43,6 @@ from ..arrow_properties import (
 from ..codec import (
     FIXED_SIZE,
     HEADER_SIZE,
-    MESSAGE_MAGIC_CODE_V1,
     PROPERTIES_LENGTH,
     TOPIC_LENGTH,
     gather_headers,
@@ -59,7 +58,7 @@ from .message_columns import (
     projected_schema,
     repeat_string,
 )
-from .record_checks import blank_holes, check_body_crcs, intact_mask
+from .record_checks import blank_holes, check_body_crcs, header_matches, intact_mask
 
 
 class QueueSource(Protocol):
@@ -312,10 +311,7 @@ def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len,
     """
     header = gather_headers(mm, f.size, pos)
     body_len = header["body_length"].astype(np.int64)
-    bad = ((header["magic"] != MESSAGE_MAGIC_CODE_V1) | (header["total_size"] != sizes)
-           | (header["physical_offset"] != phys) | (body_len < 0)
-           | (body_len > sizes - FIXED_SIZE) | (header["queue_id"] != queue[0])
-           | (header["queue_offset"] != queue[1]))
+    bad = ~header_matches(header, sizes, phys, queue[0], queue[1])
     if bad.any():
         i = int(np.argmax(bad))
         raise CorruptRecordError(

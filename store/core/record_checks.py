@@ -20,6 +20,18 @@ from ..errors import CorruptRecordError
 from ..scan_kernels import body_crcs
 
 
+def header_matches(header: np.ndarray, sizes: np.ndarray, phys: np.ndarray, queue_id: int,
+                   queue_offsets: np.ndarray) -> np.ndarray:
+    """Which gathered record headers (:func:`~store.codec.gather_headers`) describe the
+    records their queue entries name: magic, total size, physical offset, queue id and
+    offset, and a body length that fits."""
+    body_len = header["body_length"].astype(np.int64)
+    return ((header["magic"] == MESSAGE_MAGIC_CODE_V1) & (header["total_size"] == sizes)
+            & (header["physical_offset"] == phys) & (header["queue_id"] == queue_id)
+            & (header["queue_offset"] == queue_offsets) & (body_len >= 0)
+            & (body_len <= sizes - FIXED_SIZE))
+
+
 def check_body_crcs(f, mm, pos: np.ndarray, body_end: np.ndarray, stored: np.ndarray,
                     phys: np.ndarray) -> None:
     """Raise unless the bodies ``[pos + HEADER_SIZE, body_end)`` of segment ``f`` (mapped as
@@ -82,10 +94,7 @@ def intact_mask(log: CommitLog, queue_id: int, entries: np.ndarray, queue_offset
         mm = f.buffer()
         h = gather_headers(mm, f.size, pos)
         body_len = h["body_length"].astype(np.int64)
-        good = ((h["magic"] == MESSAGE_MAGIC_CODE_V1) & (h["total_size"] == sizes[idx])
-                & (h["physical_offset"] == phys[idx]) & (h["queue_id"] == queue_id)
-                & (h["queue_offset"] == queue_offsets[idx]) & (body_len >= 0)
-                & (body_len <= sizes[idx] - FIXED_SIZE))
+        good = header_matches(h, sizes[idx], phys[idx], queue_id, queue_offsets[idx])
         u8 = np.frombuffer(mm, dtype=np.uint8)
         end = pos + sizes[idx]
         body_end = pos + HEADER_SIZE + np.where(good, body_len, 0)
@@ -103,4 +112,4 @@ def intact_mask(log: CommitLog, queue_id: int, entries: np.ndarray, queue_offset
     return ok
 
 
-__all__ = ["blank_holes", "check_body_crcs", "check_record_entry", "intact_mask"]
+__all__ = ["blank_holes", "check_body_crcs", "header_matches", "check_record_entry", "intact_mask"]
