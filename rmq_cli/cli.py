@@ -7,6 +7,7 @@ usage error); 3 ``demo`` finished but an invariant failed; 130 interrupted.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -127,6 +128,40 @@ def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
             render_verify(data["verify"])
     if verify and not data["verify"]["ok"]:
         sys.exit(1)
+
+
+# --------------------------------------------------------------------------- doctor
+@main.command()
+def doctor() -> None:
+    """Check that Spark can use the rmq source from here.
+
+    Starts a local Spark session the way a job started from this shell would (PYSPARK_PYTHON
+    and PYTHONPATH as they are), runs one Python task on its workers and reads through
+    format("rmq"); says which Python the workers run, what they cannot import, and what to
+    change.  Exits 1 when something is wrong.
+    """
+    import warnings
+
+    from rmq_source.setup_check import check_spark
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[1]").appName("rmq-doctor")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        problems = check_spark(spark)
+    finally:
+        spark.stop()
+    click.echo(f"this Python: {sys.executable}")
+    click.echo(f"PYSPARK_PYTHON: {os.environ.get('PYSPARK_PYTHON') or '(unset: python3 on PATH)'}")
+    for problem in problems:
+        click.echo(f"problem: {problem}")
+    if problems:
+        sys.exit(1)
+    click.echo('ok: Spark\'s workers import rmq and format("rmq") works')
 
 
 # --------------------------------------------------------------------------- repair
