@@ -108,18 +108,24 @@ class MappedFile:
 _ZERO_CHUNK = 4 * 1024 * 1024
 
 
+def _prefix_chunks(fh, size: int):
+    """``(position, bytes)`` of the first ``size`` bytes of the open file ``fh``, in chunks."""
+    pos = 0
+    while pos < size:
+        chunk = fh.read(min(_ZERO_CHUNK, size - pos))
+        if not chunk:
+            return
+        yield pos, chunk
+        pos += len(chunk)
+
+
 def _padded_copy(path: str, size: int) -> mmap.mmap:
     """An anonymous mapping of ``size`` bytes holding the first bytes of ``path`` (the rest
     zeros: untouched anonymous pages cost no memory)."""
     m = mmap.mmap(-1, size)
     with open(path, "rb") as fh:
-        pos = 0
-        while pos < size:
-            chunk = fh.read(min(_ZERO_CHUNK, size - pos))
-            if not chunk:
-                break
+        for pos, chunk in _prefix_chunks(fh, size):
             m[pos:pos + len(chunk)] = chunk
-            pos += len(chunk)
     return m
 
 
@@ -131,14 +137,9 @@ def _repair_in_place(path: str, size: int) -> str:
     with open(aside, "rb") as src, open(tmp, "wb") as dst:
         dst.truncate(size)
         allocate(dst.fileno(), min(size, os.fstat(src.fileno()).st_size), tmp)
-        pos = 0
-        while pos < size:
-            chunk = src.read(min(_ZERO_CHUNK, size - pos))
-            if not chunk:
-                break
+        for pos, chunk in _prefix_chunks(src, size):
             if np.frombuffer(chunk, dtype=np.uint8).any():  # zeros stay a hole
                 os.pwrite(dst.fileno(), chunk, pos)
-            pos += len(chunk)
         os.fdatasync(dst.fileno())
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))

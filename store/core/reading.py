@@ -35,7 +35,7 @@ from ..fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..topics import TopicTable
 from .arrow_decode import read_queue_batch
-from .record_checks import check_record_entry
+from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
 Clock = Callable[[], int]
@@ -310,13 +310,15 @@ class ReadableStore:
         views = []
         for i, (phys, size, _) in enumerate(entries.tolist()):
             rec = self.commit_log.read_record(phys)
-            path = self.commit_log.files.find(phys).path
-            check_record_entry(rec, path, int(queue_id), offset + i, size, verify_crc=verify_crc)
-            try:
-                views.append(record_view(rec, offset + i))
-            except ValueError as exc:  # a damaged number among the properties
-                raise CorruptRecordError(path, phys, f"cannot decode its properties: {exc}"
-                                         ) from None
+            problem = record_entry_problem(rec, int(queue_id), offset + i, size,
+                                           verify_crc=verify_crc)
+            if problem is None:
+                try:
+                    views.append(record_view(rec, offset + i))
+                except ValueError as exc:  # a damaged number among the properties
+                    problem = f"cannot decode its properties: {exc}"
+            if problem is not None:  # the segment's file is looked up only now
+                raise CorruptRecordError(self.commit_log.files.find(phys).path, phys, problem)
         return views
 
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:

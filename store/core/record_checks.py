@@ -46,20 +46,20 @@ def check_body_crcs(f, mm, pos: np.ndarray, body_end: np.ndarray, stored: np.nda
             "read)")
 
 
-def check_record_entry(rec: Record, path: str, queue_id: int, queue_offset: int, size: int,
-                       *, verify_crc: bool = False) -> None:
-    """Raise unless the decoded ``rec`` is the record of entry ``queue_offset`` of queue
-    ``queue_id`` (``size`` bytes) and, with ``verify_crc``, its body matches its CRC."""
+def record_entry_problem(rec: Record, queue_id: int, queue_offset: int, size: int, *,
+                         verify_crc: bool = False) -> str | None:
+    """Why the decoded ``rec`` is not the record of entry ``queue_offset`` of queue
+    ``queue_id`` (``size`` bytes) or, with ``verify_crc``, why its body fails its CRC;
+    ``None`` when it passes (the caller raises, naming the segment file)."""
     if (rec.queue_id, rec.queue_offset, rec.total_size) != (queue_id, queue_offset, size):
-        raise CorruptRecordError(
-            path, rec.physical_offset, f"record of queue {rec.queue_id} offset "
-            f"{rec.queue_offset} ({rec.total_size} bytes) does not match its ConsumeQueue "
-            f"entry (queue {queue_id} offset {queue_offset}, {size} bytes): the queue file "
-            "is damaged; `rmq repair` rebuilds it")
+        return (f"record of queue {rec.queue_id} offset {rec.queue_offset} ({rec.total_size} "
+                f"bytes) does not match its ConsumeQueue entry (queue {queue_id} offset "
+                f"{queue_offset}, {size} bytes): the queue file is damaged; `rmq repair` "
+                "rebuilds it")
     if verify_crc and body_crc(rec.body) != rec.body_crc:
-        raise CorruptRecordError(path, rec.physical_offset,
-                                 f"body CRC {body_crc(rec.body)} does not match the record's "
-                                 f"BODYCRC {rec.body_crc}: the body is damaged")
+        return (f"body CRC {body_crc(rec.body)} does not match the record's BODYCRC "
+                f"{rec.body_crc}: the body is damaged")
+    return None
 
 
 def blank_holes(entries: np.ndarray) -> np.ndarray:
@@ -112,4 +112,5 @@ def intact_mask(log: CommitLog, queue_id: int, entries: np.ndarray, queue_offset
     return ok
 
 
-__all__ = ["blank_holes", "check_body_crcs", "header_matches", "check_record_entry", "intact_mask"]
+__all__ = ["blank_holes", "check_body_crcs", "header_matches", "intact_mask",
+           "record_entry_problem"]
