@@ -120,7 +120,7 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
     props_len = rows.properties.lengths()
     if delayed.any():
         suffix = _with_routing(n, names, user_topic_ids, real_qid, levels, deliver, by_level,
-                               by_timer, codes, config.timer_precision_ms)
+                               by_timer, config.timer_precision_ms)
         props_len = props_len + suffix.lengths()
         if by_level.any():
             target_topics.append(SCHEDULE_TOPIC)
@@ -169,17 +169,17 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
 
 def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarray,
                   levels: np.ndarray, deliver: np.ndarray, by_level: np.ndarray,
-                  by_timer: np.ndarray, codes: np.ndarray, precision_ms: int) -> ByteColumn:
+                  by_timer: np.ndarray, precision_ms: int) -> ByteColumn:
     """The routing properties of delayed rows, as the services' ``rewrite`` adds them (a
     suffix column: empty for rows that are not delayed).
 
     Level rows get ``REAL_TOPIC``, ``REAL_QID`` and ``DELAY``; timer rows ``REAL_TOPIC``,
-    ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, also their tagsCode, see
-    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.
+    ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, see
+    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.  (Level
+    rows' tagsCode is their due time; timer rows keep the tag hash, as in RocketMQ 5.)
     """
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,
                    deliver - deliver % precision_ms)
-    codes[by_timer] = out[by_timer]
     # REAL_TOPIC from a pair per distinct topic, then the int pairs, one compiled pass
     routes = ByteColumn.of([f"{PROPERTY_REAL_TOPIC}\x01{name}\x02".encode("utf-8")
                             for name in names])

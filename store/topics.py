@@ -1,16 +1,19 @@
 """``config/topics.json``: the topics of a store and their queue counts.
 
-Shape follows RocketMQ's TopicConfigManager (``topicConfigTable`` of per-topic configs plus a
-``dataVersion``).  Written atomically (temp file, fsync, rename; the previous file kept as
-``topics.json.bak`` and read when the main file is missing or unreadable).  Only the process
-holding the store's write lock changes it; every process re-reads it when it changes.
+Shape and text follow RocketMQ's TopicConfigManager (``topicConfigTable`` of per-topic configs
+plus a ``dataVersion`` whose counter goes up by one per change), written as fastjson writes it
+(:mod:`store.broker_files`), so a broker's ``topics.json`` stays one the broker can load:
+topics and fields rmq does not know are kept.  Written atomically (temp file, fsync, rename;
+the previous file kept as ``topics.json.bak`` and read when the main file is missing or
+unreadable).  Only the process holding the store's write lock changes it; every process
+re-reads it when it changes.
 """
 
 from __future__ import annotations
 
 import os
 
-from .fileio import read_json, write_json_atomic
+from .broker_files import parse_lenient, write_config
 from .message import is_system_topic
 
 PERM_READ = 4
@@ -47,6 +50,7 @@ class TopicTable:
         self._from_dirs: dict[str, dict] = {}
         self._topics: dict[str, dict] = {}
         self._file_topics: dict[str, dict] = {}
+        self._version: dict = {}
         self.reload()
 
     def _queue_dirs(self) -> dict[str, dict]:
@@ -79,8 +83,10 @@ class TopicTable:
     def reload(self, force: bool = False) -> dict[str, dict]:
         stamp = self._file_stamp()
         if force or stamp != self._stamp or stamp is None:
-            data = read_json(self.path, valid=_is_topic_table) or {}
+            data = _read_table(self.path) or {}
             table = data.get("topicConfigTable", {})
+            version = data.get("dataVersion")
+            self._version = version if isinstance(version, dict) else {}
             self._file_topics = {k: v for k, v in table.items()
                                  if isinstance(v, dict) and _queue_count_of(v) is not None}
             self._stamp = stamp
@@ -113,13 +119,18 @@ class TopicTable:
             return topics[topic]
         cfg = _topic_config(topic, queue_count)
         topics[topic] = cfg
-        write_json_atomic(self.path, {
-            "topicConfigTable": topics,
-            "dataVersion": {"counter": len(topics), "stateVersion": 0, "timestamp": now_ms},
-        })
-        self._topics = self._file_topics = topics
-        self._stamp = self._file_stamp()
+        self._write(topics, now_ms)
         return cfg
+
+    def _write(self, topics: dict[str, dict], now_ms: int) -> None:
+        counter = self._version.get("counter")
+        counter = counter if isinstance(counter, int) and not isinstance(counter, bool) else 0
+        version = {"stateVersion": 0, **self._version, "counter": counter + 1,
+                   "timestamp": now_ms}
+        write_config(self.path, {"topicConfigTable": topics, "dataVersion": version})
+        self._topics = self._file_topics = topics
+        self._version = version
+        self._stamp = self._file_stamp()
 
 
     def widen(self, counts: dict[str, int], now_ms: int) -> list[str]:
@@ -133,13 +144,21 @@ class TopicTable:
                 topics[topic] = _topic_config(topic, count)
                 changed.append(topic)
         if changed:
-            write_json_atomic(self.path, {
-                "topicConfigTable": topics,
-                "dataVersion": {"counter": len(topics), "stateVersion": 0, "timestamp": now_ms},
-            })
-            self._topics = self._file_topics = topics
-            self._stamp = self._file_stamp()
+            self._write(topics, now_ms)
         return sorted(changed)
+
+
+def _read_table(path: str) -> dict | None:
+    """``topics.json`` (or its ``.bak``) when it has the shape of a topic table."""
+    for candidate in (path, path + ".bak"):
+        try:
+            with open(candidate, encoding="utf-8") as fh:
+                data = parse_lenient(fh.read())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if _is_topic_table(data):
+            return data
+    return None
 
 
 def _is_topic_table(data: object) -> bool:

@@ -93,7 +93,7 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
             due_ms: np.ndarray | None = None, enqueue_ms: np.ndarray | None = None,
             roll: np.ndarray | None = None, delete_keys: set[str] | frozenset = frozenset(),
             timer_precision_ms: int = 1000, direct_enqueue_ms: int = -1,
-            roll_tags_codes=None, chunk: int | None = None) -> RestoreResult:
+            chunk: int | None = None) -> RestoreResult:
     """Restore the records at ``offsets`` (in order) to their ``REAL_TOPIC`` / ``REAL_QID``.
 
     The caller holds the store's write lock.  Records that are missing or invalid, cancel
@@ -116,9 +116,6 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
         Timer only: re-put these to the timer topic (``TIMER_ROLL_TIMES`` + 1) instead.
     delete_keys : set of str
         ``"{topic}+{msg_id}"`` of cancelled messages.
-    roll_tags_codes : callable, optional
-        ``(TIMER_OUT_MS array, is-cancel-marker array) -> tagsCodes`` of re-put records, the
-        timer topic's rule in vectorised form; without it the core's rule is asked per record.
     """
     delivered = rolled = 0
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -131,14 +128,14 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
     for lo, hi in zip(np.concatenate(([0], bounds)).tolist(),
                       np.concatenate((bounds, [len(offsets)])).tolist()):
         d, r = _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll,
-                            delete_keys, timer_precision_ms, direct_enqueue_ms, roll_tags_codes)
+                            delete_keys, timer_precision_ms, direct_enqueue_ms)
         delivered += d
         rolled += r
     return RestoreResult(delivered, rolled)
 
 
 def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, delete_keys,
-                 timer_precision_ms, direct_enqueue_ms, roll_tags_codes) -> tuple[int, int]:
+                 timer_precision_ms, direct_enqueue_ms) -> tuple[int, int]:
     """Restore ``offsets[lo:hi]`` (one segment's) in chunks."""
     delivered = rolled = 0
     for i in range(lo, hi, chunk):
@@ -149,7 +146,7 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
             enqueue_ms=None if enqueue_ms is None else np.asarray(enqueue_ms[sl], dtype=np.int64),
             roll=None if roll is None else np.asarray(roll[sl], dtype=bool),
             delete_keys=delete_keys, precision=timer_precision_ms,
-            direct_enqueue_ms=int(direct_enqueue_ms), roll_tags_codes=roll_tags_codes)
+            direct_enqueue_ms=int(direct_enqueue_ms))
         delivered += d
         rolled += r
     return delivered, rolled
@@ -157,8 +154,8 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
 
 # ---------------------------------------------------------------------------- one chunk
 def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
-                   roll, delete_keys, precision: int, direct_enqueue_ms: int,
-                   roll_tags_codes) -> tuple[int, int]:
+                   roll, delete_keys, precision: int, direct_enqueue_ms: int
+                   ) -> tuple[int, int]:
     n = len(offsets)
     src = SourceRecords(store.commit_log, offsets)
     props = src.properties
@@ -198,8 +195,8 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     qids, qid_ok = parse_int_ranges(data, v0[_K_QID], v1[_K_QID])
     qids = np.where(found[_K_QID] & qid_ok & ~roll, qids, 0)
     out_ms, out_ok = parse_int_ranges(data, v0[_K_OUT], v1[_K_OUT])
-    codes = _tags_codes(store, src, found, v0, v1, roll, keep, topic_ids, topics, now,
-                        out_ms, roll_tags_codes)
+    codes = tags_codes(store, props, keep, found[_K_TAGS], v0[_K_TAGS], v1[_K_TAGS],
+                       topic_ids, topics, now)
 
     # the pairs a restore sets: old ones stripped, new ones appended
     values = np.zeros((len(_SET), n), dtype=np.int64)
@@ -262,20 +259,6 @@ def _cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys) -> n
             topic = data[v0[_K_TOPIC, i]:v1[_K_TOPIC, i]].tobytes().decode("utf-8", "replace")
         out[i] = f"{topic}+{msg_id}" in delete_keys
     return out
-
-
-def _tags_codes(store: StorePort, src: SourceRecords, found, v0, v1, roll, keep, topic_ids,
-                topics, now: int, out_ms, roll_tags_codes) -> np.ndarray:
-    """ConsumeQueue tagsCodes (:func:`~store.record_copies.tags_codes`); for rolled records
-    ``roll_tags_codes(TIMER_OUT_MS, is_marker)`` when the caller gives it (else the timer
-    topic's rule is asked per record)."""
-    if roll_tags_codes is not None and roll.any():
-        codes = tags_codes(store, src.properties, keep & ~roll, found[_K_TAGS], v0[_K_TAGS],
-                           v1[_K_TAGS], topic_ids, topics, now)
-        codes[roll] = roll_tags_codes(out_ms[roll], found[_K_DEL, roll])
-        return codes
-    return tags_codes(store, src.properties, keep, found[_K_TAGS], v0[_K_TAGS], v1[_K_TAGS],
-                      topic_ids, topics, now)
 
 
 def _append_restored(store: StorePort, records: EncodedRecords) -> None:

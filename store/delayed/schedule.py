@@ -19,8 +19,9 @@ future" (a clock that went backwards) is not treated as due now, since nothing m
 early; and there is no 1 s first delay or 100 ms polling, since the caller decides when to run.
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
-"dataVersion": {...}, "deliverMark": -1}`` written atomically; it is read leniently (RocketMQ
-writes integer keys unquoted) and offsets are clamped to the queue.  A run saves
+"dataVersion": {...}, "deliverMark": -1}`` written atomically in fastjson's text, as RocketMQ
+writes it (:mod:`store.broker_files`: integer keys unquoted, other fields kept); it is read
+leniently and offsets are clamped to the queue.  A run saves
 ``deliverMark`` before appending and clears it with the new offsets, so a run that died in
 between is redone without delivering anything twice.
 """
@@ -28,17 +29,15 @@ between is redone without delivering anything twice.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 
 import numpy as np
 
+from ..broker_files import read_lenient_json, write_config
 from ..codec import RecordSpec
 from ..consume_queue import live_mask
 from ..core.ports import StorePort
 from ..errors import InvalidDelayError
-from ..fileio import write_json_atomic
 from ..message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
@@ -54,25 +53,6 @@ from .routing import (
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16
-_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
-
-
-def read_lenient_json(path: str) -> object | None:
-    """Read a JSON file (or its ``.bak``), accepting fastjson's unquoted integer keys."""
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as fh:
-                text = fh.read()
-        except (OSError, UnicodeDecodeError):  # missing, unreadable or not text: the next
-            continue
-        for attempt in (text, _BARE_KEY.sub(r'\1"\2"\3', text)):
-            try:
-                return json.loads(attempt)
-            except ValueError:
-                continue
-    return None
-
-
 def _int_or(value: object, default: int) -> int:
     """``value`` as an int, or ``default`` when it is missing or not a number."""
     try:
@@ -169,8 +149,8 @@ class ScheduleService:
 
     def _save(self, progress: _Progress) -> None:
         progress.counter += 1
-        write_json_atomic(self.path, {
-            "offsetTable": {str(k): v for k, v in sorted(progress.offsets.items())},
+        write_config(self.path, {
+            "offsetTable": {int(k): v for k, v in sorted(progress.offsets.items())},
             "dataVersion": {"counter": progress.counter, "stateVersion": 0,
                             "timestamp": self.store.now_ms()},
             "deliverMark": progress.mark,

@@ -14,7 +14,6 @@ import numpy as np
 
 from ..core.ports import StorePort
 from ..delayed.restore import restore
-from ..delayed.routing import read_queue_entries
 from ..errors import CorruptRecordError
 from ..message import PROPERTY_TIMER_DEL_UNIQKEY
 from .checkpoint import TimerCheckpoint
@@ -23,8 +22,6 @@ from .wheel import TimerWheel
 
 #: TIMER_ENQUEUE_MS of a message delivered straight from the queue (RocketMQ: Long.MAX).
 DIRECT_ENQUEUE_MS = 9223372036854775807
-#: ConsumeQueue entries read per step when collecting cancel markers.
-MARKER_CHUNK = 1 << 18
 #: Units delivered per step.
 DEQUEUE_CHUNK = 1 << 16
 
@@ -33,26 +30,14 @@ class SlotFiring:
     """Fires due slots of one store's wheel (the dequeue half of the timer service)."""
 
     def __init__(self, store: StorePort, wheel: TimerWheel, log: TimerLog,
-                 precision_ms: int, roll_tags_codes) -> None:
+                 precision_ms: int) -> None:
         self.store = store
-        self.roll_tags_codes = roll_tags_codes  # the timer topic's tagsCode rule, vectorised
         self.wheel = wheel
         self.log = log
         self.precision = precision_ms
         # the units of a slot a bounded run split, for the next run: (counter of the
         # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
         self.split_slot: tuple | None = None
-
-    def marker_keys(self, queue, start: int, end: int, cl_min: int) -> set[str]:
-        """TIMER_DEL_UNIQKEY of the cancel markers among queue entries ``[start, end)``."""
-        keys: set[str] = set()
-        for q in range(start, end, MARKER_CHUNK):
-            e = read_queue_entries(queue, q, min(end, q + MARKER_CHUNK))
-            for offset in e["offset"][(e["tags_code"] < 0) & (e["offset"] >= cl_min)].tolist():
-                key = self.read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
-                if key:
-                    keys.add(key)
-        return keys
 
     def read_props(self, offset: int) -> dict[str, str]:
         try:
@@ -149,6 +134,5 @@ class SlotFiring:
         result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
                          enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
                          delete_keys=delete_keys, timer_precision_ms=self.precision,
-                         direct_enqueue_ms=DIRECT_ENQUEUE_MS,
-                         roll_tags_codes=self.roll_tags_codes)
+                         direct_enqueue_ms=DIRECT_ENQUEUE_MS)
         return result.delivered, result.rolled

@@ -14,17 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..consume_queue import live_mask
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries
 from ..message import TIMER_TOPIC
 from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
+from .timer_queue import marker_keys, read_timer_entries
 from .wheel import TimerWheel
 
 #: ConsumeQueue entries enqueued per step.
 ENQUEUE_CHUNK = 1 << 18
+#: Timer-queue entries :func:`enqueue` reads once and keeps (about 40 bytes each).
+KEEP_ENTRIES = 1 << 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,29 +131,30 @@ def enqueue(store: StorePort, wheel: TimerWheel, log: TimerLog, firing: SlotFiri
     the run stops when it is spent.
     """
     queue = store.consume_queue(TIMER_TOPIC, 0)
-    confirmed = store.confirmed_offset()
-    qmax = queue.max_offset(confirmed)
-    q = work.last_timer_queue_offset
-    if q >= qmax:
+    qmax = queue.max_offset(store.confirmed_offset())
+    q = max(work.last_timer_queue_offset, queue.first_index())
+    if work.last_timer_queue_offset >= qmax:
         return 0, 0
-    q = max(q, queue.first_index())
-    cl_min = store.commit_log.min_offset()
     P = shape.precision_ms
-    delete_keys = firing.marker_keys(queue, q, qmax, cl_min)
+    # the markers first: a marker anywhere in the range cancels (a range of up to
+    # KEEP_ENTRIES is read once and kept; a longer one is read twice, in bounded memory)
+    chunks = (read_timer_entries(store, s, min(qmax, s + ENQUEUE_CHUNK))
+              for s in range(q, qmax, ENQUEUE_CHUNK))
+    if qmax - q <= KEEP_ENTRIES:
+        chunks = list(chunks)
+        delete_keys = set().union(*(c.marker_keys for c in chunks))
+    else:
+        delete_keys = marker_keys(store, q, qmax)
     delivered = handled = 0
-    while q < qmax:
+    for chunk in chunks:
         if budget is not None and handled >= budget:
             break
-        end = min(qmax, q + ENQUEUE_CHUNK)
-        e = read_queue_entries(queue, q, end)
+        e, fire, marker, live = chunk.entries, chunk.fire, chunk.marker, chunk.ok
         if not len(e):
             break
-        offs, sizes, tags = e["offset"], e["size"], e["tags_code"]
-        live = live_mask(e, cl_min) & (tags != 0)
+        offs, sizes = e["offset"], e["size"]
         if len(done):
-            live &= ~np.isin(offs, done)
-        marker = tags < 0
-        fire = np.abs(tags)
+            live = live & ~np.isin(offs, done)
         due = live & ~marker & (fire + P <= now)
         if budget is not None:
             due_at = np.flatnonzero(due)

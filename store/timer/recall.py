@@ -12,6 +12,7 @@ that is stored in the same wheel slot so the message never surfaces.
 from __future__ import annotations
 
 from ..codec import Record, RecordSpec
+from ..consume_queue import live_mask
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 from ..errors import CorruptRecordError, UnknownTopicError
@@ -26,6 +27,7 @@ from ..message import (
     TIMER_TOPIC,
 )
 from ..message_id import MessageIdGenerator
+from .timer_queue import CHUNK, record_fields
 
 #: The tag RocketMQ gives a cancel (recall) marker.
 RECALL_TAG = "_RECALL_TAG_"
@@ -74,11 +76,10 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
             entries = read_queue_entries(queue, i, min(qmax, i + 256))
             if not len(entries):
                 break
-            for offset, size, tags in zip(entries["offset"].tolist(), entries["size"].tolist(),
-                                          entries["tags_code"].tolist()):
+            for offset, size in zip(entries["offset"].tolist(), entries["size"].tolist()):
                 i += 1
-                if tags <= 0 or size <= 0:
-                    continue  # a cancel marker (or a filler)
+                if size <= 0:
+                    continue  # a filler
                 try:
                     rec = log.read_record(offset)
                 except CorruptRecordError:
@@ -87,6 +88,8 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
                     i = qmax
                     break
                 props = rec.properties
+                if PROPERTY_TIMER_DEL_UNIQKEY in props:
+                    continue  # a cancel marker
                 if rec.born_timestamp_ms == born and props.get(PROPERTY_UNIQ_KEY) == msg_id:
                     return (rec, i - 1) if props.get(PROPERTY_REAL_TOPIC) == topic else None
     return None
@@ -94,21 +97,18 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
 
 def has_marker(store: StorePort, topic: str, msg_id: str, start: int) -> bool:
     """Whether a cancel marker for ``msg_id`` of ``topic`` was stored at or after queue
-    offset ``start`` of the timer topic (markers are the entries of tagsCode <= 0; only
-    those records are read)."""
+    offset ``start`` of the timer topic.  Markers carry :data:`RECALL_TAG`, so only the
+    records whose tagsCode is its hash are read."""
     queue = store.consume_queue(TIMER_TOPIC, 0)
     qmax = store.max_offset(TIMER_TOPIC, 0)
     key = f"{topic}+{msg_id}"
-    for i in range(start, qmax, 4096):
-        entries = read_queue_entries(queue, i, min(qmax, i + 4096))
-        marks = (entries["tags_code"] <= 0) & (entries["size"] > 0)
-        for offset in entries["offset"][marks].tolist():
-            try:
-                props = store.commit_log.read_record(offset).properties
-            except CorruptRecordError:
-                continue
-            if props.get(PROPERTY_TIMER_DEL_UNIQKEY) == key:
-                return True
+    recall = int(store.tag_hashes([RECALL_TAG])[0])
+    cl_min = store.commit_log.min_offset()
+    for i in range(start, qmax, CHUNK):
+        e = read_queue_entries(queue, i, min(qmax, i + CHUNK))
+        candidates = live_mask(e, cl_min) & (e["tags_code"] == recall)
+        if candidates.any() and key in record_fields(store, e, candidates)[3]:
+            return True
     return False
 
 

@@ -6,8 +6,8 @@ Flow (RocketMQ's five timer threads, run synchronously under the store's write l
    ``rmq_sys_wheel_timer`` queue 0 with ``TIMER_OUT_MS`` (the fire time rounded to the
    precision P: an exact multiple of P moves one P earlier, anything else rounds down),
    ``TIMER_DELIVER_MS`` (the time asked for), ``REAL_TOPIC`` and ``REAL_QID``.  The store
-   indexes it with tagsCode = ``TIMER_OUT_MS`` (negated for a cancel marker), so the timer
-   never has to read a record to enqueue it.
+   indexes it with the tag hash as tagsCode, as RocketMQ 5 does; the fire time and the
+   cancel mark are gathered from the records, whole ranges at once (:mod:`.timer_queue`).
 2. **Enqueue**: new ConsumeQueue entries become 52-byte TimerLog units chained per slot
    (:mod:`.timer_log`) and the 32-byte wheel slots are updated (:mod:`.wheel`), all with NumPy
    (:mod:`.placement`).
@@ -56,7 +56,6 @@ from ..delayed.routing import (
 )
 from ..errors import InvalidMessageError, TimerFlowControlError
 from ..message import (
-    PROPERTY_TIMER_DEL_UNIQKEY,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
     TIMER_TOPIC,
@@ -66,6 +65,7 @@ from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring
 from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
+from .timer_queue import fire_counts, upgrade_tags_codes
 from .wheel import open_timer_files
 
 _NO_END = 1 << 62
@@ -76,26 +76,10 @@ def _left(budget: int | None, used: int) -> int | None:
     return None if budget is None else max(0, budget - used)
 
 
-def timer_tags_code(properties, store_timestamp_ms: int) -> int | None:
-    """tagsCode of a timer-topic record: its fire (slot) time, negated for a cancel marker.
-
-    Ours, not RocketMQ's (which stores the tag hash): the wheel enqueues from the
-    ConsumeQueue alone, without reading the records.
-    """
-    out = properties.get(PROPERTY_TIMER_OUT_MS)
-    if out is None:
-        return None
-    return -int(out) if PROPERTY_TIMER_DEL_UNIQKEY in properties else int(out)
-
-
-def timer_tags_codes(out_ms: np.ndarray, is_marker: np.ndarray) -> np.ndarray:
-    """:func:`timer_tags_code` of many records: ``TIMER_OUT_MS``, negated for markers."""
-    return np.where(is_marker, -out_ms, out_ms).astype(np.int64)
-
-
 def register_timer_topic(port: StorePort) -> None:
-    """Make the timer topic known to the core: one queue, records indexed by fire time."""
-    port.register_system_topic(TIMER_TOPIC, 1, timer_tags_code)
+    """Make the timer topic known to the core: one queue (tagsCode: the tag hash, as RocketMQ
+    5 dispatches it; fire times are read from the records, see :mod:`.timer_queue`)."""
+    port.register_system_topic(TIMER_TOPIC, 1)
 
 
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
@@ -126,12 +110,14 @@ class TimerService:
         self._check_path = os.path.join(store.root, "config", "timercheck")
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
+        self._queued: tuple[int, int, np.ndarray, np.ndarray] | None = None
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel, self.log, damaged = open_timer_files(
                 store.root, self.slots, self.precision, cfg.timer_log_file_size_bytes)
             if damaged:  # the wheel is rebuilt from the timer ConsumeQueue (see _sync)
                 self.wheel.created = True
-            self.firing = SlotFiring(store, self.wheel, self.log, self.precision, timer_tags_codes)
+            self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
+            upgrade_tags_codes(store)  # a queue an earlier rmq indexed by fire time
             self._sync()
 
     # ------------------------------------------------------------------ sending
@@ -159,11 +145,8 @@ class TimerService:
         with store.write_lock():
             st = self._sync()
             _, _, num = self.wheel.get(out)
-            queue = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = queue.max_offset(store.confirmed_offset())
-            if qmax > st.last_timer_queue_offset:  # not yet enqueued: count them too
-                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
-                num += int(np.count_nonzero(tags == out)) - int(np.count_nonzero(tags == -out))
+            fires, weights = self._queued_fires(st.last_timer_queue_offset)
+            num += int(weights[fires == out].sum())  # not yet enqueued: counted too
         limit = self.congest
         if num <= limit:
             return
@@ -328,17 +311,27 @@ class TimerService:
         return origins_since(self.store, work.deliver_mark)
 
     # ------------------------------------------------------------------ housekeeping
+    def _queued_fires(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`~.timer_queue.fire_counts` of the queue from ``start`` (the records not yet
+        in the wheel) to its end; extended incrementally while ``start`` stays put."""
+        store = self.store
+        qmax = store.consume_queue(TIMER_TOPIC, 0).max_offset(store.confirmed_offset())
+        cached = self._queued
+        if cached is None or cached[0] != start or cached[1] > qmax:
+            cached = (start, start, np.empty(0, np.int64), np.empty(0, np.int64))
+        if cached[1] < qmax:
+            fires, weights = fire_counts(store, cached[1], qmax)
+            cached = (start, qmax, np.concatenate([cached[2], fires]),
+                      np.concatenate([cached[3], weights]))
+        self._queued = cached
+        return cached[2], cached[3]
+
     def pending_count(self) -> int:
         """Timer messages not yet delivered (wheel counts plus the un-enqueued queue tail)."""
         store = self.store
         with store.write_lock():
             st = self._sync()
-            queue = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = queue.max_offset(store.confirmed_offset())
-            backlog = 0
-            if qmax > st.last_timer_queue_offset:
-                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
-                backlog = int(np.count_nonzero(tags > 0)) - int(np.count_nonzero(tags < 0))
+            backlog = int(self._queued_fires(st.last_timer_queue_offset)[1].sum())
             pending = self.wheel.pending_count(st.last_read_time_ms) - st.slot_done
             self.wheel.release_memory()
             return max(0, pending + backlog)
@@ -356,14 +349,9 @@ class TimerService:
             st = self._sync()
             times, nums = self.wheel.live_slots(st.last_read_time_ms)
             self.wheel.release_memory()
-            queue = store.consume_queue(TIMER_TOPIC, 0)
-            qmax = queue.max_offset(store.confirmed_offset())
-            tags = np.empty(0, np.int64)
-            if qmax > st.last_timer_queue_offset:
-                tags = read_queue_entries(queue, st.last_timer_queue_offset, qmax)["tags_code"]
-                tags = tags[tags != 0].astype(np.int64)
-        due = np.concatenate([times + P, np.abs(tags) + P])
-        weight = np.concatenate([nums, np.where(tags < 0, -1, 1)]).astype(np.int64)
+            fires, weights = self._queued_fires(st.last_timer_queue_offset)
+        due = np.concatenate([times + P, fires + P])
+        weight = np.concatenate([nums, weights]).astype(np.int64)
         return due.astype(np.int64), weight
 
     def retention_floor(self) -> int | None:

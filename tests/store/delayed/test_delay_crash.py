@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import SMALL
     from store import MessageStore
-    from store import fileio
+    from store import broker_files
     from store.core import appender
     from store.delayed import restore as bulk, schedule
     from store.timer import firing, placement, service, checkpoint as ckpt, timer_log, wheel
@@ -78,7 +78,7 @@ CHILD = textwrap.dedent("""
 
     appender.Appender.commit = planted("commit", appender.Appender.commit)
     service.ckpt.save = planted("ckpt_save", ckpt.save)
-    schedule.write_json_atomic = planted("json_save", fileio.write_json_atomic)
+    schedule.write_config = planted("json_save", broker_files.write_config)
     timer_log.TimerLog.write = planted("log_write", timer_log.TimerLog.write)
     wheel.TimerWheel.put = planted("wheel_put", wheel.TimerWheel.put)
 

@@ -73,10 +73,10 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def wait_for_acks(log, timeout_s: float = 30.0) -> None:
-    """Wait until the worker has acknowledged its first transaction."""
+def wait_for_acks(log, timeout_s: float = 30.0, count: int = 1) -> None:
+    """Wait until the worker has acknowledged ``count`` transactions."""
     deadline = time.monotonic() + timeout_s
-    while not (log.exists() and log.stat().st_size):
+    while not (log.exists() and log.read_bytes().count(b"\n") >= count):
         assert time.monotonic() < deadline, "the worker acknowledged nothing"
         time.sleep(0.01)
 
@@ -149,8 +149,9 @@ def test_kill_while_sending_then_reopen(tmp_path, seed):
     rng = random.Random(seed)
     path, log = tmp_path / "store", tmp_path / "acks"
     proc = spawn(tmp_path, "send", path, log)
-    wait_for_acks(log)  # the first send loads the compiled kernels (a few tenths of a second)
-    time.sleep(rng.uniform(0.3, 0.8))
+    # the first sends load the compiled kernels (a few tenths of a second; more under load)
+    wait_for_acks(log, count=11)
+    time.sleep(rng.uniform(0.1, 0.5))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     acked = {}
