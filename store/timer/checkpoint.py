@@ -25,10 +25,14 @@ processes notice a new one by its inode and mtime.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from dataclasses import dataclass, fields
 
+import numpy as np
+
+from ..errors import ConfigMismatchError
 from ..fileio import atomic_write
 
 CHECKPOINT_FIELDS = (
@@ -75,6 +79,39 @@ def file_stamp(path: str) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+_YEAR_2000_MS = 946_684_800_000
+
+
+def written_by_rocketmq(state: TimerCheckpoint) -> bool:
+    """Whether a loaded checkpoint lacks rmq's fields (RocketMQ 5 writes bytes 0..55 only)."""
+    return state.precision_ms == 0 and state.wheel_slots == 0 and state.deliver_mark == 0
+
+
+def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,
+                   slots: int) -> TimerCheckpoint:
+    """Take over a RocketMQ 5 broker's timer progress (its ``timercheck``, ``timerwheel``
+    and ``timerlog``): the wheel goes on from the broker's read time and queue offset, so
+    nothing it delivered is delivered again and nothing it holds is lost.
+
+    The broker's precision is not recorded; under ``precision_ms`` its live slots
+    (``live_ticks``: slot time / precision of every non-empty slot) must lie after 2000 and
+    less than one wheel turn past its read time, and the read time must be a multiple of
+    ``precision_ms`` (a precision off by a factor of 2 or more fails one of these).  Raises
+    :class:`~store.errors.ConfigMismatchError` otherwise: rebuilding the wheel instead would
+    deliver again what the broker already delivered.
+    """
+    read = state.last_read_time_ms
+    times = live_ticks.astype(np.int64) * precision_ms
+    span = slots * precision_ms
+    if read % precision_ms or ((times < _YEAR_2000_MS) | (times >= read + span)).any():
+        raise ConfigMismatchError(
+            f"the timer files were written by a RocketMQ broker whose timerPrecisionMs is not "
+            f"{precision_ms} (read time {read}, slot times {times[:3].tolist()}); open the store "
+            "with StoreConfig(timer_precision_ms=<the broker's timerPrecisionMs>)")
+    return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
+                               deliver_mark=-1, slot_done=0)
 
 
 def load(path: str) -> TimerCheckpoint | None:

@@ -23,9 +23,7 @@ from .timer_queue import marker_keys, read_timer_entries
 from .wheel import TimerWheel
 
 #: ConsumeQueue entries enqueued per step.
-ENQUEUE_CHUNK = 1 << 18
-#: Timer-queue entries :func:`enqueue` reads once and keeps (about 40 bytes each).
-KEEP_ENTRIES = 1 << 22
+ENQUEUE_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,20 +134,17 @@ def enqueue(store: StorePort, wheel: TimerWheel, log: TimerLog, firing: SlotFiri
     if work.last_timer_queue_offset >= qmax:
         return 0, 0
     P = shape.precision_ms
-    # the markers first: a marker anywhere in the range cancels (a range of up to
-    # KEEP_ENTRIES is read once and kept; a longer one is read twice, in bounded memory)
+    # the markers first (a marker anywhere in the range cancels), found by their tag; a
+    # marker without it still takes effect from its own chunk on
+    delete_keys = marker_keys(store, q, qmax)
     chunks = (read_timer_entries(store, s, min(qmax, s + ENQUEUE_CHUNK))
               for s in range(q, qmax, ENQUEUE_CHUNK))
-    if qmax - q <= KEEP_ENTRIES:
-        chunks = list(chunks)
-        delete_keys = set().union(*(c.marker_keys for c in chunks))
-    else:
-        delete_keys = marker_keys(store, q, qmax)
     delivered = handled = 0
     for chunk in chunks:
         if budget is not None and handled >= budget:
             break
         e, fire, marker, live = chunk.entries, chunk.fire, chunk.marker, chunk.ok
+        delete_keys |= chunk.marker_keys
         if not len(e):
             break
         offs, sizes = e["offset"], e["size"]

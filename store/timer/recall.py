@@ -12,7 +12,6 @@ that is stored in the same wheel slot so the message never surfaces.
 from __future__ import annotations
 
 from ..codec import Record, RecordSpec
-from ..consume_queue import live_mask
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 from ..errors import CorruptRecordError, UnknownTopicError
@@ -27,10 +26,8 @@ from ..message import (
     TIMER_TOPIC,
 )
 from ..message_id import MessageIdGenerator
-from .timer_queue import CHUNK, record_fields
+from .timer_queue import RECALL_TAG, marker_keys
 
-#: The tag RocketMQ gives a cancel (recall) marker.
-RECALL_TAG = "_RECALL_TAG_"
 #: How far apart born and store times of one record may be.
 CANCEL_WINDOW_MS = 600_000
 _MONTHS = MessageIdGenerator()
@@ -97,19 +94,8 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
 
 def has_marker(store: StorePort, topic: str, msg_id: str, start: int) -> bool:
     """Whether a cancel marker for ``msg_id`` of ``topic`` was stored at or after queue
-    offset ``start`` of the timer topic.  Markers carry :data:`RECALL_TAG`, so only the
-    records whose tagsCode is its hash are read."""
-    queue = store.consume_queue(TIMER_TOPIC, 0)
-    qmax = store.max_offset(TIMER_TOPIC, 0)
-    key = f"{topic}+{msg_id}"
-    recall = int(store.tag_hashes([RECALL_TAG])[0])
-    cl_min = store.commit_log.min_offset()
-    for i in range(start, qmax, CHUNK):
-        e = read_queue_entries(queue, i, min(qmax, i + CHUNK))
-        candidates = live_mask(e, cl_min) & (e["tags_code"] == recall)
-        if candidates.any() and key in record_fields(store, e, candidates)[3]:
-            return True
-    return False
+    offset ``start`` of the timer topic."""
+    return f"{topic}+{msg_id}" in marker_keys(store, start, store.max_offset(TIMER_TOPIC, 0))
 
 
 def cancel_marker(store: StorePort, topic: str, msg_id: str, now: int, *, max_delay_ms: int,

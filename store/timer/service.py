@@ -189,6 +189,9 @@ class TimerService:
         The caller holds the store's write lock.
         """
         disk = ckpt.load(self._check_path)
+        if disk is not None and ckpt.written_by_rocketmq(disk) and not self.wheel.created:
+            disk = ckpt.adopt_rocketmq(disk, self.wheel.live_ticks(), self.precision, self.slots)
+            self._save(disk)  # a RocketMQ 5 broker's progress, now rmq's
         if disk is None or disk.wheel_slots != self.slots or disk.precision_ms != self.precision \
                 or self.wheel.created:
             disk = self._rebuild(disk)

@@ -33,6 +33,8 @@ from ..property_kernels import distinct_values, parse_int_ranges, scan_propertie
 from ..record_gather import gather_segments
 from ..record_kernels import ByteSlices
 
+#: The tag of a cancel (recall) marker, RocketMQ's.
+RECALL_TAG = "_RECALL_TAG_"
 _NAMES = (PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TAGS)
 _OUT, _DEL, _TAGS = range(3)
 #: Entries read per step by the helpers that walk a whole range.
@@ -91,10 +93,20 @@ def record_fields(store: StorePort, e: np.ndarray, rows: np.ndarray
 
 
 def marker_keys(store: StorePort, start: int, end: int) -> set[str]:
-    """``TIMER_DEL_UNIQKEY`` of every cancel marker among timer-queue entries ``[start, end)``."""
+    """``TIMER_DEL_UNIQKEY`` of the cancel markers among timer-queue entries ``[start, end)``.
+
+    A marker carries :data:`RECALL_TAG` (rmq's and RocketMQ's alike), so only the records
+    whose tagsCode is that tag's hash are read: the rest of the range costs a queue read.
+    """
+    queue = store.consume_queue(TIMER_TOPIC, 0)
+    recall = int(store.tag_hashes([RECALL_TAG])[0])
+    cl_min = store.commit_log.min_offset()
     keys: set[str] = set()
     for q in range(start, end, CHUNK):
-        keys |= read_timer_entries(store, q, min(end, q + CHUNK)).marker_keys
+        e = read_queue_entries(queue, q, min(end, q + CHUNK))
+        candidates = live_mask(e, cl_min) & (e["tags_code"] == recall)
+        if candidates.any():
+            keys |= record_fields(store, e, candidates)[3]
     return keys
 
 
@@ -148,5 +160,5 @@ def tag_hashes(store: StorePort, offsets: np.ndarray) -> np.ndarray:
     return codes
 
 
-__all__ = ["CHUNK", "TimerEntries", "fire_counts", "marker_keys", "read_timer_entries",
-           "record_fields", "tag_hashes", "upgrade_tags_codes"]
+__all__ = ["CHUNK", "RECALL_TAG", "TimerEntries", "fire_counts", "marker_keys",
+           "read_timer_entries", "record_fields", "tag_hashes", "upgrade_tags_codes"]

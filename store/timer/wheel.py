@@ -156,6 +156,12 @@ class TimerWheel:
             t % self.slots == idx)
         return t[keep] * self.precision, self._slots["num"][keep].astype(np.int64)
 
+    def live_ticks(self) -> np.ndarray:
+        """``time`` (slot time / precision) of every slot holding units."""
+        live = (self._slots["last_pos"] >= 0) & (self._slots["first_pos"] >= 0) & (
+            self._slots["time"] > 0)
+        return self._slots["time"][live].astype(np.int64)
+
     def live_first_pos(self, from_ms: int) -> int | None:
         """The lowest ``first_pos`` of the non-empty slots at or after ``from_ms``."""
         t = self._slots["time"]
