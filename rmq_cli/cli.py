@@ -1,4 +1,5 @@
-"""The ``rmq`` command line: ``demo``, ``stats``, ``send`` and ``tail``.
+"""The ``rmq`` command line: ``demo``, ``stats``, ``send``, ``tail``, ``serve``, ``repair``
+and ``doctor``.
 
 Exit codes: 0 success; 1 a store error (one clear line on stderr); 2 bad arguments (click's
 usage error); 3 ``demo`` finished but an invariant failed; 130 interrupted.
@@ -94,6 +95,7 @@ def main() -> None:
       rmq stats --store ./demo-store   what is in a store
       echo hello | rmq send --store ./s --topic orders --delay-ms 5000
       rmq tail --store ./s --topic orders --from earliest
+      rmq serve --store ./s            deliver due messages and run retention, until stopped
       rmq repair --store ./s           rebuild the queues from the CommitLog
     """
 
@@ -263,6 +265,46 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
     elif deliver_at_ms is not None:
         when = f", due at {deliver_at_ms}"
     click.echo(f"sent {sent} message(s) to {topic}{when}", err=True)
+
+
+# --------------------------------------------------------------------------- serve
+@main.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory (created when missing).")
+@click.option("--delete-when", default=None,
+              help="Hours for retention, ';'-separated (RocketMQ's deleteWhen) [default: 04].")
+@click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
+              help="Keep CommitLog segments at least this long [default: 72].")
+@click.option("--disk-max-used-space-ratio", type=click.IntRange(1, 100), default=None,
+              help="Disk use (%) above which retention runs at any hour [default: 75].")
+@click.option("--duration-s", type=click.FloatRange(min=0), default=None,
+              help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="INFO", show_default=True)
+def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
+          duration_s, log_level):
+    """Deliver due delayed messages and run retention for a store, until stopped.
+
+    Delayed messages reach their topics within about timer_precision_ms of their due time
+    with no reader running.  Runs beside any readers and writers (Spark queries, rmq tail,
+    producers); one server per store.  Stops cleanly on SIGTERM or Ctrl-C.
+    """
+    import logging
+
+    from store import StoreConfig, StoreServer
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    changes = {k: v for k, v in (("delete_when", delete_when),
+                                 ("file_reserved_time_hours", file_reserved_time_hours),
+                                 ("disk_max_used_space_ratio", disk_max_used_space_ratio))
+               if v is not None}
+    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None)
+    server.install_signal_handlers()
+    click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C stops",
+               err=True)
+    counters = server.run(duration_s=duration_s)
+    click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
+               f"{counters.segments_deleted} segment(s) deleted", err=True)
 
 
 # --------------------------------------------------------------------------- tail

@@ -6,7 +6,7 @@ import datetime as _dt
 
 import click
 
-from store import is_system_topic
+from store import is_system_topic, server_status
 
 
 def collect_stats(store, *, include_system: bool = False) -> dict:
@@ -21,6 +21,9 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
                        "messages": sum(q["messages"] for q in queues)})
     now = store.now_ms()
     read_only = getattr(store, "read_only", False)
+    delayed = None if read_only else store.pending_delayed_stats()
+    server = server_status(store.root)
+    next_due = delayed.get("next_due_ms") if delayed else None
     return {
         "store": store.root,
         "now_ms": now,
@@ -28,7 +31,10 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
         "topics": topics,
         # a directory Apache RocketMQ wrote is only read: its schedule / timer / transaction
         # state is RocketMQ's, not figured here
-        "delayed": None if read_only else store.pending_delayed_stats(),
+        "delayed": delayed,
+        # how long the oldest due delayed message has waited to be moved (0: none waits)
+        "due_behind_ms": max(0, now - next_due) if next_due is not None else 0,
+        "server": server,
         "transactions": None if read_only else store.pending_transaction_stats(),
         "disk_bytes": store.disk_usage_bytes(),
     }
@@ -73,6 +79,17 @@ def render_stats(data: dict) -> None:
     if delayed.get("next_due_ms") is not None:
         when = _dt.datetime.fromtimestamp(delayed["next_due_ms"] / 1000, _dt.timezone.utc)
         console.print(f"next due: {when.isoformat(timespec='milliseconds')}")
+    server = data.get("server")
+    behind = data.get("due_behind_ms", 0)
+    if server and server.get("attached"):
+        ago = data["now_ms"] - server.get("last_run_ms", data["now_ms"])
+        console.print(f"server: attached (pid {server.get('pid')}), last delivery step {ago} ms "
+                      f"ago, {server.get('delivered', 0)} delivered since it started; "
+                      f"due delivery {behind} ms behind")
+    else:
+        console.print(f"server: none attached; due delivery {behind} ms behind (delayed "
+                      "messages move when a reader delivers them: run `rmq serve --store "
+                      f"{data['store']}` to deliver on time)")
     tx = data["transactions"]
     console.print(f"pending half messages: {tx['pending']}"
                   + (f" (oldest born {tx['oldest_born_ms']})" if tx.get("oldest_born_ms") else ""))

@@ -52,6 +52,7 @@ from .message import (
 )
 from .message_store import MessageStore
 from .reader import StoreReader
+from .server import StoreServer, server_status
 from .sink import Sink, SinkCommit
 
 __all__ = [
@@ -63,7 +64,8 @@ __all__ = [
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
     "Sink", "SinkCommit", "SinkCommitError",
     "StoreClosedError", "StoreConfig", "StoreError", "StoreNotFoundError", "StoreReader",
+    "StoreServer",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
-    "system_clock", "validate_group", "validate_topic",
+    "server_status", "system_clock", "validate_group", "validate_topic",
 ]

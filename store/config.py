@@ -79,6 +79,16 @@ class StoreConfig:
     file_reserved_time_hours : int
         CommitLog segments older than this are deleted by
         :meth:`~store.MessageStore.clean_expired_files`, 72.
+    delete_when : str
+        Hours (local time, ``;``-separated, RocketMQ's ``deleteWhen``) in which a running
+        :class:`~store.server.StoreServer` deletes expired segments, ``"04"``.
+    disk_max_used_space_ratio : int
+        Disk use (percent) above which the server deletes expired segments at any hour, 75.
+    disk_space_clean_forcibly_ratio : int
+        Disk use (percent) above which the server deletes segments whatever their age
+        (never one a pending delayed or open half message needs), 85.
+    clean_resource_interval_ms : int
+        How often the server looks at retention, 10000 ms.
     message_delay_level : str
         The 4.x delay-level table.
     timer_precision_ms : int
@@ -109,6 +119,10 @@ class StoreConfig:
     max_message_size_bytes: int = 4 * MIB
     max_properties_size_bytes: int = 32767
     file_reserved_time_hours: int = 72
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75
+    disk_space_clean_forcibly_ratio: int = 85
+    clean_resource_interval_ms: int = 10_000
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     timer_precision_ms: int = 1000
     timer_wheel_slots: int = 2 * 604_800
@@ -132,7 +146,7 @@ class StoreConfig:
             "max_properties_size_bytes", "file_reserved_time_hours", "timer_wheel_slots",
             "timer_roll_window_slots", "timer_max_delay_ms", "timer_log_file_size_bytes",
             "timer_congest_num_each_slot", "transaction_timeout_ms", "transaction_check_max",
-            "transaction_check_interval_ms",
+            "transaction_check_interval_ms", "clean_resource_interval_ms",
         )
         for name in _positive:
             if ints[name] <= 0:
@@ -169,6 +183,14 @@ class StoreConfig:
                 f"timer_log_file_size_bytes={self.timer_log_file_size_bytes}; allowed: >= 1024"
             )
         parse_delay_levels(self.message_delay_level)
+        for name in ("disk_max_used_space_ratio", "disk_space_clean_forcibly_ratio"):
+            if not 1 <= ints[name] <= 100:
+                raise InvalidConfigError(f"{name}={ints[name]}; allowed: 1 to 100 (percent)")
+        hours = self.delete_when.split(";") if isinstance(self.delete_when, str) else None
+        if not hours or not all(h.strip().isdigit() and 0 <= int(h) <= 23 for h in hours):
+            raise InvalidConfigError(
+                f"delete_when={self.delete_when!r}; allowed: hours 0-23 separated by ';', "
+                "e.g. '04' or '02;14'")
 
     @property
     def delay_levels_ms(self) -> tuple[int, ...]:

@@ -96,5 +96,6 @@ LAYERS: dict[str, int] = {
     "store.stats": FACADE,
     "store.reader": FACADE,
     "store.message_store": FACADE,
+    "store.server": FACADE,
     "store": FACADE,
 }

@@ -23,7 +23,7 @@ from .timer_queue import marker_keys, read_timer_entries
 from .wheel import TimerWheel
 
 #: ConsumeQueue entries enqueued per step.
-ENQUEUE_CHUNK = 1 << 16
+ENQUEUE_CHUNK = 1 << 15
 
 
 @dataclass(frozen=True, slots=True)

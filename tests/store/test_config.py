@@ -112,3 +112,15 @@ def test_strict_layout_refuses_other_layout_values(store_path, small_config):
     # the same values with strict_layout open fine
     with MessageStore.open(store_path, small_config.replace(strict_layout=True)) as s:
         assert s.config.commitlog_file_size_bytes == 64 * 1024
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"delete_when": "25"}, "delete_when"), ({"delete_when": ""}, "delete_when"),
+    ({"delete_when": "4am"}, "delete_when"), ({"disk_max_used_space_ratio": 0}, "1 to 100"),
+    ({"disk_space_clean_forcibly_ratio": 101}, "1 to 100"),
+    ({"clean_resource_interval_ms": 0}, "clean_resource_interval_ms"),
+])
+def test_retention_schedule_settings_are_checked(changes, named):
+    with pytest.raises(InvalidConfigError, match=named):
+        StoreConfig(**changes)
+    assert StoreConfig(delete_when="02;14").delete_when == "02;14"

@@ -1,0 +1,222 @@
+"""``rmq serve`` / StoreServer: due delivery with no reader, SIGTERM, SIGKILL and restart,
+one server per store, retention on its schedule."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from conftest import SMALL, FakeClock
+
+from rmq_cli.cli import main
+from store import Message, MessageStore, StoreError, StoreServer, server_status
+from store import server as server_module
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+P = SMALL.timer_precision_ms
+
+
+def _serve(path: str, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
+                             "--log-level", "WARNING", *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_attached(path: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = server_status(path)
+        if status and status["attached"] and status.get("running"):
+            return
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the server never reported itself running"
+        time.sleep(0.05)
+
+
+def _count(store, topic: str) -> int:
+    return sum(store.max_offset(topic, q) for q in store.queue_ids(topic)) \
+        if topic in store.topics() else 0
+
+
+def _views(store, topic: str):
+    out = []
+    for q in store.queue_ids(topic):
+        end = store.max_offset(topic, q)
+        if end:
+            out += store.pull(topic, q, 0, end)
+    return out
+
+
+def _send(store, n_timer: int, n_level: int, rng) -> None:
+    p = store.producer("load")
+    if n_timer:
+        p.send_table(pa.table({
+            "body": [b"t%06d" % i for i in range(n_timer)],
+            "delay_ms": pa.array(rng.integers(500, 5001, size=n_timer), pa.int64())}),
+            topic="timeouts")
+    if n_level:
+        p.send_table(pa.table({
+            "body": [b"l%06d" % i for i in range(n_level)],
+            "delay_level": pa.array(rng.integers(1, 3, size=n_level), pa.int64())}),
+            topic="reminders")
+
+
+def _wait_for(store, want: dict[str, int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_count(store, t) < n for t, n in want.items()):
+        assert time.monotonic() < deadline, {t: _count(store, t) for t in want}
+        time.sleep(0.1)
+
+
+def test_serve_delivers_on_time_with_no_reader(tmp_path):
+    path = str(tmp_path / "store")
+    MessageStore.open(path, SMALL).close()
+    proc = _serve(path)
+    try:
+        _wait_attached(path, proc)
+        with MessageStore.open(path, SMALL) as store:  # this process never delivers
+            _send(store, 5_000, 5_000, np.random.default_rng(1))
+            _wait_for(store, {"timeouts": 5_000, "reminders": 5_000}, 30)
+            views = _views(store, "timeouts") + _views(store, "reminders")
+        late = np.array([v.store_timestamp_ms - v.deliver_timestamp_ms for v in views])
+        print("lateness p50/p99/max ms:", np.percentile(late, [50, 99, 100]).tolist())
+        assert len(views) == 10_000 and len({v.msg_id for v in views}) == 10_000
+        assert late.min() >= 0  # never early
+        assert np.percentile(late, 99) <= P + 100, np.percentile(late, [50, 99, 100])
+        status = server_status(path)
+        assert status["attached"] and status["delivered"] == 10_000
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert b"stopped; 10000 delivered" in err
+    status = server_status(path)
+    assert status == {**status, "attached": False, "running": False}
+
+
+def test_killed_and_restarted_under_load_delivers_each_once(tmp_path):
+    path = str(tmp_path / "store")
+    MessageStore.open(path, SMALL).close()
+    rng = np.random.default_rng(2)
+    proc = _serve(path)
+    try:
+        _wait_attached(path, proc)
+        with MessageStore.open(path, SMALL) as store:
+            for _ in range(6):  # load keeps arriving while the server delivers
+                _send(store, 500, 100, rng)
+                time.sleep(0.25)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            _send(store, 500, 100, rng)  # sent while no server runs
+            time.sleep(0.5)
+            proc = _serve(path)
+            _wait_attached(path, proc)
+            _wait_for(store, {"timeouts": 3_500, "reminders": 700}, 40)
+            time.sleep(3 * P / 1000)
+            views = _views(store, "timeouts") + _views(store, "reminders")
+        assert len(views) == 4_200
+        assert len({v.msg_id for v in views}) == 4_200  # none twice
+        assert min(v.store_timestamp_ms - v.deliver_timestamp_ms for v in views) >= 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+
+def _stats(path: str) -> dict:
+    r = CliRunner().invoke(main, ["stats", "--store", path, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_one_server_per_store_and_stats_show_it(store_path):
+    clock = FakeClock()
+    with MessageStore.open(store_path, SMALL, clock=clock) as store:
+        store.producer("g").send(Message("t", b"x"), delay_ms=1_000)
+    data = _stats(store_path)
+    assert data["server"] is None and data["due_behind_ms"] > 0  # due, nobody delivered it
+    first = StoreServer(store_path, SMALL)
+    try:
+        with pytest.raises(StoreError, match="another rmq server already runs"):
+            StoreServer(store_path, SMALL)
+        first.step()
+        data = _stats(store_path)
+        assert data["server"]["attached"] and data["server"]["delivered"] == 1
+        assert data["due_behind_ms"] == 0
+        assert "server: attached" in CliRunner().invoke(main, ["stats", "--store",
+                                                               store_path]).stdout
+    finally:
+        first.close()
+    second = StoreServer(store_path, SMALL)  # the lock is free again
+    second.close()
+
+
+def test_stop_ends_run_after_the_current_step(store_path):
+    server = StoreServer(store_path, SMALL)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while server.counters.delivery_runs < 3:  # one step per precision (100 ms)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    server.stop()
+    thread.join(timeout=2 * P / 1000 + 1)
+    assert not thread.is_alive()
+    assert server_status(store_path) == {**server_status(store_path), "attached": False,
+                                         "running": False}
+
+
+def _fill_segments(store, clock, segments: int) -> None:
+    p = store.producer("g")
+    while len(store.commit_log.files.files) < segments:
+        p.send_batch([Message("t", bytes(1000)) for _ in range(20)])
+        clock.advance(1_000)
+
+
+def test_retention_runs_at_its_hour_and_keeps_what_is_pending(store_path, monkeypatch):
+    clock = FakeClock()
+    hour = time.localtime(clock() / 1000).tm_hour
+    other = (hour + 12) % 24
+    monkeypatch.setattr(server_module, "disk_used_ratio", lambda path: 0.10)
+    config = SMALL.replace(delete_when=f"{other:02d}", file_reserved_time_hours=1)
+    server = StoreServer(store_path, config, clock=clock)
+    try:
+        store = server.store
+        _fill_segments(store, clock, 3)
+        pending = store.producer("g").send(Message("later", b"x"), delay_ms=30 * 86_400_000)
+        _fill_segments(store, clock, 8)
+        clock.advance(2 * 3_600_000)  # everything is past its reserved time
+        assert server.retention() == 0  # not a delete_when hour, disk not full
+        server.hours = frozenset({time.localtime(clock() / 1000).tm_hour})
+        deleted = server.retention()
+        # the segments before the pending delayed message go; its segment and later stay
+        assert deleted >= 2
+        assert store.commit_log.min_offset() <= pending.commitlog_offset
+        assert server.counters.segments_deleted == deleted
+    finally:
+        server.close()
+
+
+def test_a_full_disk_forces_retention_at_any_hour(store_path, monkeypatch):
+    clock = FakeClock()
+    hour = time.localtime(clock() / 1000).tm_hour
+    config = SMALL.replace(delete_when=f"{(hour + 12) % 24:02d}")
+    server = StoreServer(store_path, config, clock=clock)
+    try:
+        _fill_segments(server.store, clock, 6)
+        monkeypatch.setattr(server_module, "disk_used_ratio", lambda path: 0.80)
+        assert server.retention() == 0  # over 75 %: runs, but nothing is 72 h old
+        monkeypatch.setattr(server_module, "disk_used_ratio", lambda path: 0.90)
+        assert server.retention() == 5  # over 85 %: age ignored, the newest segment kept
+    finally:
+        server.close()
