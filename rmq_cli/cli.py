@@ -96,6 +96,7 @@ def main() -> None:
       echo hello | rmq send --store ./s --topic orders --delay-ms 5000
       rmq tail --store ./s --topic orders --from earliest
       rmq serve --store ./s            deliver due messages and run retention, until stopped
+      rmq lag --checkpoint ./ckpt --store ./s   how far a streaming query is behind
       rmq repair --store ./s           rebuild the queues from the CommitLog
     """
 
@@ -267,46 +268,6 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
     click.echo(f"sent {sent} message(s) to {topic}{when}", err=True)
 
 
-# --------------------------------------------------------------------------- serve
-@main.command()
-@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing).")
-@click.option("--delete-when", default=None,
-              help="Hours for retention, ';'-separated (RocketMQ's deleteWhen) [default: 04].")
-@click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
-              help="Keep CommitLog segments at least this long [default: 72].")
-@click.option("--disk-max-used-space-ratio", type=click.IntRange(1, 100), default=None,
-              help="Disk use (%) above which retention runs at any hour [default: 75].")
-@click.option("--duration-s", type=click.FloatRange(min=0), default=None,
-              help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
-              default="INFO", show_default=True)
-def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          duration_s, log_level):
-    """Deliver due delayed messages and run retention for a store, until stopped.
-
-    Delayed messages reach their topics within about timer_precision_ms of their due time
-    with no reader running.  Runs beside any readers and writers (Spark queries, rmq tail,
-    producers); one server per store.  Stops cleanly on SIGTERM or Ctrl-C.
-    """
-    import logging
-
-    from store import StoreConfig, StoreServer
-
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    changes = {k: v for k, v in (("delete_when", delete_when),
-                                 ("file_reserved_time_hours", file_reserved_time_hours),
-                                 ("disk_max_used_space_ratio", disk_max_used_space_ratio))
-               if v is not None}
-    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None)
-    server.install_signal_handlers()
-    click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C stops",
-               err=True)
-    counters = server.run(duration_s=duration_s)
-    click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
-               f"{counters.segments_deleted} segment(s) deleted", err=True)
-
-
 # --------------------------------------------------------------------------- tail
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
@@ -363,6 +324,11 @@ def demo(store_path, orders, timeout_s, quiet):
     click.echo(f"demo finished in {time.time() - started:.1f} s", err=True)
     sys.exit(0 if ok else EXIT_INVARIANT)
 
+
+from .ops import lag, serve  # noqa: E402  (the commands of long-running use)
+
+main.add_command(serve)
+main.add_command(lag)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -13,9 +13,13 @@ properties     map<string,string>                      user properties
 delay_ms       integer types                           deliver after this many ms
 deliver_at     timestamp (or epoch ms as long)         deliver at this time
 delay_level    integer types                           a 4.x delay level
+queue_id       integer types                           the row's queue (ordered messages)
+sharding_key   string                                  rows with one key share a queue
 =============  ======================================  =======================================
 
-At most one delay column may be set per row (null: not delayed).  Rows arrive as Arrow
+At most one delay column may be set per row (null: not delayed), and at most one of
+``queue_id`` and ``sharding_key`` per DataFrame (null: round robin); rows of one queue keep
+the order in which the task wrote them.  Rows arrive as Arrow
 batches (``DataSourceArrowWriter`` / ``DataSourceStreamArrowWriter``) and are validated and
 encoded by the store's columnar write path (:func:`store.table_producer.prepare_rows`).
 
@@ -81,6 +85,8 @@ COLUMN_TYPES = {
     "delay_ms": (_INTS, "an integer type"),
     "deliver_at": ((TimestampType, TimestampNTZType, LongType), "timestamp or long epoch ms"),
     "delay_level": (_INTS, "an integer type"),
+    "queue_id": (_INTS, "an integer type"),
+    "sharding_key": ((StringType,), "string"),
 }
 
 

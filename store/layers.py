@@ -91,6 +91,7 @@ LAYERS: dict[str, int] = {
     "store.sink": FACADE,
     "store.sink_halves": FACADE,
     "store.table_rows": FACADE,
+    "store.table_queues": FACADE,
     "store.producer": FACADE,
     "store.transaction.producer": FACADE,
     "store.stats": FACADE,

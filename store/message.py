@@ -138,6 +138,12 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+def sharding_queue(key: str, queue_count: int) -> int:
+    """The queue of a sharding key: RocketMQ's ``SelectMessageQueueByHash``, the Java hash of
+    the key modulo the queue count, made non-negative."""
+    return abs(java_string_hash(key)) % queue_count
+
+
 def tags_code(tags: str | None) -> int:
     """The ConsumeQueue tagsCode of a tag: its Java hash, 0 when there is none."""
     return java_string_hash(tags) if tags else 0

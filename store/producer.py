@@ -20,6 +20,7 @@ from .message import (
     PROPERTY_UNIQ_KEY,
     Message,
     SendResult,
+    sharding_queue,
     validate_group,
     validate_message,
     validate_topic,
@@ -98,8 +99,27 @@ class Producer:
         return None, None
 
     # -- sending ----------------------------------------------------------------------------
+    def _queue(self, topic: object, queue_id: object, sharding_key: object) -> int | None:
+        """The queue an ordered send asks for (``None``: round robin), validated."""
+        if queue_id is None and sharding_key is None:
+            return None
+        if queue_id is not None and sharding_key is not None:
+            raise InvalidMessageError("queue_id and sharding_key were both given; allowed: at "
+                                      "most one (a queue, or a key hashed to a queue)")
+        count = self.store.ensure_topic(validate_topic(topic))
+        if sharding_key is not None:
+            if not isinstance(sharding_key, str) or not sharding_key:
+                raise InvalidMessageError(f"sharding_key={sharding_key!r}; allowed: a non-empty "
+                                          "str (messages with one key keep their order)")
+            return sharding_queue(sharding_key, count)
+        if not _is_int(queue_id) or not 0 <= queue_id < count:
+            raise InvalidMessageError(f"queue_id={queue_id!r} for topic {topic!r}; allowed: an "
+                                      f"int from 0 to {count - 1} (the topic's queues)")
+        return queue_id
+
     def send(self, message: Message, *, delay_level: int | None = None, delay_ms: int | None = None,
-             deliver_at_ms: int | None = None) -> SendResult:
+             deliver_at_ms: int | None = None, queue_id: int | None = None,
+             sharding_key: str | None = None) -> SendResult:
         """Store one message, now or delayed.
 
         Parameters
@@ -113,6 +133,13 @@ class Producer:
             Deliver after this many ms (timer wheel), up to ``timer_max_delay_ms``.
         deliver_at_ms : int, optional
             Deliver at this epoch ms (timer wheel); a time in the past delivers at once.
+        queue_id : int, optional
+            The queue it goes to (RocketMQ's ``MessageQueueSelector``), from 0 to the topic's
+            queue count - 1; a delayed message surfaces there too.  Default: round robin.
+        sharding_key : str, optional
+            Messages with the same key go to the same queue, so they keep their order (the
+            key's Java hash modulo the queue count, RocketMQ's ``SelectMessageQueueByHash``).
+            At most one of ``queue_id`` and ``sharding_key``.
 
         Returns
         -------
@@ -125,6 +152,9 @@ class Producer:
         level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
         msg_id = self.store.id_generator.next_id(now)
         spec = self._spec(message, msg_id, now)
+        queue = self._queue(message.topic, queue_id, sharding_key)
+        if queue is not None:
+            spec = dataclasses.replace(spec, queue_id=queue)
         due = None
         if level is not None:
             spec, due = self.store.schedule.rewrite(spec, level)
@@ -141,12 +171,14 @@ class Producer:
                           deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
                           stored_queue_offset=r.queue_offset)
 
-    def send_batch(self, messages: Sequence[Message]) -> list[SendResult]:
+    def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
+                   sharding_key: str | None = None) -> list[SendResult]:
         """Store messages of one topic as consecutive records of one queue.
 
         RocketMQ's batch rules: all messages share one topic, which is no retry topic; no
         delay; the encoded batch is at most ``max_message_size_bytes`` (4 MiB).  The records
-        share one store time and, when they fit, one segment.
+        share one store time and, when they fit, one segment.  ``queue_id`` or
+        ``sharding_key`` choose the queue as for :meth:`send` (default: round robin).
         """
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidBatchError("send_batch needs a non-empty list of store.Message")
@@ -161,10 +193,12 @@ class Producer:
         if isinstance(topic, str) and topic.startswith((RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)):
             raise InvalidBatchError(f"a batch may not go to the retry or DLQ topic {topic!r}")
         validate_topic(topic)
+        queue = self._queue(topic, queue_id, sharding_key)
         with paused_gc():
-            return self._send_batch(messages, topic)
+            return self._send_batch(messages, topic, queue)
 
-    def _send_batch(self, messages: Sequence[Message], topic: str) -> list[SendResult]:
+    def _send_batch(self, messages: Sequence[Message], topic: str,
+                    queue: int | None) -> list[SendResult]:
         limit = self.store.config.max_message_size_bytes
         bodies, tags, keys, properties, flags = zip(*map(_FIELDS, messages))
         try:
@@ -184,7 +218,7 @@ class Producer:
                 f"batch of {len(bodies)} messages is {total} bytes encoded; allowed: at most "
                 f"max_message_size_bytes={limit}; split it into smaller batches")
         r = self.store.append_batch(topic, bodies, props, tags=tags, flags=list(flags),
-                                    born_timestamp_ms=now)
+                                    born_timestamp_ms=now, queue_id=queue)
         n = len(bodies)
         return _send_results(ids, topic, r.queue_id,
                              range(r.first_queue_offset, r.first_queue_offset + n),

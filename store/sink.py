@@ -133,6 +133,8 @@ class Sink:
             "msg_id": part.msg_ids.to_arrow(pa.string()),
             "delay_level": pa.array(part.levels, pa.int64()),
             "deliver_ms": pa.array(part.deliver_ms, pa.int64()),
+            "queue_id": pa.array(np.full(hi - lo, -1) if part.queue_ids is None
+                                 else part.queue_ids, pa.int64()),
         }, schema=STAGED_SCHEMA)
         tx = new_transaction_id(self.sink_id)
         props = {PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",

@@ -30,6 +30,8 @@ STAGED_SCHEMA (one row per message; everything a send would have validated and e
     msg_id        string    the message id (UNIQ_KEY)
     delay_level   int64     4.x delay level, 0: none
     deliver_ms    int64     timer deliver time (epoch ms), -1: none
+    queue_id      int64     the queue the row asked for (queue_id / sharding_key), -1:
+                            round robin (absent from halves staged before it existed)
 
 Marker (``rmq_sys_sink_commit`` queue 0, a system topic: hidden from readers)::
 
@@ -61,11 +63,12 @@ PROPERTY_SINK_BATCH = "__RMQ_SINK_BATCH"
 SINK_TX_PREFIX = "SINK"
 SINK_KEY_HEX = 12
 
-STAGED_SCHEMA = pa.schema([
+_STAGED_V1 = pa.schema([
     ("topic", pa.string()), ("body", pa.binary()), ("properties", pa.binary()),
     ("tags_code", pa.int64()), ("msg_id", pa.string()), ("delay_level", pa.int64()),
     ("deliver_ms", pa.int64()),
 ])
+STAGED_SCHEMA = _STAGED_V1.append(pa.field("queue_id", pa.int64()))
 
 
 def sink_key(sink_id: str) -> str:
@@ -114,6 +117,8 @@ def decode_staged(body: bytes, where: str) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptRecordError(f"sink half {where}: its body is no Arrow stream ({exc})") \
             from None
+    if table.schema.equals(_STAGED_V1):  # staged before rows could ask for a queue
+        table = table.append_column("queue_id", pa.array([-1] * table.num_rows, pa.int64()))
     if not table.schema.equals(STAGED_SCHEMA):
         raise CorruptRecordError(
             f"sink half {where}: its rows have schema {table.schema}; expected {STAGED_SCHEMA}")

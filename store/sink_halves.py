@@ -100,7 +100,7 @@ def prepared_from_staged(table: pa.Table, born_ms) -> PreparedRows:
         msg_ids=ByteColumn.from_arrow(table.column("msg_id")),
         levels=table.column("delay_level").to_numpy(),
         deliver_ms=table.column("deliver_ms").to_numpy(),
-        born_ms=born_ms)
+        born_ms=born_ms, queue_ids=table.column("queue_id").to_numpy())
 
 
 def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:

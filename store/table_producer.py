@@ -110,6 +110,8 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
     for t in np.unique(user_topic_ids).tolist():
         queue_of[t] = store.next_queue(names[t], store.ensure_topic(names[t]))
     real_qid = queue_of[user_topic_ids]
+    if rows.queue_ids is not None:  # ordered rows: the queue each asked for
+        real_qid = np.where(rows.queue_ids >= 0, rows.queue_ids, real_qid)
     by_level, by_timer = levels > 0, deliver >= 0
     delayed = by_level | by_timer
     codes = np.array(rows.tags_codes, dtype=np.int64)

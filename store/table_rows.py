@@ -31,9 +31,10 @@ from .message import (
     validate_topic,
 )
 from .record_kernels import ByteColumn, empty_column
+from .table_queues import QUEUE_COLUMNS, chosen_queues
 
 COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
-           "delay_level")
+           "delay_level", *QUEUE_COLUMNS)
 
 def as_table(data) -> pa.Table:
     """A ``pyarrow.Table`` of ``data`` (a Table, RecordBatch or pandas DataFrame)."""
@@ -220,7 +221,8 @@ class PreparedRows:
     delayed row (added when appended); ``tags_codes``: the tag hashes; ``msg_ids``: the
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
     deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
-    an int, or one per row for rows of several staged halves).
+    an int, or one per row for rows of several staged halves); ``queue_ids``: each row's
+    queue (-1, or no array: round robin; :mod:`store.table_queues`).
     """
 
     topic_names: list
@@ -232,6 +234,7 @@ class PreparedRows:
     levels: np.ndarray
     deliver_ms: np.ndarray
     born_ms: int
+    queue_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.topic_ids)
@@ -242,7 +245,8 @@ class PreparedRows:
                             self.msg_ids.slice(lo, hi), self.levels[lo:hi],
                             self.deliver_ms[lo:hi],
                             self.born_ms[lo:hi] if isinstance(self.born_ms, np.ndarray)
-                            else self.born_ms)
+                            else self.born_ms,
+                            None if self.queue_ids is None else self.queue_ids[lo:hi])
 
     def topic_array(self) -> pa.Array:
         """Each row's topic as an Arrow string array."""
@@ -267,8 +271,9 @@ def prepare_rows(store: StorePort, data, *, topic: str | None = None) -> Prepare
     now = store.now_ms()
     if table.num_rows == 0:
         return PreparedRows.empty(now)
-    fast = _prepare_columns(store, table, topic, now)
-    return fast if fast is not None else _prepare_by_rows(store, table, topic, now)
+    rows = _prepare_columns(store, table, topic, now) or _prepare_by_rows(store, table, topic, now)
+    rows.queue_ids = chosen_queues(store, table, rows.topic_names, rows.topic_ids)
+    return rows
 
 
 def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,

@@ -46,6 +46,25 @@ def test_batch_write_every_column_round_trips(spark, tmp_path):
         assert store.pending_transaction_stats()["pending"] == 0
 
 
+def test_sharding_key_keeps_each_order_in_one_queue_in_order(spark, tmp_path):
+    from store.message import sharding_queue
+
+    path = str(tmp_path / "store")
+    df = spark.sql("""
+        SELECT 'orders' AS topic, concat('order-', id % 5, ':', id) AS body,
+               concat('order-', id % 5) AS sharding_key
+        FROM range(300)""").coalesce(1)
+    df.write.format("rmq").mode("append").save(path)
+    rows = _read(spark, path, "orders").select("queue_id", "queue_offset", "body").collect()
+    assert len(rows) == 300
+    by_key = {}
+    for r in sorted(rows, key=lambda r: (r["queue_id"], r["queue_offset"])):
+        key, i = bytes(r["body"]).decode().split(":")
+        assert r["queue_id"] == sharding_queue(key, 4)
+        by_key.setdefault(key, []).append(int(i))
+    assert all(ids == sorted(ids) for ids in by_key.values())  # one task: written order kept
+
+
 def test_value_column_option_topic_and_delays(spark, tmp_path):
     path = str(tmp_path / "store")
     now = dt.datetime.now(dt.timezone.utc)

@@ -1,0 +1,85 @@
+"""``rmq serve`` and ``rmq lag``: the commands for stores that run all the time."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+
+# --------------------------------------------------------------------------- serve
+@click.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory (created when missing).")
+@click.option("--delete-when", default=None,
+              help="Hours for retention, ';'-separated (RocketMQ's deleteWhen) [default: 04].")
+@click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
+              help="Keep CommitLog segments at least this long [default: 72].")
+@click.option("--disk-max-used-space-ratio", type=click.IntRange(1, 100), default=None,
+              help="Disk use (%) above which retention runs at any hour [default: 75].")
+@click.option("--duration-s", type=click.FloatRange(min=0), default=None,
+              help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="INFO", show_default=True)
+def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
+          duration_s, log_level):
+    """Deliver due delayed messages and run retention for a store, until stopped.
+
+    Delayed messages reach their topics within about timer_precision_ms of their due time
+    with no reader running.  Runs beside any readers and writers (Spark queries, rmq tail,
+    producers); one server per store.  Stops cleanly on SIGTERM or Ctrl-C.
+    """
+    import logging
+
+    from store import StoreConfig, StoreServer
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    changes = {k: v for k, v in (("delete_when", delete_when),
+                                 ("file_reserved_time_hours", file_reserved_time_hours),
+                                 ("disk_max_used_space_ratio", disk_max_used_space_ratio))
+               if v is not None}
+    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None)
+    server.install_signal_handlers()
+    click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C stops",
+               err=True)
+    counters = server.run(duration_s=duration_s)
+    click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
+               f"{counters.segments_deleted} segment(s) deleted", err=True)
+
+
+# --------------------------------------------------------------------------- lag
+@click.command()
+@click.option("--checkpoint", "checkpoint_dir", required=True,
+              type=click.Path(file_okay=False, exists=True),
+              help="The streaming query's checkpointLocation.")
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store the query reads.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for monitoring).")
+def lag(checkpoint_dir, store_path, as_json):
+    """How many messages a streaming query has not processed yet, per queue.
+
+    Compares the end offsets of the query's last committed micro-batch (from its checkpoint)
+    with the end of each queue in the store; opens the store read-only.
+    """
+    from rmq_source.lag import checkpoint_offsets, queue_lag
+    from store import StoreReader
+
+    batch, sources = checkpoint_offsets(checkpoint_dir)
+    merged = {}
+    for offsets in sources:
+        merged.update(offsets)
+    with StoreReader.open(store_path) as store:
+        result = queue_lag(store, merged)
+    result["batch_id"] = batch
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    if batch is None:
+        click.echo("no micro-batch committed yet: the query has processed nothing")
+        return
+    click.echo(f"last committed batch {batch}: {result['lag']} message(s) behind "
+               f"(largest queue lag {result['max_lag']})")
+    for row in result["queues"]:
+        click.echo(f"  {row['topic']}/{row['queue_id']}: processed to {row['processed']}, "
+                   f"latest {row['latest']}, lag {row['lag']}")

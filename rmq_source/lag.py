@@ -1,0 +1,117 @@
+"""How far a streaming query is behind its store: per-queue lag from a checkpoint or progress.
+
+Python data sources cannot report Spark source metrics (``avgOffsetsBehindLatest`` of the
+Kafka source), so these helpers compute the same from what a query leaves behind:
+
+* :func:`checkpoint_offsets` reads the end offsets of the last **committed** micro-batch from
+  the query's checkpoint directory (``offsets/<batch>``, confirmed by ``commits/<batch>``);
+* :func:`progress_offsets` takes them from ``query.lastProgress`` in the running process;
+* :func:`queue_lag` compares them with the store's end of each queue: ``lag`` is the number
+  of messages visible in the store that the query has not processed yet.
+
+A queue of a subscribed topic the checkpoint does not list yet (a topic created, or queues
+added, after the batch) counts from its first offset, as the source would read it.
+``rmq lag --checkpoint DIR --store DIR [--json]`` prints the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+from .errors import RmqSourceError
+from .offsets import QueueOffsets, from_spark
+
+
+def _batch_ids(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def checkpoint_offsets(checkpoint_dir: str) -> tuple[int | None, list[QueueOffsets]]:
+    """``(batch id, [offsets per rmq source])`` of the last committed batch of a query.
+
+    ``(None, [])`` when no batch has been committed yet.  Sources that are not ``rmq``
+    (another format in a union or a join) are left out.
+
+    Raises
+    ------
+    RmqSourceError
+        ``checkpoint_dir`` is not a streaming checkpoint (no ``offsets/`` directory).
+    """
+    offsets_dir = os.path.join(checkpoint_dir, "offsets")
+    if not os.path.isdir(offsets_dir):
+        raise RmqSourceError(f"{checkpoint_dir} is not a streaming query's checkpoint (no "
+                             "offsets/ directory); give the checkpointLocation of the query")
+    committed = set(_batch_ids(os.path.join(checkpoint_dir, "commits")))
+    done = [b for b in _batch_ids(offsets_dir) if b in committed]
+    if not done:
+        return None, []
+    batch = done[-1]
+    with open(os.path.join(offsets_dir, str(batch)), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    # line 0: the log version; line 1: batch metadata; then one line per source
+    return batch, _rmq_offsets(lines[2:])
+
+
+def progress_offsets(progress: Mapping | str | None) -> list[QueueOffsets]:
+    """The rmq sources' end offsets in a ``StreamingQuery.lastProgress`` (dict or JSON)."""
+    if progress is None:
+        return []
+    if isinstance(progress, str):
+        progress = json.loads(progress)
+    return _rmq_offsets(source.get("endOffset") for source in progress.get("sources", []))
+
+
+def _rmq_offsets(values) -> list[QueueOffsets]:
+    out = []
+    for value in values:
+        if value in (None, "", "-"):
+            continue
+        try:
+            out.append(from_spark(value))
+        except (RmqSourceError, ValueError):
+            continue  # another source's offset
+    return out
+
+
+def queue_lag(store, offsets: QueueOffsets) -> dict:
+    """Per-queue lag of ``offsets`` against ``store`` (a ``MessageStore`` or ``StoreReader``).
+
+    Returns ``{"queues": [{"topic", "queue_id", "processed", "latest", "lag"}], "lag",
+    "max_lag", "topics": {topic: lag}}``; ``processed`` is the next offset the query reads.
+    """
+    rows = []
+    known = set(store.topics())
+    for topic in sorted({t for t, _ in offsets}):
+        if topic not in known:
+            continue
+        for q in store.queue_ids(topic):
+            latest = store.max_offset(topic, q)
+            processed = offsets.get((topic, q), store.min_offset(topic, q))
+            rows.append({"topic": topic, "queue_id": q, "processed": processed,
+                         "latest": latest, "lag": max(0, latest - processed)})
+    per_topic: dict[str, int] = {}
+    for r in rows:
+        per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["lag"]
+    return {"queues": rows, "lag": sum(r["lag"] for r in rows),
+            "max_lag": max((r["lag"] for r in rows), default=0), "topics": per_topic}
+
+
+def query_lag(query, store_path: str) -> dict:
+    """:func:`queue_lag` of a running query's last progress against the store at
+    ``store_path`` (opened read-only), summed over its rmq sources."""
+    from store import StoreReader
+
+    merged: QueueOffsets = {}
+    for offsets in progress_offsets(query.lastProgress):
+        merged.update(offsets)
+    with StoreReader.open(store_path) as store:
+        return queue_lag(store, merged)
+
+
+__all__ = ["checkpoint_offsets", "progress_offsets", "query_lag", "queue_lag"]
