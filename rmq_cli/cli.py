@@ -97,6 +97,7 @@ def main() -> None:
       rmq tail --store ./s --topic orders --from earliest
       rmq serve --store ./s            deliver due messages and run retention, until stopped
       rmq lag --checkpoint ./ckpt --store ./s   how far a streaming query is behind
+      rmq retention --store ./s --dry-run   what retention would delete, and why not
       rmq repair --store ./s           rebuild the queues from the CommitLog
     """
 
@@ -325,10 +326,10 @@ def demo(store_path, orders, timeout_s, quiet):
     sys.exit(0 if ok else EXIT_INVARIANT)
 
 
-from .ops import lag, serve  # noqa: E402  (the commands of long-running use)
+from .ops import cancel, lag, retention, serve  # noqa: E402  (operations on a store)
 
-main.add_command(serve)
-main.add_command(lag)
+for _command in (serve, lag, retention, cancel):
+    main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

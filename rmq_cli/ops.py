@@ -1,4 +1,5 @@
-"""``rmq serve`` and ``rmq lag``: the commands for stores that run all the time."""
+"""``rmq serve``, ``lag``, ``retention`` and ``cancel``: operating a store that runs all the
+time."""
 
 from __future__ import annotations
 
@@ -83,3 +84,83 @@ def lag(checkpoint_dir, store_path, as_json):
     for row in result["queues"]:
         click.echo(f"  {row['topic']}/{row['queue_id']}: processed to {row['processed']}, "
                    f"latest {row['latest']}, lag {row['lag']}")
+
+
+# --------------------------------------------------------------------------- retention
+@click.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted, and why not.")
+@click.option("--force", is_flag=True,
+              help="Ignore the segments' age (never the newest segment, never one a pending "
+                   "delayed or open half message needs).")
+@click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
+              help="Keep segments at least this long [default: 72, RocketMQ's].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
+    """Delete CommitLog segments older than file_reserved_time_hours, now.
+
+    Each segment is listed with what happens to it: deleted, or kept because it is the
+    newest, is needed by a pending delayed or open half message, is too young, or comes
+    after a kept one.  A server (rmq serve) does this on its own schedule.
+    """
+    from .cli import _open_store
+
+    store = _open_store(store_path)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")
+    if file_reserved_time_hours is not None:
+        from store import MessageStore, StoreConfig
+
+        store.close()
+        store = MessageStore.open(store_path, StoreConfig(
+            file_reserved_time_hours=file_reserved_time_hours))
+    try:
+        plan = store.retention_plan(force=force)
+        deleted = 0 if dry_run else store.clean_expired_files(force=force)
+        hours = store.config.file_reserved_time_hours
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "deleted": deleted, "segments": plan},
+                              indent=2, sort_keys=True))
+        return
+    for p in plan:
+        verb = ("would delete" if dry_run else "deleted") if p["action"] == "delete" else "keeps"
+        why = "" if p["action"] == "delete" else f" ({p['action']})"
+        click.echo(f"{verb} {os.path.basename(p['file'])}{why}")
+    would = sum(p["action"] == "delete" for p in plan)
+    click.echo(f"{'would delete' if dry_run else 'deleted'} {would if dry_run else deleted} of "
+               f"{len(plan)} segment(s); file_reserved_time_hours={hours}", err=True)
+
+
+# --------------------------------------------------------------------------- cancel
+@click.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory.")
+@click.option("--topic", required=True, help="The topic the message was sent to.")
+@click.option("--msg-id", "msg_ids", required=True, multiple=True,
+              help="Id of a pending timer message (repeat for several).")
+def cancel(store_path, topic, msg_ids):
+    """Cancel pending timer messages so they never surface (exit 1 if one was not pending)."""
+    from .cli import _open_store
+
+    store = _open_store(store_path)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")
+    missing = []
+    try:
+        producer = store.producer("rmq-cli")
+        for msg_id in msg_ids:
+            if producer.cancel(topic, msg_id):
+                click.echo(f"cancelled {msg_id}")
+            else:
+                missing.append(msg_id)
+                click.echo(f"not pending: {msg_id} (unknown, another topic, a delay-level "
+                           "message, already due or already cancelled)", err=True)
+    finally:
+        store.close()
+    if missing:
+        raise SystemExit(1)

@@ -37,7 +37,27 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
         "server": server,
         "transactions": None if read_only else store.pending_transaction_stats(),
         "disk_bytes": store.disk_usage_bytes(),
+        "retention": None if read_only else _retention(store, now),
     }
+
+
+def _retention(store, now: int) -> dict:
+    """Disk use and the oldest record against the retention settings."""
+    from store import StoreError
+    from store.server import disk_used_ratio
+
+    cfg = store.config
+    oldest = None
+    try:
+        oldest = store.read_record(store.commit_log.min_offset()).store_timestamp_ms
+    except (StoreError, ValueError, IndexError):
+        pass  # an empty store
+    return {"disk_used_percent": round(disk_used_ratio(store.root) * 100, 1),
+            "disk_max_used_space_ratio": cfg.disk_max_used_space_ratio,
+            "disk_space_clean_forcibly_ratio": cfg.disk_space_clean_forcibly_ratio,
+            "file_reserved_time_hours": cfg.file_reserved_time_hours,
+            "oldest_record_age_hours": None if oldest is None
+            else round((now - oldest) / 3_600_000, 2)}
 
 
 def _human_bytes(n: int) -> str:
@@ -90,6 +110,14 @@ def render_stats(data: dict) -> None:
         console.print(f"server: none attached; due delivery {behind} ms behind (delayed "
                       "messages move when a reader delivers them: run `rmq serve --store "
                       f"{data['store']}` to deliver on time)")
+    ret = data.get("retention")
+    if ret:
+        age = ret["oldest_record_age_hours"]
+        console.print(f"retention: disk {ret['disk_used_percent']}% used (runs at any hour above "
+                      f"{ret['disk_max_used_space_ratio']}%, ignores age above "
+                      f"{ret['disk_space_clean_forcibly_ratio']}%); oldest record "
+                      f"{'-' if age is None else f'{age} h'} old, kept "
+                      f"{ret['file_reserved_time_hours']} h")
     tx = data["transactions"]
     console.print(f"pending half messages: {tx['pending']}"
                   + (f" (oldest born {tx['oldest_born_ms']})" if tx.get("oldest_born_ms") else ""))

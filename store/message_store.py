@@ -23,6 +23,7 @@ from typing import Mapping
 
 from .config import StoreConfig
 from .core.reading import Clock
+from .core.retention import retention_plan
 from .core.store_core import StoreCore
 from .delayed.schedule import ScheduleService, register_schedule_topic
 from .producer import Producer
@@ -175,3 +176,14 @@ class MessageStore(StoreCore):
         """Open transactions (``pending``) and the oldest one's born time (``oldest_born_ms``)."""
         self._check_open()
         return self.transactions.pending_stats()
+
+    # ------------------------------------------------------------------ retention
+    def retention_plan(self, *, force: bool = False) -> list[dict]:
+        """What :meth:`clean_expired_files` would do now (``rmq retention --dry-run``),
+        deleting nothing: one dict per CommitLog segment, oldest first (``file``, ``start``,
+        ``end``, ``newest_ms``, and ``action``: ``"delete"`` or why it stays, ``"newest"``,
+        ``"needed"`` by a pending delayed or open half message, ``"young"``, ``"after a
+        kept segment"``)."""
+        self._check_open()
+        with self.write_lock():
+            return retention_plan(self, force=force, guards=self._retention_guards)

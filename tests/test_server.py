@@ -220,3 +220,32 @@ def test_a_full_disk_forces_retention_at_any_hour(store_path, monkeypatch):
         assert server.retention() == 5  # over 85 %: age ignored, the newest segment kept
     finally:
         server.close()
+
+
+def test_cli_retention_dry_run_then_run_and_cancel(store_path):
+    clock = FakeClock()  # 2023: every segment is long past its reserved time for the CLI
+    with MessageStore.open(store_path, SMALL, clock=clock) as store:
+        _fill_segments(store, clock, 4)
+        p = store.producer("g")
+        pending = p.send(Message("later", b"x"), delay_ms=400 * 86_400_000 - 1)
+        _fill_segments(store, clock, 8)
+        segment = store.commit_log.files.find(pending.commitlog_offset).start
+    r = CliRunner().invoke(main, ["retention", "--store", store_path, "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)["segments"]
+    actions = [p["action"] for p in plan]
+    kept = next(i for i, p in enumerate(plan) if p["start"] == segment)
+    assert actions[:kept] == ["delete"] * kept and actions[kept] == "needed"
+    assert set(actions[kept + 1:]) == {"after a kept segment"}
+    r = CliRunner().invoke(main, ["retention", "--store", store_path])
+    assert r.exit_code == 0, r.output
+    assert f"deleted {kept} of {len(plan)} segment(s)" in r.stderr
+    with MessageStore.open(store_path, SMALL) as store:  # the real clock from here on
+        assert store.commit_log.min_offset() == segment
+        cancelled = store.producer("g").send(Message("later", b"y"), delay_ms=600_000)
+    r = CliRunner().invoke(main, ["cancel", "--store", store_path, "--topic", "later",
+                                  "--msg-id", cancelled.msg_id])
+    assert r.exit_code == 0 and f"cancelled {cancelled.msg_id}" in r.stdout, r.output
+    r = CliRunner().invoke(main, ["cancel", "--store", store_path, "--topic", "later",
+                                  "--msg-id", cancelled.msg_id, "--msg-id", "nope"])
+    assert r.exit_code == 1 and "not pending" in r.stderr

@@ -29,32 +29,62 @@ def retention_floor(guards: Sequence[RetentionGuard]) -> int | None:
     return min(floors) if floors else None
 
 
-def delete_expired_segments(store: CoreParts, listeners: Sequence[RetentionListener] = (), *,
-                            force: bool = False,
-                            guards: Sequence[RetentionGuard] = ()) -> int:
-    """Delete expired CommitLog segments (all but the newest when ``force``, and never one
-    holding a record a guard needs); return how many.
+def retention_plan(store: CoreParts, *, force: bool = False,
+                   guards: Sequence[RetentionGuard] = ()) -> list[dict]:
+    """What retention would do now, oldest segment first, deleting nothing.
 
-    The caller holds the write lock.
+    One dict per segment: ``file``, ``start``, ``end``, ``newest_ms`` (store time of the
+    next segment's first record: every record of this one is at most that new; ``None`` for
+    the newest segment) and ``action``: ``"delete"``, or why it stays: ``"newest"``,
+    ``"needed"`` (a pending delayed message or an open half message lies in it or before
+    it), ``"young"`` (not yet ``file_reserved_time_hours`` old) or ``"after a kept
+    segment"`` (deletion stops at the first segment that stays).
     """
-    deleted = 0
     log = store.commit_log
     files = log.files.refresh()
     now = store.now_ms()
     reserved = store.config.file_reserved_time_ms
     floor = retention_floor(guards)
-    for current, nxt in zip(files, files[1:]):
-        if floor is not None and current.end > floor:
-            break  # a pending delayed message or an open half lies here (or later)
-        if not force:
+    plan, stopped = [], False
+    for i, current in enumerate(files):
+        nxt = files[i + 1] if i + 1 < len(files) else None
+        newest = None
+        if nxt is not None:
             buf = nxt.buffer()
-            if check_record(buf, 0, nxt.size, check_crc=False) in (RecordCheck.INVALID,):
-                break
-            first_ts = _I64.unpack_from(buf, FIELD_OFFSET["store_timestamp"])[0]
-            if first_ts + reserved > now:
-                break
-        log.files.delete_file(current)
-        deleted += 1
+            if check_record(buf, 0, nxt.size, check_crc=False) is not RecordCheck.INVALID:
+                newest = _I64.unpack_from(buf, FIELD_OFFSET["store_timestamp"])[0]
+        if stopped:
+            action = "after a kept segment"
+        elif nxt is None:
+            action = "newest"
+        elif floor is not None and current.end > floor:
+            action = "needed"
+        elif not force and (newest is None or newest + reserved > now):
+            action = "young"
+        else:
+            action = "delete"
+        stopped = stopped or action != "delete"
+        plan.append({"file": current.path, "start": current.start, "end": current.end,
+                     "newest_ms": newest, "action": action})
+    return plan
+
+
+def delete_expired_segments(store: CoreParts, listeners: Sequence[RetentionListener] = (), *,
+                            force: bool = False,
+                            guards: Sequence[RetentionGuard] = ()) -> int:
+    """Delete expired CommitLog segments (all but the newest when ``force``, and never one
+    holding a record a guard needs); return how many.  See :func:`retention_plan`.
+
+    The caller holds the write lock.
+    """
+    log = store.commit_log
+    doomed = {p["start"] for p in retention_plan(store, force=force, guards=guards)
+              if p["action"] == "delete"}
+    deleted = 0
+    for f in list(log.files.files):
+        if f.start in doomed:
+            log.files.delete_file(f)
+            deleted += 1
     if deleted:
         cl_min = log.min_offset()
         for topic, queue_id in store.all_consume_queues():
