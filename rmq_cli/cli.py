@@ -14,6 +14,8 @@ import time
 
 import click
 
+from .opening import open_store as _open_store
+
 EXIT_STORE_ERROR = 1
 EXIT_INVARIANT = 3
 EXIT_INTERRUPTED = 130
@@ -33,28 +35,6 @@ def _line_chunks(stream, size: int):
                 chunk = []
     if chunk:
         yield chunk
-
-
-def _open_store(path: str, *, must_exist: bool = True):
-    """The store at ``path``: writable for an rmq store; read-only (nothing written, not a
-    byte) for a directory Apache RocketMQ wrote."""
-    import os
-
-    from store import MessageStore, StoreNotFoundError, StoreReader
-
-    if must_exist and not os.path.isfile(os.path.join(path, "config", "store.json")):
-        try:
-            reader = StoreReader.open(path)
-        except (StoreNotFoundError, OSError):
-            reader = None
-        if reader is not None and not reader.written_by_rmq:
-            return reader
-        if reader is not None:
-            reader.close()
-        raise StoreNotFoundError(
-            f"{path} is not an rmq store (no config/store.json); run `rmq send` or `rmq demo "
-            f"--store {path}` first")
-    return MessageStore.open(path)
 
 
 def _fail(exc: Exception) -> None:

@@ -8,6 +8,8 @@ import os
 
 import click
 
+from .opening import open_store
+
 
 # --------------------------------------------------------------------------- serve
 @click.command()
@@ -104,9 +106,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     newest, is needed by a pending delayed or open half message, is too young, or comes
     after a kept one.  A server (rmq serve) does this on its own schedule.
     """
-    from .cli import _open_store
-
-    store = _open_store(store_path)
+    store = open_store(store_path)
     if getattr(store, "read_only", False):
         store.close()
         raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")
@@ -144,9 +144,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
               help="Id of a pending timer message (repeat for several).")
 def cancel(store_path, topic, msg_ids):
     """Cancel pending timer messages so they never surface (exit 1 if one was not pending)."""
-    from .cli import _open_store
-
-    store = _open_store(store_path)
+    store = open_store(store_path)
     if getattr(store, "read_only", False):
         store.close()
         raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")

@@ -42,22 +42,19 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
 
 
 def _retention(store, now: int) -> dict:
-    """Disk use and the oldest record against the retention settings."""
-    from store import StoreError
-    from store.server import disk_used_ratio
+    """Disk use and the CommitLog segments against the retention settings."""
+    import shutil
 
     cfg = store.config
-    oldest = None
-    try:
-        oldest = store.read_record(store.commit_log.min_offset()).store_timestamp_ms
-    except (StoreError, ValueError, IndexError):
-        pass  # an empty store
-    return {"disk_used_percent": round(disk_used_ratio(store.root) * 100, 1),
+    disk = shutil.disk_usage(store.root)
+    plan = store.retention_plan()
+    return {"disk_used_percent": round(disk.used / disk.total * 100, 1) if disk.total else 0.0,
             "disk_max_used_space_ratio": cfg.disk_max_used_space_ratio,
             "disk_space_clean_forcibly_ratio": cfg.disk_space_clean_forcibly_ratio,
             "file_reserved_time_hours": cfg.file_reserved_time_hours,
-            "oldest_record_age_hours": None if oldest is None
-            else round((now - oldest) / 3_600_000, 2)}
+            "segments": len(plan),
+            "segments_expired": sum(p["action"] == "delete" for p in plan),
+            "segments_needed": sum(p["action"] == "needed" for p in plan)}
 
 
 def _human_bytes(n: int) -> str:
@@ -112,12 +109,12 @@ def render_stats(data: dict) -> None:
                       f"{data['store']}` to deliver on time)")
     ret = data.get("retention")
     if ret:
-        age = ret["oldest_record_age_hours"]
         console.print(f"retention: disk {ret['disk_used_percent']}% used (runs at any hour above "
                       f"{ret['disk_max_used_space_ratio']}%, ignores age above "
-                      f"{ret['disk_space_clean_forcibly_ratio']}%); oldest record "
-                      f"{'-' if age is None else f'{age} h'} old, kept "
-                      f"{ret['file_reserved_time_hours']} h")
+                      f"{ret['disk_space_clean_forcibly_ratio']}%); {ret['segments']} "
+                      f"segment(s), {ret['segments_expired']} past "
+                      f"{ret['file_reserved_time_hours']} h and deletable now, "
+                      f"{ret['segments_needed']} held by pending messages")
     tx = data["transactions"]
     console.print(f"pending half messages: {tx['pending']}"
                   + (f" (oldest born {tx['oldest_born_ms']})" if tx.get("oldest_born_ms") else ""))

@@ -1,0 +1,25 @@
+"""Opening the store a command names: rmq's own writable, a RocketMQ broker's read-only."""
+
+from __future__ import annotations
+
+import os
+
+
+def open_store(path: str, *, must_exist: bool = True):
+    """The store at ``path``: writable for an rmq store; read-only (nothing written, not a
+    byte) for a directory Apache RocketMQ wrote."""
+    from store import MessageStore, StoreNotFoundError, StoreReader
+
+    if must_exist and not os.path.isfile(os.path.join(path, "config", "store.json")):
+        try:
+            reader = StoreReader.open(path)
+        except (StoreNotFoundError, OSError):
+            reader = None
+        if reader is not None and not reader.written_by_rmq:
+            return reader
+        if reader is not None:
+            reader.close()
+        raise StoreNotFoundError(
+            f"{path} is not an rmq store (no config/store.json); run `rmq send` or `rmq demo "
+            f"--store {path}` first")
+    return MessageStore.open(path)
