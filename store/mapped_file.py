@@ -39,7 +39,7 @@ def segment_name(start: int) -> str:
 class MappedFile:
     """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
 
-    __slots__ = ("path", "start", "size", "length", "_fd", "_map", "_lock")
+    __slots__ = ("path", "start", "size", "length", "_fd", "_map", "_lock", "_allocated")
 
     def __init__(self, path: str, start: int, size: int, length: int | None = None) -> None:
         self.path = path
@@ -51,6 +51,8 @@ class MappedFile:
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._lock = threading.Lock()
+        #: ``(lo, hi)``: a range of the file this process has reserved (``posix_fallocate``)
+        self._allocated = (0, 0)
 
     @property
     def end(self) -> int:
@@ -79,8 +81,20 @@ class MappedFile:
     def write(self, position: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``position`` (relative to the segment start)."""
         # reserve the blocks first: on a full disk nothing is written (no torn record, and no
-        # hole that a mapping would fault on), the error is typed
-        allocate(self.fd(), len(data), self.path, offset=position)
+        # hole that a mapping would fault on), the error is typed.  Blocks are reserved up to
+        # ALLOCATE_AHEAD (or a 16th of the file) at a time, so most writes need no system
+        # call for it
+        end = position + len(data)
+        lo, hi = self._allocated
+        if not lo <= position <= end <= hi:
+            step = min(ALLOCATE_AHEAD, self.size // 16)
+            ahead = min(self.size, max(end, position + step))
+            try:
+                allocate(self.fd(), ahead - position, self.path, offset=position)
+            except DiskFullError:
+                ahead = end  # no room to reserve ahead: this write's blocks alone, or fail
+                allocate(self.fd(), len(data), self.path, offset=position)
+            self._allocated = (lo, ahead) if lo <= position <= hi else (position, ahead)
         try:
             n = os.pwrite(self.fd(), data, position)
         except OSError as exc:
@@ -106,6 +120,9 @@ class MappedFile:
 
 
 _ZERO_CHUNK = 4 * 1024 * 1024
+#: Most bytes :meth:`MappedFile.write` reserves past a write that needs new blocks (a 16th
+#: of the file at most, so that thousands of queue files do not reserve gigabytes).
+ALLOCATE_AHEAD = 4 * 1024 * 1024
 
 
 def _prefix_chunks(fh, size: int):
