@@ -78,6 +78,7 @@ def main() -> None:
       rmq serve --store ./s            deliver due messages and run retention, until stopped
       rmq lag --checkpoint ./ckpt --store ./s   how far a streaming query is behind
       rmq retention --store ./s --dry-run   what retention would delete, and why not
+      rmq pending --store ./s          the next delayed messages due, the oldest open transactions
       rmq repair --store ./s           rebuild the queues from the CommitLog
     """
 
@@ -306,9 +307,9 @@ def demo(store_path, orders, timeout_s, quiet):
     sys.exit(0 if ok else EXIT_INVARIANT)
 
 
-from .ops import cancel, lag, retention, serve  # noqa: E402  (operations on a store)
+from .ops import cancel, lag, pending, retention, serve  # noqa: E402  (operating a store)
 
-for _command in (serve, lag, retention, cancel):
+for _command in (serve, lag, retention, cancel, pending):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

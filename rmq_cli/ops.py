@@ -162,3 +162,46 @@ def cancel(store_path, topic, msg_ids):
         store.close()
     if missing:
         raise SystemExit(1)
+
+
+# --------------------------------------------------------------------------- pending
+@click.command()
+@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              help="The store directory.")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True,
+              help="At most this many of each kind.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def pending(store_path, limit, as_json):
+    """The next delayed messages due (timer and delay levels) and the oldest open
+    transactions."""
+    import datetime as dt
+
+    store = open_store(store_path)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; its delayed and "
+                               "half messages are RocketMQ's (rmq stats shows its topics)")
+    try:
+        data = store.pending_messages(limit)
+        now = store.now_ms()
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+
+    def when(ms):
+        if ms is None:
+            return "?"
+        stamp = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+        return f"{stamp.isoformat(timespec='milliseconds')} (in {(ms - now) / 1000:.1f} s)"
+
+    for kind, title in (("timer", "timer messages"), ("delay_levels", "delay-level messages")):
+        click.echo(f"{title}: {len(data[kind])} shown")
+        for it in data[kind]:
+            click.echo(f"  {when(it['due_ms'])}  {it['topic']}/{it['queue_id']}  {it['msg_id']}")
+    click.echo(f"open transactions: {len(data['transactions'])} shown")
+    for tx in data["transactions"]:
+        click.echo(f"  {tx['transaction_id']}  group {tx['producer_group']}  topic "
+                   f"{tx['topic']}  born {(now - tx['born_ms']) / 1000:.1f} s ago  checked "
+                   f"{tx['check_times']} time(s)")

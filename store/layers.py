@@ -97,6 +97,7 @@ LAYERS: dict[str, int] = {
     "store.stats": FACADE,
     "store.reader": FACADE,
     "store.message_store": FACADE,
+    "store.pending_view": FACADE,
     "store.server": FACADE,
     "store": FACADE,
 }

@@ -26,6 +26,7 @@ from .core.reading import Clock
 from .core.retention import retention_plan
 from .core.store_core import StoreCore
 from .delayed.schedule import ScheduleService, register_schedule_topic
+from .pending_view import pending_messages
 from .producer import Producer
 from .reader import StoreReader
 from .sink import Sink, register_sink_topic, settle_check_views
@@ -176,6 +177,13 @@ class MessageStore(StoreCore):
         """Open transactions (``pending``) and the oldest one's born time (``oldest_born_ms``)."""
         self._check_open()
         return self.transactions.pending_stats()
+
+    def pending_messages(self, limit: int = 20) -> dict:
+        """The next delayed messages due and the oldest open transactions, at most ``limit``
+        of each (``rmq pending``): ``{"timer", "delay_levels", "transactions"}``, see
+        :func:`store.pending_view.pending_messages`."""
+        self._check_open()
+        return pending_messages(self, limit)
 
     # ------------------------------------------------------------------ retention
     def retention_plan(self, *, force: bool = False) -> list[dict]:

@@ -249,3 +249,37 @@ def test_cli_retention_dry_run_then_run_and_cancel(store_path):
     r = CliRunner().invoke(main, ["cancel", "--store", store_path, "--topic", "later",
                                   "--msg-id", cancelled.msg_id, "--msg-id", "nope"])
     assert r.exit_code == 1 and "not pending" in r.stderr
+
+
+def test_cli_pending_lists_the_next_due_and_the_oldest_open(store_path):
+    from store import LocalTransactionState
+
+    with MessageStore.open(store_path, SMALL) as store:  # the real clock: the CLI's
+        p = store.producer("g")
+        later = p.send(Message("t", b"later"), delay_ms=60_000)
+        soon = p.send(Message("t", b"soon"), delay_ms=30_000)
+        gone = p.send(Message("t", b"gone"), delay_ms=20_000)
+        assert p.cancel("t", gone.msg_id)
+        level = p.send(Message("t", b"level"), delay_level=3)
+        store.deliver_due()  # the timer records into the wheel
+        p.send(Message("t", b"queued"), delay_ms=90_000)  # still in the queue
+        class Undecided:
+            def execute_local_transaction(self, message, arg):
+                return LocalTransactionState.UNKNOW
+
+            def check_local_transaction(self, view):
+                return LocalTransactionState.UNKNOW
+
+        tx = store.transaction_producer("payments", Undecided()).send_in_transaction(
+            Message("pay", b"p"))
+    r = CliRunner().invoke(main, ["pending", "--store", store_path, "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [i["msg_id"] for i in data["timer"]][:2] == [soon.msg_id, later.msg_id]
+    assert gone.msg_id not in {i["msg_id"] for i in data["timer"]}  # cancelled
+    assert len(data["timer"]) == 3 and data["timer"][2]["topic"] == "t"
+    assert [i["msg_id"] for i in data["delay_levels"]] == [level.msg_id]
+    assert [(t["transaction_id"], t["producer_group"], t["topic"]) for t in
+            data["transactions"]] == [(tx.transaction_id, "payments", "pay")]
+    r = CliRunner().invoke(main, ["pending", "--store", store_path, "--limit", "1"])
+    assert r.exit_code == 0 and "timer messages: 1 shown" in r.stdout

@@ -339,6 +339,11 @@ class TimerService:
             self.wheel.release_memory()
             return max(0, pending + backlog)
 
+    def state(self) -> TimerCheckpoint:
+        """A copy of the timer's progress (``config/timercheck`` as last saved)."""
+        with self.store.write_lock():
+            return self._sync().copy()
+
     def pending_due_ms(self) -> tuple[np.ndarray, np.ndarray]:
         """When pending timer messages fire: ``(fire times, counts)``, vectorised.
 

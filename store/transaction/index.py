@@ -346,6 +346,18 @@ class TransactionIndex:
                 "discarded": int(self.row_discarded.data[:n].sum())}
 
 
+    def oldest_open(self, limit: int) -> list[tuple[str, int, int]]:
+        """``(transaction id, born ms, CommitLog offset of its newest half copy)`` of the
+        ``limit`` oldest open transactions."""
+        n = self.rows
+        live = np.flatnonzero(~self.row_ended.data[:n] & ~self.row_discarded.data[:n]
+                              & (self.row_latest.data[:n] >= 0))
+        born = self.row_born.data[:n][live]
+        rows = live[np.argsort(born, kind="stable")[:limit]]
+        return [(self.transaction_id(r), int(self.row_born.data[r]), self.latest_clog(r))
+                for r in rows.tolist()]
+
+
 def _as_key(transaction_id: str) -> bytes | None:
     """The ``S32`` key of an id, or ``None`` when it is not 32 printable ASCII characters."""
     if len(transaction_id) != _KEY_WIDTH:
