@@ -69,8 +69,8 @@ def test_the_reader_covers_every_public_write_method_of_the_store():
     core_only = {"open", "start", "next_queue", "tags_code", "tag_hashes", "has_tags_rule",
                  "register_system_topic",
                  "add_retention_listener", "add_retention_guard", "add_recovery_listener",
-                 "pending_delayed_stats",
-                 "pending_transaction_stats"}
+                 "pending_delayed_stats", "pending_transaction_stats", "pending_messages",
+                 "retention_plan"}
     missing = store_methods - reads - set(WRITE_METHODS) - core_only
     assert missing == set()
 
