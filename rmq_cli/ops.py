@@ -21,12 +21,16 @@ from .opening import open_store
               help="Keep CommitLog segments at least this long [default: 72].")
 @click.option("--disk-max-used-space-ratio", type=click.IntRange(1, 100), default=None,
               help="Disk use (%) above which retention runs at any hour [default: 75].")
+@click.option("--check-transactions", is_flag=True,
+              help="Run the transaction check rounds here and publish their questions; "
+                   "resolvers (a Spark view=transaction_checks query with "
+                   "checkRounds=server) then only answer.")
 @click.option("--duration-s", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          duration_s, log_level):
+          check_transactions, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -42,7 +46,8 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
                                  ("file_reserved_time_hours", file_reserved_time_hours),
                                  ("disk_max_used_space_ratio", disk_max_used_space_ratio))
                if v is not None}
-    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None)
+    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None,
+                         check_transactions=check_transactions)
     server.install_signal_handlers()
     click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C stops",
                err=True)

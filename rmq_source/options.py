@@ -9,7 +9,7 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
 
 * exactly one of ``subscribe`` / ``subscribePattern`` (a Python regular expression matched
   against whole topic names; system topics never match) for ``view=messages``;
-  ``view=transaction_checks`` takes only ``path`` and ``view``;
+  ``view=transaction_checks`` takes only ``path``, ``view`` and ``checkRounds``;
 * ``startingOffsets`` JSON: queues it does not name start at earliest; ``endingOffsets``
   JSON: queues it does not name end at latest; a batch query may not start at ``latest``
   (-1) nor end at ``earliest`` (-2);
@@ -48,10 +48,9 @@ OPTION_NAMES = {name.lower(): name for name in (
     "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
-    "verifyCrc",
+    "verifyCrc", "checkRounds",
 )}
-#: options Spark itself may put into a source's or writer's option map (a query's name and
-#: checkpoint); accepted and ignored
+#: options Spark itself may put into an option map (query name, checkpoint); ignored
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 _WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid"})
 _READ_ONLY = frozenset(k for k in OPTION_NAMES if k != "path" and k not in _WRITE_ONLY)
@@ -307,9 +306,12 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
     if view == "transaction_checks" and streaming is False:
         raise _fail("view", raw["view"], "is a streaming view", "spark.readStream with this view")
     if view == "transaction_checks":
-        for key in sorted(raw.keys() - {"path", "view"} - SPARK_OPTIONS):
+        for key in sorted(raw.keys() - {"path", "view", "checkrounds"} - SPARK_OPTIONS):
             raise _fail(key, raw[key], "applies to view=messages only",
-                        "path and view for view=transaction_checks")
+                        "path, view and checkRounds for view=transaction_checks")
+    elif "checkrounds" in raw:
+        raise _fail("checkrounds", raw["checkrounds"], "applies to view=transaction_checks only",
+                    "leave it out of view=messages")
 
     subscribe = subscribe_pattern = None
     if "subscribe" in raw and "subscribepattern" in raw:
@@ -326,13 +328,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
     elif "subscribepattern" in raw:
         subscribe_pattern = raw["subscribepattern"]
         try:
-            re.compile(subscribe_pattern)
+            re.compile(subscribe_pattern or "(")  # an empty pattern is refused as well
         except re.error as exc:
-            raise _fail("subscribepattern", subscribe_pattern, f"not a regular expression ({exc})",
+            why = f"not a regular expression ({exc})" if subscribe_pattern else "is empty"
+            raise _fail("subscribepattern", subscribe_pattern, why,
                         "a Python regular expression matched against whole topic names") from None
-        if not subscribe_pattern:
-            raise _fail("subscribepattern", subscribe_pattern, "is empty",
-                        "a Python regular expression matched against whole topic names")
     elif view == "messages":
         raise InvalidOptionError(
             "neither subscribe nor subscribePattern is given; allowed: exactly one of them, "

@@ -16,6 +16,14 @@ rows are written, before ``latestOffset`` returns, to
 so the executors of that batch, and a replay of it after a restart, read the same rows.
 ``commit`` deletes the files of finished batches.
 
+With ``checkRounds=server`` the query runs no rounds: a server (``rmq serve
+--check-transactions``, :class:`store.StoreServer`) does the bookkeeping and publishes each
+round's questions (``store.check_round_path``); the query only reads them, so its resolvers
+only answer.  Offsets are then ``{"round": n, "stream": "server"}`` with the server's round
+numbers; a new query starts with the newest published round; rounds the server has pruned are
+skipped (their open transactions are asked about again in later rounds); nothing is deleted
+by the query.
+
 Where things run: ``initialOffset``/``latestOffset``/``commit`` in Spark's long-lived
 driver-side runner, which keeps one writable store open per path in this module (the reader
 object itself holds only its options, so it pickles); ``read`` on executors, which only read
@@ -25,6 +33,7 @@ the round file.  With ``Trigger.AvailableNow`` the query runs exactly one round.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import threading
 import uuid
@@ -39,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from store import MessageStore
+from store import MessageStore, check_round_path, last_check_round, server_status
 
 from .errors import RmqSourceError
 from .options import RmqOptions
@@ -69,7 +78,11 @@ TRANSACTION_CHECKS_SCHEMA = pa.schema([
 ])
 
 ROUNDS_DIR = "transaction_checks"
+#: ``checkRounds`` values: who runs the rounds' bookkeeping.
+CHECK_ROUNDS = ("query", "server")
+SERVER_STREAM = "server"
 
+log = logging.getLogger("rmq_source")
 _lock = threading.Lock()
 _stores: dict[str, MessageStore] = {}
 
@@ -169,11 +182,19 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
     def __init__(self, options: RmqOptions) -> None:
         self.options = options
         self.path = options.path
+        mode = options.raw.get("checkrounds", "query").strip().lower()
+        if mode not in CHECK_ROUNDS:
+            raise CheckLoopError(f"option checkRounds={options.raw['checkrounds']!r}; allowed: "
+                                 "query (this query runs the check rounds) or server (a "
+                                 "server started with --check-transactions runs them)")
+        self.server_rounds = mode == "server"
         self._available_now: str | None = None  # None, "pending" or "done"
+        self._target: int | None = None  # the server round AvailableNow stops at
         self._initial: dict | None = None
 
     def __getstate__(self) -> dict:
-        return {"options": self.options, "path": self.path, "_available_now": None,
+        return {"options": self.options, "path": self.path,
+                "server_rounds": self.server_rounds, "_available_now": None, "_target": None,
                 "_initial": None}
 
     # -- driver side -------------------------------------------------------------------------
@@ -181,8 +202,32 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         # Spark may ask more than once: always give the same answer in this runner
         if self._initial is None:
             open_reader(self.options.path).close()  # a clear error for a path that is not a store
-            self._initial = {"round": 0, "stream": uuid.uuid4().hex}
+            if self.server_rounds:  # from the newest published round on
+                first = max(0, last_check_round(self.path) - 1)
+                self._initial = {"round": first, "stream": SERVER_STREAM}
+            else:
+                self._initial = {"round": 0, "stream": uuid.uuid4().hex}
         return dict(self._initial)
+
+    def _check_stream(self, stream: str) -> None:
+        if (stream == SERVER_STREAM) != self.server_rounds:
+            raise CheckLoopError(
+                f"this checkpoint was written with checkRounds="
+                f"{'server' if stream == SERVER_STREAM else 'query'}; the query now has "
+                f"checkRounds={'server' if self.server_rounds else 'query'}; allowed: the "
+                "same value, or a new checkpointLocation")
+
+    def _latest_server_round(self, start: dict) -> dict:
+        round_no, stream = _parse_offset(start)
+        self._check_stream(stream)
+        if self._available_now == "pending":
+            self._available_now, self._target = "done", last_check_round(self.path)
+        latest = self._target if self._available_now == "done" else last_check_round(self.path)
+        status = server_status(self.path)
+        if latest <= round_no and not (status and status.get("attached")):
+            log.warning("checkRounds=server but no server is attached to %s: start one with "
+                        "`rmq serve --store %s --check-transactions`", self.path, self.path)
+        return {"round": max(round_no, latest), "stream": SERVER_STREAM}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()
@@ -191,7 +236,10 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         self._available_now = "pending"
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self.server_rounds:
+            return self._latest_server_round(start)
         round_no, stream = _parse_offset(start)
+        self._check_stream(stream)
         if self._available_now == "done":
             return start
         if self._available_now == "pending":
@@ -210,8 +258,11 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         return [CheckRoundPartition(self.path, stream, r) for r in range(first + 1, last + 1)]
 
     def commit(self, end: dict) -> None:
-        """Delete the round files of batches up to ``end`` (they will not be replayed)."""
+        """Delete the round files of batches up to ``end`` (they will not be replayed); the
+        server's rounds are the server's to prune."""
         last, stream = _parse_offset(end)
+        if stream == SERVER_STREAM:
+            return
         for name in glob.glob(os.path.join(self.path, ROUNDS_DIR, stream, "*.arrow")):
             stem = os.path.basename(name).split(".")[0]
             if stem.isdigit() and int(stem) <= last:
@@ -225,6 +276,9 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
 
     # -- executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if partition.stream == SERVER_STREAM:
+            yield from _server_round(partition.path, partition.round_no)
+            return
         path = round_path(partition.path, partition.stream, partition.round_no)
         try:
             with open(path, "rb") as fh:  # read into memory: batches outlive the file
@@ -237,3 +291,15 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
                 "checkpoint (open transactions are asked about again in a later round)"
             ) from None
         yield from table.to_batches()
+
+
+def _server_round(store_path: str, round_no: int) -> Iterator[pa.RecordBatch]:
+    """The rows of a round a server published, in this view's columns (none when pruned)."""
+    try:
+        with open(check_round_path(store_path, round_no), "rb") as fh:
+            table = pa.ipc.open_file(fh).read_all()
+    except FileNotFoundError:
+        return  # pruned: its open transactions are asked about again in a later round
+    table = table.select([f.name for f in TRANSACTION_CHECKS_SCHEMA]).cast(
+        TRANSACTION_CHECKS_SCHEMA)
+    yield from table.to_batches()

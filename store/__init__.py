@@ -52,7 +52,7 @@ from .message import (
 )
 from .message_store import MessageStore
 from .reader import StoreReader
-from .server import StoreServer, server_status
+from .server import StoreServer, check_round_path, last_check_round, server_status
 from .sink import Sink, SinkCommit
 
 __all__ = [
@@ -67,5 +67,6 @@ __all__ = [
     "StoreServer",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
-    "server_status", "system_clock", "validate_group", "validate_topic",
+    "check_round_path", "last_check_round", "server_status", "system_clock", "validate_group",
+    "validate_topic",
 ]

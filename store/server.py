@@ -22,8 +22,17 @@ step that delivered and at least every second, which :func:`server_status` (and
 :meth:`StoreServer.install_signal_handlers`) ends the loop after the current step; the store is
 flushed and closed.
 
-Transaction checks are not run by the server: they need a resolver (a Spark check-loop query,
-or listeners registered in a process), which runs the check rounds itself.
+**Transaction checks** (``check_transactions=True``, ``rmq serve --check-transactions``): every
+``transaction_check_interval_ms`` the server runs the bookkeeping of a check round (immunity,
+put-back copies, check counts, discards after ``transaction_check_max``) and publishes the
+transactions to ask about as round ``n``: ``<store>/transaction_checks/server/<n:020d>.arrow``
+(an Arrow IPC file written atomically; ``transaction_checks/server/last_round`` holds ``n``).
+Resolvers then only answer: a Spark query with ``view=transaction_checks`` and
+``checkRounds=server`` reads the rounds and ends transactions with the ``end_transaction``
+writer.  Without the option the server runs no rounds, and the resolver runs them itself
+(a check-loop query, or ``store.check_transactions`` with listeners), as before; do not run
+both, or each transaction would be counted twice per interval.  The newest
+:data:`KEEP_ROUNDS` round files are kept.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from .config import StoreConfig
 from .errors import StoreError
 from .fileio import atomic_write
@@ -49,6 +60,10 @@ LOCK_FILE = os.path.join("config", "serve.lock")
 STATUS_FILE = os.path.join("config", "serve.json")
 #: Longest time between two status writes (ms).
 BEAT_MS = 1000
+#: Where published check rounds go, under the store root.
+ROUNDS_DIR = os.path.join("transaction_checks", "server")
+#: Round files kept (older ones are deleted; their transactions are asked again later).
+KEEP_ROUNDS = 1000
 
 
 @dataclass
@@ -62,6 +77,8 @@ class ServerCounters:
     last_run_delivered: int = 0
     retention_runs: int = 0
     segments_deleted: int = 0
+    check_rounds: int = 0
+    checks_published: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -95,8 +112,9 @@ class StoreServer:
     """
 
     def __init__(self, path: str, config: StoreConfig | dict | None = None, *,
-                 clock=None) -> None:
+                 clock=None, check_transactions: bool = False) -> None:
         self.path = os.fspath(path)
+        self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
         self.store = MessageStore.open(self.path, config, clock=clock)
         try:
@@ -109,6 +127,7 @@ class StoreServer:
         self.hours = delete_hours(cfg.delete_when)
         self.counters = ServerCounters(started_ms=self.store.now_ms())
         self._next_clean = time.monotonic() + cfg.clean_resource_interval_ms / 1000
+        self._next_check = time.monotonic()  # the first round at once
         self._last_beat = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -172,6 +191,10 @@ class StoreServer:
         c.last_run_delivered = delivered
         if delivered:
             log.info("delivered %d due messages", delivered)
+        if self.check_transactions and time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + \
+                self.store.config.transaction_check_interval_ms / 1000
+            self.check_round()
         if time.monotonic() >= self._next_clean:
             interval_s = self.store.config.clean_resource_interval_ms / 1000
             self._next_clean = time.monotonic() + interval_s
@@ -200,6 +223,23 @@ class StoreServer:
                      ratio, ", forced" if force else "")
         return deleted
 
+    def check_round(self) -> int:
+        """One check round's bookkeeping, its questions published (see the module docstring);
+        returns how many transactions it asks about."""
+        try:
+            plan = self.store.prepare_transaction_checks()
+            asked = len(plan.checks)
+            if asked:
+                number = publish_check_round(self.path, plan.checks.to_arrow())
+                log.info("check round %d: %d transaction(s) to ask about, %d discarded", number,
+                         asked, plan.discarded)
+        except StoreError as exc:
+            self._error(f"transaction checks: {exc}")
+            return 0
+        self.counters.check_rounds += 1
+        self.counters.checks_published += asked
+        return asked
+
     # ------------------------------------------------------------------ helpers
     def _sleep_s(self, end: float | None) -> float:
         """Until just after the next multiple of the precision (where slots become due)."""
@@ -221,12 +261,45 @@ class StoreServer:
                 "delivered": c.delivered, "last_run_ms": c.last_run_ms,
                 "last_run_delivered": c.last_run_delivered,
                 "retention_runs": c.retention_runs, "segments_deleted": c.segments_deleted,
+                "check_rounds": c.check_rounds, "checks_published": c.checks_published,
                 "precision_ms": self.precision, "errors": c.errors}
         try:
             atomic_write(os.path.join(self.path, STATUS_FILE),
                          json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)
         except OSError as exc:  # a status file is never worth stopping delivery for
             log.warning("could not write %s: %s", STATUS_FILE, exc)
+
+
+def last_check_round(path: str) -> int:
+    """The number of the newest check round a server published for the store (0: none)."""
+    try:
+        with open(os.path.join(path, ROUNDS_DIR, "last_round"), encoding="ascii") as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def check_round_path(path: str, number: int) -> str:
+    """The file of published check round ``number`` (it may have been pruned)."""
+    return os.path.join(path, ROUNDS_DIR, f"{number:020d}.arrow")
+
+
+def publish_check_round(path: str, batch: pa.RecordBatch) -> int:
+    """Write ``batch`` as the next check round (file first, then the round number, both
+    atomically), delete rounds older than :data:`KEEP_ROUNDS`; return its number."""
+    number = last_check_round(path) + 1
+    os.makedirs(os.path.join(path, ROUNDS_DIR), exist_ok=True)
+
+    def write(fh) -> None:
+        with pa.ipc.new_file(fh, batch.schema) as writer:
+            writer.write_batch(batch)
+
+    atomic_write(check_round_path(path, number), write)
+    atomic_write(os.path.join(path, ROUNDS_DIR, "last_round"), str(number).encode("ascii"))
+    old = check_round_path(path, number - KEEP_ROUNDS)
+    if number > KEEP_ROUNDS and os.path.exists(old):
+        os.unlink(old)
+    return number
 
 
 def _take_lock(path: str) -> int:
@@ -274,4 +347,5 @@ def server_status(path: str) -> dict | None:
     return data
 
 
-__all__ = ["ServerCounters", "StoreServer", "delete_hours", "disk_used_ratio", "server_status"]
+__all__ = ["KEEP_ROUNDS", "ServerCounters", "StoreServer", "check_round_path", "delete_hours",
+           "disk_used_ratio", "last_check_round", "publish_check_round", "server_status"]

@@ -154,6 +154,54 @@ def test_rows_of_a_round_and_end_transaction_writes(spark, tmp_path):
     store.close()
 
 
+def test_server_runs_the_rounds_and_the_query_only_answers(spark, tmp_path):
+    from store import StoreServer, last_check_round
+
+    path = str(tmp_path / "store")
+    store = open_store(path)
+    txp = store.transaction_producer("pay-service", Payments())
+    ids = [txp.send_in_transaction(Message("payments", f"p{i}".encode())).transaction_id
+           for i in range(5)]
+    server = StoreServer(path, check_transactions=True)
+
+    def answer_round(checkpoint):
+        rows = Rows("transaction_id", "check_times")
+        query = (spark.readStream.format("rmq").option("view", "transaction_checks")
+                 .option("checkRounds", "server").load(path).writeStream.foreachBatch(rows)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+        return rows.rows
+
+    try:
+        assert server.check_round() == 5 and last_check_round(path) == 1
+        checkpoint = str(tmp_path / "chk")
+        first = answer_round(checkpoint)
+        assert sorted(first) == sorted((tx, 1) for tx in ids)  # asked once, by the server
+        assert answer_round(checkpoint) == []  # nothing new: the query ran no round itself
+        (spark.createDataFrame([(ids[0], "COMMIT"), (ids[1], "ROLLBACK")],
+                               "transaction_id string, state string").write.format("rmq")
+         .option("action", "end_transaction").mode("append").save(path))
+        assert server.check_round() == 3  # the two answered are ended
+        second = answer_round(checkpoint)
+        assert sorted(second) == sorted((tx, 2) for tx in ids[2:])
+        assert server.counters.checks_published == 8
+    finally:
+        server.close()
+    assert store.transactions.is_ended(ids) == [True, True, False, False, False]
+    # a checkpoint of one mode refuses the other, naming the option
+    with pytest.raises(Exception, match="written with checkRounds=server"):
+        (spark.readStream.format("rmq").option("view", "transaction_checks").load(path)
+         .writeStream.foreachBatch(lambda df, b: None)
+         .option("checkpointLocation", str(tmp_path / "chk"))
+         .trigger(availableNow=True).start().awaitTermination(120))
+    with pytest.raises(Exception, match="checkRounds='sometimes'"):
+        (spark.readStream.format("rmq").option("view", "transaction_checks")
+         .option("checkRounds", "sometimes").load(path).writeStream.format("noop")
+         .option("checkpointLocation", str(tmp_path / "chk2")).start().awaitTermination(60))
+    store.close()
+
+
 def test_reader_and_partitions_pickle_without_runner_state(tmp_path):
     import pickle
 
