@@ -37,6 +37,20 @@ def _line_chunks(stream, size: int):
         yield chunk
 
 
+def _progress(verb: str):
+    """A ``progress(done, total)`` printing to a terminal's stderr (``None`` otherwise)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        click.echo(f"\r{verb} {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", err=True, nl=False)
+        if end:
+            click.echo("", err=True)
+
+    return show
+
+
 def _fail(exc: Exception) -> None:
     click.echo(f"rmq: error: {exc}", err=True)
     sys.exit(EXIT_STORE_ERROR)
@@ -102,7 +116,7 @@ def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
     try:
         data = collect_stats(store, include_system=system)
         if verify:
-            data["verify"] = store.verify_commitlog().as_dict()
+            data["verify"] = store.verify_commitlog(_progress("verified")).as_dict()
     finally:
         store.close()
     if as_json:

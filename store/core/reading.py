@@ -345,11 +345,12 @@ class ReadableStore:
                 hi = mid
         return lo
 
-    def verify_commitlog(self) -> VerifyReport:
+    def verify_commitlog(self, progress=None) -> VerifyReport:
         """Check the structure and body CRC of every CommitLog record up to the confirmed
-        end (``rmq stats --verify``); changes nothing.  See :mod:`store.core.verify`."""
+        end (``rmq stats --verify``); changes nothing; ``progress(bytes done, bytes total)``
+        after each segment.  See :mod:`store.core.verify`."""
         self._check_open()
-        return verify_commitlog(self)
+        return verify_commitlog(self, progress)
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,

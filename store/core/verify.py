@@ -46,14 +46,16 @@ class VerifyReport:
                 "damaged": [{"file": f, "from": a, "to": b} for f, a, b in self.damaged]}
 
 
-def verify_commitlog(store) -> VerifyReport:
+def verify_commitlog(store, progress=None) -> VerifyReport:
     """Check every record of the CommitLog of ``store`` (an open store, read-only or not) up
-    to its confirmed end (see the module docstring)."""
+    to its confirmed end (see the module docstring); ``progress(bytes_checked, bytes_total)``
+    is called after each segment when given."""
     t0 = time.perf_counter()
     log = store.commit_log
     files = log.files.refresh()
     report = VerifyReport()
     end = store.confirmed_offset()
+    total = max(0, end - (files[0].start if files else end))
     for f in files:
         if f.start >= end:
             break
@@ -78,6 +80,8 @@ def verify_commitlog(store) -> VerifyReport:
                 report.damaged.append((f.path, f.start + stop_at, f.start + limit))
             break
         report.bytes_checked += limit
+        if progress is not None:
+            progress(report.bytes_checked, total)
     report.seconds = time.perf_counter() - t0
     return report
 

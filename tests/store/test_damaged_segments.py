@@ -305,3 +305,15 @@ def test_a_rebuild_indexes_the_records_after_damage_in_the_newest_segment(filled
         got, errors = _readable(s, sent)
         assert s.max_offset("orders", 0) == len(sent)
     assert set(got) == {qo for _, qo, _ in sent} - {q} and [o for o, _ in errors] == [q]
+
+
+def test_verify_reports_progress_per_segment(store_path, small_config, clock):
+    with MessageStore.open(store_path, small_config, clock=clock) as store:
+        p = store.producer("g")
+        for _ in range(5):
+            p.send_batch([Message("t", bytes(900)) for _ in range(20)])
+        seen = []
+        report = store.verify_commitlog(lambda done, total: seen.append((done, total)))
+        assert report.ok and len(seen) == len(store.commit_log.files.files) > 1
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+        assert seen[-1][0] == seen[-1][1] == report.bytes_checked

@@ -171,11 +171,20 @@ def test_kill_while_sending_then_reopen(tmp_path, seed):
         assert len(after) == len(set(after))
         keys = halves(store)
         expected = {t for t, (_, s) in acked.items() if s == "COMMIT_MESSAGE"}
-        # open ones (UNKNOW, or the one in flight at the kill) went to the check loop
-        expected |= {t for t in keys if t not in acked or acked[t][1] == "UNKNOW"
-                     if int(keys[t][2:]) % 2}
-        expected -= {t for t, (_, s) in acked.items() if s == "ROLLBACK_MESSAGE"}
-        assert set(after) == expected
+        # UNKNOW ones went to the check loop (odd orders commit)
+        expected |= {t for t, (_, s) in acked.items()
+                     if s == "UNKNOW" and int(keys[t][2:]) % 2}
+        # the one in flight at the kill was not acknowledged: its end may or may not have
+        # been written before the kill, so either its own outcome or the check loop's holds
+        in_flight = [t for t in keys if t not in acked]
+        assert len(in_flight) <= 1
+        maybe = set()
+        for t in in_flight:
+            i = int(keys[t][2:])
+            own = ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"][i % 3]
+            if own == "COMMIT_MESSAGE" or i % 2:
+                maybe.add(t)
+        assert expected <= set(after) <= expected | maybe
 
 
 @pytest.mark.parametrize("seed", [3, 4, 5])
