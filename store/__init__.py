@@ -12,6 +12,7 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
+from .check_rounds import check_round_path, last_check_round
 from .codec import Record, RecordSpec
 from .config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
@@ -52,7 +53,7 @@ from .message import (
 )
 from .message_store import MessageStore
 from .reader import StoreReader
-from .server import StoreServer, check_round_path, last_check_round, server_status
+from .server import StoreServer, server_status
 from .sink import Sink, SinkCommit
 
 __all__ = [

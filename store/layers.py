@@ -99,5 +99,6 @@ LAYERS: dict[str, int] = {
     "store.message_store": FACADE,
     "store.pending_view": FACADE,
     "store.server": FACADE,
+    "store.check_rounds": FACADE,
     "store": FACADE,
 }

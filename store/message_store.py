@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from .check_rounds import last_check_round, read_check_round
 from .config import StoreConfig
 from .core.reading import Clock
 from .core.retention import retention_plan
@@ -152,6 +153,16 @@ class MessageStore(StoreCore):
         """
         self._check_writable()
         return self.transactions.check(resolve)
+
+    def answer_check_rounds(self, resolve=None, *, after: int = 0) -> tuple[int, CheckResult]:
+        """Answer the check rounds a server published after round ``after`` (``rmq serve
+        --check-transactions``, :mod:`store.check_rounds`), with ``resolve(view)`` or this
+        process's listeners, without running a round here.  Returns the newest round
+        answered (give it as ``after`` next time) and the counts."""
+        self._check_writable()
+        last = last_check_round(self.root)
+        views = [v for n in range(after + 1, last + 1) for v in read_check_round(self.root, n)]
+        return max(last, after), self.transactions.answer(views, resolve)
 
     def prepare_transaction_checks(self, *, max_checks: int | None = None):
         """The bookkeeping half of a check round, for a resolver outside this process.

@@ -26,7 +26,7 @@ flushed and closed.
 ``transaction_check_interval_ms`` the server runs the bookkeeping of a check round (immunity,
 put-back copies, check counts, discards after ``transaction_check_max``) and publishes the
 transactions to ask about as round ``n``: ``<store>/transaction_checks/server/<n:020d>.arrow``
-(an Arrow IPC file written atomically; ``transaction_checks/server/last_round`` holds ``n``).
+(:mod:`store.check_rounds`).
 Resolvers then only answer: a Spark query with ``view=transaction_checks`` and
 ``checkRounds=server`` reads the rounds and ends transactions with the ``end_transaction``
 writer.  Without the option the server runs no rounds, and the resolver runs them itself
@@ -47,8 +47,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
+from .check_rounds import publish_check_round
 from .config import StoreConfig
 from .errors import StoreError
 from .fileio import atomic_write
@@ -60,10 +59,6 @@ LOCK_FILE = os.path.join("config", "serve.lock")
 STATUS_FILE = os.path.join("config", "serve.json")
 #: Longest time between two status writes (ms).
 BEAT_MS = 1000
-#: Where published check rounds go, under the store root.
-ROUNDS_DIR = os.path.join("transaction_checks", "server")
-#: Round files kept (older ones are deleted; their transactions are asked again later).
-KEEP_ROUNDS = 1000
 
 
 @dataclass
@@ -270,38 +265,6 @@ class StoreServer:
             log.warning("could not write %s: %s", STATUS_FILE, exc)
 
 
-def last_check_round(path: str) -> int:
-    """The number of the newest check round a server published for the store (0: none)."""
-    try:
-        with open(os.path.join(path, ROUNDS_DIR, "last_round"), encoding="ascii") as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def check_round_path(path: str, number: int) -> str:
-    """The file of published check round ``number`` (it may have been pruned)."""
-    return os.path.join(path, ROUNDS_DIR, f"{number:020d}.arrow")
-
-
-def publish_check_round(path: str, batch: pa.RecordBatch) -> int:
-    """Write ``batch`` as the next check round (file first, then the round number, both
-    atomically), delete rounds older than :data:`KEEP_ROUNDS`; return its number."""
-    number = last_check_round(path) + 1
-    os.makedirs(os.path.join(path, ROUNDS_DIR), exist_ok=True)
-
-    def write(fh) -> None:
-        with pa.ipc.new_file(fh, batch.schema) as writer:
-            writer.write_batch(batch)
-
-    atomic_write(check_round_path(path, number), write)
-    atomic_write(os.path.join(path, ROUNDS_DIR, "last_round"), str(number).encode("ascii"))
-    old = check_round_path(path, number - KEEP_ROUNDS)
-    if number > KEEP_ROUNDS and os.path.exists(old):
-        os.unlink(old)
-    return number
-
-
 def _take_lock(path: str) -> int:
     lock_path = os.path.join(path, LOCK_FILE)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -347,5 +310,4 @@ def server_status(path: str) -> dict | None:
     return data
 
 
-__all__ = ["KEEP_ROUNDS", "ServerCounters", "StoreServer", "check_round_path", "delete_hours",
-           "disk_used_ratio", "last_check_round", "publish_check_round", "server_status"]
+__all__ = ["ServerCounters", "StoreServer", "delete_hours", "disk_used_ratio", "server_status"]

@@ -283,3 +283,39 @@ def test_cli_pending_lists_the_next_due_and_the_oldest_open(store_path):
             data["transactions"]] == [(tx.transaction_id, "payments", "pay")]
     r = CliRunner().invoke(main, ["pending", "--store", store_path, "--limit", "1"])
     assert r.exit_code == 0 and "timer messages: 1 shown" in r.stdout
+
+
+def test_in_process_listeners_answer_the_servers_rounds(store_path):
+    from store import LocalTransactionState
+
+    clock = FakeClock()
+
+    class Listener:
+        def execute_local_transaction(self, message, arg):
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, view):  # odd orders were paid
+            return ("COMMIT" if int(view.keys[0][2:]) % 2 else "ROLLBACK") \
+                if view.keys[0] != "o-4" else LocalTransactionState.UNKNOW
+
+    with MessageStore.open(store_path, SMALL, clock=clock) as store:
+        txp = store.transaction_producer("pay", Listener())
+        ids = [txp.send_in_transaction(Message("paid", b"p", keys=f"o-{i}")).transaction_id
+               for i in range(5)]
+        clock.advance(60_000)  # past the immunity
+        server = StoreServer(store_path, SMALL, clock=clock, check_transactions=True)
+        try:
+            assert server.check_round() == 5
+            last, result = store.answer_check_rounds()  # this process's listener answers
+            assert last == 1
+            assert (result.checked, result.committed, result.rolled_back, result.unknown) == \
+                (5, 2, 2, 1)
+            again, result = store.answer_check_rounds(after=last)
+            assert (again, result.checked) == (1, 0)  # nothing new
+            assert store.transactions.is_ended(ids) == [True, True, True, True, False]
+            clock.advance(60_000)
+            assert server.check_round() == 1  # only o-4 is asked again, by the server
+            last, result = store.answer_check_rounds(after=last)
+            assert (last, result.checked, result.unknown) == (2, 1, 1)
+        finally:
+            server.close()

@@ -272,12 +272,20 @@ class TransactionService:
         reported in :attr:`CheckResult.errors`.  ``None`` asks the listeners of the
         transaction producers created in this process, by producer group.
         """
-        resolve = resolve or self._resolve_by_listener
         plan = self.prepare_checks(max_checks=max_checks)
+        return dataclasses.replace(self.answer(plan.checks, resolve), discarded=plan.discarded,
+                                   immune=plan.immune, half_offset=plan.half_offset,
+                                   op_offset=plan.op_offset)
+
+    def answer(self, views: Iterable, resolve: Resolve | None = None) -> CheckResult:
+        """Ask ``resolve(view)`` (default: this process's listeners) about each view and end
+        the transactions it decides, in one append (the answering half of :meth:`check`)."""
+        resolve = resolve or self._resolve_by_listener
         answers: list[tuple[str, LocalTransactionState]] = []
         errors: list[str] = []
-        unknown = 0
-        for view in plan.checks:
+        unknown = checked = 0
+        for view in views:
+            checked += 1
             try:
                 state = parse_state(resolve(view))
             except Exception as exc:  # noqa: BLE001 - user code: the answer is lost, stays open
@@ -292,11 +300,8 @@ class TransactionService:
                         if d and s is LocalTransactionState.COMMIT_MESSAGE)
         rolled_back = sum(1 for (_, s), d in zip(answers, done)
                           if d and s is LocalTransactionState.ROLLBACK_MESSAGE)
-        return CheckResult(checked=len(plan.checks), committed=committed,
-                           rolled_back=rolled_back, unknown=unknown,
-                           discarded=plan.discarded, immune=plan.immune,
-                           already_ended=len(done) - committed - rolled_back,
-                           half_offset=plan.half_offset, op_offset=plan.op_offset,
+        return CheckResult(checked=checked, committed=committed, rolled_back=rolled_back,
+                           unknown=unknown, already_ended=len(done) - committed - rolled_back,
                            errors=tuple(errors[:20]))
 
     # ------------------------------------------------------------------ stats and lifecycle
