@@ -38,15 +38,13 @@ def _line_chunks(stream, size: int):
 
 
 def _progress(verb: str):
-    """A ``progress(done, total)`` printing to a terminal's stderr (``None`` otherwise)."""
+    """A ``progress(done, total)`` overwriting one line of a terminal's stderr (``None`` when
+    stderr is no terminal); end the line with ``click.echo("", err=True)`` afterwards."""
     if not sys.stderr.isatty():
         return None
 
     def show(done: int, total: int) -> None:
-        end = "\n" if done >= total else ""
         click.echo(f"\r{verb} {done / 1e6:,.0f} of {total / 1e6:,.0f} MB", err=True, nl=False)
-        if end:
-            click.echo("", err=True)
 
     return show
 
@@ -116,7 +114,10 @@ def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
     try:
         data = collect_stats(store, include_system=system)
         if verify:
-            data["verify"] = store.verify_commitlog(_progress("verified")).as_dict()
+            progress = _progress("verified")
+            data["verify"] = store.verify_commitlog(progress).as_dict()
+            if progress is not None:
+                click.echo("", err=True)
     finally:
         store.close()
     if as_json:
@@ -180,7 +181,10 @@ def repair(store_path: str) -> None:
         raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads "
                                "it (repair it with RocketMQ's own tools)")
     try:
-        result = store.rebuild_queues()
+        progress = _progress("scanned")
+        result = store.rebuild_queues(progress)
+        if progress is not None:
+            click.echo("", err=True)
     finally:
         store.close()
     click.echo(f"rebuilt {result.queues} queue(s): {result.entries} entries from "

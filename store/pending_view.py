@@ -107,8 +107,8 @@ def _timer(store, limit: int) -> list[dict]:
                 cancelled.add(key)
             for off, rolled in zip(units["offset_py"][~marker].tolist(),
                                    ((magic & MAGIC_ROLL) != 0)[~marker].tolist()):
-                item = _item(store, off, None)
-                if item is not None:
+                item = _item(store, off, None)  # a marker sits in its target's slot
+                if item is not None and f"{item['topic']}+{item['msg_id']}" not in cancelled:
                     items.append(item)
                     placed += not rolled
         timer.wheel.release_memory()

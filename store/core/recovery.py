@@ -61,11 +61,14 @@ class ScannedEntries:
 
 
 def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
-                 resync_until: int | None = None) -> ScannedEntries:
+                 resync_until: int | None = None, progress=None) -> ScannedEntries:
     """Validate records from ``start`` (magic, size, CRC) up to the torn tail (or ``limit``;
     damage before ``resync_until`` is skipped) and collect the queue entry of every indexed
     record, as the dispatcher would write it.  Shared by recovery and the queue rebuild
     (:mod:`store.core.repair`).
+
+    ``progress(offset)``, when given, is called with the CommitLog offset reached after each
+    run of records.
 
     Vectorised: the compiled walk validates a run of records, then headers, topics and tags
     of the whole run are read as columns (each distinct topic and tag decoded once).  Only
@@ -90,6 +93,8 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
             flags.append(sys_flags)
             last_ts = int(h["store_timestamp"][-1])
             _collect_rows(store, f, positions, sizes, absolute, h, sys_flags, rows)
+            if progress is not None:
+                progress(int(absolute[-1]))
         if cut is not None:
             break
     tables, dropped = _plausible_rows(store, {key: np.concatenate(parts)

@@ -44,8 +44,9 @@ class RebuildResult:
     stopped_early: bool    # an invalid record before the confirmed end (left in place)
 
 
-def rebuild_queues(store: CoreParts) -> RebuildResult:
-    """Rebuild every ConsumeQueue (and widen the topic table) from the CommitLog."""
+def rebuild_queues(store: CoreParts, progress=None) -> RebuildResult:
+    """Rebuild every ConsumeQueue (and widen the topic table) from the CommitLog;
+    ``progress(bytes scanned, bytes to scan)`` after each run of records, when given."""
     root = os.path.join(store.root, "consumequeue")
     file_bytes = store.config.consume_queue_file_entries * ENTRY_SIZE
     set_aside = []
@@ -63,8 +64,11 @@ def rebuild_queues(store: CoreParts) -> RebuildResult:
             zero_tail(f, 0)  # every entry of every file, whatever it held
     log = store.commit_log
     log.files.refresh()
-    found = scan_entries(store, log.min_offset(),
-                         resync_until=store.checkpoint.get("confirm_phy_offset"))
+    first = log.min_offset()
+    last = max(first, log.files.files[-1].end if log.files.files else first)
+    found = scan_entries(store, first, resync_until=store.checkpoint.get("confirm_phy_offset"),
+                         progress=None if progress is None
+                         else lambda at: progress(at - first, last - first))
     rows = found.rows
     records = len(found.offsets)
     entries = sum(len(r) for r in rows.values())

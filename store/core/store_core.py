@@ -376,13 +376,13 @@ class StoreCore(ReadableStore):
         self.flusher.flush()
 
     # ------------------------------------------------------------------ retention
-    def rebuild_queues(self) -> RebuildResult:
+    def rebuild_queues(self, progress=None) -> RebuildResult:
         """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``;
-        see :mod:`store.core.repair`): nothing is deleted, no CommitLog record removed.  Best
-        run while no other process uses the store (its readers see queues empty a moment)."""
+        :mod:`store.core.repair`, with its ``progress``): nothing is deleted, no record removed.
+        Best run while no other process uses the store (its readers see queues empty a moment)."""
         self._check_writable()
         with self.write_lock():
-            result = rebuild_queues(self)
+            result = rebuild_queues(self, progress)
             write_queue_table(self)
             return result
 

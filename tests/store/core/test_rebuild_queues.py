@@ -100,3 +100,19 @@ def test_rmq_repair_command(filled):
     assert "rebuilt" in r.output
     with MessageStore.open(path, cfg) as s:
         assert _everything(s) == expected
+
+
+def test_rebuild_reports_progress(tmp_path):
+    from conftest import SMALL
+
+    from store import Message, MessageStore
+
+    with MessageStore.open(str(tmp_path / "s"), SMALL) as store:
+        p = store.producer("g")
+        for _ in range(6):
+            p.send_batch([Message("t", bytes(900)) for _ in range(20)])
+        seen = []
+        result = store.rebuild_queues(lambda done, total: seen.append((done, total)))
+        assert result.records == 120 and len(seen) >= 2
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+        assert all(0 <= d <= t for d, t in seen)
