@@ -18,7 +18,7 @@ so the executors of that batch, and a replay of it after a restart, read the sam
 
 With ``checkRounds=server`` the query runs no rounds: a server (``rmq serve
 --check-transactions``, :class:`store.StoreServer`) does the bookkeeping and publishes each
-round's questions (``store.check_round_path``); the query only reads them, so its resolvers
+round's questions (``store.read_check_round_table``); the query only reads them, so its resolvers
 only answer.  Offsets are then ``{"round": n, "stream": "server"}`` with the server's round
 numbers; a new query starts with the newest published round; rounds the server has pruned are
 skipped (their open transactions are asked about again in later rounds); nothing is deleted
@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from store import MessageStore, check_round_path, last_check_round, server_status
+from store import MessageStore, last_check_round, read_check_round_table, server_status
 
 from .errors import RmqSourceError
 from .options import RmqOptions
@@ -295,10 +295,8 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
 
 def _server_round(store_path: str, round_no: int) -> Iterator[pa.RecordBatch]:
     """The rows of a round a server published, in this view's columns (none when pruned)."""
-    try:
-        with open(check_round_path(store_path, round_no), "rb") as fh:
-            table = pa.ipc.open_file(fh).read_all()
-    except FileNotFoundError:
+    table = read_check_round_table(store_path, round_no)
+    if table is None:
         return  # pruned: its open transactions are asked about again in a later round
     table = table.select([f.name for f in TRANSACTION_CHECKS_SCHEMA]).cast(
         TRANSACTION_CHECKS_SCHEMA)

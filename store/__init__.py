@@ -12,7 +12,7 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .check_rounds import check_round_path, last_check_round
+from .check_rounds import last_check_round, read_check_round_table
 from .codec import Record, RecordSpec
 from .config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
@@ -68,6 +68,6 @@ __all__ = [
     "StoreServer",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
-    "check_round_path", "last_check_round", "server_status", "system_clock", "validate_group",
+    "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",
     "validate_topic",
 ]

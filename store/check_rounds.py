@@ -55,13 +55,19 @@ def publish_check_round(path: str, batch: pa.RecordBatch) -> int:
     return number
 
 
+def read_check_round_table(path: str, number: int) -> pa.Table | None:
+    """The rows of round ``number`` (``None`` when it was pruned)."""
+    try:
+        with open(check_round_path(path, number), "rb") as fh:  # read in: it may be pruned
+            return pa.ipc.open_file(fh).read_all()
+    except FileNotFoundError:
+        return None
+
+
 def read_check_round(path: str, number: int) -> list[TransactionCheckView]:
     """The transactions round ``number`` asks about, as views (``[]`` when it was pruned)."""
-    try:
-        with open(check_round_path(path, number), "rb") as fh:
-            rows = pa.ipc.open_file(fh).read_all().to_pylist()
-    except FileNotFoundError:
-        return []
+    table = read_check_round_table(path, number)
+    rows = [] if table is None else table.to_pylist()
     return [TransactionCheckView(
         topic=r["topic"], queue_id=r["queue_id"], queue_offset=r["queue_offset"],
         commitlog_offset=r["commitlog_offset"], msg_id=r["msg_id"], tags=r["tags"],
@@ -73,4 +79,4 @@ def read_check_round(path: str, number: int) -> list[TransactionCheckView]:
 
 
 __all__ = ["KEEP_ROUNDS", "ROUNDS_DIR", "check_round_path", "last_check_round",
-           "publish_check_round", "read_check_round"]
+           "publish_check_round", "read_check_round", "read_check_round_table"]

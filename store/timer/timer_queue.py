@@ -29,7 +29,8 @@ from ..consume_queue import live_mask
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 from ..message import PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
-from ..property_kernels import distinct_values, parse_int_ranges, scan_properties
+from ..property_kernels import parse_int_ranges, scan_properties
+from ..record_copies import tags_codes
 from ..record_gather import gather_segments
 from ..record_kernels import ByteSlices
 
@@ -146,17 +147,16 @@ def upgrade_tags_codes(store: StorePort) -> int:
 
 
 def tag_hashes(store: StorePort, offsets: np.ndarray) -> np.ndarray:
-    """The tag hash of each record at ``offsets`` (0 without a tag or a readable record)."""
+    """The tag hash of each record at ``offsets`` (0 without a tag or a readable record),
+    as :func:`~store.record_copies.tags_codes` computes it for a copy into the timer topic."""
     codes = np.zeros(len(offsets), dtype=np.int64)
     for seg in gather_segments(store.commit_log, offsets):
         props = ByteSlices(seg.raw, seg.properties_start,
                            seg.properties_start + seg.properties_length)
         found, v0, v1 = scan_properties(props, _NAMES[_TAGS:])
-        tagged = np.flatnonzero(found[0])
-        if len(tagged):
-            tags, inverse = distinct_values(seg.raw, v0[0, tagged], v1[0, tagged])
-            hashes = store.tag_hashes([t.decode("utf-8", "replace") for t in tags])
-            codes[seg.sel[tagged]] = hashes[inverse]
+        n = len(seg.sel)
+        codes[seg.sel] = tags_codes(store, props, np.ones(n, bool), found[0], v0[0], v1[0],
+                                    np.zeros(n, np.int64), [TIMER_TOPIC], 0)
     return codes
 
 
