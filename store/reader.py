@@ -21,8 +21,8 @@ from .errors import ReadOnlyStoreError, StoreNotFoundError
 WRITE_METHODS = (
     "append", "append_batch", "append_encoded", "producer", "transaction_producer",
     "deliver_due", "end_transaction", "end_transactions", "check_transactions",
-    "prepare_transaction_checks", "clean_expired_files", "flush", "write_lock",
-    "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
+    "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",
+    "write_lock", "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
 )
 
 
