@@ -187,8 +187,9 @@ class StoreServer:
         if delivered:
             log.info("delivered %d due messages", delivered)
         if self.check_transactions and time.monotonic() >= self._next_check:
-            self._next_check = time.monotonic() + \
-                self.store.config.transaction_check_interval_ms / 1000
+            # the store's effective interval (a producer's recorded one, when set)
+            interval = self.store.transactions.settings["transaction_check_interval_ms"]
+            self._next_check = time.monotonic() + interval / 1000
             self.check_round()
         if time.monotonic() >= self._next_clean:
             interval_s = self.store.config.clean_resource_interval_ms / 1000

@@ -319,3 +319,17 @@ def test_in_process_listeners_answer_the_servers_rounds(store_path):
             assert (last, result.checked, result.unknown) == (2, 1, 1)
         finally:
             server.close()
+
+
+def test_check_rounds_follow_the_recorded_check_interval(store_path):
+    """A server opened with default settings runs rounds at the interval the producers'
+    store recorded (config/transactionConfig.json), not at the 30 s default."""
+    MessageStore.open(store_path, SMALL.replace(transaction_check_interval_ms=1_500)).close()
+    server = StoreServer(store_path, check_transactions=True)
+    try:
+        before = time.monotonic()
+        server.step()
+        assert server.counters.check_rounds == 1
+        assert server._next_check - before <= 1.5 + 0.5
+    finally:
+        server.close()
