@@ -15,6 +15,7 @@ import time
 import click
 
 from .opening import open_store as _open_store
+from .opening import open_writable_store
 
 EXIT_STORE_ERROR = 1
 EXIT_INVARIANT = 3
@@ -175,11 +176,8 @@ def repair(store_path: str) -> None:
     although the CommitLog holds them).  Damaged files are renamed to *.damaged, never
     deleted; no CommitLog record is removed.  Run it while nothing else uses the store.
     """
-    store = _open_store(store_path)
-    if getattr(store, "read_only", False):
-        store.close()
-        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads "
-                               "it (repair it with RocketMQ's own tools)")
+    store = open_writable_store(store_path, "rmq only reads it (repair it with RocketMQ's own "
+                                "tools)")
     try:
         progress = _progress("scanned")
         result = store.rebuild_queues(progress)

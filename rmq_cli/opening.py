@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import click
+
 
 def open_store(path: str, *, must_exist: bool = True):
     """The store at ``path``: writable for an rmq store; read-only (nothing written, not a
@@ -23,3 +25,13 @@ def open_store(path: str, *, must_exist: bool = True):
             f"{path} is not an rmq store (no config/store.json); run `rmq send` or `rmq demo "
             f"--store {path}` first")
     return MessageStore.open(path)
+
+
+def open_writable_store(path: str, why: str = "rmq only reads it"):
+    """:func:`open_store` for a command that writes: a directory Apache RocketMQ wrote is
+    refused with a usage error ending in ``why``."""
+    store = open_store(path)
+    if getattr(store, "read_only", False):
+        store.close()
+        raise click.UsageError(f"{path} was written by Apache RocketMQ; {why}")
+    return store

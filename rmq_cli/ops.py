@@ -8,7 +8,7 @@ import os
 
 import click
 
-from .opening import open_store
+from .opening import open_writable_store
 
 
 # --------------------------------------------------------------------------- serve
@@ -111,10 +111,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     newest, is needed by a pending delayed or open half message, is too young, or comes
     after a kept one.  A server (rmq serve) does this on its own schedule.
     """
-    store = open_store(store_path)
-    if getattr(store, "read_only", False):
-        store.close()
-        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")
+    store = open_writable_store(store_path)
     if file_reserved_time_hours is not None:
         from store import MessageStore, StoreConfig
 
@@ -149,10 +146,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
               help="Id of a pending timer message (repeat for several).")
 def cancel(store_path, topic, msg_ids):
     """Cancel pending timer messages so they never surface (exit 1 if one was not pending)."""
-    store = open_store(store_path)
-    if getattr(store, "read_only", False):
-        store.close()
-        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; rmq only reads it")
+    store = open_writable_store(store_path)
     missing = []
     try:
         producer = store.producer("rmq-cli")
@@ -181,11 +175,8 @@ def pending(store_path, limit, as_json):
     transactions."""
     import datetime as dt
 
-    store = open_store(store_path)
-    if getattr(store, "read_only", False):
-        store.close()
-        raise click.UsageError(f"{store_path} was written by Apache RocketMQ; its delayed and "
-                               "half messages are RocketMQ's (rmq stats shows its topics)")
+    store = open_writable_store(store_path, "its delayed and half messages are RocketMQ's "
+                                "(rmq stats shows its topics)")
     try:
         data = store.pending_messages(limit)
         now = store.now_ms()

@@ -53,11 +53,12 @@ def _read_one(path: str) -> object | None:
         return None
 
 
-def read_lenient_json(path: str) -> object | None:
-    """Read a config file (or its ``.bak``), accepting fastjson's unquoted integer keys."""
+def read_lenient_json(path: str, valid=None) -> object | None:
+    """Read a config file (or its ``.bak``), accepting fastjson's unquoted integer keys;
+    with ``valid``, a file of another shape counts as unreadable."""
     for candidate in (path, path + ".bak"):
         data = _read_one(candidate)
-        if data is not None:
+        if data is not None and (valid is None or valid(data)):
             return data
     return None
 

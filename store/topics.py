@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .broker_files import parse_lenient, write_config
+from .broker_files import read_lenient_json, write_config
 from .message import is_system_topic
 
 PERM_READ = 4
@@ -83,7 +83,7 @@ class TopicTable:
     def reload(self, force: bool = False) -> dict[str, dict]:
         stamp = self._file_stamp()
         if force or stamp != self._stamp or stamp is None:
-            data = _read_table(self.path) or {}
+            data = read_lenient_json(self.path, valid=_is_topic_table) or {}
             table = data.get("topicConfigTable", {})
             version = data.get("dataVersion")
             self._version = version if isinstance(version, dict) else {}
@@ -146,19 +146,6 @@ class TopicTable:
         if changed:
             self._write(topics, now_ms)
         return sorted(changed)
-
-
-def _read_table(path: str) -> dict | None:
-    """``topics.json`` (or its ``.bak``) when it has the shape of a topic table."""
-    for candidate in (path, path + ".bak"):
-        try:
-            with open(candidate, encoding="utf-8") as fh:
-                data = parse_lenient(fh.read())
-        except (OSError, UnicodeDecodeError):
-            continue
-        if _is_topic_table(data):
-            return data
-    return None
 
 
 def _is_topic_table(data: object) -> bool:
