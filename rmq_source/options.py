@@ -24,63 +24,34 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from store import InvalidTopicError, is_system_topic, validate_group, validate_topic
+from store import InvalidTopicError, is_system_topic, validate_group
 
 from .errors import InvalidOptionError
-
-#: JSON offset meaning "the queue's earliest offset" (Kafka's -2).
-EARLIEST = -2
-#: JSON offset meaning "the queue's latest offset" (Kafka's -1).
-LATEST = -1
+from .offset_spec import (  # noqa: F401 - re-exported: the options' public names
+    EARLIEST,
+    LATEST,
+    OPTION_NAMES,
+    OffsetSpec,
+    _fail,
+    _parse_topic,
+    parse_offset_spec,
+)
 
 VIEWS = ("messages", "transaction_checks")
 ACTIONS = ("end_transaction",)
 GUARANTEES = ("exactly_once", "at_least_once")
 DEFAULT_PRODUCER_GROUP = "rmq-spark-sink"
 
-#: canonical spelling of every option, by its lower-cased name
-OPTION_NAMES = {name.lower(): name for name in (
-    "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
-    "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
-    "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
-    "verifyCrc", "checkRounds",
-)}
 #: options Spark itself may put into an option map (query name, checkpoint); ignored
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 _WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid"})
 _READ_ONLY = frozenset(k for k in OPTION_NAMES if k != "path" and k not in _WRITE_ONLY)
 _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
 _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetSpec:
-    """A ``startingOffsets`` / ``endingOffsets`` value.
-
-    Parameters
-    ----------
-    default : int
-        :data:`EARLIEST` or :data:`LATEST`, for every queue not named in ``queues``.
-    queues : dict
-        ``{topic: {queue_id: offset}}`` from the JSON form; offsets are >= 0 or one of the
-        two sentinels.
-    """
-
-    default: int
-    queues: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-
-    def get(self, topic: str, queue_id: int) -> int:
-        """The offset (or sentinel) this spec gives for one queue."""
-        return self.queues.get(topic, {}).get(queue_id, self.default)
-
-    def named(self) -> list[tuple[str, int]]:
-        """The (topic, queue id) pairs the JSON form names, sorted."""
-        return sorted((t, q) for t, qs in self.queues.items() for q in qs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +100,6 @@ class RmqOptions:
         return sorted(t for t in set(topics) if self.matches_topic(t))
 
 
-def _fail(name: str, value: object, problem: str, allowed: str) -> InvalidOptionError:
-    return InvalidOptionError(f"option {OPTION_NAMES.get(name, name)}={value!r}: {problem}; "
-                              f"allowed: {allowed}")
-
-
 def _parse_bool(name: str, value: str) -> bool:
     v = value.strip().lower()
     if v in ("true", "false"):
@@ -151,15 +117,6 @@ def _parse_int(name: str, value: str, minimum: int, allowed: str) -> int:
     return n
 
 
-def _parse_topic(name: str, value: str, topic: str) -> str:
-    try:
-        return validate_topic(topic)
-    except InvalidTopicError as exc:
-        raise _fail(name, value, f"topic {topic!r} is not valid ({exc})",
-                    "user topic names (letters, digits, %, |, _ and -; at most 127; "
-                    "no system topics)") from None
-
-
 def parse_tags(value: str) -> tuple[str, ...] | None:
     """A RocketMQ tag expression (``a || b``) as a tuple of tags; ``None`` means every tag."""
     text = value.strip()
@@ -175,45 +132,6 @@ def parse_tags(value: str) -> tuple[str, ...] | None:
     if not tags:
         raise _fail("tags", value, "names no tag", "'*' or tags separated by '||', e.g. 'a || b'")
     return tuple(tags)
-
-
-def parse_offset_spec(name: str, value: str, *, allow_earliest: bool,
-                      allow_latest: bool) -> OffsetSpec:
-    """Parse ``startingOffsets`` / ``endingOffsets``: a keyword or the per-queue JSON form."""
-    keywords = [k for k, ok in (("earliest", allow_earliest), ("latest", allow_latest)) if ok]
-    sentinels = [s for s, ok in ((EARLIEST, allow_earliest), (LATEST, allow_latest)) if ok]
-    allowed = (" or ".join(keywords) + ' or JSON like {"orders":{"0":42}} with offsets >= 0'
-               + "".join(f" or {s}" for s in sentinels))
-    text = value.strip()
-    if text.lower() in ("earliest", "latest"):
-        if text.lower() not in keywords:
-            raise _fail(name, value, "not allowed here", allowed)
-        return OffsetSpec(EARLIEST if text.lower() == "earliest" else LATEST)
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise _fail(name, value, "neither a keyword nor JSON", allowed) from None
-    if not isinstance(data, dict) or not data:
-        raise _fail(name, value, "JSON must be a non-empty object of topics", allowed)
-    queues: dict[str, dict[int, int]] = {}
-    for topic in sorted(data):
-        per = data[topic]
-        _parse_topic(name, value, topic)
-        if not isinstance(per, dict) or not per:
-            raise _fail(name, value, f"topic {topic!r} must map to a non-empty object of "
-                        "queue ids", allowed)
-        parsed: dict[int, int] = {}
-        for qid, off in per.items():
-            if not (isinstance(qid, str) and qid.isdigit()):
-                raise _fail(name, value, f"queue id {qid!r} of {topic!r} is not a "
-                            "non-negative integer", allowed)
-            if (isinstance(off, bool) or not isinstance(off, int)
-                    or (off < 0 and off not in sentinels)):
-                raise _fail(name, value, f"offset {off!r} of {topic}/{qid} is not allowed", allowed)
-            parsed[int(qid)] = off
-        queues[topic] = dict(sorted(parsed.items()))
-    default = EARLIEST if name == "startingoffsets" else LATEST
-    return OffsetSpec(default, queues)
 
 
 def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
@@ -370,7 +288,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
                     f"before startingTimestamp={starting_ts}", f"a time >= {starting_ts}")
 
     for spec_name, spec in (("startingoffsets", starting), ("endingoffsets", ending)):
-        for topic in spec.queues:
+        for topic in sorted(spec.topics()):
             matched = (topic in subscribe if subscribe is not None
                        else subscribe_pattern is not None
                        and re.fullmatch(subscribe_pattern, topic) is not None)
@@ -378,13 +296,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
                 raise _fail(spec_name, raw[spec_name], f"topic {topic!r} is not subscribed",
                             "offsets for subscribed topics only")
     if batch:
-        for topic, queue_id in starting.named():
-            end = ending.get(topic, queue_id)
-            start = starting.get(topic, queue_id)
-            if end >= 0 and start >= 0 and end < start:
-                raise _fail("endingoffsets", raw["endingoffsets"],
-                            f"offset {end} of {topic}/{queue_id} is before its starting "
-                            f"offset {start}", f"an offset >= {start}")
+        ends = dict(ending.per_store())
+        for store, start_spec in starting.per_store():
+            end_spec = ends.get(store, OffsetSpec(LATEST))
+            for topic, queue_id in start_spec.named():
+                end = end_spec.get(topic, queue_id)
+                start = start_spec.get(topic, queue_id)
+                if end >= 0 and start >= 0 and end < start:
+                    raise _fail("endingoffsets", raw["endingoffsets"],
+                                f"offset {end} of {topic}/{queue_id} is before its starting "
+                                f"offset {start}", f"an offset >= {start}")
 
     max_per_trigger = None
     if "maxoffsetspertrigger" in raw:

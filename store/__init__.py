@@ -26,6 +26,7 @@ from .errors import (
                      InvalidBatchError,
                      InvalidConfigError,
                      InvalidDelayError,
+                     InvalidGroupError,
                      InvalidMessageError,
                      InvalidTopicError,
                      MessageTooLargeError,
@@ -51,6 +52,8 @@ from .message import (
                      validate_group,
                      validate_topic,
 )
+from .group import GroupProducer, GroupSink, StoreGroup
+from .group_layout import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
 from .server import StoreServer, server_status
@@ -60,6 +63,7 @@ __all__ = [
     "MESSAGE_SCHEMA",
     "AppendResult", "BatchAppendResult", "ConfigMismatchError", "CorruptRecordError",
     "DiskFullError", "FlushError", "InvalidBatchError",
+    "GroupProducer", "GroupSink", "InvalidGroupError", "StoreGroup", "is_store_group",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",

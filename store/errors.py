@@ -62,6 +62,10 @@ class SinkCommitError(StoreError):
     """A batch of the exactly-once sink cannot commit: a half it lists is no longer open."""
 
 
+class InvalidGroupError(StoreError, ValueError):
+    """A store group's member list (``group.json``) or a member name breaks the group's rules."""
+
+
 class OffsetOutOfRangeError(StoreError, LookupError):
     """A requested queue offset was removed by retention or lies beyond the queue's end."""
 

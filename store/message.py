@@ -200,7 +200,8 @@ class SendResult:
     message waits in a system topic until it is due: its ``queue_offset`` is -1 (known once
     delivered), ``deliver_at_ms`` is set, and ``stored_topic`` / ``stored_queue_id`` /
     ``stored_queue_offset`` say where the waiting record is (``None`` for other messages).
-    ``commitlog_offset`` is always the stored record's.
+    ``commitlog_offset`` is always the stored record's.  ``store_name`` is the member of a
+    store group that holds it (:class:`~store.group.StoreGroup`; ``None`` for one store).
     """
 
     msg_id: str
@@ -213,6 +214,7 @@ class SendResult:
     stored_topic: str | None = None
     stored_queue_id: int | None = None
     stored_queue_offset: int | None = None
+    store_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,11 +113,16 @@ class Sink:
     # ------------------------------------------------------------------ staging
     def stage(self, data, *, topic: str | None = None) -> list[str]:
         """Validate and stage rows (a table as for ``send_table``); return the halves' ids."""
+        with paused_gc():
+            return self.stage_prepared(prepare_rows(self.store, data, topic=topic))
+
+    def stage_prepared(self, rows: PreparedRows) -> list[str]:
+        """Stage rows already validated by :func:`~store.table_rows.prepare_rows` (a store
+        group validates every member's share before any member writes)."""
+        if not len(rows):
+            return []
         store = self.store
         with paused_gc():
-            rows = prepare_rows(store, data, topic=topic)
-            if not len(rows):
-                return []
             specs = [self._half_spec(rows, lo, hi) for lo, hi in half_bounds(rows, store)]
             for spec in specs:
                 append_half(store, spec)
