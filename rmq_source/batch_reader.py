@@ -4,6 +4,9 @@
 messages, resolves ``startingOffsets``/``startingTimestamp`` and ``endingOffsets``/
 ``endingTimestamp`` per queue, applies ``failOnDataLoss`` and cuts the ranges into partitions.
 ``read()`` runs in the executors and only decodes the ranges it is given.
+
+The path may be one store or a store group (:class:`store.StoreGroup`): a group is planned
+store by store (each partition reads one store) and its offsets options carry a store level.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .delivery import deliver_due_once
 from .options import RmqOptions
-from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
+from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
 from .queues import (
     apply_data_loss,
     check_named_queues,
+    check_subscribed_exist,
     queue_bounds,
     resolve_offsets,
     subscribed_queues,
 )
-from .stores import open_reader
+from .stores import open_reader, store_members
 
 
 class RmqBatchReader(DataSourceReader):
@@ -37,31 +41,41 @@ class RmqBatchReader(DataSourceReader):
     def __init__(self, options: RmqOptions) -> None:
         self.options = options
 
-    def plan_ranges(self) -> list[QueueRange]:
-        """The offset range of each subscribed queue (driver side; opens the store)."""
+    def plan_ranges(self) -> list[tuple[str, list[QueueRange]]]:
+        """``[(store directory, offset ranges of its subscribed queues)]`` (driver side)."""
         opts = self.options
-        if opts.deliver_due:
-            deliver_due_once(opts.path)
-        store = open_reader(opts.path)
-        try:
-            bounds = queue_bounds(store, subscribed_queues(store, opts, missing_topics="fail"))
-            check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
-            check_named_queues(opts.ending_offsets, "endingOffsets", bounds, store)
-            starts = resolve_offsets(store, bounds, opts.starting_offsets,
-                                     opts.starting_timestamp_ms, "startingOffsets")
-            ends = resolve_offsets(store, bounds, opts.ending_offsets,
-                                   opts.ending_timestamp_ms, "endingOffsets")
-        finally:
-            store.close()
-        starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
-        return [QueueRange(key[0], key[1], starts[key], max(starts[key], ends[key]))
-                for key in sorted(bounds)]
+        members = store_members(opts.path)
+        names = tuple(name for name, _ in members)
+        planned, known = [], set()
+        for name, path in members:
+            if opts.deliver_due:
+                deliver_due_once(path)
+            store = open_reader(path)
+            try:
+                known.update(store.topics())
+                bounds = queue_bounds(store, subscribed_queues(
+                    store, opts, missing_topics="fail" if len(members) == 1 else "ignore"))
+                starting = opts.starting_offsets.for_store(name, names)
+                ending = opts.ending_offsets.for_store(name, names)
+                check_named_queues(starting, "startingOffsets", bounds, store)
+                check_named_queues(ending, "endingOffsets", bounds, store)
+                starts = resolve_offsets(store, bounds, starting, opts.starting_timestamp_ms,
+                                         "startingOffsets")
+                ends = resolve_offsets(store, bounds, ending, opts.ending_timestamp_ms,
+                                       "endingOffsets")
+            finally:
+                store.close()
+            starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
+            planned.append((path, [QueueRange(k[0], k[1], starts[k], max(starts[k], ends[k]))
+                                   for k in sorted(bounds)]))
+        check_subscribed_exist(opts, sorted(known))
+        return planned
 
     def partitions(self) -> list[RmqPartition]:
         opts = self.options
-        return plan_partitions(opts.path, self.plan_ranges(), tags=opts.tags,
-                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns,
-                               verify_crc=opts.verify_crc)
+        return plan_member_partitions(self.plan_ranges(), tags=opts.tags,
+                                      fail_on_data_loss=opts.fail_on_data_loss,
+                                      columns=opts.columns, verify_crc=opts.verify_crc)
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_partition(partition)

@@ -63,3 +63,65 @@ def from_spark(data: Mapping[str, Mapping[str, int]] | str | None) -> QueueOffse
                                      "another source?)")
             out[(str(topic), int(qid))] = off
     return out
+
+
+#: Offsets of a query over one store or a store group: ``{store name: offsets}`` (one
+#: store: the single name ``""``); queue keys carry the store as ``(store, topic, queue_id)``
+#: where the readers need them flat.
+MemberOffsets = dict[str, QueueOffsets]
+
+
+def members_to_spark(offsets: Mapping[str, QueueOffsets], names) -> dict:
+    """What Spark stores: today's ``{"topic": {"queue_id": n}}`` for one store, and
+    ``{"store": {"topic": {"queue_id": n}}}`` (sorted keys) for a group of several."""
+    names = tuple(names)
+    if len(names) == 1:
+        return to_spark(offsets.get(names[0], {}))
+    return {name: to_spark(offsets.get(name, {})) for name in sorted(names)}
+
+
+def members_from_spark(data, names) -> MemberOffsets:
+    """Parse an offset of :func:`members_to_spark` for the stores ``names``.
+
+    Raises
+    ------
+    RmqSourceError
+        The offset has no store level although the path is a group (or the other way
+        round), or names a store the group does not have: the checkpoint was written for
+        another path.
+    """
+    names = tuple(names)
+    if len(names) == 1:
+        return {names[0]: from_spark(data)}
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            raise RmqSourceError(f"offset {data!r} is not JSON") from None
+    if data is None:
+        return {name: {} for name in names}
+    expected = '{"store": {"topic": {"queue_id": next_offset}}}'
+    if not isinstance(data, Mapping) or not all(
+            isinstance(v, Mapping) and all(isinstance(w, Mapping) for w in v.values())
+            for v in data.values()):
+        raise RmqSourceError(f"offset {data!r} has no store level, but the path is a store "
+                             f"group of {list(names)}; expected {expected} (a checkpoint of "
+                             "a query over one store cannot go on over a group)")
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise RmqSourceError(f"offset names store(s) {unknown}, which the group "
+                             f"{list(names)} does not have (members are never removed); "
+                             "the checkpoint belongs to another group")
+    return {name: from_spark(data.get(name, {})) for name in names}
+
+
+def flatten(offsets: Mapping[str, QueueOffsets]) -> dict[tuple[str, str, int], int]:
+    """``{(store, topic, queue_id): offset}``."""
+    return {(name, t, q): o for name, per in offsets.items() for (t, q), o in per.items()}
+
+
+def unflatten(flat: Mapping[tuple[str, str, int], int], names) -> MemberOffsets:
+    out: MemberOffsets = {name: {} for name in names}
+    for (name, t, q), o in flat.items():
+        out.setdefault(name, {})[(t, q)] = o
+    return out

@@ -147,6 +147,24 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
     return partitions
 
 
+def plan_member_partitions(planned: list[tuple[str, list[QueueRange]]], **kwargs
+                           ) -> list[RmqPartition]:
+    """Partitions of ranges in several stores (a store group): each store's ranges are cut
+    by :func:`plan_partitions` with its share of the parallelism (by rows)."""
+    if len(planned) == 1:
+        path, ranges = planned[0]
+        return plan_partitions(path, ranges, **kwargs)
+    total = sum(r.rows for _, ranges in planned for r in ranges)
+    slots = default_parallelism()
+    out: list[RmqPartition] = []
+    for path, ranges in planned:
+        rows = sum(r.rows for r in ranges)
+        if rows:
+            out += plan_partitions(path, ranges, parallelism=max(1, round(slots * rows / total)),
+                                   **kwargs)
+    return out
+
+
 def data_loss_message(topic: str, queue_id: int, start: int, min_offset: int) -> str:
     return (f"offsets {start} to {min_offset - 1} of queue {topic}/{queue_id} were removed by "
             f"retention (the queue now starts at {min_offset}); set option failOnDataLoss=false "

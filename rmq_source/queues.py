@@ -28,11 +28,8 @@ def subscribed_queues(store: StoreReader, options: RmqOptions, *,
     """
     known = store.topics()
     missing = sorted(set(options.subscribe or ()) - set(known))
-    if missing and missing_topics == "fail":
-        raise InvalidOptionError(
-            f"option subscribe={','.join(options.subscribe)!r}: topic(s) {missing} do not exist "
-            f"in the store {options.path}; allowed: existing topics {known} (or read with "
-            "readStream, which waits for new topics)")
+    if missing_topics == "fail":
+        check_subscribed_exist(options, known)
     if missing and missing_topics == "warn":
         new = [t for t in missing if (options.path, t) not in _warned]
         if new:
@@ -44,6 +41,16 @@ def subscribed_queues(store: StoreReader, options: RmqOptions, *,
 
 
 _warned: set[tuple[str, str]] = set()
+
+
+def check_subscribed_exist(options: RmqOptions, known: list[str]) -> None:
+    """A batch query's ``subscribe`` may name only topics the store (or group) holds."""
+    missing = sorted(set(options.subscribe or ()) - set(known))
+    if missing:
+        raise InvalidOptionError(
+            f"option subscribe={','.join(options.subscribe)!r}: topic(s) {missing} do not exist "
+            f"in the store {options.path}; allowed: existing topics {known} (or read with "
+            "readStream, which waits for new topics)")
 
 
 def queue_bounds(store: StoreReader, keys) -> dict[QueueKey, tuple[int, int]]:
@@ -102,12 +109,14 @@ def resolve_offsets(store: StoreReader, bounds: dict[QueueKey, tuple[int, int]],
 
 def apply_data_loss(starts: QueueOffsets, bounds: dict[QueueKey, tuple[int, int]],
                     fail_on_data_loss: bool) -> QueueOffsets:
-    """Starts below a queue's minimum offset: raise :class:`DataLossError` or move them up."""
+    """Starts below a queue's minimum offset: raise :class:`DataLossError` or move them up.
+
+    Keys are ``(topic, queue_id)``, or ``(store, topic, queue_id)`` over a store group."""
     out = dict(starts)
     for key, start in starts.items():
         low = bounds[key][0] if key in bounds else start
         if start < low:
             if fail_on_data_loss:
-                raise DataLossError(data_loss_message(key[0], key[1], start, low))
+                raise DataLossError(data_loss_message(key[-2], key[-1], start, low))
             out[key] = low
     return out

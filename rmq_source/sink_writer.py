@@ -67,11 +67,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from store import SinkCommitError, StoreError
+from store import SinkCommitError, StoreError, StoreGroup, is_store_group
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .stores import ensure_store, open_writer
+from .stores import ensure_store, open_group_writer, open_writer
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
 #: column -> (allowed Spark types, how the allowed types are named in errors)
@@ -132,10 +132,12 @@ def check_sink_schema(schema: StructType, options: RmqOptions) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SinkCommitMessage(WriterCommitMessage):
-    """One task's staged halves (exactly once) and its row count."""
+    """One task's staged halves (exactly once) and its row count; over a store group,
+    ``by_store`` holds the halves of each member instead."""
 
     transactions: tuple[str, ...]
     rows: int
+    by_store: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 #: A task hands rows to the store in tables of about this many rows / bytes (Spark's Arrow
@@ -144,9 +146,18 @@ TASK_BATCH_ROWS = 65536
 TASK_BATCH_BYTES = 16 * 1024 * 1024
 
 
+def _open(options: RmqOptions):
+    """The store, or the store group, that ``path`` names, writable."""
+    if is_store_group(options.path):
+        return open_group_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    return open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+
+
 def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:
-    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    store = _open(options)
+    grouped = isinstance(store, StoreGroup)
     transactions: list[str] = []
+    by_store: dict[str, list[str]] = {}
     rows = 0
     try:
         if options.guarantee == "at_least_once":
@@ -155,7 +166,12 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
             sink = store.sink(sink_id, options.producer_group)
 
             def write(table, topic):
-                transactions.extend(sink.stage(table, topic=topic))
+                staged = sink.stage(table, topic=topic)
+                if not grouped:
+                    transactions.extend(staged)
+                    return
+                for name, txs in staged.items():
+                    by_store.setdefault(name, []).extend(txs)
 
         pending: list = []
         size = count = 0
@@ -172,7 +188,8 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
             rows += _hand_over(options, write, pending)
     finally:
         store.close()
-    return SinkCommitMessage(tuple(transactions), rows)
+    return SinkCommitMessage(tuple(transactions), rows,
+                             tuple((name, tuple(txs)) for name, txs in by_store.items()))
 
 
 def _hand_over(options: RmqOptions, write, batches: list) -> int:
@@ -188,8 +205,14 @@ def _hand_over(options: RmqOptions, write, batches: list) -> int:
 def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:
     if options.guarantee == "at_least_once":
         return
-    transactions = [tx for m in messages if m is not None for tx in m.transactions]
-    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    store = _open(options)
+    if isinstance(store, StoreGroup):
+        transactions: dict | list = {name: [] for name in store.names}
+        for m in messages:
+            for name, txs in (m.by_store if m is not None else ()):
+                transactions[name].extend(txs)
+    else:
+        transactions = [tx for m in messages if m is not None for tx in m.transactions]
     try:
         store.sink(sink_id, options.producer_group).commit(batch_id, transactions)
     except SinkCommitError as exc:
@@ -201,7 +224,7 @@ def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:
 def _abort(options: RmqOptions, sink_id: str) -> None:
     if options.guarantee == "at_least_once":
         return
-    store = open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    store = _open(options)
     try:
         store.sink(sink_id, options.producer_group).abort()
     finally:

@@ -10,7 +10,14 @@ action and what is allowed.
 
 from __future__ import annotations
 
-from store import MessageStore, StoreError, StoreNotFoundError, StoreReader
+from store import (
+    MessageStore,
+    StoreError,
+    StoreGroup,
+    StoreNotFoundError,
+    StoreReader,
+    is_store_group,
+)
 
 from .errors import InvalidOptionError, RmqSourceError
 
@@ -19,6 +26,10 @@ _ALLOWED = "allowed: the directory of an existing rmq store"
 
 def open_reader(path: str) -> StoreReader:
     """Open the store at ``path`` read-only; a bad path is an :class:`InvalidOptionError`."""
+    if is_store_group(path):
+        raise InvalidOptionError(
+            f"option path={path!r} is a store group; this works on one store only; allowed: "
+            "the directory of one of its stores (see group.json for their paths)")
     try:
         return StoreReader.open(path)
     except StoreNotFoundError as exc:
@@ -63,11 +74,27 @@ def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourc
         ) from None
 
 
+def open_group_writer(path: str, *, needs: str,
+                      error: type[RmqSourceError] = RmqSourceError) -> StoreGroup:
+    """Open the existing store group at ``path`` (every member) for writing."""
+    try:
+        return StoreGroup.open(path)
+    except (OSError, StoreError) as exc:
+        raise error(
+            f"{needs} needs to open the store group {path!r} for writing, which failed "
+            f"({type(exc).__name__}: {exc}); allowed: a writable store group directory"
+        ) from None
+
+
 def ensure_store(path: str) -> None:
     """Create a store at ``path`` when nothing is there yet (a write may start a new store;
-    an existing store is only checked to be readable)."""
+    an existing store or store group is only checked to be readable)."""
     import os
 
+    if is_store_group(path):
+        for _, member in store_members(path):
+            open_reader(member).close()
+        return
     if os.path.isdir(path) and os.listdir(path):
         open_reader(path).close()
         return
@@ -77,3 +104,14 @@ def ensure_store(path: str) -> None:
         raise InvalidOptionError(
             f"option path={path!r}: cannot create a store there ({type(exc).__name__}: "
             f"{exc}); allowed: an existing rmq store or a new (or empty) directory") from None
+
+
+def store_members(path: str) -> list[tuple[str, str]]:
+    """``[(store name, directory)]`` of what ``path`` names: the members of a store group
+    (:class:`store.StoreGroup`), or ``[("", path)]`` for one store."""
+    if not is_store_group(path):
+        return [("", path)]
+    try:
+        return StoreGroup.members(path)
+    except StoreError as exc:
+        raise InvalidOptionError(f"option path={path!r}: {exc}") from None

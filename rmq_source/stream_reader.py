@@ -18,6 +18,10 @@ replays the same ranges.
   forgotten (and re-read from earliest) by a later batch.
 * ``maxOffsetsPerTrigger`` (``ReadMaxRows``) is shared by the queues max-min fairly: each
   queue gets an equal share, queues with less backlog give the rest to the others.
+* The path may be a store group (:class:`store.StoreGroup`): its offsets carry a store
+  level (``{"store": {"topic": {"queue_id": n}}}``), queues are keyed ``(store, topic,
+  queue)`` inside, ``maxOffsetsPerTrigger`` is shared by the queues of every store, and
+  each partition reads one store.  One store keeps the offsets without a store level.
 * ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages),
   or above its end (the store lost messages the query had read), raises
   :class:`DataLossError`, or with ``false`` the reader moves to the queue's minimum / end.
@@ -39,9 +43,15 @@ from pyspark.sql.streaming.datasource import (
 
 from .delivery import TRIGGER_DELIVERY_MESSAGES, close_kept_open, deliver_due_kept_open
 from .errors import DataLossError
-from .offsets import QueueKey, QueueOffsets, from_spark, to_spark
+from .offsets import (
+    QueueKey,
+    flatten,
+    members_from_spark,
+    members_to_spark,
+    unflatten,
+)
 from .options import RmqOptions
-from .partitions import QueueRange, RmqPartition, plan_partitions, read_partition
+from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
 from .queues import (
     apply_data_loss,
     check_named_queues,
@@ -49,7 +59,10 @@ from .queues import (
     resolve_offsets,
     subscribed_queues,
 )
-from .stores import open_reader
+from .stores import open_reader, store_members
+
+#: a queue of a query over one store or a group: ``(store name, topic, queue id)``
+FlatKey = tuple[str, str, int]
 
 
 def distribute_rows(max_rows: int, available: Mapping[QueueKey, int],
@@ -92,39 +105,60 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: RmqOptions) -> None:
         self.options = options
-        self._target: QueueOffsets | None = None  # AvailableNow: read no further than this
-        self._latest: QueueOffsets | None = None  # for reportLatestOffset
+        self.members = store_members(options.path)
+        self.names = tuple(name for name, _ in self.members)
+        self._target: dict[FlatKey, int] | None = None  # AvailableNow: read no further
+        self._latest: dict[FlatKey, int] | None = None  # for reportLatestOffset
 
     def __getstate__(self) -> dict:
         # runner-side state is not shipped to executors
-        return {"options": self.options, "_target": None, "_latest": None}
+        return {"options": self.options, "members": self.members, "names": self.names,
+                "_target": None, "_latest": None}
 
     # -- driver side -------------------------------------------------------------------------
     def _deliver(self, everything: bool = False) -> None:
         """``deliverDue``: a bounded step per trigger (the rest of a burst follows in the
         background, :mod:`rmq_source.delivery`); everything for an AvailableNow target."""
         if self.options.deliver_due:
-            deliver_due_kept_open(self.options.path, None if everything else
-                                  TRIGGER_DELIVERY_MESSAGES)
+            for _, path in self.members:
+                deliver_due_kept_open(path, None if everything else TRIGGER_DELIVERY_MESSAGES)
 
-    def _bounds(self) -> dict[QueueKey, tuple[int, int]]:
-        store = open_reader(self.options.path)
-        try:
-            return queue_bounds(store, subscribed_queues(store, self.options))
-        finally:
-            store.close()
+    def _bounds(self, keys: list[FlatKey] | None = None) -> dict[FlatKey, tuple[int, int]]:
+        """``{(store, topic, queue): (min, max)}`` of the subscribed queues (or of ``keys``)."""
+        out: dict[FlatKey, tuple[int, int]] = {}
+        for name, path in self.members:
+            store = open_reader(path)
+            try:
+                queues = subscribed_queues(store, self.options) if keys is None else \
+                    [(t, q) for n, t, q in keys if n == name]
+                out.update(((name,) + k, b) for k, b in queue_bounds(store, queues).items())
+            finally:
+                store.close()
+        return out
+
+    def _to_spark(self, flat) -> dict:
+        return members_to_spark(unflatten(flat, self.names), self.names)
+
+    def _from_spark(self, data) -> dict[FlatKey, int]:
+        return flatten(members_from_spark(data, self.names))
 
     def initialOffset(self) -> dict:
         opts = self.options
-        store = open_reader(opts.path)
-        try:
-            bounds = queue_bounds(store, subscribed_queues(store, opts, missing_topics="warn"))
-            check_named_queues(opts.starting_offsets, "startingOffsets", bounds, store)
-            starts = resolve_offsets(store, bounds, opts.starting_offsets,
-                                     opts.starting_timestamp_ms, "startingOffsets")
-        finally:
-            store.close()
-        return to_spark(apply_data_loss(starts, bounds, opts.fail_on_data_loss))
+        starts: dict[FlatKey, int] = {}
+        bounds: dict[FlatKey, tuple[int, int]] = {}
+        for name, path in self.members:
+            store = open_reader(path)
+            try:
+                member = queue_bounds(store, subscribed_queues(store, opts, missing_topics="warn"))
+                spec = opts.starting_offsets.for_store(name, self.names)
+                check_named_queues(spec, "startingOffsets", member, store)
+                resolved = resolve_offsets(store, member, spec, opts.starting_timestamp_ms,
+                                           "startingOffsets")
+            finally:
+                store.close()
+            starts.update(((name,) + k, o) for k, o in resolved.items())
+            bounds.update(((name,) + k, b) for k, b in member.items())
+        return self._to_spark(apply_data_loss(starts, bounds, opts.fail_on_data_loss))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_offsets_per_trigger
@@ -136,12 +170,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         self._deliver()
-        starts = from_spark(start)
+        starts = self._from_spark(start)
         bounds = self._bounds()
         self._latest = {k: high for k, (_, high) in bounds.items()}
         target = self._target
-        from_here: QueueOffsets = {}
-        stops: QueueOffsets = {}
+        from_here: dict[FlatKey, int] = {}
+        stops: dict[FlatKey, int] = {}
         for key, (low, high) in bounds.items():
             if key in starts:
                 from_here[key] = self._not_past_end(key, starts[key], high)
@@ -156,52 +190,52 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             grant = distribute_rows(limit.max_rows, backlog, from_here)
         elif isinstance(limit, ReadMinRows) and sum(backlog.values()) < limit.min_rows:
-            return to_spark(starts)
+            return self._to_spark(starts)
         else:
             grant = backlog
         end = dict(starts)  # queues no longer listed keep their offset
         for key, begin in from_here.items():
             end[key] = begin + grant[key]
-        return to_spark(end)
+        return self._to_spark(end)
 
-    def _not_past_end(self, key: QueueKey, start: int, high: int) -> int:
+    def _not_past_end(self, key: FlatKey, start: int, high: int) -> int:
         """A start past the queue's end means the store lost messages this query read."""
         if start <= high:
             return start
         if self.options.fail_on_data_loss:
+            where = f" of store {key[0]}" if key[0] else ""
             raise DataLossError(
-                f"queue {key[0]}/{key[1]} now ends at offset {high}, but this query already "
-                f"read up to {start}: the store lost messages it had (restored from an older "
-                "copy, or recovered after a crash with ASYNC_FLUSH); set option "
+                f"queue {key[1]}/{key[2]}{where} now ends at offset {high}, but this query "
+                f"already read up to {start}: the store lost messages it had (restored from an "
+                "older copy, or recovered after a crash with ASYNC_FLUSH); set option "
                 f"failOnDataLoss=false to go on from offset {high}")
         return high
 
     def reportLatestOffset(self) -> dict | None:
-        return None if self._latest is None else to_spark(self._latest)
+        return None if self._latest is None else self._to_spark(self._latest)
 
     def partitions(self, start: dict, end: dict) -> list[RmqPartition]:
-        starts, ends = from_spark(start), from_spark(end)
+        starts, ends = self._from_spark(start), self._from_spark(end)
         if starts == ends:
             return []
         opts = self.options
-        store = open_reader(opts.path)
-        try:
-            keys = sorted(k for k in ends if ends[k] > starts.get(k, -1))
-            bounds = queue_bounds(store, keys)
-        finally:
-            store.close()
+        keys = sorted(k for k in ends if ends[k] > starts.get(k, -1))
+        bounds = self._bounds(keys)
         begins = {k: starts.get(k, bounds[k][0]) for k in keys}
         begins = apply_data_loss(begins, bounds, opts.fail_on_data_loss)
-        ranges = [QueueRange(k[0], k[1], begins[k], max(begins[k], ends[k])) for k in keys]
-        return plan_partitions(opts.path, ranges, tags=opts.tags,
-                               fail_on_data_loss=opts.fail_on_data_loss, columns=opts.columns,
-                               verify_crc=opts.verify_crc)
+        planned = [(path, [QueueRange(t, q, begins[k], max(begins[k], ends[k]))
+                           for k in keys if k[0] == name for t, q in [k[1:]]])
+                   for name, path in self.members]
+        return plan_member_partitions(planned, tags=opts.tags,
+                                      fail_on_data_loss=opts.fail_on_data_loss,
+                                      columns=opts.columns, verify_crc=opts.verify_crc)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the store keeps every message until retention removes it."""
 
     def stop(self) -> None:
-        close_kept_open(self.options.path)
+        for _, path in self.members:
+            close_kept_open(path)
 
     # -- executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator:

@@ -110,6 +110,12 @@ class StoreGroup:
         return cls._open_members(read_group(path), config, clock, read_only=read_only,
                                  flush_service=flush_service, create=False)
 
+    @staticmethod
+    def members(path: str | os.PathLike) -> list[tuple[str, str]]:
+        """``[(name, directory)]`` of the group at ``path``, from its ``group.json`` alone
+        (nothing is opened)."""
+        return read_group(path).members()
+
     @classmethod
     def _open_members(cls, layout: GroupLayout, config, clock, *, read_only: bool,
                       flush_service: bool, create: bool) -> "StoreGroup":
