@@ -108,26 +108,41 @@ def main() -> None:
               help="Also check every CommitLog record (structure and body CRC); exit 1 when "
                    "one is damaged.")
 def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
-    """Topics, queues, offsets, pending delayed and half messages, disk use of a store."""
+    """Topics, queues, offsets, pending delayed and half messages, disk use of a store.
+
+    Given a store group, the same for each of its stores (JSON: ``{"group", "stores":
+    {name: ...}}``)."""
+    from store import StoreGroup, is_store_group
+
     from .stats import collect_stats, render_stats, render_verify
 
-    store = _open_store(store_path)
-    try:
-        data = collect_stats(store, include_system=system)
-        if verify:
-            progress = _progress("verified")
-            data["verify"] = store.verify_commitlog(progress).as_dict()
-            if progress is not None:
-                click.echo("", err=True)
-    finally:
-        store.close()
+    members = StoreGroup.members(store_path) if is_store_group(store_path) \
+        else [(None, store_path)]
+    results = {}
+    for name, path in members:
+        store = _open_store(path)
+        try:
+            data = collect_stats(store, include_system=system)
+            if verify:
+                progress = _progress("verified")
+                data["verify"] = store.verify_commitlog(progress).as_dict()
+                if progress is not None:
+                    click.echo("", err=True)
+        finally:
+            store.close()
+        results[name] = data
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        out = results[None] if None in results else {"group": os.path.abspath(store_path),
+                                                    "stores": results}
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
-        render_stats(data)
-        if verify:
-            render_verify(data["verify"])
-    if verify and not data["verify"]["ok"]:
+        for (name, path), data in zip(members, results.values()):
+            if name is not None:
+                click.echo(f"== store {name} ({path})")
+            render_stats(data)
+            if verify:
+                render_verify(data["verify"])
+    if verify and not all(d["verify"]["ok"] for d in results.values()):
         sys.exit(1)
 
 

@@ -10,8 +10,12 @@ import click
 def open_store(path: str, *, must_exist: bool = True):
     """The store at ``path``: writable for an rmq store; read-only (nothing written, not a
     byte) for a directory Apache RocketMQ wrote."""
-    from store import MessageStore, StoreNotFoundError, StoreReader
+    from store import MessageStore, StoreGroup, StoreNotFoundError, StoreReader, is_store_group
 
+    if is_store_group(path):
+        members = ", ".join(f"{n} ({p})" for n, p in StoreGroup.members(path))
+        raise click.UsageError(f"{path} is a store group; `rmq stats` and `rmq lag` take a "
+                               f"group, this command takes one of its stores: {members}")
     if must_exist and not os.path.isfile(os.path.join(path, "config", "store.json")):
         try:
             reader = StoreReader.open(path)

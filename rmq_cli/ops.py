@@ -62,7 +62,7 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
               type=click.Path(file_okay=False, exists=True),
               help="The streaming query's checkpointLocation.")
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store the query reads.")
+              help="The store (or store group) the query reads.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (for monitoring).")
 def lag(checkpoint_dir, store_path, as_json):
     """How many messages a streaming query has not processed yet, per queue.
@@ -70,15 +70,10 @@ def lag(checkpoint_dir, store_path, as_json):
     Compares the end offsets of the query's last committed micro-batch (from its checkpoint)
     with the end of each queue in the store; opens the store read-only.
     """
-    from rmq_source.lag import checkpoint_offsets, queue_lag
-    from store import StoreReader
+    from rmq_source.lag import checkpoint_offsets, path_lag
 
-    batch, sources = checkpoint_offsets(checkpoint_dir)
-    merged = {}
-    for offsets in sources:
-        merged.update(offsets)
-    with StoreReader.open(store_path) as store:
-        result = queue_lag(store, merged)
+    batch, sources = checkpoint_offsets(checkpoint_dir, raw=True)
+    result = path_lag(store_path, sources)
     result["batch_id"] = batch
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -89,8 +84,9 @@ def lag(checkpoint_dir, store_path, as_json):
     click.echo(f"last committed batch {batch}: {result['lag']} message(s) behind "
                f"(largest queue lag {result['max_lag']})")
     for row in result["queues"]:
-        click.echo(f"  {row['topic']}/{row['queue_id']}: processed to {row['processed']}, "
-                   f"latest {row['latest']}, lag {row['lag']}")
+        where = f"{row['store']}:" if "store" in row else ""
+        click.echo(f"  {where}{row['topic']}/{row['queue_id']}: processed to "
+                   f"{row['processed']}, latest {row['latest']}, lag {row['lag']}")
 
 
 # --------------------------------------------------------------------------- retention

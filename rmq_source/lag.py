@@ -21,7 +21,7 @@ import os
 from typing import Mapping
 
 from .errors import RmqSourceError
-from .offsets import QueueOffsets, from_spark
+from .offsets import QueueOffsets, from_spark, members_from_spark
 
 
 def _batch_ids(directory: str) -> list[int]:
@@ -32,11 +32,14 @@ def _batch_ids(directory: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def checkpoint_offsets(checkpoint_dir: str) -> tuple[int | None, list[QueueOffsets]]:
+def checkpoint_offsets(checkpoint_dir: str, *, raw: bool = False
+                       ) -> tuple[int | None, list[QueueOffsets]]:
     """``(batch id, [offsets per rmq source])`` of the last committed batch of a query.
 
     ``(None, [])`` when no batch has been committed yet.  Sources that are not ``rmq``
-    (another format in a union or a join) are left out.
+    (another format in a union or a join) are left out.  With ``raw``, each offset is
+    the JSON object as Spark stored it (a store group's has a store level; see
+    :func:`path_lag`).
 
     Raises
     ------
@@ -55,28 +58,76 @@ def checkpoint_offsets(checkpoint_dir: str) -> tuple[int | None, list[QueueOffse
     with open(os.path.join(offsets_dir, str(batch)), encoding="utf-8") as fh:
         lines = fh.read().splitlines()
     # line 0: the log version; line 1: batch metadata; then one line per source
-    return batch, _rmq_offsets(lines[2:])
+    return batch, _rmq_offsets(lines[2:], raw=raw)
 
 
-def progress_offsets(progress: Mapping | str | None) -> list[QueueOffsets]:
-    """The rmq sources' end offsets in a ``StreamingQuery.lastProgress`` (dict or JSON)."""
+def progress_offsets(progress: Mapping | str | None, *, raw: bool = False
+                     ) -> list[QueueOffsets]:
+    """The rmq sources' end offsets in a ``StreamingQuery.lastProgress`` (dict or JSON);
+    ``raw`` as for :func:`checkpoint_offsets`."""
     if progress is None:
         return []
     if isinstance(progress, str):
         progress = json.loads(progress)
-    return _rmq_offsets(source.get("endOffset") for source in progress.get("sources", []))
+    return _rmq_offsets((source.get("endOffset") for source in progress.get("sources", [])),
+                        raw=raw)
 
 
-def _rmq_offsets(values) -> list[QueueOffsets]:
+def _rmq_offsets(values, *, raw: bool = False) -> list:
     out = []
     for value in values:
         if value in (None, "", "-"):
             continue
         try:
-            out.append(from_spark(value))
+            data = json.loads(value) if isinstance(value, str) else value
+            parsed = from_spark(data)
         except (RmqSourceError, ValueError):
+            if raw and _is_group_offset(data):
+                out.append(data)
             continue  # another source's offset
+        out.append(data if raw else parsed)
     return out
+
+
+def _is_group_offset(data) -> bool:
+    try:
+        return isinstance(data, Mapping) and bool(data) and all(
+            from_spark(v) is not None for v in data.values())
+    except (RmqSourceError, ValueError, TypeError):
+        return False
+
+
+def path_lag(store_path: str, offsets: list) -> dict:
+    """:func:`queue_lag` of raw offsets (:func:`checkpoint_offsets` with ``raw=True``)
+    against the store or store group at ``store_path`` (opened read-only); over a group
+    every queue row carries its ``store`` and ``stores`` gives each store's lag."""
+    from .stores import open_reader, store_members
+
+    members = store_members(store_path)
+    names = tuple(name for name, _ in members)
+    merged: dict[str, QueueOffsets] = {name: {} for name in names}
+    for raw in offsets:
+        try:
+            parsed = members_from_spark(raw, names)
+        except (RmqSourceError, ValueError):
+            continue  # a source over another path
+        for name, per in parsed.items():
+            merged[name].update(per)
+    if len(members) == 1:
+        with open_reader(members[0][1]) as store:
+            return queue_lag(store, merged[names[0]])
+    rows, per_store = [], {}
+    for name, path in members:
+        with open_reader(path) as store:
+            part = queue_lag(store, merged[name])
+        per_store[name] = part["lag"]
+        rows += [{"store": name, **r} for r in part["queues"]]
+    per_topic: dict[str, int] = {}
+    for r in rows:
+        per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["lag"]
+    return {"queues": rows, "lag": sum(r["lag"] for r in rows),
+            "max_lag": max((r["lag"] for r in rows), default=0), "topics": per_topic,
+            "stores": per_store}
 
 
 def queue_lag(store, offsets: QueueOffsets) -> dict:
@@ -103,15 +154,9 @@ def queue_lag(store, offsets: QueueOffsets) -> dict:
 
 
 def query_lag(query, store_path: str) -> dict:
-    """:func:`queue_lag` of a running query's last progress against the store at
-    ``store_path`` (opened read-only), summed over its rmq sources."""
-    from store import StoreReader
-
-    merged: QueueOffsets = {}
-    for offsets in progress_offsets(query.lastProgress):
-        merged.update(offsets)
-    with StoreReader.open(store_path) as store:
-        return queue_lag(store, merged)
+    """:func:`queue_lag` of a running query's last progress against the store (or store
+    group) at ``store_path`` (opened read-only), summed over its rmq sources."""
+    return path_lag(store_path, progress_offsets(query.lastProgress, raw=True))
 
 
-__all__ = ["checkpoint_offsets", "progress_offsets", "query_lag", "queue_lag"]
+__all__ = ["checkpoint_offsets", "path_lag", "progress_offsets", "query_lag", "queue_lag"]

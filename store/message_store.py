@@ -27,6 +27,8 @@ from .core.reading import Clock
 from .core.retention import retention_plan
 from .core.store_core import StoreCore
 from .delayed.schedule import ScheduleService, register_schedule_topic
+from .errors import InvalidGroupError
+from .group_layout import is_group
 from .pending_view import pending_messages
 from .producer import Producer
 from .reader import StoreReader
@@ -68,6 +70,10 @@ class MessageStore(StoreCore):
             :class:`~store.reader.StoreReader` (no marker, no recovery, no flush thread, no
             writes; every write method raises :class:`~store.errors.ReadOnlyStoreError`).
         """
+        if is_group(path) and not os.path.isdir(os.path.join(os.fspath(path), "commitlog")):
+            raise InvalidGroupError(
+                f"{os.fspath(path)} is a store group, not a store; open it with "
+                "StoreGroup.open(path), or open one of its stores (see group.json)")
         if read_only:
             return StoreReader.open(path, config, clock=clock)
         return cls(os.fspath(path), config, clock=clock, flush_service=flush_service)

@@ -141,3 +141,26 @@ def test_send_of_many_piped_lines_goes_in_tables(runner, tmp_path, monkeypatch):
     assert "sent 25000 message(s) to bulk, delay level 1" in r.stderr
     with MessageStore.open(path) as store:
         assert store.pending_delayed_stats()["schedule_pending"] == 25_000
+
+
+def test_stats_of_a_store_group_and_commands_that_take_one_store(runner, tmp_path):
+    from store import Message, StoreGroup
+
+    path = str(tmp_path / "group")
+    with StoreGroup.create(path, 2) as g:
+        p = g.producer("pg")
+        for i in range(6):
+            p.send(Message("orders", f"m{i}".encode()))
+        p.send(Message("orders", b"later"), delay_ms=600_000, store="store-1")
+    r = runner.invoke(main, ["stats", "--store", path, "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert sorted(data["stores"]) == ["store-0", "store-1"]
+    counts = [sum(q["messages"] for q in s["topics"]) for s in data["stores"].values()]
+    assert counts == [3, 3]
+    assert data["stores"]["store-1"]["delayed"]["pending"] == 1
+    r = runner.invoke(main, ["stats", "--store", path])
+    assert r.exit_code == 0 and "== store store-1" in r.output
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders"])
+    assert r.exit_code != 0 and "store-0 (" in r.output
+    assert not os.path.exists(os.path.join(path, "commitlog"))  # no store made at the root

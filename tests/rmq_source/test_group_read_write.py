@@ -80,9 +80,15 @@ def test_a_stream_over_a_group_keys_offsets_by_store(spark, tmp_path):
         p = g.producer("pg")
         for i in range(10):
             p.send(Message("orders", f"b{i}".encode()))
+    from rmq_source.lag import checkpoint_offsets, path_lag
+
+    lag = path_lag(path, checkpoint_offsets(chk, raw=True)[1])
+    assert lag["lag"] == 10 and sum(lag["stores"].values()) == 10
+    assert {r["store"] for r in lag["queues"]} == {"store-0", "store-1"}
     seen.clear()
     run()  # restarted on its checkpoint: only the new messages
     assert sorted(seen) == sorted(f"b{i}" for i in range(10))
+    assert path_lag(path, checkpoint_offsets(chk, raw=True)[1])["lag"] == 0
 
 
 def test_sink_writes_a_group_exactly_once_and_spreads_rows(spark, tmp_path):
