@@ -196,7 +196,7 @@ class StoreGroup:
     # ------------------------------------------------------------------ writing
     def producer(self, group: str = "DEFAULT_PRODUCER") -> "GroupProducer":
         """A :class:`GroupProducer` of producer group ``group`` over every member."""
-        return GroupProducer(self, [s.producer(group) for s in self._stores])
+        return GroupProducer(self, [_named(s.producer(group), n) for n, s in self.stores()])
 
     def sink(self, sink_id: str, group: str = "rmq-sink") -> "GroupSink":
         """The exactly-once batch writer of ``sink_id`` over every member (:class:`GroupSink`)."""
@@ -206,7 +206,7 @@ class StoreGroup:
         """Transactional sends spread round robin over the members; each half message is
         ended and checked in the member that holds it."""
         return GroupTransactionProducer(
-            self, [s.transaction_producer(group, listener) for s in self._stores])
+            self, [_named(s.transaction_producer(group, listener), n) for n, s in self.stores()])
 
     def deliver_due(self, max_messages: int | None = None) -> int:
         """Every member delivers its due delayed messages (at most ``max_messages`` each);
@@ -272,8 +272,10 @@ class StoreGroup:
         return shares
 
 
-def _with_store(results: list[SendResult], name: str) -> list[SendResult]:
-    return [dataclasses.replace(r, store_name=name) for r in results]
+def _named(producer, name: str):
+    """A member's producer whose results carry the member's name."""
+    producer.store_name = name
+    return producer
 
 
 class GroupProducer:
@@ -314,8 +316,7 @@ class GroupProducer:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
         i, queue = self._target(message.topic, store, queue_id, sharding_key)
-        r = self._producers[i].send(message, queue_id=queue, **delay)
-        return dataclasses.replace(r, store_name=self.group.names[i])
+        return self._producers[i].send(message, queue_id=queue, **delay)
 
     def send_batch(self, messages, *, store: str | None = None, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -326,8 +327,7 @@ class GroupProducer:
         if topic is None:  # let the member's producer raise its typed error
             return self._producers[0].send_batch(messages)
         i, queue = self._target(topic, store, queue_id, sharding_key)
-        return _with_store(self._producers[i].send_batch(messages, queue_id=queue),
-                           self.group.names[i])
+        return self._producers[i].send_batch(messages, queue_id=queue)
 
     def send_table(self, data, *, topic: str | None = None) -> pa.Table:
         """Send a table (columns as :meth:`Producer.send_table
@@ -368,8 +368,7 @@ class GroupTransactionProducer:
         <store.transaction.producer.TransactionProducer.send_in_transaction>`, in one member;
         the result's ``store_name`` names it."""
         i = self.group._pick()
-        r = self._producers[i].send_in_transaction(message, arg)
-        return dataclasses.replace(r, store_name=self.group.names[i])
+        return self._producers[i].send_in_transaction(message, arg)
 
 
 class GroupSink:

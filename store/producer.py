@@ -49,6 +49,9 @@ class Producer:
     def __init__(self, store: ProducerStore, group: str) -> None:
         self.store = store
         self.group = validate_group(group)
+        #: the store's name in a store group (set by :class:`~store.group.StoreGroup`);
+        #: copied into every :class:`SendResult`
+        self.store_name: str | None = None
 
     # -- building records -------------------------------------------------------------------
     def _spec(self, message: Message, msg_id: str, now: int) -> RecordSpec:
@@ -165,11 +168,11 @@ class Producer:
             due = deliver_time(self.store.config.delay_levels_ms, level, r.store_timestamp_ms)
         if spec.topic == message.topic:
             return SendResult(msg_id, r.topic, r.queue_id, r.queue_offset, r.commitlog_offset,
-                              deliver_at_ms=due)
+                              deliver_at_ms=due, store_name=self.store_name)
         real_qid = int(spec.properties.get(PROPERTY_REAL_QUEUE_ID, r.queue_id))
         return SendResult(msg_id, message.topic, real_qid, -1, r.commitlog_offset,
                           deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
-                          stored_queue_offset=r.queue_offset)
+                          stored_queue_offset=r.queue_offset, store_name=self.store_name)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -222,7 +225,7 @@ class Producer:
         n = len(bodies)
         return _send_results(ids, topic, r.queue_id,
                              range(r.first_queue_offset, r.first_queue_offset + n),
-                             r.commitlog_offsets.tolist())
+                             r.commitlog_offsets.tolist(), self.store_name)
 
     def send_table(self, data, *, topic: str | None = None):
         """Store a whole table of messages: the columnar write path.
@@ -254,8 +257,8 @@ assert [f.name for f in _SEND_RESULT_FIELDS[:5]] == [
     "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset"]
 
 
-def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets
-                  ) -> list[SendResult]:
+def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets,
+                  store_name: str | None = None) -> list[SendResult]:
     """``SendResult`` objects for a batch, filled slot by slot over the whole batch.
 
     Equal to calling ``SendResult(...)`` per message, at half the cost: a frozen dataclass's
@@ -264,7 +267,8 @@ def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offse
     n = len(ids)
     results = list(map(object.__new__, repeat(SendResult, n)))
     columns = [ids, repeat(topic, n), repeat(queue_id, n), queue_offsets, commitlog_offsets]
-    columns += [repeat(f.default, n) for f in _SEND_RESULT_FIELDS[5:]]
+    columns += [repeat(store_name if f.name == "store_name" else f.default, n)
+                for f in _SEND_RESULT_FIELDS[5:]]
     for field, column in zip(_SEND_RESULT_FIELDS, columns):
         deque(map(SendResult.__dict__[field.name].__set__, results, column), maxlen=0)
     return results

@@ -114,4 +114,5 @@ class TransactionProducer(Producer):
         return TransactionSendResult(
             msg_id=msg_id, topic=message.topic, queue_id=real_qid,
             queue_offset=stored.queue_offset, commitlog_offset=stored.commitlog_offset,
-            transaction_id=msg_id, local_state=state, ended=ended, error=error)
+            transaction_id=msg_id, local_state=state, ended=ended, error=error,
+            store_name=self.store_name)
