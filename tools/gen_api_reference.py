@@ -19,7 +19,8 @@ HEADER = """# API reference
 
 Generated from the code by `python tools/gen_api_reference.py` (a test fails when this file
 is out of date). Every name of `store.__all__`, then the methods of the classes users hold:
-`MessageStore` (and the read-only `StoreReader`), `Producer`, `TransactionProducer` and `Sink`.
+`MessageStore` (and the read-only `StoreReader`), `Producer`, `TransactionProducer`, `Sink`,
+`StoreGroup`, `GroupProducer` and `GroupSink`.
 Prose and examples: the README, `docs/api.md`, `docs/sink.md` and `docs/options.md`.
 """
 
@@ -94,7 +95,8 @@ def generate() -> str:
              "## Values", *values, "", "## Errors", "",
              "Every error is a `StoreError`; messages say what was wrong and what is allowed.",
              "", *errors, ""]
-    for cls in (store.MessageStore, store.StoreReader, Producer, TransactionProducer, Sink):
+    for cls in (store.MessageStore, store.StoreReader, Producer, TransactionProducer, Sink,
+                store.StoreGroup, store.GroupProducer, store.GroupSink):
         parts += [f"## `{cls.__name__}`", "", _doc(cls), "", *_methods(cls), ""]
     return "\n".join(parts).rstrip() + "\n"
 
