@@ -151,6 +151,7 @@ class StoreGroup:
     # ------------------------------------------------------------------ members
     @property
     def root(self) -> str:
+        """The group directory (holding ``group.json``)."""
         return self.layout.root
 
     @property
