@@ -62,9 +62,15 @@ class RmqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options(streaming=True)
         if opts.view == "transaction_checks":
+            from .stores import store_members
             from .transaction_checks import TransactionChecksStreamReader
 
-            return TransactionChecksStreamReader(opts)
+            members = store_members(opts.path)
+            if len(members) > 1:
+                from .group_checks import GroupChecksStreamReader
+
+                return GroupChecksStreamReader(opts, members)
+            return TransactionChecksStreamReader(replace(opts, path=members[0][1]))
         from .stream_reader import RmqStreamReader
 
         return RmqStreamReader(replace(opts, columns=_check_schema(schema)))

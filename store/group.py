@@ -234,6 +234,36 @@ class StoreGroup:
             f"transaction id {transaction_id!r} is not known to any store of the group "
             f"{self.root}; allowed: a transaction_id returned by send_in_transaction")
 
+    def end_transactions(self, items, *, from_check: bool = False) -> list[bool]:
+        """End many transactions, each in the member holding its half message (see
+        :meth:`MessageStore.end_transactions <store.MessageStore.end_transactions>`): every
+        id is looked up first (``UnknownMessageError`` naming one no member knows, nothing
+        written), then each member ends its share in one append.  Returns, per item,
+        whether it changed anything."""
+        items = list(items)
+        owner = np.full(len(items), -1, dtype=np.int64)
+        ids = [tx for tx, _ in items]
+        for i, store in enumerate(self._stores):
+            index = store.transactions.index
+            with store.write_lock():
+                index.refresh()
+                rows = np.asarray(index.rows_of(ids), dtype=np.int64) if ids else \
+                    np.zeros(0, np.int64)
+            owner[(owner < 0) & (rows >= 0)] = i
+        if (owner < 0).any():
+            tx = ids[int(np.argmax(owner < 0))]
+            raise UnknownMessageError(
+                f"transaction id {tx!r} is not known to any store of the group {self.root}; "
+                "allowed: a transaction_id returned by send_in_transaction (nothing was ended)")
+        done = [False] * len(items)
+        for i, store in enumerate(self._stores):
+            picked = np.flatnonzero(owner == i).tolist()
+            if picked:
+                ended = store.end_transactions([items[k] for k in picked], from_check=from_check)
+                for k, flag in zip(picked, ended):
+                    done[k] = flag
+        return done
+
     def flush(self) -> None:
         """Make every member's appended data durable."""
         for store in self._stores:

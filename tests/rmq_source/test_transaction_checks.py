@@ -231,3 +231,39 @@ def test_reader_and_partitions_pickle_without_runner_state(tmp_path):
     with pytest.raises(EndTransactionError, match="state=None"):
         parse_rows([{"transaction_id": "A" * 32, "state": None}])
     assert parse_rows([{"transaction_id": "A", "state": " commit_message "}]) == [("A", "COMMIT")]
+
+
+def test_check_loop_over_a_store_group_asks_every_store_and_answers_land_in_theirs(spark,
+                                                                                  tmp_path):
+    from store import StoreGroup
+
+    path = str(tmp_path / "group")
+    config = StoreConfig(transaction_timeout_ms=1000, transaction_check_interval_ms=1000)
+    group = StoreGroup.create(path, 2, config,
+                              clock=lambda: time.time_ns() // 1_000_000 - BEHIND_MS)
+    txp = group.transaction_producer("pay-service", Payments())
+    sent = [txp.send_in_transaction(Message("payments", f"p{i}".encode())) for i in range(6)]
+    assert {t.store_name for t in sent} == {"store-0", "store-1"}
+    ids = [t.transaction_id for t in sent]
+    rows = Rows("transaction_id")
+    chk = str(tmp_path / "chk")
+    query = (spark.readStream.format("rmq").option("view", "transaction_checks").load(path)
+             .writeStream.foreachBatch(rows).option("checkpointLocation", chk)
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    assert sorted(r[0] for r in rows.rows) == sorted(ids)
+    offsets = query.lastProgress["sources"][0]["endOffset"]
+    assert sorted(__import__("json").loads(offsets) if isinstance(offsets, str) else offsets) \
+        == ["store-0", "store-1"]
+    answers = [(ids[0], "COMMIT"), (ids[1], "COMMIT"), (ids[2], "ROLLBACK")]
+    (spark.createDataFrame(answers, "transaction_id string, state string").write
+     .format("rmq").option("action", "end_transaction").mode("append").save(path))
+    committed = spark.read.format("rmq").option("subscribe", "payments").load(path)
+    assert sorted(r[0] for r in committed.select("transaction_id").collect()) == \
+        sorted(ids[:2])
+    with pytest.raises(Exception, match="not known to any store"):
+        (spark.createDataFrame([("nope", "COMMIT")], "transaction_id string, state string")
+         .write.format("rmq").option("action", "end_transaction").mode("append").save(path))
+    assert sum(s.pending_transaction_stats()["pending"] for _, s in group.stores()) == 3
+    group.close()
