@@ -279,15 +279,16 @@ class StoreGroup:
         if topic is not None:
             validate_topic(topic)
             names, topic_ids = [topic], np.zeros(table.num_rows, np.int64)
-        elif "topic" in table.column_names:
+        elif "topic" in table.column_names and table.column("topic").null_count == 0:
             enc = table.column("topic").combine_chunks().dictionary_encode()
             names = enc.dictionary.to_pylist()
             topic_ids = enc.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         else:
-            names, topic_ids = [None], np.zeros(table.num_rows, np.int64)  # refused below
+            # no topic, or a null one: routed without keys, refused by the members' checks
+            names, topic_ids = [None], np.zeros(table.num_rows, np.int64)
         keyed = "sharding_key" in table.column_names and names != [None] and \
             table.column("sharding_key").null_count < table.num_rows
-        routes = [self.route(t) for t in names] if keyed else [[] for _ in names]
+        routes = [self.route(t) for t in names] if keyed else None
         member, queue = route_rows(table, len(self._stores), topic_ids, routes,
                                    deterministic=deterministic, start=self._pick())
         if queue is not None:

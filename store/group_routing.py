@@ -60,7 +60,7 @@ def key_hashes(col: pa.Array) -> np.ndarray:
     return hashes[idx.astype(np.int64)]
 
 
-def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: list,
+def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: list | None,
                *, deterministic: bool, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """The member of each row and, for rows with a sharding key, its queue id there.
 
@@ -73,9 +73,10 @@ def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: lis
         How many members the group has.
     topic_ids : numpy.ndarray of int
         Each row's topic, as an index into ``routes``.
-    routes : list
+    routes : list or None
         Per topic, its route ``[(member, queue_id), ...]`` (only read for topics of rows
-        with a sharding key).
+        with a sharding key); ``None``: keys are not routed here (the rows go to their
+        member with their ``sharding_key`` column, whose checks then refuse them).
     deterministic : bool
         Rows with no key go to ``crc32(body) % members`` (else: contiguous slices, round
         robin from member ``start``).
@@ -97,7 +98,7 @@ def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: lis
             else np.zeros(n, np.int64)
     else:
         member = (start + (np.arange(n, dtype=np.int64) * members) // max(n, 1)) % members
-    if "sharding_key" not in table.column_names:
+    if routes is None or "sharding_key" not in table.column_names:
         return member, None
     hashes = key_hashes(table.column("sharding_key").combine_chunks())
     queue = np.full(n, -1, dtype=np.int64)

@@ -232,3 +232,16 @@ def test_read_only_open_writes_nothing(tmp_path, small_config):
                 after[full] = fh.read()
     assert after == before
     assert json.load(open(os.path.join(path, "group.json")))["version"] == 1
+
+
+def test_rows_without_a_topic_are_refused_with_nothing_written(group):
+    p = group.producer("pg")
+    before = {name: s.confirmed_offset() for name, s in group.stores()}
+    for table in (pa.table({"body": ["a", "b"], "sharding_key": ["k", "k"]}),
+                  pa.table({"topic": pa.array([None, "orders"], pa.string()),
+                            "body": ["a", "b"], "sharding_key": ["k", "k"]})):
+        with pytest.raises((InvalidMessageError, InvalidTopicError)):
+            p.send_table(table)
+        with pytest.raises((InvalidMessageError, InvalidTopicError)):
+            group.sink("s").stage(table)
+    assert {name: s.confirmed_offset() for name, s in group.stores()} == before
