@@ -14,7 +14,8 @@ from .opening import open_writable_store
 # --------------------------------------------------------------------------- serve
 @click.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing).")
+              help="The store directory (created when missing), or a store group's "
+                   "(a server per store).")
 @click.option("--delete-when", default=None,
               help="Hours for retention, ';'-separated (RocketMQ's deleteWhen) [default: 04].")
 @click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
@@ -39,21 +40,59 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
     """
     import logging
 
-    from store import StoreConfig, StoreServer
+    from store import StoreConfig, StoreServer, is_store_group
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     changes = {k: v for k, v in (("delete_when", delete_when),
                                  ("file_reserved_time_hours", file_reserved_time_hours),
                                  ("disk_max_used_space_ratio", disk_max_used_space_ratio))
                if v is not None}
-    server = StoreServer(store_path, StoreConfig().replace(**changes) if changes else None,
-                         check_transactions=check_transactions)
-    server.install_signal_handlers()
-    click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C stops",
-               err=True)
-    counters = server.run(duration_s=duration_s)
-    click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
-               f"{counters.segments_deleted} segment(s) deleted", err=True)
+    config = StoreConfig().replace(**changes) if changes else None
+    if not is_store_group(store_path):
+        server = StoreServer(store_path, config, check_transactions=check_transactions)
+        server.install_signal_handlers()
+        click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C "
+                   "stops", err=True)
+        counters = server.run(duration_s=duration_s)
+        click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
+                   f"{counters.segments_deleted} segment(s) deleted", err=True)
+        return
+    _serve_group(store_path, config, check_transactions, duration_s)
+
+
+def _serve_group(path, config, check_transactions, duration_s) -> None:
+    """``rmq serve`` of a store group: one server per store, each in a thread of this
+    process (every store delivers, checks and cleans its own messages)."""
+    import signal
+    import threading
+
+    from store import StoreGroup, StoreServer
+
+    servers = []
+    try:
+        for _, member in StoreGroup.members(path):
+            servers.append(StoreServer(member, config, check_transactions=check_transactions))
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: [s.stop() for s in servers])
+    click.echo(f"rmq serve: serving the {len(servers)} stores of the group {path} (pid "
+               f"{os.getpid()}); SIGTERM or Ctrl-C stops", err=True)
+    results: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i, s=s: results.__setitem__(
+        i, s.run(duration_s=duration_s)), name=f"rmq-serve-{i}", daemon=True)
+        for i, s in enumerate(servers)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(timeout=0.2)  # short joins: signals reach the main thread
+    delivered = sum(r.delivered for r in results.values())
+    deleted = sum(r.segments_deleted for r in results.values())
+    click.echo(f"rmq serve: stopped; {delivered} delivered, {deleted} segment(s) deleted "
+               f"in {len(servers)} stores", err=True)
 
 
 # --------------------------------------------------------------------------- lag

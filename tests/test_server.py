@@ -333,3 +333,32 @@ def test_check_rounds_follow_the_recorded_check_interval(store_path):
         assert server._next_check - before <= 1.5 + 0.5
     finally:
         server.close()
+
+
+def test_serve_a_store_group_runs_a_server_per_store(tmp_path):
+    from store import StoreGroup
+
+    path = str(tmp_path / "group")
+    with StoreGroup.create(path, 2, SMALL) as group:
+        p = group.producer("g")
+        sent = [p.send(Message("t", f"m{i}".encode()), delay_ms=300 + 100 * i) for i in range(10)]
+    assert {r.store_name for r in sent} == {"store-0", "store-1"}
+    proc = _serve(path)
+    try:
+        for _, member in StoreGroup.members(path):
+            _wait_attached(member, proc)
+        deadline = time.monotonic() + 30
+        while True:
+            with StoreGroup.open(path, read_only=True) as group:
+                counts = [_count(s, "t") for _, s in group.stores()]
+            if sum(counts) == 10 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sum(counts) == 10 and min(counts) > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b"10 delivered" in err and b"in 2 stores" in err
+    with StoreGroup.open(path, read_only=True) as group:
+        assert all(not server_status(m)["attached"] for m in group.layout.paths)
