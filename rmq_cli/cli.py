@@ -214,7 +214,8 @@ def repair(store_path: str) -> None:
 # --------------------------------------------------------------------------- send
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing).")
+              help="The store directory (created when missing), or a store group's (lines "
+                   "spread over its stores).")
 @click.option("--topic", required=True, help="Destination topic.")
 @click.option("--tags", default=None, help="Tag of every message (one word, no '|').")
 @click.option("--keys", default=None, help="Space-separated business keys of every message.")
@@ -236,7 +237,7 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
     """
     import pyarrow as pa
 
-    from store import MessageStore
+    from store import MessageStore, StoreGroup, is_store_group
 
     given = [n for n, v in (("--delay-ms", delay_ms), ("--delay-level", delay_level),
                             ("--deliver-at-ms", deliver_at_ms)) if v is not None]
@@ -247,7 +248,9 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
         click.echo("rmq send: reading messages from standard input, one per line "
                    "(Ctrl-D to finish)", err=True)
     progress = not interactive and sys.stderr.isatty()
-    store = MessageStore.open(store_path)
+    # a store group spreads the lines over its stores (round robin, GroupProducer)
+    store = StoreGroup.open(store_path) if is_store_group(store_path) \
+        else MessageStore.open(store_path)
     sent = 0
     try:
         producer = store.producer(group)

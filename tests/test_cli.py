@@ -161,6 +161,12 @@ def test_stats_of_a_store_group_and_commands_that_take_one_store(runner, tmp_pat
     assert data["stores"]["store-1"]["delayed"]["pending"] == 1
     r = runner.invoke(main, ["stats", "--store", path])
     assert r.exit_code == 0 and "== store store-1" in r.output
+    r = runner.invoke(main, ["send", "--store", path, "--topic", "lines"],
+                      input="".join(f"line-{i}\n" for i in range(20)))
+    assert r.exit_code == 0, r.output
+    with StoreGroup.open(path, read_only=True) as g:
+        per = [sum(s.max_offset("lines", q) for q in s.queue_ids("lines")) for _, s in g.stores()]
+    assert per == [10, 10]
     r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders"])
     assert r.exit_code != 0 and "store-0 (" in r.output
     assert not os.path.exists(os.path.join(path, "commitlog"))  # no store made at the root
