@@ -215,7 +215,8 @@ class StoreGroup:
         return sum(s.deliver_due(max_messages) for s in self._stores)
 
     def check_transactions(self, resolve=None) -> CheckResult:
-        """One check round in every member; the counts summed (offsets of the last member)."""
+        """One check round in every member; the counts summed (``half_offset`` and
+        ``op_offset``, which are per store, left at 0)."""
         results = [s.check_transactions(resolve) for s in self._stores]
         counts = {f.name: sum(getattr(r, f.name) for r in results)
                   for f in dataclasses.fields(CheckResult)
