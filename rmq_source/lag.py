@@ -122,12 +122,7 @@ def path_lag(store_path: str, offsets: list) -> dict:
             part = queue_lag(store, merged[name])
         per_store[name] = part["lag"]
         rows += [{"store": name, **r} for r in part["queues"]]
-    per_topic: dict[str, int] = {}
-    for r in rows:
-        per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["lag"]
-    return {"queues": rows, "lag": sum(r["lag"] for r in rows),
-            "max_lag": max((r["lag"] for r in rows), default=0), "topics": per_topic,
-            "stores": per_store}
+    return {**_summary(rows), "stores": per_store}
 
 
 def queue_lag(store, offsets: QueueOffsets) -> dict:
@@ -146,6 +141,11 @@ def queue_lag(store, offsets: QueueOffsets) -> dict:
             processed = offsets.get((topic, q), store.min_offset(topic, q))
             rows.append({"topic": topic, "queue_id": q, "processed": processed,
                          "latest": latest, "lag": max(0, latest - processed)})
+    return _summary(rows)
+
+
+def _summary(rows: list[dict]) -> dict:
+    """The lag result of queue rows: totals, the largest queue lag, lag per topic."""
     per_topic: dict[str, int] = {}
     for r in rows:
         per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["lag"]

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import InvalidMessageError
 from .message import java_string_hash
 from .scan_kernels import body_crcs
+from .table_queues import sharding_hashes
+
+
+def _java_hashes(keys: list) -> list[int]:
+    return [java_string_hash(k) for k in keys]
 
 
 def body_hashes(table: pa.Table) -> np.ndarray:
@@ -40,24 +44,6 @@ def body_hashes(table: pa.Table) -> np.ndarray:
     buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
     offsets = offsets.astype(np.int64)
     return body_crcs(buf, offsets[:-1], offsets[1:])
-
-
-def key_hashes(col: pa.Array) -> np.ndarray:
-    """``abs(java_hash(key))`` per row (-1 for a null key), one hash per distinct key."""
-    if pa.types.is_large_string(col.type):
-        col = col.cast(pa.string())
-    if not pa.types.is_string(col.type):
-        raise InvalidMessageError(f"column sharding_key has type {col.type}; allowed: string "
-                                  "(null: round robin)")
-    empty = pc.fill_null(pc.equal(col, ""), False).to_numpy(zero_copy_only=False)
-    if empty.any():
-        raise InvalidMessageError(f"row {int(np.argmax(empty))}: sharding_key is empty; "
-                                  "allowed: a non-empty string, or null (round robin)")
-    enc = col.dictionary_encode()
-    distinct = [abs(java_string_hash(k)) for k in enc.dictionary.to_pylist()]
-    hashes = np.array(distinct + [-1], dtype=np.int64)
-    idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
-    return hashes[idx.astype(np.int64)]
 
 
 def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: list | None,
@@ -100,7 +86,7 @@ def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: lis
         member = (start + (np.arange(n, dtype=np.int64) * members) // max(n, 1)) % members
     if routes is None or "sharding_key" not in table.column_names:
         return member, None
-    hashes = key_hashes(table.column("sharding_key").combine_chunks())
+    hashes = sharding_hashes(table.column("sharding_key").combine_chunks(), _java_hashes)
     queue = np.full(n, -1, dtype=np.int64)
     keyed = hashes >= 0
     for topic in np.unique(topic_ids[keyed]).tolist():

@@ -99,6 +99,7 @@ LAYERS: dict[str, int] = {
     "store.reader": FACADE,
     "store.message_store": FACADE,
     "store.group": FACADE,
+    "store.group_writers": FACADE,
     "store.group_routing": FACADE,
     "store.pending_view": FACADE,
     "store.server": FACADE,

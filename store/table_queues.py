@@ -56,6 +56,17 @@ def chosen_queues(store: StorePort, table: pa.Table, topic_names: list,
                 f"row {i}: queue_id={values[i]} for topic {topic_names[topic_ids[i]]!r}; "
                 f"allowed: 0 to {per_row[i] - 1} (the topic's queues) or null (round robin)")
         return np.where(valid, values, -1)
+    h = sharding_hashes(col, store.tag_hashes)
+    return np.where(h >= 0, h % np.maximum(per_row, 1), -1)
+
+
+def sharding_hashes(col: pa.Array, hash_keys) -> np.ndarray:
+    """``abs(java_hash(key))`` of each row's ``sharding_key`` (-1 for null), validated.
+
+    ``hash_keys(list of str)`` gives the Java hashes of the distinct keys (each key is hashed
+    once).  Raises :class:`~store.errors.InvalidMessageError` for a column that is not
+    string, or an empty key (naming its row).
+    """
     if pa.types.is_large_string(col.type):
         col = col.cast(pa.string())
     if not pa.types.is_string(col.type):
@@ -66,10 +77,10 @@ def chosen_queues(store: StorePort, table: pa.Table, topic_names: list,
         raise InvalidMessageError(f"row {int(np.argmax(empty))}: sharding_key is empty; "
                                   "allowed: a non-empty string, or null (round robin)")
     enc = col.dictionary_encode()
-    hashes = np.append(np.abs(store.tag_hashes(enc.dictionary.to_pylist())), -1)
-    idx = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
-    h = hashes[idx.astype(np.int64)]
-    return np.where(h >= 0, h % np.maximum(per_row, 1), -1)
+    distinct = enc.dictionary.to_pylist()
+    hashes = np.append(np.abs(np.asarray(hash_keys(distinct), dtype=np.int64)), -1)
+    idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
+    return hashes[idx.astype(np.int64)]
 
 
 __all__ = ["QUEUE_COLUMNS", "chosen_queues"]
