@@ -304,8 +304,21 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
               help="How often to look for new messages.")
 def tail(store_path, topic, start, tags, follow, deliver_due, fmt, max_messages, poll_ms):
     """Print messages of a topic as they become visible (delivering due delayed ones)."""
+    from store import StoreGroup, is_store_group
+
     from .tail import follow_topic
 
+    if is_store_group(store_path):  # every store of the group, each message naming its store
+        group = StoreGroup.open(store_path)
+        try:
+            follow_topic(group.stores(), topic, start=start, tags=tags, follow=follow,
+                         deliver_due=deliver_due, fmt=fmt, max_messages=max_messages,
+                         poll_s=poll_ms / 1000, echo=click.echo)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        finally:
+            group.close()
+        return
     store = _open_store(store_path)
     try:
         follow_topic(store, topic, start=start, tags=tags, follow=follow,

@@ -167,6 +167,27 @@ def test_stats_of_a_store_group_and_commands_that_take_one_store(runner, tmp_pat
     with StoreGroup.open(path, read_only=True) as g:
         per = [sum(s.max_offset("lines", q) for q in s.queue_ids("lines")) for _, s in g.stores()]
     assert per == [10, 10]
-    r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders"])
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders", "--no-follow",
+                             "--from", "earliest", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.output.splitlines()]
+    assert sorted(x["body"] for x in rows) == sorted(f"m{i}" for i in range(6))
+    assert sorted({x["store"] for x in rows}) == ["store-0", "store-1"]
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders", "--no-follow"])
+    assert r.exit_code == 0 and r.output == ""  # from latest: nothing old, in any store
+    r = runner.invoke(main, ["pending", "--store", path])
     assert r.exit_code != 0 and "store-0 (" in r.output
     assert not os.path.exists(os.path.join(path, "commitlog"))  # no store made at the root
+
+
+def test_tail_from_latest_skips_what_every_queue_already_holds(runner, tmp_path):
+    path = str(tmp_path / "s")
+    with MessageStore.open(path) as store:
+        p = store.producer("g")
+        for i in range(8):  # two messages in each of the four queues
+            p.send(__import__("store").Message("t", f"m{i}".encode()))
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "t", "--no-follow"])
+    assert r.exit_code == 0 and r.output == ""
+    r = runner.invoke(main, ["tail", "--store", path, "--topic", "t", "--no-follow",
+                             "--from", "earliest"])
+    assert len(r.output.splitlines()) == 8
