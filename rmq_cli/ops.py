@@ -146,30 +146,57 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     newest, is needed by a pending delayed or open half message, is too young, or comes
     after a kept one.  A server (rmq serve) does this on its own schedule.
     """
-    store = open_writable_store(store_path)
-    if file_reserved_time_hours is not None:
-        from store import MessageStore, StoreConfig
+    results = {}
+    for name, path in _members(store_path):
+        store = open_writable_store(path)
+        if file_reserved_time_hours is not None:
+            from store import MessageStore, StoreConfig
 
-        store.close()
-        store = MessageStore.open(store_path, StoreConfig(
-            file_reserved_time_hours=file_reserved_time_hours))
-    try:
-        plan = store.retention_plan(force=force)
-        deleted = 0 if dry_run else store.clean_expired_files(force=force)
-        hours = store.config.file_reserved_time_hours
-    finally:
-        store.close()
+            store.close()
+            store = MessageStore.open(path, StoreConfig(
+                file_reserved_time_hours=file_reserved_time_hours))
+        try:
+            plan = store.retention_plan(force=force)
+            deleted = 0 if dry_run else store.clean_expired_files(force=force)
+            hours = store.config.file_reserved_time_hours
+        finally:
+            store.close()
+        results[name] = {"dry_run": dry_run, "deleted": deleted, "segments": plan,
+                         "hours": hours}
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "deleted": deleted, "segments": plan},
-                              indent=2, sort_keys=True))
+        for r in results.values():
+            r.pop("hours")
+        click.echo(json.dumps(_keyed(store_path, results), indent=2, sort_keys=True))
         return
-    for p in plan:
-        verb = ("would delete" if dry_run else "deleted") if p["action"] == "delete" else "keeps"
-        why = "" if p["action"] == "delete" else f" ({p['action']})"
-        click.echo(f"{verb} {os.path.basename(p['file'])}{why}")
-    would = sum(p["action"] == "delete" for p in plan)
-    click.echo(f"{'would delete' if dry_run else 'deleted'} {would if dry_run else deleted} of "
-               f"{len(plan)} segment(s); file_reserved_time_hours={hours}", err=True)
+    for name, r in results.items():
+        if name is not None:
+            click.echo(f"== store {name}")
+        plan = r["segments"]
+        for p in plan:
+            verb = ("would delete" if dry_run else "deleted") if p["action"] == "delete" \
+                else "keeps"
+            why = "" if p["action"] == "delete" else f" ({p['action']})"
+            click.echo(f"{verb} {os.path.basename(p['file'])}{why}")
+        would = sum(p["action"] == "delete" for p in plan)
+        click.echo(f"{'would delete' if dry_run else 'deleted'} "
+                   f"{would if dry_run else r['deleted']} of {len(plan)} segment(s); "
+                   f"file_reserved_time_hours={r['hours']}", err=True)
+
+
+def _members(store_path: str) -> list[tuple[str | None, str]]:
+    """``[(store name, directory)]`` of a store group, or ``[(None, path)]`` for one store."""
+    from store import StoreGroup, is_store_group
+
+    if is_store_group(store_path):
+        return StoreGroup.members(store_path)
+    return [(None, store_path)]
+
+
+def _keyed(store_path: str, results: dict):
+    """One store's result as it is; a group's as ``{"group", "stores": {name: result}}``."""
+    if None in results:
+        return results[None]
+    return {"group": os.path.abspath(store_path), "stores": results}
 
 
 # --------------------------------------------------------------------------- cancel
@@ -181,7 +208,11 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
               help="Id of a pending timer message (repeat for several).")
 def cancel(store_path, topic, msg_ids):
     """Cancel pending timer messages so they never surface (exit 1 if one was not pending)."""
-    store = open_writable_store(store_path)
+    from store import StoreGroup, is_store_group
+
+    # over a group the message is cancelled in whichever store holds it
+    store = StoreGroup.open(store_path) if is_store_group(store_path) \
+        else open_writable_store(store_path)
     missing = []
     try:
         producer = store.producer("rmq-cli")
@@ -207,19 +238,27 @@ def cancel(store_path, topic, msg_ids):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def pending(store_path, limit, as_json):
     """The next delayed messages due (timer and delay levels) and the oldest open
-    transactions."""
-    import datetime as dt
-
-    store = open_writable_store(store_path, "its delayed and half messages are RocketMQ's "
-                                "(rmq stats shows its topics)")
-    try:
-        data = store.pending_messages(limit)
-        now = store.now_ms()
-    finally:
-        store.close()
+    transactions (of each store of a group)."""
+    results = {}
+    for name, path in _members(store_path):
+        store = open_writable_store(path, "its delayed and half messages are RocketMQ's "
+                                    "(rmq stats shows its topics)")
+        try:
+            results[name] = store.pending_messages(limit)
+            now = store.now_ms()
+        finally:
+            store.close()
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps(_keyed(store_path, results), indent=2, sort_keys=True))
         return
+    for name, data in results.items():
+        if name is not None:
+            click.echo(f"== store {name}")
+        _print_pending(data, now)
+
+
+def _print_pending(data: dict, now: int) -> None:
+    import datetime as dt
 
     def when(ms):
         if ms is None:

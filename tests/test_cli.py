@@ -175,7 +175,19 @@ def test_stats_of_a_store_group_and_commands_that_take_one_store(runner, tmp_pat
     assert sorted({x["store"] for x in rows}) == ["store-0", "store-1"]
     r = runner.invoke(main, ["tail", "--store", path, "--topic", "orders", "--no-follow"])
     assert r.exit_code == 0 and r.output == ""  # from latest: nothing old, in any store
-    r = runner.invoke(main, ["pending", "--store", path])
+    r = runner.invoke(main, ["pending", "--store", path, "--json"])
+    assert r.exit_code == 0, r.output
+    pending = json.loads(r.output)["stores"]
+    assert [len(pending[n]["timer"]) for n in ("store-0", "store-1")] == [0, 1]
+    msg_id = pending["store-1"]["timer"][0]["msg_id"]
+    assert "== store store-1" in runner.invoke(main, ["pending", "--store", path]).output
+    r = runner.invoke(main, ["retention", "--store", path, "--dry-run", "--json"])
+    assert r.exit_code == 0 and sorted(json.loads(r.output)["stores"]) == ["store-0", "store-1"]
+    r = runner.invoke(main, ["cancel", "--store", path, "--topic", "orders", "--msg-id", msg_id])
+    assert r.exit_code == 0 and f"cancelled {msg_id}" in r.output
+    r = runner.invoke(main, ["cancel", "--store", path, "--topic", "orders", "--msg-id", msg_id])
+    assert r.exit_code == 1  # cancelled already: not pending in any store
+    r = runner.invoke(main, ["repair", "--store", path])
     assert r.exit_code != 0 and "store-0 (" in r.output
     assert not os.path.exists(os.path.join(path, "commitlog"))  # no store made at the root
 
