@@ -21,7 +21,7 @@ import os
 from typing import Mapping
 
 from .errors import RmqSourceError
-from .offsets import QueueOffsets, from_spark, members_from_spark
+from .offsets import QueueOffsets, from_spark, has_store_level, members_from_spark
 
 
 def _batch_ids(directory: str) -> list[int]:
@@ -80,21 +80,16 @@ def _rmq_offsets(values, *, raw: bool = False) -> list:
             continue
         try:
             data = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            continue  # another source's offset, not JSON
+        try:
             parsed = from_spark(data)
         except (RmqSourceError, ValueError):
-            if raw and _is_group_offset(data):
-                out.append(data)
+            if raw and data and has_store_level(data):
+                out.append(data)  # a store group's offset
             continue  # another source's offset
         out.append(data if raw else parsed)
     return out
-
-
-def _is_group_offset(data) -> bool:
-    try:
-        return isinstance(data, Mapping) and bool(data) and all(
-            from_spark(v) is not None for v in data.values())
-    except (RmqSourceError, ValueError, TypeError):
-        return False
 
 
 def path_lag(store_path: str, offsets: list) -> dict:

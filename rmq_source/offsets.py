@@ -101,9 +101,7 @@ def members_from_spark(data, names) -> MemberOffsets:
     if data is None:
         return {name: {} for name in names}
     expected = '{"store": {"topic": {"queue_id": next_offset}}}'
-    if not isinstance(data, Mapping) or not all(
-            isinstance(v, Mapping) and all(isinstance(w, Mapping) for w in v.values())
-            for v in data.values()):
+    if not has_store_level(data):
         raise RmqSourceError(f"offset {data!r} has no store level, but the path is a store "
                              f"group of {list(names)}; expected {expected} (a checkpoint of "
                              "a query over one store cannot go on over a group)")
@@ -113,6 +111,14 @@ def members_from_spark(data, names) -> MemberOffsets:
                              f"{list(names)} does not have (members are never removed); "
                              "the checkpoint belongs to another group")
     return {name: from_spark(data.get(name, {})) for name in names}
+
+
+def has_store_level(data) -> bool:
+    """Whether a parsed offset has the store level of a group's:
+    ``{"store": {"topic": {...}}}`` (an object of objects of objects)."""
+    return isinstance(data, Mapping) and all(
+        isinstance(v, Mapping) and all(isinstance(w, Mapping) for w in v.values())
+        for v in data.values())
 
 
 def flatten(offsets: Mapping[str, QueueOffsets]) -> dict[tuple[str, str, int], int]:

@@ -83,3 +83,13 @@ def test_rmq_lag_of_a_real_query(spark, store_path, small_config, clock, tmp_pat
     assert data["lag"] == 7 and data["topics"] == {"orders": 7}
     r = CliRunner().invoke(main, ["lag", "--checkpoint", checkpoint, "--store", store_path])
     assert "7 message(s) behind" in r.stdout
+
+
+def test_offsets_of_other_sources_that_are_not_json_are_left_out():
+    progress = {"sources": [{"endOffset": "file:/x/y"}, {"endOffset": "12345"},
+                            {"endOffset": '{"orders": {"0": 4}}'},
+                            {"endOffset": '{"store-0": {"orders": {"1": 2}}}'},
+                            {"endOffset": "file:/x/z"}]}
+    assert progress_offsets(progress) == [{("orders", 0): 4}]
+    assert progress_offsets(progress, raw=True) == [{"orders": {"0": 4}},
+                                                    {"store-0": {"orders": {"1": 2}}}]
