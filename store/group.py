@@ -275,19 +275,20 @@ class StoreGroup:
         table = as_table(data)
         if table.num_rows == 0:
             return []
-        if topic is not None:
-            validate_topic(topic)
-            names, topic_ids = [topic], np.zeros(table.num_rows, np.int64)
-        elif "topic" in table.column_names and table.column("topic").null_count == 0:
-            enc = table.column("topic").combine_chunks().dictionary_encode()
-            names = enc.dictionary.to_pylist()
-            topic_ids = enc.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        else:
-            # no topic, or a null one: routed without keys, refused by the members' checks
-            names, topic_ids = [None], np.zeros(table.num_rows, np.int64)
-        keyed = "sharding_key" in table.column_names and names != [None] and \
-            table.column("sharding_key").null_count < table.num_rows
-        routes = [self.route(t) for t in names] if keyed else None
+        routes, topic_ids = None, None
+        has_topics = topic is not None or (
+            "topic" in table.column_names and table.column("topic").null_count == 0)
+        if has_topics and "sharding_key" in table.column_names and \
+                table.column("sharding_key").null_count < table.num_rows:
+            # keyed rows go by their topic's route (rows with no topic, or a null one, are
+            # routed without keys and refused by the members' checks)
+            if topic is not None:
+                names, topic_ids = [topic], np.zeros(table.num_rows, np.int64)
+            else:
+                enc = table.column("topic").combine_chunks().dictionary_encode()
+                names = enc.dictionary.to_pylist()
+                topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            routes = [self.route(t) for t in names]
         member, queue = route_rows(table, len(self._stores), topic_ids, routes,
                                    deterministic=deterministic, start=self._pick())
         if queue is not None:

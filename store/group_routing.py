@@ -46,7 +46,8 @@ def body_hashes(table: pa.Table) -> np.ndarray:
     return body_crcs(buf, offsets[:-1], offsets[1:])
 
 
-def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: list | None,
+def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray | None,
+               routes: list | None,
                *, deterministic: bool, start: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """The member of each row and, for rows with a sharding key, its queue id there.
 
@@ -57,8 +58,8 @@ def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray, routes: lis
         a queue id alone does not name a queue).
     members : int
         How many members the group has.
-    topic_ids : numpy.ndarray of int
-        Each row's topic, as an index into ``routes``.
+    topic_ids : numpy.ndarray of int or None
+        Each row's topic, as an index into ``routes`` (needed with ``routes`` only).
     routes : list or None
         Per topic, its route ``[(member, queue_id), ...]`` (only read for topics of rows
         with a sharding key); ``None``: keys are not routed here (the rows go to their
