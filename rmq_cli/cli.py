@@ -112,12 +112,10 @@ def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
 
     Given a store group, the same for each of its stores (JSON: ``{"group", "stores":
     {name: ...}}``)."""
-    from store import StoreGroup, is_store_group
-
+    from .opening import keyed_by_store, store_members
     from .stats import collect_stats, render_stats, render_verify
 
-    members = StoreGroup.members(store_path) if is_store_group(store_path) \
-        else [(None, store_path)]
+    members = store_members(store_path)
     results = {}
     for name, path in members:
         store = _open_store(path)
@@ -132,9 +130,7 @@ def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
             store.close()
         results[name] = data
     if as_json:
-        out = results[None] if None in results else {"group": os.path.abspath(store_path),
-                                                    "stores": results}
-        click.echo(json.dumps(out, indent=2, sort_keys=True))
+        click.echo(json.dumps(keyed_by_store(store_path, results), indent=2, sort_keys=True))
     else:
         for (name, path), data in zip(members, results.values()):
             if name is not None:

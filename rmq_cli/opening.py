@@ -39,3 +39,19 @@ def open_writable_store(path: str, why: str = "rmq only reads it"):
         store.close()
         raise click.UsageError(f"{path} was written by Apache RocketMQ; {why}")
     return store
+
+
+def store_members(store_path: str) -> list[tuple[str | None, str]]:
+    """``[(store name, directory)]`` of a store group, or ``[(None, path)]`` for one store."""
+    from store import StoreGroup, is_store_group
+
+    if is_store_group(store_path):
+        return StoreGroup.members(store_path)
+    return [(None, store_path)]
+
+
+def keyed_by_store(store_path: str, results: dict):
+    """One store's result as it is; a group's as ``{"group", "stores": {name: result}}``."""
+    if None in results:
+        return results[None]
+    return {"group": os.path.abspath(store_path), "stores": results}

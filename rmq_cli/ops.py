@@ -8,7 +8,7 @@ import os
 
 import click
 
-from .opening import open_writable_store
+from .opening import keyed_by_store, open_writable_store, store_members
 
 
 # --------------------------------------------------------------------------- serve
@@ -147,7 +147,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     after a kept one.  A server (rmq serve) does this on its own schedule.
     """
     results = {}
-    for name, path in _members(store_path):
+    for name, path in store_members(store_path):
         store = open_writable_store(path)
         if file_reserved_time_hours is not None:
             from store import MessageStore, StoreConfig
@@ -166,7 +166,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     if as_json:
         for r in results.values():
             r.pop("hours")
-        click.echo(json.dumps(_keyed(store_path, results), indent=2, sort_keys=True))
+        click.echo(json.dumps(keyed_by_store(store_path, results), indent=2, sort_keys=True))
         return
     for name, r in results.items():
         if name is not None:
@@ -181,22 +181,6 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
         click.echo(f"{'would delete' if dry_run else 'deleted'} "
                    f"{would if dry_run else r['deleted']} of {len(plan)} segment(s); "
                    f"file_reserved_time_hours={r['hours']}", err=True)
-
-
-def _members(store_path: str) -> list[tuple[str | None, str]]:
-    """``[(store name, directory)]`` of a store group, or ``[(None, path)]`` for one store."""
-    from store import StoreGroup, is_store_group
-
-    if is_store_group(store_path):
-        return StoreGroup.members(store_path)
-    return [(None, store_path)]
-
-
-def _keyed(store_path: str, results: dict):
-    """One store's result as it is; a group's as ``{"group", "stores": {name: result}}``."""
-    if None in results:
-        return results[None]
-    return {"group": os.path.abspath(store_path), "stores": results}
 
 
 # --------------------------------------------------------------------------- cancel
@@ -240,7 +224,7 @@ def pending(store_path, limit, as_json):
     """The next delayed messages due (timer and delay levels) and the oldest open
     transactions (of each store of a group)."""
     results = {}
-    for name, path in _members(store_path):
+    for name, path in store_members(store_path):
         store = open_writable_store(path, "its delayed and half messages are RocketMQ's "
                                     "(rmq stats shows its topics)")
         try:
@@ -249,7 +233,7 @@ def pending(store_path, limit, as_json):
         finally:
             store.close()
     if as_json:
-        click.echo(json.dumps(_keyed(store_path, results), indent=2, sort_keys=True))
+        click.echo(json.dumps(keyed_by_store(store_path, results), indent=2, sort_keys=True))
         return
     for name, data in results.items():
         if name is not None:
