@@ -67,11 +67,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from store import SinkCommitError, StoreError, StoreGroup, is_store_group
+from store import SinkCommitError, StoreError, StoreGroup
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .stores import ensure_store, open_group_writer, open_writer
+from .stores import ensure_store, open_writable
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
 #: column -> (allowed Spark types, how the allowed types are named in errors)
@@ -148,9 +148,7 @@ TASK_BATCH_BYTES = 16 * 1024 * 1024
 
 def _open(options: RmqOptions):
     """The store, or the store group, that ``path`` names, writable."""
-    if is_store_group(options.path):
-        return open_group_writer(options.path, needs="writing to rmq", error=SinkWriteError)
-    return open_writer(options.path, needs="writing to rmq", error=SinkWriteError)
+    return open_writable(options.path, needs="writing to rmq", error=SinkWriteError)
 
 
 def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:

@@ -86,6 +86,15 @@ def open_group_writer(path: str, *, needs: str,
         ) from None
 
 
+def open_writable(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourceError):
+    """:func:`open_group_writer` for a store group's path, else :func:`open_writer`: what a
+    writer of messages or transaction ends opens (both have ``sink``, ``producer``,
+    ``end_transactions`` and ``close``)."""
+    if is_store_group(path):
+        return open_group_writer(path, needs=needs, error=error)
+    return open_writer(path, needs=needs, error=error)
+
+
 def ensure_store(path: str) -> None:
     """Create a store at ``path`` when nothing is there yet (a write may start a new store;
     an existing store or store group is only checked to be readable)."""

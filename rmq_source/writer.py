@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from store import StoreError, TransactionStateError, is_store_group
+from store import StoreError, TransactionStateError
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .stores import open_group_writer, open_writer
+from .stores import open_writable
 
 #: The state strings a row may carry, by upper-cased name.
 STATES = {"COMMIT": "COMMIT", "COMMIT_MESSAGE": "COMMIT", "ROLLBACK": "ROLLBACK",
@@ -82,11 +82,7 @@ def end_pairs(path: str, messages) -> tuple[int, int]:
     pairs = [p for m in messages if m is not None for p in m.pairs]
     if not pairs:
         return 0, 0
-    if is_store_group(path):
-        store = open_group_writer(path, needs="action=end_transaction",
-                                  error=EndTransactionError)
-    else:
-        store = open_writer(path, needs="action=end_transaction", error=EndTransactionError)
+    store = open_writable(path, needs="action=end_transaction", error=EndTransactionError)
     try:
         try:
             done = store.end_transactions(pairs, from_check=True)
