@@ -80,6 +80,8 @@ def _serve_group(path, config, check_transactions, duration_s) -> None:
         signal.signal(sig, lambda _signum, _frame: [s.stop() for s in servers])
     click.echo(f"rmq serve: serving the {len(servers)} stores of the group {path} (pid "
                f"{os.getpid()}); SIGTERM or Ctrl-C stops", err=True)
+    for server in servers:  # the first step of each here: lazy loads (compiled kernels)
+        server.step()        # happen in one thread, before the servers run side by side
     results: dict[int, object] = {}
     threads = [threading.Thread(target=lambda i=i, s=s: results.__setitem__(
         i, s.run(duration_s=duration_s)), name=f"rmq-serve-{i}", daemon=True)

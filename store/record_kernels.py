@@ -28,6 +28,7 @@ numba's import (about 0.2 s) and, on the first use after an install, the compila
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,19 +127,24 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
 
     ``namespace`` is the module's ``globals()``; ``helpers`` are functions the kernels call,
     replaced there by their compiled versions first (numba resolves globals when it compiles).
-    numba is imported then, not with the module.
+    numba is imported then, not with the module.  Thread-safe: threads calling at once
+    (``rmq serve`` of a store group runs a server per store in threads) wait for one
+    compilation and never see a half-filled table.
     """
     done: dict = {}
+    lock = threading.Lock()
 
     def get() -> dict:
-        if not done:
-            from numba import njit
+        if done:
+            return done
+        with lock:
+            if not done:
+                from numba import njit
 
-            jit = njit(cache=True, nogil=True)
-            for name in helpers:
-                namespace[name] = jit(namespace[name])
-            for name in kernels:
-                done[name] = jit(namespace[name])
+                jit = njit(cache=True, nogil=True)
+                for name in helpers:
+                    namespace[name] = jit(namespace[name])
+                done.update({name: jit(namespace[name]) for name in kernels})
         return done
 
     return get

@@ -39,7 +39,10 @@ def _wait_attached(path: str, proc: subprocess.Popen, timeout_s: float = 60.0) -
         if status and status["attached"] and status.get("running"):
             return
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the server never reported itself running"
+        if time.monotonic() >= deadline:
+            proc.kill()
+            raise AssertionError(f"the server never reported itself running: {status}; "
+                                 f"its stderr: {proc.communicate()[1][-3000:]!r}")
         time.sleep(0.05)
 
 
