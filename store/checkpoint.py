@@ -54,6 +54,8 @@ CHECKPOINT_FIELDS = (
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FIELD = struct.Struct(">q")
+#: ``write_in_progress`` and ``write_generation``, adjacent: what a writer checks on locking.
+WRITER_STATE = struct.Struct(">qq")
 CHECKPOINT_FILE_SIZE = 4096
 #: ``layout_version`` of a checkpoint rmq wrote ("RMQCKPT" and layout 1).
 LAYOUT_MAGIC = int.from_bytes(b"RMQCKPT\x01", "big")
@@ -166,6 +168,37 @@ class StoreCheckpoint:
         if not self.writable:
             raise PermissionError(f"checkpoint {self.path} was opened read-only")
         CHECKPOINT_FIELD.pack_into(self._map, _OFFSET[name], value)
+
+    def writer_state(self) -> tuple[int, int]:
+        """``(write_in_progress, write_generation)`` in one read (what a writer checks when
+        it takes the append lock)."""
+        if self.trusted and self._live:
+            return WRITER_STATE.unpack_from(self._map, _OFFSET["write_in_progress"])
+        return self.get("write_in_progress"), self.get("write_generation")
+
+    def begin_append(self, offset: int) -> None:
+        """Mark an append that starts at ``offset`` (``write_in_progress`` and
+        ``last_append_offset``)."""
+        if not self.writable:
+            raise PermissionError(f"checkpoint {self.path} was opened read-only")
+        pack = CHECKPOINT_FIELD.pack_into
+        pack(self._map, _OFFSET["write_in_progress"], offset)
+        pack(self._map, _OFFSET["last_append_offset"], offset)
+
+    def publish_append(self, store_timestamp_ms: int, confirm: int) -> int:
+        """Confirm an append up to ``confirm``: the store time of its last record, the
+        confirmed end, the next ``write_generation`` (returned), then no append in progress,
+        in that order."""
+        if not self.writable:
+            raise PermissionError(f"checkpoint {self.path} was opened read-only")
+        m = self._map
+        pack = CHECKPOINT_FIELD.pack_into
+        pack(m, _OFFSET["physic_msg_timestamp"], store_timestamp_ms)
+        pack(m, _OFFSET["confirm_phy_offset"], confirm)
+        generation = self.get("write_generation") + 1
+        pack(m, _OFFSET["write_generation"], generation)
+        pack(m, _OFFSET["write_in_progress"], -1)
+        return generation
 
     def mark_trusted(self) -> None:
         """Record that rmq's fields now hold rmq's values (after a validating recovery)."""

@@ -31,6 +31,8 @@ from .scan_kernels import STOP_BLANK, STOP_INVALID, walk_records
 
 _I64 = struct.Struct(">q")
 _MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE_V1)
+#: Writes up to this size (single records) go through the segment's writable mapping.
+MAPPED_WRITE_MAX = 4096
 
 
 class CommitLog:
@@ -58,7 +60,8 @@ class CommitLog:
         return offset, None
 
     def write(self, offset: int, data: bytes) -> None:
-        self.files.write(offset, data)
+        # a single record is copied through the segment's writable mapping (no system call)
+        self.files.write(offset, data, mapped=len(data) <= MAPPED_WRITE_MAX)
 
     # -- reading ----------------------------------------------------------------------------
     def min_offset(self) -> int:

@@ -200,6 +200,18 @@ class ConsumeQueue:
                 self._dirty_files[f.start] = f
                 i += k
 
+    def put_one(self, index: int, offset: int, size: int, tags_code: int) -> None:
+        """Write the one entry of queue offset ``index`` (what :meth:`put` does for one)."""
+        pos = index * ENTRY_SIZE
+        data = ENTRY.pack(offset, size, tags_code)
+        with self._lock:
+            try:
+                f = self.files.write(pos, data, mapped=True)
+            except FileNotFoundError:  # the queue's directory is not there yet
+                os.makedirs(self.directory, exist_ok=True)
+                f = self.files.write(pos, data, mapped=True)
+            self._dirty_files[f.start] = f
+
     def fill_to(self, index: int) -> None:
         """Give a queue that starts at ``index`` > 0 filler units (0, FILLER_SIZE, 0) in front."""
         start = self.max_offset()

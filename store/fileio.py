@@ -20,9 +20,10 @@ from .errors import DiskFullError
 __all__ = ["atomic_write", "fsync_dir", "read_json", "write_json_atomic"]
 
 
-def allocate(fd: int, size: int, path: str, *, offset: int = 0) -> None:
+def allocate(fd: int, size: int, path: str, *, offset: int = 0) -> bool:
     """Reserve the blocks of ``size`` bytes from ``offset`` of an open file
-    (``posix_fallocate``; blocks already there cost nothing).
+    (``posix_fallocate``; blocks already there cost nothing).  Returns whether they are
+    reserved (``False``: the filesystem cannot reserve blocks).
 
     Files written through a writable ``mmap`` must be allocated first: a store on a full (or
     too small) filesystem would otherwise die of SIGBUS on the first write to a hole.
@@ -31,6 +32,7 @@ def allocate(fd: int, size: int, path: str, *, offset: int = 0) -> None:
     """
     try:
         os.posix_fallocate(fd, offset, size)
+        return True
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
@@ -39,6 +41,7 @@ def allocate(fd: int, size: int, path: str, *, offset: int = 0) -> None:
                 "(free some space, or open the store elsewhere)") from None
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
+        return False
 
 
 def disk_full(exc: OSError, path: str, what: str) -> OSError:

@@ -1,9 +1,11 @@
 """Fixed-size segment files named by their 20-digit start offset (RocketMQ's MappedFileQueue).
 
 Used by the CommitLog, every ConsumeQueue and the TimerLog.  A segment is created at its full
-size (sparse, zero-filled), written with ``os.pwrite`` and read through a shared read-only
-``mmap``, so readers in other processes see bytes as soon as they are written and never take
-a lock.  The segment holding offset ``o`` starts at ``o - o % file_size``.
+size (sparse, zero-filled), written with ``os.pwrite`` (small writes into blocks this
+process has reserved go through a writable shared mapping instead: no system call) and read
+through a shared read-only ``mmap``, so readers in other processes see bytes as soon as they
+are written and never take a lock.  The segment holding offset ``o`` starts at
+``o - o % file_size``.
 
 A segment of the wrong length (truncated, or grown by foreign bytes) is damage.  With
 ``wrong_length="raise"`` (the TimerLog, whose owner rebuilds it) it is a
@@ -23,10 +25,9 @@ import mmap
 import os
 import threading
 
-import numpy as np
-
 from .errors import CorruptRecordError, DiskFullError
-from .fileio import allocate, disk_full, fsync_dir, move_aside
+from .fileio import allocate, disk_full, fsync_dir
+from .segment_bytes import padded_copy, repair_in_place, zero_tail
 
 NAME_DIGITS = 20
 log = logging.getLogger("store")
@@ -39,7 +40,8 @@ def segment_name(start: int) -> str:
 class MappedFile:
     """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
 
-    __slots__ = ("path", "start", "size", "length", "_fd", "_map", "_lock", "_allocated")
+    __slots__ = ("path", "start", "size", "length", "_fd", "_map", "_lock", "_allocated",
+                 "_reserved", "_wmap", "_wbase", "_wlo", "_whi")
 
     def __init__(self, path: str, start: int, size: int, length: int | None = None) -> None:
         self.path = path
@@ -53,6 +55,12 @@ class MappedFile:
         self._lock = threading.Lock()
         #: ``(lo, hi)``: a range of the file this process has reserved (``posix_fallocate``)
         self._allocated = (0, 0)
+        #: every reservation so far really reserved blocks (so mapped writes cannot fault)
+        self._reserved = True
+        #: a writable shared mapping of the file from ``_wbase`` (at most WRITE_WINDOW bytes),
+        #: for small writes (see :meth:`write_mapped`); ``[_wlo, _whi)``: its reserved part
+        self._wmap: mmap.mmap | None = None
+        self._wbase = self._wlo = self._whi = 0
 
     @property
     def end(self) -> int:
@@ -71,7 +79,7 @@ class MappedFile:
         if m is None:
             with self._lock:
                 if self._map is None and self.length is not None:
-                    self._map = _padded_copy(self.path, self.size)
+                    self._map = padded_copy(self.path, self.size)
                 elif self._map is None:
                     with open(self.path, "rb") as fh:
                         self._map = mmap.mmap(fh.fileno(), self.size, access=mmap.ACCESS_READ)
@@ -90,10 +98,11 @@ class MappedFile:
             step = min(ALLOCATE_AHEAD, self.size // 16)
             ahead = min(self.size, max(end, position + step))
             try:
-                allocate(self.fd(), ahead - position, self.path, offset=position)
+                reserved = allocate(self.fd(), ahead - position, self.path, offset=position)
             except DiskFullError:
                 ahead = end  # no room to reserve ahead: this write's blocks alone, or fail
-                allocate(self.fd(), len(data), self.path, offset=position)
+                reserved = allocate(self.fd(), len(data), self.path, offset=position)
+            self._reserved = self._reserved and reserved
             self._allocated = (lo, ahead) if lo <= position <= hi else (position, ahead)
         try:
             n = os.pwrite(self.fd(), data, position)
@@ -103,11 +112,60 @@ class MappedFile:
             raise DiskFullError(errno.ENOSPC, f"{self.path}: short write, {n} of {len(data)} "
                                 "bytes; the disk is full; allowed: free some space")
 
+    def write_mapped(self, position: int, data: bytes) -> None:
+        """Write a few bytes at ``position`` through a writable shared mapping (no system call).
+
+        Only where this process has reserved the blocks (a write into a hole of a mapping
+        would die of SIGBUS on a full disk): anything else, and writes that cross the mapped
+        window, go through :meth:`write`, which reserves ahead.  The page cache is the same
+        for both ways, so readers and ``fdatasync`` see no difference.
+        """
+        end = position + len(data)
+        if self._wlo <= position and end <= self._whi:
+            base = self._wbase
+            self._wmap[position - base:end - base] = data
+            return
+        lo, hi = self._allocated
+        if not (self._reserved and lo <= position and end <= hi):
+            self.write(position, data)  # reserves blocks ahead: the next writes map
+            return
+        base = position - position % WRITE_WINDOW
+        if end > base + WRITE_WINDOW:  # crosses the window: not worth a second mapping
+            self.write(position, data)
+            return
+        if self._wmap is None or self._wbase != base:
+            self._map_window(base)
+        # writable: the reserved part of the window (blocks once reserved stay reserved)
+        self._wlo, self._whi = max(base, lo), min(base + len(self._wmap), hi)
+        self._wmap[position - base:end - base] = data
+
+    def _map_window(self, base: int) -> None:
+        with self._lock:
+            self._close_window()
+            length = min(WRITE_WINDOW, self.size - base)
+            fd = self._fd if self._fd is not None else os.open(self.path, os.O_RDWR)
+            try:
+                self._wmap = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE, offset=base)
+            finally:
+                if fd != self._fd:
+                    os.close(fd)
+            self._wbase = base
+
+    def _close_window(self) -> None:
+        self._wlo = self._whi = self._wbase = 0
+        if self._wmap is not None:
+            try:
+                self._wmap.close()
+            except BufferError:  # pragma: no cover - nobody takes views of it
+                pass
+            self._wmap = None
+
     def flush(self) -> None:
         os.fdatasync(self.fd())
 
     def close(self) -> None:
         with self._lock:
+            self._close_window()
             if self._map is not None:
                 try:
                     self._map.close()
@@ -119,84 +177,12 @@ class MappedFile:
                 self._fd = None
 
 
-_ZERO_CHUNK = 4 * 1024 * 1024
+#: Size of the writable mapping :meth:`MappedFile.write_mapped` keeps (a multiple of the
+#: mmap offset granularity).
+WRITE_WINDOW = 4 * 1024 * 1024
 #: Most bytes :meth:`MappedFile.write` reserves past a write that needs new blocks (a 16th
 #: of the file at most, so that thousands of queue files do not reserve gigabytes).
 ALLOCATE_AHEAD = 4 * 1024 * 1024
-
-
-def _prefix_chunks(fh, size: int):
-    """``(position, bytes)`` of the first ``size`` bytes of the open file ``fh``, in chunks."""
-    pos = 0
-    while pos < size:
-        chunk = fh.read(min(_ZERO_CHUNK, size - pos))
-        if not chunk:
-            return
-        yield pos, chunk
-        pos += len(chunk)
-
-
-def _padded_copy(path: str, size: int) -> mmap.mmap:
-    """An anonymous mapping of ``size`` bytes holding the first bytes of ``path`` (the rest
-    zeros: untouched anonymous pages cost no memory)."""
-    m = mmap.mmap(-1, size)
-    with open(path, "rb") as fh:
-        for pos, chunk in _prefix_chunks(fh, size):
-            m[pos:pos + len(chunk)] = chunk
-    return m
-
-
-def _repair_in_place(path: str, size: int) -> str:
-    """Move the damaged segment at ``path`` aside and put a ``size``-byte copy of its first
-    bytes (zero-padded) in its place; returns where the original went."""
-    aside = move_aside(path)
-    tmp = path + ".tmp"
-    with open(aside, "rb") as src, open(tmp, "wb") as dst:
-        dst.truncate(size)
-        allocate(dst.fileno(), min(size, os.fstat(src.fileno()).st_size), tmp)
-        for pos, chunk in _prefix_chunks(src, size):
-            if np.frombuffer(chunk, dtype=np.uint8).any():  # zeros stay a hole
-                os.pwrite(dst.fileno(), chunk, pos)
-        os.fdatasync(dst.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-    return aside
-
-
-def _data_extents(f: MappedFile, position: int):
-    """``(start, end)`` ranges of ``f`` from ``position`` on that may hold data.
-
-    Holes of the sparse segment are skipped with ``SEEK_DATA``/``SEEK_HOLE``, so a mostly
-    unwritten 1 GiB segment is not read page by page; without that support the whole rest
-    of the file is one range.
-    """
-    fd = f.fd()
-    pos = position
-    while pos < f.size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # nothing but holes from here on
-                return
-            start, end = pos, f.size
-        if start >= f.size:
-            return
-        end = min(end, f.size)
-        yield start, end
-        pos = end
-
-
-def zero_tail(f: MappedFile, position: int) -> None:
-    """Overwrite the non-zero bytes of ``f`` from ``position`` to its end with zeros."""
-    buf = f.buffer()
-    for start, end in _data_extents(f, position):
-        pos = start
-        while pos < end:
-            n = min(_ZERO_CHUNK, end - pos)
-            if np.frombuffer(buf, dtype=np.uint8, count=n, offset=pos).any():
-                f.write(pos, bytes(n))
-            pos += n
 
 
 class MappedFileQueue:
@@ -216,6 +202,9 @@ class MappedFileQueue:
         if create and not read_only:
             os.makedirs(directory, exist_ok=True)
         self._files: list[MappedFile] = []
+        #: the segment the last write went to, valid while ``_files`` is the same list
+        self._tail: MappedFile | None = None
+        self._tail_files: list[MappedFile] | None = None
         self._lock = threading.RLock()
         self.refresh()
 
@@ -275,7 +264,7 @@ class MappedFileQueue:
             self.repaired.append((path, actual, None))
             return MappedFile(path, start, self.file_size, length=actual)
         try:
-            aside = _repair_in_place(path, self.file_size)
+            aside = repair_in_place(path, self.file_size)
         except FileNotFoundError:  # moved or removed by another process meanwhile
             return None
         log.warning("%s was %d bytes, expected %d (%s): kept as %s; a copy of its first %d "
@@ -332,13 +321,25 @@ class MappedFileQueue:
             assert f is not None
             return f
 
-    def write(self, offset: int, data: bytes) -> None:
-        """Write ``data`` at absolute ``offset``; it must lie inside one segment."""
-        f = self.get_or_create(offset)
+    def write(self, offset: int, data: bytes, *, mapped: bool = False) -> MappedFile:
+        """Write ``data`` at absolute ``offset``; it must lie inside one segment.
+
+        ``mapped``: a small write, through the segment's writable mapping where it can
+        (:meth:`MappedFile.write_mapped`).  Returns the segment written.
+        """
+        f = self._tail
+        if f is None or self._tail_files is not self._files or not (
+                f.start <= offset < f.start + f.size):
+            f = self.get_or_create(offset)
+            self._tail, self._tail_files = f, self._files
         pos = offset - f.start
         if pos + len(data) > f.size:
             raise ValueError(f"write of {len(data)} bytes at {offset} crosses {f.path}")
-        f.write(pos, data)
+        if mapped:
+            f.write_mapped(pos, data)
+        else:
+            f.write(pos, data)
+        return f
 
     def read(self, offset: int, size: int) -> bytes:
         f = self.find(offset)

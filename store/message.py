@@ -249,11 +249,20 @@ class TransactionListener(Protocol):
         ...
 
 
+#: User topics that passed :func:`validate_topic` (a name never stops being valid).
+_USER_TOPICS_SEEN: set[str] = set()
+_USER_TOPICS_LIMIT = 4096
+
+
 def validate_message(message: Message, max_body_bytes: int) -> None:
     """Check a user message; raise an :class:`InvalidMessageError` naming the limit."""
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
-    validate_topic(message.topic)
+    topic = message.topic
+    if type(topic) is not str or topic not in _USER_TOPICS_SEEN:
+        validate_topic(topic)
+        if len(_USER_TOPICS_SEEN) < _USER_TOPICS_LIMIT:
+            _USER_TOPICS_SEEN.add(topic)
     if not isinstance(message.body, (bytes, bytearray, memoryview)):
         raise InvalidMessageError(
             f"body of a message to {message.topic!r} must be bytes, "
@@ -266,11 +275,15 @@ def validate_message(message: Message, max_body_bytes: int) -> None:
         raise MessageTooLargeError(
             f"body of {len(message.body)} bytes exceeds max_message_size_bytes={max_body_bytes}"
         )
-    check_tags(message.tags)
-    keys_value(message.keys)
+    if message.tags is not None:
+        check_tags(message.tags)
+    if message.keys is not None:
+        keys_value(message.keys)
     if not isinstance(message.flag, int) or not -(2**31) <= message.flag < 2**31:
         raise InvalidMessageError(f"flag {message.flag!r} must be a signed 32-bit int")
-    check_user_properties(message.properties)
+    properties = message.properties
+    if type(properties) is not dict or properties:  # an empty dict needs no look
+        check_user_properties(properties)
 
 
 def check_tags(tags: object) -> None:

@@ -20,6 +20,7 @@ from .message import (
     PROPERTY_UNIQ_KEY,
     Message,
     SendResult,
+    keys_value,
     sharding_queue,
     validate_group,
     validate_message,
@@ -151,6 +152,9 @@ class Producer:
             for a delayed message ``queue_offset`` is -1 until delivered, ``deliver_at_ms``
             is set and ``stored_topic`` names the system topic it waits in.
         """
+        if (delay_level is None and delay_ms is None and deliver_at_ms is None
+                and type(message) is Message):
+            return self._send_now(message, queue_id, sharding_key)
         now = self.store.now_ms()
         level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
         msg_id = self.store.id_generator.next_id(now)
@@ -173,6 +177,42 @@ class Producer:
         return SendResult(msg_id, message.topic, real_qid, -1, r.commitlog_offset,
                           deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
                           stored_queue_offset=r.queue_offset, store_name=self.store_name)
+
+    def _send_now(self, message: Message, queue_id: int | None,
+                  sharding_key: str | None) -> SendResult:
+        """:meth:`send` of a message that is not delayed: one record through
+        :meth:`StoreCore.append_one <store.core.store_core.StoreCore.append_one>` (the same
+        bytes as the general path, without a :class:`RecordSpec`)."""
+        store = self.store
+        validate_message(message, store.config.max_message_size_bytes)
+        topic = message.topic
+        queue = (None if queue_id is None and sharding_key is None
+                 else self._queue(topic, queue_id, sharding_key))
+        now = store.now_ms()
+        msg_id = store.id_generator.next_id(now)
+        tags, keys, user = message.tags, message.keys, message.properties
+        # the properties string, in the order of the general path: user pairs, TAGS, KEYS,
+        # UNIQ_KEY
+        if user or tags or keys:
+            text = "".join([f"{k}\x01{v}\x02" for k, v in user.items()])
+            if tags:
+                text += f"{PROPERTY_TAGS}\x01{tags}\x02"
+            keys = keys_value(keys)
+            if keys:
+                text += f"{PROPERTY_KEYS}\x01{keys}\x02"
+            properties = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
+        else:
+            properties = f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
+        body = message.body
+        if type(body) is not bytes:
+            body = bytes(body)
+        r = store.append_one(topic, body, properties, tags, message.flag, now, queue)
+        result = _new_result(SendResult)
+        for setter, value in zip(_SEND_RESULT_SETTERS, (
+                msg_id, topic, r[0], r[1], r[2], None, None, None, None, None,
+                self.store_name)):
+            setter(result, value)
+        return result
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -253,8 +293,11 @@ class Producer:
 _TOPIC = attrgetter("topic")
 _FIELDS = attrgetter("body", "tags", "keys", "properties", "flag")
 _SEND_RESULT_FIELDS = dataclasses.fields(SendResult)
-assert [f.name for f in _SEND_RESULT_FIELDS[:5]] == [
-    "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset"]
+assert [f.name for f in _SEND_RESULT_FIELDS] == [
+    "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset", "deliver_at_ms",
+    "transaction_id", "stored_topic", "stored_queue_id", "stored_queue_offset", "store_name"]
+_SEND_RESULT_SETTERS = [SendResult.__dict__[f.name].__set__ for f in _SEND_RESULT_FIELDS]
+_new_result = object.__new__
 
 
 def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets,

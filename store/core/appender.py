@@ -77,6 +77,11 @@ class Appender:
         self._round_robin: dict[str, itertools.count] = {}
         self._group_start: int | None = None   # where the open atomic group began
         self._group_now: int | None = None
+        #: settings the single-record path reads per append
+        self.file_size = self.config.commitlog_file_size_bytes
+        self.max_record = self._max_record()
+        #: ``topic -> queue count`` of the topics this process appended single records to
+        self.queue_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ atomic groups
     @contextmanager
@@ -353,27 +358,30 @@ class Appender:
         return EncodedAppend(qids, queue_offsets, starts, sizes, now)
 
     # ------------------------------------------------------------------ the one way down
-    def commit(self, chunks: Iterable[tuple[int, bytes]], entries: QueueEntries, end: int,
-               now: int) -> None:
+    def commit(self, chunks: Iterable[tuple[int, bytes]], entries: QueueEntries | tuple,
+               end: int, now: int) -> None:
         """Write CommitLog chunks, dispatch queue entries, then make them visible.
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
         next is taken), each inside one segment; ``entries`` are
-        the queue entries (see :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the
-        log ends afterwards.
+        the queue entries (see :data:`~store.core.dispatch.QueueEntries`), or the one entry
+        of a single record as a tuple ``(key, queue offset, offset, size, tagsCode)``;
+        ``end`` is where the log ends afterwards.
         """
         core = self.core
         cp = core.checkpoint
         grouped = self._group_start is not None
         # Crash safety: mark the append, write, (sync), index, then publish.
         if not grouped:
-            cp.set("write_in_progress", self.write_offset)
-            cp.set("last_append_offset", self.write_offset)
+            cp.begin_append(self.write_offset)
         for off, data in chunks:
             core.commit_log.write(off, data)
         if self.config.flush_disk_type == "SYNC_FLUSH":
             core.commit_log.flush(self.write_offset)
-        core.dispatcher.dispatch(entries)
+        if type(entries) is tuple:
+            core.dispatcher.dispatch_one(*entries)
+        else:
+            core.dispatcher.dispatch(entries)
         self.write_offset = end
         if grouped:  # published when the group ends
             self._group_now = now
@@ -382,9 +390,4 @@ class Appender:
 
     def _publish(self, now: int) -> None:
         """Confirm everything appended so far: readers may see it, recovery keeps it."""
-        cp = self.core.checkpoint
-        cp.set("physic_msg_timestamp", now)
-        cp.set("confirm_phy_offset", self.write_offset)
-        self.generation = cp.get("write_generation") + 1
-        cp.set("write_generation", self.generation)
-        cp.set("write_in_progress", -1)
+        self.generation = self.core.checkpoint.publish_append(now, self.write_offset)

@@ -100,6 +100,11 @@ class Dispatcher:
         for (topic, queue_id), (first, offsets, sizes, codes) in entries.items():
             self._consume_queue(topic, queue_id).put(first, offsets, sizes, codes)
 
+    def dispatch_one(self, key: tuple[str, int], queue_offset: int, offset: int, size: int,
+                     tags_code: int) -> None:
+        """Write one record's queue entry (:meth:`dispatch` of a single entry)."""
+        self._consume_queue(*key).put_one(queue_offset, offset, size, tags_code)
+
     def dispatch_rows(self, rows: dict[tuple[str, int], list[tuple[int, int, int, int]]]) -> None:
         """Write ``(queue offset, commitlog offset, size, tagsCode)`` rows of each queue.
 

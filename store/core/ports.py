@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..topics import TopicTable
     from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
     from .appender import Appender
+    from .single_append import SingleAppend
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
 RetentionListener = Callable[[int], None]
@@ -81,6 +82,10 @@ class StorePort(Protocol):
     def atomic_append(self) -> AbstractContextManager[None]: ...
 
     def append(self, specs: Sequence[RecordSpec], *, batch: bool = False) -> list[AppendResult]: ...
+
+    def append_one(self, topic: str, body: bytes, properties: bytes, tags: str | None = None,
+                   flag: int = 0, born_timestamp_ms: int = 0,
+                   queue_id: int | None = None) -> SingleAppend: ...
 
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
                      **kwargs) -> BatchAppendResult: ...

@@ -28,15 +28,14 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
 from ..codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
-from ..errors import FlushError, InvalidMessageError, StoreNotFoundError
+from ..errors import InvalidMessageError, StoreNotFoundError
 from ..message_id import MessageIdGenerator
 from ..topics import default_queue_count
 from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
@@ -44,14 +43,16 @@ from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
 from .integrity import check_at_open, write_queue_table
+from .locking import AppendLocking
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .reading import Clock, ReadableStore
-from .recovery import recover_tail, recover_without_checkpoint, verify_tail
+from .recovery import recover_without_checkpoint, verify_tail
 from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
+from .single_append import SingleAppend, append_one
 
 
-class StoreCore(ReadableStore):
+class StoreCore(AppendLocking, ReadableStore):
     """A store directory opened for writing (see the module docstring).
 
     Parameters
@@ -197,73 +198,6 @@ class StoreCore(ReadableStore):
         os.close(self._write_lock_fd)
         os.close(self._open_lock_fd)
 
-    # ------------------------------------------------------------------ locking and catch-up
-    @contextmanager
-    def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
-        """Hold the append lock of this process and of the store directory."""
-        with self._thread_lock:
-            # Re-entrant: only the outermost holder takes and releases the file lock (an
-            # inner release would let another process append inside the outer section).
-            outermost = self._lock_depth == 0
-            if outermost:
-                fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
-            self._lock_depth += 1
-            try:
-                if outermost and catch_up:
-                    if self.checkpoint.get("write_in_progress") != -1:
-                        # The previous holder died in the middle of an append.  If it did not
-                        # confirm it, drop that append whole (it was never acknowledged, and
-                        # no reader saw it); a confirmed one is kept.
-                        confirm = self.checkpoint.get("confirm_phy_offset")
-                        self._recover(confirm, limit=confirm)
-                    self._catch_up()
-                yield
-            finally:
-                self._lock_depth -= 1
-                if outermost:
-                    fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
-
-    def write_lock(self):
-        """The store's append lock as a context manager (re-entrant within a process).
-
-        Services hold it across a read-decide-append step so that concurrent processes do
-        not deliver the same message twice.
-        """
-        self._check_writable()
-        return self._write_locked()
-
-    def _check_writable(self) -> None:
-        self._check_open()
-        error = self.flusher.take_error()
-        if error is not None:
-            raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "
-                             "since the last successful flush may not be durable") from error
-
-    def _catch_up(self, force: bool = False) -> None:
-        if self.appender.catch_up(force):
-            self.commit_log.files.refresh()
-            self.topic_table.reload()
-
-    def drop_tail(self, offset: int) -> None:
-        """Cut what was appended from ``offset`` on (an atomic group that failed), as recovery
-        cuts an append that never completed."""
-        self._recover(offset, limit=offset)
-        self._catch_up(force=True)
-
-    @contextmanager
-    def atomic_append(self) -> Iterator[None]:
-        """Hold the write lock; every append inside the block lands whole or not at all.
-
-        Readers (in every process) see the block's records only when it ends; a crash or an
-        exception inside it drops them all (see :meth:`Appender.atomic_group`).
-        """
-        with self.write_lock(), self.appender.atomic_group():
-            yield
-
-    def _recover(self, start_offset: int, limit: int | None = None) -> None:
-        recover_tail(self, start_offset, limit=limit, listeners=self._recovery_listeners)
-        self.recovered = True
-
     # ------------------------------------------------------------------ topics
     def ensure_topic(self, topic: str) -> int:
         """Create ``topic`` when missing (under the append lock); return its queue count.
@@ -311,6 +245,25 @@ class StoreCore(ReadableStore):
             return []
         with self._write_locked():
             return self.appender.append(specs, batch=batch)
+
+    def append_one(self, topic: str, body: bytes, properties: bytes, tags: str | None = None,
+                   flag: int = 0, born_timestamp_ms: int = 0,
+                   queue_id: int | None = None) -> SingleAppend:
+        """Append one plain record (the single-send path, :mod:`store.core.single_append`).
+
+        ``topic`` is validated, ``body`` the validated body, ``properties`` the encoded
+        properties string; ``tags`` gives the ConsumeQueue tagsCode; ``queue_id`` of
+        ``None`` picks the next queue round robin.  The same bytes as :meth:`append` of one
+        :class:`RecordSpec`, at a fraction of its cost.
+        """
+        if self._closed or self.flusher.error is not None:
+            self._check_writable()
+        if self.dispatcher.has_rule(topic):
+            raise InvalidMessageError(
+                f"append_one cannot index {topic!r} (its tagsCode comes from its "
+                "properties); use append()")
+        return append_one(self, topic, body, properties, tags, flag, born_timestamp_ms,
+                          queue_id)
 
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
                      tags: Sequence[str | None] | None = None, flags=0,

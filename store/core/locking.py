@@ -1,0 +1,148 @@
+"""The append lock of a writable store: one thread lock, one ``flock``, catch-up on entry.
+
+Appends are serialised across threads (a re-entrant thread lock) and across processes (a
+``flock`` on the store's ``lock`` file).  Only the outermost holder takes and releases the
+file lock: an inner release would let another process append inside the outer section.
+
+On taking the lock a writer looks at two checkpoint fields at once
+(:meth:`~store.checkpoint.StoreCheckpoint.writer_state`): ``write_in_progress`` left behind
+means the previous holder died mid-append (its unconfirmed append is dropped whole, as recovery
+does), and a changed ``write_generation`` means another process appended since this one last
+did (the appender takes over the new log end and forgets its queue ends).  Both are one
+unpack of the shared mapping, so an uncontended append pays two ``flock`` calls and nothing
+else for its lock.
+
+:meth:`AppendLocking._lock` / :meth:`AppendLocking._unlock` are the pair the single-message
+path uses (no context-manager frame); :meth:`AppendLocking._write_locked` wraps them for
+everything else.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from ..errors import FlushError
+from .recovery import recover_tail
+
+if TYPE_CHECKING:  # pragma: no cover
+    import threading
+
+    from ..checkpoint import StoreCheckpoint
+    from ..commit_log import CommitLog
+    from ..topics import TopicTable
+    from .appender import Appender
+    from .flushing import FlushService
+
+
+class AppendLocking:
+    """Mixin of :class:`~store.core.store_core.StoreCore`: its append lock and catch-up."""
+
+    root: str
+    recovered: bool
+    checkpoint: StoreCheckpoint
+    commit_log: CommitLog
+    topic_table: TopicTable
+    appender: Appender
+    flusher: FlushService
+    _thread_lock: threading.RLock
+    _lock_depth: int
+    _write_lock_fd: int
+    _recovery_listeners: list
+
+    if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore
+        def _check_open(self) -> None: ...
+
+    # ------------------------------------------------------------------ the lock
+    def _lock(self, catch_up: bool = True) -> bool:
+        """Take the append lock; return whether this call is the outermost holder.
+
+        Every call must be paired with :meth:`_unlock` (given what this returned), also when
+        this raises after the lock was taken (it releases what it took before raising).
+        """
+        self._thread_lock.acquire()
+        outermost = self._lock_depth == 0
+        if outermost:
+            try:
+                fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._thread_lock.release()
+                raise
+        self._lock_depth += 1
+        if outermost and catch_up:
+            try:
+                in_progress, generation = self.checkpoint.writer_state()
+                if in_progress != -1:
+                    # The previous holder died in the middle of an append.  If it did not
+                    # confirm it, drop that append whole (it was never acknowledged, and no
+                    # reader saw it); a confirmed one is kept.
+                    confirm = self.checkpoint.get("confirm_phy_offset")
+                    self._recover(confirm, limit=confirm)
+                    self._catch_up()
+                elif generation != self.appender.generation:
+                    self._catch_up()
+            except BaseException:
+                self._unlock(outermost)
+                raise
+        return outermost
+
+    def _unlock(self, outermost: bool) -> None:
+        """Release what the matching :meth:`_lock` took."""
+        self._lock_depth -= 1
+        try:
+            if outermost:
+                fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
+    @contextmanager
+    def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
+        """Hold the append lock of this process and of the store directory."""
+        outermost = self._lock(catch_up)
+        try:
+            yield
+        finally:
+            self._unlock(outermost)
+
+    def write_lock(self):
+        """The store's append lock as a context manager (re-entrant within a process).
+
+        Services hold it across a read-decide-append step so that concurrent processes do
+        not deliver the same message twice.
+        """
+        self._check_writable()
+        return self._write_locked()
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        error = self.flusher.take_error()
+        if error is not None:
+            raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "
+                             "since the last successful flush may not be durable") from error
+
+    # ------------------------------------------------------------------ catch-up and cuts
+    def _catch_up(self, force: bool = False) -> None:
+        if self.appender.catch_up(force):
+            self.commit_log.files.refresh()
+            self.topic_table.reload()
+
+    def drop_tail(self, offset: int) -> None:
+        """Cut what was appended from ``offset`` on (an atomic group that failed), as recovery
+        cuts an append that never completed."""
+        self._recover(offset, limit=offset)
+        self._catch_up(force=True)
+
+    @contextmanager
+    def atomic_append(self) -> Iterator[None]:
+        """Hold the write lock; every append inside the block lands whole or not at all.
+
+        Readers (in every process) see the block's records only when it ends; a crash or an
+        exception inside it drops them all (see :meth:`Appender.atomic_group`).
+        """
+        with self.write_lock(), self.appender.atomic_group():
+            yield
+
+    def _recover(self, start_offset: int, limit: int | None = None) -> None:
+        recover_tail(self, start_offset, limit=limit, listeners=self._recovery_listeners)
+        self.recovered = True
