@@ -12,7 +12,10 @@ Measures, in one run and one directory:
   what a naive one-write-per-message log costs);
 * ``send_batch``  ``Producer.send_batch`` of ``B`` 100-byte messages at a time (ASYNC_FLUSH);
 * ``send_table``  ``Producer.send_table`` of the same messages as one Arrow table;
-* ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH);
+* ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH), and the
+  same sends through the general path (``delay_ms=0``: a ``RecordSpec`` per send), the
+  baseline of the single-record path; both again for messages with a body only, each
+  ``Message`` built inside the timed loop;
 
 and prints messages/s, MB/s and each ratio against both raw writes (bytes per second of the
 same record bytes).  Every message has a tag, a key and one user property, so the records
@@ -79,14 +82,38 @@ def run_table(path: str, table) -> tuple[float, int]:
         return elapsed, store.confirmed_offset()
 
 
-def run_single(path: str, messages: list[Message]) -> tuple[float, int]:
-    """Seconds to ``send`` every message one at a time, and the CommitLog bytes written."""
+def run_single(path: str, messages: list[Message], general: bool = False) -> tuple[float, int]:
+    """Seconds to ``send`` every message one at a time, and the CommitLog bytes written.
+
+    ``general``: through the general path of every send (``delay_ms=0`` is "not delayed" but
+    takes the path of delayed sends: a ``RecordSpec`` through ``StoreCore.append``), the
+    same-run baseline of the single-record path.
+    """
     with MessageStore.open(path, StoreConfig()) as store:
         producer = store.producer("bench")
         producer.send(messages[0])
         t0 = time.perf_counter()
-        for m in messages[1:]:
-            producer.send(m)
+        if general:
+            for m in messages[1:]:
+                producer.send(m, delay_ms=0)
+        else:
+            for m in messages[1:]:
+                producer.send(m)
+        elapsed = time.perf_counter() - t0
+        return elapsed, store.confirmed_offset()
+
+
+def run_single_plain(path: str, n: int, body_bytes: int, general: bool = False):
+    """:func:`run_single` of ``n`` messages with a body only (no tag, key or property),
+    each ``Message`` built inside the timed loop, as an application does."""
+    body = bytes(i % 256 for i in range(body_bytes))
+    with MessageStore.open(path, StoreConfig()) as store:
+        producer = store.producer("bench")
+        producer.send(Message("bench", body))
+        kwargs = {"delay_ms": 0} if general else {}
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            producer.send(Message("bench", body), **kwargs)
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
 
@@ -163,6 +190,12 @@ def main() -> None:
         raw_record_s = run_raw(base, records, args.repeat)
         single_s, single_bytes = best_of(args.repeat, base, "single", run_single,
                                          messages[:args.single])
+        general_s, _ = best_of(args.repeat, base, "general", run_single,
+                               messages[:args.single], True)
+        plain_s, plain_bytes = best_of(args.repeat, base, "plain", run_single_plain,
+                                       args.single, args.body_bytes)
+        plain_general_s, _ = best_of(args.repeat, base, "plain-general", run_single_plain,
+                                     args.single, args.body_bytes, True)
         table_s, table_bytes = best_of(args.repeat, base, "table", run_table,
                                        message_table(messages))
         assert table_bytes == batch_bytes, (table_bytes, batch_bytes)  # the same records
@@ -178,6 +211,12 @@ def main() -> None:
             ("send_table (columnar)", n_batch / table_s, n_batch * per_msg / table_s),
             ("send (one at a time)", n_single / single_s,
              n_single * (single_bytes / args.single) / single_s),
+            ("  same, general path", n_single / general_s,
+             n_single * (single_bytes / args.single) / general_s),
+            ("send, body only", n_single / plain_s,
+             n_single * (plain_bytes / args.single) / plain_s),
+            ("  same, general path", n_single / plain_general_s,
+             n_single * (plain_bytes / args.single) / plain_general_s),
         ]
         print(f"{args.messages} messages of {args.body_bytes}-byte bodies, {per_msg:.0f} bytes per "
               f"record; best of {args.repeat}; python {sys.version.split()[0]}")
@@ -185,6 +224,8 @@ def main() -> None:
         for name, msgs, bps in rows:
             print(f"{name:<28}{msgs:>13,.0f}{bps / 1e6:>9.1f}{bps / raw_rate:>15.3f}"
                   f"{bps / raw_record_rate:>15.3f}")
+        print(f"single-record path vs general path: {general_s / single_s:.2f}x (tag, key, "
+              f"property), {plain_general_s / plain_s:.2f}x (body only)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

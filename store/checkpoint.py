@@ -195,7 +195,8 @@ class StoreCheckpoint:
         pack = CHECKPOINT_FIELD.pack_into
         pack(m, _OFFSET["physic_msg_timestamp"], store_timestamp_ms)
         pack(m, _OFFSET["confirm_phy_offset"], confirm)
-        generation = self.get("write_generation") + 1
+        generation = (CHECKPOINT_FIELD.unpack_from(m, _OFFSET["write_generation"])[0]
+                      if self.trusted else self.get("write_generation")) + 1
         pack(m, _OFFSET["write_generation"], generation)
         pack(m, _OFFSET["write_in_progress"], -1)
         return generation

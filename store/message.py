@@ -249,41 +249,65 @@ class TransactionListener(Protocol):
         ...
 
 
-#: User topics that passed :func:`validate_topic` (a name never stops being valid).
+#: Names that passed their checks once (a name never stops being valid): user topics, tags,
+#: property names.  Bounded, so that a stream of distinct names cannot grow them forever.
 _USER_TOPICS_SEEN: set[str] = set()
-_USER_TOPICS_LIMIT = 4096
+_TAGS_SEEN: set[str] = set()
+_PROPERTY_NAMES_SEEN: set[str] = set()
+_SEEN_LIMIT = 4096
 
 
-def validate_message(message: Message, max_body_bytes: int) -> None:
-    """Check a user message; raise an :class:`InvalidMessageError` naming the limit."""
+def _remember(seen: set[str], name: str) -> None:
+    if len(seen) < _SEEN_LIMIT:
+        seen.add(name)
+
+
+def validate_message(message: Message, max_body_bytes: int) -> str | None:
+    """Check a user message; raise an :class:`InvalidMessageError` naming the limit.
+
+    Returns the message's ``KEYS`` property value (:func:`keys_value`), which the check
+    computes anyway.  Names already accepted once (topics, tags, property names) and
+    plainly printable keys and values skip the detailed checks, which give the same answer.
+    """
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
     topic = message.topic
     if type(topic) is not str or topic not in _USER_TOPICS_SEEN:
-        validate_topic(topic)
-        if len(_USER_TOPICS_SEEN) < _USER_TOPICS_LIMIT:
-            _USER_TOPICS_SEEN.add(topic)
-    if not isinstance(message.body, (bytes, bytearray, memoryview)):
+        _remember(_USER_TOPICS_SEEN, validate_topic(topic))
+    body = message.body
+    if not isinstance(body, (bytes, bytearray, memoryview)):
         raise InvalidMessageError(
-            f"body of a message to {message.topic!r} must be bytes, "
-            f"got {type(message.body).__name__}"
-        )
-    if len(message.body) == 0:
+            f"body of a message to {topic!r} must be bytes, got {type(body).__name__}")
+    if len(body) == 0:
         raise InvalidMessageError(
-            f"body of a message to {message.topic!r} is empty; allowed: 1 byte or more")
-    if len(message.body) > max_body_bytes:
+            f"body of a message to {topic!r} is empty; allowed: 1 byte or more")
+    if len(body) > max_body_bytes:
         raise MessageTooLargeError(
-            f"body of {len(message.body)} bytes exceeds max_message_size_bytes={max_body_bytes}"
-        )
-    if message.tags is not None:
-        check_tags(message.tags)
-    if message.keys is not None:
-        keys_value(message.keys)
-    if not isinstance(message.flag, int) or not -(2**31) <= message.flag < 2**31:
-        raise InvalidMessageError(f"flag {message.flag!r} must be a signed 32-bit int")
+            f"body of {len(body)} bytes exceeds max_message_size_bytes={max_body_bytes}")
+    tags = message.tags
+    if tags is not None and (type(tags) is not str or tags not in _TAGS_SEEN):
+        check_tags(tags)
+        _remember(_TAGS_SEEN, tags)
+    keys = message.keys
+    if keys is not None:
+        # one key of printable characters without spaces is its own KEYS value
+        if not (type(keys) is str and keys and " " not in keys and keys.isprintable()):
+            keys = keys_value(keys)
+    flag = message.flag
+    if not isinstance(flag, int) or not -(2**31) <= flag < 2**31:
+        raise InvalidMessageError(f"flag {flag!r} must be a signed 32-bit int")
     properties = message.properties
-    if type(properties) is not dict or properties:  # an empty dict needs no look
+    if type(properties) is not dict:
         check_user_properties(properties)
+    elif properties:
+        for name, value in properties.items():
+            if not (type(name) is str and name in _PROPERTY_NAMES_SEEN and type(value) is str
+                    and value and value.isprintable() and not value.isspace()):
+                check_user_properties(properties)  # raises, or accepts them all
+                for accepted in properties:
+                    _remember(_PROPERTY_NAMES_SEEN, accepted)
+                break
+    return keys
 
 
 def check_tags(tags: object) -> None:

@@ -20,7 +20,6 @@ from .message import (
     PROPERTY_UNIQ_KEY,
     Message,
     SendResult,
-    keys_value,
     sharding_queue,
     validate_group,
     validate_message,
@@ -184,20 +183,19 @@ class Producer:
         :meth:`StoreCore.append_one <store.core.store_core.StoreCore.append_one>` (the same
         bytes as the general path, without a :class:`RecordSpec`)."""
         store = self.store
-        validate_message(message, store.config.max_message_size_bytes)
+        keys = validate_message(message, store.config.max_message_size_bytes)
         topic = message.topic
         queue = (None if queue_id is None and sharding_key is None
                  else self._queue(topic, queue_id, sharding_key))
         now = store.now_ms()
         msg_id = store.id_generator.next_id(now)
-        tags, keys, user = message.tags, message.keys, message.properties
+        tags, user = message.tags, message.properties
         # the properties string, in the order of the general path: user pairs, TAGS, KEYS,
         # UNIQ_KEY
         if user or tags or keys:
             text = "".join([f"{k}\x01{v}\x02" for k, v in user.items()])
             if tags:
                 text += f"{PROPERTY_TAGS}\x01{tags}\x02"
-            keys = keys_value(keys)
             if keys:
                 text += f"{PROPERTY_KEYS}\x01{keys}\x02"
             properties = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
@@ -207,12 +205,7 @@ class Producer:
         if type(body) is not bytes:
             body = bytes(body)
         r = store.append_one(topic, body, properties, tags, message.flag, now, queue)
-        result = _new_result(SendResult)
-        for setter, value in zip(_SEND_RESULT_SETTERS, (
-                msg_id, topic, r[0], r[1], r[2], None, None, None, None, None,
-                self.store_name)):
-            setter(result, value)
-        return result
+        return _plain_result(msg_id, topic, r[0], r[1], r[2], self.store_name)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -296,8 +289,31 @@ _SEND_RESULT_FIELDS = dataclasses.fields(SendResult)
 assert [f.name for f in _SEND_RESULT_FIELDS] == [
     "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset", "deliver_at_ms",
     "transaction_id", "stored_topic", "stored_queue_id", "stored_queue_offset", "store_name"]
-_SEND_RESULT_SETTERS = [SendResult.__dict__[f.name].__set__ for f in _SEND_RESULT_FIELDS]
+(_set_msg_id, _set_topic, _set_queue_id, _set_queue_offset, _set_commitlog_offset,
+ _set_deliver_at_ms, _set_transaction_id, _set_stored_topic, _set_stored_queue_id,
+ _set_stored_queue_offset, _set_store_name) = [SendResult.__dict__[f.name].__set__
+                                                for f in _SEND_RESULT_FIELDS]
 _new_result = object.__new__
+
+
+def _plain_result(msg_id: str, topic: str, queue_id: int, queue_offset: int,
+                  commitlog_offset: int, store_name: str | None) -> SendResult:
+    """``SendResult(msg_id, topic, queue_id, queue_offset, commitlog_offset,
+    store_name=store_name)`` at half the cost (a frozen dataclass's ``__init__`` goes through
+    ``object.__setattr__`` once per field); every slot is set."""
+    r = _new_result(SendResult)
+    _set_msg_id(r, msg_id)
+    _set_topic(r, topic)
+    _set_queue_id(r, queue_id)
+    _set_queue_offset(r, queue_offset)
+    _set_commitlog_offset(r, commitlog_offset)
+    _set_deliver_at_ms(r, None)
+    _set_transaction_id(r, None)
+    _set_stored_topic(r, None)
+    _set_stored_queue_id(r, None)
+    _set_stored_queue_offset(r, None)
+    _set_store_name(r, store_name)
+    return r
 
 
 def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets,

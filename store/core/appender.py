@@ -80,7 +80,10 @@ class Appender:
         #: settings the single-record path reads per append
         self.file_size = self.config.commitlog_file_size_bytes
         self.max_record = self._max_record()
+        self.max_properties = self.config.max_properties_size_bytes
+        self.sync_flush = self.config.flush_disk_type == "SYNC_FLUSH"
         #: ``topic -> queue count`` of the topics this process appended single records to
+        #: (topics without a tagsCode rule; cleared when a rule is registered)
         self.queue_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ atomic groups
@@ -376,7 +379,7 @@ class Appender:
             cp.begin_append(self.write_offset)
         for off, data in chunks:
             core.commit_log.write(off, data)
-        if self.config.flush_disk_type == "SYNC_FLUSH":
+        if self.sync_flush:
             core.commit_log.flush(self.write_offset)
         if type(entries) is tuple:
             core.dispatcher.dispatch_one(*entries)

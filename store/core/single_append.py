@@ -84,14 +84,14 @@ def append_one(core: OneRecordTarget, topic: str, body: bytes, properties: bytes
                tags: str | None = None, flag: int = 0, born_timestamp_ms: int = 0,
                queue_id: int | None = None) -> SingleAppend:
     """Append one plain record (see :meth:`StoreCore.append_one`); the caller has checked
-    that the store is writable and that ``topic`` has no tagsCode rule of its own."""
+    that the store is writable."""
     appender = core.appender
     topic_bytes = topic.encode("ascii")
     body_length, topic_length, props_length = len(body), len(topic_bytes), len(properties)
-    if props_length > appender.config.max_properties_size_bytes:
+    if props_length > appender.max_properties:
         raise MessageTooLargeError(
             f"properties of a message to {topic!r} are {props_length} bytes; allowed: at "
-            f"most {appender.config.max_properties_size_bytes}")
+            f"most {appender.max_properties}")
     size = FIXED_SIZE + body_length + topic_length + props_length
     if size > appender.max_record:
         raise MessageTooLargeError(
@@ -102,7 +102,11 @@ def append_one(core: OneRecordTarget, topic: str, body: bytes, properties: bytes
     body_crc = crc32(body) & 0x7FFFFFFF
     tags_code = core.dispatcher.tag_hash(tags)
     count = appender.queue_counts.get(topic)
-    if count is None:
+    if count is None:  # a topic this path has not met yet
+        if core.dispatcher.has_rule(topic):
+            raise InvalidMessageError(
+                f"append_one cannot index {topic!r} (its tagsCode comes from its "
+                "properties); use append()")
         count = core.ensure_topic(topic)  # creates it under the lock when missing
         appender.queue_counts[topic] = count
     if queue_id is not None and not 0 <= queue_id < count:

@@ -99,6 +99,7 @@ class StoreCore(AppendLocking, ReadableStore):
                               tags_code: TagsCodeRule | None = None) -> None:
         """A service's system topic: its queue count and, optionally, its tagsCode rule."""
         self.dispatcher.register_system_topic(topic, queue_count, tags_code)
+        self.appender.queue_counts.clear()  # topics append_one knows to have no rule
 
     def add_retention_listener(self, listener: RetentionListener) -> None:
         """Call ``listener(commitlog_min)`` after retention deleted CommitLog segments."""
@@ -258,10 +259,6 @@ class StoreCore(AppendLocking, ReadableStore):
         """
         if self._closed or self.flusher.error is not None:
             self._check_writable()
-        if self.dispatcher.has_rule(topic):
-            raise InvalidMessageError(
-                f"append_one cannot index {topic!r} (its tagsCode comes from its "
-                "properties); use append()")
         return append_one(self, topic, body, properties, tags, flag, born_timestamp_ms,
                           queue_id)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import string
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Message, MessageStore, StoreConfig
+from store import Message, MessageStore, SendResult, StoreConfig
 from store.codec import FIELD_OFFSET, RecordSpec, encode_properties
 from store.consume_queue import ENTRY_SIZE
 from store.mapped_file import WRITE_WINDOW, MappedFileQueue
@@ -75,6 +76,7 @@ def test_send_builds_the_properties_of_the_general_path(store):
     m = Message("props", b"body", tags="TagA", keys=["k1", "k2"], properties={"a": "1", "b": "2"},
                 flag=7)
     r = p.send(m)
+    assert r == SendResult(r.msg_id, "props", r.queue_id, r.queue_offset, r.commitlog_offset)
     spec = p._spec(m, r.msg_id, 0)
     rec = store.read_record(r.commitlog_offset)
     buf, pos, _ = store.commit_log.buffer_at(r.commitlog_offset)
@@ -144,3 +146,16 @@ def test_queue_entries_of_sends_are_those_of_the_general_path(tmp_path):
         arr = np.frombuffer(data, dtype=">i8,>i4,>i8")
         assert arr["f0"].tolist() == offsets
         assert set(arr["f1"].tolist()) == {s.read_record(offsets[0]).total_size}
+
+
+def test_append_one_refuses_a_topic_whose_tags_code_has_a_rule(store):
+    from store.errors import InvalidMessageError
+
+    before = store.confirmed_offset()
+    with pytest.raises(InvalidMessageError, match="use append"):
+        store.append_one("SCHEDULE_TOPIC_XXXX", b"x", b"")
+    assert store.confirmed_offset() == before  # nothing written
+    store.append_one("plain", b"x", b"")  # a topic met before a rule is registered ...
+    store.register_system_topic("plain", 4, lambda props, ts: 7)
+    with pytest.raises(InvalidMessageError):  # ... is checked again afterwards
+        store.append_one("plain", b"x", b"")

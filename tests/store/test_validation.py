@@ -182,3 +182,51 @@ def test_a_plainly_valid_batch_is_checked_column_by_column(store, monkeypatch):
         v = store.pull("t", r.queue_id, r.queue_offset)[0]
         assert (v.body, v.tags, v.keys, v.properties) == (m.body, m.tags, tuple(m.key_list()),
                                                            m.properties)
+
+
+def _reference_verdict(message: Message):
+    """The detailed checks alone (no shortcuts): the KEYS value, or the error type."""
+    from store.message import (check_tags, check_user_properties, keys_value,
+                               validate_topic)
+    try:
+        validate_topic(message.topic)
+        if not isinstance(message.body, (bytes, bytearray, memoryview)) or not message.body:
+            raise InvalidMessageError("body")
+        check_tags(message.tags)
+        keys = keys_value(message.keys)
+        check_user_properties(message.properties)
+        return ("ok", keys)
+    except StoreError as exc:
+        return ("refused", type(exc))
+
+
+_PIECES = ["a", "K", " ", "  ", "\t", "\x01", "\x02", "|", "é", "\u3000", "\n", "x y", ""]
+
+
+def test_validate_message_shortcuts_agree_with_the_detailed_checks():
+    """Seen-name caches and printable-text shortcuts never accept what the checks refuse
+    (nor the reverse), however often a name comes back."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from store.message import validate_message
+
+    text = st.lists(st.sampled_from(_PIECES), max_size=4).map("".join)
+    keys = st.none() | text | st.lists(text, max_size=3) | st.just(7)
+    props = st.dictionaries(st.sampled_from(["p", "q", "TAGS", "k y"]) | text, text,
+                            max_size=2) | st.just(["p"])
+
+    @settings(max_examples=400, deadline=None)
+    @given(topic=st.sampled_from(["t", "t t", "%RETRY%x"]), tags=st.none() | text, keys=keys,
+           properties=props)
+    def check(topic, tags, keys, properties):
+        m = Message(topic, b"x", tags=tags, keys=keys, properties=properties)
+        expected = _reference_verdict(m)
+        for _ in range(2):  # the second time, caches are warm
+            try:
+                got = ("ok", validate_message(m, MIB))
+            except StoreError as exc:
+                got = ("refused", type(exc))
+            assert got == expected, (m, got, expected)
+
+    check()
