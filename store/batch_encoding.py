@@ -38,7 +38,9 @@ def validated_columns(bodies: Sequence, tags: Sequence, keys: Sequence, properti
     :class:`InvalidMessageError` or ``TypeError``; the caller then validates row by row to
     name the first bad one (as single sends would).  Keys may be strings or lists of strings.
     """
-    keys = [_joined_keys(k) for k in keys] if any(map(_is_list, keys)) else keys
+    key_types = set(map(type, keys))
+    if not key_types <= {str, type(None)}:  # lists of keys (or something to refuse)
+        keys = [_joined_keys(k) for k in keys]
     if not _columns_plainly_valid(bodies, tags, keys, properties,
                                   flags if flags is not None else (0,), max_body):
         raise InvalidMessageError("a message of the batch is not valid")
