@@ -165,3 +165,36 @@ def test_sigkill_while_another_process_keeps_the_store_open(tmp_path):
     with MessageStore.open(path, SYNC) as s:
         assert verify(s, acked) == after
         assert s.pull("a", r.queue_id, r.queue_offset)[0].msg_id == r.msg_id
+
+
+def test_sigkill_inside_a_single_send_drops_that_record_whole(tmp_path):
+    """A single send killed with half its record in the CommitLog (written through the
+    segment's writable mapping): never visible, and the next send takes its place."""
+    path = str(tmp_path / "store")
+    keeper = MessageStore.open(path, SYNC)
+    try:
+        p = keeper.producer("before")
+        for i in range(5):
+            p.send(Message("a", body_of(-2, i), properties={"w": "-2", "s": str(i)}))
+        before = verify(keeper, [])
+        confirmed = keeper.confirmed_offset()
+        proc = spawn("write", "--store", path, "--writer", "8", "--topics", "a", "--sync",
+                     "--hang-mid-write", "--single")
+        assert proc.stdout.readline().strip() == "MIDWRITE"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert keeper.checkpoint.get("write_in_progress") == confirmed  # left behind
+        buf, pos, _ = keeper.commit_log.buffer_at(confirmed)
+        assert any(buf[pos:pos + 64])  # the first half of the record is really there
+        assert verify(keeper, []) == before  # and invisible
+        seq = next(AFTER)
+        r = p.send(Message("a", body_of(-1, seq), properties={"w": "-1", "s": str(seq)}))
+        assert keeper.checkpoint.get("write_in_progress") == -1
+        assert r.commitlog_offset == confirmed
+        assert r.queue_offset == before.get(("a", r.queue_id), 0)
+        assert verify(keeper, []) == {**before, ("a", r.queue_id): r.queue_offset + 1}
+    finally:
+        keeper.close()
+    with MessageStore.open(path, SYNC) as s:
+        assert not s.recovered
+        assert s.pull("a", r.queue_id, r.queue_offset)[0].msg_id == r.msg_id

@@ -84,7 +84,8 @@ def write(args) -> None:
         seq = 0
         while seq < args.count:
             topic = topics[seq % len(topics)]
-            if args.batch_every and (seq // 7) % args.batch_every == 0 or args.hang_mid_write:
+            if (args.batch_every and (seq // 7) % args.batch_every == 0
+                    or args.hang_mid_write and not args.single):
                 n = min(1 + seq % 23, args.count - seq)
                 msgs = [message(topic, args.writer, seq + i) for i in range(n)]
                 results = producer.send_batch(msgs)
@@ -147,6 +148,8 @@ def main() -> None:
     ap.add_argument("--batch-every", type=int, default=0)
     ap.add_argument("--hang-mid-write", action="store_true")
     ap.add_argument("--wait-for", help="start sending once this file exists")
+    ap.add_argument("--single", action="store_true",
+                    help="with --hang-mid-write: hang inside a single send, not a batch")
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--out")
     ap.add_argument("--timeout", type=float, default=120)
