@@ -69,18 +69,14 @@ def _joined_keys(keys):
 
 
 def _users_properties(properties: Sequence[dict]) -> list[str]:
-    """:func:`_user_properties` of many dicts; whole-column when all have as many items."""
-    n = len(properties)
+    """:func:`_user_properties` of many dicts (one formatted string per pair, joined only
+    where a dict has more than one)."""
     counts = set(map(len, properties))
-    if len(counts) != 1:
-        return [_user_properties(p) if p else "" for p in properties]
-    count = counts.pop()
-    if count == 0:
-        return [""] * n
-    pairs = map("\x01".join, chain.from_iterable(map(dict.items, properties)))
-    if count > 1:
-        pairs = map("\x02".join, zip(*[pairs] * count))
-    return list(map(str.__add__, pairs, repeat("\x02", n)))
+    if counts == {0}:
+        return [""] * len(properties)
+    if counts == {1}:  # the common shape: one f-string per message
+        return [f"{k}\x01{v}\x02" for p in properties for k, v in p.items()]
+    return ["".join([f"{k}\x01{v}\x02" for k, v in p.items()]) for p in properties]
 
 
 def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int) -> bool:
