@@ -13,7 +13,7 @@ Measures, in one run and one directory:
 * ``send_batch``  ``Producer.send_batch`` of ``B`` 100-byte messages at a time (ASYNC_FLUSH);
 * ``send_table``  ``Producer.send_table`` of the same messages as one Arrow table;
 * ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH), and the
-  same sends through the general path (``delay_ms=0``: a ``RecordSpec`` per send), the
+  same sends through the general path (a ``Message`` subclass: a ``RecordSpec`` per send), the
   baseline of the single-record path; both again for messages with a body only, each
   ``Message`` built inside the timed loop;
 
@@ -40,6 +40,11 @@ from store import Message, MessageStore, StoreConfig  # noqa: E402
 
 BODY_BYTES = 100  # --body-bytes changes it
 CHUNK = 1024 * 1024
+
+
+class GeneralPathMessage(Message):
+    """A ``Message`` subclass: ``Producer.send`` takes its general path for it (the path
+    every send took before the single-record path)."""
 
 
 def make_messages(n: int, topic: str = "bench", body_bytes: int = BODY_BYTES) -> list[Message]:
@@ -85,20 +90,19 @@ def run_table(path: str, table) -> tuple[float, int]:
 def run_single(path: str, messages: list[Message], general: bool = False) -> tuple[float, int]:
     """Seconds to ``send`` every message one at a time, and the CommitLog bytes written.
 
-    ``general``: through the general path of every send (``delay_ms=0`` is "not delayed" but
-    takes the path of delayed sends: a ``RecordSpec`` through ``StoreCore.append``), the
-    same-run baseline of the single-record path.
+    ``general``: through the general path of every send (a subclass of ``Message`` takes it:
+    a ``RecordSpec`` through ``StoreCore.append``), the same-run baseline of the
+    single-record path.
     """
+    if general:
+        messages = [GeneralPathMessage(m.topic, m.body, m.tags, m.keys, m.properties, m.flag)
+                    for m in messages]
     with MessageStore.open(path, StoreConfig()) as store:
         producer = store.producer("bench")
         producer.send(messages[0])
         t0 = time.perf_counter()
-        if general:
-            for m in messages[1:]:
-                producer.send(m, delay_ms=0)
-        else:
-            for m in messages[1:]:
-                producer.send(m)
+        for m in messages[1:]:
+            producer.send(m)
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
 
@@ -109,11 +113,11 @@ def run_single_plain(path: str, n: int, body_bytes: int, general: bool = False):
     body = bytes(i % 256 for i in range(body_bytes))
     with MessageStore.open(path, StoreConfig()) as store:
         producer = store.producer("bench")
-        producer.send(Message("bench", body))
-        kwargs = {"delay_ms": 0} if general else {}
+        make = GeneralPathMessage if general else Message
+        producer.send(make("bench", body))
         t0 = time.perf_counter()
         for _ in range(n - 1):
-            producer.send(Message("bench", body), **kwargs)
+            producer.send(make("bench", body))
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
 

@@ -96,6 +96,7 @@ LAYERS: dict[str, int] = {
     "store.sink_halves": FACADE,
     "store.table_rows": FACADE,
     "store.table_queues": FACADE,
+    "store.single_send": FACADE,
     "store.producer": FACADE,
     "store.transaction.producer": FACADE,
     "store.stats": FACADE,

@@ -25,6 +25,7 @@ from .message import (
     validate_message,
     validate_topic,
 )
+from .single_send import send_now, send_timer
 from .table_producer import send_table
 from .timer.service import TimerService
 
@@ -151,11 +152,15 @@ class Producer:
             for a delayed message ``queue_offset`` is -1 until delivered, ``deliver_at_ms``
             is set and ``stored_topic`` names the system topic it waits in.
         """
-        if (delay_level is None and delay_ms is None and deliver_at_ms is None
-                and type(message) is Message):
-            return self._send_now(message, queue_id, sharding_key)
+        plain = type(message) is Message  # (a subclass takes the general path)
+        if plain and delay_level is None and delay_ms is None and deliver_at_ms is None:
+            return send_now(self, message, queue_id, sharding_key)
         now = self.store.now_ms()
         level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
+        if plain and deliver_ms is not None:
+            return send_timer(self, message, deliver_ms, now, queue_id, sharding_key)
+        if plain and level is None and deliver_ms is None:  # a delay of 0: not delayed
+            return send_now(self, message, queue_id, sharding_key)
         msg_id = self.store.id_generator.next_id(now)
         spec = self._spec(message, msg_id, now)
         queue = self._queue(message.topic, queue_id, sharding_key)
@@ -176,36 +181,6 @@ class Producer:
         return SendResult(msg_id, message.topic, real_qid, -1, r.commitlog_offset,
                           deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
                           stored_queue_offset=r.queue_offset, store_name=self.store_name)
-
-    def _send_now(self, message: Message, queue_id: int | None,
-                  sharding_key: str | None) -> SendResult:
-        """:meth:`send` of a message that is not delayed: one record through
-        :meth:`StoreCore.append_one <store.core.store_core.StoreCore.append_one>` (the same
-        bytes as the general path, without a :class:`RecordSpec`)."""
-        store = self.store
-        keys = validate_message(message, store.config.max_message_size_bytes)
-        topic = message.topic
-        queue = (None if queue_id is None and sharding_key is None
-                 else self._queue(topic, queue_id, sharding_key))
-        now = store.now_ms()
-        msg_id = store.id_generator.next_id(now)
-        tags, user = message.tags, message.properties
-        # the properties string, in the order of the general path: user pairs, TAGS, KEYS,
-        # UNIQ_KEY
-        if user or tags or keys:
-            text = "".join([f"{k}\x01{v}\x02" for k, v in user.items()])
-            if tags:
-                text += f"{PROPERTY_TAGS}\x01{tags}\x02"
-            if keys:
-                text += f"{PROPERTY_KEYS}\x01{keys}\x02"
-            properties = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
-        else:
-            properties = f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
-        body = message.body
-        if type(body) is not bytes:
-            body = bytes(body)
-        r = store.append_one(topic, body, properties, tags, message.flag, now, queue)
-        return _plain_result(msg_id, topic, r[0], r[1], r[2], self.store_name)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -286,34 +261,8 @@ class Producer:
 _TOPIC = attrgetter("topic")
 _FIELDS = attrgetter("body", "tags", "keys", "properties", "flag")
 _SEND_RESULT_FIELDS = dataclasses.fields(SendResult)
-assert [f.name for f in _SEND_RESULT_FIELDS] == [
-    "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset", "deliver_at_ms",
-    "transaction_id", "stored_topic", "stored_queue_id", "stored_queue_offset", "store_name"]
-(_set_msg_id, _set_topic, _set_queue_id, _set_queue_offset, _set_commitlog_offset,
- _set_deliver_at_ms, _set_transaction_id, _set_stored_topic, _set_stored_queue_id,
- _set_stored_queue_offset, _set_store_name) = [SendResult.__dict__[f.name].__set__
-                                                for f in _SEND_RESULT_FIELDS]
-_new_result = object.__new__
-
-
-def _plain_result(msg_id: str, topic: str, queue_id: int, queue_offset: int,
-                  commitlog_offset: int, store_name: str | None) -> SendResult:
-    """``SendResult(msg_id, topic, queue_id, queue_offset, commitlog_offset,
-    store_name=store_name)`` at half the cost (a frozen dataclass's ``__init__`` goes through
-    ``object.__setattr__`` once per field); every slot is set."""
-    r = _new_result(SendResult)
-    _set_msg_id(r, msg_id)
-    _set_topic(r, topic)
-    _set_queue_id(r, queue_id)
-    _set_queue_offset(r, queue_offset)
-    _set_commitlog_offset(r, commitlog_offset)
-    _set_deliver_at_ms(r, None)
-    _set_transaction_id(r, None)
-    _set_stored_topic(r, None)
-    _set_stored_queue_id(r, None)
-    _set_stored_queue_offset(r, None)
-    _set_store_name(r, store_name)
-    return r
+assert [f.name for f in _SEND_RESULT_FIELDS[:5]] == [
+    "msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset"]
 
 
 def _send_results(ids, topic: str, queue_id: int, queue_offsets, commitlog_offsets,

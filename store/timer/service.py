@@ -128,9 +128,7 @@ class TimerService:
         :class:`~store.errors.TimerFlowControlError` when per-slot flow control
         (``timer_congest_num_each_slot``) refuses it.
         """
-        out = round_fire_time(deliver_ms, self.precision)
-        if self.congest < _FLOW_CONTROL_OFF:
-            self._check_congestion(out)
+        out = self.fire_time(deliver_ms)
         store = self.store
         props = routed_properties(store, spec)
         props[PROPERTY_TIMER_OUT_MS] = str(out)
@@ -138,6 +136,14 @@ class TimerService:
         check_headroom(store, props)
         rewritten = dataclasses.replace(spec, topic=TIMER_TOPIC, queue_id=0, properties=props)
         return rewritten, deliver_ms
+
+    def fire_time(self, deliver_ms: int) -> int:
+        """The slot time (``TIMER_OUT_MS``) of a message due at ``deliver_ms``, after per-slot
+        flow control (:class:`~store.errors.TimerFlowControlError` when it refuses)."""
+        out = round_fire_time(deliver_ms, self.precision)
+        if self.congest < _FLOW_CONTROL_OFF:
+            self._check_congestion(out)
+        return out
 
     def _check_congestion(self, out: int) -> None:
         """RocketMQ's isReject, with its inverted probability curve."""

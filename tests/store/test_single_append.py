@@ -3,6 +3,7 @@ as the general path, through segment ends and the writable mappings."""
 
 from __future__ import annotations
 
+import dataclasses
 import string
 
 import numpy as np
@@ -159,3 +160,60 @@ def test_append_one_refuses_a_topic_whose_tags_code_has_a_rule(store):
     store.register_system_topic("plain", 4, lambda props, ts: 7)
     with pytest.raises(InvalidMessageError):  # ... is checked again afterwards
         store.append_one("plain", b"x", b"")
+
+
+class GeneralPathMessage(Message):
+    """``Producer.send`` takes its general path (a ``RecordSpec``) for a subclass."""
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(body=st.binary(min_size=1, max_size=300), tags=st.none() | _TEXT,
+       keys=st.none() | _TEXT | st.lists(_TEXT, max_size=2),
+       user=st.dictionaries(_TEXT, _TEXT, max_size=2), flag=st.integers(-2**31, 2**31 - 1),
+       queue=st.sampled_from([("queue_id", 2), ("sharding_key", "order-7"), ("queue_id", 0)]),
+       delay=st.sampled_from([("delay_ms", 1), ("delay_ms", 2500), ("deliver_at_ms", 10_000),
+                              ("delay_ms", 0), ("deliver_at_ms", -5)]))
+def test_timer_and_plain_sends_write_the_bytes_of_the_general_path(
+        tmp_path_factory, body, tags, keys, user, flag, queue, delay):
+    clock = FakeClock()
+    name, value = delay
+    if name == "deliver_at_ms":
+        value += clock()
+    kwargs = {queue[0]: queue[1], name: value}
+    with MessageStore.open(str(tmp_path_factory.mktemp("t")), SMALL, clock=clock) as s:
+        p = s.producer("g")
+        s.id_generator.next_id = lambda now=None: "C0A8000100002A9F0000000000000001"
+        fast = p.send(Message("orders", body, tags, keys, user, flag), **kwargs)
+        general = p.send(GeneralPathMessage("orders", body, tags, keys, user, flag), **kwargs)
+        assert _raw(s, fast.commitlog_offset) == _raw(s, general.commitlog_offset)
+        moved = ("commitlog_offset", "queue_offset", "stored_queue_offset")
+        assert dataclasses.replace(fast, **{f: 0 for f in moved}) == dataclasses.replace(
+            general, **{f: 0 for f in moved})
+        assert fast.commitlog_offset < general.commitlog_offset
+        if fast.deliver_at_ms is None:
+            assert fast.stored_topic is None and fast.queue_offset + 1 == general.queue_offset
+        else:
+            assert fast.stored_topic == "rmq_sys_wheel_timer" and fast.queue_offset == -1
+            assert fast.stored_queue_offset + 1 == general.stored_queue_offset
+            clock.advance(20_000)
+            assert s.deliver_due() == 2
+            views = s.pull("orders", fast.queue_id, 0, 10)
+            assert [v.body for v in views] == [body, body]
+            assert views[0].msg_id == views[1].msg_id == fast.msg_id
+            assert views[0].properties == views[1].properties == user
+
+
+def test_timer_sends_round_robin_like_plain_ones(store, clock):
+    p = store.producer("g")
+    count = len(store.queue_ids("rr")) if "rr" in store.topics() else None
+    results = [p.send(Message("rr", b"x"), delay_ms=1000) for _ in range(8)]
+    count = count or len(store.queue_ids("rr"))
+    qids = [r.queue_id for r in results]
+    assert sorted(set(qids)) == list(range(min(8, count)))
+    assert all(r.deliver_at_ms == clock() + 1000 for r in results)
+    clock.advance(5000)
+    assert store.deliver_due() == 8
+    for r in results:
+        v = [v for v in store.pull("rr", r.queue_id, 0, 10) if v.msg_id == r.msg_id]
+        assert len(v) == 1
