@@ -15,7 +15,7 @@ Measures, in one run and one directory:
 * ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH), and the
   same sends through the general path (a ``Message`` subclass: a ``RecordSpec`` per send), the
   baseline of the single-record path; both again for messages with a body only, each
-  ``Message`` built inside the timed loop;
+  ``Message`` built inside the timed loop, plain and with ``delay_ms=60000`` (timer);
 
 and prints messages/s, MB/s and each ratio against both raw writes (bytes per second of the
 same record bytes).  Every message has a tag, a key and one user property, so the records
@@ -107,17 +107,19 @@ def run_single(path: str, messages: list[Message], general: bool = False) -> tup
         return elapsed, store.confirmed_offset()
 
 
-def run_single_plain(path: str, n: int, body_bytes: int, general: bool = False):
+def run_single_plain(path: str, n: int, body_bytes: int, general: bool = False,
+                     delay_ms: int | None = None):
     """:func:`run_single` of ``n`` messages with a body only (no tag, key or property),
-    each ``Message`` built inside the timed loop, as an application does."""
+    each ``Message`` built inside the timed loop, as an application does; with
+    ``delay_ms``, timer messages due that long after their send."""
     body = bytes(i % 256 for i in range(body_bytes))
     with MessageStore.open(path, StoreConfig()) as store:
         producer = store.producer("bench")
         make = GeneralPathMessage if general else Message
-        producer.send(make("bench", body))
+        producer.send(make("bench", body), delay_ms=delay_ms)
         t0 = time.perf_counter()
         for _ in range(n - 1):
-            producer.send(make("bench", body))
+            producer.send(make("bench", body), delay_ms=delay_ms)
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
 
@@ -200,6 +202,10 @@ def main() -> None:
                                        args.single, args.body_bytes)
         plain_general_s, _ = best_of(args.repeat, base, "plain-general", run_single_plain,
                                      args.single, args.body_bytes, True)
+        timer_s, timer_bytes = best_of(args.repeat, base, "timer", run_single_plain,
+                                       args.single, args.body_bytes, False, 60_000)
+        timer_general_s, _ = best_of(args.repeat, base, "timer-general", run_single_plain,
+                                     args.single, args.body_bytes, True, 60_000)
         table_s, table_bytes = best_of(args.repeat, base, "table", run_table,
                                        message_table(messages))
         assert table_bytes == batch_bytes, (table_bytes, batch_bytes)  # the same records
@@ -221,6 +227,10 @@ def main() -> None:
              n_single * (plain_bytes / args.single) / plain_s),
             ("  same, general path", n_single / plain_general_s,
              n_single * (plain_bytes / args.single) / plain_general_s),
+            ("send(delay_ms=60000)", n_single / timer_s,
+             n_single * (timer_bytes / args.single) / timer_s),
+            ("  same, general path", n_single / timer_general_s,
+             n_single * (timer_bytes / args.single) / timer_general_s),
         ]
         print(f"{args.messages} messages of {args.body_bytes}-byte bodies, {per_msg:.0f} bytes per "
               f"record; best of {args.repeat}; python {sys.version.split()[0]}")
@@ -229,7 +239,8 @@ def main() -> None:
             print(f"{name:<28}{msgs:>13,.0f}{bps / 1e6:>9.1f}{bps / raw_rate:>15.3f}"
                   f"{bps / raw_record_rate:>15.3f}")
         print(f"single-record path vs general path: {general_s / single_s:.2f}x (tag, key, "
-              f"property), {plain_general_s / plain_s:.2f}x (body only)")
+              f"property), {plain_general_s / plain_s:.2f}x (body only), "
+              f"{timer_general_s / timer_s:.2f}x (timer, body only)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
