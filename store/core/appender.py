@@ -389,7 +389,7 @@ class Appender:
         if grouped:  # published when the group ends
             self._group_now = now
             return
-        self._publish(now)
+        self.generation = cp.publish_append(now, end)
 
     def _publish(self, now: int) -> None:
         """Confirm everything appended so far: readers may see it, recovery keeps it."""
