@@ -217,3 +217,43 @@ def test_timer_sends_round_robin_like_plain_ones(store, clock):
     for r in results:
         v = [v for v in store.pull("rr", r.queue_id, 0, 10) if v.msg_id == r.msg_id]
         assert len(v) == 1
+
+
+def test_threads_sending_at_once_get_distinct_places_and_ordered_store_times(tmp_path):
+    import threading
+
+    cfg = StoreConfig(commitlog_file_size_bytes=64 * 1024, consume_queue_file_entries=100)
+    with MessageStore.open(str(tmp_path / "s"), cfg) as s:
+        p = s.producer("g")
+        results: list = []
+        errors: list = []
+
+        def sender(t: int) -> None:
+            try:
+                for i in range(300):
+                    kwargs = {"queue_id": i % 2} if i % 3 == 0 else {}
+                    r = p.send(Message("mt", f"{t}-{i}".encode(), tags=f"T{t}"), **kwargs)
+                    results.append((t, i, r))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors
+        assert len({(r.queue_id, r.queue_offset) for _, _, r in results}) == 1200
+        assert len({r.commitlog_offset for _, _, r in results}) == 1200
+        assert len({r.msg_id for _, _, r in results}) == 1200
+        seen = {}
+        for q in s.queue_ids("mt"):
+            views = s.pull("mt", q, 0, 2000)
+            assert [v.queue_offset for v in views] == list(range(len(views)))
+            seen.update({v.msg_id: v for v in views})
+        for t, i, r in results:
+            v = seen[r.msg_id]
+            assert (v.body, v.tags, v.queue_id) == (f"{t}-{i}".encode(), f"T{t}", r.queue_id)
+        by_offset = sorted(seen.values(), key=lambda v: v.commitlog_offset)
+        times = [v.store_timestamp_ms for v in by_offset]
+        assert times == sorted(times)  # taken under the append lock
