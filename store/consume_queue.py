@@ -177,6 +177,9 @@ class ConsumeQueue:
         n = len(offsets)
         if n == 0:
             return
+        if n == 1:
+            self.put_one(first_index, int(offsets[0]), int(sizes[0]), int(tags_codes[0]))
+            return
         if n <= 8:  # a few entries: struct is cheaper than building an array
             data = b"".join(map(ENTRY.pack, map(int, offsets), map(int, sizes),
                                 map(int, tags_codes)))

@@ -79,7 +79,10 @@ class Appender:
         self._group_now: int | None = None
         #: settings the single-record path reads per append
         self.file_size = self.config.commitlog_file_size_bytes
-        self.max_record = self._max_record()
+        #: the largest record a segment takes (a message at the size limit, with room for
+        #: properties, and never more than a segment minus its closing blank)
+        self.max_record = min(self.config.max_message_size_bytes + 64 * 1024,
+                              self.config.commitlog_file_size_bytes - codec.BLANK.size)
         self.max_properties = self.config.max_properties_size_bytes
         self.sync_flush = self.config.flush_disk_type == "SYNC_FLUSH"
         #: ``topic -> queue count`` of the topics this process appended single records to
@@ -150,11 +153,6 @@ class Appender:
                 f"queue_id {queue_id} for topic {topic!r}; allowed: 0 to {count - 1}")
         return queue_id
 
-    def _max_record(self) -> int:
-        cfg = self.config
-        return min(cfg.max_message_size_bytes + 64 * 1024,
-                   cfg.commitlog_file_size_bytes - codec.BLANK.size)
-
     # ------------------------------------------------------------------ specs
     def append(self, specs: Sequence[RecordSpec], *, batch: bool) -> list[AppendResult]:
         """Append records given as specs (see :meth:`StoreCore.append`)."""
@@ -166,7 +164,7 @@ class Appender:
         results: list[AppendResult] = []
         rows: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
         pending_next: dict[tuple[str, int], int] = {}
-        max_record = self._max_record()
+        max_record = self.max_record
 
         sized = []
         for spec in specs:
@@ -284,9 +282,9 @@ class Appender:
         topic_len = np.array([len(t) for t in records.topics], dtype=np.int64)
         sizes = (codec.FIXED_SIZE + records.headers["body_length"].astype(np.int64)
                  + topic_len[np.asarray(records.topic_ids, dtype=np.int64)] + props_len)
-        if len(sizes) and int(sizes.max()) > self._max_record():
+        if len(sizes) and int(sizes.max()) > self.max_record:
             raise MessageTooLargeError(
-                f"a record of {int(sizes.max())} bytes does not fit (max {self._max_record()})")
+                f"a record of {int(sizes.max())} bytes does not fit (max {self.max_record})")
         return sizes
 
     def append_encoded(self, records: EncodedRecords, *,
@@ -389,7 +387,7 @@ class Appender:
         if grouped:  # published when the group ends
             self._group_now = now
             return
-        self.generation = cp.publish_append(now, end)
+        self._publish(now)
 
     def _publish(self, now: int) -> None:
         """Confirm everything appended so far: readers may see it, recovery keeps it."""

@@ -51,7 +51,6 @@ class Dispatcher:
         self._rules: dict[str, TagsCodeRule] = {}
         self._queue_counts: dict[str, int] = {}
         self._tag_cache: dict[str, int] = {}
-        self._queue_objects: dict[tuple[str, int], ConsumeQueue] = {}
 
     # -- the hook -------------------------------------------------------------------------
     def register_system_topic(self, topic: str, queue_count: int,
@@ -104,10 +103,7 @@ class Dispatcher:
     def dispatch_one(self, key: tuple[str, int], queue_offset: int, offset: int, size: int,
                      tags_code: int) -> None:
         """Write one record's queue entry (:meth:`dispatch` of a single entry)."""
-        queue = self._queue_objects.get(key)
-        if queue is None:  # a store's ConsumeQueue objects live as long as the store
-            queue = self._queue_objects[key] = self._consume_queue(*key)
-        queue.put_one(queue_offset, offset, size, tags_code)
+        self._consume_queue(*key).put_one(queue_offset, offset, size, tags_code)
 
     def dispatch_rows(self, rows: dict[tuple[str, int], list[tuple[int, int, int, int]]]) -> None:
         """Write ``(queue offset, commitlog offset, size, tagsCode)`` rows of each queue.
