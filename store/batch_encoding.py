@@ -51,7 +51,7 @@ def normalized_columns(bodies: Sequence, tags: Sequence, keys: Sequence, propert
     """What :func:`validated_columns` returns, row by row, for messages already validated
     one by one (bodies of any bytes-like type, keys as lists, unusual spacing)."""
     return ([bytes(b) for b in bodies], list(tags), [keys_value(k) for k in keys],
-            [_user_properties(p) if p else "" for p in properties])
+            [user_properties_text(p) if p else "" for p in properties])
 
 
 def _is_list(value: object) -> bool:
@@ -69,7 +69,7 @@ def _joined_keys(keys):
 
 
 def _users_properties(properties: Sequence[dict]) -> list[str]:
-    """:func:`_user_properties` of many dicts (one formatted string per pair, joined only
+    """:func:`user_properties_text` of many dicts (one formatted string per pair, joined only
     where a dict has more than one)."""
     counts = set(map(len, properties))
     if counts == {0}:
@@ -117,7 +117,7 @@ def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int)
     return True
 
 
-def _user_properties(properties: dict) -> str:
+def user_properties_text(properties: dict) -> str:
     """``name 0x01 value 0x02 ...`` of a message's (validated) user properties."""
     return "\x02".join(map("\x01".join, properties.items())) + "\x02"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from .batch_encoding import user_properties_text
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import MessageTooLargeError
 from .message import (
@@ -85,7 +86,7 @@ def _user_pairs(message: Message, keys: str | None, msg_id: str) -> str:
     tags, user = message.tags, message.properties
     if not (user or tags or keys):
         return f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
-    text = "".join([f"{k}\x01{v}\x02" for k, v in user.items()])
+    text = user_properties_text(user) if user else ""
     if tags:
         text += f"{PROPERTY_TAGS}\x01{tags}\x02"
     if keys:
