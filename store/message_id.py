@@ -51,6 +51,8 @@ class MessageIdGenerator:
         self._month_end_ms = 0
         self._since = -1  # the time part in use, and how many ids it has given out
         self._used = 0
+        #: ``(time part, prefix and time part as text)`` of the last single id
+        self._head: tuple[int, str] = (-1, "")
 
     def _since_month(self, now_ms: int) -> int:
         if not self._month_start_ms <= now_ms < self._month_end_ms:
@@ -78,7 +80,10 @@ class MessageIdGenerator:
                 self._since, self._used = base + 1, 0
             else:
                 self._used = used
-        return f"{self._prefix}{base & 0xFFFFFFFF:08X}{first:04X}"
+            head = self._head
+            if head[0] != base:  # the first id of this time part: its text once
+                head = self._head = (base, f"{self._prefix}{base & 0xFFFFFFFF:08X}")
+        return f"{head[1]}{first:04X}"
 
     def next_ids(self, n: int, now_ms: int | None = None) -> list[str]:
         """``n`` fresh ids, built with NumPy rather than one format call each."""

@@ -216,6 +216,42 @@ def test_message_ids_are_32_upper_hex_and_unique_within_a_millisecond():
     assert len(set(ids)) == len(ids)
 
 
+def _twin_generators(counter: int) -> tuple[MessageIdGenerator, MessageIdGenerator]:
+    """Two generators in the same state (prefix and counter)."""
+    import numpy as np
+
+    gens = MessageIdGenerator(), MessageIdGenerator()
+    for g in gens:
+        g._prefix, g._counter = "7F000001ABCD12345678", counter
+        g._prefix_bytes = np.frombuffer(g._prefix.encode("ascii"), dtype=np.uint8)
+    return gens
+
+
+def test_next_id_gives_what_next_ids_of_one_gives():
+    """The single-id path (cached text of the time part) against the array path, fed the
+    same times: jumps, a clock that goes back, a month change; then a full ms of ids."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    start = 1_700_000_000_000
+    month_end = 1_701_388_800_000  # 2023-12-01T00:00:00Z
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(st.sampled_from([0, 0, 0, 1, 5, -3, month_end - start]), min_size=1,
+                    max_size=40), st.integers(0, 65535))
+    def check(steps, counter):
+        one, many = _twin_generators(counter)
+        now = start
+        for step in steps:
+            now += step
+            assert one.next_id(now) == many.next_ids(1, now)[0]
+
+    check()
+    one, many = _twin_generators(65_000)  # more ids than one ms holds, the counter wrapping
+    assert [one.next_id(start) for _ in range(65_600)] == many.next_ids(65_600, start)
+    assert one.next_id(start) == many.next_ids(1, start)[0]
+
+
 def test_message_ids_of_several_generators_never_collide():
     now = 1_700_000_000_000
     gens = [MessageIdGenerator() for _ in range(5)]
