@@ -76,7 +76,7 @@ def _users_properties(properties: Sequence[dict]) -> list[str]:
         return [""] * len(properties)
     if counts == {1}:  # the common shape: one f-string per message
         return [f"{k}\x01{v}\x02" for p in properties for k, v in p.items()]
-    return ["".join([f"{k}\x01{v}\x02" for k, v in p.items()]) for p in properties]
+    return [user_properties_text(p) if p else "" for p in properties]
 
 
 def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int) -> bool:

@@ -140,15 +140,11 @@ class MappedFile:
         self._wmap[position - base:end - base] = data
 
     def _map_window(self, base: int) -> None:
+        fd = self.fd()  # (takes the lock itself when the file is not open yet)
         with self._lock:
             self._close_window()
             length = min(WRITE_WINDOW, self.size - base)
-            fd = self._fd if self._fd is not None else os.open(self.path, os.O_RDWR)
-            try:
-                self._wmap = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE, offset=base)
-            finally:
-                if fd != self._fd:
-                    os.close(fd)
+            self._wmap = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE, offset=base)
             self._wbase = base
 
     def _close_window(self) -> None:

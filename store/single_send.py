@@ -22,8 +22,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from .batch_encoding import user_properties_text
-from .delayed.routing import DELIVERY_HEADROOM
-from .errors import MessageTooLargeError
+from .delayed.routing import check_headroom
 from .message import (
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
@@ -132,12 +131,7 @@ def send_timer(producer: Producer, message: Message, deliver_ms: int, now: int,
     properties = (f"{_user_pairs(message, keys, msg_id)}{PROPERTY_REAL_TOPIC}\x01{topic}\x02"
                   f"{PROPERTY_REAL_QUEUE_ID}\x01{queue}\x02{PROPERTY_TIMER_OUT_MS}\x01{out}\x02"
                   f"{PROPERTY_TIMER_DELIVER_MS}\x01{deliver_ms}\x02").encode()
-    limit = store.config.max_properties_size_bytes - DELIVERY_HEADROOM
-    if len(properties) > limit:
-        raise MessageTooLargeError(
-            f"properties of a delayed message are {len(properties)} bytes; allowed: at most "
-            f"{limit} (max_properties_size_bytes minus {DELIVERY_HEADROOM} for delivery "
-            "bookkeeping)")
+    check_headroom(store, properties)
     body = message.body
     if type(body) is not bytes:
         body = bytes(body)

@@ -54,12 +54,13 @@ def routed_properties(store: StorePort, spec) -> dict[str, str]:
 
 
 def check_headroom(store: StorePort, properties) -> None:
-    """Refuse at send time a delayed message whose properties leave no room for delivery.
+    """Refuse at send time a delayed message whose properties (a dict, or the encoded
+    string) leave no room for delivery.
 
     Otherwise its restored record would exceed ``max_properties_size_bytes`` and could never
     be delivered.
     """
-    size = len(encode_properties(properties))
+    size = len(properties if isinstance(properties, bytes) else encode_properties(properties))
     limit = store.config.max_properties_size_bytes - DELIVERY_HEADROOM
     if size > limit:
         raise MessageTooLargeError(
