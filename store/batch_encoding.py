@@ -13,7 +13,7 @@ import gc
 import re
 from contextlib import contextmanager
 from itertools import chain, repeat
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from .errors import InvalidMessageError
 from .message import (
@@ -41,10 +41,12 @@ def validated_columns(bodies: Sequence, tags: Sequence, keys: Sequence, properti
     key_types = set(map(type, keys))
     if not key_types <= {str, type(None)}:  # lists of keys (or something to refuse)
         keys = [_joined_keys(k) for k in keys]
-    if not _columns_plainly_valid(bodies, tags, keys, properties,
-                                  flags if flags is not None else (0,), max_body):
+    pairs = _PropertyColumns.of(properties)
+    if pairs is None or not _columns_plainly_valid(bodies, tags, keys, pairs,
+                                                   flags if flags is not None else (0,),
+                                                   max_body):
         raise InvalidMessageError("a message of the batch is not valid")
-    return list(bodies), list(tags), [k or None for k in keys], _users_properties(properties)
+    return list(bodies), list(tags), [k or None for k in keys], pairs.users(properties)
 
 
 def normalized_columns(bodies: Sequence, tags: Sequence, keys: Sequence, properties: Sequence):
@@ -68,18 +70,44 @@ def _joined_keys(keys):
     return " ".join(parts) or None
 
 
-def _users_properties(properties: Sequence[dict]) -> list[str]:
-    """:func:`user_properties_text` of many dicts (one formatted string per pair, joined only
-    where a dict has more than one)."""
-    counts = set(map(len, properties))
-    if counts == {0}:
-        return [""] * len(properties)
-    if counts == {1}:  # the common shape: one f-string per message
-        return [f"{k}\x01{v}\x02" for p in properties for k, v in p.items()]
-    return [user_properties_text(p) if p else "" for p in properties]
+class OnePair(NamedTuple):
+    """User properties of a batch where every message has one pair, all with one name."""
+
+    name: str
+    values: list[str]
 
 
-def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int) -> bool:
+class _PropertyColumns(NamedTuple):
+    """The user properties of a batch as columns: pair counts, distinct names, all values."""
+
+    counts: set[int]
+    names: set
+    values: list
+
+    @classmethod
+    def of(cls, properties: Sequence) -> "_PropertyColumns | None":
+        if set(map(type, properties)) != {dict}:
+            return None
+        counts = set(map(len, properties))
+        if counts == {0}:
+            return cls(counts, set(), [])
+        return cls(counts, set().union(*properties),
+                   list(chain.from_iterable(map(dict.values, properties))))
+
+    def users(self, properties: Sequence[dict]) -> "list[str] | OnePair":
+        """:func:`user_properties_text` of every dict, or a :class:`OnePair` (the common
+        shape, formatted later in the same pass as the rest of the properties string)."""
+        if self.counts == {0}:
+            return [""] * len(properties)
+        if self.counts == {1} and len(self.names) == 1:
+            return OnePair(next(iter(self.names)), self.values)
+        if self.counts == {1}:
+            return [f"{k}\x01{v}\x02" for p in properties for k, v in p.items()]
+        return [user_properties_text(p) if p else "" for p in properties]
+
+
+def _columns_plainly_valid(bodies, tags, keys, pairs: "_PropertyColumns", flags,
+                           max_body: int) -> bool:
     """True when every message of the columns is valid; False when unsure (or invalid)."""
     if set(map(type, bodies)) != {bytes}:
         return False
@@ -100,14 +128,12 @@ def _columns_plainly_valid(bodies, tags, keys, properties, flags, max_body: int)
                 or " \x02" in joined or "\x02 " in joined or joined[0] == " "
                 or joined[-1] == " " or _WHITESPACE_BUT_SPACE.search(joined)):
             return False
-    if set(map(type, properties)) != {dict}:
-        return False
-    if any(properties):
-        for name in set().union(*properties):
+    if pairs.values:
+        for name in pairs.names:
             if type(name) is not str:
                 return False
             check_user_properties({name: "x"})  # the name alone: values come next
-        values = list(chain.from_iterable(map(dict.values, properties)))
+        values = pairs.values
         if set(map(type, values)) != {str}:
             return False
         joined = "\x02".join(values)
@@ -122,19 +148,43 @@ def user_properties_text(properties: dict) -> str:
     return "\x02".join(map("\x01".join, properties.items())) + "\x02"
 
 
-def properties_strings(users: list[str], tags: list, keys: list, ids: list[str]) -> list[bytes]:
+def properties_strings(users: "list[str] | OnePair", tags: list, keys: list,
+                       ids: list[str]) -> list[bytes]:
     """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY.
 
     The same order (and bytes) as :func:`store.codec.encode_properties` of the dict a
-    single send builds.
+    single send builds.  The string is cut into parts that are either the same for every
+    message (a tag shared by all, the pair names, separators) or a column; each message's
+    string is one join over the columns, with no intermediate string per part.
     """
-    tag_part = {t: f"{PROPERTY_TAGS}\x01{t}\x02" if t else "" for t in set(tags)}
-    tag_parts = list(map(tag_part.__getitem__, tags))
-    key_parts = [f"{PROPERTY_KEYS}\x01{k}\x02" if k else "" for k in keys]
+    parts: list = []  # str: the same for every message; list: one value per message
+    if isinstance(users, OnePair):
+        parts += [f"{users.name}\x01", users.values, "\x02"]
+    elif any(users):
+        parts.append(users)
+    distinct = set(tags)
+    if len(distinct) == 1:
+        tag = next(iter(distinct))
+        if tag:
+            parts.append(f"{PROPERTY_TAGS}\x01{tag}\x02")
+    else:
+        tag_part = {t: f"{PROPERTY_TAGS}\x01{t}\x02" if t else "" for t in distinct}
+        parts.append(list(map(tag_part.__getitem__, tags)))
+    missing = keys.count(None)
+    if missing == 0:
+        parts += [f"{PROPERTY_KEYS}\x01", keys, "\x02"]
+    elif missing < len(keys):
+        parts.append([f"{PROPERTY_KEYS}\x01{k}\x02" if k else "" for k in keys])
+    parts += [f"{PROPERTY_UNIQ_KEY}\x01", ids, "\x02"]
     n = len(ids)
-    text = map("".join, zip(users, tag_parts, key_parts, repeat(f"{PROPERTY_UNIQ_KEY}\x01", n),
-                            ids, repeat("\x02", n)))
-    return list(map(str.encode, text))
+    columns: list = []
+    for part in parts:
+        if isinstance(part, str) and columns and isinstance(columns[-1], str):
+            columns[-1] += part
+        else:
+            columns.append(part)
+    columns = [repeat(c, n) if isinstance(c, str) else c for c in columns]
+    return list(map(str.encode, map("".join, zip(*columns))))
 
 
 @contextmanager

@@ -216,6 +216,17 @@ class SendResult:
     stored_queue_offset: int | None = None
     store_name: str | None = None
 
+    def __getattr__(self, name: str):
+        # Called only for a slot never set: results built in bulk set the five fields every
+        # result has and leave the optional ones (all ``None`` by default) unset.
+        if name in _OPTIONAL_RESULT_FIELDS:
+            return None
+        raise AttributeError(f"'SendResult' object has no attribute {name!r}")
+
+
+_OPTIONAL_RESULT_FIELDS = frozenset(("deliver_at_ms", "transaction_id", "stored_topic",
+                                     "stored_queue_id", "stored_queue_offset", "store_name"))
+
 
 @dataclass(frozen=True, slots=True)
 class MessageView:
