@@ -26,6 +26,7 @@ per record:
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,26 +137,104 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
 
 def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, delete_keys,
                  timer_precision_ms, direct_enqueue_ms) -> tuple[int, int]:
-    """Restore ``offsets[lo:hi]`` (one segment's) in chunks."""
-    delivered = rolled = 0
-    for i in range(lo, hi, chunk):
+    """Restore ``offsets[lo:hi]`` (one segment's) in chunks.
+
+    Two chunks or more run as a pipeline: a helper thread prepares chunk ``i + 1`` (reads
+    its sources and builds the new records: compiled kernels and NumPy, which release the
+    GIL) while this thread appends chunk ``i``.  Preparing only reads the CommitLog; every
+    append stays on this thread, which holds the write lock, in the order of the offsets.
+    """
+    def prepare(i: int) -> tuple[EncodedRecords | None, int, int]:
         sl = slice(i, min(hi, i + chunk))
-        d, r = _restore_chunk(
+        return _prepare_chunk(
             store, offsets[sl], now=now,
             due_ms=None if due_ms is None else np.asarray(due_ms[sl], dtype=np.int64),
             enqueue_ms=None if enqueue_ms is None else np.asarray(enqueue_ms[sl], dtype=np.int64),
             roll=None if roll is None else np.asarray(roll[sl], dtype=bool),
             delete_keys=delete_keys, precision=timer_precision_ms,
             direct_enqueue_ms=int(direct_enqueue_ms))
-        delivered += d
-        rolled += r
+
+    starts = list(range(lo, hi, chunk))
+    if len(starts) == 1:
+        records, delivered, rolled = prepare(starts[0])
+        if records is not None:
+            _append_restored(store, records)
+        return delivered, rolled
+    return _pipelined(store, starts, prepare)
+
+
+def _pipelined(store: StorePort, starts: list[int], prepare) -> tuple[int, int]:
+    """Prepare the chunks at ``starts`` on a helper thread and this one; append them here,
+    in order.
+
+    The helper takes the next unclaimed chunk whenever it is free.  This thread appends the
+    next chunk in order when it is ready, and otherwise prepares the next unclaimed one
+    itself, so both cores prepare while appends stay ordered and on the lock holder's
+    thread.  An error in either thread is raised here once the helper has stopped; nothing
+    is appended after it.
+    """
+    claims = iter(range(len(starts)))  # next() on a range iterator is atomic under the GIL
+    ready: dict[int, tuple] = {}
+    failed: list[BaseException] = []
+    cond = threading.Condition()
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        try:
+            result = prepare(starts[i])
+        except BaseException as exc:  # noqa: BLE001 - handed to the appending thread
+            with cond:
+                failed.append(exc)
+                cond.notify()
+            raise
+        with cond:
+            ready[i] = result
+            cond.notify()
+
+    def helper() -> None:
+        for i in claims:
+            if stop.is_set():
+                return
+            try:
+                work(i)
+            except BaseException:  # noqa: BLE001 - recorded in ``failed``
+                return
+
+    thread = threading.Thread(target=helper, name="rmq-restore", daemon=True)
+    thread.start()
+    delivered = rolled = 0
+    try:
+        for i in range(len(starts)):
+            while True:
+                with cond:
+                    if failed:
+                        raise failed[0]
+                    result = ready.pop(i, None)
+                if result is not None:
+                    break
+                mine = next(claims, None)
+                if mine is not None:
+                    work(mine)  # prepare while the helper finishes chunk i
+                    continue
+                with cond:
+                    while i not in ready and not failed:
+                        cond.wait()
+            records, d, r = result
+            if records is not None:
+                _append_restored(store, records)
+            delivered, rolled = delivered + d, rolled + r
+    finally:
+        stop.set()
+        thread.join()
     return delivered, rolled
 
 
 # ---------------------------------------------------------------------------- one chunk
-def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
+def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
                    roll, delete_keys, precision: int, direct_enqueue_ms: int
-                   ) -> tuple[int, int]:
+                   ) -> tuple[EncodedRecords | None, int, int]:
+    """The restored records of one chunk (``None``: nothing to append), and how many of
+    them are delivered and re-put (rolled).  Reads the CommitLog only."""
     n = len(offsets)
     src = SourceRecords(store.commit_log, offsets)
     props = src.properties
@@ -187,7 +266,7 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         keep &= ~_cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys)
     selected = np.flatnonzero(keep)
     if not len(selected):
-        return 0, 0
+        return None, 0, 0
     roll_sel = roll[selected]
     n_roll = int(roll_sel.sum())
 
@@ -230,12 +309,12 @@ def _restore_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     extras = format_int_pairs(_SET, values[:, selected], present[:, selected],
                               closing_separators(props))
     props_len = props.lengths() + extras.lengths()
-    _append_restored(store, EncodedRecords(
+    records = EncodedRecords(
         headers=src.headers[selected], bodies=bodies, properties=props,
         extra_properties=extras, properties_length=props_len, topics=topics,
         topic_ids=topic_ids[selected], queue_ids=qids[selected], tags_codes=codes[selected],
-        store_timestamp_ms=now, body_crc_known=True))
-    return len(selected) - n_roll, n_roll
+        store_timestamp_ms=now, body_crc_known=True)
+    return records, len(selected) - n_roll, n_roll
 
 
 def _cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys) -> np.ndarray:

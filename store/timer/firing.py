@@ -64,12 +64,12 @@ class SlotFiring:
         log_end = work.last_timer_log_flush_pos
         stop_at: tuple[int, int] | None = None  # (slot time, units done in it)
         for slot_time in self.wheel.due_slots(read_time, floor_now).tolist():
-            _first, last, _num = self.wheel.get(slot_time)
+            _first, last, num = self.wheel.get(slot_time)
             split = self.split_slot
             if split is not None and split[1:4] == (slot_time, last, log_end):
                 units = split[4]  # walked by the run that split this slot
             else:
-                _positions, units = self.log.walk_chain(last, log_end)
+                _positions, units = self.log.walk_chain(last, log_end, num)
                 units = units[::-1]  # append order
             self.split_slot = None
             if not len(units):

@@ -37,6 +37,7 @@ import numpy as np
 from ..codec import BLANK_MAGIC_CODE
 from ..layout import layout
 from ..mapped_file import MappedFileQueue
+from ..record_kernels import compiled
 
 UNIT_FIELDS = (
     ("size", ">i4"),  # size, 52
@@ -69,8 +70,66 @@ MAGIC_ROLL = 2
 MAGIC_DELETE = 4
 _MAGIC_MASK = 0xF
 
-#: Units read per step at most when following a contiguous run of a chain.
-_MAX_BLOCK = 1 << 16
+#: What a chain walk returns per unit (native byte order): what firing a slot reads.
+CHAIN_DTYPE = np.dtype([("position", np.int64), ("magic", np.int64),
+                        ("enqueue_time", np.int64), ("offset_py", np.int64)])
+
+# how the compiled walk of one file ended
+_NEXT_FILE, _STOP, _FULL = 0, 1, 2
+
+
+def _be(raw, at, width):
+    """The unsigned big-endian integer of ``width`` bytes at ``raw[at]``."""
+    v = 0
+    for i in range(width):
+        v = (v << 8) | raw[at + i]
+    return v
+
+
+def _walk_file(raw, file_start, per_file, pos, end, out, n):
+    """Follow a chain from ``pos`` while it stays in the file mapped at ``raw``, appending
+    each unit's position, magic, enqueueTime and offsetPy to the rows ``out[n:]``.
+
+    Returns ``(n, next position, how it ended)``: the chain went to another file
+    (``_NEXT_FILE``), ended (``_STOP``) or filled ``out`` (``_FULL``).
+    """
+    cap = len(out)
+    p = pos
+    while True:
+        if p < 0 or p >= end:
+            return n, p, 1
+        rel = p - file_start
+        if rel < 0 or rel >= len(raw):
+            return n, p, 0
+        if rel % 52 != 0 or rel // 52 >= per_file:
+            return n, p, 1
+        if n >= cap:
+            return n, p, 2
+        size = _be(raw, rel, 4)
+        magic = _be(raw, rel + 12, 4)
+        if size != 52 or (magic & ~0xF) != 0:
+            return n, p, 1
+        hi = _be(raw, rel + 4, 4)
+        if hi >= 2147483648:
+            hi -= 4294967296
+        prev = hi * 4294967296 + _be(raw, rel + 8, 4)
+        out[n, 0] = p
+        out[n, 1] = magic
+        hi = _be(raw, rel + 16, 4)
+        if hi >= 2147483648:
+            hi -= 4294967296
+        out[n, 2] = hi * 4294967296 + _be(raw, rel + 20, 4)
+        hi = _be(raw, rel + 28, 4)
+        if hi >= 2147483648:
+            hi -= 4294967296
+        out[n, 3] = hi * 4294967296 + _be(raw, rel + 32, 4)
+        n += 1
+        if prev >= p:  # a pointer must go backwards
+            return n, -1, 1
+        p = prev
+
+
+_kernels = compiled(globals(), helpers=("_be",), kernels=("_walk_file",))
 
 
 def units_per_file(file_size: int) -> int:
@@ -159,47 +218,35 @@ class TimerLog:
             out[sel] = arr[(positions[sel] - start) // UNIT_SIZE]
         return out
 
-    def walk_chain(self, last_pos: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    def walk_chain(self, last_pos: int, end: int, size_hint: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """Follow a slot's chain from ``last_pos`` back through ``prevPos``.
 
-        Returns ``(positions, units)`` newest first.  The walk stops at -1, at a position at or
-        past ``end`` (the valid end of the log), at a missing file, at an invalid unit, or at a
-        pointer that does not go backwards.  Runs of units written together (``prevPos`` =
-        position - 52) are read as one NumPy block, so long chains cost few Python steps.
+        Returns ``(positions, units)`` newest first; ``units`` is a :data:`CHAIN_DTYPE` array
+        (position, magic, enqueueTime, offsetPy: what firing a slot reads).  The walk stops
+        at -1, at a position at or past ``end`` (the valid end of the log), at a missing file,
+        at an invalid unit, or at a pointer that does not go backwards.  A compiled loop
+        follows the pointers over each file's mapping and reads the fields on the way.
+        ``size_hint``: the units the slot is expected to hold (the wheel's count).
         """
-        pos_parts: list[np.ndarray] = []
-        unit_parts: list[np.ndarray] = []
-        pos = last_pos
-        block = 1
+        # a damaged wheel may hold any count: no chain is longer than the log holds units
+        size_hint = min(size_hint, max(end, 0) // UNIT_SIZE)
+        out = np.empty((max(1024, size_hint + 1), 4), dtype=np.int64)
+        n, pos = 0, last_pos
+        walk = _kernels()["_walk_file"]
         while 0 <= pos < end:
-            f, arr = self._file_units(pos)
-            if f is None or (pos - f.start) % UNIT_SIZE:
+            f = self.files.find(pos)
+            if f is None:
                 break
-            k = (pos - f.start) // UNIT_SIZE
-            if k >= len(arr):
+            raw = np.frombuffer(f.buffer(), dtype=np.uint8)
+            n, pos, status = walk(raw, f.start, self.per_file, pos, end, out, n)
+            if status == _FULL:
+                out = np.concatenate((out, np.empty_like(out)))
+            elif status == _STOP:
                 break
-            k0 = max(0, k - block + 1)
-            chunk = arr[k0:k + 1][::-1]  # newest first
-            positions = pos - UNIT_SIZE * np.arange(len(chunk), dtype=np.int64)
-            ok = (chunk["size"] == UNIT_SIZE) & ((chunk["magic"] & ~_MAGIC_MASK) == 0)
-            linked = chunk["prev_pos"] == positions - UNIT_SIZE
-            # unit j of the chunk belongs to the chain while every unit before it is valid and
-            # links to its neighbour
-            good = ok.copy()
-            good[1:] &= np.logical_and.accumulate(ok[:-1] & linked[:-1])
-            m = int(np.argmin(good)) if not good.all() else len(chunk)
-            if m == 0:
-                break
-            pos_parts.append(positions[:m])
-            unit_parts.append(chunk[:m].astype(NATIVE_UNIT_DTYPE))
-            nxt = int(chunk["prev_pos"][m - 1])
-            if nxt >= int(positions[m - 1]):
-                break  # a pointer must go backwards
-            block = min(_MAX_BLOCK, 2 * m) if m == len(chunk) else min(_MAX_BLOCK, max(1, m))
-            pos = nxt
-        if not pos_parts:
-            return np.empty(0, np.int64), np.empty(0, dtype=NATIVE_UNIT_DTYPE)
-        return np.concatenate(pos_parts), np.concatenate(unit_parts)
+        out = out[:n] if 2 * n >= len(out) else out[:n].copy()
+        units = out.view(CHAIN_DTYPE).reshape(n)
+        return units["position"], units
 
     def valid_units(self, start: int, end: int):
         """Yield ``(positions, units)`` arrays of the valid units in ``[start, end)`` per file.
