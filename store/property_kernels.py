@@ -232,24 +232,42 @@ def _write_decimal(out, w, v, pairs, powers):
 def _format_int_pairs(names_data, names_offsets, values, present, prefix_data, prefix_starts,
                       prefix_ends, out, out_offsets, pairs, powers):
     """Row ``i``: its prefix, then ``name_k 0x01 values[k, i] 0x02`` for every ``k`` with
-    ``present[k, i]``."""
+    ``present[k, i]``.
+
+    A value equal to the last one written for its name (a run's time, the same enqueue
+    time for a whole batch) is copied from where it was written rather than formatted.
+    """
     nk, n = values.shape
+    last_value = np.zeros(nk, dtype=np.int64)
+    last_at = np.full(nk, -1, dtype=np.int64)  # where its digits start in ``out`` (-1: none)
+    last_len = np.zeros(nk, dtype=np.int64)
     w = 0
     out_offsets[0] = 0
     for i in range(n):
-        a, b = prefix_starts[i], prefix_ends[i]
-        out[w:w + (b - a)] = prefix_data[a:b]
-        w += b - a
+        for p in range(prefix_starts[i], prefix_ends[i]):
+            out[w] = prefix_data[p]
+            w += 1
         for k in range(nk):
             if not present[k, i]:
                 continue
-            a, b = names_offsets[k], names_offsets[k + 1]
-            out[w:w + (b - a)] = names_data[a:b]
-            w += b - a
+            for p in range(names_offsets[k], names_offsets[k + 1]):
+                out[w] = names_data[p]
+                w += 1
             out[w] = 1
-            w = _write_decimal(out, w + 1, values[k, i], pairs, powers)
-            out[w] = 2
             w += 1
+            v = values[k, i]
+            if last_at[k] >= 0 and v == last_value[k]:
+                a = last_at[k]
+                for p in range(last_len[k]):
+                    out[w + p] = out[a + p]
+                e = w + last_len[k]
+            else:
+                e = _write_decimal(out, w, v, pairs, powers)
+                last_value[k] = v
+                last_len[k] = e - w
+            last_at[k] = w
+            out[e] = 2
+            w = e + 1
         out_offsets[i + 1] = w
 
 
