@@ -86,13 +86,13 @@ class SlotFiring:
             pending += len(rest)
             handled += len(rest)
             if pending >= DEQUEUE_CHUNK:
-                d, r = self._fire(np.concatenate(parts), delete_keys, now)
+                d, r = self._fire(_joined(parts), delete_keys, now)
                 delivered, rolled = delivered + d, rolled + r
                 parts, pending = [], 0
             if stop_at is not None:
                 break
         if parts:
-            d, r = self._fire(np.concatenate(parts), delete_keys, now)
+            d, r = self._fire(_joined(parts), delete_keys, now)
             delivered, rolled = delivered + d, rolled + r
         if stop_at is None:
             work.last_read_time_ms, work.slot_done = floor_now, 0
@@ -102,8 +102,7 @@ class SlotFiring:
 
     def _marker_keys_of(self, units: np.ndarray, keys: set[str]) -> None:
         """Add the TIMER_DEL_UNIQKEY of the (non-rolled) cancel markers among ``units``."""
-        magic = units["magic"]
-        is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
+        is_marker = _markers(units)
         for offset in units["offset_py"][is_marker].tolist():
             key = self.read_props(offset).get(PROPERTY_TIMER_DEL_UNIQKEY)
             if key:
@@ -118,8 +117,7 @@ class SlotFiring:
 
     def _fire(self, units: np.ndarray, delete_keys: set[str], now: int) -> tuple[int, int]:
         """Deliver or re-put the units of fired slots (markers first)."""
-        magic = units["magic"]
-        is_marker = ((magic & MAGIC_DELETE) != 0) & ((magic & MAGIC_ROLL) == 0)
+        is_marker = _markers(units)
         if is_marker.any():
             self._marker_keys_of(units, delete_keys)
             units = units[~is_marker]
@@ -136,3 +134,13 @@ class SlotFiring:
                          delete_keys=delete_keys, timer_precision_ms=self.precision,
                          direct_enqueue_ms=DIRECT_ENQUEUE_MS)
         return result.delivered, result.rolled
+
+
+def _markers(units: np.ndarray) -> np.ndarray:
+    """Which units are cancel markers (DELETE without ROLL: a rolled marker is re-put)."""
+    return (units["magic"] & (MAGIC_DELETE | MAGIC_ROLL)) == MAGIC_DELETE
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The units of ``parts`` as one array (a single part as it is: no copy of a burst)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
