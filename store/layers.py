@@ -71,6 +71,7 @@ LAYERS: dict[str, int] = {
     "store.core.integrity": CORE,
     "store.core.locking": CORE,
     "store.core.single_append": CORE,
+    "store.core.pipeline": CORE,
     "store.core.store_core": CORE,
     "store.record_copies": SERVICES,
     "store.delayed": SERVICES,

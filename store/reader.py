@@ -19,7 +19,8 @@ from .errors import ReadOnlyStoreError, StoreNotFoundError
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.
 WRITE_METHODS = (
-    "append", "append_one", "append_batch", "append_encoded", "producer", "transaction_producer",
+    "append", "append_one", "append_batch", "append_encoded", "assemble_encoded", "producer",
+    "transaction_producer",
     "deliver_due", "end_transaction", "end_transactions", "check_transactions",
     "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",
     "write_lock", "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",

@@ -35,12 +35,14 @@ rolls back the halves of the other one's batch in progress, whose commit then fa
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from .batch_encoding import paused_gc
+from .core.pipeline import prepared_in_order
 from .codec import (
     RecordSpec,
 )
@@ -74,12 +76,12 @@ from .sink_format import (
     sink_key,
     transaction_prefix,
 )
-from .sink_halves import append_group, append_half, half_bounds, half_view
+from .sink_halves import append_group, assemble_half, half_bounds, half_view
 from .table_rows import PreparedRows, prepare_rows
 from .transaction.half import HALF_QUEUE_ID
 from .transaction.op import op_specs
 
-#: Rows a commit encodes and appends at once (several halves together).
+#: Rows of several halves a commit decodes and appends together.
 COMMIT_GROUP_ROWS = 65536
 _MARKER_CHUNK = 1 << 18
 
@@ -122,11 +124,18 @@ class Sink:
         if not len(rows):
             return []
         store = self.store
-        with paused_gc():
-            specs = [self._half_spec(rows, lo, hi) for lo, hi in half_bounds(rows, store)]
-            for spec in specs:
-                append_half(store, spec)
-        return [s.properties[PROPERTY_TRANSACTION_ID] for s in specs]
+        bounds = half_bounds(rows, store)
+
+        def prepare(k: int):  # on either of two threads (see store.core.pipeline)
+            spec = self._half_spec(rows, *bounds[k])
+            return spec.properties[PROPERTY_TRANSACTION_ID], assemble_half(store, spec)
+
+        staged = []
+        with paused_gc(), closing(prepared_in_order(len(bounds), prepare)) as halves:
+            for tx, records in halves:
+                store.append_encoded(records)
+                staged.append(tx)
+        return staged
 
     def _half_spec(self, rows: PreparedRows, lo: int, hi: int) -> RecordSpec:
         part = rows.slice(lo, hi)
@@ -305,10 +314,10 @@ class Sink:
             group.append((table, clog, born))
             group_rows += table.num_rows
             if group_rows >= COMMIT_GROUP_ROWS:
-                total += append_group(store, group, COMMIT_GROUP_ROWS)
+                total += append_group(store, group)
                 group, group_rows = [], 0
         if group:
-            total += append_group(store, group, COMMIT_GROUP_ROWS)
+            total += append_group(store, group)
         return total
 
 

@@ -22,7 +22,7 @@ from .codec import (
     decode_properties,
     encode_properties,
 )
-from .core.append_types import EncodedRecords
+from .core.append_types import AssembledRecords, EncodedRecords
 from .errors import CorruptRecordError
 from .record_kernels import ByteColumn
 from .table_producer import append_prepared
@@ -32,8 +32,9 @@ from .table_rows import PreparedRows
 HALF_FILL = 0.9
 
 
-def append_group(store, group: list, chunk_rows: int) -> int:
-    """Append the staged rows of several halves (same born time per half) at once."""
+def append_group(store, group: list) -> int:
+    """Append the staged rows of several halves (same born time per half) at once (in
+    chunks of :data:`~store.table_producer.CHUNK_ROWS`, encoded on two threads)."""
     tables = [t for t, _, _ in group if t.num_rows]
     if not tables:
         return 0
@@ -43,8 +44,7 @@ def append_group(store, group: list, chunk_rows: int) -> int:
     born = np.concatenate([np.full(t.num_rows, b, dtype=np.int64)
                            for t, _, b in group if t.num_rows])
     rows = prepared_from_staged(pa.concat_tables(tables), born)
-    append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE, prepared_offsets=prepared,
-                    chunk_rows=chunk_rows)
+    append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE, prepared_offsets=prepared)
     return n
 
 
@@ -68,9 +68,9 @@ def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
     return props, view[body_at:body_at + body_len], int(header["born_timestamp"])
 
 
-def append_half(store, spec: RecordSpec) -> None:
-    """Append one half through the columnar path (its body, often megabytes, is assembled by
-    the compiled kernel straight from the bytes, with no join and no second copy)."""
+def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
+    """Encode one half for :meth:`append_encoded` (its body, often megabytes, is copied once,
+    by the compiled kernel straight from the bytes); needs no lock."""
     props = encode_properties(spec.properties)
     headers = np.zeros(1, dtype=HEADER_DTYPE)
     headers["magic"] = MESSAGE_MAGIC_CODE_V1
@@ -82,7 +82,7 @@ def append_half(store, spec: RecordSpec) -> None:
     body = ByteColumn(np.frombuffer(spec.body, dtype=np.uint8),
                       np.array([0, len(spec.body)], dtype=np.int64))
     code = store.tags_code(spec.topic, spec.properties, spec.born_timestamp_ms)
-    store.append_encoded(EncodedRecords(
+    return store.assemble_encoded(EncodedRecords(
         headers=headers, bodies=body, properties=[props],
         properties_length=np.array([len(props)], dtype=np.int64), topics=[spec.topic],
         topic_ids=np.zeros(1, np.int64), queue_ids=np.array([spec.queue_id], np.int64),

@@ -37,12 +37,15 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 """
 from __future__ import annotations
 
+from contextlib import closing
+
 import numpy as np
 import pyarrow as pa
 
 from .batch_encoding import paused_gc
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
 from .core.append_types import EncodedRecords
+from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import MessageTooLargeError
@@ -83,35 +86,53 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     ``sys_flag`` and ``prepared_offsets`` (PREPAREDTRANSACTIONOFFSET per row) are for the
     records a transaction commit writes; ``born_ms`` of the rows may then be an array (one
     born time per row).  Each chunk is one append; inside
-    :meth:`~store.core.store_core.StoreCore.atomic_append` they all land together.
+    :meth:`~store.core.store_core.StoreCore.atomic_append` they all land together.  The
+    chunks' records are encoded on two threads (:func:`~store.core.pipeline.
+    prepared_in_order`) while this one appends them in order.
     """
     n = len(rows)
     if n == 0:
         return RESULT_SCHEMA.empty_table()
+    chunks = [rows.slice(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
+    # the queues first, in order: each chunk takes the next of its topics' round robins
+    queues = [_chunk_queues(store, chunk) for chunk in chunks]
+
+    def prepare(k: int):
+        lo = k * chunk_rows
+        return _encode_chunk(store, chunks[k], queues[k], sys_flag,
+                             None if prepared_offsets is None
+                             else prepared_offsets[lo:lo + len(chunks[k])])
+
     results = []
-    for lo in range(0, n, chunk_rows):
-        hi = min(n, lo + chunk_rows)
-        results.append(_append_chunk(
-            store, rows.slice(lo, hi), sys_flag,
-            None if prepared_offsets is None else prepared_offsets[lo:hi]))
+    with closing(prepared_in_order(len(chunks), prepare)) as encoded:
+        for records, finish in encoded:
+            results.append(finish(store.append_encoded(records)))
     return pa.concat_tables(results)
 
 
-def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
-                  prepared: np.ndarray | None) -> pa.Table:
+def _chunk_queues(store: StorePort, rows: PreparedRows) -> np.ndarray:
+    """Each row's queue: the one its topic takes for this chunk (the next of the topic's
+    round robin, as a RocketMQ batch), or the queue an ordered row asked for."""
+    names = rows.topic_names
+    queue_of = np.zeros(len(names), dtype=np.int64)
+    for t in np.unique(rows.topic_ids).tolist():
+        queue_of[t] = store.next_queue(names[t], store.ensure_topic(names[t]))
+    real_qid = queue_of[rows.topic_ids]
+    if rows.queue_ids is not None:  # ordered rows: the queue each asked for
+        real_qid = np.where(rows.queue_ids >= 0, rows.queue_ids, real_qid)
+    return real_qid
+
+
+def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
+                  prepared: np.ndarray | None):
+    """The assembled records of one chunk, and the function making its results table from
+    where they were placed.  Reads only the rows and the config (runs on either thread)."""
     config = store.config
     now = rows.born_ms
     names = rows.topic_names
     levels, deliver = rows.levels, rows.deliver_ms
     n = len(rows)
     user_topic_ids = rows.topic_ids
-    # one queue per topic per chunk, as a RocketMQ batch: the next of the topic's round robin
-    queue_of = np.zeros(len(names), dtype=np.int64)
-    for t in np.unique(user_topic_ids).tolist():
-        queue_of[t] = store.next_queue(names[t], store.ensure_topic(names[t]))
-    real_qid = queue_of[user_topic_ids]
-    if rows.queue_ids is not None:  # ordered rows: the queue each asked for
-        real_qid = np.where(rows.queue_ids >= 0, rows.queue_ids, real_qid)
     by_level, by_timer = levels > 0, deliver >= 0
     delayed = by_level | by_timer
     codes = np.array(rows.tags_codes, dtype=np.int64)
@@ -149,24 +170,28 @@ def _append_chunk(store: StorePort, rows: PreparedRows, sys_flag: int,
     headers["born_host"] = np.void(LOCALHOST)
     headers["store_host"] = np.void(LOCALHOST)
     headers["store_port"] = STORE_PORT
-    headers["body_length"] = rows.bodies.lengths()  # BODYCRC: filled by the appender's kernel
+    headers["body_length"] = rows.bodies.lengths()  # BODYCRC: filled by the record kernel
     if prepared is not None:
         headers["prepared_transaction_offset"] = prepared
-    placed = store.append_encoded(EncodedRecords(
+    records = store.assemble_encoded(EncodedRecords(
         headers=headers, bodies=rows.bodies, properties=rows.properties,
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,
         queue_ids=queue_ids, tags_codes=codes, extra_properties=suffix,
         store_timestamp_ms=None if prepared is not None else now))
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
-    return pa.table({
-        "msg_id": rows.msg_ids.to_arrow(pa.string()),
-        "topic": rows.topic_array(),
-        "queue_id": pa.array(real_qid, pa.int32()),
-        "queue_offset": pa.array(placed.queue_offsets, pa.int64(), mask=delayed),
-        "commitlog_offset": pa.array(placed.commitlog_offsets, pa.int64()),
-        "deliver_at_ms": pa.array(deliver_ms, pa.int64(), mask=~delayed),
-    }, schema=RESULT_SCHEMA)
+
+    def finish(placed) -> pa.Table:
+        return pa.table({
+            "msg_id": rows.msg_ids.to_arrow(pa.string()),
+            "topic": rows.topic_array(),
+            "queue_id": pa.array(real_qid, pa.int32()),
+            "queue_offset": pa.array(placed.queue_offsets, pa.int64(), mask=delayed),
+            "commitlog_offset": pa.array(placed.commitlog_offsets, pa.int64()),
+            "deliver_at_ms": pa.array(deliver_ms, pa.int64(), mask=~delayed),
+        }, schema=RESULT_SCHEMA)
+
+    return records, finish
 
 
 def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarray,

@@ -69,6 +69,34 @@ class EncodedRecords:
 
 
 @dataclass(frozen=True, slots=True)
+class AssembledRecords:
+    """Records encoded before the write lock is taken, as RocketMQ encodes a message before
+    its put lock: every byte is final except the four fields only the append knows (queue
+    id, queue offset, physical offset, store time), which it writes into ``data`` in place.
+
+    Record ``i`` is ``data[starts[i]:starts[i] + sizes[i]]`` (back to back).  ``topics``,
+    ``topic_ids``, ``queue_ids``, ``tags_codes`` and ``store_timestamp_ms`` are those of the
+    :class:`EncodedRecords` it was made from; ``dispatched``: whether the records get queue
+    entries (their sys flag).  Made by :meth:`StoreCore.assemble_encoded
+    <store.core.store_core.StoreCore.assemble_encoded>`, appended by
+    :meth:`StoreCore.append_encoded <store.core.store_core.StoreCore.append_encoded>`.
+    """
+
+    data: np.ndarray
+    starts: np.ndarray
+    sizes: np.ndarray
+    topics: Sequence[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    tags_codes: np.ndarray
+    dispatched: bool
+    store_timestamp_ms: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedAppend:
     """Where :meth:`Appender.append_encoded` put each record (arrays in input order)."""
 

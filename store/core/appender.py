@@ -40,9 +40,10 @@ from ..commit_log import CommitLog
 from ..config import StoreConfig
 from ..consume_queue import ConsumeQueue
 from ..errors import InvalidMessageError, MessageTooLargeError
-from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
+                           EncodedRecords)
 from .dispatch import Dispatcher, QueueEntries, is_dispatched
-from .record_writes import assemble_writes, place_batch
+from .record_writes import assemble_unplaced, patch_placed, place_batch, placed_writes
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
@@ -294,21 +295,33 @@ class Appender:
         ``sizes``: the records' sizes when the caller already checked them with
         :meth:`_sizes`.
         """
-        headers = records.headers
-        n = len(headers)
+        return self.append_assembled(self.assemble(records, sizes=sizes))
+
+    def assemble(self, records: EncodedRecords, *,
+                 sizes: np.ndarray | None = None) -> AssembledRecords:
+        """Encode records for :meth:`append_assembled`; needs no lock (reads the config only).
+
+        Raises :class:`MessageTooLargeError` when a record breaks a limit.
+        """
         if sizes is None:
             sizes = self._sizes(records)
-        topics = [t.encode("ascii") for t in records.topics]
+        dispatched = is_dispatched(int(records.headers["sys_flag"][0]))
+        return assemble_unplaced(records, sizes, dispatched)
+
+    def append_assembled(self, records: AssembledRecords) -> EncodedAppend:
+        """Place, patch, write and index assembled records (see :class:`AssembledRecords`)."""
+        n = len(records)
+        sizes = records.sizes
         counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
-        topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
-        qids = np.asarray(records.queue_ids, dtype=np.int64)
+        topic_ids = records.topic_ids
+        qids = records.queue_ids
         count = counts[topic_ids]
         qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
 
         now = records.store_timestamp_ms
         if now is None:
             now = self.core.now_ms()
-        dispatched = is_dispatched(int(headers["sys_flag"][0])) if n else False
+        dispatched = records.dispatched
         # queue offsets: each queue continues where it ends, in record order
         queue_key = (topic_ids << _QUEUE_BITS) | qids
         one_queue = bool((queue_key == queue_key[0]).all())
@@ -337,22 +350,16 @@ class Appender:
         starts, runs, end = place_batch(self.core.commit_log,
                                         self.config.commitlog_file_size_bytes,
                                         self.write_offset, sizes)
-        h = headers  # filled in place (see EncodedRecords)
-        h["total_size"] = sizes
-        h["queue_id"] = qids
-        h["queue_offset"] = queue_offsets
-        h["physical_offset"] = starts
-        h["store_timestamp"] = now
-        chunks = assemble_writes(records, topics, topic_ids, starts, sizes, runs)
+        patch_placed(records, qids, queue_offsets, starts, now)
         entries: QueueEntries = {}
         if dispatched:
-            codes = np.asarray(records.tags_codes, dtype=np.int64)
+            codes = records.tags_codes
             if one_queue:
                 entries[keys[0]] = (int(firsts[0]), starts, sizes, codes)
             for g, key in enumerate(keys if not one_queue else ()):
                 sel = order[group_start[g]:group_start[g] + group_counts[g]]
                 entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
-        self.commit(chunks, entries, end, now)
+        self.commit(placed_writes(records, runs), entries, end, now)
         if dispatched:
             for g, key in enumerate(keys):
                 self.queue_next[key] = int(firsts[g] + group_counts[g])

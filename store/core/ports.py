@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..consume_queue import ConsumeQueue
     from ..message_id import MessageIdGenerator
     from ..topics import TopicTable
-    from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+    from .append_types import (AppendResult, AssembledRecords, BatchAppendResult,
+                               EncodedAppend, EncodedRecords)
     from .appender import Appender
     from .single_append import SingleAppend
 
@@ -90,7 +91,9 @@ class StorePort(Protocol):
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
                      **kwargs) -> BatchAppendResult: ...
 
-    def append_encoded(self, records: EncodedRecords) -> EncodedAppend: ...
+    def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend: ...
+
+    def assemble_encoded(self, records: EncodedRecords) -> AssembledRecords: ...
 
     def flush(self) -> None: ...
 

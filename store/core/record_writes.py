@@ -17,64 +17,85 @@ import numpy as np
 from .. import codec
 from ..commit_log import CommitLog
 from ..record_kernels import ByteColumn, assemble_records, empty_column
-from .append_types import EncodedRecords
+from .append_types import AssembledRecords, EncodedRecords
 
-#: Bytes assembled per ``pwrite`` by :func:`assemble_writes` (fits a CPU cache).
-WRITE_CHUNK = 4 * 1024 * 1024
 #: Bodies from this size on get their CRC from zlib rather than the kernel.
 _ZLIB_CRC_BYTES = 16 * 1024
 #: Byte offset of BODYCRC in a record (the kernel writes it).
 _CRC_AT = codec.FIELD_OFFSET["body_crc"]
 
 
-def assemble_writes(records: EncodedRecords, topics: list[bytes], topic_ids: np.ndarray,
-                    starts: np.ndarray, sizes: np.ndarray, runs: list) -> Iterator:
-    """The CommitLog writes of placed records, filled by the compiled
-    :func:`~store.record_kernels.assemble_records` (body CRCs included).
+def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
+                      dispatched: bool) -> AssembledRecords:
+    """Every record of ``records`` encoded back to back in one buffer, by the compiled
+    :func:`~store.record_kernels.assemble_records` (body CRCs included), with the fields
+    only the append knows left for it to write (:func:`patch_placed`).
 
-    A generator of ``(offset, buffer)``: the records of a run go out in pieces of about
-    :data:`WRITE_CHUNK` bytes through one scratch buffer, each piece written before the
-    next is filled (so the bytes are still in the CPU cache when ``pwrite`` copies them).
+    Needs no lock: it reads only ``records`` (whose headers get their ``total_size``).
     """
     n = len(sizes)
-    hb = np.ascontiguousarray(records.headers).view(np.uint8).reshape(n, codec.HEADER_SIZE)
+    headers = records.headers
+    headers["total_size"] = sizes
+    hb = np.ascontiguousarray(headers).view(np.uint8).reshape(n, codec.HEADER_SIZE)
     bodies = ByteColumn.of(records.bodies)
     props = ByteColumn.of(records.properties)
     extra = (empty_column(n) if records.extra_properties is None
              else ByteColumn.of(records.extra_properties))
-    names = ByteColumn.of(topics)
+    names = ByteColumn.of([t.encode("ascii") for t in records.topics])
+    topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
     ends = np.cumsum(sizes)
+    starts = ends - sizes
     # large bodies: zlib's CRC (faster per byte); small ones: the kernel (no call each)
     if records.body_crc_known:
-        crcs = records.headers["body_crc"].astype(np.int64)
+        crcs = headers["body_crc"].astype(np.int64)
     else:
         crcs = np.full(n, -1, dtype=np.int64)
         lengths = bodies.lengths()
         for i in np.flatnonzero(lengths >= _ZLIB_CRC_BYTES).tolist():
             o = int(bodies.starts[i])
             crcs[i] = zlib.crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
-    scratch = np.empty(0, dtype=np.uint8)
+    data = np.empty(int(ends[-1]), dtype=np.uint8)
+    assemble_records(data, starts, hb, _CRC_AT, bodies.data, bodies.starts, bodies.ends,
+                     names.data, names.offsets, topic_ids, props.data, props.starts,
+                     props.ends, extra.data, extra.starts, extra.ends, crcs)
+    return AssembledRecords(
+        data=data, starts=starts, sizes=np.asarray(sizes, dtype=np.int64),
+        topics=list(records.topics), topic_ids=topic_ids,
+        queue_ids=np.asarray(records.queue_ids, dtype=np.int64),
+        tags_codes=np.asarray(records.tags_codes, dtype=np.int64), dispatched=dispatched,
+        store_timestamp_ms=records.store_timestamp_ms)
+
+
+#: The header fields an append writes into assembled records: (name, NumPy type).
+_PLACED_FIELDS = (("queue_id", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
+                  ("store_timestamp", ">i8"))
+
+
+def patch_placed(records: AssembledRecords, queue_ids: np.ndarray, queue_offsets: np.ndarray,
+                 offsets: np.ndarray, store_timestamp_ms: int) -> None:
+    """Write each record's queue id, queue offset, CommitLog offset and store time into its
+    assembled bytes (big-endian, one NumPy scatter per field)."""
+    n = len(records)
+    values = (queue_ids, queue_offsets, offsets, np.full(n, store_timestamp_ms, np.int64))
+    for (name, kind), column in zip(_PLACED_FIELDS, values):
+        width = np.dtype(kind).itemsize
+        raw = np.asarray(column).astype(kind).view(np.uint8).reshape(n, width)
+        at = records.starts + codec.FIELD_OFFSET[name]
+        records.data[at[:, None] + np.arange(width)] = raw
+
+
+def placed_writes(records: AssembledRecords, runs: list) -> Iterator:
+    """The CommitLog writes of placed, patched records: ``(offset, buffer)`` per run of
+    records (a view of the assembled bytes) and per segment-closing blank."""
+    data, starts, sizes = records.data, records.starts, records.sizes
     for off, i, j, blank in runs:
-        if j <= i:  # a blank alone closes a segment
+        if j > i:
+            lo, hi = int(starts[i]), int(starts[j - 1] + sizes[j - 1])
+            yield off, data[lo:hi]
+            off += hi - lo
+        if blank:
             yield off, blank
-            continue
-        while i < j:
-            base = int(ends[i] - sizes[i])
-            k = int(np.searchsorted(ends, base + WRITE_CHUNK, side="right"))
-            k = min(j, max(k, i + 1))
-            used = int(ends[k - 1]) - base
-            tail = len(blank) if k == j else 0
-            if len(scratch) < used + tail:
-                scratch = np.empty(max(used + tail, WRITE_CHUNK), dtype=np.uint8)
-            buf = scratch[:used + tail]
-            assemble_records(buf, starts[i:k] - starts[i], hb[i:k], _CRC_AT, bodies.data,
-                             bodies.starts[i:k], bodies.ends[i:k], names.data, names.offsets,
-                             topic_ids[i:k], props.data, props.starts[i:k], props.ends[i:k],
-                             extra.data, extra.starts[i:k], extra.ends[i:k], crcs[i:k])
-            if tail:
-                buf[used:] = np.frombuffer(blank, dtype=np.uint8)
-            yield int(starts[i]), buf
-            i = k
+
 
 def place_batch(commit_log: CommitLog, file_size: int, offset: int,
                 sizes: np.ndarray) -> tuple[np.ndarray, list, int]:

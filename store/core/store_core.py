@@ -38,7 +38,8 @@ from ..config import StoreConfig
 from ..errors import InvalidMessageError, StoreNotFoundError
 from ..message_id import MessageIdGenerator
 from ..topics import default_queue_count
-from .append_types import AppendResult, BatchAppendResult, EncodedAppend, EncodedRecords
+from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
+                           EncodedRecords)
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
@@ -306,13 +307,29 @@ class StoreCore(AppendLocking, ReadableStore):
                 born_timestamp_ms=born_timestamp_ms, queue_id=queue_id, sys_flag=sys_flag,
                 born_host=born_host, born_port=born_port)
 
-    def append_encoded(self, records: EncodedRecords) -> EncodedAppend:
-        """Append records given as columns (see :class:`~store.core.appender.EncodedRecords`)."""
+    def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend:
+        """Append records given as columns (see :class:`~store.core.append_types.EncodedRecords`),
+        or records already assembled by :meth:`assemble_encoded` (then only their placement
+        is done under the write lock)."""
         self._check_writable()
-        if not len(records.headers):
+        if not len(records.sizes if isinstance(records, AssembledRecords) else records.headers):
             raise InvalidMessageError("append_encoded needs at least one record")
         with self._write_locked():
+            if isinstance(records, AssembledRecords):
+                return self.appender.append_assembled(records)
             return self.appender.append_encoded(records)
+
+    def assemble_encoded(self, records: EncodedRecords) -> AssembledRecords:
+        """Encode records given as columns into their CommitLog bytes, all but the fields
+        the append writes (queue id and offset, physical offset, store time).
+
+        Takes no lock and may run on any thread, beside appends: writers encode the next
+        chunk of a large append while this one is written (:meth:`append_encoded` takes
+        the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
+        """
+        if not len(records.headers):
+            raise InvalidMessageError("assemble_encoded needs at least one record")
+        return self.appender.assemble(records)
 
     # ------------------------------------------------------------------ flushing
     def flush(self) -> None:

@@ -26,13 +26,14 @@ per record:
 from __future__ import annotations
 
 import logging
-import threading
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
-from ..core.append_types import EncodedRecords
+from ..core.append_types import AssembledRecords, EncodedRecords
+from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
 from ..message import (
     PROPERTY_DELAY_ORIGIN,
@@ -139,93 +140,30 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
                  timer_precision_ms, direct_enqueue_ms) -> tuple[int, int]:
     """Restore ``offsets[lo:hi]`` (one segment's) in chunks.
 
-    Two chunks or more run as a pipeline: a helper thread prepares chunk ``i + 1`` (reads
-    its sources and builds the new records: compiled kernels and NumPy, which release the
-    GIL) while this thread appends chunk ``i``.  Preparing only reads the CommitLog; every
-    append stays on this thread, which holds the write lock, in the order of the offsets.
+    Chunks are prepared (sources read, new records built and encoded: compiled kernels and
+    NumPy, which release the GIL) on two threads by :func:`~store.core.pipeline.
+    prepared_in_order`, while this thread, which holds the write lock, appends them in the
+    order of the offsets.  Preparing only reads the CommitLog.
     """
-    def prepare(i: int) -> tuple[EncodedRecords | None, int, int]:
-        sl = slice(i, min(hi, i + chunk))
-        return _prepare_chunk(
+    starts = list(range(lo, hi, chunk))
+
+    def prepare(k: int) -> tuple[AssembledRecords | None, int, int]:
+        sl = slice(starts[k], min(hi, starts[k] + chunk))
+        records, d, r = _prepare_chunk(
             store, offsets[sl], now=now,
             due_ms=None if due_ms is None else np.asarray(due_ms[sl], dtype=np.int64),
             enqueue_ms=None if enqueue_ms is None else np.asarray(enqueue_ms[sl], dtype=np.int64),
             roll=None if roll is None else np.asarray(roll[sl], dtype=bool),
             delete_keys=delete_keys, precision=timer_precision_ms,
             direct_enqueue_ms=int(direct_enqueue_ms))
+        return (None if records is None else store.assemble_encoded(records)), d, r
 
-    starts = list(range(lo, hi, chunk))
-    if len(starts) == 1:
-        records, delivered, rolled = prepare(starts[0])
-        if records is not None:
-            _append_restored(store, records)
-        return delivered, rolled
-    return _pipelined(store, starts, prepare)
-
-
-def _pipelined(store: StorePort, starts: list[int], prepare) -> tuple[int, int]:
-    """Prepare the chunks at ``starts`` on a helper thread and this one; append them here,
-    in order.
-
-    The helper takes the next unclaimed chunk whenever it is free.  This thread appends the
-    next chunk in order when it is ready, and otherwise prepares the next unclaimed one
-    itself, so both cores prepare while appends stay ordered and on the lock holder's
-    thread.  An error in either thread is raised here once the helper has stopped; nothing
-    is appended after it.
-    """
-    claims = iter(range(len(starts)))  # next() on a range iterator is atomic under the GIL
-    ready: dict[int, tuple] = {}
-    failed: list[BaseException] = []
-    cond = threading.Condition()
-    stop = threading.Event()
-
-    def work(i: int) -> None:
-        try:
-            result = prepare(starts[i])
-        except BaseException as exc:  # noqa: BLE001 - handed to the appending thread
-            with cond:
-                failed.append(exc)
-                cond.notify()
-            raise
-        with cond:
-            ready[i] = result
-            cond.notify()
-
-    def helper() -> None:
-        for i in claims:
-            if stop.is_set():
-                return
-            try:
-                work(i)
-            except BaseException:  # noqa: BLE001 - recorded in ``failed``
-                return
-
-    thread = threading.Thread(target=helper, name="rmq-restore", daemon=True)
-    thread.start()
     delivered = rolled = 0
-    try:
-        for i in range(len(starts)):
-            while True:
-                with cond:
-                    if failed:
-                        raise failed[0]
-                    result = ready.pop(i, None)
-                if result is not None:
-                    break
-                mine = next(claims, None)
-                if mine is not None:
-                    work(mine)  # prepare while the helper finishes chunk i
-                    continue
-                with cond:
-                    while i not in ready and not failed:
-                        cond.wait()
-            records, d, r = result
+    with closing(prepared_in_order(len(starts), prepare)) as chunks:
+        for records, d, r in chunks:
             if records is not None:
                 _append_restored(store, records)
             delivered, rolled = delivered + d, rolled + r
-    finally:
-        stop.set()
-        thread.join()
     return delivered, rolled
 
 
@@ -340,6 +278,6 @@ def _cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys) -> n
     return out
 
 
-def _append_restored(store: StorePort, records: EncodedRecords) -> None:
+def _append_restored(store: StorePort, records: AssembledRecords) -> None:
     """Place, write and index restored records through the core's columnar append."""
     store.append_encoded(records)

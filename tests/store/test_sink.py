@@ -226,8 +226,8 @@ _KILLER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import pyarrow as pa
     import store.sink as sk
-    import store.table_producer as tp
     from store import MessageStore, StoreConfig
+    from store.core.store_core import StoreCore
     sk.COMMIT_GROUP_ROWS = 4096  # several appends in the commit's group
     cfg = StoreConfig(commitlog_file_size_bytes=64 * 1024)
     s = MessageStore.open(sys.argv[1], cfg)
@@ -236,13 +236,13 @@ _KILLER = textwrap.dedent("""
                                    "body": [b"x%d" % i for i in range(20000)]}}))
     open(sys.argv[2], "w").write("\\n".join(staged))
     calls = [0]
-    real = tp._append_chunk
-    def dying(*a, **k):
+    real = StoreCore.append_encoded
+    def dying(self, *a, **k):  # the commit's appends, one per chunk of rows
         calls[0] += 1
         if calls[0] == int(sys.argv[3]):
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(*a, **k)
-    tp._append_chunk = dying
+        return real(self, *a, **k)
+    StoreCore.append_encoded = dying
     sink.commit(0, staged)
 """)
 

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from store import Message, MessageStore
+from store.core.pipeline import HELPER_NAME
 from store.delayed import restore as bulk
 
 
@@ -41,15 +42,20 @@ def test_many_small_chunks_write_what_one_chunk_writes(tmp_path, clock, small_co
     _fill(one)
     _fill(many)
     clock.advance(60_000)
-    threads = []
-    real = bulk._pipelined
-    monkeypatch.setattr(bulk, "_pipelined", lambda *a: (threads.append(1), real(*a))[1])
+    threads = set()
+    real = bulk._prepare_chunk
+
+    def prepare(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "_prepare_chunk", prepare)
     monkeypatch.setattr(bulk, "RESTORE_CHUNK", 1_000_000)
     assert one.deliver_due() == 560
-    assert not threads  # one chunk: no helper thread
+    assert threads == {"MainThread"}  # one chunk: no helper thread
     monkeypatch.setattr(bulk, "RESTORE_CHUNK", 7)
     assert many.deliver_due() == 560
-    assert threads  # the pipeline ran
+    assert HELPER_NAME in threads  # the pipeline ran
     for topic in ("t", "lv"):
         assert _records(many, topic) == _records(one, topic)
     assert b"gone" not in [r[2] for r in _records(many, "t")]
@@ -79,7 +85,7 @@ def test_a_failure_while_preparing_stops_the_run_and_it_is_redone_once(
     monkeypatch.setattr(bulk, "RESTORE_CHUNK", 10)
     with pytest.raises(MemoryError):
         s.deliver_due()
-    assert not any(t.name == "rmq-restore" for t in threading.enumerate())  # helper stopped
+    assert not any(t.name == HELPER_NAME for t in threading.enumerate())  # helper stopped
     monkeypatch.setattr(bulk, "_prepare_chunk", original)
     s.deliver_due()
     bodies = sorted(int(v.body) for q in s.queue_ids("t") for v in s.pull("t", q, 0, 1000))

@@ -1,0 +1,86 @@
+"""Ordered appends of work prepared on two threads: the shape of every large columnar append.
+
+A large append (a table of messages, a burst of due timer messages, a sink's commit) is cut
+into chunks.  Preparing a chunk (reading sources, building headers and properties, encoding the
+records with the compiled kernels: :meth:`StoreCore.assemble_encoded
+<store.core.store_core.StoreCore.assemble_encoded>`) needs no lock and mostly runs in NumPy,
+Arrow and numba code that releases the GIL; appending it (placing, patching four header
+fields, ``pwrite``, queue entries) must happen in order on the thread that holds the write
+lock.  :func:`prepared_in_order` runs the preparing on a helper thread and on the calling
+thread, and hands the prepared chunks back in order, so that both cores prepare while one
+appends: RocketMQ likewise encodes messages on the sending threads before its put lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+#: The helper thread's name (a stopped run leaves none behind).
+HELPER_NAME = "rmq-prepare"
+
+
+def prepared_in_order(count: int, prepare: Callable[[int], T]) -> Iterator[T]:
+    """``prepare(0)``, ..., ``prepare(count - 1)``, yielded in that order.
+
+    With two chunks or more a helper thread takes the next unclaimed chunk whenever it is
+    free; the calling thread, while the next chunk in order is not ready, prepares the next
+    unclaimed one itself.  ``prepare`` must be safe to run on two threads at once (it should
+    only read shared state).  An error preparing chunk ``k`` (on either thread) is raised
+    here after chunks ``0 .. k - 1`` were yielded, as a loop over the chunks would raise it,
+    and no chunk is prepared after it; the helper has stopped when it is raised.  Closing the
+    iterator early (an error while the caller appends) stops the helper too.
+    """
+    if count <= 1:
+        if count == 1:
+            yield prepare(0)
+        return
+    claims = iter(range(count))  # next() on a range iterator is atomic under the GIL
+    ready: dict[int, tuple[bool, object]] = {}
+    cond = threading.Condition()
+    stop = threading.Event()  # set by an error, or when the caller stops early
+
+    def work(i: int) -> None:
+        try:
+            outcome = (True, prepare(i))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's order of chunks
+            outcome = (False, exc)
+            stop.set()  # no chunk after it is needed
+        with cond:
+            ready[i] = outcome
+            cond.notify()
+
+    def helper() -> None:
+        # a claimed chunk is always prepared (the caller may be waiting for it): the stop
+        # flag is checked before claiming, never between claiming and preparing
+        while not stop.is_set():
+            i = next(claims, None)
+            if i is None:
+                return
+            work(i)
+
+    thread = threading.Thread(target=helper, name=HELPER_NAME, daemon=True)
+    thread.start()
+    try:
+        for i in range(count):
+            while True:
+                with cond:
+                    if i in ready:
+                        ok, value = ready.pop(i)
+                        break
+                # chunk i is claimed (claims go in order): prepare a later one meanwhile
+                mine = None if stop.is_set() else next(claims, None)
+                if mine is not None:
+                    work(mine)
+                    continue
+                with cond:
+                    while i not in ready:
+                        cond.wait()
+            if not ok:
+                raise value
+            yield value
+    finally:
+        stop.set()
+        thread.join()
