@@ -79,3 +79,16 @@ def test_stopping_early_stops_the_helper():
                 break
     assert not _helpers()
     assert len(started) < 100  # the helper did not run through the rest
+
+
+def test_one_encode_thread_prepares_everything_on_the_calling_thread(monkeypatch):
+    monkeypatch.setenv("RMQ_ENCODE_THREADS", "1")  # as the rmq sink sets it in Spark tasks
+    threads = set()
+
+    def prepare(i):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002)
+        return i
+
+    assert list(prepared_in_order(10, prepare)) == list(range(10))
+    assert threads == {threading.current_thread().name}
