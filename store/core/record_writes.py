@@ -2,9 +2,11 @@
 
 :func:`place_batch` applies RocketMQ's placement rule to a batch of record sizes (a record
 needs its length plus 8 bytes left in its segment, else an 8-byte blank closes the segment;
-a batch that fits a segment moves to the next one whole).  :func:`assemble_writes` turns
-placed records given as columns into CommitLog writes, through the compiled record kernel
-(:mod:`store.record_kernels`).  Used by :class:`~store.core.appender.Appender`.
+a batch that fits a segment moves to the next one whole).  :func:`assemble_unplaced` encodes
+records given as columns with the compiled record kernel (:mod:`store.record_kernels`)
+before any lock is taken; once placed, :func:`patch_placed` writes the four fields the
+placement decides into those bytes and :func:`placed_writes` yields the CommitLog writes.
+Used by :class:`~store.core.appender.Appender`.
 """
 
 from __future__ import annotations
