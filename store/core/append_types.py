@@ -42,8 +42,9 @@ class EncodedRecords:
 
     ``headers`` (:data:`store.codec.HEADER_DTYPE`) holds every field the caller decides
     (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
-    prepared offset); the appender sets size, queue id, queue offset, physical offset and
-    store time, in place.  Record ``i`` is the header, ``bodies[i]``, the topic
+    prepared offset); assembling sets the size in place, and the append writes queue id,
+    queue offset, physical offset and store time into the assembled bytes (see
+    :class:`AssembledRecords`).  Record ``i`` is the header, ``bodies[i]``, the topic
     ``topics[topic_ids[i]]``, then ``properties[i]`` followed by ``extra_properties[i]``
     (when given) as its properties, ``properties_length[i]`` bytes in all.
     ``queue_ids[i]`` outside the topic's queues is taken modulo the queue count.
