@@ -299,10 +299,8 @@ class Appender:
 
     def assemble(self, records: EncodedRecords, *,
                  sizes: np.ndarray | None = None) -> AssembledRecords:
-        """Encode records for :meth:`append_assembled`; needs no lock (reads the config only).
-
-        Raises :class:`MessageTooLargeError` when a record breaks a limit.
-        """
+        """Encode records for :meth:`append_assembled` (no lock; may raise
+        :class:`MessageTooLargeError`)."""
         if sizes is None:
             sizes = self._sizes(records)
         dispatched = is_dispatched(int(records.headers["sys_flag"][0]))
