@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol
 
 from .codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record
@@ -224,8 +224,8 @@ class SendResult:
         raise AttributeError(f"'SendResult' object has no attribute {name!r}")
 
 
-_OPTIONAL_RESULT_FIELDS = frozenset(("deliver_at_ms", "transaction_id", "stored_topic",
-                                     "stored_queue_id", "stored_queue_offset", "store_name"))
+#: The fields of a ``SendResult`` whose default is ``None`` (what an unset slot reads as).
+_OPTIONAL_RESULT_FIELDS = frozenset(f.name for f in fields(SendResult) if f.default is None)
 
 
 @dataclass(frozen=True, slots=True)
