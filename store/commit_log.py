@@ -108,6 +108,23 @@ class CommitLog:
         damage inside a segment is skipped too: the scan goes on at the next valid record
         (found by its magic code, then every record check, CRC included).
         """
+        def walk(raw, pos, limit):
+            positions, sizes, end, stop = walk_records(raw, pos, limit, check_crc=check_crc,
+                                                       max_records=max_records)
+            return (positions, sizes), len(positions), end, stop
+
+        for f, (positions, sizes) in self.scan_runs(start, walk, resync_until=resync_until):
+            yield f, positions, sizes
+
+    def scan_runs(self, start: int, walk, *, resync_until: int | None = None,
+                  populate_bytes: int = 0) -> Iterator[tuple[object, object]]:
+        """:meth:`scan_batches` with another walk: yield ``(segment, run)`` for each run that
+        ``walk(raw, pos, limit) -> (run, count, end, stop)`` returns with records in it
+        (``raw``: the segment as uint8; ``end`` and ``stop`` as
+        :func:`~store.scan_kernels.walk_records` returns them).  The walk must stop where
+        ``walk_records`` stops (e.g. :func:`~store.index_kernels.index_records` with its CRCs
+        checked).  With ``populate_bytes``, the pages of that many bytes from where each walk
+        begins are mapped first (:meth:`~store.mapped_file.MappedFile.populate`)."""
         self.scan_end = start
         self.scan_skipped: list[tuple[int, int]] = []
         offset = start
@@ -118,11 +135,12 @@ class CommitLog:
             raw = np.frombuffer(f.buffer(), dtype=np.uint8)
             pos = offset - f.start
             while True:
-                positions, sizes, end, stop = walk_records(raw, pos, f.size, check_crc=check_crc,
-                                                           max_records=max_records)
+                if populate_bytes:
+                    f.populate(pos, pos + populate_bytes)
+                run, count, end, stop = walk(raw, pos, f.size)
                 self.scan_end = f.start + end
-                if len(positions):
-                    yield f, positions, sizes
+                if count:
+                    yield f, run
                 pos = end
                 if stop == STOP_BLANK:
                     offset = f.end

@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "store.record_kernels": FORMATS,
     "store.property_kernels": FORMATS,
     "store.scan_kernels": FORMATS,
+    "store.index_kernels": FORMATS,
     "store.timer": FORMATS,
     "store.timer.wheel": FORMATS,
     "store.timer.timer_log": FORMATS,

@@ -37,6 +37,10 @@ def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
 
 
+#: ``madvise`` advice that maps a range's pages readable at once (Linux 5.14+).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
 class MappedFile:
     """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
 
@@ -85,6 +89,21 @@ class MappedFile:
                         self._map = mmap.mmap(fh.fileno(), self.size, access=mmap.ACCESS_READ)
                 m = self._map
         return m
+
+    def populate(self, start: int, end: int) -> None:
+        """Map the pages of ``[start, end)`` of :meth:`buffer` ahead of a scan of them
+        (``MADV_POPULATE_READ``, Linux 5.14+: measured 0.02 s per GiB against 0.07-0.4 s of
+        page faults when a walk touches them first).  Does nothing where it is not offered."""
+        m = self.buffer()
+        if not isinstance(m, mmap.mmap):
+            return
+        lo = start - start % mmap.PAGESIZE
+        hi = min(end, self.size)
+        if hi > lo:
+            try:
+                m.madvise(MADV_POPULATE_READ, lo, hi - lo)
+            except (OSError, ValueError, AttributeError):
+                pass  # an older kernel (EINVAL), or no madvise here: the walk faults them in
 
     def write(self, position: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``position`` (relative to the segment start)."""

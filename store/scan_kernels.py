@@ -42,6 +42,42 @@ def _i32(buf, p):
     return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
 
 
+def _record_size(buf, pos, limit, magic_v1, magic_blank, fixed, header, body_len_at):
+    """The size of the record at ``pos`` when it passes every check but the CRC; -1 when it
+    fails one, -2 at an end-of-segment blank."""
+    remaining = limit - pos
+    if remaining <= 4:
+        return np.int64(-1)
+    total = np.int64(0)
+    magic = np.int64(0)
+    if remaining >= 8:
+        total = _i32(buf, pos)
+        magic = _i32(buf, pos + 4)
+    if magic == magic_blank:
+        if 8 <= total <= remaining:
+            return np.int64(-2)
+        return np.int64(-1)
+    if magic != magic_v1 or total < fixed or total > remaining:
+        return np.int64(-1)
+    body_len = _i32(buf, pos + body_len_at)
+    if body_len < 0 or header + body_len + 1 > total:
+        return np.int64(-1)
+    tpos = pos + header + body_len
+    topic_len = np.int64(buf[tpos])
+    ppos = tpos + 1 + topic_len
+    if topic_len == 0 or ppos + 2 > pos + total:
+        return np.int64(-1)
+    props_len = (np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1])
+    if props_len >= 32768:
+        return np.int64(-1)  # a negative i16
+    if fixed + body_len + topic_len + props_len != total:
+        return np.int64(-1)
+    last = pos + total - 1 if props_len else ppos - 1
+    if buf[last] == 0:
+        return np.int64(-1)  # a write cut short: a zeroed suffix
+    return total
+
+
 def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v1, magic_blank,
                   fixed, header, crc_at, body_len_at):
     """Validate records from ``pos``; return ``(count, end position, how it stopped)``."""
@@ -50,37 +86,13 @@ def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v
     while True:
         if count == cap:
             return count, pos, 2
-        remaining = limit - pos
-        if remaining <= 4:
+        total = _record_size(buf, pos, limit, magic_v1, magic_blank, fixed, header, body_len_at)
+        if total == -2:
+            return count, pos, 1
+        if total < 0:
             return count, pos, 0
-        total = np.int64(0)
-        magic = np.int64(0)
-        if remaining >= 8:
-            total = _i32(buf, pos)
-            magic = _i32(buf, pos + 4)
-        if magic == magic_blank:
-            if 8 <= total <= remaining:
-                return count, pos, 1
-            return count, pos, 0
-        if magic != magic_v1 or total < fixed or total > remaining:
-            return count, pos, 0
-        body_len = _i32(buf, pos + body_len_at)
-        if body_len < 0 or header + body_len + 1 > total:
-            return count, pos, 0
-        tpos = pos + header + body_len
-        topic_len = np.int64(buf[tpos])
-        ppos = tpos + 1 + topic_len
-        if topic_len == 0 or ppos + 2 > pos + total:
-            return count, pos, 0
-        props_len = (np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1])
-        if props_len >= 32768:
-            return count, pos, 0  # a negative i16
-        if fixed + body_len + topic_len + props_len != total:
-            return count, pos, 0
-        last = pos + total - 1 if props_len else ppos - 1
-        if buf[last] == 0:
-            return count, pos, 0  # a write cut short: a zeroed suffix
         if check_crc:
+            body_len = _i32(buf, pos + body_len_at)
             crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, tables)
                            & np.uint32(0x7FFFFFFF))
             if crc != _i32(buf, pos + crc_at):
@@ -96,7 +108,10 @@ def _body_crcs(buf, starts, ends, tables, out):
         out[i] = np.int64(_crc32(buf, starts[i], ends[i], tables) & np.uint32(0x7FFFFFFF))
 
 
-_KERNELS = compiled(globals(), helpers=("_crc32", "_i32"),
+#: The plain-Python loops, for other kernel modules to compile as their own helpers.
+i32_loop, record_size_loop = _i32, _record_size
+
+_KERNELS = compiled(globals(), helpers=("_crc32", "_i32", "_record_size"),
                     kernels=("_walk_records", "_body_crcs"))
 
 

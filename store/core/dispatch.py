@@ -112,7 +112,7 @@ class Dispatcher:
         consecutive queue offsets is written as one block.
         """
         for key, queue_rows in rows.items():
-            arr = np.array(queue_rows, dtype=np.int64)
+            arr = np.asarray(queue_rows, dtype=np.int64)
             breaks = np.flatnonzero(np.diff(arr[:, 0]) != 1) + 1
             for chunk in np.split(arr, breaks):
                 self.dispatch({key: (int(chunk[0, 0]), chunk[:, 1], chunk[:, 2], chunk[:, 3])})

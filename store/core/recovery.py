@@ -33,15 +33,16 @@ import numpy as np
 from ..codec import (
     FIXED_SIZE,
     HEADER_SIZE,
+    MESSAGE_MAGIC_CODE_V1 as MESSAGE_MAGIC_CODE,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
     decode_properties,
-    gather_headers,
 )
-from ..message import PROPERTY_TAGS, is_valid_topic_name
-from ..property_kernels import distinct_values, scan_properties, take_rows
-from ..record_kernels import ByteSlices
+from ..index_kernels import RecordIndex, index_records
+from ..message import is_valid_topic_name
+from ..scan_kernels import STOP_FULL
+from .pipeline import prepared_in_order
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
 logger = logging.getLogger("store")
@@ -70,8 +71,9 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
     ``progress(offset)``, when given, is called with the CommitLog offset reached after each
     run of records.
 
-    Vectorised: the compiled walk validates a run of records, then headers, topics and tags
-    of the whole run are read as columns (each distinct topic and tag decoded once).  Only
+    Vectorised: one compiled walk validates a run of records and reads the columns of their
+    queue entries (:func:`~store.index_kernels.index_records`: each distinct topic and tag
+    decoded once), on two threads (:func:`checked_walk`).  Only
     records of a topic with a registered tagsCode rule are decoded one by one, for the rule.
     """
     log = store.commit_log
@@ -80,19 +82,22 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
     flags: list[np.ndarray] = []
     last_ts: int | None = None
     cut: int | None = None
-    for f, positions, sizes in log.scan_batches(start, resync_until=resync_until):
-        absolute = positions + f.start
+    runs = ((f, index) for f, parts in log.scan_runs(
+                start, checked_walk, resync_until=resync_until,
+                populate_bytes=WALK_WINDOW)
+            for index in parts if len(index))
+    for f, index in runs:
+        absolute = index.positions + f.start
         if limit is not None and absolute[-1] >= limit:
             keep = absolute < limit
-            positions, sizes, absolute = positions[keep], sizes[keep], absolute[keep]
+            index, absolute = index.take(keep), absolute[keep]
             cut = limit
-        if len(positions):
-            h = gather_headers(f.buffer(), f.size, positions)
-            sys_flags = h["sys_flag"].astype(np.int64)
+        if len(index):
             offsets.append(absolute)
-            flags.append(sys_flags)
-            last_ts = int(h["store_timestamp"][-1])
-            _collect_rows(store, f, positions, sizes, absolute, h, sys_flags, rows)
+            flags.append(index.sys_flags)
+            last_ts = int(index.store_timestamps[-1])
+            _collect_rows(store, np.frombuffer(f.buffer(), dtype=np.uint8), index, absolute,
+                          rows)
             if progress is not None:
                 progress(int(absolute[-1]))
         if cut is not None:
@@ -150,52 +155,116 @@ def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
     return kept, dropped
 
 
-def _collect_rows(store: CoreParts, f, positions: np.ndarray, sizes: np.ndarray,
-                  absolute: np.ndarray, h: np.ndarray, sys_flags: np.ndarray,
+#: Bytes of a segment one :func:`checked_walk` covers, in two halves walked on two threads.
+WALK_WINDOW = 64 << 20
+#: A shorter range is walked on one thread.
+MIN_SPLIT_BYTES = 4 << 20
+
+
+def checked_walk(raw: np.ndarray, pos: int, limit: int
+                 ) -> tuple[list[RecordIndex], int, int, int]:
+    """A walk for :meth:`~store.commit_log.CommitLog.scan_runs`: the records from ``pos``
+    validated, body CRCs included, and indexed (:func:`~store.index_kernels.index_records`),
+    up to :data:`WALK_WINDOW` bytes at a time, on two threads.
+
+    The records before the window's middle are walked on one thread; on the other, the first
+    record starting at or after the middle is found (its magic code, then every check) and
+    walked from there.  The second half is kept only when the first walk ends exactly at that
+    record: then both are the one chain of records the plain walk follows.  Otherwise (the
+    record found was one embedded in a body, or the first walk stopped at damage) the first
+    walk's result is returned alone and the next call goes on where it stopped.  Returns
+    ``(indexes, count, end, stop)``: the index of each half kept, in order.
+    """
+    stop_at = min(limit, pos + WALK_WINDOW)
+    mid = pos + (stop_at - pos) // 2
+    rows = (stop_at - pos) // FIXED_SIZE + 1  # every record at least FIXED_SIZE long
+    if stop_at - pos < MIN_SPLIT_BYTES:
+        index, end, stop = index_records(raw, pos, limit, stop_at=stop_at, max_records=rows)
+        return [index], len(index), end, stop
+
+    def half(k: int):
+        if k == 0:
+            return index_records(raw, pos, limit, stop_at=mid, max_records=rows // 2 + 1)
+        start = _record_start(raw, mid, limit, stop_at)
+        if start is None:
+            return None
+        return start, index_records(raw, start, limit, stop_at=stop_at,
+                                    max_records=rows // 2 + 1)
+
+    first, second = prepared_in_order(2, half)
+    index, end, stop = first
+    if second is None or stop != STOP_FULL or end != second[0]:
+        return [index], len(index), end, stop
+    rest, end, stop = second[1]
+    return [index, rest], len(index) + len(rest), end, stop
+
+
+def _record_start(raw: np.ndarray, begin: int, limit: int, until: int) -> int | None:
+    """The first position in ``[begin, until)`` where a record passing every check starts."""
+    magic = np.frombuffer(MESSAGE_MAGIC_CODE.to_bytes(4, "big", signed=True), dtype=np.uint8)
+    step = 1 << 18
+    for lo in range(begin, until, step):
+        hi = min(until, lo + step)
+        window = raw[lo + 4:min(hi + 7, limit)]
+        if len(window) < 4:
+            return None
+        hits = np.flatnonzero((window[:-3] == magic[0]) & (window[1:-2] == magic[1])
+                              & (window[2:-1] == magic[2]) & (window[3:] == magic[3]))
+        for candidate in (hits + lo).tolist():
+            if candidate < hi and len(index_records(raw, candidate, limit, stop_at=candidate + 1,
+                                                    max_records=1)[0]):
+                return candidate
+    return None
+
+
+def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolute: np.ndarray,
                   rows: dict[tuple[str, int], list[np.ndarray]]) -> None:
     """Add the queue entries of the indexed records among one run of valid records."""
-    tx = sys_flags & TRANSACTION_TYPE_MASK
+    tx = index.sys_flags & TRANSACTION_TYPE_MASK
     sel = np.flatnonzero((tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE))
     if not len(sel):
         return
-    raw = np.frombuffer(f.buffer(), dtype=np.uint8)
-    tpos = positions[sel] + HEADER_SIZE + h["body_length"][sel].astype(np.int64)
-    topic_len = raw[tpos].astype(np.int64)
-    names, topic_ids = distinct_values(raw, tpos + 1, tpos + 1 + topic_len)
-    topics = [n.decode("ascii", "replace") for n in names]
-    ppos = tpos + 1 + topic_len
-    props = ByteSlices(raw, ppos + 2, ppos + 2 + ((raw[ppos].astype(np.int64) << 8)
-                                                  | raw[ppos + 1]))
-    codes = np.zeros(len(sel), dtype=np.int64)
+    topics = [n.decode("ascii", "replace") for n in index.topics]
+    topic_ids = index.topic_ids[sel]
     ruled = np.array([store.dispatcher.has_rule(t) for t in topics], dtype=bool)[topic_ids]
-    plain = np.flatnonzero(~ruled)
-    if len(plain):
-        found, v0, v1 = scan_properties(take_rows(props, plain), (PROPERTY_TAGS,))
-        tagged = plain[found[0]]
-        if len(tagged):
-            tags, inverse = distinct_values(raw, v0[0, found[0]], v1[0, found[0]])
-            codes[tagged] = store.dispatcher.tag_hashes(
-                [t.decode("utf-8", "replace") for t in tags])[inverse]
-    stored = h["store_timestamp"][sel].astype(np.int64)
+    codes = np.zeros(len(sel), dtype=np.int64)
+    if index.tags:
+        tag_ids = index.tag_ids[sel]
+        tagged = np.flatnonzero(~ruled & (tag_ids >= 0))
+        codes[tagged] = store.dispatcher.tag_hashes(
+            [t.decode("utf-8", "replace") for t in index.tags])[tag_ids[tagged]]
     unreadable = np.zeros(len(sel), dtype=bool)
-    for i in np.flatnonzero(ruled).tolist():  # a service's rule reads the properties
-        text = raw[props.starts[i]:props.ends[i]].tobytes()
-        try:
-            codes[i] = store.dispatcher.tags_code(topics[topic_ids[i]],
-                                                  decode_properties(text), int(stored[i]))
-        except (ValueError, KeyError, TypeError):  # damaged properties (the CRC covers the
-            unreadable[i] = True                   # body only): never index a due time
+    ruled_rows = np.flatnonzero(ruled)
+    if len(ruled_rows):  # a service's rule reads the properties
+        r = sel[ruled_rows]
+        tpos = index.positions[r] + HEADER_SIZE + index.body_lengths[r]
+        ppos = tpos + 1 + raw[tpos]
+        pend = ppos + 2 + ((raw[ppos].astype(np.int64) << 8) | raw[ppos + 1])
+        stored = index.store_timestamps[r]
+        for j, i in enumerate(ruled_rows.tolist()):
+            text = raw[ppos[j] + 2:pend[j]].tobytes()
+            try:
+                codes[i] = store.dispatcher.tags_code(topics[topic_ids[i]],
+                                                      decode_properties(text), int(stored[j]))
+            except (ValueError, KeyError, TypeError):  # damaged properties (the CRC covers
+                unreadable[i] = True                   # the body only): never index a due time
     if unreadable.any():
         logger.warning("%d CommitLog record(s) of a system topic have damaged properties "
                        "(e.g. at offset %d): not indexed", int(unreadable.sum()),
                        int(absolute[sel][unreadable][0]))
-    table = np.stack([h["queue_offset"][sel].astype(np.int64), absolute[sel], sizes[sel],
-                      codes], axis=1)
-    queue_ids = h["queue_id"][sel].astype(np.int64)
-    key = np.where(unreadable, -1, topic_ids * (1 << 32) + queue_ids)
-    for k in np.unique(key[key >= 0]).tolist():
-        mine = key == k
-        rows.setdefault((topics[k >> 32], k & 0xFFFFFFFF), []).append(table[mine])
+    table = np.empty((len(sel), 4), dtype=np.int64)
+    table[:, 0] = index.queue_offsets[sel]
+    table[:, 1] = absolute[sel]
+    table[:, 2] = index.sizes[sel]
+    table[:, 3] = codes
+    key = np.where(unreadable, -1, topic_ids * (1 << 32) + index.queue_ids[sel])
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(key)]):
+        k = int(key[a])
+        if k >= 0:
+            rows.setdefault((topics[k >> 32], k & 0xFFFFFFFF), []).append(table[order[a:b]])
 
 
 def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,
