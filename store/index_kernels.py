@@ -190,23 +190,28 @@ class RecordIndex:
 
 
 _ARRAYS = [f for f in fields(RecordIndex) if f.name not in ("topics", "tags")]
-_COLUMNS = len(_ARRAYS)
+#: Rows of the array :func:`index_records` writes its columns into.
+INDEX_COLUMNS = _COLUMNS = len(_ARRAYS)
 _AT = np.array([FIELD_OFFSET[name] for name in ("body_length", "body_crc", "queue_id",
                                                  "queue_offset", "sys_flag", "store_timestamp")],
                dtype=np.int64)
 
 
 def index_records(buf: np.ndarray, pos: int, limit: int, *, stop_at: int | None = None,
-                  check_crc: bool = True, max_records: int = 1 << 18
-                  ) -> tuple[RecordIndex, int, int]:
+                  check_crc: bool = True, max_records: int = 1 << 18,
+                  out: np.ndarray | None = None) -> tuple[RecordIndex, int, int]:
     """Index the records of ``buf`` (a segment as uint8) from ``pos`` up to ``limit`` that
     pass every check (the body CRC only with ``check_crc``).
 
     Returns ``(index, end, stop)`` as :func:`~store.scan_kernels.walk_records` returns
     ``(positions, sizes, end, stop)``; reaching ``stop_at`` (or ``max_records``) is
-    :data:`~store.scan_kernels.STOP_FULL`.
+    :data:`~store.scan_kernels.STOP_FULL`.  ``out``: an int64 array of at least
+    ``(INDEX_COLUMNS, max_records)`` to write the columns into (the index then views it).
     """
-    cols = np.empty((_COLUMNS, max(1, int(max_records))), dtype=np.int64)
+    rows = max(1, int(max_records))
+    if out is None or out.shape[0] < _COLUMNS or out.shape[1] < rows:
+        out = np.empty((_COLUMNS, rows), dtype=np.int64)
+    cols = out[:_COLUMNS, :rows]
     topic_table = np.empty((2, TABLE_SIZE), dtype=np.int64)
     tag_table = np.empty((2, TABLE_SIZE), dtype=np.int64)
     topic_state = np.array([0, -1], dtype=np.int64)
