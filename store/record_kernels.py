@@ -124,6 +124,23 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, b
         out[p:p + (s1 - s0)] = suffix_data[s0:s1]
 
 
+def _put_be(data, p, value, width):
+    """Write ``value`` big-endian in ``width`` bytes at ``data[p:]``."""
+    for k in range(width):
+        data[p + width - 1 - k] = (value >> (8 * k)) & 0xFF
+
+
+def _patch_placed(data, starts, queue_ids, queue_offsets, offsets, store_timestamp, at):
+    """Write queue id (i32), queue offset, CommitLog offset and store time (i64) of record
+    ``i`` at ``starts[i] + at[0..3]``."""
+    for i in range(len(starts)):
+        p = starts[i]
+        _put_be(data, p + at[0], queue_ids[i], 4)
+        _put_be(data, p + at[1], queue_offsets[i], 8)
+        _put_be(data, p + at[2], offsets[i], 8)
+        _put_be(data, p + at[3], store_timestamp, 8)
+
+
 def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
              kernels: tuple[str, ...] = ()):
     """A function returning the compiled ``kernels`` of a module (by name), compiling on
@@ -154,7 +171,19 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
     return get
 
 
-_kernels = compiled(globals(), helpers=("_crc32",), kernels=("_assemble_records",))
+_kernels = compiled(globals(), helpers=("_crc32", "_put_be"),
+                    kernels=("_assemble_records", "_patch_placed"))
+
+
+def patch_placed_fields(data: np.ndarray, starts: np.ndarray, queue_ids, queue_offsets,
+                        offsets, store_timestamp_ms: int, at: np.ndarray) -> None:
+    """:func:`_patch_placed`, compiled: the four fields a placement decides, written into
+    assembled records (``at``: their byte offsets in a record, as int64)."""
+    if len(starts):
+        c, i8 = np.ascontiguousarray, np.int64
+        _kernels()["_patch_placed"](data, c(starts, dtype=i8), c(queue_ids, dtype=i8),
+                                    c(queue_offsets, dtype=i8), c(offsets, dtype=i8),
+                                    int(store_timestamp_ms), at)
 
 
 def assemble_records(*args):

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import codec
 from ..commit_log import CommitLog
-from ..record_kernels import ByteColumn, assemble_records, empty_column
+from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords
 
 #: Bodies from this size on get their CRC from zlib rather than the kernel.
@@ -68,22 +68,17 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
         store_timestamp_ms=records.store_timestamp_ms)
 
 
-#: The header fields an append writes into assembled records: (name, NumPy type).
-_PLACED_FIELDS = (("queue_id", ">i4"), ("queue_offset", ">i8"), ("physical_offset", ">i8"),
-                  ("store_timestamp", ">i8"))
+#: Where an append writes the fields the placement decides into assembled records.
+_PLACED_AT = np.array([codec.FIELD_OFFSET[name] for name in (
+    "queue_id", "queue_offset", "physical_offset", "store_timestamp")], dtype=np.int64)
 
 
 def patch_placed(records: AssembledRecords, queue_ids: np.ndarray, queue_offsets: np.ndarray,
                  offsets: np.ndarray, store_timestamp_ms: int) -> None:
     """Write each record's queue id, queue offset, CommitLog offset and store time into its
-    assembled bytes (big-endian, one NumPy scatter per field)."""
-    n = len(records)
-    values = (queue_ids, queue_offsets, offsets, np.full(n, store_timestamp_ms, np.int64))
-    for (name, kind), column in zip(_PLACED_FIELDS, values):
-        width = np.dtype(kind).itemsize
-        raw = np.asarray(column).astype(kind).view(np.uint8).reshape(n, width)
-        at = records.starts + codec.FIELD_OFFSET[name]
-        records.data[at[:, None] + np.arange(width)] = raw
+    assembled bytes (big-endian, one compiled loop over the records)."""
+    patch_placed_fields(records.data, records.starts, queue_ids, queue_offsets, offsets,
+                        store_timestamp_ms, _PLACED_AT)
 
 
 def placed_writes(records: AssembledRecords, runs: list) -> Iterator:
