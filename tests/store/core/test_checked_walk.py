@@ -150,3 +150,59 @@ def test_damage_anywhere_stops_the_split_walk_where_the_plain_walk_stops(tmp_pat
         mp.setattr(recovery, "MIN_SPLIT_BYTES", data.draw(st.integers(1, window)))
         seen, end, stop, _ = _checked(buf, len(buf))
     assert (seen, end, stop) == _plain(buf, len(buf))
+
+
+def test_a_torn_last_record_is_cut_at_every_byte_by_the_split_walk(tmp_path, small_windows):
+    raw, offsets = _store_bytes(str(tmp_path / "s"), _messages(14))
+    last, end = offsets[-1], len(raw)
+    for cut in range(last, end):  # the record's bytes from `cut` on never reached the file
+        buf = np.frombuffer(raw[:cut] + bytes(end - cut + 64), dtype=np.uint8)
+        seen, stop_at, stop, _ = _checked(buf, len(buf))
+        assert (seen, stop_at, stop) == _plain(buf, len(buf)), cut
+        assert seen == offsets[:-1] and stop_at == last, cut
+
+
+def _queues(store) -> dict:
+    return {(t, q): store.consume_queue(t, q).entries(0, store.max_offset(t, q)).tobytes()
+            for t in store.topics() for q in store.queue_ids(t)}
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_crash_recovery_with_split_windows_indexes_what_one_thread_indexes(
+        tmp_path, monkeypatch, torn):
+    """The same crashed store recovered twice, by one-thread walks and by two-thread walks of
+    small windows: the same ConsumeQueues, the same end of the log."""
+    import shutil
+
+    from store.checkpoint import StoreCheckpoint
+
+    path = str(tmp_path / "crashed")
+    with MessageStore.open(path) as store:
+        p = store.producer("g")
+        for m in _messages(300, tag_count=TABLE_SIZE + 5):
+            p.send(m)
+        last = p.send(Message("t0", b"the last one", tags="z")).commitlog_offset
+        end = store.confirmed_offset()
+    if torn:  # the last record's tail never reached the disk
+        with open(f"{path}/commitlog/{0:020d}", "r+b") as fh:
+            fh.seek(end - 5)
+            fh.write(bytes(5))
+    cp = StoreCheckpoint(f"{path}/checkpoint")
+    cp.set("flushed_phy_offset", 0)  # everything is past the last flush: all rescanned
+    cp.flush()
+    cp.close()
+    open(f"{path}/abort", "w").close()
+    shutil.rmtree(f"{path}/consumequeue")  # nothing indexed survives: recovery rebuilds it
+    shutil.copytree(path, str(tmp_path / "copy"))
+    results = []
+    for where, window in ((path, None), (str(tmp_path / "copy"), 4096)):
+        with pytest.MonkeyPatch.context() as mp:
+            if window:
+                mp.setattr(recovery, "WALK_WINDOW", window)
+                mp.setattr(recovery, "MIN_SPLIT_BYTES", 512)
+            with MessageStore.open(where) as store:
+                assert store.recovered
+                results.append((store.confirmed_offset(), _queues(store)))
+    assert results[0] == results[1]
+    assert results[0][0] == (last if torn else end)
+    assert sum(len(b) // 20 for b in results[0][1].values()) == 301 - torn
