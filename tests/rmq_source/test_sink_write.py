@@ -186,7 +186,7 @@ def test_stream_driver_killed_again_and_again_keeps_every_row_exactly_once(tmp_p
 
     # 20 for the full run (docs/sink.md); the group case runs fewer in the suite (its
     # partial commits are covered exhaustively by tests/store/test_group.py's model test)
-    kills = int(os.environ.get("RMQ_SINK_KILLS", "6")) // (1 if kind == "store" else 3)
+    kills = int(os.environ.get("RMQ_SINK_KILLS", "4")) // (1 if kind == "store" else 2)
     path, src, ckpt = str(tmp_path / "store"), str(tmp_path / "in"), str(tmp_path / "ckpt")
     os.makedirs(src)
     expected = {}

@@ -134,7 +134,7 @@ def test_a_record_inside_a_body_is_not_taken_for_the_next_record(tmp_path, monke
     assert seen == offsets
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.data())
 def test_damage_anywhere_stops_the_split_walk_where_the_plain_walk_stops(tmp_path_factory, data):
     path = str(tmp_path_factory.mktemp("walk") / "s")

@@ -59,7 +59,7 @@ def test_a_torn_last_record_is_cut_at_every_byte(store):
         assert ref == positions.tolist() and ref_end == stop_at and ref_stop == stop
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_damage_anywhere_stops_the_scan_where_the_reference_stops(tmp_path_factory, data):
     path = str(tmp_path_factory.mktemp("scan") / "store")
