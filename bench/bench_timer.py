@@ -14,6 +14,10 @@ Measures, in one run:
   ``timer_precision_ms`` 1000 as RocketMQ): time from the end of that second until every one is
   visible, the delivery rate inside ``deliver_due``, and the lateness p50 / p99 of
   ``store_timestamp - deliver_timestamp``.
+* **levels**: the same number of messages sent at one of RocketMQ's 4.x delay levels
+  (``delay_level`` column of ``send_table``, level 3 = 10 s), so they fall due as fast as
+  they were sent; once the last is due, ``deliver_due`` restores them all: its rate, the time
+  from the last due time until every one is visible, and the lateness p50 / p99.
 * **spark** (``--spark``): the same burst read by a streaming query (``processingTime`` 200 ms,
   ``deliverDue`` on): when the last row reaches the sink, relative to the due second.
 * **memory**: resident memory of a fresh process that opens a store holding ``--pending``
@@ -167,6 +171,58 @@ def bench_burst(base: str, n: int, precision: int) -> dict:
         "all_visible_after_due_second_s": (all_visible - (second + 1000)) / 1000,
         "lateness_p50_ms": pct(lat, 50), "lateness_p99_ms": pct(lat, 99),
     }
+
+
+def bench_levels(base: str, n: int, level: int = 3) -> dict:
+    """``n`` messages at delay level ``level``: send, wait until the last is due, deliver."""
+    import pyarrow as pa
+
+    path = os.path.join(base, "levels")
+    store = MessageStore.open(path)
+    delay_ms = store.config.delay_levels_ms[level - 1]
+    producer = store.producer("bench")
+    # warm-up: a long-running process has loaded the compiled kernels already
+    producer.send_table(pa.table({"topic": ["warmup"] * 100, "body": [BODY] * 100,
+                                  "delay_level": pa.array([1] * 100, pa.int32())}))
+    time.sleep(store.config.delay_levels_ms[0] / 1000 + 0.1)
+    store.deliver_due()
+    bodies = pa.array([BODY] * BATCH, pa.binary())
+    keys = [pa.array([f"k{start + i}" for i in range(min(BATCH, n - start))])
+            for start in range(0, n, BATCH)]  # built before the clock starts
+    first = now_ms()
+    t0 = time.perf_counter()
+    for j, start in enumerate(range(0, n, BATCH)):
+        k = min(BATCH, n - start)
+        producer.send_table(pa.table({
+            "topic": pa.array(["orders"] * k), "body": bodies[:k],
+            "tags": pa.array(["TagA"] * k), "keys": keys[j],
+            "delay_level": pa.array([level] * k, pa.int32())}))
+    send_s = time.perf_counter() - t0
+    last_due = now_ms() + delay_ms  # every message is due by then
+    if now_ms() >= first + delay_ms:
+        print(f"  warning: sending took past the first due time ({delay_ms} ms)")
+    while now_ms() < last_due:
+        time.sleep(0.005)
+    delivered, busy = 0, 0.0
+    while delivered < n:
+        t0 = time.perf_counter()
+        got = store.deliver_due()
+        if got:
+            busy += time.perf_counter() - t0
+        delivered += got
+        if delivered < n:
+            time.sleep(0.02)
+    all_visible = now_ms()
+    lat, count = lateness(store, "orders")
+    assert count == n, (count, n)
+    assert (lat >= 0).all(), "a message surfaced before its due time"
+    store.close()
+    shutil.rmtree(path)
+    return {"levels_level": level, "levels_send_per_s": n / send_s,
+            "levels_due_spread_s": (last_due - delay_ms - first) / 1000,
+            "levels_deliver_per_s": n / busy,
+            "levels_all_visible_after_last_due_s": (all_visible - last_due) / 1000,
+            "levels_lateness_p50_ms": pct(lat, 50), "levels_lateness_p99_ms": pct(lat, 99)}
 
 
 def bench_spark(base: str, n: int, precision: int, background: bool,
@@ -379,7 +435,7 @@ def main() -> None:
     ap.add_argument("--progress", action="store_true",
                     help="print each Spark micro-batch's rows and durationMs phases")
     ap.add_argument("--no-redis", action="store_true")
-    ap.add_argument("--skip", default="", help="comma-separated: enqueue,burst,memory")
+    ap.add_argument("--skip", default="", help="comma-separated: enqueue,burst,levels,memory")
     ap.add_argument("--dir", default=None, help="where the stores go (a temp dir by default)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-timer-", dir=args.dir)
@@ -392,6 +448,9 @@ def main() -> None:
         if "burst" not in skip:
             print("burst ...", flush=True)
             results.update(bench_burst(base, args.messages, args.precision_ms))
+        if "levels" not in skip:
+            print("levels ...", flush=True)
+            results.update(bench_levels(base, args.messages))
         if args.spark:
             print("spark ...", flush=True)
             results.update(bench_spark(base, args.messages, args.precision_ms,
@@ -435,6 +494,15 @@ def report(r: dict) -> None:
         ratio("all_visible_after_due_second_s", "redis_all_moved_after_due_second_s", False))
     row("lateness store-deliver p50, ms", f("lateness_p50_ms"), "<= precision")
     row("lateness store-deliver p99, ms", f("lateness_p99_ms"))
+    if "levels_deliver_per_s" in r:
+        row(f"levels: sent at delay level {r['levels_level']}, msg/s", f("levels_send_per_s"),
+            ">= 500,000")
+        row("levels: due within, s", f("levels_due_spread_s", "{:.2f}"))
+        row("levels: deliver_due, msg/s", f("levels_deliver_per_s"), ">= 1,000,000")
+        row("levels: all visible after the last was due, s",
+            f("levels_all_visible_after_last_due_s", "{:.2f}"))
+        row("levels: lateness store-deliver p50 / p99, ms",
+            f"{r['levels_lateness_p50_ms']:.0f} / {r['levels_lateness_p99_ms']:.0f}")
     if "spark_rows" in r:
         row("spark: rows seen", f("spark_rows"))
         row("spark: all seen after the due second, s",
