@@ -18,7 +18,6 @@ import numpy as np
 from .codec import (
     BLANK,
     FIELD_OFFSET,
-    MESSAGE_MAGIC_CODE_V1,
     Record,
     RecordCheck,
     check_record,
@@ -27,10 +26,9 @@ from .codec import (
 )
 from .errors import CorruptRecordError
 from .mapped_file import MappedFileQueue
-from .scan_kernels import STOP_BLANK, STOP_INVALID, walk_records
+from .scan_kernels import STOP_BLANK, STOP_INVALID, first_record_start, walk_records
 
 _I64 = struct.Struct(">q")
-_MAGIC = struct.pack(">i", MESSAGE_MAGIC_CODE_V1)
 #: Writes up to this size (single records) go through the segment's writable mapping.
 MAPPED_WRITE_MAX = 4096
 
@@ -164,17 +162,9 @@ class CommitLog:
     def _next_valid_record(self, f, pos: int, stop: int) -> int | None:
         """The position of the first valid record of ``f`` after ``pos`` that starts before
         ``stop`` (``None``: none)."""
-        raw = np.frombuffer(f.buffer(), dtype=np.uint8)
-        magic = np.frombuffer(_MAGIC, dtype=np.uint8)
-        window = raw[pos + 5:stop + 4]  # MAGICCODE of a record starting in (pos, stop)
-        if len(window) < 4:
-            return None
-        hits = np.flatnonzero((window[:-3] == magic[0]) & (window[1:-2] == magic[1])
-                              & (window[2:-1] == magic[2]) & (window[3:] == magic[3]))
-        for start in (hits + pos + 1).tolist()[:100_000]:
-            if check_record(f.buffer(), start, f.size) >= 0:
-                return start
-        return None
+        buf = f.buffer()
+        return first_record_start(np.frombuffer(buf, dtype=np.uint8), pos + 1, stop, f.size,
+                                  lambda p: check_record(buf, p, f.size) >= 0)
 
     def _next_valid_segment(self, f) -> int | None:
         """The start of the first segment after ``f`` that begins with a valid record: the

@@ -91,15 +91,10 @@ class MappedFile:
         return m
 
     def populate(self, start: int, end: int) -> None:
-        """Map the pages of ``[start, end)`` of :meth:`buffer` ahead of a scan of them
-        (``MADV_POPULATE_READ``, Linux 5.14+: measured 0.02 s per GiB against 0.07-0.4 s of
-        page faults when a walk touches them first).  Does nothing where it is not offered."""
-        m = self.buffer()
-        if not isinstance(m, mmap.mmap):
-            return
-        lo = start - start % mmap.PAGESIZE
-        hi = min(end, self.size)
-        if hi > lo:
+        """Map the pages of ``[start, end)`` of :meth:`buffer` ahead of a scan (0.02 s per GiB
+        here, against 0.07-0.4 s of page faults); nothing where the kernel lacks it."""
+        m, lo, hi = self.buffer(), start - start % mmap.PAGESIZE, min(end, self.size)
+        if isinstance(m, mmap.mmap) and hi > lo:
             try:
                 m.madvise(MADV_POPULATE_READ, lo, hi - lo)
             except (OSError, ValueError, AttributeError):

@@ -141,3 +141,36 @@ def walk_records(buf: np.ndarray, pos: int, limit: int, *, check_crc: bool = Tru
         MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE,
         FIELD_OFFSET["body_crc"], FIELD_OFFSET["body_length"])
     return out_pos[:count], out_size[:count], int(end), int(stop)
+
+
+#: Bytes searched for magic codes per step of :func:`first_record_start` (a record start is
+#: usually found in the first step; a window searched whole would cost a pass over it).
+SEARCH_STEP = 1 << 18
+_MAGIC_BYTES = np.frombuffer(int(MESSAGE_MAGIC_CODE_V1).to_bytes(4, "big", signed=True),
+                             dtype=np.uint8)
+
+
+def first_record_start(buf: np.ndarray, begin: int, until: int, limit: int, valid,
+                       max_candidates: int = 100_000) -> int | None:
+    """The first position in ``[begin, until)`` where ``valid(position)`` holds among those
+    whose MAGICCODE bytes (4 bytes in) are a record's, searched ``SEARCH_STEP`` bytes at a
+    time (``buf``: a segment as uint8, ``limit`` its size); ``None`` when none is, or after
+    ``max_candidates`` candidates failed."""
+    m = _MAGIC_BYTES
+    tried = 0
+    for lo in range(max(begin, 0), until, SEARCH_STEP):
+        hi = min(until, lo + SEARCH_STEP)
+        window = buf[lo + 4:min(hi + 7, limit)]
+        if len(window) < 4:
+            return None
+        hits = np.flatnonzero((window[:-3] == m[0]) & (window[1:-2] == m[1])
+                              & (window[2:-1] == m[2]) & (window[3:] == m[3]))
+        for candidate in (hits + lo).tolist():
+            if candidate >= hi:
+                break
+            if valid(candidate):
+                return candidate
+            tried += 1
+            if tried >= max_candidates:
+                return None
+    return None

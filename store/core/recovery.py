@@ -33,7 +33,6 @@ import numpy as np
 from ..codec import (
     FIXED_SIZE,
     HEADER_SIZE,
-    MESSAGE_MAGIC_CODE_V1 as MESSAGE_MAGIC_CODE,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -41,7 +40,7 @@ from ..codec import (
 )
 from ..index_kernels import INDEX_COLUMNS, RecordIndex, index_records
 from ..message import is_valid_topic_name
-from ..scan_kernels import STOP_FULL
+from ..scan_kernels import STOP_FULL, first_record_start
 from .pipeline import prepared_in_order
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
@@ -222,20 +221,8 @@ def checked_walk(raw: np.ndarray, pos: int, limit: int, buffers: WalkBuffers | N
 
 def _record_start(raw: np.ndarray, begin: int, limit: int, until: int) -> int | None:
     """The first position in ``[begin, until)`` where a record passing every check starts."""
-    magic = np.frombuffer(MESSAGE_MAGIC_CODE.to_bytes(4, "big", signed=True), dtype=np.uint8)
-    step = 1 << 18
-    for lo in range(begin, until, step):
-        hi = min(until, lo + step)
-        window = raw[lo + 4:min(hi + 7, limit)]
-        if len(window) < 4:
-            return None
-        hits = np.flatnonzero((window[:-3] == magic[0]) & (window[1:-2] == magic[1])
-                              & (window[2:-1] == magic[2]) & (window[3:] == magic[3]))
-        for candidate in (hits + lo).tolist():
-            if candidate < hi and len(index_records(raw, candidate, limit, stop_at=candidate + 1,
-                                                    max_records=1)[0]):
-                return candidate
-    return None
+    return first_record_start(raw, begin, until, limit, lambda p: len(
+        index_records(raw, p, limit, stop_at=p + 1, max_records=1)[0]) > 0)
 
 
 def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolute: np.ndarray,
