@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from store import Message, MessageStore
 from store.codec import decode_record
 from store.core import recovery
-from store.index_kernels import TABLE_SIZE
+from store.index_kernels import TABLE_SIZE, index_records
 from store.scan_kernels import STOP_FULL, walk_records
 
 
@@ -91,13 +91,15 @@ def _store_bytes(path, messages, embed_every: int = 0) -> tuple[bytes, list[int]
 
 
 def test_the_split_walk_keeps_every_record_and_reads_its_columns(tmp_path, small_windows):
-    raw, offsets = _store_bytes(str(tmp_path / "s"), _messages(60, tag_count=TABLE_SIZE + 9))
+    raw, offsets = _store_bytes(str(tmp_path / "s"), _messages(90, tag_count=TABLE_SIZE + 9))
     buf = np.frombuffer(raw + bytes(64), dtype=np.uint8)
     seen, end, stop, runs = _checked(buf, len(buf))
     assert (seen, end, stop) == _plain(buf, len(buf))
     assert seen == offsets
     assert any(found is not None for found in small_windows)  # windows were split
-    for index in runs:
+    whole = index_records(buf, 0, len(buf), max_records=len(offsets) + 1)[0]
+    assert len(set(whole.tag_ids.tolist())) > TABLE_SIZE + 1  # past the table: hashed too
+    for index in runs + [whole]:
         for row, pos in enumerate(index.positions.tolist()):
             rec = decode_record(raw, pos)
             assert index.sizes[row] == rec.total_size
@@ -206,3 +208,15 @@ def test_a_crash_recovery_with_split_windows_indexes_what_one_thread_indexes(
     assert results[0] == results[1]
     assert results[0][0] == (last if torn else end)
     assert sum(len(b) // 20 for b in results[0][1].values()) == 301 - torn
+
+
+def test_more_topics_than_the_table_holds_are_numbered_by_hash(tmp_path):
+    messages = [Message(f"topic-{i % (TABLE_SIZE + 8)}", b"x" * (i % 7 + 1), tags=f"t{i % 3}")
+                for i in range(120)]
+    raw, offsets = _store_bytes(str(tmp_path / "s"), messages)
+    buf = np.frombuffer(raw + bytes(64), dtype=np.uint8)
+    index, end, stop = index_records(buf, 0, len(buf), max_records=200)
+    assert index.positions.tolist() == offsets
+    names = [index.topics[t].decode() for t in index.topic_ids.tolist()]
+    assert names == [decode_record(raw, p).topic for p in offsets]
+    assert len(index.topics) == len(set(index.topics)) == TABLE_SIZE + 8
