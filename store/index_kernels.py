@@ -38,7 +38,7 @@ from .codec import (
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE_V1,
 )
-from .property_kernels import distinct_values
+from .property_kernels import distinct_values, next_pair_loop
 from .record_kernels import CRC_TABLES, compiled, crc32_loop
 from .scan_kernels import i32_loop, record_size_loop
 
@@ -46,7 +46,7 @@ from .scan_kernels import i32_loop, record_size_loop
 TABLE_SIZE = 32
 _TAGS = np.frombuffer(b"TAGS", dtype=np.uint8)
 
-_crc32, _i32 = crc32_loop, i32_loop
+_crc32, _i32, _next_pair = crc32_loop, i32_loop, next_pair_loop
 # the structural checks of scan_kernels, resolving the helpers they call (``_i32``) here
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
 
@@ -89,14 +89,9 @@ def _tag_value(data, p, end, key):
     found_b = np.int64(-1)
     klen = len(key)
     while p < end:
-        q = p
-        while q < end and data[q] != 1:
-            q += 1
+        q, v1 = _next_pair(data, p, end)
         if q >= end:
             break
-        v1 = q + 1
-        while v1 < end and data[v1] != 2:
-            v1 += 1
         if v1 > q + 1 and q - p == klen:
             same = True
             for j in range(klen):
@@ -153,8 +148,8 @@ def _index_records(buf, pos, limit, stop_at, check_crc, tables, cols, topic_tabl
         pos += total
 
 
-_KERNELS = compiled(globals(), helpers=("_crc32", "_i32", "_record_size", "_same", "_table_id",
-                                        "_tag_value"),
+_KERNELS = compiled(globals(), helpers=("_crc32", "_i32", "_next_pair", "_record_size", "_same",
+                                        "_table_id", "_tag_value"),
                     kernels=("_index_records",))
 
 

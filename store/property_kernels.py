@@ -31,6 +31,22 @@ _NO_BYTES = np.zeros(1, dtype=np.uint8)
 _FEW = 32
 
 
+def _next_pair(data, p, end):
+    """The pair from ``p`` in ``data[:end]``: where its 0x01 is (``end`` when none: no more
+    pairs) and where its value ends (its 0x02, or ``end`` for a last pair without one)."""
+    q = p
+    while q < end and data[q] != 1:
+        q += 1
+    v1 = q + 1
+    while v1 < end and data[v1] != 2:
+        v1 += 1
+    return q, v1
+
+
+#: The plain-Python pair parser, for other kernel modules to compile as their own helper.
+next_pair_loop = _next_pair
+
+
 def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart, vend):
     """For every row and key: the last non-empty value of that name (``found``, positions).
 
@@ -43,14 +59,9 @@ def _scan_properties(data, starts, ends, keys_data, keys_offsets, found, vstart,
         p = starts[i]
         end = ends[i]
         while p < end:
-            q = p
-            while q < end and data[q] != 1:
-                q += 1
+            q, v1 = _next_pair(data, p, end)
             if q >= end:
                 break
-            v1 = q + 1
-            while v1 < end and data[v1] != 2:
-                v1 += 1
             if v1 > q + 1:  # (the last pair may lack its 0x02, as RocketMQ writes it)
                 for k in range(nk):
                     k0 = keys_offsets[k]
@@ -271,7 +282,7 @@ def _format_int_pairs(names_data, names_offsets, values, present, prefix_data, p
         out_offsets[i + 1] = w
 
 
-_KERNELS = compiled(globals(), helpers=("_write_decimal",),
+_KERNELS = compiled(globals(), helpers=("_write_decimal", "_next_pair"),
                     kernels=("_scan_properties", "_hash_ranges", "_same_as_first", "_distinct_few",
                              "_parse_int_ranges", "_strip_pairs", "_format_int_pairs"))
 
