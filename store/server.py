@@ -61,6 +61,35 @@ STATUS_FILE = os.path.join("config", "serve.json")
 BEAT_MS = 1000
 
 
+def warm_up() -> float:
+    """Load the compiled kernels that delivery runs (numba's import and its cached machine
+    code: 0.4-1 s on the machine of docs/benchmarks.md) by delivering a timer message and a
+    delay-level message in a throw-away store on a fake clock; return the seconds it took.
+
+    :meth:`StoreServer.run` calls it before it reports itself running, so that the first
+    messages due after a start are not late by the loading.
+    """
+    import tempfile
+
+    import pyarrow as pa
+
+    t0 = time.monotonic()
+    now = [time.time_ns() // 1_000_000]
+    with tempfile.TemporaryDirectory(prefix="rmq-warm-up-") as tmp:
+        with MessageStore.open(os.path.join(tmp, "store"), StoreConfig(timer_precision_ms=100),
+                               clock=lambda: now[0], flush_service=False) as store:
+            producer = store.producer("warm-up")
+            for column, value, kind in (("delay_ms", 500, pa.int64()),
+                                        ("delay_level", 1, pa.int32())):
+                producer.send_table(pa.table({
+                    "topic": ["warm-up"] * 2, "body": [b"x", b"y"], "tags": ["a", "b"],
+                    "keys": ["k1", "k2"], column: pa.array([value] * 2, kind)}))
+            for _ in range(3):  # queued -> wheel, then due
+                now[0] += 2_000
+                store.deliver_due()
+    return time.monotonic() - t0
+
+
 @dataclass
 class ServerCounters:
     """What a server did since it started (also written to ``config/serve.json``)."""
@@ -142,6 +171,7 @@ class StoreServer:
                  "disk ratio %d%%/%d%%)", self.path, self.precision,
                  cfg.clean_resource_interval_ms, cfg.delete_when,
                  cfg.disk_max_used_space_ratio, cfg.disk_space_clean_forcibly_ratio)
+        log.info("compiled kernels loaded in %.2f s", warm_up())
         end = None if duration_s is None else time.monotonic() + duration_s
         try:
             while not self._stop.is_set():
