@@ -141,6 +141,26 @@ def _patch_placed(data, starts, queue_ids, queue_offsets, offsets, store_timesta
         _put_be(data, p + at[3], store_timestamp, 8)
 
 
+def _complete_staged(data, starts, sizes, prepared, staged_magic, magic, at, min_size):
+    """Check and complete records staged by the sink (:mod:`store.sink_halves`): record
+    ``i`` at ``starts[i]`` must hold ``sizes[i]`` in TOTALSIZE and ``staged_magic`` in
+    MAGICCODE; it gets ``magic`` and PREPAREDTRANSACTIONOFFSET ``prepared[i]`` (``at``: the
+    byte offsets of MAGICCODE and PREPAREDTRANSACTIONOFFSET).  Returns the first record
+    failing the checks (nothing of it or after it changed), or -1."""
+    for i in range(len(starts)):
+        p = starts[i]
+        total = ((np.int64(data[p]) << 24) | (np.int64(data[p + 1]) << 16)
+                 | (np.int64(data[p + 2]) << 8) | np.int64(data[p + 3]))
+        q = p + at[0]
+        found = ((np.int64(data[q]) << 24) | (np.int64(data[q + 1]) << 16)
+                 | (np.int64(data[q + 2]) << 8) | np.int64(data[q + 3]))
+        if total != sizes[i] or total < min_size or found != staged_magic:
+            return i
+        _put_be(data, q, magic, 4)
+        _put_be(data, p + at[1], prepared[i], 8)
+    return -1
+
+
 def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
              kernels: tuple[str, ...] = ()):
     """A function returning the compiled ``kernels`` of a module (by name), compiling on
@@ -172,7 +192,7 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
 
 
 _kernels = compiled(globals(), helpers=("_crc32", "_put_be"),
-                    kernels=("_assemble_records", "_patch_placed"))
+                    kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 
 def patch_placed_fields(data: np.ndarray, starts: np.ndarray, queue_ids, queue_offsets,
@@ -184,6 +204,19 @@ def patch_placed_fields(data: np.ndarray, starts: np.ndarray, queue_ids, queue_o
         _kernels()["_patch_placed"](data, c(starts, dtype=i8), c(queue_ids, dtype=i8),
                                     c(queue_offsets, dtype=i8), c(offsets, dtype=i8),
                                     int(store_timestamp_ms), at)
+
+
+def complete_staged(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                    prepared: np.ndarray, staged_magic: int, magic: int, at: np.ndarray,
+                    min_size: int) -> int:
+    """:func:`_complete_staged`, compiled."""
+    if not len(starts):
+        return -1
+    c, i8 = np.ascontiguousarray, np.int64
+    return int(_kernels()["_complete_staged"](
+        data, c(starts, dtype=i8), c(sizes, dtype=i8), c(prepared, dtype=i8),
+        int(staged_magic) & 0xFFFFFFFF, int(magic) & 0xFFFFFFFF, c(at, dtype=i8),
+        int(min_size)))
 
 
 def assemble_records(*args):

@@ -7,15 +7,18 @@ batches by an integer (Spark's batch id).
 
 1. **Stage** (:meth:`Sink.stage`, on any process, e.g. a Spark task): the rows are validated
    exactly as :meth:`Producer.send_table <store.producer.Producer.send_table>` validates them
-   (a bad row raises its typed error and nothing is written), encoded as columns and appended
-   as *sink halves* (:mod:`store.sink_format`): half messages holding up to about
-   ``max_message_size_bytes`` of rows each, invisible to every reader.  Returns their
-   transaction ids, which the task hands to the driver.
+   (a bad row raises its typed error and nothing is written), encoded as the records the
+   commit will write (routed to their queues, CRCs computed: the costly part of a write runs
+   in the tasks, in parallel) and appended as *sink halves* (:mod:`store.sink_format`): half
+   messages holding up to about ``max_message_size_bytes`` of records each, invisible to
+   every reader.  Returns their transaction ids, which the task hands to the driver.
 2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
    (:meth:`~store.core.store_core.StoreCore.atomic_append`: readers see all of it or none,
    a crash drops all of it) the marker of ``(sink, batch)``, every row of the listed halves
    in its real topic (or as a delayed message, due from the time the row was staged, not
-   from the commit) and the op messages ending the halves.  Halves of the sink that are open
+   from the commit) and the op messages ending the halves.  The rows' records are copied
+   out of the halves and only placed (:func:`~store.sink_halves.append_staged`), not
+   encoded again.  Halves of the sink that are open
    but not listed (failed task attempts, an earlier attempt of the batch, a killed job) are
    rolled back in the same group.
 3. **Replay**: a commit of a batch whose marker exists (Spark re-running a batch after a
@@ -39,7 +42,6 @@ from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from .batch_encoding import paused_gc
 from .core.pipeline import prepared_in_order
@@ -63,12 +65,12 @@ from .sink_format import (
     PROPERTY_SINK_BATCH,
     PROPERTY_SINK_ROWS,
     SINK_COMMIT_TOPIC,
-    STAGED_SCHEMA,
     decode_marker,
     decode_staged,
     encode_marker,
     encode_staged,
     is_sink_transaction,
+    is_staged_records,
     marker_code,
     marker_tags_code,
     new_transaction_id,
@@ -76,7 +78,15 @@ from .sink_format import (
     sink_key,
     transaction_prefix,
 )
-from .sink_halves import append_group, assemble_half, half_bounds, half_view
+from .sink_halves import (
+    append_group,
+    append_staged,
+    assemble_half,
+    half_bounds,
+    half_view,
+    staged_records,
+)
+from .table_producer import chunk_queues
 from .table_rows import PreparedRows, prepare_rows
 from .transaction.half import HALF_QUEUE_ID
 from .transaction.op import op_specs
@@ -125,9 +135,12 @@ class Sink:
             return []
         store = self.store
         bounds = half_bounds(rows, store)
+        # queues in order, on this thread: a delayed row's routing names its real queue
+        # (topics are created by the commit: a batch that never commits leaves none)
+        queues = [chunk_queues(store, rows.slice(lo, hi), create=False) for lo, hi in bounds]
 
         def prepare(k: int):  # on either of two threads (see store.core.pipeline)
-            spec = self._half_spec(rows, *bounds[k])
+            spec = self._half_spec(rows, *bounds[k], queues[k])
             return spec.properties[PROPERTY_TRANSACTION_ID], assemble_half(store, spec)
 
         staged = []
@@ -137,19 +150,10 @@ class Sink:
                 staged.append(tx)
         return staged
 
-    def _half_spec(self, rows: PreparedRows, lo: int, hi: int) -> RecordSpec:
+    def _half_spec(self, rows: PreparedRows, lo: int, hi: int,
+                   real_qid: np.ndarray) -> RecordSpec:
         part = rows.slice(lo, hi)
-        table = pa.table({
-            "topic": part.topic_array(),
-            "body": part.bodies.to_arrow(),
-            "properties": part.properties.to_arrow(),
-            "tags_code": pa.array(part.tags_codes, pa.int64()),
-            "msg_id": part.msg_ids.to_arrow(pa.string()),
-            "delay_level": pa.array(part.levels, pa.int64()),
-            "deliver_ms": pa.array(part.deliver_ms, pa.int64()),
-            "queue_id": pa.array(np.full(hi - lo, -1) if part.queue_ids is None
-                                 else part.queue_ids, pa.int64()),
-        }, schema=STAGED_SCHEMA)
+        table = staged_records(self.store, part, real_qid)
         tx = new_transaction_id(self.sink_id)
         props = {PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",
                  PROPERTY_PRODUCER_GROUP: self.group,
@@ -301,8 +305,14 @@ class Sink:
         COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
         store = self.store
         total = 0
-        group: list = []
-        group_rows = 0
+        # halves of this version hold records, older ones rows: each kind is grouped apart
+        groups: dict[bool, list] = {True: [], False: []}
+        counts = {True: 0, False: 0}
+        buffer: list = [np.empty(0, dtype=np.uint8)]  # reused: fresh pages cost a fault each
+
+        def append(kind: bool, group: list) -> int:
+            return append_staged(store, group, buffer) if kind else append_group(store, group)
+
         for row in rows:
             clog = index.latest_clog(row)
             props, body, born = half_view(store, clog)
@@ -310,14 +320,16 @@ class Sink:
                 raise SinkCommitError(
                     f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is "
                     f"not a half of sink {self.sink_id!r}")
-            table = decode_staged(body, f"at CommitLog offset {clog}")
-            group.append((table, clog, born))
-            group_rows += table.num_rows
-            if group_rows >= COMMIT_GROUP_ROWS:
-                total += append_group(store, group)
-                group, group_rows = [], 0
-        if group:
-            total += append_group(store, group)
+            table = decode_staged(body, store.commit_log.directory, clog)
+            kind = is_staged_records(table)
+            groups[kind].append((table, clog) if kind else (table, clog, born))
+            counts[kind] += table.num_rows
+            if counts[kind] >= COMMIT_GROUP_ROWS:
+                total += append(kind, groups[kind])
+                groups[kind], counts[kind] = [], 0
+        for kind, group in groups.items():
+            if group:
+                total += append(kind, group)
         return total
 
 

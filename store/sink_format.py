@@ -9,7 +9,8 @@ messages that end the halves.
 Sink half (a CommitLog record, layout :mod:`store.codec`)::
 
     field / property        value
-    body                    an Arrow IPC stream of the rows, schema STAGED_SCHEMA below
+    body                    an Arrow IPC stream of the rows, schema STAGED_RECORDS_SCHEMA
+                            below (halves staged by versions before it: STAGED_SCHEMA)
     __transactionId__       "SINK" + 12 hex of the sink key + 16 random hex (32 characters);
                             always the first property
     TRAN_MSG                "true"
@@ -19,7 +20,25 @@ Sink half (a CommitLog record, layout :mod:`store.codec`)::
     __RMQ_SINK_ROWS         number of rows in the body
     born timestamp          when the rows were taken (their delays count from it)
 
-STAGED_SCHEMA (one row per message; everything a send would have validated and encoded)::
+STAGED_RECORDS_SCHEMA (one row per message: the record the commit writes, already encoded)::
+
+    column        type                      meaning
+    topic         dictionary<int32,string>  the topic the record goes to (SCHEDULE_TOPIC_XXXX
+                                            or rmq_sys_wheel_timer for a delayed row); the
+                                            dictionary also holds the rows' own topics, and
+                                            the commit creates every topic it holds
+    queue_id      int32                     its queue; -1: the commit's round robin
+    tags_code     int64                     its ConsumeQueue tagsCode
+    record        binary                    the whole CommitLog record (layout
+                                            :mod:`store.codec`): sys flag COMMIT, born time
+                                            of the half, body CRC set; MAGICCODE is 0
+                                            (STAGED_MAGIC) so that no scan of the CommitLog
+                                            can take it for a record; the commit sets the
+                                            magic, PREPAREDTRANSACTIONOFFSET and the fields
+                                            every append places (queue id and offset,
+                                            physical offset, store time)
+
+STAGED_SCHEMA (halves staged before STAGED_RECORDS_SCHEMA; still committed)::
 
     column        type      meaning
     topic         string    the destination topic
@@ -69,6 +88,12 @@ _STAGED_V1 = pa.schema([
     ("deliver_ms", pa.int64()),
 ])
 STAGED_SCHEMA = _STAGED_V1.append(pa.field("queue_id", pa.int64()))
+STAGED_RECORDS_SCHEMA = pa.schema([
+    ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
+    ("tags_code", pa.int64()), ("record", pa.binary()),
+])
+#: MAGICCODE of a record staged in a sink half (the commit writes the real one).
+STAGED_MAGIC = 0
 
 
 def sink_key(sink_id: str) -> str:
@@ -101,27 +126,37 @@ def sink_code(sink_id: str) -> int:
     return int(sink_key(sink_id)[:8], 16) >> 1
 
 
-def encode_staged(table: pa.Table) -> bytes:
-    """The body of a sink half: ``table`` (STAGED_SCHEMA) as an Arrow IPC stream."""
+def encode_staged(table: pa.Table) -> pa.Buffer:
+    """The body of a sink half: ``table`` (STAGED_RECORDS_SCHEMA, or STAGED_SCHEMA) as an
+    Arrow IPC stream."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, STAGED_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
-def decode_staged(body: bytes, where: str) -> pa.Table:
-    """The rows of a sink half's body; :class:`CorruptRecordError` naming ``where`` if the
-    body is not a stream of STAGED_SCHEMA."""
+def is_staged_records(table: pa.Table) -> bool:
+    """Whether a decoded half holds records (STAGED_RECORDS_SCHEMA) rather than rows."""
+    return table.schema.equals(STAGED_RECORDS_SCHEMA)
+
+
+def decode_staged(body, file: str, position: int) -> pa.Table:
+    """The rows of a sink half's body (STAGED_RECORDS_SCHEMA or STAGED_SCHEMA; bytes or a
+    memoryview, not copied); :class:`CorruptRecordError` naming the half (its segment
+    ``file`` and CommitLog offset ``position``) if the body is not a stream of either."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptRecordError(f"sink half {where}: its body is no Arrow stream ({exc})") \
-            from None
+        raise CorruptRecordError(file, position,
+                                 f"sink half whose body is no Arrow stream ({exc})") from None
+    if is_staged_records(table):
+        return table
     if table.schema.equals(_STAGED_V1):  # staged before rows could ask for a queue
         table = table.append_column("queue_id", pa.array([-1] * table.num_rows, pa.int64()))
     if not table.schema.equals(STAGED_SCHEMA):
         raise CorruptRecordError(
-            f"sink half {where}: its rows have schema {table.schema}; expected {STAGED_SCHEMA}")
+            file, position, f"sink half whose rows have schema {table.schema}; expected "
+            f"{STAGED_RECORDS_SCHEMA} (or, staged by an older version, {STAGED_SCHEMA})")
     return table
 
 

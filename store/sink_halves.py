@@ -1,17 +1,30 @@
-"""Sink halves as records: appending them, reading them back, and their rows.
+"""Sink halves as records: staging rows as records, appending halves, committing them.
 
-Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`): a half is appended through
-the columnar path (its megabytes of Arrow body go to the compiled record kernel with no extra
-copy), read back as a view of the mapped CommitLog segment, and its rows are turned back into
-:class:`~store.table_rows.PreparedRows` to be appended in their real topics.
+Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`).
+
+* **Stage** (:func:`staged_records`): the rows of a half are encoded as the very records the
+  commit will write (routed as :func:`~store.table_producer.append_prepared` routes them,
+  CRCs computed), with a zero magic code, and kept with their topic, queue and tagsCode in
+  an Arrow table, the half's body.  The half is appended through the columnar path (its
+  megabytes of body go to the compiled record kernel with no extra copy).
+* **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
+  CommitLog segment, their body CRCs checked, and their records copied out, given their
+  magic code and PREPAREDTRANSACTIONOFFSET, and placed by the core's columnar append
+  (queue ids and offsets, physical offsets, store time): nothing is encoded again.
+* Halves staged by versions that kept rows rather than records (STAGED_SCHEMA) are
+  committed by encoding their rows (:func:`append_group`).
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pyarrow as pa
 
 from .codec import (
+    FIELD_OFFSET,
+    FIXED_SIZE,
     HEADER_DTYPE,
     HEADER_SIZE,
     LOCALHOST,
@@ -24,12 +37,128 @@ from .codec import (
 )
 from .core.append_types import AssembledRecords, EncodedRecords
 from .errors import CorruptRecordError
-from .record_kernels import ByteColumn
-from .table_producer import append_prepared
+from .record_kernels import ByteColumn, complete_staged
+from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA
+from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows
 from .table_rows import PreparedRows
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
 HALF_FILL = 0.9
+#: Bytes a delayed row's record may gain by its routing (REAL_TOPIC, REAL_QID, DELAY or
+#: TIMER_OUT_MS + TIMER_DELIVER_MS), on top of its topic's length.
+_ROUTING_BOUND = 128
+_STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction_offset"]],
+                      dtype=np.int64)
+_STAGED_BYTES = np.frombuffer(STAGED_MAGIC.to_bytes(4, "big", signed=True), np.uint8)
+
+
+def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
+    """The rows of one half as the records their commit writes (STAGED_RECORDS_SCHEMA).
+
+    ``real_qid``: each row's queue as :func:`~store.table_producer.chunk_queues` chose it;
+    a delayed row's routing names it (REAL_QID), a row that is not delayed and asked for
+    no queue is left to the commit's round robin (-1).
+    """
+    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE)
+    n = len(records)
+    starts = records.starts
+    data = records.data
+    data[starts[:, None] + _STAGED_AT[0] + np.arange(4)] = _STAGED_BYTES
+    keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
+    if rows.queue_ids is not None:
+        keep |= rows.queue_ids >= 0
+    queues = np.where(keep, records.queue_ids, -1).astype(np.int32)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[:n] = starts - starts[0]
+    offsets[n] = offsets[n - 1] + records.sizes[n - 1]
+    body = data[starts[0]:starts[0] + int(offsets[n])]
+    record = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                    pa.py_buffer(body)])
+    # the dictionary is every topic of the rows, then the delay topics: the commit's append
+    # creates each, so a row that is only delayed so far has its topic once committed
+    topic = pa.DictionaryArray.from_arrays(
+        pa.array(np.asarray(records.topic_ids, np.int32)),
+        pa.array(list(records.topics), pa.string()))
+    return pa.table({"topic": topic, "queue_id": pa.array(queues),
+                     "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
+                     "record": record}, schema=STAGED_RECORDS_SCHEMA)
+
+
+def append_staged(store, group: list, buffer: list | None = None) -> int:
+    """Commit the staged records of several halves (``(table, half offset)`` pairs,
+    STAGED_RECORDS_SCHEMA) at once; return how many.
+
+    In chunks of :data:`~store.table_producer.CHUNK_ROWS` records, copied out of the halves
+    into one reused buffer (fresh pages cost a fault each), checked and completed by one
+    compiled pass (:func:`~store.record_kernels.complete_staged`: size field, staged magic;
+    then the magic code and PREPAREDTRANSACTIONOFFSET) and placed by the core's columnar
+    append.  Raises :class:`CorruptRecordError` when a staged record fails the checks (the
+    caller's atomic group then drops everything of the commit).  ``buffer``: a one-item
+    list holding the copy buffer between calls (kept there, grown when needed).
+    """
+    topics: dict[str, int] = {}
+    datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
+    for table, clog in group:
+        n = table.num_rows
+        if not n:
+            continue
+        col = table.column("record").combine_chunks()
+        offs = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset)
+        datas.append(np.frombuffer(col.buffers()[2], np.uint8))
+        offsets.append(offs.astype(np.int64))
+        tcol = table.column("topic").combine_chunks()
+        local = np.array([topics.setdefault(t, len(topics))
+                          for t in tcol.dictionary.to_pylist()], dtype=np.int64)
+        topic_ids.append(local[tcol.indices.to_numpy(zero_copy_only=False)])
+        queue_ids.append(table.column("queue_id").to_numpy().astype(np.int64))
+        codes.append(table.column("tags_code").to_numpy())
+        halves.append(clog)
+    if not datas:
+        return 0
+    counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(counts)))  # first record of each half
+    size = np.concatenate([np.diff(o) for o in offsets])
+    prepared = np.repeat(np.array(halves, dtype=np.int64), counts)
+    topic_id, queue_id = np.concatenate(topic_ids), np.concatenate(queue_ids)
+    code = np.concatenate(codes)
+    names = list(topics)
+    total = int(first[-1])
+    buffer = [np.empty(0, dtype=np.uint8)] if buffer is None else buffer
+    buf = buffer[0]
+    for lo in range(0, total, CHUNK_ROWS):
+        hi = min(total, lo + CHUNK_ROWS)
+        sizes = size[lo:hi]
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        nbytes = int(starts[-1] + sizes[-1])
+        if len(buf) < nbytes:
+            buf = buffer[0] = np.empty(max(nbytes, 2 * len(buf)), dtype=np.uint8)
+        pos = 0
+        for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(counts)):
+            a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
+            if a >= b:
+                break
+            o = offsets[h]
+            src = datas[h][o[a - first[h]]:o[b - first[h]]]
+            buf[pos:pos + len(src)] = src
+            pos += len(src)
+        bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
+                              MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
+        if bad >= 0:
+            raise CorruptRecordError(
+                store.commit_log.directory, int(prepared[lo + bad]),
+                f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
+                "field or magic code; its batch cannot commit")
+        qids = queue_id[lo:hi].copy()
+        tids = topic_id[lo:hi]
+        free = qids < 0
+        if free.any():  # the next queue of each topic's round robin, one per chunk
+            for t in np.unique(tids[free]).tolist():
+                qids[free & (tids == t)] = store.next_queue(names[t],
+                                                            store.ensure_topic(names[t]))
+        store.append_encoded(AssembledRecords(
+            data=buf[:nbytes], starts=starts, sizes=sizes, topics=names, topic_ids=tids,
+            queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))
+    return total
 
 
 def append_group(store, group: list) -> int:
@@ -50,22 +179,28 @@ def append_group(store, group: list) -> int:
 
 def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
     """Properties, body (a view of the mapped segment, no copy) and born time of the half
-    record at ``offset``."""
+    record at ``offset``; :class:`CorruptRecordError` when it is no record or its body
+    fails its CRC (a half damaged since it was staged never commits)."""
     buf, pos, f = store.commit_log.buffer_at(offset)
     if pos + HEADER_SIZE > f.size:
-        raise CorruptRecordError(f"sink half at CommitLog offset {offset}: past its segment")
+        raise CorruptRecordError(f.path, offset, "sink half past the end of its segment")
     header = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1, offset=pos)[0]
     size, body_len = int(header["total_size"]), int(header["body_length"])
     if int(header["magic"]) != MESSAGE_MAGIC_CODE_V1 or size <= 0 or pos + size > f.size \
             or HEADER_SIZE + body_len > size:
-        raise CorruptRecordError(f"sink half at CommitLog offset {offset}: not a record")
+        raise CorruptRecordError(f.path, offset, "sink half that is not a record")
+    f.populate(pos, pos + size)  # one call maps the pages the CRC would fault in one by one
     view = memoryview(buf)
     body_at = pos + HEADER_SIZE
     topic_len = view[body_at + body_len]
     props_at = body_at + body_len + 1 + topic_len
     props_len = int.from_bytes(view[props_at:props_at + 2], "big")
     props = decode_properties(view[props_at + 2:props_at + 2 + props_len])
-    return props, view[body_at:body_at + body_len], int(header["born_timestamp"])
+    body = view[body_at:body_at + body_len]
+    if zlib.crc32(body) & 0x7FFFFFFF != int(header["body_crc"]):
+        raise CorruptRecordError(f.path, offset, "sink half whose body fails its CRC "
+                                 "(damaged since it was staged); its batch cannot commit")
+    return props, body, int(header["born_timestamp"])
 
 
 def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
@@ -110,7 +245,11 @@ def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
     n = len(rows)
     cfg = store.config
     budget = int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
-    sizes = rows.bodies.lengths() + rows.properties.lengths() + 96
+    topic_len = np.array([len(t.encode("utf-8")) for t in rows.topic_names], np.int64)
+    delayed = (rows.levels > 0) | (rows.deliver_ms >= 0)
+    # each row's record (an upper bound), plus Arrow's offset and topic / queue / code
+    sizes = (rows.bodies.lengths() + rows.properties.lengths() + FIXED_SIZE + 20
+             + topic_len[rows.topic_ids] * (1 + delayed) + delayed * _ROUTING_BOUND)
     ends = np.cumsum(sizes)
     bounds = []
     lo, base = 0, 0

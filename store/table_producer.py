@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from .batch_encoding import paused_gc
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
-from .core.append_types import EncodedRecords
+from .core.append_types import AssembledRecords, EncodedRecords
 from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .delayed.routing import DELIVERY_HEADROOM
@@ -95,7 +95,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
         return RESULT_SCHEMA.empty_table()
     chunks = [rows.slice(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
     # the queues first, in order: each chunk takes the next of its topics' round robins
-    queues = [_chunk_queues(store, chunk) for chunk in chunks]
+    queues = [chunk_queues(store, chunk) for chunk in chunks]
 
     def prepare(k: int):
         lo = k * chunk_rows
@@ -110,13 +110,23 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     return pa.concat_tables(results)
 
 
-def _chunk_queues(store: StorePort, rows: PreparedRows) -> np.ndarray:
+def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
+                  sys_flag: int = 0) -> AssembledRecords:
+    """The records of ``rows`` as :func:`append_prepared` would write them (delayed rows
+    routed, ``real_qid`` their real queues), assembled but not placed: the exactly-once
+    sink stages them so that its commit only places them (:mod:`store.sink_halves`)."""
+    return _encode_chunk(store, rows, real_qid, sys_flag, None)[0]
+
+
+def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -> np.ndarray:
     """Each row's queue: the one its topic takes for this chunk (the next of the topic's
-    round robin, as a RocketMQ batch), or the queue an ordered row asked for."""
+    round robin, as a RocketMQ batch), or the queue an ordered row asked for.  Missing
+    topics are created, unless ``create`` is false (then they are only counted)."""
     names = rows.topic_names
+    count = store.ensure_topic if create else store.queue_count_for
     queue_of = np.zeros(len(names), dtype=np.int64)
     for t in np.unique(rows.topic_ids).tolist():
-        queue_of[t] = store.next_queue(names[t], store.ensure_topic(names[t]))
+        queue_of[t] = store.next_queue(names[t], count(names[t]))
     real_qid = queue_of[rows.topic_ids]
     if rows.queue_ids is not None:  # ordered rows: the queue each asked for
         real_qid = np.where(rows.queue_ids >= 0, rows.queue_ids, real_qid)
@@ -225,4 +235,4 @@ _ROUTING_PAIRS = (PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TI
 
 
 __all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "append_prepared",
-           "as_table", "prepare_rows", "send_table"]
+           "as_table", "assemble_rows", "chunk_queues", "prepare_rows", "send_table"]

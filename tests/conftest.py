@@ -47,6 +47,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(autouse=True)
+def round_robin_from_queue_0(monkeypatch):
+    """Round robins start at queue 0 in tests (at random otherwise), so that two stores
+    fed the same sends can be compared record by record; tests of the random start undo it
+    with ``monkeypatch.undo()``."""
+    from store.core import appender
+
+    monkeypatch.setattr(appender, "round_robin_start", lambda: 0)
+
+
 @pytest.fixture
 def small_config() -> StoreConfig:
     return SMALL

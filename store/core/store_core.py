@@ -216,6 +216,15 @@ class StoreCore(AppendLocking, ReadableStore):
                 self.topic_table.create(topic, count, self.now_ms())
             return count
 
+    def queue_count_for(self, topic: str) -> int:
+        """The queue count of ``topic``, or the one it gets when created (creates nothing:
+        work that may never be committed, such as a sink's staging, routes with it)."""
+        count = self.topic_table.cached_queue_count(topic) or self.topic_table.queue_count(topic)
+        if count is None:
+            count = self.dispatcher.system_queue_count(topic)
+        return count if count is not None else default_queue_count(
+            topic, self.config.default_queue_count)
+
     def tags_code(self, topic: str, properties: Mapping[str, str],
                   store_timestamp_ms: int) -> int:
         """The ConsumeQueue tagsCode of a record (a registered rule, else the tag hash)."""

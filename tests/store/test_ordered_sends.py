@@ -114,7 +114,7 @@ def test_the_sink_places_rows_by_key_and_reads_old_halves(store, clock):
     sink_stream = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink_stream, _STAGED_V1) as writer:
         writer.write_table(old)
-    decoded = decode_staged(sink_stream.getvalue().to_pybytes(), "test")
+    decoded = decode_staged(sink_stream.getvalue().to_pybytes(), "test", 0)
     assert decoded.column_names[-1] == "queue_id"
 
 
