@@ -192,7 +192,7 @@ def test_stream_driver_killed_again_and_again_keeps_every_row_exactly_once(tmp_p
     expected = {}
     # a micro-batch per file: enough files that the kills fall inside the stream (the full
     # run's 20 kills reach batch ~25), few enough that the final drain stays short
-    files, per_file = (max(24, 5 * kills), 20) if kind == "store" else (20, 40)
+    files, per_file = (max(24, 5 * kills), 20) if kind == "store" else (max(12, 2 * kills), 40)
     for f in range(files):
         rows = []
         for i in range(per_file):
