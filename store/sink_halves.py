@@ -141,6 +141,11 @@ def append_staged(store, group: list, buffer: list | None = None) -> int:
             src = datas[h][o[a - first[h]]:o[b - first[h]]]
             buf[pos:pos + len(src)] = src
             pos += len(src)
+        if pos != nbytes:  # offsets past their buffer: a half written wrongly
+            raise CorruptRecordError(
+                store.commit_log.directory, int(prepared[lo]),
+                f"sink half whose staged records hold {pos} bytes where their offsets say "
+                f"{nbytes}; its batch cannot commit")
         bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
                               MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
         if bad >= 0:
