@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
+
+from ..checkpoint import StoreCheckpoint
+from ..commit_log import CommitLog
+from ..config import StoreConfig
+from ..consume_queue import ConsumeQueue
+from .dispatch import Dispatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +112,20 @@ class EncodedAppend:
     commitlog_offsets: np.ndarray
     sizes: np.ndarray
     store_timestamp_ms: int
+
+
+class AppendTarget(Protocol):
+    """What the appender uses of its store (the :class:`~store.core.store_core.StoreCore`)."""
+
+    config: StoreConfig
+    commit_log: CommitLog
+    checkpoint: StoreCheckpoint
+    dispatcher: Dispatcher
+
+    def now_ms(self) -> int: ...
+
+    def ensure_topic(self, topic: str) -> int: ...
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
+
+    def drop_tail(self, offset: int) -> None: ...

@@ -30,41 +30,20 @@ import dataclasses
 import itertools
 import random
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .. import codec
-from ..checkpoint import StoreCheckpoint
 from ..codec import RecordSpec
-from ..commit_log import CommitLog
-from ..config import StoreConfig
-from ..consume_queue import ConsumeQueue
 from ..errors import InvalidMessageError, MessageTooLargeError
-from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
-                           EncodedRecords)
-from .dispatch import Dispatcher, QueueEntries, is_dispatched
+from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
+                           EncodedAppend, EncodedRecords)
+from .dispatch import QueueEntries, is_dispatched
 from .record_writes import assemble_unplaced, patch_placed, place_batch, placed_writes
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
-
-
-class AppendTarget(Protocol):
-    """What the appender uses of its store (the :class:`~store.core.store_core.StoreCore`)."""
-
-    config: StoreConfig
-    commit_log: CommitLog
-    checkpoint: StoreCheckpoint
-    dispatcher: Dispatcher
-
-    def now_ms(self) -> int: ...
-
-    def ensure_topic(self, topic: str) -> int: ...
-
-    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue: ...
-
-    def drop_tail(self, offset: int) -> None: ...
 
 
 def round_robin_start() -> int:
