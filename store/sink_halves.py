@@ -39,7 +39,7 @@ from .core.append_types import AssembledRecords, EncodedRecords
 from .errors import CorruptRecordError
 from .record_kernels import ByteColumn, complete_staged
 from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA
-from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows
+from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
 from .table_rows import PreparedRows
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
@@ -153,13 +153,9 @@ def append_staged(store, group: list, buffer: list | None = None) -> int:
                 store.commit_log.directory, int(prepared[lo + bad]),
                 f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
                 "field or magic code; its batch cannot commit")
-        qids = queue_id[lo:hi].copy()
         tids = topic_id[lo:hi]
-        free = qids < 0
-        if free.any():  # the next queue of each topic's round robin, one per chunk
-            for t in np.unique(tids[free]).tolist():
-                qids[free & (tids == t)] = store.next_queue(names[t],
-                                                            store.ensure_topic(names[t]))
+        # -1: the next queue of the topic's round robin, one per chunk (as send_table)
+        qids = queues_for_chunk(store, names, tids, queue_id[lo:hi])
         store.append_encoded(AssembledRecords(
             data=buf[:nbytes], starts=starts, sizes=sizes, topics=names, topic_ids=tids,
             queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))

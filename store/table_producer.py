@@ -122,14 +122,21 @@ def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -
     """Each row's queue: the one its topic takes for this chunk (the next of the topic's
     round robin, as a RocketMQ batch), or the queue an ordered row asked for.  Missing
     topics are created, unless ``create`` is false (then they are only counted)."""
-    names = rows.topic_names
+    return queues_for_chunk(store, rows.topic_names, rows.topic_ids, rows.queue_ids,
+                            create=create)
+
+
+def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
+                     queue_ids: np.ndarray | None, *, create: bool = True) -> np.ndarray:
+    """:func:`chunk_queues` over plain columns: row ``i`` of topic ``names[topic_ids[i]]``
+    keeps ``queue_ids[i]`` when it is >= 0, else takes its topic's queue for the chunk."""
     count = store.ensure_topic if create else store.queue_count_for
     queue_of = np.zeros(len(names), dtype=np.int64)
-    for t in np.unique(rows.topic_ids).tolist():
+    for t in np.unique(topic_ids).tolist():
         queue_of[t] = store.next_queue(names[t], count(names[t]))
-    real_qid = queue_of[rows.topic_ids]
-    if rows.queue_ids is not None:  # ordered rows: the queue each asked for
-        real_qid = np.where(rows.queue_ids >= 0, rows.queue_ids, real_qid)
+    real_qid = queue_of[topic_ids]
+    if queue_ids is not None:  # ordered rows: the queue each asked for
+        real_qid = np.where(queue_ids >= 0, queue_ids, real_qid)
     return real_qid
 
 
@@ -235,4 +242,5 @@ _ROUTING_PAIRS = (PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TI
 
 
 __all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "append_prepared",
-           "as_table", "assemble_rows", "chunk_queues", "prepare_rows", "send_table"]
+           "as_table", "assemble_rows", "chunk_queues", "prepare_rows", "queues_for_chunk",
+           "send_table"]
