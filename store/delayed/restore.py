@@ -180,7 +180,8 @@ def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     data = props.data
     roll = np.zeros(n, dtype=bool) if roll is None else roll
     marker = found[_K_DEL]
-    keep = (src.ok & np.isin(src.headers["sys_flag"] & TRANSACTION_TYPE_MASK, _TX_OK)
+    tx_type = src.headers["sys_flag"] & TRANSACTION_TYPE_MASK
+    keep = (src.ok & ((tx_type == _TX_OK[0]) | (tx_type == _TX_OK[1]))
             & found[_K_TOPIC] & (~marker | roll))
     deliver = keep & ~roll
 
@@ -236,22 +237,22 @@ def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         times, times_ok = parse_int_ranges(data, v0[_K_ROLL], v1[_K_ROLL])
         values[_S_ROLL] = np.where(times_ok & found[_K_ROLL], times, 0) + 1
         present[_S_ROLL] = roll
+    # every row kept (the common case): the columns are used as they are, not copied
+    rows = slice(None) if len(selected) == n else selected
     drop = found[_K_SET] & present  # a pair set again replaces the old one
-    if drop[:, selected].any():
+    if drop[:, rows].any():
         props = strip_pairs(props, _SET, drop)
     if len(selected) != n:
         props = take_rows(props, selected)
-        bodies = take_rows(src.bodies, selected)
-    else:
-        bodies = src.bodies
-    extras = format_int_pairs(_SET, values[:, selected], present[:, selected],
+    extras = format_int_pairs(_SET, values[:, rows], present[:, rows],
                               closing_separators(props))
     props_len = props.lengths() + extras.lengths()
     records = EncodedRecords(
-        headers=src.headers[selected], bodies=bodies, properties=props,
-        extra_properties=extras, properties_length=props_len, topics=topics,
-        topic_ids=topic_ids[selected], queue_ids=qids[selected], tags_codes=codes[selected],
-        store_timestamp_ms=now, body_crc_known=True)
+        headers=src.headers[rows],
+        bodies=src.bodies if len(selected) == n else take_rows(src.bodies, selected),
+        properties=props, extra_properties=extras, properties_length=props_len,
+        topics=topics, topic_ids=topic_ids[rows], queue_ids=qids[rows],
+        tags_codes=codes[rows], store_timestamp_ms=now, body_crc_known=True)
     return records, len(selected) - n_roll, n_roll
 
 
