@@ -13,6 +13,7 @@ import gc
 import re
 from contextlib import contextmanager
 from itertools import chain, repeat
+from operator import itemgetter
 from typing import Iterator, NamedTuple, Sequence
 
 from .errors import InvalidMessageError
@@ -91,8 +92,10 @@ class _PropertyColumns(NamedTuple):
         counts = set(map(len, properties))
         if counts == {0}:
             return cls(counts, set(), [])
-        return cls(counts, set().union(*properties),
-                   list(chain.from_iterable(map(dict.values, properties))))
+        names = set().union(*properties)
+        if counts == {1} and len(names) == 1:  # the common shape: one lookup per message
+            return cls(counts, names, list(map(itemgetter(next(iter(names))), properties)))
+        return cls(counts, names, list(chain.from_iterable(map(dict.values, properties))))
 
     def users(self, properties: Sequence[dict]) -> "list[str] | OnePair":
         """:func:`user_properties_text` of every dict, or a :class:`OnePair` (the common
@@ -121,7 +124,7 @@ def _columns_plainly_valid(bodies, tags, keys, pairs: "_PropertyColumns", flags,
         check_tags(t)
     if not set(map(type, keys)) <= {str, type(None)}:
         return False
-    text_keys = [k for k in keys if k]
+    text_keys = list(filter(None, keys))
     if text_keys:
         joined = "\x02".join(text_keys)
         if (joined.count("\x02") != len(text_keys) - 1 or "\x01" in joined or "  " in joined

@@ -89,8 +89,7 @@ class MessageIdGenerator:
         """``n`` fresh ids, built with NumPy rather than one format call each."""
         if n == 1:
             return self._ids(1, now_ms, as_chars=False)
-        text = self._ids(n, now_ms, as_chars=True).tobytes().decode("ascii")
-        return [text[i:i + 32] for i in range(0, 32 * n, 32)]
+        return _strings(self._ids(n, now_ms, as_chars=True))
 
     def next_id_chars(self, n: int, now_ms: int | None = None) -> np.ndarray:
         """``n`` fresh ids as one ``(n, 32)`` uint8 array of ASCII characters."""
@@ -120,7 +119,11 @@ class MessageIdGenerator:
         chars[:, :20] = self._prefix_bytes
         chars[:, 20::2] = self._HEX[suffix >> 4]
         chars[:, 21::2] = self._HEX[suffix & 0xF]
-        if not as_chars:
-            text = chars.tobytes().decode("ascii")
-            return [text[i:i + 32] for i in range(0, 32 * n, 32)]
-        return chars
+        return chars if as_chars else _strings(chars)
+
+
+def _strings(chars: np.ndarray) -> list[str]:
+    """The rows of an ``(n, 32)`` array of ASCII characters as ``str`` objects: widened to
+    NumPy's fixed-width unicode, whose ``tolist`` builds the strings in C (a third of the
+    time of slicing one long string)."""
+    return chars.astype(np.uint32).view(f"U{chars.shape[1]}").ravel().tolist()
