@@ -26,7 +26,6 @@ the next writer's recovery cuts back to the mark) or an exception drops the whol
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from contextlib import contextmanager
@@ -37,10 +36,12 @@ import numpy as np
 from .. import codec
 from ..codec import RecordSpec
 from ..errors import InvalidMessageError, MessageTooLargeError
+from ..record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords)
 from .dispatch import QueueEntries, is_dispatched
-from .record_writes import assemble_unplaced, patch_placed, place_batch, placed_writes
+from .record_writes import (assemble_unplaced, batch_template, patch_placed, place_batch,
+                            placed_writes)
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
@@ -235,29 +236,24 @@ class Appender:
                      born_port: int) -> BatchAppendResult:
         """Records of one topic to one queue (see :meth:`StoreCore.append_batch`)."""
         n = len(bodies)
-        template = np.zeros(1, dtype=codec.HEADER_DTYPE)  # what every record shares
-        template["magic"] = codec.MESSAGE_MAGIC_CODE_V1
-        template["sys_flag"] = sys_flag
-        template["born_timestamp"] = born_timestamp_ms
-        template["born_host"] = np.void(bytes(born_host))
-        template["born_port"] = born_port
-        template["store_host"] = np.void(codec.LOCALHOST)
-        template["store_port"] = codec.STORE_PORT
-        headers = np.repeat(template, n)  # BODYCRC: computed by the record kernel
+        headers = np.repeat(batch_template(sys_flag, bytes(born_host), born_port), n)
+        headers["born_timestamp"] = born_timestamp_ms  # BODYCRC: computed by the record kernel
         headers["flag"] = flags
-        headers["body_length"] = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+        body_column = ByteColumn.of(bodies)  # the lengths are taken once, here
+        props_column = ByteColumn.of(properties)
+        headers["body_length"] = body_column.lengths()
         dispatched = is_dispatched(sys_flag)
         codes = (self.core.dispatcher.tag_hashes(tags) if dispatched and tags is not None
                  else np.zeros(n, dtype=np.int64))
+        queue_ids = np.zeros(n, dtype=np.int64)
         records = EncodedRecords(
-            headers=headers, bodies=bodies, properties=properties,
-            properties_length=np.fromiter(map(len, properties), dtype=np.int64, count=n),
-            topics=[topic], topic_ids=np.zeros(n, dtype=np.int64),
-            queue_ids=np.zeros(n, dtype=np.int64), tags_codes=codes)
+            headers=headers, bodies=body_column, properties=props_column,
+            properties_length=props_column.lengths(), topics=[topic],
+            topic_ids=np.zeros(n, dtype=np.int64), queue_ids=queue_ids, tags_codes=codes)
         sizes = self._sizes(records)  # refuse before the topic is created
-        qid = self._queue_id(topic, queue_id)
-        placed = self.append_encoded(dataclasses.replace(
-            records, queue_ids=np.full(n, qid, dtype=np.int64)), sizes=sizes)
+        queue_ids[:] = self._queue_id(topic, queue_id)
+        placed = self.append_encoded(records, sizes=sizes)
+        qid = int(queue_ids[0])
         first = int(placed.queue_offsets[0]) if dispatched else -1
         return BatchAppendResult(topic, qid, first, placed.commitlog_offsets, placed.sizes,
                                  placed.store_timestamp_ms)

@@ -12,6 +12,7 @@ Used by :class:`~store.core.appender.Appender`.
 from __future__ import annotations
 
 import zlib
+from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
@@ -25,6 +26,22 @@ from .append_types import AssembledRecords, EncodedRecords
 _ZLIB_CRC_BYTES = 16 * 1024
 #: Byte offset of BODYCRC in a record (the kernel writes it).
 _CRC_AT = codec.FIELD_OFFSET["body_crc"]
+
+
+@lru_cache(maxsize=64)
+def batch_template(sys_flag: int, born_host: bytes, born_port: int) -> np.ndarray:
+    """The header every record of a batch starts from (one row of :data:`codec.HEADER_DTYPE`;
+    callers copy it, e.g. with ``np.repeat``).  Cached: a producer's batches share it; the
+    born time, flag and lengths are set per batch."""
+    template = np.zeros(1, dtype=codec.HEADER_DTYPE)
+    template["magic"] = codec.MESSAGE_MAGIC_CODE_V1
+    template["sys_flag"] = sys_flag
+    template["born_host"] = np.void(born_host)
+    template["born_port"] = born_port
+    template["store_host"] = np.void(codec.LOCALHOST)
+    template["store_port"] = codec.STORE_PORT
+    template.flags.writeable = False  # shared by every batch
+    return template
 
 
 def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
