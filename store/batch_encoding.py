@@ -16,6 +16,8 @@ from itertools import chain, repeat
 from operator import itemgetter
 from typing import Iterator, NamedTuple, Sequence
 
+import numpy as np
+
 from .errors import InvalidMessageError
 from .message import (
     PROPERTY_KEYS,
@@ -25,6 +27,7 @@ from .message import (
     check_user_properties,
     keys_value,
 )
+from .record_kernels import ByteColumn
 
 # keys the fast path takes as they are: single inner spaces only, no other whitespace
 _WHITESPACE_BUT_SPACE = re.compile(r"[^\S ]")
@@ -151,43 +154,65 @@ def user_properties_text(properties: dict) -> str:
     return "\x02".join(map("\x01".join, properties.items())) + "\x02"
 
 
-def properties_strings(users: "list[str] | OnePair", tags: list, keys: list,
-                       ids: list[str]) -> list[bytes]:
-    """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY.
+def properties_column(users: "list[str] | OnePair", tags: list, keys: list,
+                      ids: list[str]) -> ByteColumn:
+    """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY, as one
+    :class:`~store.record_kernels.ByteColumn` (row ``i``: message ``i``'s string).
 
     The same order (and bytes) as :func:`store.codec.encode_properties` of the dict a
     single send builds.  The string is cut into parts that are either the same for every
-    message (a tag shared by all, the pair names, separators) or a column; each message's
-    string is one join over the columns, with no intermediate string per part.
+    message (a tag shared by all, the pair names, separators) or a column.  When every
+    message has the same number of pairs (the usual batch), all the parts are joined and
+    encoded at once and the rows are cut at every k-th 0x02 (validated names and values
+    hold no 0x02, and UTF-8 never puts one inside a character); otherwise each message's
+    string is one join over the columns.
     """
+    n = len(ids)
     parts: list = []  # str: the same for every message; list: one value per message
+    pairs = 1  # pairs per message (UNIQ_KEY); None: it varies
     if isinstance(users, OnePair):
         parts += [f"{users.name}\x01", users.values, "\x02"]
+        pairs += 1
     elif any(users):
         parts.append(users)
+        pairs = None
     distinct = set(tags)
     if len(distinct) == 1:
         tag = next(iter(distinct))
         if tag:
             parts.append(f"{PROPERTY_TAGS}\x01{tag}\x02")
+            pairs = pairs and pairs + 1
     else:
         tag_part = {t: f"{PROPERTY_TAGS}\x01{t}\x02" if t else "" for t in distinct}
         parts.append(list(map(tag_part.__getitem__, tags)))
+        pairs = pairs and (pairs + 1 if all(distinct) else None)
     missing = keys.count(None)
     if missing == 0:
         parts += [f"{PROPERTY_KEYS}\x01", keys, "\x02"]
+        pairs = pairs and pairs + 1
     elif missing < len(keys):
         parts.append([f"{PROPERTY_KEYS}\x01{k}\x02" if k else "" for k in keys])
+        pairs = None
     parts += [f"{PROPERTY_UNIQ_KEY}\x01", ids, "\x02"]
-    n = len(ids)
     columns: list = []
     for part in parts:
         if isinstance(part, str) and columns and isinstance(columns[-1], str):
             columns[-1] += part
         else:
             columns.append(part)
+    if pairs:
+        # every row's parts, row after row, in one join: no string per row
+        flat: list = [None] * (len(columns) * n)
+        for j, column in enumerate(columns):
+            flat[j::len(columns)] = repeat(column, n) if isinstance(column, str) else column
+        data = np.frombuffer("".join(flat).encode("utf-8"), dtype=np.uint8)
+        ends = np.flatnonzero(data == 2)
+        if len(ends) == pairs * n:
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            offsets[1:] = ends[pairs - 1::pairs] + 1
+            return ByteColumn(data, offsets)
     columns = [repeat(c, n) if isinstance(c, str) else c for c in columns]
-    return list(map(str.encode, map("".join, zip(*columns))))
+    return ByteColumn.of(list(map(str.encode, map("".join, zip(*columns)))))
 
 
 @contextmanager

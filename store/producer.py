@@ -8,7 +8,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Protocol, Sequence
 
-from .batch_encoding import normalized_columns, paused_gc, properties_strings, validated_columns
+from .batch_encoding import normalized_columns, paused_gc, properties_column, validated_columns
 from .codec import RecordSpec
 from .core.ports import StorePort
 from .delayed.schedule import ScheduleService, deliver_time
@@ -221,9 +221,9 @@ class Producer:
             bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
         now = self.store.now_ms()
         ids = self.store.id_generator.next_ids(len(messages), now)
-        props = properties_strings(users, tags, keys, ids)
+        props = properties_column(users, tags, keys, ids)
         # RocketMQ's wire size of a batch: 20 fixed bytes + body + 2 + properties, per message
-        total = 22 * len(bodies) + sum(map(len, bodies)) + sum(map(len, props))
+        total = 22 * len(bodies) + sum(map(len, bodies)) + int(props.offsets[-1])
         if total > limit:
             raise MessageTooLargeError(
                 f"batch of {len(bodies)} messages is {total} bytes encoded; allowed: at most "

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .batch_encoding import normalized_columns, properties_strings, validated_columns
+from .batch_encoding import normalized_columns, properties_column, validated_columns
 from .core.ports import StorePort
 from .errors import InvalidDelayError, InvalidMessageError
 from .message import (
@@ -299,7 +299,7 @@ def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
         bodies, tags, keys, users = normalized_columns(bodies, tags, keys, properties)
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_ids(n, now)
-    props = properties_strings(users, tags, keys, ids)
+    props = properties_column(users, tags, keys, ids)
     names = sorted(set(topics))
     index = {t: i for i, t in enumerate(names)}
     topic_ids = np.fromiter(map(index.__getitem__, topics), dtype=np.int64, count=n)

@@ -288,8 +288,9 @@ class StoreCore(AppendLocking, ReadableStore):
         topic : str
             A validated topic whose tagsCode comes from the tag (a system topic with a tagsCode
             rule of its own goes through :meth:`append`).
-        bodies, properties : sequence of bytes
-            The validated bodies and each record's encoded properties string.
+        bodies, properties : sequence of bytes, or ByteColumn
+            The validated bodies and each record's encoded properties string (either as a
+            :class:`~store.record_kernels.ByteColumn`: its bytes are used as they are).
         tags : sequence of str or None, optional
             Each record's tag, for the ConsumeQueue tagsCode.
         flags : int or sequence of int

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore
-from store.batch_encoding import OnePair, properties_strings
+from store.batch_encoding import OnePair, properties_column
 from store.codec import encode_properties
 
 NAMES = st.sampled_from(["p", "q", "ü", "a-long-property-name"])
@@ -55,13 +55,15 @@ def test_batch_records_equal_single_send_records(tmp_path_factory, small_config,
 @given(st.lists(st.tuples(st.one_of(st.none(), st.sampled_from(["a", "b"])),
                           st.one_of(st.none(), st.sampled_from(["k", "k1 k2"])),
                           VALUES), min_size=1, max_size=20), st.booleans())
-def test_properties_strings_match_the_codec(rows, one_pair):
+def test_properties_column_matches_the_codec(rows, one_pair):
     """Every shape of the columns (one tag or many, keys everywhere or not, one pair name or
     general pairs) gives the bytes ``encode_properties`` gives the single-send dict."""
     ids = [f"{i:032X}" for i in range(len(rows))]
     tags, keys, values = (list(c) for c in zip(*rows))
     users = OnePair("p", values) if one_pair else [f"p\x01{v}\x02" for v in values]
-    got = properties_strings(users, tags, keys, ids)
+    column = properties_column(users, tags, keys, ids)
+    got = [column.data[a:b].tobytes() for a, b in zip(column.starts, column.ends)]
+    assert len(got) == len(rows)
     for (tag, key, value), msg_id, encoded in zip(rows, ids, got):
         props = {"p": value}
         if tag:
