@@ -38,7 +38,6 @@ class MessageIdGenerator:
 
     _PREFIX = struct.Struct(">4sHi")
     _SUFFIX = struct.Struct(">IH")
-    _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
     def __init__(self) -> None:
         self._prefix = self._PREFIX.pack(
@@ -108,18 +107,22 @@ class MessageIdGenerator:
             self._since, self._used = base + total // 65536, total % 65536
         if n == 1 and used < 65536 and not as_chars:
             return [self._prefix + self._SUFFIX.pack(base & 0xFFFFFFFF, first).hex().upper()]
-        k = np.arange(n, dtype=np.int64)
-        counters = (first + k) & 0xFFFF
-        sinces = (base + (used + k) // 65536) & 0xFFFFFFFF
-        suffix = np.empty((n, 6), dtype=np.uint8)
-        suffix[:, :4] = sinces.astype(">u4").view(np.uint8).reshape(n, 4)
-        suffix[:, 4] = counters >> 8
-        suffix[:, 5] = counters & 0xFF
+        counters = (first + np.arange(n, dtype=np.int64)) & 0xFFFF
         chars = np.empty((n, 32), dtype=np.uint8)
         chars[:, :20] = self._prefix_bytes
-        chars[:, 20::2] = self._HEX[suffix >> 4]
-        chars[:, 21::2] = self._HEX[suffix & 0xF]
+        if used + n <= 65536:  # one time part for the whole batch: its text once
+            chars[:, 20:28] = np.frombuffer(b"%08X" % (base & 0xFFFFFFFF), dtype=np.uint8)
+        else:
+            sinces = (base + (used + np.arange(n, dtype=np.int64)) // 65536) & 0xFFFFFFFF
+            chars[:, 20:28] = _BYTE_HEX[sinces.astype(">u4").view(np.uint8)].reshape(n, 8)
+        chars[:, 28:30] = _BYTE_HEX[counters >> 8]
+        chars[:, 30:32] = _BYTE_HEX[counters & 0xFF]
         return chars if as_chars else _strings(chars)
+
+
+#: The two upper-case hex characters of every byte value.
+_BYTE_HEX = np.frombuffer(b"".join(b"%02X" % b for b in range(256)),
+                          dtype=np.uint8).reshape(256, 2)
 
 
 def _strings(chars: np.ndarray) -> list[str]:
