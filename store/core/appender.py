@@ -236,8 +236,9 @@ class Appender:
                      born_port: int) -> BatchAppendResult:
         """Records of one topic to one queue (see :meth:`StoreCore.append_batch`)."""
         n = len(bodies)
+        # what every record shares (BODYCRC: computed by the record kernel)
         headers = np.repeat(batch_template(sys_flag, bytes(born_host), born_port), n)
-        headers["born_timestamp"] = born_timestamp_ms  # BODYCRC: computed by the record kernel
+        headers["born_timestamp"] = born_timestamp_ms
         headers["flag"] = flags
         body_column = ByteColumn.of(bodies)  # the lengths are taken once, here
         props_column = ByteColumn.of(properties)

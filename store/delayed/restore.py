@@ -242,17 +242,17 @@ def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
     drop = found[_K_SET] & present  # a pair set again replaces the old one
     if drop[:, rows].any():
         props = strip_pairs(props, _SET, drop)
+    bodies = src.bodies
     if len(selected) != n:
-        props = take_rows(props, selected)
+        props, bodies = take_rows(props, selected), take_rows(bodies, selected)
     extras = format_int_pairs(_SET, values[:, rows], present[:, rows],
                               closing_separators(props))
     props_len = props.lengths() + extras.lengths()
     records = EncodedRecords(
-        headers=src.headers[rows],
-        bodies=src.bodies if len(selected) == n else take_rows(src.bodies, selected),
-        properties=props, extra_properties=extras, properties_length=props_len,
-        topics=topics, topic_ids=topic_ids[rows], queue_ids=qids[rows],
-        tags_codes=codes[rows], store_timestamp_ms=now, body_crc_known=True)
+        headers=src.headers[rows], bodies=bodies, properties=props,
+        extra_properties=extras, properties_length=props_len, topics=topics,
+        topic_ids=topic_ids[rows], queue_ids=qids[rows], tags_codes=codes[rows],
+        store_timestamp_ms=now, body_crc_known=True)
     return records, len(selected) - n_roll, n_roll
 
 
