@@ -110,11 +110,11 @@ class MessageIdGenerator:
         counters = (first + np.arange(n, dtype=np.int64)) & 0xFFFF
         chars = np.empty((n, 32), dtype=np.uint8)
         chars[:, :20] = self._prefix_bytes
-        if used + n <= 65536:  # one time part for the whole batch: its text once
-            chars[:, 20:28] = np.frombuffer(b"%08X" % (base & 0xFFFFFFFF), dtype=np.uint8)
-        else:
-            sinces = (base + (used + np.arange(n, dtype=np.int64)) // 65536) & 0xFFFFFFFF
-            chars[:, 20:28] = _BYTE_HEX[sinces.astype(">u4").view(np.uint8)].reshape(n, 8)
+        # the time part moves on every 65,536 ids: its text once per run of rows sharing it
+        for step in range((used + n - 1) // 65536 + 1):
+            lo, hi = max(0, step * 65536 - used), min(n, (step + 1) * 65536 - used)
+            chars[lo:hi, 20:28] = np.frombuffer(b"%08X" % ((base + step) & 0xFFFFFFFF),
+                                                dtype=np.uint8)
         chars[:, 28:30] = _BYTE_HEX[counters >> 8]
         chars[:, 30:32] = _BYTE_HEX[counters & 0xFF]
         return chars if as_chars else _strings(chars)
