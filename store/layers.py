@@ -97,6 +97,7 @@ LAYERS: dict[str, int] = {
     "store.sink": FACADE,
     "store.sink_halves": FACADE,
     "store.table_rows": FACADE,
+    "store.table_properties": FACADE,
     "store.table_queues": FACADE,
     "store.single_send": FACADE,
     "store.producer": FACADE,

@@ -11,6 +11,7 @@ appends prepared rows, and :mod:`store.sink` stages them.
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,19 +19,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .batch_encoding import normalized_columns, properties_column, validated_columns
+from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .errors import InvalidDelayError, InvalidMessageError
 from .message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
-    RESERVED_PROPERTY_NAMES,
     Message,
     check_tags,
     validate_message,
     validate_topic,
 )
 from .record_kernels import ByteColumn, empty_column
+from .table_properties import property_dicts, user_property_strings
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 
 COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
@@ -95,55 +97,6 @@ def _keys(table: pa.Table) -> list:
         return col.to_pylist()
     raise InvalidMessageError(f"column keys has type {col.type}; allowed: string or "
                               "list<string>")
-
-
-def _properties(table: pa.Table) -> list[dict]:
-    if "properties" not in table.column_names:
-        return [{}] * table.num_rows
-    col = table.column("properties")
-    if not pa.types.is_map(col.type):
-        raise InvalidMessageError(
-            f"column properties has type {col.type}; allowed: map<string, string>")
-    return [dict(p) if p else {} for p in col.to_pylist()]
-
-
-def _user_property_strings(table: pa.Table) -> pa.Array | None:
-    """Each row's user properties as ``name 0x01 value 0x02 ...``, built and checked with
-    Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
-    value the rules refuse, or a name twice in one row), which then names the bad row."""
-    n = table.num_rows
-    if "properties" not in table.column_names:
-        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
-            np.zeros(n + 1, np.int32)), pa.py_buffer(b"")])
-    col = table.column("properties")
-    if not pa.types.is_map(col.type):
-        raise InvalidMessageError(
-            f"column properties has type {col.type}; allowed: map<string, string>")
-    col = col.combine_chunks()
-    offsets = col.offsets
-    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
-    names, values = col.keys.slice(lo, hi - lo), col.items.slice(lo, hi - lo)
-    if hi > lo:
-        if names.null_count or values.null_count:
-            return None
-        for text in (names, values):
-            if pc.any(pc.match_substring_regex(text, "[\x01\x02]")).as_py() or pc.any(
-                    pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)).as_py():
-                return None
-        if pc.any(pc.is_in(names, value_set=pa.array(sorted(RESERVED_PROPERTY_NAMES)))).as_py() \
-                or pc.any(pc.starts_with(names, "__RMQ")).as_py():
-            return None
-        rows = np.repeat(np.arange(n, dtype=np.int64),
-                         np.diff(offsets.to_numpy(zero_copy_only=False)))
-        enc = names.dictionary_encode()
-        keys = rows * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
-        keys.sort()
-        if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
-            return None  # a name twice in one row: the per-row path keeps the last, as a dict
-    pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
-    pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")
-    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, pairs), "")
-    return joined.fill_null("")
 
 
 _PER_MS = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}
@@ -285,14 +238,14 @@ def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
         validate_topic(t)
     bodies, tags, keys = _bodies(table), _strings(table, "tags"), _keys(table)
     limit = store.config.max_message_size_bytes
-    users = _user_property_strings(table)
+    users = user_property_strings(table)
     users = users.to_pylist() if users is not None else None
-    properties = [{}] * n if users is not None else _properties(table)
+    properties = [{}] * n if users is not None else property_dicts(table)
     try:
         bodies, tags, keys, plain = validated_columns(bodies, tags, keys, properties, limit)
         users = users if users is not None else plain
     except (TypeError, InvalidMessageError):  # name the first bad row, as single sends would
-        properties = _properties(table)
+        properties = property_dicts(table)
         for i in range(n):
             validate_message(Message(topics[i], bodies[i], tags[i], keys[i], properties[i]),
                              limit)
@@ -311,10 +264,55 @@ def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
 _BAD_KEYS = "[\x01\x02]|  |^ | $|[^\\S ]"
 
 
+#: From this many rows on, the whole-column path checks the property maps on a helper thread
+#: while the calling thread checks the other columns (Arrow compute releases the GIL).
+PARALLEL_ROWS = 16384
+
+
 def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
                      now: int) -> PreparedRows | None:
     """The whole-column path: ``None`` when some column is not plainly valid (or of a shape
     this path does not take), so that :func:`_prepare_by_rows` names the bad row."""
+    n = table.num_rows
+
+    def users_outcome():  # its error counts only if the other columns pass, as in sequence
+        try:
+            return user_property_strings(table), None
+        except InvalidMessageError as exc:
+            return None, exc
+
+    tasks = (lambda: _checked_columns(store, table, topic), users_outcome)
+    if n >= PARALLEL_ROWS:
+        with closing(prepared_in_order(2, lambda k: tasks[k]())) as done:
+            checked, (users, error) = list(done)
+    else:
+        checked = tasks[0]()
+        users, error = tasks[1]() if checked is not None else (None, None)
+    if checked is None:
+        return None
+    if error is not None:
+        raise error
+    if users is None:
+        return None
+    names, topic_ids, bodies, tags_codes, tag_part, key_part = checked
+    levels, deliver = _delays(table, now, store)
+    ids = store.id_generator.next_id_chars(n, now)
+    id_text = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
+        np.arange(0, 32 * (n + 1), 32, dtype=np.int32)), pa.py_buffer(ids)])
+    parts = [users]
+    for part in (tag_part, key_part):
+        if part is not None:
+            parts.append(pc.fill_null(part, ""))
+    parts += [f"{PROPERTY_UNIQ_KEY}\x01", id_text, "\x02"]
+    props = pc.binary_join_element_wise(*parts, "")
+    return PreparedRows(names, topic_ids, bodies, ByteColumn.from_arrow(props), tags_codes,
+                        ByteColumn.from_arrow(id_text), levels, deliver, now)
+
+
+def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
+    """Topics, bodies, tags and keys checked and encoded as whole columns: ``(topic names,
+    topic ids, bodies, tagsCodes, TAGS pairs, KEYS pairs)``, or ``None`` when a column is not
+    plainly valid."""
     n = table.num_rows
     # topics: one check per distinct name
     if topic is not None:
@@ -383,18 +381,4 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
             return None
         keys = pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys)
         key_part = pc.binary_join_element_wise(f"{PROPERTY_KEYS}\x01", keys, "\x02", "")
-    users = _user_property_strings(table)
-    if users is None:
-        return None
-    levels, deliver = _delays(table, now, store)
-    ids = store.id_generator.next_id_chars(n, now)
-    id_text = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
-        np.arange(0, 32 * (n + 1), 32, dtype=np.int32)), pa.py_buffer(ids)])
-    parts = [users]
-    for part in (tag_part, key_part):
-        if part is not None:
-            parts.append(pc.fill_null(part, ""))
-    parts += [f"{PROPERTY_UNIQ_KEY}\x01", id_text, "\x02"]
-    props = pc.binary_join_element_wise(*parts, "")
-    return PreparedRows(names, topic_ids, bodies, ByteColumn.from_arrow(props), tags_codes,
-                        ByteColumn.from_arrow(id_text), levels, deliver, now)
+    return names, topic_ids, bodies, tags_codes, tag_part, key_part

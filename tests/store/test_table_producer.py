@@ -23,6 +23,18 @@ from store import (
 PROPS = pa.map_(pa.string(), pa.string())
 
 
+@pytest.fixture(params=["sequential", "parallel"])
+def column_paths(request, monkeypatch):
+    """Both ways the whole-column path runs: the property maps checked after the other
+    columns, or on a helper thread beside them (tables of ``PARALLEL_ROWS`` rows or more;
+    here every table)."""
+    import store.table_rows
+
+    if request.param == "parallel":
+        monkeypatch.setattr(store.table_rows, "PARALLEL_ROWS", 1)
+    return request.param
+
+
 def _record_fields(store, offset):
     rec = store.read_record(offset)
     props = dict(rec.properties)
@@ -38,7 +50,7 @@ def _rows(store, topic):
     return out
 
 
-def test_same_records_as_single_sends(tmp_path, small_config, clock):
+def test_same_records_as_single_sends(tmp_path, small_config, clock, column_paths):
     messages = [Message("orders", b"body-%d" % i, tags=("a", None, "b")[i % 3],
                         keys=(None, "k1", ["k2", "k3"])[i % 3],
                         properties=({}, {"x": "1"}, {"x": "2", "ü": "✓"})[i % 3])
@@ -104,7 +116,7 @@ def test_delayed_rows_are_routed_as_single_sends_route_them(tmp_path, small_conf
     st.one_of(st.none(), st.lists(st.sampled_from(["k1", "k2", "key-3"]), max_size=3)),
     st.dictionaries(st.sampled_from(["p", "q", "ü"]), st.sampled_from(["1", "v", "✓"]),
                     max_size=3)), min_size=1, max_size=40))
-def test_round_trip_against_a_model(tmp_path_factory, small_config, clock, rows):
+def test_round_trip_against_a_model(tmp_path_factory, small_config, clock, column_paths, rows):
     path = str(tmp_path_factory.mktemp("rt"))
     with MessageStore.open(path, small_config, clock=clock) as s:
         s.producer("g").send_table(pa.table({
@@ -144,12 +156,36 @@ def test_pandas_value_column_and_topic_argument(store):
     (pa.table({"topic": ["t"], "body": [1]}), InvalidMessageError, "binary or string"),
 ], ids=["no-body", "unknown-column", "bad-topic", "oversized", "empty-body", "two-delays",
         "negative-delay", "reserved-property", "body-type"])
-def test_bad_input_is_refused_and_nothing_is_written(store, table, error, needle):
+def test_bad_input_is_refused_and_nothing_is_written(store, table, error, needle,
+                                                     column_paths):
     before, topics = store.confirmed_offset(), store.topics()
     with pytest.raises(error, match=needle) as info:
         store.producer("g").send_table(table)
     assert isinstance(info.value, StoreError)
     assert store.confirmed_offset() == before and store.topics() == topics
+
+
+@pytest.mark.parametrize("table, error, needle", [
+    (pa.table({"topic": pa.array([None], pa.string()), "body": [b"x"],
+               "properties": pa.array([1])}), InvalidTopicError, "None"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "properties": pa.array([1])}),
+     InvalidMessageError, "column properties has type"),
+    (pa.table({"topic": ["t"], "body": [1], "properties": pa.array([1])}),
+     InvalidMessageError, "binary or string"),
+    (pa.table({"topic": ["t", "t"], "body": [b"x", b"y"],
+               "properties": pa.array([[("p", "1")], [("p", "a\x02b")]], PROPS)}),
+     InvalidMessageError, "p"),
+], ids=["null-topic-and-properties-type", "properties-type", "body-type-and-properties-type",
+        "separator-in-a-value"])
+def test_two_faults_raise_what_the_sequential_path_raises(store, table, error, needle,
+                                                          column_paths):
+    """With the property maps checked on a helper thread, a table with several faults still
+    gets the error of the first one in the order of the columns (what a sequential check
+    raises), and nothing is written."""
+    before = store.confirmed_offset()
+    with pytest.raises(error, match=needle):
+        store.producer("g").send_table(table)
+    assert store.confirmed_offset() == before
 
 
 def test_delayed_rows_surface_once_due_and_never_early(store, clock):
