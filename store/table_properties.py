@@ -16,14 +16,23 @@ from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
 
 
-def property_dicts(table: pa.Table) -> list[dict]:
-    """Each row's user properties as a dict (the per-row path; ``{}`` for a null map)."""
+def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
+    """The ``properties`` column (``None`` when the table has none); a typed error when it
+    is not a map."""
     if "properties" not in table.column_names:
-        return [{}] * table.num_rows
+        return None
     col = table.column("properties")
     if not pa.types.is_map(col.type):
         raise InvalidMessageError(
             f"column properties has type {col.type}; allowed: map<string, string>")
+    return col
+
+
+def property_dicts(table: pa.Table) -> list[dict]:
+    """Each row's user properties as a dict (the per-row path; ``{}`` for a null map)."""
+    col = _map_column(table)
+    if col is None:
+        return [{}] * table.num_rows
     return [dict(p) if p else {} for p in col.to_pylist()]
 
 
@@ -49,13 +58,10 @@ def user_property_strings(table: pa.Table) -> pa.Array | None:
     Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
     value the rules refuse, or a name twice in one row), which then names the bad row."""
     n = table.num_rows
-    if "properties" not in table.column_names:
+    col = _map_column(table)
+    if col is None:
         return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
             np.zeros(n + 1, np.int32)), pa.py_buffer(b"")])
-    col = table.column("properties")
-    if not pa.types.is_map(col.type):
-        raise InvalidMessageError(
-            f"column properties has type {col.type}; allowed: map<string, string>")
     col = col.combine_chunks()
     offsets = col.offsets
     lo, hi = offsets[0].as_py(), offsets[-1].as_py()
