@@ -5,7 +5,7 @@ Layout of one record (offsets for IPv4 born and store hosts)::
     off  size  type   field
     0    4     i32    TOTALSIZE           whole record length = 91 + B + T + P
     4    4     i32    MAGICCODE           0xDAA320A7 (v1)
-    8    4     i32    BODYCRC             zlib.crc32(body) & 0x7FFFFFFF
+    8    4     i32    BODYCRC             crc32(body) & 0x7FFFFFFF (zlib's CRC32)
     12   4     i32    QUEUEID
     16   4     i32    FLAG                user flag
     20   8     i64    QUEUEOFFSET         logical index in (topic, queue)
@@ -33,12 +33,12 @@ invalid; recovery stops at the first one and truncates the tail there.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import AnyStr, Mapping
 
 import numpy as np
 
+from .crc import crc32
 from .errors import CorruptRecordError
 from .layout import layout
 
@@ -98,7 +98,7 @@ PROPERTIES_SEPARATOR = "\x02"  # after each pair
 
 def body_crc(body: bytes) -> int:
     """RocketMQ's BODYCRC: IEEE CRC-32 masked to 31 bits."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:

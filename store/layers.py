@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "store.errors": FORMATS,
     "store.batch_encoding": FORMATS,
     "store.config": FORMATS,
+    "store.crc": FORMATS,
     "store.codec": FORMATS,
     "store.message": FORMATS,
     "store.message_id": FORMATS,

@@ -17,8 +17,6 @@ Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`).
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pyarrow as pa
 
@@ -32,6 +30,7 @@ from .codec import (
     STORE_PORT,
     TRANSACTION_COMMIT_TYPE,
     RecordSpec,
+    body_crc,
     decode_properties,
     encode_properties,
 )
@@ -198,7 +197,7 @@ def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
     props_len = int.from_bytes(view[props_at:props_at + 2], "big")
     props = decode_properties(view[props_at + 2:props_at + 2 + props_len])
     body = view[body_at:body_at + body_len]
-    if zlib.crc32(body) & 0x7FFFFFFF != int(header["body_crc"]):
+    if body_crc(body) != int(header["body_crc"]):
         raise CorruptRecordError(f.path, offset, "sink half whose body fails its CRC "
                                  "(damaged since it was staged); its batch cannot commit")
     return props, body, int(header["born_timestamp"])

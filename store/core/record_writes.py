@@ -11,7 +11,6 @@ Used by :class:`~store.core.appender.Appender`.
 
 from __future__ import annotations
 
-import zlib
 from functools import lru_cache
 from typing import Iterator
 
@@ -19,11 +18,10 @@ import numpy as np
 
 from .. import codec
 from ..commit_log import CommitLog
+from ..crc import LARGE_BODY_BYTES, crc32
 from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords
 
-#: Bodies from this size on get their CRC from zlib rather than the kernel.
-_ZLIB_CRC_BYTES = 16 * 1024
 #: Byte offset of BODYCRC in a record (the kernel writes it).
 _CRC_AT = codec.FIELD_OFFSET["body_crc"]
 
@@ -64,15 +62,15 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
     topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    # large bodies: zlib's CRC (faster per byte); small ones: the kernel (no call each)
+    # large bodies: store.crc's CRC (faster per byte); small ones: the kernel (no call each)
     if records.body_crc_known:
         crcs = headers["body_crc"].astype(np.int64)
     else:
         crcs = np.full(n, -1, dtype=np.int64)
         lengths = bodies.lengths()
-        for i in np.flatnonzero(lengths >= _ZLIB_CRC_BYTES).tolist():
+        for i in np.flatnonzero(lengths >= LARGE_BODY_BYTES).tolist():
             o = int(bodies.starts[i])
-            crcs[i] = zlib.crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
+            crcs[i] = crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
     data = np.empty(int(ends[-1]), dtype=np.uint8)
     assemble_records(data, starts, hb, _CRC_AT, bodies.data, bodies.starts, bodies.ends,
                      names.data, names.offsets, topic_ids, props.data, props.starts,

@@ -3,7 +3,7 @@
 A single send pays for everything per message, so this path keeps the work under the lock
 to what must be there (store time, queue offset, placement) and does the rest outside:
 
-* size checks, the body CRC (``zlib.crc32``: C) and the tagsCode, before the lock;
+* size checks, the body CRC (:func:`store.crc.crc32`: C) and the tagsCode, before the lock;
 * the whole record is one ``struct.pack`` of a layout cached per (body, topic, properties)
   length (RocketMQ's v1 record: the 88-byte header of :data:`~store.codec.RECORD_HEADER`,
   the body, TOPICLENGTH, the topic, PROPERTIESLENGTH, the properties);
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from typing import NamedTuple, Protocol
-from zlib import crc32
 
 from ..codec import (
     BLANK,
@@ -32,6 +31,7 @@ from ..codec import (
     STORE_PORT,
     encode_blank,
 )
+from ..crc import crc32
 from ..errors import InvalidMessageError, MessageTooLargeError
 from .appender import Appender
 from .dispatch import Dispatcher
