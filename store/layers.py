@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "store.sink_format": FORMATS,
     "store.record_kernels": FORMATS,
     "store.property_kernels": FORMATS,
+    "store.property_join": FORMATS,
     "store.scan_kernels": FORMATS,
     "store.index_kernels": FORMATS,
     "store.timer": FORMATS,

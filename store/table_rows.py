@@ -23,14 +23,12 @@ from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .errors import InvalidDelayError, InvalidMessageError
 from .message import (
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
     Message,
     check_tags,
     validate_message,
     validate_topic,
 )
+from .property_join import join_properties, plain_keys
 from .record_kernels import ByteColumn, empty_column
 from .table_properties import property_dicts, user_property_strings
 from .table_queues import QUEUE_COLUMNS, chosen_queues
@@ -294,25 +292,20 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
         raise error
     if users is None:
         return None
-    names, topic_ids, bodies, tags_codes, tag_part, key_part = checked
+    names, topic_ids, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_id_chars(n, now)
-    id_text = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
-        np.arange(0, 32 * (n + 1), 32, dtype=np.int32)), pa.py_buffer(ids)])
-    parts = [users]
-    for part in (tag_part, key_part):
-        if part is not None:
-            parts.append(pc.fill_null(part, ""))
-    parts += [f"{PROPERTY_UNIQ_KEY}\x01", id_text, "\x02"]
-    props = pc.binary_join_element_wise(*parts, "")
-    return PreparedRows(names, topic_ids, bodies, ByteColumn.from_arrow(props), tags_codes,
-                        ByteColumn.from_arrow(id_text), levels, deliver, now)
+    props = join_properties(ByteColumn.from_arrow(users), tags, keys, ids)
+    msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
+    return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
+                        now)
 
 
 def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
     """Topics, bodies, tags and keys checked and encoded as whole columns: ``(topic names,
-    topic ids, bodies, tagsCodes, TAGS pairs, KEYS pairs)``, or ``None`` when a column is not
-    plainly valid."""
+    topic ids, bodies, tagsCodes, tags, keys)`` (tags and keys as Arrow string arrays or
+    ``None``, for :func:`~store.property_join.join_properties`), or ``None`` when a column
+    is not plainly valid."""
     n = table.num_rows
     # topics: one check per distinct name
     if topic is not None:
@@ -355,12 +348,11 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
         codes = np.append(store.tag_hashes(distinct), 0)
         idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
         tags_codes = codes[idx.astype(np.int64)]
-        tag_part = pc.binary_join_element_wise(f"{PROPERTY_TAGS}\x01", tags, "\x02", "")
     else:
         tags_codes = np.zeros(n, np.int64)
-        tag_part = None
+        tags = None
     # keys: a string (space-separated) or a list of strings, each without spaces
-    key_part = None
+    keys = None
     if "keys" in table.column_names:
         keys = table.column("keys")
         if pa.types.is_list(keys.type) or pa.types.is_large_list(keys.type):
@@ -376,9 +368,24 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
             keys = pc.binary_join(keys, " ")
         elif not pa.types.is_string(keys.type):
             return None
-        elif len(keys) - keys.null_count and pc.any(
-                pc.match_substring_regex(keys, _BAD_KEYS)).as_py():
+        elif len(keys) - keys.null_count and not _plain_keys(keys):
             return None
-        keys = pc.if_else(pc.equal(keys, ""), pa.scalar(None, pa.string()), keys)
-        key_part = pc.binary_join_element_wise(f"{PROPERTY_KEYS}\x01", keys, "\x02", "")
-    return names, topic_ids, bodies, tags_codes, tag_part, key_part
+    return names, topic_ids, bodies, tags_codes, tags, keys
+
+
+def _plain_keys(keys) -> bool:
+    """Whether a keys column is what single sends would write unchanged and accept: ASCII
+    rows are checked by one compiled pass, rows with other text by Arrow (no separators,
+    no space at either end or twice in a row, no part that is only whitespace)."""
+    verdict = plain_keys(keys)
+    if (verdict == 2).any():
+        return False
+    text = np.flatnonzero(verdict == 1)
+    if len(text):
+        sub = keys.take(pa.array(text))
+        if pc.any(pc.match_substring_regex(sub, _BAD_KEYS)).as_py():
+            return False
+        parts = pc.list_flatten(pc.split_pattern(sub, " "))
+        if pc.any(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(parts)), 0)).as_py():
+            return False
+    return True

@@ -188,6 +188,36 @@ def test_two_faults_raise_what_the_sequential_path_raises(store, table, error, n
     assert store.confirmed_offset() == before
 
 
+@pytest.mark.parametrize("keys", [
+    ["é b", "k-ü", None, ""], ["a  b", "c"], [" a", "c"], ["a ", "c"], ["a\tb", "c"],
+    ["日本 語", "a\u3000b"], ["日本  語"],
+], ids=["non-ascii", "two-spaces", "leading", "trailing", "tab", "wide", "wide-two-spaces"])
+def test_keys_are_what_single_sends_write(tmp_path, small_config, clock, keys):
+    """Keys the column path writes as given (plain ASCII, text checked by Arrow) or hands to
+    the per-row path (normalised) come out as single sends write them."""
+    messages = [Message("t", b"x", keys=k) for k in keys]
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as s:
+        p = s.producer("g")
+        singles = [s.read_record(p.send(m).commitlog_offset).properties.get("KEYS")
+                   for m in messages]
+        result = p.send_table(pa.table({"topic": ["t"] * len(keys), "body": [b"x"] * len(keys),
+                                        "keys": pa.array(keys, pa.string())}))
+        got = [s.read_record(o).properties.get("KEYS")
+               for o in result.column("commitlog_offset").to_pylist()]
+    assert got == singles
+
+
+@pytest.mark.parametrize("value", ["\u3000", "a \u3000", "\u00a0 b"])
+def test_keys_only_of_wide_whitespace_are_refused(store, value):
+    before = store.confirmed_offset()
+    with pytest.raises(InvalidMessageError, match="blank"):
+        store.producer("g").send(Message("t", b"x", keys=value))
+    with pytest.raises(InvalidMessageError, match="blank"):
+        store.producer("g").send_table(pa.table({"topic": ["t", "t"], "body": [b"x", b"y"],
+                                                 "keys": ["ok", value]}))
+    assert store.confirmed_offset() == before
+
+
 def test_delayed_rows_surface_once_due_and_never_early(store, clock):
     now = clock()
     table = pa.table({
