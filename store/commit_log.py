@@ -196,7 +196,7 @@ class CommitLog:
             if check_record(f.buffer(), 0, f.size, check_crc=False) != RecordCheck.INVALID:
                 start = f.start
                 break
-        for _ in self.scan(start):
+        for _ in self.scan_batches(start):
             pass
         self._valid_end = (key, self.scan_end)
         return self.scan_end
