@@ -57,7 +57,6 @@ from .message import (
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
-    TRANS_HALF_TOPIC,
     validate_group,
 )
 from .sink_format import (
@@ -68,7 +67,6 @@ from .sink_format import (
     decode_marker,
     decode_staged,
     encode_marker,
-    encode_staged,
     is_sink_transaction,
     is_staged_records,
     marker_code,
@@ -81,10 +79,9 @@ from .sink_format import (
 from .sink_halves import (
     append_group,
     append_staged,
-    assemble_half,
+    framed_half,
     half_bounds,
     half_view,
-    staged_records,
 )
 from .table_producer import chunk_queues
 from .table_rows import PreparedRows, prepare_rows
@@ -140,8 +137,10 @@ class Sink:
         queues = [chunk_queues(store, rows.slice(lo, hi), create=False) for lo, hi in bounds]
 
         def prepare(k: int):  # on either of two threads (see store.core.pipeline)
-            spec = self._half_spec(rows, *bounds[k], queues[k])
-            return spec.properties[PROPERTY_TRANSACTION_ID], assemble_half(store, spec)
+            lo, hi = bounds[k]
+            part = rows.slice(lo, hi)
+            props = self._half_properties(part)
+            return props[PROPERTY_TRANSACTION_ID], framed_half(store, part, queues[k], props)
 
         staged = []
         with paused_gc(), closing(prepared_in_order(len(bounds), prepare)) as halves:
@@ -150,18 +149,13 @@ class Sink:
                 staged.append(tx)
         return staged
 
-    def _half_spec(self, rows: PreparedRows, lo: int, hi: int,
-                   real_qid: np.ndarray) -> RecordSpec:
-        part = rows.slice(lo, hi)
-        table = staged_records(self.store, part, real_qid)
-        tx = new_transaction_id(self.sink_id)
-        props = {PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",
-                 PROPERTY_PRODUCER_GROUP: self.group,
-                 PROPERTY_REAL_TOPIC: part.topic_names[int(part.topic_ids[0])],
-                 PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
-                 PROPERTY_SINK_ROWS: str(hi - lo)}
-        return RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_staged(table), properties=props,
-                          queue_id=HALF_QUEUE_ID, born_timestamp_ms=rows.born_ms)
+    def _half_properties(self, part: PreparedRows) -> dict[str, str]:
+        """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
+        return {PROPERTY_TRANSACTION_ID: new_transaction_id(self.sink_id),
+                PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
+                PROPERTY_REAL_TOPIC: part.topic_names[int(part.topic_ids[0])],
+                PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
+                PROPERTY_SINK_ROWS: str(len(part))}
 
     # ------------------------------------------------------------------ committing
     def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:

@@ -9,8 +9,9 @@ messages that end the halves.
 Sink half (a CommitLog record, layout :mod:`store.codec`)::
 
     field / property        value
-    body                    an Arrow IPC stream of the rows, schema STAGED_RECORDS_SCHEMA
-                            below (halves staged by versions before it: STAGED_SCHEMA)
+    body                    the staged records, framed (below); halves staged by earlier
+                            versions hold an Arrow IPC stream of STAGED_RECORDS_SCHEMA or,
+                            before it, of STAGED_SCHEMA (both still committed)
     __transactionId__       "SINK" + 12 hex of the sink key + 16 random hex (32 characters);
                             always the first property
     TRAN_MSG                "true"
@@ -19,6 +20,20 @@ Sink half (a CommitLog record, layout :mod:`store.codec`)::
     __RMQ_SINK              the sink id
     __RMQ_SINK_ROWS         number of rows in the body
     born timestamp          when the rows were taken (their delays count from it)
+
+Framed body (the records in place, so that a task encodes them straight into the half)::
+
+    off    size  type    field
+    0      4     bytes   FRAME_MAGIC "RMQF" (an Arrow IPC stream starts with 0xFFFFFFFF)
+    4      4     i32     H: length of the head
+    8      H     -       head: an Arrow IPC stream of STAGED_HEAD_SCHEMA, one row per record
+    8+H    -     -       zeros up to R = the next multiple of 8
+    R      -     -       the records back to back, each as ``record`` below; their sizes
+                         (the head's ``size``) add up to the rest of the body
+
+STAGED_HEAD_SCHEMA is STAGED_RECORDS_SCHEMA with ``size`` (int32, the record's length in
+bytes) in place of ``record``; decoded, a framed body is a table of STAGED_RECORDS_SCHEMA whose
+``record`` column views the records (no copy).
 
 STAGED_RECORDS_SCHEMA (one row per message: the record the commit writes, already encoded)::
 
@@ -69,7 +84,9 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import struct
 
+import numpy as np
 import pyarrow as pa
 
 from .errors import CorruptRecordError
@@ -92,8 +109,15 @@ STAGED_RECORDS_SCHEMA = pa.schema([
     ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
     ("tags_code", pa.int64()), ("record", pa.binary()),
 ])
+STAGED_HEAD_SCHEMA = pa.schema([
+    ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
+    ("tags_code", pa.int64()), ("size", pa.int32()),
+])
 #: MAGICCODE of a record staged in a sink half (the commit writes the real one).
 STAGED_MAGIC = 0
+FRAME_MAGIC = b"RMQF"
+#: Magic and head length of a framed body.
+FRAME_PREFIX = struct.Struct(">4si")
 
 
 def sink_key(sink_id: str) -> str:
@@ -135,15 +159,60 @@ def encode_staged(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
+def framed_head(head: pa.Table) -> tuple[bytes, int]:
+    """The bytes a framed body starts with, for the head table ``head``
+    (STAGED_HEAD_SCHEMA), and ``R``: where its records start (the prefix, padded)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, head.schema) as writer:
+        writer.write_table(head)
+    stream = sink.getvalue().to_pybytes()
+    at = -(-(FRAME_PREFIX.size + len(stream)) // 8) * 8
+    prefix = FRAME_PREFIX.pack(FRAME_MAGIC, len(stream)) + stream
+    return prefix + bytes(at - len(prefix)), at
+
+
+def _decode_framed(body, file: str, position: int) -> pa.Table:
+    view = memoryview(body)
+    _, length = FRAME_PREFIX.unpack_from(view, 0)
+    at = -(-(FRAME_PREFIX.size + length) // 8) * 8
+    if length <= 0 or at > len(view):
+        raise CorruptRecordError(file, position, f"sink half whose head of {length} bytes "
+                                 f"does not fit its body of {len(view)}")
+    try:
+        head = pa.ipc.open_stream(pa.py_buffer(view[FRAME_PREFIX.size:
+                                                    FRAME_PREFIX.size + length])).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptRecordError(file, position,
+                                 f"sink half whose head is no Arrow stream ({exc})") from None
+    if not head.schema.equals(STAGED_HEAD_SCHEMA):
+        raise CorruptRecordError(file, position, f"sink half whose head has schema "
+                                 f"{head.schema}; expected {STAGED_HEAD_SCHEMA}")
+    head = head.combine_chunks()
+    sizes = head.column("size").to_numpy().astype(np.int64)
+    if len(sizes) and int(sizes.min()) <= 0 or int(sizes.sum()) != len(view) - at:
+        raise CorruptRecordError(file, position, f"sink half whose records' sizes add up to "
+                                 f"{int(sizes.sum())} bytes where its body holds "
+                                 f"{len(view) - at}")
+    offsets = np.zeros(len(sizes) + 1, np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    record = pa.Array.from_buffers(pa.binary(), len(sizes), [
+        None, pa.py_buffer(offsets), pa.py_buffer(view[at:])])
+    return pa.table([head.column("topic"), head.column("queue_id"), head.column("tags_code"),
+                     record], schema=STAGED_RECORDS_SCHEMA)
+
+
 def is_staged_records(table: pa.Table) -> bool:
     """Whether a decoded half holds records (STAGED_RECORDS_SCHEMA) rather than rows."""
     return table.schema.equals(STAGED_RECORDS_SCHEMA)
 
 
 def decode_staged(body, file: str, position: int) -> pa.Table:
-    """The rows of a sink half's body (STAGED_RECORDS_SCHEMA or STAGED_SCHEMA; bytes or a
-    memoryview, not copied); :class:`CorruptRecordError` naming the half (its segment
-    ``file`` and CommitLog offset ``position``) if the body is not a stream of either."""
+    """The rows of a sink half's body (STAGED_RECORDS_SCHEMA, framed or as a stream, or
+    STAGED_SCHEMA; bytes or a memoryview, not copied); :class:`CorruptRecordError` naming
+    the half (its segment ``file`` and CommitLog offset ``position``) if the body is none
+    of them."""
+    if bytes(memoryview(body)[:len(FRAME_MAGIC)]) == FRAME_MAGIC:
+        return _decode_framed(body, file, position)
     try:
         table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:

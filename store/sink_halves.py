@@ -2,17 +2,18 @@
 
 Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`).
 
-* **Stage** (:func:`staged_records`): the rows of a half are encoded as the very records the
+* **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
   commit will write (routed as :func:`~store.table_producer.append_prepared` routes them,
-  CRCs computed), with a zero magic code, and kept with their topic, queue and tagsCode in
-  an Arrow table, the half's body.  The half is appended through the columnar path (its
-  megabytes of body go to the compiled record kernel with no extra copy).
+  CRCs computed), with a zero magic code, by the compiled record kernel straight into the
+  half's framed body (a small Arrow head with each record's topic, queue, tagsCode and
+  size, then the records): the half's bytes are written once, then appended.
 * **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
   CommitLog segment, their body CRCs checked, and their records copied out, given their
   magic code and PREPAREDTRANSACTIONOFFSET, and placed by the core's columnar append
   (queue ids and offsets, physical offsets, store time): nothing is encoded again.
-* Halves staged by versions that kept rows rather than records (STAGED_SCHEMA) are
-  committed by encoding their rows (:func:`append_group`).
+* Halves of earlier versions still commit: records in an Arrow stream
+  (:func:`staged_records`, decoded as framed ones are), or rows rather than records
+  (STAGED_SCHEMA), committed by encoding their rows (:func:`append_group`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ from .codec import (
     encode_properties,
 )
 from .core.append_types import AssembledRecords, EncodedRecords
-from .errors import CorruptRecordError
+from .message import TRANS_HALF_TOPIC
+from .crc import crc32
+from .errors import CorruptRecordError, MessageTooLargeError
 from .record_kernels import ByteColumn, complete_staged
-from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA
+from .sink_format import STAGED_HEAD_SCHEMA, STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
 from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
 from .table_rows import PreparedRows
+from .transaction.half import HALF_QUEUE_ID
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
 HALF_FILL = 0.9
@@ -52,7 +56,10 @@ _STAGED_BYTES = np.frombuffer(STAGED_MAGIC.to_bytes(4, "big", signed=True), np.u
 
 
 def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
-    """The rows of one half as the records their commit writes (STAGED_RECORDS_SCHEMA).
+    """The rows of one half as the records their commit writes (STAGED_RECORDS_SCHEMA), the
+    body of a half as the previous version staged it (an Arrow stream, with
+    :func:`~store.sink_format.encode_staged` and :func:`assemble_half`; still committed,
+    and how tests write such halves).  :func:`framed_half` stages halves now.
 
     ``real_qid``: each row's queue as :func:`~store.table_producer.chunk_queues` chose it;
     a delayed row's routing names it (REAL_QID), a row that is not delayed and asked for
@@ -63,10 +70,7 @@ def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
     starts = records.starts
     data = records.data
     data[starts[:, None] + _STAGED_AT[0] + np.arange(4)] = _STAGED_BYTES
-    keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
-    if rows.queue_ids is not None:
-        keep |= rows.queue_ids >= 0
-    queues = np.where(keep, records.queue_ids, -1).astype(np.int32)
+    queues = np.where(_kept_queues(rows), records.queue_ids, -1).astype(np.int32)
     offsets = np.empty(n + 1, dtype=np.int32)
     offsets[:n] = starts - starts[0]
     offsets[n] = offsets[n - 1] + records.sizes[n - 1]
@@ -81,6 +85,79 @@ def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
     return pa.table({"topic": topic, "queue_id": pa.array(queues),
                      "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
                      "record": record}, schema=STAGED_RECORDS_SCHEMA)
+
+
+def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
+                properties: dict[str, str]) -> AssembledRecords:
+    """One sink half holding the records of ``rows``, ready for :meth:`append_encoded`; needs
+    no lock.
+
+    The records are those :func:`staged_records` stages (routed, CRCs computed, zero magic
+    code), but assembled by the record kernel straight into the half's framed body
+    (:mod:`store.sink_format`): no Arrow stream or second record copies them.  The half is
+    born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
+    ``properties``; :class:`MessageTooLargeError` if it would exceed the largest record.
+    """
+    topic = TRANS_HALF_TOPIC.encode("ascii")
+    props = encode_properties(properties)
+    keep = _kept_queues(rows)
+    half: list = []
+
+    def allocate(records, sizes: np.ndarray) -> np.ndarray:
+        head = pa.table({
+            "topic": pa.DictionaryArray.from_arrays(
+                pa.array(np.asarray(records.topic_ids, np.int32)),
+                pa.array(list(records.topics), pa.string())),
+            "queue_id": pa.array(np.where(keep, records.queue_ids, -1).astype(np.int32)),
+            "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
+            "size": pa.array(sizes.astype(np.int32))}, schema=STAGED_HEAD_SCHEMA)
+        prefix, at = framed_head(head)
+        total = int(sizes.sum())
+        size = FIXED_SIZE + at + total + len(topic) + len(props)
+        if size > store.max_record_bytes():
+            raise MessageTooLargeError(f"a sink half of {size} bytes does not fit (max "
+                                       f"{store.max_record_bytes()})")
+        data = np.empty(size, dtype=np.uint8)
+        data[HEADER_SIZE:HEADER_SIZE + at] = np.frombuffer(prefix, np.uint8)
+        half.append((data, at + total))
+        return data[HEADER_SIZE + at:HEADER_SIZE + at + total]
+
+    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE,
+                            allocate=allocate)
+    data, body_len = half[0]
+    records.data[records.starts[:, None] + _STAGED_AT[0] + np.arange(4)] = _STAGED_BYTES
+    header = np.zeros(1, dtype=HEADER_DTYPE)
+    header["total_size"] = len(data)
+    header["magic"] = MESSAGE_MAGIC_CODE_V1
+    header["body_crc"] = crc32(data[HEADER_SIZE:HEADER_SIZE + body_len]) & 0x7FFFFFFF
+    header["queue_id"] = HALF_QUEUE_ID
+    header["born_timestamp"] = rows.born_ms
+    header["born_host"] = np.void(LOCALHOST)
+    header["store_host"] = np.void(LOCALHOST)
+    header["store_port"] = STORE_PORT
+    header["body_length"] = body_len
+    data[:HEADER_SIZE] = header.view(np.uint8)
+    p = HEADER_SIZE + body_len
+    data[p] = len(topic)
+    data[p + 1:p + 1 + len(topic)] = np.frombuffer(topic, np.uint8)
+    p += 1 + len(topic)
+    data[p:p + 2] = np.frombuffer(len(props).to_bytes(2, "big"), np.uint8)
+    data[p + 2:] = np.frombuffer(props, np.uint8)
+    code = store.tags_code(TRANS_HALF_TOPIC, properties, rows.born_ms)
+    return AssembledRecords(
+        data=data, starts=np.zeros(1, np.int64), sizes=np.array([len(data)], np.int64),
+        topics=[TRANS_HALF_TOPIC], topic_ids=np.zeros(1, np.int64),
+        queue_ids=np.array([HALF_QUEUE_ID], np.int64), tags_codes=np.array([code], np.int64),
+        dispatched=True)
+
+
+def _kept_queues(rows: PreparedRows) -> np.ndarray:
+    """Rows whose staged queue the commit keeps (delayed rows, rows that asked for one);
+    the others take the commit's round robin."""
+    keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
+    if rows.queue_ids is not None:
+        keep |= rows.queue_ids >= 0
+    return keep
 
 
 def append_staged(store, group: list, buffer: list | None = None) -> int:

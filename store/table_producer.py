@@ -47,6 +47,7 @@ from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
 from .core.append_types import AssembledRecords, EncodedRecords
 from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
+from .core.record_writes import Allocate
 from .delayed.routing import DELIVERY_HEADROOM
 from .errors import MessageTooLargeError
 from .message import (
@@ -111,11 +112,13 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
 
 
 def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
-                  sys_flag: int = 0) -> AssembledRecords:
+                  sys_flag: int = 0, allocate: Allocate | None = None) -> AssembledRecords:
     """The records of ``rows`` as :func:`append_prepared` would write them (delayed rows
     routed, ``real_qid`` their real queues), assembled but not placed: the exactly-once
-    sink stages them so that its commit only places them (:mod:`store.sink_halves`)."""
-    return _encode_chunk(store, rows, real_qid, sys_flag, None)[0]
+    sink stages them so that its commit only places them (:mod:`store.sink_halves`).
+    ``allocate``: where they are assembled (see
+    :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
+    return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate)[0]
 
 
 def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -> np.ndarray:
@@ -141,7 +144,7 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 
 
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
-                  prepared: np.ndarray | None):
+                  prepared: np.ndarray | None, allocate: Allocate | None = None):
     """The assembled records of one chunk, and the function making its results table from
     where they were placed.  Reads only the rows and the config (runs on either thread)."""
     config = store.config
@@ -194,7 +197,7 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
         headers=headers, bodies=rows.bodies, properties=rows.properties,
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,
         queue_ids=queue_ids, tags_codes=codes, extra_properties=suffix,
-        store_timestamp_ms=None if prepared is not None else now))
+        store_timestamp_ms=None if prepared is not None else now), allocate=allocate)
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
 

@@ -40,8 +40,8 @@ from ..record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords)
 from .dispatch import QueueEntries, is_dispatched
-from .record_writes import (assemble_unplaced, batch_template, patch_placed, place_batch,
-                            placed_writes)
+from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
+                            place_batch, placed_writes)
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
@@ -284,14 +284,14 @@ class Appender:
         """
         return self.append_assembled(self.assemble(records, sizes=sizes))
 
-    def assemble(self, records: EncodedRecords, *,
-                 sizes: np.ndarray | None = None) -> AssembledRecords:
+    def assemble(self, records: EncodedRecords, *, sizes: np.ndarray | None = None,
+                 allocate: Allocate | None = None) -> AssembledRecords:
         """Encode records for :meth:`append_assembled` (no lock; may raise
-        :class:`MessageTooLargeError`)."""
+        :class:`MessageTooLargeError`); ``allocate``: see :func:`assemble_unplaced`."""
         if sizes is None:
             sizes = self._sizes(records)
         dispatched = is_dispatched(int(records.headers["sys_flag"][0]))
-        return assemble_unplaced(records, sizes, dispatched)
+        return assemble_unplaced(records, sizes, dispatched, allocate)
 
     def append_assembled(self, records: AssembledRecords) -> EncodedAppend:
         """Place, patch, write and index assembled records (see :class:`AssembledRecords`)."""

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from .append_types import (AppendResult, AssembledRecords, BatchAppendResult,
                                EncodedAppend, EncodedRecords)
     from .appender import Appender
+    from .record_writes import Allocate
     from .single_append import SingleAppend
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
@@ -93,7 +94,10 @@ class StorePort(Protocol):
 
     def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend: ...
 
-    def assemble_encoded(self, records: EncodedRecords) -> AssembledRecords: ...
+    def assemble_encoded(self, records: EncodedRecords, *,
+                         allocate: Allocate | None = None) -> AssembledRecords: ...
+
+    def max_record_bytes(self) -> int: ...
 
     def flush(self) -> None: ...
 

@@ -12,7 +12,7 @@ Used by :class:`~store.core.appender.Appender`.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from ..commit_log import CommitLog
 from ..crc import LARGE_BODY_BYTES, crc32
 from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords
+
+#: ``allocate(records, sizes) -> buffer`` for :func:`assemble_unplaced`.
+Allocate = Callable[[EncodedRecords, np.ndarray], np.ndarray]
 
 #: Byte offset of BODYCRC in a record (the kernel writes it).
 _CRC_AT = codec.FIELD_OFFSET["body_crc"]
@@ -42,13 +45,16 @@ def batch_template(sys_flag: int, born_host: bytes, born_port: int) -> np.ndarra
     return template
 
 
-def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
-                      dispatched: bool) -> AssembledRecords:
+def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bool,
+                      allocate: Allocate | None = None) -> AssembledRecords:
     """Every record of ``records`` encoded back to back in one buffer, by the compiled
     :func:`~store.record_kernels.assemble_records` (body CRCs included), with the fields
     only the append knows left for it to write (:func:`patch_placed`).
 
-    Needs no lock: it reads only ``records`` (whose headers get their ``total_size``).
+    ``allocate(records, sizes)``, when given, returns that buffer: a writable uint8 array of
+    exactly ``sizes.sum()`` bytes, e.g. a view into a larger record the caller builds around
+    them (the sink's halves); else a new array.  Needs no lock: it reads only ``records``
+    (whose headers get their ``total_size``).
     """
     n = len(sizes)
     headers = records.headers
@@ -71,7 +77,11 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray,
         for i in np.flatnonzero(lengths >= LARGE_BODY_BYTES).tolist():
             o = int(bodies.starts[i])
             crcs[i] = crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
-    data = np.empty(int(ends[-1]), dtype=np.uint8)
+    total = int(ends[-1])
+    data = np.empty(total, dtype=np.uint8) if allocate is None else allocate(records, sizes)
+    if data.dtype != np.uint8 or data.shape != (total,):
+        raise ValueError(f"allocate returned {data.dtype} {data.shape}; the records need "
+                         f"uint8 ({total},)")
     assemble_records(data, starts, hb, _CRC_AT, bodies.data, bodies.starts, bodies.ends,
                      names.data, names.offsets, topic_ids, props.data, props.starts,
                      props.ends, extra.data, extra.starts, extra.ends, crcs)

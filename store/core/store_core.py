@@ -46,6 +46,7 @@ from .flushing import FlushService
 from .integrity import check_at_open, write_queue_table
 from .locking import AppendLocking
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
+from .record_writes import Allocate
 from .reading import Clock, ReadableStore
 from .recovery import recover_without_checkpoint, verify_tail
 from .repair import RebuildResult, rebuild_queues
@@ -329,17 +330,25 @@ class StoreCore(AppendLocking, ReadableStore):
                 return self.appender.append_assembled(records)
             return self.appender.append_encoded(records)
 
-    def assemble_encoded(self, records: EncodedRecords) -> AssembledRecords:
+    def assemble_encoded(self, records: EncodedRecords, *,
+                         allocate: Allocate | None = None) -> AssembledRecords:
         """Encode records given as columns into their CommitLog bytes, all but the fields
         the append writes (queue id and offset, physical offset, store time).
 
         Takes no lock and may run on any thread, beside appends: writers encode the next
         chunk of a large append while this one is written (:meth:`append_encoded` takes
         the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
+        ``allocate(records, sizes)`` returns the buffer the records are encoded into (see
+        :func:`~store.core.record_writes.assemble_unplaced`).
         """
         if not len(records.headers):
             raise InvalidMessageError("assemble_encoded needs at least one record")
-        return self.appender.assemble(records)
+        return self.appender.assemble(records, allocate=allocate)
+
+    def max_record_bytes(self) -> int:
+        """The largest record an append takes, in bytes (a message at
+        ``max_message_size_bytes`` with room for its properties, within a segment)."""
+        return self.appender.max_record
 
     # ------------------------------------------------------------------ flushing
     def flush(self) -> None:

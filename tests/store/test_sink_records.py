@@ -256,3 +256,94 @@ def test_topics_are_created_by_the_commit_not_by_staging(tmp_path, small_config,
         sink.commit(0, staged)
         assert {"later", "now"} <= set(store.topics())
         assert all(store.max_offset("later", q) == 0 for q in store.queue_ids("later"))
+
+
+def _raw(store, offset):
+    """The record's bytes with the fields its placement decides zeroed."""
+    from store.codec import FIELD_OFFSET
+
+    buf, pos, _ = store.commit_log.buffer_at(offset)
+    size = int.from_bytes(bytes(buf[pos:pos + 4]), "big")
+    raw = bytearray(buf[pos:pos + size])
+    for name in ("queue_offset", "physical_offset", "store_timestamp"):
+        raw[FIELD_OFFSET[name]:FIELD_OFFSET[name] + 8] = bytes(8)
+    return bytes(raw)
+
+
+def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, clock):
+    """Halves are written straight into their buffer (the records assembled in place); the
+    record is the one the core's own encoder makes of the same body and properties."""
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        store.sink("x").stage(_table(clock))
+        halves = [store.read_record(o) for o in _halves(store)]
+        raws = [_raw(store, o) for o in _halves(store)]
+        assert store.verify_commitlog().ok
+    assert halves and all(h.body[:4] == b"RMQF" for h in halves)
+    with MessageStore.open(str(tmp_path / "t"), small_config, clock=clock) as store:
+        for half, raw in zip(halves, raws):
+            spec = RecordSpec(topic=TRANS_HALF_TOPIC, body=half.body,
+                              properties=dict(half.properties), queue_id=HALF_QUEUE_ID,
+                              born_timestamp_ms=half.born_timestamp_ms)
+            placed = store.append_encoded(assemble_half(store, spec))
+            assert _raw(store, int(placed.commitlog_offsets[0])) == raw
+
+
+def _framed(records: list[bytes], topics=("orders",)):
+    from store.sink_format import STAGED_HEAD_SCHEMA, framed_head
+
+    head = pa.table({
+        "topic": pa.DictionaryArray.from_arrays(pa.array([0] * len(records), pa.int32()),
+                                                pa.array(list(topics), pa.string())),
+        "queue_id": pa.array([-1] * len(records), pa.int32()),
+        "tags_code": pa.array(range(len(records)), pa.int64()),
+        "size": pa.array([len(r) for r in records], pa.int32())}, schema=STAGED_HEAD_SCHEMA)
+    prefix, at = framed_head(head)
+    assert len(prefix) == at and at % 8 == 0
+    return prefix + b"".join(records)
+
+
+def test_framed_bodies_decode_to_views_of_their_records():
+    records = [b"a" * 40, b"bb" * 33, b"c" * 91]
+    table = decode_staged(memoryview(_framed(records)), "seg", 7)
+    assert table.column("record").to_pylist() == records
+    assert table.column("tags_code").to_pylist() == [0, 1, 2]
+    assert table.column("topic").to_pylist() == ["orders"] * 3
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda b: b[:-1], "add up"), (lambda b: b + b"x", "add up"),
+    (lambda b: b[:4] + (10 ** 6).to_bytes(4, "big") + b[8:], "does not fit"),
+    (lambda b: b[:8] + b"\0" * 16 + b[24:], "no Arrow stream|schema"),
+    (lambda b: b[:4] + (0).to_bytes(4, "big") + b[8:], "does not fit"),
+], ids=["short", "long", "head-past-end", "head-garbled", "no-head"])
+def test_framed_bodies_that_do_not_add_up_are_refused(damage, needle):
+    body = damage(_framed([b"a" * 40, b"b" * 60]))
+    with pytest.raises(CorruptRecordError, match=needle) as info:
+        decode_staged(body, "seg", 7)
+    assert "seg" in str(info.value)
+
+
+def test_halves_staged_as_arrow_streams_still_commit(tmp_path, small_config, clock):
+    """The previous version's halves: the records in an Arrow IPC stream (no frame)."""
+    from store.sink_halves import staged_records
+    from store.table_producer import chunk_queues
+
+    with MessageStore.open(str(tmp_path / "t"), small_config, clock=clock) as store:
+        store.producer().send_table(_table(clock))
+        store.producer().send_table(_table(clock))
+        expected = _all_fields(store)
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        rows = prepare_rows(store, _table(clock))
+        table = staged_records(store, rows, chunk_queues(store, rows, create=False))
+        tx = new_transaction_id("x")
+        spec = RecordSpec(
+            topic=TRANS_HALF_TOPIC, body=encode_staged(table).to_pybytes(),
+            properties={PROPERTY_TRANSACTION_ID: tx, PROPERTY_TRANSACTION_PREPARED: "true",
+                        PROPERTY_PRODUCER_GROUP: "rmq-sink", PROPERTY_SINK: "x",
+                        PROPERTY_SINK_ROWS: str(len(rows))},
+            queue_id=HALF_QUEUE_ID, born_timestamp_ms=rows.born_ms)
+        store.append_encoded(assemble_half(store, spec))
+        sink = store.sink("x")
+        result = sink.commit(0, [tx] + sink.stage(_table(clock)))
+        assert result.rows == 48 and sink.open_halves() == []
+        assert _all_fields(store) == expected
