@@ -67,7 +67,7 @@ def test_the_reader_covers_every_public_write_method_of_the_store():
                      if not name.startswith("_") and callable(getattr(MessageStore, name))}
     # the core's own surface for services, and figures that need the services
     core_only = {"open", "start", "next_queue", "queue_count_for", "tags_code", "tag_hashes",
-                 "has_tags_rule",
+                 "has_tags_rule", "max_record_bytes",
                  "register_system_topic",
                  "add_retention_listener", "add_retention_guard", "add_recovery_listener",
                  "pending_delayed_stats", "pending_transaction_stats", "pending_messages",
