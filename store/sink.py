@@ -302,10 +302,8 @@ class Sink:
         # halves of this version hold records, older ones rows: each kind is grouped apart
         groups: dict[bool, list] = {True: [], False: []}
         counts = {True: 0, False: 0}
-        buffer: list = [np.empty(0, dtype=np.uint8)]  # reused: fresh pages cost a fault each
-
         def append(kind: bool, group: list) -> int:
-            return append_staged(store, group, buffer) if kind else append_group(store, group)
+            return append_staged(store, group) if kind else append_group(store, group)
 
         for row in rows:
             clog = index.latest_clog(row)

@@ -21,19 +21,27 @@ Sink half (a CommitLog record, layout :mod:`store.codec`)::
     __RMQ_SINK_ROWS         number of rows in the body
     born timestamp          when the rows were taken (their delays count from it)
 
-Framed body (the records in place, so that a task encodes them straight into the half)::
+Framed body (the records in place, so that a task encodes them straight into the half;
+integers big-endian, N records, T topics)::
 
-    off    size  type    field
-    0      4     bytes   FRAME_MAGIC "RMQF" (an Arrow IPC stream starts with 0xFFFFFFFF)
-    4      4     i32     H: length of the head
-    8      H     -       head: an Arrow IPC stream of STAGED_HEAD_SCHEMA, one row per record
-    8+H    -     -       zeros up to R = the next multiple of 8
-    R      -     -       the records back to back, each as ``record`` below; their sizes
-                         (the head's ``size``) add up to the rest of the body
+    off        size  type     field
+    0          4     bytes    FRAME_MAGIC "RMQF" (an Arrow IPC stream starts with 0xFFFFFFFF)
+    4          4     i32      N
+    8          4     i32      T
+    12         4     i32      L: bytes of the topic names
+    16         4T    i32[T]   where each topic name ends in the names
+    16+4T      L     utf-8    the topic names back to back
+    -          -     -        zeros up to A, the next multiple of 8
+    A          8N    i64[N]   each record's tagsCode
+    A+8N       4N    i32[N]   its topic (an index into the names)
+    A+12N      4N    i32[N]   its queue; -1: the commit's round robin
+    A+16N      4N    i32[N]   its size in bytes
+    -          -     -        zeros up to R, the next multiple of 8
+    R          -     -        the records back to back (each as ``record`` below); their
+                              sizes add up to the rest of the body
 
-STAGED_HEAD_SCHEMA is STAGED_RECORDS_SCHEMA with ``size`` (int32, the record's length in
-bytes) in place of ``record``; decoded, a framed body is a table of STAGED_RECORDS_SCHEMA whose
-``record`` column views the records (no copy).
+Decoded, a framed body is a table of STAGED_RECORDS_SCHEMA whose ``record`` column views the
+records (no copy).
 
 STAGED_RECORDS_SCHEMA (one row per message: the record the commit writes, already encoded)::
 
@@ -109,15 +117,11 @@ STAGED_RECORDS_SCHEMA = pa.schema([
     ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
     ("tags_code", pa.int64()), ("record", pa.binary()),
 ])
-STAGED_HEAD_SCHEMA = pa.schema([
-    ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
-    ("tags_code", pa.int64()), ("size", pa.int32()),
-])
 #: MAGICCODE of a record staged in a sink half (the commit writes the real one).
 STAGED_MAGIC = 0
 FRAME_MAGIC = b"RMQF"
-#: Magic and head length of a framed body.
-FRAME_PREFIX = struct.Struct(">4si")
+#: Magic, record count, topic count and topic names' length of a framed body.
+FRAME_PREFIX = struct.Struct(">4siii")
 
 
 def sink_key(sink_id: str) -> str:
@@ -159,46 +163,69 @@ def encode_staged(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-def framed_head(head: pa.Table) -> tuple[bytes, int]:
-    """The bytes a framed body starts with, for the head table ``head``
-    (STAGED_HEAD_SCHEMA), and ``R``: where its records start (the prefix, padded)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, head.schema) as writer:
-        writer.write_table(head)
-    stream = sink.getvalue().to_pybytes()
-    at = -(-(FRAME_PREFIX.size + len(stream)) // 8) * 8
-    prefix = FRAME_PREFIX.pack(FRAME_MAGIC, len(stream)) + stream
-    return prefix + bytes(at - len(prefix)), at
+def _up8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def framed_head(topics: list[str], topic_ids: np.ndarray, queue_ids: np.ndarray,
+                tags_codes: np.ndarray, sizes: np.ndarray) -> tuple[bytes, int]:
+    """The bytes a framed body starts with (everything before its records, see the module
+    doc) and ``R``, their length: where the records start."""
+    n = len(sizes)
+    names = [t.encode("utf-8") for t in topics]
+    ends = np.cumsum([len(b) for b in names], dtype=np.int64).astype(">i4")
+    text = b"".join(names)
+    lead = FRAME_PREFIX.pack(FRAME_MAGIC, n, len(names), len(text)) + ends.tobytes() + text
+    at = _up8(len(lead))
+    columns = b"".join([np.asarray(tags_codes, ">i8").tobytes(),
+                        np.asarray(topic_ids, ">i4").tobytes(),
+                        np.asarray(queue_ids, ">i4").tobytes(), np.asarray(sizes, ">i4").tobytes()])
+    head = lead + bytes(at - len(lead)) + columns
+    return head + bytes(_up8(len(head)) - len(head)), _up8(len(head))
 
 
 def _decode_framed(body, file: str, position: int) -> pa.Table:
     view = memoryview(body)
-    _, length = FRAME_PREFIX.unpack_from(view, 0)
-    at = -(-(FRAME_PREFIX.size + length) // 8) * 8
-    if length <= 0 or at > len(view):
-        raise CorruptRecordError(file, position, f"sink half whose head of {length} bytes "
-                                 f"does not fit its body of {len(view)}")
+
+    def refuse(what: str):
+        return CorruptRecordError(file, position, f"sink half whose framed body {what}; its "
+                                  "batch cannot commit")
+
+    if len(view) < FRAME_PREFIX.size:
+        raise refuse(f"of {len(view)} bytes is shorter than its prefix")
+    _, n, t, length = FRAME_PREFIX.unpack_from(view, 0)
+    names_at = FRAME_PREFIX.size + 4 * t
+    at = _up8(names_at + length) if min(n, t, length) >= 0 else -1
+    records_at = _up8(at + 20 * n)
+    if at < 0 or records_at > len(view):
+        raise refuse(f"says {n} records and {t} topics ({length} bytes of names), more "
+                     f"than its {len(view)} bytes hold")
+    raw = np.frombuffer(view, np.uint8, count=records_at)
+    ends = raw[FRAME_PREFIX.size:names_at].view(">i4").astype(np.int64)
+    if t and (ends[0] < 0 or (np.diff(ends) < 0).any() or ends[-1] != length):
+        raise refuse("has topic names that do not add up")
+    starts = np.concatenate(([0], ends[:-1])) if t else ends
+    text = bytes(raw[names_at:names_at + length])
     try:
-        head = pa.ipc.open_stream(pa.py_buffer(view[FRAME_PREFIX.size:
-                                                    FRAME_PREFIX.size + length])).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptRecordError(file, position,
-                                 f"sink half whose head is no Arrow stream ({exc})") from None
-    if not head.schema.equals(STAGED_HEAD_SCHEMA):
-        raise CorruptRecordError(file, position, f"sink half whose head has schema "
-                                 f"{head.schema}; expected {STAGED_HEAD_SCHEMA}")
-    head = head.combine_chunks()
-    sizes = head.column("size").to_numpy().astype(np.int64)
-    if len(sizes) and int(sizes.min()) <= 0 or int(sizes.sum()) != len(view) - at:
-        raise CorruptRecordError(file, position, f"sink half whose records' sizes add up to "
-                                 f"{int(sizes.sum())} bytes where its body holds "
-                                 f"{len(view) - at}")
-    offsets = np.zeros(len(sizes) + 1, np.int32)
+        topics = [text[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
+    except UnicodeDecodeError:
+        raise refuse("has a topic name that is not UTF-8") from None
+    codes = raw[at:at + 8 * n].view(">i8").astype(np.int64)
+    topic_ids = raw[at + 8 * n:at + 12 * n].view(">i4").astype(np.int32)
+    queue_ids = raw[at + 12 * n:at + 16 * n].view(">i4").astype(np.int32)
+    sizes = raw[at + 16 * n:at + 20 * n].view(">i4").astype(np.int64)
+    if n and (int(topic_ids.min()) < 0 or int(topic_ids.max()) >= t):
+        raise refuse(f"names a topic past its {t} topics")
+    if n and int(sizes.min()) <= 0 or int(sizes.sum()) != len(view) - records_at:
+        raise refuse(f"has records whose sizes add up to {int(sizes.sum())} bytes where it "
+                     f"holds {len(view) - records_at}")
+    offsets = np.zeros(n + 1, np.int32)
     np.cumsum(sizes, out=offsets[1:])
-    record = pa.Array.from_buffers(pa.binary(), len(sizes), [
-        None, pa.py_buffer(offsets), pa.py_buffer(view[at:])])
-    return pa.table([head.column("topic"), head.column("queue_id"), head.column("tags_code"),
-                     record], schema=STAGED_RECORDS_SCHEMA)
+    record = pa.Array.from_buffers(pa.binary(), n, [
+        None, pa.py_buffer(offsets), pa.py_buffer(view[records_at:])])
+    topic = pa.DictionaryArray.from_arrays(pa.array(topic_ids), pa.array(topics, pa.string()))
+    return pa.table([topic, pa.array(queue_ids), pa.array(codes), record],
+                    schema=STAGED_RECORDS_SCHEMA)
 
 
 def is_staged_records(table: pa.Table) -> bool:

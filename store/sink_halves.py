@@ -18,6 +18,8 @@ Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`).
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import numpy as np
 import pyarrow as pa
 
@@ -36,11 +38,12 @@ from .codec import (
     encode_properties,
 )
 from .core.append_types import AssembledRecords, EncodedRecords
+from .core.pipeline import prepared_in_order
 from .message import TRANS_HALF_TOPIC
 from .crc import crc32
 from .errors import CorruptRecordError, MessageTooLargeError
 from .record_kernels import ByteColumn, complete_staged
-from .sink_format import STAGED_HEAD_SCHEMA, STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
+from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
 from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
 from .table_rows import PreparedRows
 from .transaction.half import HALF_QUEUE_ID
@@ -52,7 +55,6 @@ HALF_FILL = 0.9
 _ROUTING_BOUND = 128
 _STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction_offset"]],
                       dtype=np.int64)
-_STAGED_BYTES = np.frombuffer(STAGED_MAGIC.to_bytes(4, "big", signed=True), np.uint8)
 
 
 def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
@@ -65,11 +67,11 @@ def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
     a delayed row's routing names it (REAL_QID), a row that is not delayed and asked for
     no queue is left to the commit's round robin (-1).
     """
-    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE)
+    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE,
+                            magic=STAGED_MAGIC)
     n = len(records)
     starts = records.starts
     data = records.data
-    data[starts[:, None] + _STAGED_AT[0] + np.arange(4)] = _STAGED_BYTES
     queues = np.where(_kept_queues(rows), records.queue_ids, -1).astype(np.int32)
     offsets = np.empty(n + 1, dtype=np.int32)
     offsets[:n] = starts - starts[0]
@@ -104,14 +106,9 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
     half: list = []
 
     def allocate(records, sizes: np.ndarray) -> np.ndarray:
-        head = pa.table({
-            "topic": pa.DictionaryArray.from_arrays(
-                pa.array(np.asarray(records.topic_ids, np.int32)),
-                pa.array(list(records.topics), pa.string())),
-            "queue_id": pa.array(np.where(keep, records.queue_ids, -1).astype(np.int32)),
-            "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
-            "size": pa.array(sizes.astype(np.int32))}, schema=STAGED_HEAD_SCHEMA)
-        prefix, at = framed_head(head)
+        prefix, at = framed_head(list(records.topics), records.topic_ids,
+                                 np.where(keep, records.queue_ids, -1), records.tags_codes,
+                                 sizes)
         total = int(sizes.sum())
         size = FIXED_SIZE + at + total + len(topic) + len(props)
         if size > store.max_record_bytes():
@@ -122,10 +119,9 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
         half.append((data, at + total))
         return data[HEADER_SIZE + at:HEADER_SIZE + at + total]
 
-    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE,
-                            allocate=allocate)
+    assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC,
+                  allocate=allocate)
     data, body_len = half[0]
-    records.data[records.starts[:, None] + _STAGED_AT[0] + np.arange(4)] = _STAGED_BYTES
     header = np.zeros(1, dtype=HEADER_DTYPE)
     header["total_size"] = len(data)
     header["magic"] = MESSAGE_MAGIC_CODE_V1
@@ -160,17 +156,19 @@ def _kept_queues(rows: PreparedRows) -> np.ndarray:
     return keep
 
 
-def append_staged(store, group: list, buffer: list | None = None) -> int:
+
+
+def append_staged(store, group: list) -> int:
     """Commit the staged records of several halves (``(table, half offset)`` pairs,
     STAGED_RECORDS_SCHEMA) at once; return how many.
 
-    In chunks of :data:`~store.table_producer.CHUNK_ROWS` records, copied out of the halves
-    into one reused buffer (fresh pages cost a fault each), checked and completed by one
-    compiled pass (:func:`~store.record_kernels.complete_staged`: size field, staged magic;
-    then the magic code and PREPAREDTRANSACTIONOFFSET) and placed by the core's columnar
-    append.  Raises :class:`CorruptRecordError` when a staged record fails the checks (the
-    caller's atomic group then drops everything of the commit).  ``buffer``: a one-item
-    list holding the copy buffer between calls (kept there, grown when needed).
+    In chunks of :data:`~store.table_producer.CHUNK_ROWS` records, each copied out of the
+    halves into a buffer of its own, checked and completed by one compiled pass
+    (:func:`~store.record_kernels.complete_staged`: size field, staged magic; then the magic
+    code and PREPAREDTRANSACTIONOFFSET) on either of two threads
+    (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
+    append on this one, in order.  Raises :class:`CorruptRecordError` when a staged record
+    fails the checks (the caller's atomic group then drops everything of the commit).
     """
     topics: dict[str, int] = {}
     datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
@@ -199,15 +197,14 @@ def append_staged(store, group: list, buffer: list | None = None) -> int:
     code = np.concatenate(codes)
     names = list(topics)
     total = int(first[-1])
-    buffer = [np.empty(0, dtype=np.uint8)] if buffer is None else buffer
-    buf = buffer[0]
-    for lo in range(0, total, CHUNK_ROWS):
+
+    def prepare(k: int):  # reads the halves, writes only its own buffer
+        lo = k * CHUNK_ROWS
         hi = min(total, lo + CHUNK_ROWS)
         sizes = size[lo:hi]
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         nbytes = int(starts[-1] + sizes[-1])
-        if len(buf) < nbytes:
-            buf = buffer[0] = np.empty(max(nbytes, 2 * len(buf)), dtype=np.uint8)
+        buf = np.empty(nbytes, dtype=np.uint8)
         pos = 0
         for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(counts)):
             a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
@@ -215,6 +212,8 @@ def append_staged(store, group: list, buffer: list | None = None) -> int:
                 break
             o = offsets[h]
             src = datas[h][o[a - first[h]]:o[b - first[h]]]
+            if pos + len(src) > nbytes:
+                break
             buf[pos:pos + len(src)] = src
             pos += len(src)
         if pos != nbytes:  # offsets past their buffer: a half written wrongly
@@ -229,12 +228,17 @@ def append_staged(store, group: list, buffer: list | None = None) -> int:
                 store.commit_log.directory, int(prepared[lo + bad]),
                 f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
                 "field or magic code; its batch cannot commit")
-        tids = topic_id[lo:hi]
-        # -1: the next queue of the topic's round robin, one per chunk (as send_table)
-        qids = queues_for_chunk(store, names, tids, queue_id[lo:hi])
-        store.append_encoded(AssembledRecords(
-            data=buf[:nbytes], starts=starts, sizes=sizes, topics=names, topic_ids=tids,
-            queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))
+        return lo, hi, buf, starts, sizes
+
+    chunks = -(-total // CHUNK_ROWS)
+    with closing(prepared_in_order(chunks, prepare)) as ready:
+        for lo, hi, buf, starts, sizes in ready:
+            tids = topic_id[lo:hi]
+            # -1: the next queue of the topic's round robin, one per chunk (as send_table)
+            qids = queues_for_chunk(store, names, tids, queue_id[lo:hi])
+            store.append_encoded(AssembledRecords(
+                data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,
+                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))
     return total
 
 

@@ -112,13 +112,14 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
 
 
 def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
-                  sys_flag: int = 0, allocate: Allocate | None = None) -> AssembledRecords:
+                  sys_flag: int = 0, magic: int = MESSAGE_MAGIC_CODE_V1,
+                  allocate: Allocate | None = None) -> AssembledRecords:
     """The records of ``rows`` as :func:`append_prepared` would write them (delayed rows
     routed, ``real_qid`` their real queues), assembled but not placed: the exactly-once
     sink stages them so that its commit only places them (:mod:`store.sink_halves`).
-    ``allocate``: where they are assembled (see
-    :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
-    return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate)[0]
+    ``magic``: their MAGICCODE (the sink stages them with a zero one); ``allocate``: where
+    they are assembled (see :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
+    return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate, magic)[0]
 
 
 def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -> np.ndarray:
@@ -144,7 +145,8 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 
 
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
-                  prepared: np.ndarray | None, allocate: Allocate | None = None):
+                  prepared: np.ndarray | None, allocate: Allocate | None = None,
+                  magic: int = MESSAGE_MAGIC_CODE_V1):
     """The assembled records of one chunk, and the function making its results table from
     where they were placed.  Reads only the rows and the config (runs on either thread)."""
     config = store.config
@@ -184,7 +186,7 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
             f"allowed: at most {headroom} (max_properties_size_bytes minus {DELIVERY_HEADROOM} "
             "for delivery bookkeeping)")
     headers = np.zeros(n, dtype=HEADER_DTYPE)
-    headers["magic"] = MESSAGE_MAGIC_CODE_V1
+    headers["magic"] = magic
     headers["sys_flag"] = sys_flag
     headers["born_timestamp"] = now
     headers["born_host"] = np.void(LOCALHOST)

@@ -288,16 +288,12 @@ def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, c
             assert _raw(store, int(placed.commitlog_offsets[0])) == raw
 
 
-def _framed(records: list[bytes], topics=("orders",)):
-    from store.sink_format import STAGED_HEAD_SCHEMA, framed_head
+def _framed(records: list[bytes], topics=("orders", "pay")):
+    from store.sink_format import framed_head
 
-    head = pa.table({
-        "topic": pa.DictionaryArray.from_arrays(pa.array([0] * len(records), pa.int32()),
-                                                pa.array(list(topics), pa.string())),
-        "queue_id": pa.array([-1] * len(records), pa.int32()),
-        "tags_code": pa.array(range(len(records)), pa.int64()),
-        "size": pa.array([len(r) for r in records], pa.int32())}, schema=STAGED_HEAD_SCHEMA)
-    prefix, at = framed_head(head)
+    n = len(records)
+    prefix, at = framed_head(list(topics), np.arange(n) % len(topics), np.full(n, -1),
+                             np.arange(n), np.array([len(r) for r in records]))
     assert len(prefix) == at and at % 8 == 0
     return prefix + b"".join(records)
 
@@ -307,15 +303,18 @@ def test_framed_bodies_decode_to_views_of_their_records():
     table = decode_staged(memoryview(_framed(records)), "seg", 7)
     assert table.column("record").to_pylist() == records
     assert table.column("tags_code").to_pylist() == [0, 1, 2]
-    assert table.column("topic").to_pylist() == ["orders"] * 3
+    assert table.column("topic").to_pylist() == ["orders", "pay", "orders"]
 
 
 @pytest.mark.parametrize("damage, needle", [
     (lambda b: b[:-1], "add up"), (lambda b: b + b"x", "add up"),
-    (lambda b: b[:4] + (10 ** 6).to_bytes(4, "big") + b[8:], "does not fit"),
-    (lambda b: b[:8] + b"\0" * 16 + b[24:], "no Arrow stream|schema"),
-    (lambda b: b[:4] + (0).to_bytes(4, "big") + b[8:], "does not fit"),
-], ids=["short", "long", "head-past-end", "head-garbled", "no-head"])
+    (lambda b: b[:4] + (10 ** 6).to_bytes(4, "big") + b[8:], "more than"),
+    (lambda b: b[:8] + (-1).to_bytes(4, "big", signed=True) + b[12:], "more than"),
+    (lambda b: b[:8] + (1).to_bytes(4, "big") + b[12:], "past its 1 topics|do not add up"),
+    (lambda b: b[:12] + (3).to_bytes(4, "big") + b[16:], "do not add up"),
+    (lambda b: b[:10], "shorter"),
+], ids=["short", "long", "too-many-records", "negative-topics", "fewer-topics", "names-length",
+        "truncated"])
 def test_framed_bodies_that_do_not_add_up_are_refused(damage, needle):
     body = damage(_framed([b"a" * 40, b"b" * 60]))
     with pytest.raises(CorruptRecordError, match=needle) as info:
