@@ -5,8 +5,8 @@ Helpers of :mod:`store.sink` (format: :mod:`store.sink_format`).
 * **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
   commit will write (routed as :func:`~store.table_producer.append_prepared` routes them,
   CRCs computed), with a zero magic code, by the compiled record kernel straight into the
-  half's framed body (a small Arrow head with each record's topic, queue, tagsCode and
-  size, then the records): the half's bytes are written once, then appended.
+  half's framed body (a small big-endian head with each record's topic, queue, tagsCode
+  and size, then the records): the half's bytes are written once, then appended.
 * **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
   CommitLog segment, their body CRCs checked, and their records copied out, given their
   magic code and PREPAREDTRANSACTIONOFFSET, and placed by the core's columnar append
@@ -48,7 +48,7 @@ from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_f
 from .table_rows import PreparedRows
 from .transaction.half import HALF_QUEUE_ID
 
-#: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: Arrow framing).
+#: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: the body's head).
 HALF_FILL = 0.9
 #: Bytes a delayed row's record may gain by its routing (REAL_TOPIC, REAL_QID, DELAY or
 #: TIMER_OUT_MS + TIMER_DELIVER_MS), on top of its topic's length.
