@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 
 import numpy as np
 
@@ -26,12 +25,8 @@ from ..consume_queue import ENTRY_DTYPE, ENTRY_SIZE
 from ..core.ports import StorePort
 from ..errors import MessageTooLargeError
 from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
-
-_ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-
-
+from ..property_kernels import parse_int_ranges, scan_properties
+from ..record_kernels import ByteSlices
 
 #: Properties bytes a delivery (or roll) may add: ``__RMQ_DELIVER_MS``, the origin,
 #: ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS``, ``TIMER_ROLL_TIMES``.
@@ -68,43 +63,48 @@ def check_headroom(store: StorePort, properties) -> None:
             f"(max_properties_size_bytes minus {DELIVERY_HEADROOM} for delivery bookkeeping)")
 
 
-def record_origin(buf, pos: int) -> int:
-    """The ``__RMQ_DELAY_ORIGIN`` of the record at ``buf[pos:]``, or -1 (properties only)."""
-    body_len = _I32.unpack_from(buf, pos + FIELD_OFFSET["body_length"])[0]
-    tpos = pos + HEADER_SIZE + body_len
-    ppos = tpos + 1 + buf[tpos]
-    plen = _I16.unpack_from(buf, ppos)[0]
-    start, end = ppos + 2, ppos + 2 + plen
-    i = buf.find(_ORIGIN_KEY, start, end)
-    # a key starts the properties or follows a pair separator
-    while i >= 0 and i != start and buf[i - 1] != 2:
-        i = buf.find(_ORIGIN_KEY, i + 1, end)
-    if i < 0:
-        return -1
-    j = buf.find(b"\x02", i, end)
-    value = bytes(buf[i + len(_ORIGIN_KEY):j if j >= 0 else end])
-    try:
-        return int(value)
-    except ValueError:
-        return -1
-
-
 def origins_since(store: StorePort, start: int) -> np.ndarray:
-    """Sorted origins of the delivered records from CommitLog offset ``start`` to the end."""
+    """Sorted origins of the delivered records from CommitLog offset ``start`` to the end.
+
+    Runs of records at a time (the compiled walk, then one compiled pass that finds
+    ``__RMQ_DELAY_ORIGIN`` in every record's properties): no Python step per record, so a
+    run killed amid a burst of a million deliveries is redone without a per-record loop.
+    """
     log = store.commit_log
     end = store.confirmed_offset()
     start = max(start, log.min_offset())
-    found: list[int] = []
     if start >= end:
         return np.empty(0, np.int64)
-    for offset, _size in log.scan(start, check_crc=False):
-        if offset >= end:
+    found: list[np.ndarray] = []
+    for f, positions, _sizes in log.scan_batches(start, check_crc=False):
+        inside = positions + f.start < end
+        if inside.any():
+            found.append(_origins(np.frombuffer(f.buffer(), np.uint8), positions[inside]))
+        if not inside.all():
             break
-        buf, pos, _f = log.buffer_at(offset)
-        origin = record_origin(buf, pos)
-        if origin >= 0:
-            found.append(origin)
-    return np.unique(np.array(found, dtype=np.int64))
+    if not found:
+        return np.empty(0, np.int64)
+    origins = np.sort(np.concatenate(found))  # nearly sorted already: cheaper than hashing
+    return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
+
+
+def _big_endian(raw: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """The unsigned big-endian ints of ``width`` bytes at ``raw[at]`` (one gather)."""
+    picked = raw[at[:, None] + np.arange(width)]
+    return picked.view(f">u{width}").ravel().astype(np.int64)
+
+
+def _origins(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The ``__RMQ_DELAY_ORIGIN`` values of the valid records at ``positions`` of a segment
+    (records without one, or with one that is no integer, give none)."""
+    body_len = _big_endian(raw, positions + FIELD_OFFSET["body_length"], 4)
+    topic_at = positions + HEADER_SIZE + body_len
+    props_len_at = topic_at + 1 + raw[topic_at]
+    props_at = props_len_at + 2
+    props = ByteSlices(raw, props_at, props_at + _big_endian(raw, props_len_at, 2))
+    has, vstart, vend = scan_properties(props, [PROPERTY_DELAY_ORIGIN])
+    values, ok = parse_int_ranges(raw, vstart[0][has[0]], vend[0][has[0]])
+    return values[ok]
 
 
 def release_commitlog_pages(store: StorePort) -> None:
