@@ -122,16 +122,10 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
     assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC,
                   allocate=allocate)
     data, body_len = half[0]
-    header = np.zeros(1, dtype=HEADER_DTYPE)
+    header = _half_header(rows.born_ms, body_len)
     header["total_size"] = len(data)
-    header["magic"] = MESSAGE_MAGIC_CODE_V1
     header["body_crc"] = crc32(data[HEADER_SIZE:HEADER_SIZE + body_len]) & 0x7FFFFFFF
     header["queue_id"] = HALF_QUEUE_ID
-    header["born_timestamp"] = rows.born_ms
-    header["born_host"] = np.void(LOCALHOST)
-    header["store_host"] = np.void(LOCALHOST)
-    header["store_port"] = STORE_PORT
-    header["body_length"] = body_len
     data[:HEADER_SIZE] = header.view(np.uint8)
     p = HEADER_SIZE + body_len
     data[p] = len(topic)
@@ -145,6 +139,19 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
         topics=[TRANS_HALF_TOPIC], topic_ids=np.zeros(1, np.int64),
         queue_ids=np.array([HALF_QUEUE_ID], np.int64), tags_codes=np.array([code], np.int64),
         dispatched=True)
+
+
+def _half_header(born_ms: int, body_len: int) -> np.ndarray:
+    """The header fields every half has (one :data:`HEADER_DTYPE` row; the size, CRC and
+    placement are filled by whoever writes the record)."""
+    header = np.zeros(1, dtype=HEADER_DTYPE)
+    header["magic"] = MESSAGE_MAGIC_CODE_V1
+    header["born_timestamp"] = born_ms
+    header["born_host"] = np.void(LOCALHOST)
+    header["store_host"] = np.void(LOCALHOST)
+    header["store_port"] = STORE_PORT
+    header["body_length"] = body_len
+    return header
 
 
 def _kept_queues(rows: PreparedRows) -> np.ndarray:
@@ -288,13 +295,7 @@ def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
     """Encode one half for :meth:`append_encoded` (its body, often megabytes, is copied once,
     by the compiled kernel straight from the bytes); needs no lock."""
     props = encode_properties(spec.properties)
-    headers = np.zeros(1, dtype=HEADER_DTYPE)
-    headers["magic"] = MESSAGE_MAGIC_CODE_V1
-    headers["born_timestamp"] = spec.born_timestamp_ms
-    headers["born_host"] = np.void(LOCALHOST)
-    headers["store_host"] = np.void(LOCALHOST)
-    headers["store_port"] = STORE_PORT
-    headers["body_length"] = len(spec.body)
+    headers = _half_header(spec.born_timestamp_ms, len(spec.body))
     body = ByteColumn(np.frombuffer(spec.body, dtype=np.uint8),
                       np.array([0, len(spec.body)], dtype=np.int64))
     code = store.tags_code(spec.topic, spec.properties, spec.born_timestamp_ms)

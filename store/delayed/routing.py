@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from ..codec import FIELD_OFFSET, HEADER_SIZE, encode_properties
+from ..codec import HEADER_SIZE, encode_properties, gather_headers
 from ..consume_queue import ENTRY_DTYPE, ENTRY_SIZE
 from ..core.ports import StorePort
 from ..errors import MessageTooLargeError
@@ -88,20 +88,14 @@ def origins_since(store: StorePort, start: int) -> np.ndarray:
     return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
 
 
-def _big_endian(raw: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """The unsigned big-endian ints of ``width`` bytes at ``raw[at]`` (one gather)."""
-    picked = raw[at[:, None] + np.arange(width)]
-    return picked.view(f">u{width}").ravel().astype(np.int64)
-
-
 def _origins(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """The ``__RMQ_DELAY_ORIGIN`` values of the valid records at ``positions`` of a segment
     (records without one, or with one that is no integer, give none)."""
-    body_len = _big_endian(raw, positions + FIELD_OFFSET["body_length"], 4)
+    body_len = gather_headers(raw, len(raw), positions)["body_length"].astype(np.int64)
     topic_at = positions + HEADER_SIZE + body_len
-    props_len_at = topic_at + 1 + raw[topic_at]
-    props_at = props_len_at + 2
-    props = ByteSlices(raw, props_at, props_at + _big_endian(raw, props_len_at, 2))
+    props_at = topic_at + 3 + raw[topic_at]  # past the topic and the properties' length
+    props_len = (raw[props_at - 2].astype(np.int64) << 8) | raw[props_at - 1]
+    props = ByteSlices(raw, props_at, props_at + props_len)
     has, vstart, vend = scan_properties(props, [PROPERTY_DELAY_ORIGIN])
     values, ok = parse_int_ranges(raw, vstart[0][has[0]], vend[0][has[0]])
     return values[ok]
