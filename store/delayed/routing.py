@@ -82,9 +82,9 @@ def origins_since(store: StorePort, start: int) -> np.ndarray:
             found.append(_origins(np.frombuffer(f.buffer(), np.uint8), positions[inside]))
         if not inside.all():
             break
-    if not found:
-        return np.empty(0, np.int64)
-    origins = np.sort(np.concatenate(found))  # nearly sorted already: cheaper than hashing
+    origins = np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
+    if len(origins) < 2:  # sorted, not hashed: they come nearly sorted already
+        return origins
     return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
 
 

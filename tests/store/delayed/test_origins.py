@@ -68,3 +68,18 @@ def test_origins_of_deliveries_match_a_record_by_record_reading(tmp_path, small_
         assert got.dtype == np.int64 and got.tolist() == expected.tolist()
         if cut == 0.0:
             assert len(got) == 320  # every delivery names its source once
+
+
+def test_records_without_origins_give_none(tmp_path, small_config, clock):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        p = store.producer("g")
+        assert origins_since(store, 0).tolist() == []  # an empty log
+        start = store.confirmed_offset()
+        for i in range(30):
+            p.send(Message("t", b"m%d" % i, keys=f"k{i}"))
+        got = origins_since(store, start)
+        assert got.dtype == np.int64 and got.tolist() == []
+        p.send(Message("t", b"late"), delay_level=1)
+        clock.advance(5_000)
+        assert store.deliver_due() == 1
+        assert origins_since(store, start).tolist() == _model(store, start).tolist() != []
