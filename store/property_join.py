@@ -9,8 +9,8 @@ order a single send writes them, :mod:`store.codec`)::
     UNIQ_KEY      "UNIQ_KEY" 0x01 id 0x02     always: the 32-character message id
 
 :func:`join_properties` sizes every row with NumPy, then one loop copies the parts of every
-row into one buffer.  Replaces four Arrow ``binary_join_element_wise`` passes (each a
-buffer of its own), 4.5x faster for a million rows with a tag and a key.
+row into one buffer.  It replaces three Arrow ``binary_join_element_wise`` passes (each a
+buffer of its own): 43–78 ms against 117 ms for a million rows with a tag and a key.
 
 :func:`plain_keys` checks a keys column for what a single send would change or refuse with
 one loop over the bytes: it flags the rows that need a closer look (see there).
@@ -29,42 +29,32 @@ _KEYS = np.frombuffer(f"{PROPERTY_KEYS}\x01".encode("ascii"), np.uint8)
 _UNIQ = np.frombuffer(f"{PROPERTY_UNIQ_KEY}\x01".encode("ascii"), np.uint8)
 
 
+def _pair(out, p, prefix, data, a, b):
+    """Write ``prefix``, ``data[a:b]`` and 0x02 at ``out[p:]``; return where they end."""
+    for j in range(len(prefix)):
+        out[p + j] = prefix[j]
+    p += len(prefix)
+    for j in range(a, b):
+        out[p] = data[j]
+        p += 1
+    out[p] = 2
+    return p + 1
+
+
 def _join(users_data, users_offsets, tag_data, tag_offsets, tag_on, key_data, key_offsets,
           key_on, ids, out, out_offsets, tag_prefix, key_prefix, id_prefix):
     """Row ``i`` of ``out`` (from ``out_offsets[i]``): its user pairs, then its TAGS pair if
     ``tag_on[i]``, its KEYS pair if ``key_on[i]``, then its UNIQ_KEY pair (``ids[i]``)."""
-    n = len(out_offsets) - 1
-    width = ids.shape[1]
-    for i in range(n):
+    for i in range(len(out_offsets) - 1):
         p = out_offsets[i]
-        a, b = users_offsets[i], users_offsets[i + 1]
-        for j in range(a, b):
+        for j in range(users_offsets[i], users_offsets[i + 1]):
             out[p] = users_data[j]
             p += 1
         if tag_on[i]:
-            for j in range(len(tag_prefix)):
-                out[p + j] = tag_prefix[j]
-            p += len(tag_prefix)
-            for j in range(tag_offsets[i], tag_offsets[i + 1]):
-                out[p] = tag_data[j]
-                p += 1
-            out[p] = 2
-            p += 1
+            p = _pair(out, p, tag_prefix, tag_data, tag_offsets[i], tag_offsets[i + 1])
         if key_on[i]:
-            for j in range(len(key_prefix)):
-                out[p + j] = key_prefix[j]
-            p += len(key_prefix)
-            for j in range(key_offsets[i], key_offsets[i + 1]):
-                out[p] = key_data[j]
-                p += 1
-            out[p] = 2
-            p += 1
-        for j in range(len(id_prefix)):
-            out[p + j] = id_prefix[j]
-        p += len(id_prefix)
-        for j in range(width):
-            out[p + j] = ids[i, j]
-        out[p + width] = 2
+            p = _pair(out, p, key_prefix, key_data, key_offsets[i], key_offsets[i + 1])
+        _pair(out, p, id_prefix, ids[i], 0, ids.shape[1])
 
 
 def _plain_keys(data, offsets, out):
@@ -89,7 +79,7 @@ def _plain_keys(data, offsets, out):
         out[i] = verdict
 
 
-_kernels = compiled(globals(), kernels=("_join", "_plain_keys"))
+_kernels = compiled(globals(), helpers=("_pair",), kernels=("_join", "_plain_keys"))
 
 
 def _parts(arr: pa.Array | None, n: int):
@@ -125,8 +115,7 @@ def join_properties(users: ByteColumn, tags: pa.Array | None, keys: pa.Array | N
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     out = np.empty(int(offsets[-1]), np.uint8)
-    users_offsets = users.offsets - 0  # int64, any start
-    _kernels()["_join"](users.data, users_offsets, tag_data, tag_offsets, tag_on, key_data,
+    _kernels()["_join"](users.data, users.offsets, tag_data, tag_offsets, tag_on, key_data,
                         key_offsets, key_on, np.ascontiguousarray(ids), out, offsets, _TAGS,
                         _KEYS, _UNIQ)
     return ByteColumn(out, offsets)
