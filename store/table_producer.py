@@ -104,11 +104,28 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
                              None if prepared_offsets is None
                              else prepared_offsets[lo:lo + len(chunks[k])])
 
-    results = []
+    queue_offsets = np.empty(n, dtype=np.int64)
+    commitlog_offsets = np.empty(n, dtype=np.int64)
+    deliver_ms = np.empty(n, dtype=np.int64)
+    lo = 0
     with closing(prepared_in_order(len(chunks), prepare)) as encoded:
-        for records, finish in encoded:
-            results.append(finish(store.append_encoded(records)))
-    return pa.concat_tables(results)
+        for records, deliver in encoded:
+            placed = store.append_encoded(records)
+            hi = lo + len(deliver)
+            queue_offsets[lo:hi] = placed.queue_offsets
+            commitlog_offsets[lo:hi] = placed.commitlog_offsets
+            deliver_ms[lo:hi] = deliver
+            lo = hi
+    # one results table for every chunk (built once: per chunk it cost a tenth of the append)
+    delayed = deliver_ms >= 0
+    return pa.table({
+        "msg_id": rows.msg_ids.to_arrow(pa.string()),
+        "topic": rows.topic_array(),
+        "queue_id": pa.array(np.concatenate(queues), pa.int32()),
+        "queue_offset": pa.array(queue_offsets, pa.int64(), mask=delayed),
+        "commitlog_offset": pa.array(commitlog_offsets, pa.int64()),
+        "deliver_at_ms": pa.array(deliver_ms, pa.int64(), mask=~delayed),
+    }, schema=RESULT_SCHEMA)
 
 
 def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
@@ -147,8 +164,8 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
                   prepared: np.ndarray | None, allocate: Allocate | None = None,
                   magic: int = MESSAGE_MAGIC_CODE_V1):
-    """The assembled records of one chunk, and the function making its results table from
-    where they were placed.  Reads only the rows and the config (runs on either thread)."""
+    """The assembled records of one chunk, and each row's due time (-1: not delayed).
+    Reads only the rows and the config (runs on either thread)."""
     config = store.config
     now = rows.born_ms
     names = rows.topic_names
@@ -202,18 +219,7 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
         store_timestamp_ms=None if prepared is not None else now), allocate=allocate)
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
-
-    def finish(placed) -> pa.Table:
-        return pa.table({
-            "msg_id": rows.msg_ids.to_arrow(pa.string()),
-            "topic": rows.topic_array(),
-            "queue_id": pa.array(real_qid, pa.int32()),
-            "queue_offset": pa.array(placed.queue_offsets, pa.int64(), mask=delayed),
-            "commitlog_offset": pa.array(placed.commitlog_offsets, pa.int64()),
-            "deliver_at_ms": pa.array(deliver_ms, pa.int64(), mask=~delayed),
-        }, schema=RESULT_SCHEMA)
-
-    return records, finish
+    return records, deliver_ms
 
 
 def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarray,

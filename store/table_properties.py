@@ -2,11 +2,13 @@
 encoded as user-property strings with Arrow over the whole column.
 
 Used by :mod:`store.table_rows` for both of its paths: the whole-column path takes
-:func:`user_property_strings`; the per-row path falls back to :func:`property_dicts` to name
+:func:`user_property_pairs`; the per-row path falls back to :func:`property_dicts` to name
 the first bad row.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +16,7 @@ import pyarrow.compute as pc
 
 from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
+from .record_kernels import ByteColumn, compiled, empty_column
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
@@ -36,54 +39,113 @@ def property_dicts(table: pa.Table) -> list[dict]:
     return [dict(p) if p else {} for p in col.to_pylist()]
 
 
-def holds_separator(text: pa.Array) -> bool:
-    """Whether any value of a (non-null) string array holds a 0x01 or 0x02 byte: one NumPy
-    pass over the values' bytes (a regex per value costs several times more).  ``True`` for
-    a type other than string, so that the per-row path names it."""
-    wide = pa.types.is_large_string(text.type)
-    if not (wide or pa.types.is_string(text.type)):
-        return True
-    _, offsets, data = text.buffers()
-    if data is None or not len(text):
-        return False
-    width = 8 if wide else 4
-    bounds = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32, count=len(text) + 1,
-                           offset=text.offset * width)
-    raw = np.frombuffer(data, dtype=np.uint8)[int(bounds[0]):int(bounds[-1])]
-    return bool(np.count_nonzero((raw == 1) | (raw == 2)))
+@dataclass(frozen=True, slots=True)
+class UserPairs:
+    """Each row's user properties as (name, value) pairs, not yet joined: row ``i``'s pairs
+    are entries ``starts[i]`` to ``ends[i]`` of ``names`` and ``values`` (a null map: none).
+    :func:`store.property_join.join_properties` writes them as ``name 0x01 value 0x02 ...``
+    straight into the properties strings."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    names: ByteColumn
+    values: ByteColumn
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def empty(cls, n: int) -> UserPairs:
+        none = np.zeros(n, np.int64)
+        return cls(none, none, empty_column(0), empty_column(0))
+
+    def lengths(self) -> np.ndarray:
+        """Bytes of each row's joined pairs."""
+        sizes = np.zeros(len(self.names) + 1, np.int64)
+        np.cumsum(self.names.lengths() + self.values.lengths() + 2, out=sizes[1:])
+        return sizes[self.ends] - sizes[self.starts]
 
 
-def user_property_strings(table: pa.Table) -> pa.Array | None:
-    """Each row's user properties as ``name 0x01 value 0x02 ...``, built and checked with
-    Arrow over the whole map column; ``None`` when a row needs the per-row path (a name or
-    value the rules refuse, or a name twice in one row), which then names the bad row."""
+def user_property_pairs(table: pa.Table) -> UserPairs | None:
+    """Each row's user properties, checked over the whole map column; ``None`` when a row
+    needs the per-row path (a name or value the rules refuse, or a name twice in one row),
+    which then names the bad row.
+
+    Distinct names are checked in Python (few); values by one compiled pass over their
+    bytes, and with Arrow only those holding non-ASCII text; a name twice in a row by one
+    compiled pass over the names' dictionary indices.
+    """
     n = table.num_rows
     col = _map_column(table)
     if col is None:
-        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(
-            np.zeros(n + 1, np.int32)), pa.py_buffer(b"")])
+        return UserPairs.empty(n)
     col = col.combine_chunks()
-    offsets = col.offsets
-    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
+    offsets = col.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = offsets[:-1]
+    ends = offsets[1:]
+    if col.null_count:  # a null map has no pairs, wherever its offsets point
+        ends = np.where(col.is_valid().to_numpy(zero_copy_only=False), ends, starts)
+    lo, hi = int(offsets[0]), int(offsets[-1])
     names, values = col.keys.slice(lo, hi - lo), col.items.slice(lo, hi - lo)
     if hi > lo:
         if names.null_count or values.null_count:
             return None
-        for text in (names, values):
-            if holds_separator(text) or pc.any(
-                    pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)).as_py():
-                return None
-        if pc.any(pc.is_in(names, value_set=pa.array(sorted(RESERVED_PROPERTY_NAMES)))).as_py() \
-                or pc.any(pc.starts_with(names, "__RMQ")).as_py():
-            return None
-        rows = np.repeat(np.arange(n, dtype=np.int64),
-                         np.diff(offsets.to_numpy(zero_copy_only=False)))
         enc = names.dictionary_encode()
-        keys = rows * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
-        keys.sort()
-        if len(keys) > 1 and (keys[1:] == keys[:-1]).any():
+        for name in enc.dictionary.to_pylist():
+            if ("\x01" in name or "\x02" in name or not name.strip()
+                    or name in RESERVED_PROPERTY_NAMES or name.startswith("__RMQ")):
+                return None
+        if not _plain_values(values):
+            return None
+        found = np.zeros(1, np.int64)
+        _kernels()["_twice"](starts - lo, ends - lo,
+                             enc.indices.to_numpy(zero_copy_only=False), found)
+        if found[0]:
             return None  # a name twice in one row: the per-row path keeps the last, as a dict
-    pairs = pc.binary_join_element_wise(col.keys, col.items, "\x01")
-    pairs = pc.binary_join_element_wise(pairs, pa.scalar(""), "\x02")
-    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, pairs), "")
-    return joined.fill_null("")
+    return UserPairs(starts, ends, ByteColumn.from_arrow(col.keys),
+                     ByteColumn.from_arrow(col.items))
+
+
+def _plain_values(values: pa.Array) -> bool:
+    """No value holds 0x01 / 0x02 or is only whitespace (as ``str.strip`` sees it)."""
+    col = ByteColumn.from_arrow(values)
+    verdict = np.empty(len(col), np.uint8)
+    _kernels()["_value_verdicts"](col.data, col.offsets, verdict)
+    if (verdict == 2).any():
+        return False
+    text = np.flatnonzero(verdict == 1)
+    if len(text):
+        sub = values.take(pa.array(text))
+        if pc.any(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(sub)), 0)).as_py():
+            return False
+    return True
+
+
+def _value_verdicts(data, offsets, out):
+    """``out[i]``: 2 when value ``i`` holds 0x01 / 0x02 or is only ASCII whitespace (empty
+    included), 1 when it is only whitespace and bytes of 0x80 or more (Arrow decides), else 0."""
+    for i in range(len(offsets) - 1):
+        blank, text, bad = True, False, False
+        for j in range(offsets[i], offsets[i + 1]):
+            c = data[j]
+            if c == 1 or c == 2:
+                bad = True
+                break
+            if c >= 128:
+                text = True
+            elif not (c == 32 or 9 <= c <= 13 or 28 <= c <= 31):
+                blank = False
+        out[i] = 2 if bad or (blank and not text) else (1 if blank else 0)
+
+
+def _twice(starts, ends, ids, found):
+    """``found[0] = 1`` when some row's entries ``starts[i]:ends[i]`` repeat an id."""
+    for i in range(len(starts)):
+        for a in range(starts[i], ends[i]):
+            for b in range(a + 1, ends[i]):
+                if ids[a] == ids[b]:
+                    found[0] = 1
+                    return
+
+
+_kernels = compiled(globals(), kernels=("_value_verdicts", "_twice"))

@@ -30,7 +30,7 @@ from .message import (
 )
 from .property_join import join_properties, plain_keys
 from .record_kernels import ByteColumn, empty_column
-from .table_properties import property_dicts, user_property_strings
+from .table_properties import property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 
 COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
@@ -236,8 +236,9 @@ def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
         validate_topic(t)
     bodies, tags, keys = _bodies(table), _strings(table, "tags"), _keys(table)
     limit = store.config.max_message_size_bytes
-    users = user_property_strings(table)
-    users = users.to_pylist() if users is not None else None
+    pairs = user_property_pairs(table)
+    users = (join_properties(pairs).to_arrow(pa.string()).to_pylist() if pairs is not None
+             else None)
     properties = [{}] * n if users is not None else property_dicts(table)
     try:
         bodies, tags, keys, plain = validated_columns(bodies, tags, keys, properties, limit)
@@ -275,7 +276,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
 
     def users_outcome():  # its error counts only if the other columns pass, as in sequence
         try:
-            return user_property_strings(table), None
+            return user_property_pairs(table), None
         except InvalidMessageError as exc:
             return None, exc
 
@@ -295,7 +296,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     names, topic_ids, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_id_chars(n, now)
-    props = join_properties(ByteColumn.from_arrow(users), tags, keys, ids)
+    props = join_properties(users, tags, keys, ids)
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
                         now)

@@ -266,15 +266,3 @@ def test_a_bad_topic_argument_is_refused(tmp_path, small_config, clock):
         assert store.topics() == []
 
 
-def test_separator_check_reads_exactly_the_values_of_a_slice():
-    """The NumPy check for 0x01 / 0x02 in property names and values looks at the bytes of
-    the array's own values only (a slice shares its parent's buffers)."""
-    from store.table_properties import holds_separator
-
-    values = pa.array(["a\x02", "bc", "d", "\x01e"])
-    assert not holds_separator(values.slice(1, 2))
-    assert holds_separator(values.slice(0, 2)) and holds_separator(values.slice(2, 2))
-    assert holds_separator(pa.array(["x", "y\x01"], pa.large_string()).slice(1))
-    assert not holds_separator(pa.array(["x\x01", "y"], pa.large_string()).slice(1))
-    assert not holds_separator(pa.array([], pa.string()))
-    assert holds_separator(pa.array([1]))  # not text: the per-row path names the column
