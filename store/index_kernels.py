@@ -39,14 +39,15 @@ from .codec import (
     MESSAGE_MAGIC_CODE_V1,
 )
 from .property_kernels import distinct_values, next_pair_loop
-from .record_kernels import CRC_TABLES, compiled, crc32_loop
+from .crc import crc_function
+from .record_kernels import compiled, crc32_call
 from .scan_kernels import i32_loop, record_size_loop
 
 #: Distinct topics (and tags) one walk numbers in its table; more fall back to hashing.
 TABLE_SIZE = 32
 _TAGS = np.frombuffer(b"TAGS", dtype=np.uint8)
 
-_crc32, _i32, _next_pair = crc32_loop, i32_loop, next_pair_loop
+_crc32, _i32, _next_pair = crc32_call, i32_loop, next_pair_loop
 # the structural checks of scan_kernels, resolving the helpers they call (``_i32``) here
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
 
@@ -105,7 +106,7 @@ def _tag_value(data, p, end, key):
     return found_a, found_b
 
 
-def _index_records(buf, pos, limit, stop_at, check_crc, tables, cols, topic_table, topic_state,
+def _index_records(buf, pos, limit, stop_at, check_crc, crc, cols, topic_table, topic_state,
                    tag_table, tag_state, key, magic_v1, magic_blank, fixed, header, at):
     """Index valid records from ``pos`` into the rows of ``cols`` (see :data:`_ARRAYS`) until
     one starts at or after ``stop_at``; return ``(count, end position, how it stopped)`` as
@@ -122,9 +123,9 @@ def _index_records(buf, pos, limit, stop_at, check_crc, tables, cols, topic_tabl
             return count, pos, 0
         body_len = _i32(buf, pos + at[0])
         if check_crc:
-            crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, tables)
-                           & np.uint32(0x7FFFFFFF))
-            if crc != _i32(buf, pos + at[1]):
+            body_crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, crc)
+                                & np.uint32(0x7FFFFFFF))
+            if body_crc != _i32(buf, pos + at[1]):
                 return count, pos, 0
         cols[0, count] = pos
         cols[1, count] = total
@@ -213,7 +214,7 @@ def index_records(buf: np.ndarray, pos: int, limit: int, *, stop_at: int | None 
     tag_state = np.array([0, -1], dtype=np.int64)
     count, end, stop = _KERNELS()["_index_records"](
         buf, int(pos), int(limit), int(limit if stop_at is None else stop_at), bool(check_crc),
-        CRC_TABLES, cols, topic_table, topic_state, tag_table, tag_state, _TAGS,
+        crc_function(), cols, topic_table, topic_state, tag_table, tag_state, _TAGS,
         MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE, _AT)
     cols = cols[:, :count]
     topics = _names(buf, topic_table, int(topic_state[0]))

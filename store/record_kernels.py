@@ -76,35 +76,41 @@ def _crc32(data, start, end, t):
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-#: The plain-Python CRC loop, for other kernel modules to compile as their own helper.
+#: The plain-Python CRC loop (compiled as the C fallback of :func:`store.crc.crc_function`).
 crc32_loop = _crc32
+
+
+def crc32_call(data, start, end, crc):
+    """CRC32 of ``data[start:end]`` (a contiguous uint8 array) by the C function ``crc``
+    (:func:`store.crc.crc_function`); other kernel modules compile it as their helper."""
+    return crc(np.uint32(0), data.ctypes.data + start, np.uint64(end - start))
 
 
 def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, body_ends,
                       topic_data, topic_offsets, topic_ids, props_data, props_starts,
-                      props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs):
+                      props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs, crc):
     """Write records ``i`` at ``out[positions[i]:]`` (see the module doc for the layout).
 
     ``headers`` is the ``(n, HEADER_SIZE)`` uint8 view of the filled headers; record ``i``'s
     body is ``body_data[body_starts[i]:body_ends[i]]``, its properties and suffix likewise.
     The body CRC (masked to 31 bits, as RocketMQ stores it) is computed while the body is
     copied and written big-endian at ``crc_at``, unless ``given_crcs[i] >= 0`` (known to the
-    caller: computed with zlib for a large body, or kept from a copied record).
+    caller: computed with zlib for a large body, or kept from a copied record); ``crc``
+    computes it (:func:`store.crc.crc_function`).
     """
     n, hsize = headers.shape
-    t = CRC_TABLES
     for i in range(n):
         p = positions[i]
         out[p:p + hsize] = headers[i]
         b0, b1 = body_starts[i], body_ends[i]
         if given_crcs[i] >= 0:
-            crc = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
+            value = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
         else:
-            crc = _crc32(body_data, b0, b1, t) & np.uint32(0x7FFFFFFF)
-        out[p + crc_at] = (crc >> 24) & 0xFF
-        out[p + crc_at + 1] = (crc >> 16) & 0xFF
-        out[p + crc_at + 2] = (crc >> 8) & 0xFF
-        out[p + crc_at + 3] = crc & 0xFF
+            value = crc32_call(body_data, b0, b1, crc) & np.uint32(0x7FFFFFFF)
+        out[p + crc_at] = (value >> 24) & 0xFF
+        out[p + crc_at + 1] = (value >> 16) & 0xFF
+        out[p + crc_at + 2] = (value >> 8) & 0xFF
+        out[p + crc_at + 3] = value & 0xFF
         p += hsize
         out[p:p + (b1 - b0)] = body_data[b0:b1]
         p += b1 - b0
@@ -191,7 +197,7 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
     return get
 
 
-_kernels = compiled(globals(), helpers=("_crc32", "_put_be"),
+_kernels = compiled(globals(), helpers=("crc32_call", "_put_be"),
                     kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 

@@ -28,12 +28,13 @@ from .codec import (
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE_V1,
 )
-from .record_kernels import CRC_TABLES, compiled, crc32_loop
+from .crc import crc_function
+from .record_kernels import compiled, crc32_call
 
 #: How :func:`walk_records` stopped.
 STOP_INVALID, STOP_BLANK, STOP_FULL = 0, 1, 2
 
-_crc32 = crc32_loop
+_crc32 = crc32_call
 
 
 def _i32(buf, p):
@@ -78,7 +79,7 @@ def _record_size(buf, pos, limit, magic_v1, magic_blank, fixed, header, body_len
     return total
 
 
-def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v1, magic_blank,
+def _walk_records(buf, pos, limit, check_crc, crc, out_pos, out_size, magic_v1, magic_blank,
                   fixed, header, crc_at, body_len_at):
     """Validate records from ``pos``; return ``(count, end position, how it stopped)``."""
     count = 0
@@ -93,9 +94,9 @@ def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v
             return count, pos, 0
         if check_crc:
             body_len = _i32(buf, pos + body_len_at)
-            crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, tables)
-                           & np.uint32(0x7FFFFFFF))
-            if crc != _i32(buf, pos + crc_at):
+            body_crc = np.int64(_crc32(buf, pos + header, pos + header + body_len, crc)
+                                & np.uint32(0x7FFFFFFF))
+            if body_crc != _i32(buf, pos + crc_at):
                 return count, pos, 0
         out_pos[count] = pos
         out_size[count] = total
@@ -103,9 +104,9 @@ def _walk_records(buf, pos, limit, check_crc, tables, out_pos, out_size, magic_v
         pos += total
 
 
-def _body_crcs(buf, starts, ends, tables, out):
+def _body_crcs(buf, starts, ends, crc, out):
     for i in range(len(starts)):
-        out[i] = np.int64(_crc32(buf, starts[i], ends[i], tables) & np.uint32(0x7FFFFFFF))
+        out[i] = np.int64(_crc32(buf, starts[i], ends[i], crc) & np.uint32(0x7FFFFFFF))
 
 
 #: The plain-Python loops, for other kernel modules to compile as their own helpers.
@@ -121,7 +122,7 @@ def body_crcs(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     out = np.empty(len(starts), dtype=np.int64)
     if len(out):
         _KERNELS()["_body_crcs"](buf, np.ascontiguousarray(starts, dtype=np.int64),
-                                 np.ascontiguousarray(ends, dtype=np.int64), CRC_TABLES, out)
+                                 np.ascontiguousarray(ends, dtype=np.int64), crc_function(), out)
     return out
 
 
@@ -137,7 +138,7 @@ def walk_records(buf: np.ndarray, pos: int, limit: int, *, check_crc: bool = Tru
     out_pos = np.empty(cap, dtype=np.int64)
     out_size = np.empty(cap, dtype=np.int64)
     count, end, stop = _KERNELS()["_walk_records"](
-        buf, int(pos), int(limit), bool(check_crc), CRC_TABLES, out_pos, out_size,
+        buf, int(pos), int(limit), bool(check_crc), crc_function(), out_pos, out_size,
         MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE,
         FIELD_OFFSET["body_crc"], FIELD_OFFSET["body_length"])
     return out_pos[:count], out_size[:count], int(end), int(stop)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import codec
 from ..commit_log import CommitLog
-from ..crc import LARGE_BODY_BYTES, crc32
+from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
 from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords
 
@@ -68,11 +68,13 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
     topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    # large bodies: store.crc's CRC (faster per byte); small ones: the kernel (no call each)
+    # the kernel's CRC is ISA-L's where installed; else large bodies get zlib's here (faster
+    # per byte than the kernel's fallback loop)
     if records.body_crc_known:
         crcs = headers["body_crc"].astype(np.int64)
     else:
         crcs = np.full(n, -1, dtype=np.int64)
+    if not records.body_crc_known and not HARDWARE_CRC:
         lengths = bodies.lengths()
         for i in np.flatnonzero(lengths >= LARGE_BODY_BYTES).tolist():
             o = int(bodies.starts[i])
@@ -84,7 +86,7 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
                          f"uint8 ({total},)")
     assemble_records(data, starts, hb, _CRC_AT, bodies.data, bodies.starts, bodies.ends,
                      names.data, names.offsets, topic_ids, props.data, props.starts,
-                     props.ends, extra.data, extra.starts, extra.ends, crcs)
+                     props.ends, extra.data, extra.starts, extra.ends, crcs, crc_function())
     return AssembledRecords(
         data=data, starts=starts, sizes=np.asarray(sizes, dtype=np.int64),
         topics=list(records.topics), topic_ids=topic_ids,

@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore
@@ -45,3 +45,53 @@ def test_column_path_crcs_on_both_sides_of_the_switch(tmp_path, small_config, cl
         for off, body in zip(offsets, bodies + bodies[:1]):
             assert s.read_record(off).body_crc == zlib.crc32(body) & 0x7FFFFFFF
         assert s.verify_commitlog().ok
+
+
+def _kernel_crcs(data: bytes, cuts: list) -> list:
+    """The compiled kernels' CRCs (``scan_kernels.body_crcs``) of slices of ``data``."""
+    from store.scan_kernels import body_crcs
+
+    buf = np.frombuffer(data, np.uint8)
+    starts = np.array([min(a, b) for a, b in cuts], np.int64)
+    ends = np.array([max(a, b) for a, b in cuts], np.int64)
+    return body_crcs(buf, starts, ends).tolist()
+
+
+_cuts = st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000)), min_size=1, max_size=8)
+
+
+@settings(deadline=None)  # the first example may compile the kernel
+@given(st.binary(min_size=3000, max_size=3000), _cuts)
+def test_the_kernels_crc_is_zlibs_on_any_slice(data, cuts):
+    got = _kernel_crcs(data, cuts)
+    assert got == [zlib.crc32(data[min(a, b):max(a, b)]) & 0x7FFFFFFF for a, b in cuts]
+
+
+@settings(deadline=None)  # the first example compiles the loop
+@given(st.binary(max_size=300))
+def test_the_fallback_loop_function_is_zlibs(data):
+    loop = crc_module.loop_function()
+    assert loop(0, data, len(data)) == zlib.crc32(data)
+
+
+def test_the_kernels_call_isal_where_installed():
+    pytest.importorskip("isal")
+    fn = crc_module.crc_function()
+    assert fn is crc_module.crc_function()  # loaded once
+    assert getattr(fn, "__name__", "") == "crc32_gzip_refl"
+
+
+def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_config, clock,
+                                                              monkeypatch):
+    """Without isal the kernels take the compiled loop: records still carry zlib's CRC and
+    the walk that verifies them still finds a bad one."""
+    monkeypatch.setattr(crc_module, "_function", [crc_module.loop_function()])
+    bodies = [bytes((i * 13 + k) % 256 for k in range(40 + 500 * i)) for i in range(4)]
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as s:
+        table = s.producer("g").send_table(pa.table({"topic": ["t"] * 4, "body": bodies}))
+        for off, body in zip(table.column("commitlog_offset").to_pylist(), bodies):
+            assert s.read_record(off).body_crc == zlib.crc32(body) & 0x7FFFFFFF
+        assert s.verify_commitlog().ok
+    data = b"".join(bodies)
+    cuts = [(0, 40), (40, 580), (7, len(data))]
+    assert _kernel_crcs(data, cuts) == [zlib.crc32(data[a:b]) & 0x7FFFFFFF for a, b in cuts]
