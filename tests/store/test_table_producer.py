@@ -17,6 +17,7 @@ from store import (
     Message,
     MessageStore,
     MessageTooLargeError,
+    StoreConfig,
     StoreError,
 )
 
@@ -266,3 +267,35 @@ def test_a_bad_topic_argument_is_refused(tmp_path, small_config, clock):
         assert store.topics() == []
 
 
+
+
+def test_each_chunk_of_a_topic_takes_the_next_queue(tmp_path, clock):
+    """Rows of one topic in one chunk of CHUNK_ROWS go to one queue, the next of the topic's
+    round robin, whatever the size of the units appended at once; each queue's offsets
+    continue in row order and the records follow each other in the CommitLog."""
+    from store.table_producer import APPEND_ROWS, CHUNK_ROWS
+
+    n = APPEND_ROWS + 2 * CHUNK_ROWS + 123  # a second unit, and a short last chunk
+    config = StoreConfig(commitlog_file_size_bytes=1 << 20, default_queue_count=3)
+    with MessageStore.open(str(tmp_path / "s"), config, clock=clock) as s:
+        out = s.producer("g").send_table(pa.table({
+            "topic": ["a", "b"] * (n // 2) + ["a"] * (n % 2),
+            "body": [b"%d" % i for i in range(n)]}))
+        queues = out.column("queue_id").to_numpy()
+        topics = out.column("topic").to_pylist()
+        for lo in range(0, n, CHUNK_ROWS):
+            k = lo // CHUNK_ROWS
+            for name in ("a", "b"):
+                part = zip(queues[lo:lo + CHUNK_ROWS], topics[lo:lo + CHUNK_ROWS])
+                got = {int(q) for q, t in part if t == name}
+                assert got == {k % 3}, (name, k, got)
+        offsets = out.column("queue_offset").to_pylist()
+        seen: dict = {}
+        for q, t, off in zip(queues.tolist(), topics, offsets):
+            assert off == seen.get((t, q), -1) + 1
+            seen[(t, q)] = off
+        log = out.column("commitlog_offset").to_numpy()
+        assert (log[1:] > log[:-1]).all()
+        for i in (0, CHUNK_ROWS, APPEND_ROWS, APPEND_ROWS + CHUNK_ROWS, n - 1):
+            record = s.read_record(int(log[i]))
+            assert record.body == b"%d" % i and record.queue_id == queues[i]
