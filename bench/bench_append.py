@@ -11,7 +11,9 @@ Measures, in one run and one directory:
 * ``raw write per record``  the same bytes, one ``os.write`` per record (a second baseline:
   what a naive one-write-per-message log costs);
 * ``send_batch``  ``Producer.send_batch`` of ``B`` 100-byte messages at a time (ASYNC_FLUSH);
-* ``send_table``  ``Producer.send_table`` of the same messages as one Arrow table;
+* ``send_table``  ``Producer.send_table`` of the same messages as one Arrow table, and of
+  ``--table-messages`` rows of the same shape (2M by default, against a raw write of that
+  run's own CommitLog bytes);
 * ``send``        ``Producer.send`` one 100-byte message at a time (ASYNC_FLUSH), and the
   same sends through the general path (a ``Message`` subclass: a ``RecordSpec`` per send), the
   baseline of the single-record path; both again for messages with a body only, each
@@ -85,6 +87,22 @@ def run_table(path: str, table) -> tuple[float, int]:
         producer.send_table(table.slice(1))
         elapsed = time.perf_counter() - t0
         return elapsed, store.confirmed_offset()
+
+
+def large_table(n: int, body_bytes: int = BODY_BYTES):
+    """``n`` rows shaped as :func:`make_messages` makes them, built as columns directly (no
+    ``Message`` objects: the issue's 2M-row case)."""
+    import numpy as np
+    import pyarrow as pa
+
+    body = bytes(i % 256 for i in range(body_bytes))
+    bodies = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+        np.arange(0, (n + 1) * body_bytes, body_bytes, dtype=np.int32)), pa.py_buffer(body * n)])
+    keys = pa.array([f"k{i}" for i in range(n)], pa.string())
+    props = pa.MapArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)),
+                                    pa.array(["p"] * n), pa.array(["v"] * n))
+    return pa.table({"topic": pa.array(["bench"] * n), "body": bodies,
+                     "tags": pa.array(["TagA"] * n), "keys": keys, "properties": props})
 
 
 def run_single(path: str, messages: list[Message], general: bool = False) -> tuple[float, int]:
@@ -180,6 +198,8 @@ def main() -> None:
     ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best reported)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp directory)")
+    ap.add_argument("--table-messages", type=int, default=2_000_000,
+                    help="rows for the large send_table case (0: skip it)")
     args = ap.parse_args()
 
     base = tempfile.mkdtemp(prefix="rmq-bench-", dir=args.dir)
@@ -209,6 +229,17 @@ def main() -> None:
         table_s, table_bytes = best_of(args.repeat, base, "table", run_table,
                                        message_table(messages))
         assert table_bytes == batch_bytes, (table_bytes, batch_bytes)  # the same records
+        large = None
+        if args.table_messages:  # the issue's case: 2M rows, against a raw write of its bytes
+            big = large_table(args.table_messages, args.body_bytes)
+            big_s, big_bytes = best_of(args.repeat, base, "big", run_table, big)
+            del big
+            big_data = commitlog_bytes(os.path.join(base, f"big-{args.repeat - 1}"), big_bytes)
+            big_view = memoryview(big_data)
+            big_raw_s = run_raw(base, [big_view[i:i + CHUNK]
+                                       for i in range(0, len(big_data), CHUNK)], args.repeat)
+            del big_view, big_data
+            large = (args.table_messages - 1, big_s, big_raw_s, big_bytes)
         per_msg = batch_bytes / args.messages
         raw_rate = batch_bytes / raw_s
         raw_record_rate = batch_bytes / raw_record_s
@@ -238,6 +269,11 @@ def main() -> None:
         for name, msgs, bps in rows:
             print(f"{name:<28}{msgs:>13,.0f}{bps / 1e6:>9.1f}{bps / raw_rate:>15.3f}"
                   f"{bps / raw_record_rate:>15.3f}")
+        if large is not None:
+            n_big, big_s, big_raw_s, big_bytes = large
+            print(f"send_table of {n_big + 1:,} rows: {n_big / big_s:,.0f} msgs/s; raw write of "
+                  f"its {big_bytes / 1e6:,.0f} MB in 1 MiB chunks: {(n_big + 1) / big_raw_s:,.0f} "
+                  f"records/s; ratio {(n_big / (n_big + 1)) * big_raw_s / big_s:.3f}x")
         print(f"single-record path vs general path: {general_s / single_s:.2f}x (tag, key, "
               f"property), {plain_general_s / plain_s:.2f}x (body only), "
               f"{timer_general_s / timer_s:.2f}x (timer, body only)")

@@ -21,6 +21,7 @@ from store import (
     MessageStore,
     MessageTooLargeError,
     SinkCommitError,
+    StoreConfig,
     TransactionStateError,
 )
 
@@ -74,6 +75,32 @@ def test_same_messages_as_send_table(tmp_path, small_config, clock):
         sink = store.sink("x")
         sink.commit(7, sink.stage(table))
         assert {t: _strip(_visible(store, t)) for t in ("a", "b")} == expected
+
+
+def test_a_large_commit_puts_each_chunk_in_the_next_queue(tmp_path, clock, monkeypatch):
+    """A commit group of more rows than one append takes: each chunk of CHUNK_ROWS rows of a
+    topic lands in one queue, the next of the round robin, in order (as send_table)."""
+    import store.sink as sink_module
+    from store.table_producer import APPEND_ROWS, CHUNK_ROWS
+
+    monkeypatch.setattr(sink_module, "COMMIT_GROUP_ROWS", 1 << 20)  # every half in one group
+    n = APPEND_ROWS + CHUNK_ROWS + 5
+    config = StoreConfig(commitlog_file_size_bytes=1 << 20, default_queue_count=3)
+    with MessageStore.open(str(tmp_path / "s"), config, clock=clock) as store:
+        sink = store.sink("x")
+        sink.commit(0, sink.stage(pa.table({"topic": ["a"] * n,
+                                            "body": [b"%d" % i for i in range(n)]})))
+        where = {}
+        for q in store.queue_ids("a"):
+            for v in store.pull("a", q, 0, 2 * n):
+                where[int(v.body)] = (q, v.queue_offset)
+        assert sorted(where) == list(range(n))
+        first = where[0][0]
+        for i in range(n):
+            assert where[i][0] == (first + i // CHUNK_ROWS) % 3, i
+        # each queue holds its chunks in row order
+        assert all(where[i][1] < where[i + 1][1] for i in range(n - 1)
+                   if where[i][0] == where[i + 1][0])
 
 
 def _strip(rows):
