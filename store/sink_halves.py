@@ -44,13 +44,7 @@ from .crc import crc32
 from .errors import CorruptRecordError, MessageTooLargeError
 from .record_kernels import ByteColumn, complete_staged
 from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
-from .table_producer import (
-    APPEND_ROWS,
-    CHUNK_ROWS,
-    append_prepared,
-    assemble_rows,
-    queues_for_chunk,
-)
+from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
 from .table_rows import PreparedRows
 from .transaction.half import HALF_QUEUE_ID
 
@@ -175,10 +169,8 @@ def append_staged(store, group: list) -> int:
     """Commit the staged records of several halves (``(table, half offset)`` pairs,
     STAGED_RECORDS_SCHEMA) at once; return how many.
 
-    Each chunk of :data:`~store.table_producer.CHUNK_ROWS` records takes the next queue of
-    its topics (unless a row chose one).  In units of
-    :data:`~store.table_producer.APPEND_ROWS` records, each copied out of the halves into a
-    buffer of its own, checked and completed by one compiled pass
+    In chunks of :data:`~store.table_producer.CHUNK_ROWS` records, each copied out of the
+    halves into a buffer of its own, checked and completed by one compiled pass
     (:func:`~store.record_kernels.complete_staged`: size field, staged magic; then the magic
     code and PREPAREDTRANSACTIONOFFSET) on either of two threads
     (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
@@ -213,15 +205,9 @@ def append_staged(store, group: list) -> int:
     names = list(topics)
     total = int(first[-1])
 
-    # -1: the next queue of the topic's round robin, one per chunk (as send_table), decided
-    # in order first; then whole units of chunks are copied and appended at once
-    qid = np.concatenate([
-        queues_for_chunk(store, names, topic_id[lo:lo + CHUNK_ROWS], queue_id[lo:lo + CHUNK_ROWS])
-        for lo in range(0, total, CHUNK_ROWS)])
-
     def prepare(k: int):  # reads the halves, writes only its own buffer
-        lo = k * APPEND_ROWS
-        hi = min(total, lo + APPEND_ROWS)
+        lo = k * CHUNK_ROWS
+        hi = min(total, lo + CHUNK_ROWS)
         sizes = size[lo:hi]
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         nbytes = int(starts[-1] + sizes[-1])
@@ -251,12 +237,15 @@ def append_staged(store, group: list) -> int:
                 "field or magic code; its batch cannot commit")
         return lo, hi, buf, starts, sizes
 
-    units = -(-total // APPEND_ROWS)
-    with closing(prepared_in_order(units, prepare)) as ready:
+    chunks = -(-total // CHUNK_ROWS)
+    with closing(prepared_in_order(chunks, prepare)) as ready:
         for lo, hi, buf, starts, sizes in ready:
+            tids = topic_id[lo:hi]
+            # -1: the next queue of the topic's round robin, one per chunk (as send_table)
+            qids = queues_for_chunk(store, names, tids, queue_id[lo:hi])
             store.append_encoded(AssembledRecords(
-                data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=topic_id[lo:hi],
-                queue_ids=qid[lo:hi], tags_codes=code[lo:hi], dispatched=True))
+                data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,
+                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))
     return total
 
 

@@ -78,13 +78,13 @@ def test_same_messages_as_send_table(tmp_path, small_config, clock):
 
 
 def test_a_large_commit_puts_each_chunk_in_the_next_queue(tmp_path, clock, monkeypatch):
-    """A commit group of more rows than one append takes: each chunk of CHUNK_ROWS rows of a
-    topic lands in one queue, the next of the round robin, in order (as send_table)."""
+    """A commit group of many chunks: each chunk of CHUNK_ROWS rows of a topic lands in one
+    queue, the next of the round robin, in order (as send_table)."""
     import store.sink as sink_module
-    from store.table_producer import APPEND_ROWS, CHUNK_ROWS
+    from store.table_producer import CHUNK_ROWS
 
     monkeypatch.setattr(sink_module, "COMMIT_GROUP_ROWS", 1 << 20)  # every half in one group
-    n = APPEND_ROWS + CHUNK_ROWS + 5
+    n = 9 * CHUNK_ROWS + 5
     config = StoreConfig(commitlog_file_size_bytes=1 << 20, default_queue_count=3)
     with MessageStore.open(str(tmp_path / "s"), config, clock=clock) as store:
         sink = store.sink("x")

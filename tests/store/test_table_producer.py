@@ -271,11 +271,11 @@ def test_a_bad_topic_argument_is_refused(tmp_path, small_config, clock):
 
 def test_each_chunk_of_a_topic_takes_the_next_queue(tmp_path, clock):
     """Rows of one topic in one chunk of CHUNK_ROWS go to one queue, the next of the topic's
-    round robin, whatever the size of the units appended at once; each queue's offsets
-    continue in row order and the records follow each other in the CommitLog."""
-    from store.table_producer import APPEND_ROWS, CHUNK_ROWS
+    round robin; each queue's offsets continue in row order and the records follow each
+    other in the CommitLog."""
+    from store.table_producer import CHUNK_ROWS
 
-    n = APPEND_ROWS + 2 * CHUNK_ROWS + 123  # a second unit, and a short last chunk
+    n = 9 * CHUNK_ROWS + 123  # more chunks than queues, and a short last chunk
     config = StoreConfig(commitlog_file_size_bytes=1 << 20, default_queue_count=3)
     with MessageStore.open(str(tmp_path / "s"), config, clock=clock) as s:
         out = s.producer("g").send_table(pa.table({
@@ -296,6 +296,6 @@ def test_each_chunk_of_a_topic_takes_the_next_queue(tmp_path, clock):
             seen[(t, q)] = off
         log = out.column("commitlog_offset").to_numpy()
         assert (log[1:] > log[:-1]).all()
-        for i in (0, CHUNK_ROWS, APPEND_ROWS, APPEND_ROWS + CHUNK_ROWS, n - 1):
+        for i in (0, CHUNK_ROWS, 8 * CHUNK_ROWS, 9 * CHUNK_ROWS, n - 1):
             record = s.read_record(int(log[i]))
             assert record.body == b"%d" % i and record.queue_id == queues[i]
