@@ -88,7 +88,7 @@ def crc32_call(data, start, end, crc):
 
 def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, body_ends,
                       topic_data, topic_offsets, topic_ids, props_data, props_starts,
-                      props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs, crc):
+                      props_ends, suffix_data, suffix_starts, suffix_ends, given_crcs, crc, mc):
     """Write records ``i`` at ``out[positions[i]:]`` (see the module doc for the layout).
 
     ``headers`` is the ``(n, HEADER_SIZE)`` uint8 view of the filled headers; record ``i``'s
@@ -99,9 +99,10 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, b
     computes it (:func:`store.crc.crc_function`).
     """
     n, hsize = headers.shape
+    headers_flat = headers.reshape(n * hsize)
     for i in range(n):
         p = positions[i]
-        out[p:p + hsize] = headers[i]
+        _copy(out, p, headers_flat, i * hsize, (i + 1) * hsize, mc)
         b0, b1 = body_starts[i], body_ends[i]
         if given_crcs[i] >= 0:
             value = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
@@ -111,23 +112,25 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, b
         out[p + crc_at + 1] = (value >> 16) & 0xFF
         out[p + crc_at + 2] = (value >> 8) & 0xFF
         out[p + crc_at + 3] = value & 0xFF
-        p += hsize
-        out[p:p + (b1 - b0)] = body_data[b0:b1]
-        p += b1 - b0
+        p = _copy(out, p + hsize, body_data, b0, b1, mc)
         k = topic_ids[i]
         t0, t1 = topic_offsets[k], topic_offsets[k + 1]
         out[p] = t1 - t0
-        out[p + 1:p + 1 + (t1 - t0)] = topic_data[t0:t1]
-        p += 1 + (t1 - t0)
+        p = _copy(out, p + 1, topic_data, t0, t1, mc)
         r0, r1 = props_starts[i], props_ends[i]
         s0, s1 = suffix_starts[i], suffix_ends[i]
         plen = (r1 - r0) + (s1 - s0)
         out[p] = (plen >> 8) & 0xFF
         out[p + 1] = plen & 0xFF
-        p += 2
-        out[p:p + (r1 - r0)] = props_data[r0:r1]
-        p += r1 - r0
-        out[p:p + (s1 - s0)] = suffix_data[s0:s1]
+        p = _copy(out, p + 2, props_data, r0, r1, mc)
+        _copy(out, p, suffix_data, s0, s1, mc)
+
+
+def _copy(out, p, src, a, b, mc):
+    """Copy ``src[a:b]`` to ``out[p:]`` with C's ``memcpy`` (``mc``); return where it ends."""
+    if b > a:
+        mc(out.ctypes.data + p, src.ctypes.data + a, b - a)
+    return p + (b - a)
 
 
 def _put_be(data, p, value, width):
@@ -197,7 +200,7 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
     return get
 
 
-_kernels = compiled(globals(), helpers=("crc32_call", "_put_be"),
+_kernels = compiled(globals(), helpers=("crc32_call", "_put_be", "_copy"),
                     kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import codec
 from ..commit_log import CommitLog
-from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
+from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function, memcpy_function
 from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords
 
@@ -66,6 +66,12 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
              else ByteColumn.of(records.extra_properties))
     names = ByteColumn.of([t.encode("ascii") for t in records.topics])
     topic_ids = np.asarray(records.topic_ids, dtype=np.int64)
+    # the kernel copies with memcpy (no bounds checks): what it writes must be the sizes
+    wrote = (codec.FIXED_SIZE + bodies.lengths() + np.diff(names.offsets)[topic_ids]
+             + props.lengths() + extra.lengths())
+    if not np.array_equal(wrote, sizes):
+        raise ValueError("records whose parts do not add up to their sizes (properties_length "
+                         "or body_length disagrees with the columns)")
     ends = np.cumsum(sizes)
     starts = ends - sizes
     # the kernel's CRC is ISA-L's where installed; else large bodies get zlib's here (faster
@@ -84,9 +90,11 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
     if data.dtype != np.uint8 or data.shape != (total,):
         raise ValueError(f"allocate returned {data.dtype} {data.shape}; the records need "
                          f"uint8 ({total},)")
-    assemble_records(data, starts, hb, _CRC_AT, bodies.data, bodies.starts, bodies.ends,
-                     names.data, names.offsets, topic_ids, props.data, props.starts,
-                     props.ends, extra.data, extra.starts, extra.ends, crcs, crc_function())
+    c = np.ascontiguousarray
+    assemble_records(data, starts, hb, _CRC_AT, c(bodies.data), bodies.starts, bodies.ends,
+                     names.data, names.offsets, topic_ids, c(props.data), props.starts,
+                     props.ends, c(extra.data), extra.starts, extra.ends, crcs, crc_function(),
+                     memcpy_function())
     return AssembledRecords(
         data=data, starts=starts, sizes=np.asarray(sizes, dtype=np.int64),
         topics=list(records.topics), topic_ids=topic_ids,

@@ -1,0 +1,42 @@
+"""The record kernel's copies are memcpy calls without bounds checks: columns whose parts do
+not add up to the sizes the append placed are refused before anything is copied or written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from store import MessageStore
+from store.codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
+from store.core.append_types import EncodedRecords
+from store.record_kernels import ByteColumn
+
+
+def _records(body_length: int, properties_length: int) -> EncodedRecords:
+    h = np.zeros(2, HEADER_DTYPE)
+    h["magic"] = MESSAGE_MAGIC_CODE_V1
+    h["body_length"] = [3, body_length]
+    return EncodedRecords(
+        headers=h, bodies=ByteColumn.of([b"abc", b"defg"]),
+        properties=ByteColumn.of([b"a\x011\x02", b"b\x012\x02"]),
+        properties_length=np.array([4, properties_length]), topics=["t"],
+        topic_ids=np.zeros(2, np.int64), queue_ids=np.zeros(2, np.int64),
+        tags_codes=np.zeros(2, np.int64))
+
+
+@pytest.mark.parametrize("body_length, properties_length", [(5, 4), (4, 40), (2, 4)])
+def test_parts_that_do_not_add_up_are_refused(tmp_path, small_config, clock, body_length,
+                                              properties_length):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        before = store.confirmed_offset()
+        with pytest.raises(ValueError, match="do not add up"):
+            store.append_encoded(_records(body_length, properties_length))
+        assert store.confirmed_offset() == before
+
+
+def test_parts_that_add_up_are_written(tmp_path, small_config, clock):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        placed = store.append_encoded(_records(4, 4))
+        second = store.read_record(int(placed.commitlog_offsets[1]))
+        assert second.body == b"defg" and second.properties == {"b": "2"}
+        assert store.verify_commitlog().ok
