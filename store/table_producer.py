@@ -26,8 +26,8 @@ The rows are encoded as columns and appended with the core's columnar append
 of :data:`CHUNK_ROWS`: headers as one NumPy array, the properties strings built in one
 compiled pass, the CommitLog bytes written with one ``pwrite`` per segment and chunk, the
 ConsumeQueue entries in one block per queue.  As in a RocketMQ batch, the rows of one topic in
-one chunk of :data:`CHUNK_ROWS` go to one queue (the next of the topic's round robin) and keep their order; delayed rows are
-routed to their real queue now, as single sends are.  The bytes on disk are exactly what
+one chunk go to one queue (the next of the topic's round robin) and keep their order; delayed
+rows are routed to their real queue now, as single sends are.  The bytes on disk are exactly what
 :meth:`~store.producer.Producer.send` writes for the same message.
 
 The result is a ``pyarrow.Table`` with one row per input row: ``msg_id``, ``topic`` (the
