@@ -90,13 +90,3 @@ def loop_function():
         return loop(carray(buf, (length,), np.uint8), 0, length, tables)
 
     return crc_loop.ctypes
-
-
-@functools.lru_cache(maxsize=None)
-def memcpy_function():
-    """C's ``memcpy`` as a ``ctypes`` function pointer, for the record kernels to copy a
-    record's short runs (header, body, topic, properties) with."""
-    fn = ctypes.CDLL(None).memcpy
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    return fn

@@ -79,6 +79,10 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
     col = _map_column(table)
     if col is None:
         return UserPairs.empty(n)
+    text = (pa.types.is_string, pa.types.is_large_string)
+    if not any(f(col.type.key_type) for f in text) or not any(f(col.type.item_type)
+                                                            for f in text):
+        return None  # the per-row path names the row
     col = col.combine_chunks()
     offsets = col.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     starts = offsets[:-1]

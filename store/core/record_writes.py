@@ -18,8 +18,14 @@ import numpy as np
 
 from .. import codec
 from ..commit_log import CommitLog
-from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function, memcpy_function
-from ..record_kernels import ByteColumn, assemble_records, empty_column, patch_placed_fields
+from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
+from ..record_kernels import (
+    ByteColumn,
+    assemble_records,
+    empty_column,
+    memcpy_function,
+    patch_placed_fields,
+)
 from .append_types import AssembledRecords, EncodedRecords
 
 #: ``allocate(records, sizes) -> buffer`` for :func:`assemble_unplaced`.

@@ -155,8 +155,13 @@ def test_pandas_value_column_and_topic_argument(store):
                "properties": pa.array([[("KEYS", "x")]], PROPS)}), InvalidMessageError,
      "reserved"),
     (pa.table({"topic": ["t"], "body": [1]}), InvalidMessageError, "binary or string"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "properties": pa.array(
+        [[(1, "v")]], pa.map_(pa.int64(), pa.string()))}), InvalidMessageError, "must be str"),
+    (pa.table({"topic": ["t"], "body": [b"x"], "properties": pa.array(
+        [[("a", 2)]], pa.map_(pa.string(), pa.int64()))}), InvalidMessageError, "must be str"),
 ], ids=["no-body", "unknown-column", "bad-topic", "oversized", "empty-body", "two-delays",
-        "negative-delay", "reserved-property", "body-type"])
+        "negative-delay", "reserved-property", "body-type", "int-property-names",
+        "int-property-values"])
 def test_bad_input_is_refused_and_nothing_is_written(store, table, error, needle,
                                                      column_paths):
     before, topics = store.confirmed_offset(), store.topics()
