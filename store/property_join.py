@@ -19,6 +19,8 @@ one loop over the bytes: it flags the rows that need a closer look (see there).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -111,15 +113,56 @@ def _parts(arr: pa.Array | None, n: int):
     return col.data, col.offsets, present
 
 
-def join_properties(users: UserPairs, tags: pa.Array | None = None,
-                    keys: pa.Array | None = None, ids: np.ndarray | None = None) -> ByteColumn:
-    """Every row's properties string (see the module doc).
+@dataclass(frozen=True, slots=True)
+class PropertyParts:
+    """Each row's properties string, not joined yet: the parts :func:`join_properties`
+    joins, sized already.  ``send_table`` keeps a table's properties so and joins each chunk
+    on the thread that encodes it (:meth:`column`), rather than the whole table before its
+    first append.  Used wherever a :class:`~store.record_kernels.ByteColumn` of properties
+    is sized or sliced (:meth:`lengths`, :meth:`slice`)."""
 
-    ``users``: each row's user pairs (:class:`~store.table_properties.UserPairs`);
-    ``tags`` / ``keys``: Arrow string arrays (a null tag writes no TAGS pair; null or empty
-    keys no KEYS pair), or ``None``; ``ids``: the ``(n, 32)`` uint8 characters of the
-    message ids (``None``: no UNIQ_KEY pair, the user pairs alone).
-    """
+    users: UserPairs
+    tag_data: np.ndarray
+    tag_offsets: np.ndarray
+    tag_on: np.ndarray
+    key_data: np.ndarray
+    key_offsets: np.ndarray
+    key_on: np.ndarray
+    ids: np.ndarray
+    row_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.row_lengths)
+
+    def lengths(self) -> np.ndarray:
+        return self.row_lengths
+
+    def slice(self, lo: int, hi: int) -> PropertyParts:
+        """Rows ``[lo, hi)`` (shares every buffer)."""
+        u = self.users
+        return PropertyParts(UserPairs(u.starts[lo:hi], u.ends[lo:hi], u.names, u.values),
+                             self.tag_data, self.tag_offsets[lo:hi + 1], self.tag_on[lo:hi],
+                             self.key_data, self.key_offsets[lo:hi + 1], self.key_on[lo:hi],
+                             self.ids[lo:hi], self.row_lengths[lo:hi])
+
+    def column(self) -> ByteColumn:
+        """The rows' properties strings, joined by one compiled pass."""
+        n = len(self)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(self.row_lengths, out=offsets[1:])
+        out = np.empty(int(offsets[-1]), np.uint8)
+        u = self.users
+        _kernels()["_join"](u.starts, u.ends, u.names.data, u.names.offsets, u.values.data,
+                            u.values.offsets, self.tag_data, self.tag_offsets, self.tag_on,
+                            self.key_data, self.key_offsets, self.key_on,
+                            np.ascontiguousarray(self.ids), out, offsets, _TAGS, _KEYS, _UNIQ)
+        return ByteColumn(out, offsets)
+
+
+def property_parts(users: UserPairs, tags: pa.Array | None = None,
+                   keys: pa.Array | None = None, ids: np.ndarray | None = None) -> PropertyParts:
+    """The parts of every row's properties string, sized (see :func:`join_properties` for
+    the arguments)."""
     n = len(users)
     if ids is None:
         ids = np.zeros((n, 0), np.uint8)
@@ -129,14 +172,20 @@ def join_properties(users: UserPairs, tags: pa.Array | None = None,
     lengths = (users.lengths() + (len(_UNIQ) + ids.shape[1] + 1 if ids.shape[1] else 0)
                + tag_on * (np.diff(tag_offsets) + len(_TAGS) + 1)
                + key_on * (np.diff(key_offsets) + len(_KEYS) + 1))
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint8)
-    _kernels()["_join"](users.starts, users.ends, users.names.data, users.names.offsets,
-                        users.values.data, users.values.offsets, tag_data, tag_offsets,
-                        tag_on, key_data, key_offsets, key_on, np.ascontiguousarray(ids), out,
-                        offsets, _TAGS, _KEYS, _UNIQ)
-    return ByteColumn(out, offsets)
+    return PropertyParts(users, tag_data, tag_offsets, tag_on, key_data, key_offsets, key_on,
+                         ids, lengths)
+
+
+def join_properties(users: UserPairs, tags: pa.Array | None = None,
+                    keys: pa.Array | None = None, ids: np.ndarray | None = None) -> ByteColumn:
+    """Every row's properties string (see the module doc).
+
+    ``users``: each row's user pairs (:class:`~store.table_properties.UserPairs`);
+    ``tags`` / ``keys``: Arrow string arrays (a null tag writes no TAGS pair; null or empty
+    keys no KEYS pair), or ``None``; ``ids``: the ``(n, 32)`` uint8 characters of the
+    message ids (``None``: no UNIQ_KEY pair, the user pairs alone).
+    """
+    return property_parts(users, tags, keys, ids).column()
 
 
 def plain_keys(keys: pa.Array) -> np.ndarray:

@@ -215,7 +215,7 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
     if prepared is not None:
         headers["prepared_transaction_offset"] = prepared
     records = store.assemble_encoded(EncodedRecords(
-        headers=headers, bodies=rows.bodies, properties=rows.properties,
+        headers=headers, bodies=rows.bodies, properties=rows.properties_column(),
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,
         queue_ids=queue_ids, tags_codes=codes, extra_properties=suffix,
         store_timestamp_ms=None if prepared is not None else now), allocate=allocate)

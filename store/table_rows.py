@@ -28,7 +28,7 @@ from .message import (
     validate_message,
     validate_topic,
 )
-from .property_join import join_properties, plain_keys
+from .property_join import PropertyParts, join_properties, plain_keys, property_parts
 from .record_kernels import ByteColumn, empty_column
 from .table_properties import property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
@@ -169,7 +169,7 @@ class PreparedRows:
 
     ``topic_names`` / ``topic_ids``: each row's topic; ``properties``: each row's whole
     properties string (user properties, TAGS, KEYS, UNIQ_KEY), without the routing of a
-    delayed row (added when appended); ``tags_codes``: the tag hashes; ``msg_ids``: the
+    delayed row (added when appended), joined or still in parts (:meth:`properties_column`); ``tags_codes``: the tag hashes; ``msg_ids``: the
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
     deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
     an int, or one per row for rows of several staged halves); ``queue_ids``: each row's
@@ -179,7 +179,7 @@ class PreparedRows:
     topic_names: list
     topic_ids: np.ndarray
     bodies: ByteColumn
-    properties: ByteColumn
+    properties: ByteColumn | PropertyParts
     tags_codes: np.ndarray
     msg_ids: ByteColumn
     levels: np.ndarray
@@ -198,6 +198,11 @@ class PreparedRows:
                             self.born_ms[lo:hi] if isinstance(self.born_ms, np.ndarray)
                             else self.born_ms,
                             None if self.queue_ids is None else self.queue_ids[lo:hi])
+
+    def properties_column(self) -> ByteColumn:
+        """The rows' properties strings, joined now if they were kept in parts."""
+        props = self.properties
+        return props.column() if isinstance(props, PropertyParts) else props
 
     def topic_array(self) -> pa.Array:
         """Each row's topic as an Arrow string array."""
@@ -296,7 +301,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     names, topic_ids, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_id_chars(n, now)
-    props = join_properties(users, tags, keys, ids)
+    props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
                         now)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from store.errors import InvalidMessageError
 from store.message import Message, keys_value, validate_message
-from store.property_join import join_properties, plain_keys
+from store.property_join import join_properties, plain_keys, property_parts
 from store.table_properties import user_property_pairs
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -61,6 +61,10 @@ def test_rows_are_the_parts_in_order(rows, with_tags, with_keys, chunk_at, slice
     ids = np.frombuffer(b"".join(b"%032X" % (i * 7919) for i in range(n)), np.uint8)
     got = join_properties(users, tags, keys, ids.reshape(n, 32))
     alone = join_properties(users)
+    lo, hi = n // 3, n - n // 4  # parts joined a slice at a time, as send_table's chunks
+    part = property_parts(users, tags, keys, ids.reshape(n, 32)).slice(lo, hi)
+    assert part.lengths().tolist() == got.lengths()[lo:hi].tolist()
+    assert part.column().to_arrow().to_pylist() == got.to_arrow().to_pylist()[lo:hi]
     for i, (user, tag, key) in enumerate(rows):
         pairs = b"".join(f"{k}\x01{v}\x02".encode() for k, v in (user or {}).items())
         expected = _model(pairs, tag if with_tags else None, key if with_keys else None,

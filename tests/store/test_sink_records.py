@@ -160,7 +160,7 @@ def _stage_rows_as_before(store, sink_id, table):
     n = len(rows)
     staged = pa.table({
         "topic": rows.topic_array(), "body": rows.bodies.to_arrow(),
-        "properties": rows.properties.to_arrow(),
+        "properties": rows.properties_column().to_arrow(),
         "tags_code": pa.array(rows.tags_codes, pa.int64()),
         "msg_id": rows.msg_ids.to_arrow(pa.string()),
         "delay_level": pa.array(rows.levels, pa.int64()),
