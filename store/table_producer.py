@@ -155,7 +155,8 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
     keeps ``queue_ids[i]`` when it is >= 0, else takes its topic's queue for the chunk."""
     count = store.ensure_topic if create else store.queue_count_for
     queue_of = np.zeros(len(names), dtype=np.int64)
-    for t in np.unique(topic_ids).tolist():
+    present = [0] if len(names) == 1 and len(topic_ids) else np.unique(topic_ids).tolist()
+    for t in present:
         queue_of[t] = store.next_queue(names[t], count(names[t]))
     real_qid = queue_of[topic_ids]
     if queue_ids is not None:  # ordered rows: the queue each asked for
