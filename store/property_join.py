@@ -25,8 +25,36 @@ import numpy as np
 import pyarrow as pa
 
 from .message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from .record_kernels import ByteColumn, compiled
-from .table_properties import UserPairs
+from .record_kernels import ByteColumn, compiled, empty_column
+
+
+@dataclass(frozen=True, slots=True)
+class UserPairs:
+    """Each row's user properties as (name, value) pairs, not yet joined: row ``i``'s pairs
+    are entries ``starts[i]`` to ``ends[i]`` of ``names`` and ``values`` (a null map: none),
+    as :func:`store.table_properties.user_property_pairs` checks them out of a map column.
+    :func:`join_properties` writes them as ``name 0x01 value 0x02 ...`` straight into the
+    properties strings."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    names: ByteColumn
+    values: ByteColumn
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def empty(cls, n: int) -> UserPairs:
+        none = np.zeros(n, np.int64)
+        return cls(none, none, empty_column(0), empty_column(0))
+
+    def lengths(self) -> np.ndarray:
+        """Bytes of each row's joined pairs."""
+        sizes = np.zeros(len(self.names) + 1, np.int64)
+        np.cumsum(self.names.lengths() + self.values.lengths() + 2, out=sizes[1:])
+        return sizes[self.ends] - sizes[self.starts]
+
 
 _TAGS = np.frombuffer(f"{PROPERTY_TAGS}\x01".encode("ascii"), np.uint8)
 _KEYS = np.frombuffer(f"{PROPERTY_KEYS}\x01".encode("ascii"), np.uint8)

@@ -8,15 +8,14 @@ the first bad row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
-from .record_kernels import ByteColumn, compiled, empty_column
+from .property_join import UserPairs
+from .record_kernels import ByteColumn, compiled
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
@@ -37,33 +36,6 @@ def property_dicts(table: pa.Table) -> list[dict]:
     if col is None:
         return [{}] * table.num_rows
     return [dict(p) if p else {} for p in col.to_pylist()]
-
-
-@dataclass(frozen=True, slots=True)
-class UserPairs:
-    """Each row's user properties as (name, value) pairs, not yet joined: row ``i``'s pairs
-    are entries ``starts[i]`` to ``ends[i]`` of ``names`` and ``values`` (a null map: none).
-    :func:`store.property_join.join_properties` writes them as ``name 0x01 value 0x02 ...``
-    straight into the properties strings."""
-
-    starts: np.ndarray
-    ends: np.ndarray
-    names: ByteColumn
-    values: ByteColumn
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    @classmethod
-    def empty(cls, n: int) -> UserPairs:
-        none = np.zeros(n, np.int64)
-        return cls(none, none, empty_column(0), empty_column(0))
-
-    def lengths(self) -> np.ndarray:
-        """Bytes of each row's joined pairs."""
-        sizes = np.zeros(len(self.names) + 1, np.int64)
-        np.cumsum(self.names.lengths() + self.values.lengths() + 2, out=sizes[1:])
-        return sizes[self.ends] - sizes[self.starts]
 
 
 def user_property_pairs(table: pa.Table) -> UserPairs | None:
