@@ -80,17 +80,15 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
                          "or body_length disagrees with the columns)")
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    # the kernel's CRC is ISA-L's where installed; else large bodies get zlib's here (faster
-    # per byte than the kernel's fallback loop)
     if records.body_crc_known:
         crcs = headers["body_crc"].astype(np.int64)
-    else:
+    else:  # -1: the kernel computes it (ISA-L's CRC where installed)
         crcs = np.full(n, -1, dtype=np.int64)
-    if not records.body_crc_known and not HARDWARE_CRC:
-        lengths = bodies.lengths()
-        for i in np.flatnonzero(lengths >= LARGE_BODY_BYTES).tolist():
-            o = int(bodies.starts[i])
-            crcs[i] = crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
+        if not HARDWARE_CRC:  # large bodies: zlib here beats the kernel's fallback loop
+            lengths = bodies.lengths()
+            for i in np.flatnonzero(lengths >= LARGE_BODY_BYTES).tolist():
+                o = int(bodies.starts[i])
+                crcs[i] = crc32(memoryview(bodies.data[o:o + int(lengths[i])]))
     total = int(ends[-1])
     data = np.empty(total, dtype=np.uint8) if allocate is None else allocate(records, sizes)
     if data.dtype != np.uint8 or data.shape != (total,):

@@ -83,15 +83,20 @@ def test_the_kernels_call_isal_where_installed():
 
 def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_config, clock,
                                                               monkeypatch):
-    """Without isal the kernels take the compiled loop: records still carry zlib's CRC and
-    the walk that verifies them still finds a bad one."""
+    """Without isal the kernels take the compiled loop (and large bodies zlib first):
+    records still carry zlib's CRC, the verifying walk accepts them, and the walk's own CRCs
+    are zlib's."""
+    from store.core import record_writes
+
     monkeypatch.setattr(crc_module, "_function", [crc_module.loop_function()])
-    bodies = [bytes((i * 13 + k) % 256 for k in range(40 + 500 * i)) for i in range(4)]
+    monkeypatch.setattr(record_writes, "HARDWARE_CRC", False)  # large bodies: zlib first
+    sizes = [40, 540, LARGE_BODY_BYTES - 1, LARGE_BODY_BYTES + 7]
+    bodies = [bytes((i * 13 + k) % 256 for k in range(size)) for i, size in enumerate(sizes)]
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as s:
         table = s.producer("g").send_table(pa.table({"topic": ["t"] * 4, "body": bodies}))
         for off, body in zip(table.column("commitlog_offset").to_pylist(), bodies):
             assert s.read_record(off).body_crc == zlib.crc32(body) & 0x7FFFFFFF
         assert s.verify_commitlog().ok
     data = b"".join(bodies)
-    cuts = [(0, 40), (40, 580), (7, len(data))]
+    cuts = [(0, 40), (40, 580), (7, len(data))]  # the compiled loop alone
     assert _kernel_crcs(data, cuts) == [zlib.crc32(data[a:b]) & 0x7FFFFFFF for a, b in cuts]
