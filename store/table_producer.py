@@ -177,13 +177,14 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
     user_topic_ids = rows.topic_ids
     by_level, by_timer = levels > 0, deliver >= 0
     delayed = by_level | by_timer
-    codes = np.array(rows.tags_codes, dtype=np.int64)
+    # the rows' own columns, copied only where delayed rows change them
+    codes = np.asarray(rows.tags_codes, dtype=np.int64)
     target_topics = list(names)
-    target_ids = user_topic_ids.copy()
-    queue_ids = real_qid.copy()
+    target_ids, queue_ids = user_topic_ids, real_qid
     suffix = None
     props_len = rows.properties.lengths()
     if delayed.any():
+        codes, target_ids, queue_ids = codes.copy(), target_ids.copy(), queue_ids.copy()
         suffix = _with_routing(n, names, user_topic_ids, real_qid, levels, deliver, by_level,
                                by_timer, config.timer_precision_ms)
         props_len = props_len + suffix.lengths()
