@@ -100,3 +100,35 @@ def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_con
     data = b"".join(bodies)
     cuts = [(0, 40), (40, 580), (7, len(data))]  # the compiled loop alone
     assert _kernel_crcs(data, cuts) == [zlib.crc32(data[a:b]) & 0x7FFFFFFF for a, b in cuts]
+
+
+_CACHE_PROBE = """
+import sys, tempfile
+sys.path.insert(0, {root!r})
+import pyarrow as pa
+from store import MessageStore
+from store import record_kernels, scan_kernels
+with MessageStore.open(tempfile.mkdtemp()) as s:
+    s.producer("g").send_table(pa.table({{"topic": ["t"], "body": [b"x"]}}))
+    assert s.verify_commitlog().ok
+for k in (record_kernels._kernels()["_assemble_records"], scan_kernels._KERNELS()["_walk_records"]):
+    print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
+"""
+
+
+def test_kernels_taking_the_crc_pointer_load_from_numbas_cache():
+    """The CRC and memcpy functions reach the kernels as arguments, so a new process (a
+    Spark worker) loads the compiled kernels from numba's cache instead of compiling them
+    again; a pointer compiled in as a constant would make every process compile."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = _CACHE_PROBE.format(root=root)
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    for line in runs[1].stdout.split("\n")[:2]:  # the second process: all from the cache
+        hits, misses = map(int, line.split())
+        assert hits >= 1 and misses == 0, runs[1].stdout
