@@ -1,5 +1,6 @@
-"""The ``properties`` column of a table of messages (``map<string, string>``): checked and
-encoded as user-property strings with Arrow over the whole column.
+"""The ``properties`` column of a table of messages (``map<string, string>``): checked over
+the whole column (distinct names in Python, values and repeated names by compiled passes)
+and handed on as pairs, which :mod:`store.property_join` writes into the properties strings.
 
 Used by :mod:`store.table_rows` for both of its paths: the whole-column path takes
 :func:`user_property_pairs`; the per-row path falls back to :func:`property_dicts` to name
@@ -90,11 +91,14 @@ def _plain_values(values: pa.Array) -> bool:
     if (verdict == 2).any():
         return False
     text = np.flatnonzero(verdict == 1)
-    if len(text):
-        sub = values.take(pa.array(text))
-        if pc.any(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(sub)), 0)).as_py():
-            return False
-    return True
+    return not (len(text) and any_blank(values.take(pa.array(text))))
+
+
+def any_blank(text) -> bool:
+    """Whether any value of an Arrow string array is only whitespace (empty included), as
+    ``str.strip`` sees whitespace (Arrow's ``utf8_trim_whitespace`` agrees with it on every
+    code point)."""
+    return bool(pc.any(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)).as_py())
 
 
 def _value_verdicts(data, offsets, out):

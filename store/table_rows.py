@@ -30,7 +30,7 @@ from .message import (
 )
 from .property_join import PropertyParts, join_properties, plain_keys, property_parts
 from .record_kernels import ByteColumn, empty_column
-from .table_properties import property_dicts, user_property_pairs
+from .table_properties import any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 
 COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
@@ -391,7 +391,6 @@ def _plain_keys(keys) -> bool:
         sub = keys.take(pa.array(text))
         if pc.any(pc.match_substring_regex(sub, _BAD_KEYS)).as_py():
             return False
-        parts = pc.list_flatten(pc.split_pattern(sub, " "))
-        if pc.any(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(parts)), 0)).as_py():
+        if any_blank(pc.list_flatten(pc.split_pattern(sub, " "))):
             return False
     return True
