@@ -44,6 +44,7 @@ from .group_writers import GroupProducer, GroupSink, GroupTransactionProducer, n
 from .message import validate_topic
 from .message_store import MessageStore
 from .reader import StoreReader
+from .record_kernels import one_array
 from .table_rows import as_table, prepare_rows
 from .transaction.check import CheckResult
 
@@ -285,7 +286,7 @@ class StoreGroup:
             if topic is not None:
                 names, topic_ids = [topic], np.zeros(table.num_rows, np.int64)
             else:
-                enc = table.column("topic").combine_chunks().dictionary_encode()
+                enc = one_array(table.column("topic")).dictionary_encode()
                 names = enc.dictionary.to_pylist()
                 topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
             routes = [self.route(t) for t in names]

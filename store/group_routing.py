@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from .errors import InvalidMessageError
 from .message import java_string_hash
+from .record_kernels import one_array
 from .scan_kernels import body_crcs
 from .table_queues import sharding_hashes
 
@@ -32,7 +33,7 @@ def _java_hashes(keys: list) -> list[int]:
 def body_hashes(table: pa.Table) -> np.ndarray:
     """CRC32 of each row's body (column ``body`` or ``value``, binary or string), int64."""
     name = "body" if "body" in table.column_names else "value"
-    col = table.column(name).combine_chunks()
+    col = one_array(table.column(name))
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         col = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
     if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
@@ -87,7 +88,7 @@ def route_rows(table: pa.Table, members: int, topic_ids: np.ndarray | None,
         member = (start + (np.arange(n, dtype=np.int64) * members) // max(n, 1)) % members
     if routes is None or "sharding_key" not in table.column_names:
         return member, None
-    hashes = sharding_hashes(table.column("sharding_key").combine_chunks(), _java_hashes)
+    hashes = sharding_hashes(one_array(table.column("sharding_key")), _java_hashes)
     queue = np.full(n, -1, dtype=np.int64)
     keyed = hashes >= 0
     for topic in np.unique(topic_ids[keyed]).tolist():

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from .record_kernels import ByteColumn, compiled, empty_column
+from .record_kernels import ByteColumn, compiled, empty_column, one_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +131,7 @@ def _parts(arr: pa.Array | None, n: int):
     for keys, not empty), or empty parts when there is no column."""
     if arr is None:
         return np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.bool_)
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    arr = one_array(arr)
     col = ByteColumn.from_arrow(arr)  # nulls read as empty
     if arr.null_count:
         present = arr.is_valid().to_numpy(zero_copy_only=False)

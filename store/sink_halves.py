@@ -42,7 +42,7 @@ from .core.pipeline import prepared_in_order
 from .message import TRANS_HALF_TOPIC
 from .crc import crc32
 from .errors import CorruptRecordError, MessageTooLargeError
-from .record_kernels import ByteColumn, complete_staged
+from .record_kernels import ByteColumn, complete_staged, one_array
 from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
 from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
 from .table_rows import PreparedRows
@@ -183,11 +183,11 @@ def append_staged(store, group: list) -> int:
         n = table.num_rows
         if not n:
             continue
-        col = table.column("record").combine_chunks()
+        col = one_array(table.column("record"))
         offs = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset)
         datas.append(np.frombuffer(col.buffers()[2], np.uint8))
         offsets.append(offs.astype(np.int64))
-        tcol = table.column("topic").combine_chunks()
+        tcol = one_array(table.column("topic"))
         local = np.array([topics.setdefault(t, len(topics))
                           for t in tcol.dictionary.to_pylist()], dtype=np.int64)
         topic_ids.append(local[tcol.indices.to_numpy(zero_copy_only=False)])
@@ -307,7 +307,7 @@ def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
 
 
 def prepared_from_staged(table: pa.Table, born_ms) -> PreparedRows:
-    topics = table.column("topic").combine_chunks().dictionary_encode()
+    topics = one_array(table.column("topic")).dictionary_encode()
     return PreparedRows(
         topic_names=topics.dictionary.to_pylist(),
         topic_ids=topics.indices.to_numpy(zero_copy_only=False).astype(np.int64),

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
 from .property_join import UserPairs
-from .record_kernels import ByteColumn, compiled
+from .record_kernels import ByteColumn, compiled, one_array
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
@@ -56,7 +56,7 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
     if not any(f(col.type.key_type) for f in text) or not any(f(col.type.item_type)
                                                             for f in text):
         return None  # the per-row path names the row
-    col = col.combine_chunks()
+    col = one_array(col)
     offsets = col.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     starts = offsets[:-1]
     ends = offsets[1:]

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from .core.ports import StorePort
 from .errors import InvalidMessageError
+from .record_kernels import one_array
 
 QUEUE_COLUMNS = ("queue_id", "sharding_key")
 
@@ -42,7 +43,7 @@ def chosen_queues(store: StorePort, table: pa.Table, topic_names: list,
                                   "at most one (a queue per row, or a key hashed to a queue)")
     counts = np.array([store.ensure_topic(t) for t in topic_names], dtype=np.int64)
     per_row = counts[topic_ids]
-    col = table.column(given[0]).combine_chunks()
+    col = one_array(table.column(given[0]))
     if given[0] == "queue_id":
         if not pa.types.is_integer(col.type):
             raise InvalidMessageError(f"column queue_id has type {col.type}; allowed: an "

@@ -29,7 +29,7 @@ from .message import (
     validate_topic,
 )
 from .property_join import PropertyParts, join_properties, plain_keys, property_parts
-from .record_kernels import ByteColumn, empty_column
+from .record_kernels import ByteColumn, empty_column, one_array
 from .table_properties import any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 
@@ -169,7 +169,8 @@ class PreparedRows:
 
     ``topic_names`` / ``topic_ids``: each row's topic; ``properties``: each row's whole
     properties string (user properties, TAGS, KEYS, UNIQ_KEY), without the routing of a
-    delayed row (added when appended), joined or still in parts (:meth:`properties_column`); ``tags_codes``: the tag hashes; ``msg_ids``: the
+    delayed row (added when appended), joined or still in parts
+    (:meth:`properties_column`); ``tags_codes``: the tag hashes; ``msg_ids``: the
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
     deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
     an int, or one per row for rows of several staged halves); ``queue_ids``: each row's
@@ -320,7 +321,7 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
         col = table.column("topic")
         if not pa.types.is_string(col.type) or col.null_count:
             return None
-        enc = col.combine_chunks().dictionary_encode()
+        enc = one_array(col).dictionary_encode()
         names = enc.dictionary.to_pylist()
         for t in names:
             validate_topic(t)
@@ -344,7 +345,7 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
             tags = tags.cast(tags.type.value_type)
         if not pa.types.is_string(tags.type):
             return None
-        enc = tags.combine_chunks().dictionary_encode()
+        enc = one_array(tags).dictionary_encode()
         distinct = enc.dictionary.to_pylist()
         try:
             for t in distinct:
