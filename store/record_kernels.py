@@ -261,6 +261,13 @@ def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     return values
 
 
+def _numpy_owned(data: np.ndarray) -> bool:
+    """Whether ``data`` is, or views, an array that owns its memory (no outside buffer)."""
+    while isinstance(data.base, np.ndarray):
+        data = data.base
+    return data.base is None
+
+
 @dataclass(frozen=True, slots=True)
 class ByteColumn:
     """Variable-length byte strings side by side: ``data[offsets[i]:offsets[i + 1]]``.
@@ -320,12 +327,18 @@ class ByteColumn:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def to_arrow(self, type_: pa.DataType = pa.binary()) -> pa.Array:
-        """An Arrow binary (or string) array of the rows (one copy of the bytes)."""
+    def to_arrow(self, type_: pa.DataType = pa.binary(), *, copy: bool = True) -> pa.Array:
+        """An Arrow binary (or string) array of the rows: one copy of the bytes, or with
+        ``copy=False`` none when the rows are the whole of ``data`` and ``data`` is NumPy's
+        own memory (not a view of an Arrow buffer or a mapped segment); the caller no longer
+        writes to it, and the Arrow array keeps it alive."""
         lo, hi = int(self.offsets[0]), int(self.offsets[-1])
         offsets = (self.offsets - lo).astype(np.int32)
+        data = self.data[lo:hi]
+        if copy or lo != 0 or hi != len(self.data) or not _numpy_owned(self.data):
+            data = data.copy()
         return pa.Array.from_buffers(type_, len(self), [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(self.data[lo:hi].copy())])
+                                                        pa.py_buffer(data)])
 
 
 @dataclass(frozen=True, slots=True)

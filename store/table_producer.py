@@ -121,7 +121,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     # one results table for every chunk (built once: per chunk it cost a tenth of the append)
     delayed = deliver_ms >= 0
     return pa.table({
-        "msg_id": rows.msg_ids.to_arrow(pa.string()),
+        "msg_id": rows.msg_ids.to_arrow(pa.string(), copy=False),  # ids of their own
         "topic": rows.topic_array(),
         "queue_id": pa.array(queues, pa.int32()),
         "queue_offset": pa.array(queue_offsets, pa.int64(), mask=delayed),

@@ -59,3 +59,22 @@ def test_one_array_shares_a_single_chunk_and_combines_several():
     bodies = pa.array([b"a" * 50, b"bb"], pa.binary())  # no nulls: nothing to fill
     assert ByteColumn.from_arrow(pa.chunked_array([bodies])).data.ctypes.data == \
         bodies.buffers()[2].address
+
+
+def test_to_arrow_without_copy_only_for_numpy_memory_covered_whole():
+    """``send_table``'s results take the message ids without a copy (their own array); a
+    column viewing an Arrow buffer (a staged half, a mapped segment) or only part of its
+    data is still copied, and every way gives the same strings."""
+    ids = np.frombuffer(b"".join(b"%032X" % i for i in range(5)), np.uint8).copy()
+    owned = ByteColumn(ids, np.arange(0, 32 * 6, 32, dtype=np.int64))
+    shared = owned.to_arrow(pa.string(), copy=False)
+    assert shared.buffers()[2].address == ids.ctypes.data
+    assert shared.to_pylist() == [f"{i:032X}" for i in range(5)]
+    assert owned.to_arrow(pa.string()).buffers()[2].address != ids.ctypes.data
+    part = owned.slice(1, 3).to_arrow(pa.string(), copy=False)
+    assert part.to_pylist() == [f"{i:032X}" for i in (1, 2)]
+    assert part.buffers()[2].address != ids.ctypes.data
+    arrow_backed = ByteColumn.from_arrow(pa.array([b"ab", b"c"], pa.binary()))
+    out = arrow_backed.to_arrow(copy=False)
+    assert out.buffers()[2].address != arrow_backed.data.ctypes.data
+    assert out.to_pylist() == [b"ab", b"c"]
