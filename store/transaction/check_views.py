@@ -94,8 +94,12 @@ class CheckViews(Sequence):
     def __init__(self, store: StorePort, chunks: Sequence = ()) -> None:
         self._store = store
         chunks = [c for c in chunks if c is not None and len(c.commitlog_offsets)]
-        cat = (lambda name: np.concatenate([getattr(c, name) for c in chunks])
-               if chunks else np.empty(0, np.int64))
+
+        def cat(name: str) -> np.ndarray:
+            if not chunks:
+                return np.empty(0, np.int64)
+            return np.concatenate([getattr(c, name) for c in chunks])
+
         self.commitlog_offsets = cat("commitlog_offsets")
         self.queue_offsets = cat("queue_offsets")
         self.check_times = cat("check_times")

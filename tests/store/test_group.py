@@ -113,7 +113,8 @@ def test_send_table_keeps_input_order_and_validates_every_share_first(group):
     assert [stored[i][0] for i in ids] == out.column("store").to_pylist()
     assert len(set(out.column("store").to_pylist())) == 3  # round robin slices
     keyed = out.filter(pa.compute.equal(table.column("sharding_key"), "k1"))
-    assert len(set(zip(keyed.column("store").to_pylist(), keyed.column("queue_id").to_pylist()))) == 1
+    assert len(set(zip(keyed.column("store").to_pylist(),
+                       keyed.column("queue_id").to_pylist()))) == 1
     before = {name: s.confirmed_offset() for name, s in group.stores()}
     # the last row (in the last store's share) is bad: nothing is written anywhere
     bad = pa.table({"topic": ["orders"] * 5 + ["%bad topic"], "body": ["a"] * 6})

@@ -84,7 +84,8 @@ def wait_for_acks(log, timeout_s: float = 30.0, count: int = 1) -> None:
 def spawn(tmp_path, *args) -> subprocess.Popen:
     script = tmp_path / "tx_worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=ROOT, RMQ_TESTS=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=ROOT, RMQ_TESTS=tests)
     proc = subprocess.Popen([sys.executable, str(script), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()

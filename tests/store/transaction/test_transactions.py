@@ -126,7 +126,8 @@ def test_five_outcomes_only_committed_are_consumable(store, clock):
     assert all(asked.count(t) == 1 for t, k in sent.items() if k.startswith("check-"))
     views = real_messages(store)
     committed = [v.transaction_id for v in views]
-    assert sorted(committed) == sorted(t for t, k in sent.items() if k in ("commit", "check-commit"))
+    assert sorted(committed) == sorted(t for t, k in sent.items()
+                                       if k in ("commit", "check-commit"))
     assert len(set(committed)) == len(committed)
     discarded = store.pull(TRANS_CHECK_MAX_TIME_TOPIC, 0, 0, 1000)
     assert sorted(v.msg_id for v in discarded) == sorted(unknown)
