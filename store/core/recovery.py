@@ -330,8 +330,10 @@ def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) ->
 
     RocketMQ's normal recovery re-validates the CommitLog tail even after a clean shutdown.
     Here only the last append (from ``last_append_offset`` to ``confirm_phy_offset``) is
-    re-checked: it is what a writer touched last.  Returns True when the tail had to be
-    recovered (a damaged record, or valid records past the confirmed end).
+    re-checked: it is what a writer touched last; when the two contradict each other (the
+    last append beginning past the confirmed end: one of them is damaged), from the start
+    of the segment holding the lower one.  Returns True when the tail had to be recovered
+    (a damaged record, or valid records past the confirmed end).
     """
     cp = store.checkpoint
     log = store.commit_log
@@ -340,7 +342,15 @@ def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) ->
     files = log.files.refresh()
     if not files:
         return False
-    if not 0 <= start <= confirm:
+    if start > confirm:
+        # A clean store's last append begins at or before its confirmed end, so one of the
+        # two is damaged (a flipped bit), and a confirmed end moved back hides every record
+        # past it from readers, maybe off any record boundary, where a walk would stop at
+        # once.  Neither bounds the check: walk from the start of the segment holding the
+        # lower one (a segment starts with a record); recovery then keeps every valid record.
+        low = max(confirm, log.min_offset())
+        start = low - low % log.file_size
+    elif start < 0:
         start = confirm
     if log.files.find(start, refresh=False) is None:
         # the append began with a blank in a segment retention has removed since

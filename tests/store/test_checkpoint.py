@@ -119,3 +119,30 @@ def test_a_read_only_checkpoint_never_touches_the_file(store_path, small_config,
     os.unlink(cp_path)
     StoreCheckpoint(cp_path, writable=False).close()
     assert not os.path.exists(cp_path)
+
+
+@pytest.mark.parametrize("back", [1, 37, 150, 4000])
+def test_a_confirmed_end_damaged_below_the_last_append_hides_nothing(store_path, small_config,
+                                                                     clock, back):
+    """Bits flipped in ``confirm_phy_offset`` of a trusted checkpoint (the file fuzzer's
+    case) can move it below ``last_append_offset``, and off any record boundary.  A clean
+    open must not take that for a verified tail (readers never look past the confirmed
+    end): it rescans and every message stays readable, nothing is cut."""
+    expected = _fill(store_path, small_config, clock)
+    cp_path = os.path.join(store_path, "checkpoint")
+    cp = StoreCheckpoint(cp_path, writable=True)
+    assert cp.trusted
+    confirm, last = cp.get("confirm_phy_offset"), cp.get("last_append_offset")
+    assert 0 <= last < confirm
+    cp.set("confirm_phy_offset", last - back)
+    cp.flush()
+    cp.close()
+    segment = os.path.join(store_path, "commitlog", "0" * 20)
+    with open(segment, "rb") as fh:
+        log = fh.read(confirm)
+    assert _bodies(store_path, small_config, clock) == expected
+    cp = StoreCheckpoint(cp_path, writable=False)
+    assert cp.get("confirm_phy_offset") == confirm  # the real end again
+    cp.close()
+    with open(segment, "rb") as fh:
+        assert fh.read(confirm) == log  # nothing cut or rewritten
