@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from ..errors import FlushError
-from .recovery import recover_tail
+from .recovery import dead_append_bounds, recover_tail
 
 if TYPE_CHECKING:  # pragma: no cover
     import threading
@@ -77,8 +77,8 @@ class AppendLocking:
                     # The previous holder died in the middle of an append.  If it did not
                     # confirm it, drop that append whole (it was never acknowledged, and no
                     # reader saw it); a confirmed one is kept.
-                    confirm = self.checkpoint.get("confirm_phy_offset")
-                    self._recover(confirm, limit=confirm)
+                    start, limit = dead_append_bounds(self, in_progress)
+                    self._recover(start, limit=limit)
                     self._catch_up()
                 elif generation != self.appender.generation:
                     self._catch_up()

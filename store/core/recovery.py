@@ -325,6 +325,34 @@ def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = Non
     return end
 
 
+def dead_append_bounds(store: CoreParts, marker: int) -> tuple[int, int | None]:
+    """``(start, limit)`` of the recovery after a writer died with ``write_in_progress`` set
+    to ``marker`` (see :func:`recover_tail`).
+
+    A writer marks an append with the log end it starts from, which is then the confirmed
+    end, so a genuine marker equals ``confirm_phy_offset``: the append is cut there whole.
+    Any other marker means one of the two fields is damaged (a flipped bit), and a confirmed
+    end moved back must not cut acknowledged records: recovery then walks from the start
+    of the segment holding the lower one and keeps every valid record.
+    """
+    confirm = store.checkpoint.get("confirm_phy_offset")
+    if marker == confirm:
+        return confirm, confirm
+    log = store.commit_log
+    low = max(min(marker, confirm), log.min_offset(), 0)
+    return low - low % log.file_size, None
+
+
+def crash_limit(store: CoreParts, same_boot: bool) -> int | None:
+    """The ``limit`` of the recovery after a crash (see :func:`recover_tail`): on the same
+    boot (an exact checkpoint), the confirmed end when an append was in progress and marked
+    there; otherwise none, every valid record is kept (no append was in progress, so no
+    record past the confirmed end can be unconfirmed, or a field is damaged)."""
+    cp = store.checkpoint
+    confirm = cp.get("confirm_phy_offset")
+    return confirm if same_boot and cp.get("write_in_progress") == confirm else None
+
+
 def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) -> bool:
     """Re-check, on a clean open, the records the last append wrote; repair when damaged.
 

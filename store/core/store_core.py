@@ -48,7 +48,7 @@ from .locking import AppendLocking
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .record_writes import Allocate
 from .reading import Clock, ReadableStore
-from .recovery import recover_without_checkpoint, verify_tail
+from .recovery import crash_limit, dead_append_bounds, recover_without_checkpoint, verify_tail
 from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
 from .single_append import SingleAppend, append_one
@@ -145,14 +145,14 @@ class StoreCore(AppendLocking, ReadableStore):
         same_boot = crashed and written_this_boot(abort_path)
         write_marker(abort_path)
         with self._write_locked(catch_up=False):
-            confirm = self.checkpoint.get("confirm_phy_offset")
             if not self.checkpoint.trusted:  # one rmq did not write: the records decide
                 self.recovered = recover_without_checkpoint(self, self._recovery_listeners)
             elif crashed:
                 self._recover(self.checkpoint.get("flushed_phy_offset"),
-                              limit=confirm if same_boot else None)
-            elif self.checkpoint.get("write_in_progress") != -1:
-                self._recover(confirm, limit=confirm)
+                              limit=crash_limit(self, same_boot))
+            elif (marker := self.checkpoint.get("write_in_progress")) != -1:
+                start, limit = dead_append_bounds(self, marker)
+                self._recover(start, limit=limit)
             elif sole and verify_tail(self, self._recovery_listeners):
                 self.recovered = True
             if sole and check_at_open(self, self._recovery_listeners):

@@ -146,3 +146,31 @@ def test_a_confirmed_end_damaged_below_the_last_append_hides_nothing(store_path,
     cp.close()
     with open(segment, "rb") as fh:
         assert fh.read(confirm) == log  # nothing cut or rewritten
+
+
+@pytest.mark.parametrize("fault", ["marker-damaged", "crashed-flush-behind"])
+def test_a_confirmed_end_moved_back_cuts_nothing_with_a_second_fault(store_path, small_config,
+                                                                      clock, fault):
+    """The confirmed end moved back (as above) together with a second fault: a damaged
+    ``write_in_progress`` (read as a writer that died mid-append), or a crash on this boot
+    with the flushed offset behind.  A genuine in-progress marker equals the confirmed end,
+    so neither is taken for an unconfirmed append to cut: every message stays readable."""
+    expected = _fill(store_path, small_config, clock)
+    cp_path = os.path.join(store_path, "checkpoint")
+    cp = StoreCheckpoint(cp_path, writable=True)
+    confirm, last = cp.get("confirm_phy_offset"), cp.get("last_append_offset")
+    assert cp.get("write_in_progress") == -1
+    cp.set("confirm_phy_offset", last - 37)
+    if fault == "marker-damaged":
+        cp.set("write_in_progress", 12345)
+    else:
+        cp.set("flushed_phy_offset", 0)
+    cp.flush()
+    cp.close()
+    segment = os.path.join(store_path, "commitlog", "0" * 20)
+    with open(segment, "rb") as fh:
+        log = fh.read(confirm)
+    assert _bodies(store_path, small_config, clock,
+                   crashed=fault == "crashed-flush-behind") == expected
+    with open(segment, "rb") as fh:
+        assert fh.read(confirm) == log
