@@ -68,6 +68,7 @@ LAYERS: dict[str, int] = {
     "store.core.arrow_decode": CORE,
     "store.core.message_columns": CORE,
     "store.core.recovery": CORE,
+    "store.core.recovery_start": CORE,
     "store.core.flushing": CORE,
     "store.core.retention": CORE,
     "store.core.repair": CORE,

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from ..errors import FlushError
-from .recovery import dead_append_bounds, recover_tail
+from .recovery import recover_tail
+from .recovery_start import dead_append_bounds
 
 if TYPE_CHECKING:  # pragma: no cover
     import threading

@@ -48,7 +48,12 @@ from .locking import AppendLocking
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .record_writes import Allocate
 from .reading import Clock, ReadableStore
-from .recovery import crash_limit, dead_append_bounds, recover_without_checkpoint, verify_tail
+from .recovery_start import (
+    crash_limit,
+    dead_append_bounds,
+    recover_without_checkpoint,
+    verify_tail,
+)
 from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
 from .single_append import SingleAppend, append_one
