@@ -23,6 +23,14 @@ from .ports import CoreParts, RecoveryListener
 from .recovery import recover_tail
 
 
+def _segment_start(store: CoreParts, offset: int) -> int:
+    """Start of the CommitLog segment holding ``offset`` (clamped to the log's first byte):
+    a segment starts with a record, so a walk from there needs no trusted offset."""
+    log = store.commit_log
+    low = max(offset, log.min_offset(), 0)
+    return low - low % log.file_size
+
+
 def dead_append_bounds(store: CoreParts, marker: int) -> tuple[int, int | None]:
     """``(start, limit)`` of the recovery after a writer died with ``write_in_progress`` set
     to ``marker`` (see :func:`recover_tail`).
@@ -36,9 +44,7 @@ def dead_append_bounds(store: CoreParts, marker: int) -> tuple[int, int | None]:
     confirm = store.checkpoint.get("confirm_phy_offset")
     if marker == confirm:
         return confirm, confirm
-    log = store.commit_log
-    low = max(min(marker, confirm), log.min_offset(), 0)
-    return low - low % log.file_size, None
+    return _segment_start(store, min(marker, confirm)), None
 
 
 def crash_limit(store: CoreParts, same_boot: bool) -> int | None:
@@ -74,8 +80,7 @@ def verify_tail(store: CoreParts, listeners: Sequence[RecoveryListener] = ()) ->
         # past it from readers, maybe off any record boundary, where a walk would stop at
         # once.  Neither bounds the check: walk from the start of the segment holding the
         # lower one (a segment starts with a record); recovery then keeps every valid record.
-        low = max(confirm, log.min_offset())
-        start = low - low % log.file_size
+        start = _segment_start(store, confirm)
     elif start < 0:
         start = confirm
     if log.files.find(start, refresh=False) is None:
