@@ -126,3 +126,12 @@ def rocketmq_root(tmp_path_factory) -> str:
     subprocess.run(["cp", "-r", "--sparse=always", str(raw), sparse], check=True)
     shutil.rmtree(raw)
     return sparse
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``-n 2`` (pytest-xdist, ``--dist loadgroup``) every test of the shared Spark
+    session runs on one worker, so the suite still starts one session; the other tests are
+    shared out between both workers."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
