@@ -123,7 +123,29 @@ def _plain_keys(data, offsets, out):
         out[i] = verdict
 
 
-_kernels = compiled(globals(), helpers=("_pair",), kernels=("_join", "_plain_keys"))
+def _row_lengths(u_starts, u_ends, name_offsets, value_offsets, tag_offsets, tag_on,
+                 key_offsets, key_on, tag_fixed, key_fixed, id_fixed, out):
+    """``out[i]``: the length of row ``i``'s properties string as :func:`_join` writes it
+    (``*_fixed``: the bytes a pair adds around its value); clears ``key_on[i]`` for empty
+    keys.  One pass, no temporary column (each NumPy temporary of a 2M-row table is 16 MB
+    of fresh pages)."""
+    for i in range(len(out)):
+        size = id_fixed
+        for e in range(u_starts[i], u_ends[i]):
+            size += (name_offsets[e + 1] - name_offsets[e]
+                     + value_offsets[e + 1] - value_offsets[e] + 2)
+        if tag_on[i]:
+            size += tag_offsets[i + 1] - tag_offsets[i] + tag_fixed
+        key_len = key_offsets[i + 1] - key_offsets[i]
+        if key_on[i] and key_len > 0:
+            size += key_len + key_fixed
+        else:
+            key_on[i] = False
+        out[i] = size
+
+
+_kernels = compiled(globals(), helpers=("_pair",),
+                    kernels=("_join", "_plain_keys", "_row_lengths"))
 
 
 def _parts(arr: pa.Array | None, n: int):
@@ -195,10 +217,11 @@ def property_parts(users: UserPairs, tags: pa.Array | None = None,
         ids = np.zeros((n, 0), np.uint8)
     tag_data, tag_offsets, tag_on = _parts(tags, n)
     key_data, key_offsets, key_on = _parts(keys, n)
-    key_on &= np.diff(key_offsets) > 0
-    lengths = (users.lengths() + (len(_UNIQ) + ids.shape[1] + 1 if ids.shape[1] else 0)
-               + tag_on * (np.diff(tag_offsets) + len(_TAGS) + 1)
-               + key_on * (np.diff(key_offsets) + len(_KEYS) + 1))
+    lengths = np.empty(n, np.int64)
+    _kernels()["_row_lengths"](users.starts, users.ends, users.names.offsets,
+                               users.values.offsets, tag_offsets, tag_on, key_offsets, key_on,
+                               len(_TAGS) + 1, len(_KEYS) + 1,
+                               len(_UNIQ) + ids.shape[1] + 1 if ids.shape[1] else 0, lengths)
     return PropertyParts(users, tag_data, tag_offsets, tag_on, key_data, key_offsets, key_on,
                          ids, lengths)
 
