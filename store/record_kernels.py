@@ -103,38 +103,47 @@ def _assemble_records(out, positions, headers, crc_at, body_data, body_starts, b
     computes it (:func:`store.crc.crc_function`).
     """
     n, hsize = headers.shape
-    headers_flat = headers.reshape(n * hsize)
+    # base addresses taken once: each copy is one call of C's memcpy (a helper function per
+    # copy measured 3x slower over the whole loop)
+    po = out.ctypes.data
+    ph = headers.ctypes.data
+    pb = body_data.ctypes.data
+    pt = topic_data.ctypes.data
+    pp = props_data.ctypes.data
+    ps = suffix_data.ctypes.data
     for i in range(n):
         p = positions[i]
-        _copy(out, p, headers_flat, i * hsize, (i + 1) * hsize, mc)
+        mc(po + p, ph + i * hsize, hsize)
         b0, b1 = body_starts[i], body_ends[i]
         if given_crcs[i] >= 0:
             value = np.uint32(given_crcs[i]) & np.uint32(0x7FFFFFFF)
         else:
-            value = crc32_call(body_data, b0, b1, crc) & np.uint32(0x7FFFFFFF)
+            value = crc(np.uint32(0), pb + b0, np.uint64(b1 - b0)) & np.uint32(0x7FFFFFFF)
         out[p + crc_at] = (value >> 24) & 0xFF
         out[p + crc_at + 1] = (value >> 16) & 0xFF
         out[p + crc_at + 2] = (value >> 8) & 0xFF
         out[p + crc_at + 3] = value & 0xFF
-        p = _copy(out, p + hsize, body_data, b0, b1, mc)
+        p += hsize
+        if b1 > b0:
+            mc(po + p, pb + b0, b1 - b0)
+        p += b1 - b0
         k = topic_ids[i]
         t0, t1 = topic_offsets[k], topic_offsets[k + 1]
         out[p] = t1 - t0
-        p = _copy(out, p + 1, topic_data, t0, t1, mc)
+        if t1 > t0:
+            mc(po + p + 1, pt + t0, t1 - t0)
+        p += 1 + t1 - t0
         r0, r1 = props_starts[i], props_ends[i]
         s0, s1 = suffix_starts[i], suffix_ends[i]
         plen = (r1 - r0) + (s1 - s0)
         out[p] = (plen >> 8) & 0xFF
         out[p + 1] = plen & 0xFF
-        p = _copy(out, p + 2, props_data, r0, r1, mc)
-        _copy(out, p, suffix_data, s0, s1, mc)
-
-
-def _copy(out, p, src, a, b, mc):
-    """Copy ``src[a:b]`` to ``out[p:]`` with C's ``memcpy`` (``mc``); return where it ends."""
-    if b > a:
-        mc(out.ctypes.data + p, src.ctypes.data + a, b - a)
-    return p + (b - a)
+        p += 2
+        if r1 > r0:
+            mc(po + p, pp + r0, r1 - r0)
+        p += r1 - r0
+        if s1 > s0:
+            mc(po + p, ps + s0, s1 - s0)
 
 
 def _put_be(data, p, value, width):
@@ -204,7 +213,7 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
     return get
 
 
-_kernels = compiled(globals(), helpers=("crc32_call", "_put_be", "_copy"),
+_kernels = compiled(globals(), helpers=("crc32_call", "_put_be"),
                     kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 
