@@ -174,7 +174,8 @@ class PreparedRows:
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
     deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
     an int, or one per row for rows of several staged halves); ``queue_ids``: each row's
-    queue (-1, or no array: round robin; :mod:`store.table_queues`).
+    queue (-1, or no array: round robin; :mod:`store.table_queues`); ``topic_values``:
+    the user's own topic column when there was one (the results reuse it, no copy).
     """
 
     topic_names: list
@@ -187,6 +188,7 @@ class PreparedRows:
     deliver_ms: np.ndarray
     born_ms: int
     queue_ids: np.ndarray | None = None
+    topic_values: pa.Array | None = None
 
     def __len__(self) -> int:
         return len(self.topic_ids)
@@ -198,7 +200,9 @@ class PreparedRows:
                             self.deliver_ms[lo:hi],
                             self.born_ms[lo:hi] if isinstance(self.born_ms, np.ndarray)
                             else self.born_ms,
-                            None if self.queue_ids is None else self.queue_ids[lo:hi])
+                            None if self.queue_ids is None else self.queue_ids[lo:hi],
+                            None if self.topic_values is None
+                            else self.topic_values.slice(lo, hi - lo))
 
     def properties_column(self) -> ByteColumn:
         """The rows' properties strings, joined now if they were kept in parts."""
@@ -206,10 +210,12 @@ class PreparedRows:
         return props.column() if isinstance(props, PropertyParts) else props
 
     def topic_array(self) -> pa.Array:
-        """Each row's topic as an Arrow string array."""
-        return pa.DictionaryArray.from_arrays(
-            pa.array(self.topic_ids, pa.int32()),
-            pa.array(self.topic_names, pa.string())).cast(pa.string())
+        """Each row's topic as an Arrow string array: the user's column when there was one,
+        else the names taken by id (a ``take``: 6-27 ms per 1M rows against 48-53 ms, and
+        433 ms on a process's first call, for a dictionary array cast to strings)."""
+        if self.topic_values is not None:
+            return self.topic_values
+        return pa.array(self.topic_names, pa.string()).take(pa.array(self.topic_ids))
 
     @classmethod
     def empty(cls, now: int) -> PreparedRows:
@@ -304,8 +310,9 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     ids = store.id_generator.next_id_chars(n, now)
     props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
+    user_topics = one_array(table.column("topic")) if topic is None else None
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
-                        now)
+                        now, topic_values=user_topics)
 
 
 def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):

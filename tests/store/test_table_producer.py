@@ -304,3 +304,17 @@ def test_each_chunk_of_a_topic_takes_the_next_queue(tmp_path, clock):
         for i in (0, CHUNK_ROWS, 8 * CHUNK_ROWS, 9 * CHUNK_ROWS, n - 1):
             record = s.read_record(int(log[i]))
             assert record.body == b"%d" % i and record.queue_id == queues[i]
+
+
+def test_results_name_each_rows_own_topic(store):
+    """The results' topic column is each row's topic, on the whole-column path (the user's
+    column, reused), on the per-row path (a keys value only that path normalises) and with
+    ``topic=``."""
+    topics = ["a", "b", "a", "c", "b"]
+    producer = store.producer("g")
+    for extra in ({}, {"keys": ["k", "x  y", "k", None, "k"]}):
+        out = producer.send_table(pa.table({"topic": topics, "body": [b"1"] * 5, **extra}))
+        assert out.column("topic").type == pa.string()
+        assert out.column("topic").to_pylist() == topics
+    out = producer.send_table(pa.table({"body": [b"1"] * 3}), topic="c")
+    assert out.column("topic").to_pylist() == ["c"] * 3
