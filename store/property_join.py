@@ -49,12 +49,6 @@ class UserPairs:
         none = np.zeros(n, np.int64)
         return cls(none, none, empty_column(0), empty_column(0))
 
-    def lengths(self) -> np.ndarray:
-        """Bytes of each row's joined pairs."""
-        sizes = np.zeros(len(self.names) + 1, np.int64)
-        np.cumsum(self.names.lengths() + self.values.lengths() + 2, out=sizes[1:])
-        return sizes[self.ends] - sizes[self.starts]
-
 
 _TAGS = np.frombuffer(f"{PROPERTY_TAGS}\x01".encode("ascii"), np.uint8)
 _KEYS = np.frombuffer(f"{PROPERTY_KEYS}\x01".encode("ascii"), np.uint8)

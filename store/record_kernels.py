@@ -213,7 +213,7 @@ def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
     return get
 
 
-_kernels = compiled(globals(), helpers=("crc32_call", "_put_be"),
+_kernels = compiled(globals(), helpers=("_put_be",),
                     kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 
