@@ -65,7 +65,7 @@ def _join(u_starts, u_ends, name_data, name_offsets, value_data, value_offsets, 
 
     Every step is written out in the loop (no helper function) and the id is copied with C's
     ``memcpy`` (``mc``, :func:`~store.record_kernels.memcpy_function`): a helper per pair
-    measured 2x slower over the loop (51 against 26 ns per row of 67 bytes)."""
+    and a byte loop for the id measured 2x slower (51 against 26 ns per row of 67 bytes)."""
     po = out.ctypes.data
     pid = ids.ctypes.data
     width = ids.shape[1]

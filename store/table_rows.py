@@ -300,30 +300,29 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
         raise error
     if users is None:
         return None
-    names, topic_ids, bodies, tags_codes, tags, keys = checked
+    names, topic_ids, user_topics, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
     ids = store.id_generator.next_id_chars(n, now)
     props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
-    user_topics = one_array(table.column("topic")) if topic is None else None
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
                         now, topic_values=user_topics)
 
 
 def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
     """Topics, bodies, tags and keys checked and encoded as whole columns: ``(topic names,
-    topic ids, bodies, tagsCodes, tags, keys)`` (tags and keys as Arrow string arrays or
-    ``None``, for :func:`~store.property_join.join_properties`), or ``None`` when a column
-    is not plainly valid."""
+    topic ids, the topic column or ``None``, bodies, tagsCodes, tags, keys)`` (tags and keys
+    as Arrow strings or ``None``), or ``None`` when a column is not plainly valid."""
     n = table.num_rows
     # topics: one check per distinct name
     if topic is not None:
-        names, topic_ids = [validate_topic(topic)], np.zeros(n, np.int64)
+        names, topic_ids, user_topics = [validate_topic(topic)], np.zeros(n, np.int64), None
     else:
         col = table.column("topic")
         if not pa.types.is_string(col.type) or col.null_count:
             return None
-        enc = one_array(col).dictionary_encode()
+        user_topics = one_array(col)
+        enc = user_topics.dictionary_encode()
         names = enc.dictionary.to_pylist()
         for t in names:
             validate_topic(t)
@@ -379,7 +378,7 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
             return None
         elif len(keys) - keys.null_count and not _plain_keys(keys):
             return None
-    return names, topic_ids, bodies, tags_codes, tags, keys
+    return names, topic_ids, user_topics, bodies, tags_codes, tags, keys
 
 
 def _plain_keys(keys) -> bool:
