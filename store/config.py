@@ -109,6 +109,11 @@ class StoreConfig:
         Checks before a half message is discarded, 15.
     transaction_check_interval_ms : int
         Period of the check loop when run by a service, 30000 ms.
+    append_lock_lease_ms : int
+        How long a process that appends often may keep the store's append lock between its
+        appends, 1 ms (not a RocketMQ setting: its broker is the one writer); a process
+        that finds the lock taken waits at most about this long.  0 gives the lock back
+        after every append.
     """
 
     commitlog_file_size_bytes: int = GIB
@@ -133,6 +138,7 @@ class StoreConfig:
     transaction_timeout_ms: int = 6000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 30_000
+    append_lock_lease_ms: int = 1
     strict_layout: bool = False
 
     def __post_init__(self) -> None:
@@ -183,6 +189,10 @@ class StoreConfig:
                 f"timer_log_file_size_bytes={self.timer_log_file_size_bytes}; allowed: >= 1024"
             )
         parse_delay_levels(self.message_delay_level)
+        if not 0 <= self.append_lock_lease_ms <= 1000:
+            raise InvalidConfigError(
+                f"append_lock_lease_ms={self.append_lock_lease_ms}; allowed: 0 (no lease) to "
+                "1000")
         for name in ("disk_max_used_space_ratio", "disk_space_clean_forcibly_ratio"):
             if not 1 <= ints[name] <= 100:
                 raise InvalidConfigError(f"{name}={ints[name]}; allowed: 1 to 100 (percent)")

@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "store.core.repair": CORE,
     "store.core.integrity": CORE,
     "store.core.locking": CORE,
+    "store.core.lock_lease": CORE,
     "store.core.single_append": CORE,
     "store.core.pipeline": CORE,
     "store.core.store_core": CORE,

@@ -9,8 +9,13 @@ On taking the lock a writer looks at two checkpoint fields at once
 means the previous holder died mid-append (its unconfirmed append is dropped whole, as recovery
 does), and a changed ``write_generation`` means another process appended since this one last
 did (the appender takes over the new log end and forgets its queue ends).  Both are one
-unpack of the shared mapping, so an uncontended append pays two ``flock`` calls and nothing
-else for its lock.
+unpack of the shared mapping.
+
+A process that appends often keeps the ``flock`` between its appends for a short lease
+(:mod:`store.core.lock_lease`): while it holds one, an outermost append takes only the thread
+lock, and no other process can have appended, so the checkpoint check finds nothing to catch
+up.  The check still runs: an append of this process that failed half-way left
+``write_in_progress`` behind, and the next one drops it.
 
 :meth:`AppendLocking._lock` / :meth:`AppendLocking._unlock` are the pair the single-message
 path uses (no context-manager frame); :meth:`AppendLocking._write_locked` wraps them for
@@ -35,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..topics import TopicTable
     from .appender import Appender
     from .flushing import FlushService
+    from .lock_lease import LockLease
 
 
 class AppendLocking:
@@ -50,6 +56,7 @@ class AppendLocking:
     _thread_lock: threading.RLock
     _lock_depth: int
     _write_lock_fd: int
+    _lease: LockLease
     _recovery_listeners: list
 
     if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore
@@ -64,9 +71,9 @@ class AppendLocking:
         """
         self._thread_lock.acquire()
         outermost = self._lock_depth == 0
-        if outermost:
+        if outermost and not self._lease.held:
             try:
-                fcntl.flock(self._write_lock_fd, fcntl.LOCK_EX)
+                self._lease.acquire()
             except BaseException:
                 self._thread_lock.release()
                 raise
@@ -93,7 +100,13 @@ class AppendLocking:
         self._lock_depth -= 1
         try:
             if outermost:
-                fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+                lease = self._lease
+                if not lease.held:
+                    fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
+                else:
+                    lease.left -= 1
+                    if lease.left <= 0:  # the lease's appends are used up
+                        lease.release()
         finally:
             self._thread_lock.release()
 

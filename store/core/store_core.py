@@ -44,6 +44,7 @@ from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
 from .integrity import check_at_open, write_queue_table
+from .lock_lease import LockLease
 from .locking import AppendLocking
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .record_writes import Allocate
@@ -90,6 +91,8 @@ class StoreCore(AppendLocking, ReadableStore):
         flags = os.O_RDWR | os.O_CREAT
         self._write_lock_fd = os.open(os.path.join(self.root, "lock"), flags, 0o644)
         self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
+        self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
+                                self._thread_lock)
         self.id_generator = MessageIdGenerator()
         self.dispatcher = Dispatcher(self.consume_queue)
         self.appender = Appender(self)
@@ -169,7 +172,7 @@ class StoreCore(AppendLocking, ReadableStore):
     def _release(self) -> None:
         """Give back the files and locks of a store whose opening failed."""
         self._closed = True
-        for close in (self.commit_log.close, self.checkpoint.close):
+        for close in (self._lease.close, self.commit_log.close, self.checkpoint.close):
             try:
                 close()
             except Exception:  # noqa: BLE001 - best effort; the original error matters
@@ -202,6 +205,7 @@ class StoreCore(AppendLocking, ReadableStore):
             except FileNotFoundError:
                 pass
         fcntl.flock(self._open_lock_fd, fcntl.LOCK_UN)
+        self._lease.close()
         self._close_files()
         os.close(self._write_lock_fd)
         os.close(self._open_lock_fd)

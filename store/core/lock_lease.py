@@ -1,0 +1,234 @@
+"""A lease on the store's append ``flock``: a busy writer keeps it between its appends.
+
+Every append takes the store's ``flock`` so that processes sharing a store never interleave
+their writes.  Taking and giving it back costs two system calls, about 1.2 µs on the 2-core
+VM the benchmarks run on: an eighth of a single ``send``.  A process that appends again and
+again may instead keep the lock for a short **lease** and pay for it once:
+
+* a lease lasts at most ``append_lock_lease_ms`` (1 ms by default) and at most
+  :data:`LEASE_APPENDS` appends; a daemon thread gives back a lease that outlives its time
+  while the process is idle, so another process waits at most about that long;
+* a process that finds the lock taken says so before it waits: it writes the time it started
+  waiting into the ``lock`` file (below); a holder that sees a recent waiter takes no new
+  lease, so under contention every append takes and gives back the lock as it did before
+  leases, and the waiters get their turn;
+* the lock itself is unchanged (the same ``flock`` on the same file), so mutual exclusion
+  never depends on the hint, only fairness does; a process that dies holding a lease loses
+  the lock with its file descriptors, as it would in the middle of an append.
+
+``append_lock_lease_ms=0`` turns leases off (every outermost append takes and gives back the
+lock).
+
+Layout of the store's ``lock`` file (big-endian; RocketMQ writes the text ``lock`` at its
+start, which stays untouched):
+
+======  ====  =======  ==========================================================
+offset  size  type     field
+======  ====  =======  ==========================================================
+0       8     -        free (RocketMQ's ``lock`` text)
+8       8     int64    ``waiting_since_ns``: ``CLOCK_MONOTONIC`` of the last process
+                       that started to wait for the lock; 0 when none
+======  ====  =======  ==========================================================
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+import threading
+import time
+
+#: The waiter hint: ``CLOCK_MONOTONIC`` ns at which a process began to wait for the lock.
+WAITING_SINCE = struct.Struct(">q")
+WAITING_SINCE_OFFSET = 8
+LOCK_FILE_BYTES = WAITING_SINCE_OFFSET + WAITING_SINCE.size
+
+#: Appends one lease covers at most (then the lock is given back and taken again).
+LEASE_APPENDS = 128
+
+#: A hint older than this is left over by a waiter that died or gave up (or one that waits
+#: behind a long append): it is ignored.
+STALE_HINT_NS = 100_000_000
+
+#: How often a process that let a waiter go first looks whether it has taken the lock.
+YIELD_POLL_S = 50e-6
+
+
+class LockLease:
+    """The append ``flock`` of one open store and its lease (see the module doc).
+
+    ``thread_lock`` is the store's re-entrant thread lock: the lease's fields change only
+    under it (the releasing thread takes it too).
+    """
+
+    def __init__(self, fd: int, lease_ms: int, thread_lock: threading.RLock) -> None:
+        self.fd = fd
+        self.configured_ns = self.lease_ns = lease_ms * 1_000_000
+        self.thread_lock = thread_lock
+        #: Whether this process holds the lock between appends (read by the append path).
+        self.held = False
+        #: Appends left in the current lease.
+        self.left = 0
+        self.deadline_ns = 0
+        self._hint = self._map_hint(fd)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._file = (lambda st: (st.st_dev, st.st_ino))(os.fstat(fd))
+        _register(self)
+
+    @staticmethod
+    def _map_hint(fd: int) -> mmap.mmap | None:
+        try:
+            if os.fstat(fd).st_size < LOCK_FILE_BYTES:
+                os.ftruncate(fd, LOCK_FILE_BYTES)  # zeros: nobody waiting
+            return mmap.mmap(fd, LOCK_FILE_BYTES)
+        except (OSError, ValueError):  # a file system without shared mappings: no hints
+            return None
+
+    # ------------------------------------------------------------------ taking the lock
+    def acquire(self) -> None:
+        """Take the ``flock`` for an outermost append; keep it as a lease when nobody waits.
+
+        Called under the thread lock, when :attr:`held` is false.
+        """
+        fd = self.fd
+        for first in (True, False):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._wait()
+                return  # it was contended: no lease this time, let the others in after us
+            waiting = self._waiting_since()
+            if not waiting:
+                break
+            if not (first and self.lease_ns):
+                return  # this append only
+            # Another process waits: a process that keeps appending would take the lock
+            # again before the waiter wakes up, so give it back and let the waiter go first.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            self._let_in(waiting)
+        if self.lease_ns:
+            self.held = True
+            self.left = LEASE_APPENDS
+            self.deadline_ns = time.monotonic_ns() + self.lease_ns
+            if self._thread is None:
+                self._start_releaser()
+            self._wake.set()
+
+    def _wait(self) -> None:
+        hint = self._hint
+        mine = time.monotonic_ns()
+        if hint is not None:
+            WAITING_SINCE.pack_into(hint, WAITING_SINCE_OFFSET, mine)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        if hint is not None and WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0] == mine:
+            WAITING_SINCE.pack_into(hint, WAITING_SINCE_OFFSET, 0)  # served (unless another
+            # waiter wrote after us: then its hint stays)
+
+    def _waiting_since(self) -> int:
+        """The hint of a process waiting for the lock now; 0 when none (or a stale one)."""
+        hint = self._hint
+        if hint is None:
+            return 0
+        since = WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0]
+        return since if since and time.monotonic_ns() - since < STALE_HINT_NS else 0
+
+    def _let_in(self, waiting: int) -> None:
+        """Wait (at most one lease) until the waiter that wrote ``waiting`` took the lock."""
+        hint = self._hint
+        assert hint is not None
+        give_up = time.monotonic_ns() + self.lease_ns
+        while WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0] == waiting:
+            if time.monotonic_ns() >= give_up:
+                # Not taken: the waiter died or gave up.  Clear its hint (unless a new one
+                # was written meanwhile) so that it costs nobody a second wait.
+                if WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0] == waiting:
+                    WAITING_SINCE.pack_into(hint, WAITING_SINCE_OFFSET, 0)
+                return
+            time.sleep(YIELD_POLL_S)
+
+    def release(self) -> None:
+        """Give the ``flock`` back (and end the lease); under the thread lock."""
+        self.held = False
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------ the releasing thread
+    def _start_releaser(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rmq-append-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        """Give back a lease that outlived its time while the process does not append."""
+        wake = self._wake
+        while True:
+            wake.wait()
+            if self._stopped:
+                return
+            delay = self.deadline_ns - time.monotonic_ns()
+            if delay > 0:
+                time.sleep(delay / 1e9)
+                continue
+            with self.thread_lock:  # no append of this process is in progress under it
+                if self._stopped:
+                    return
+                if self.held and time.monotonic_ns() >= self.deadline_ns:
+                    try:
+                        self.release()
+                    except OSError:  # the store was closed under us
+                        self.held = False
+                if not self.held:
+                    wake.clear()
+
+    def close(self) -> None:
+        """End the lease and stop the releasing thread (before the lock file is closed)."""
+        _unregister(self)
+        with self.thread_lock:
+            self._stopped = True
+            if self.held:
+                self.release()
+            self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if self._hint is not None:
+            try:
+                self._hint.close()
+            except (BufferError, ValueError):
+                pass
+            self._hint = None
+
+
+# ---------------------------------------------------------------------- one process, two handles
+# Two open handles of one store in one process would wait for each other's lease (a lease is
+# given back by a thread of the holder, not when another handle asks), so leases are off while
+# a process has the store open more than once.
+_HANDLES: dict[tuple[int, int], list[LockLease]] = {}
+_HANDLES_LOCK = threading.Lock()
+
+
+def _register(lease: LockLease) -> None:
+    with _HANDLES_LOCK:
+        handles = _HANDLES.setdefault(lease._file, [])
+        handles.append(lease)
+        _set_leases(handles)
+
+
+def _unregister(lease: LockLease) -> None:
+    with _HANDLES_LOCK:
+        handles = _HANDLES.get(lease._file, [])
+        if lease in handles:
+            handles.remove(lease)
+        if not handles:
+            _HANDLES.pop(lease._file, None)
+        _set_leases(handles)
+
+
+def _set_leases(handles: list[LockLease]) -> None:
+    alone = len(handles) == 1
+    for h in handles:
+        h.lease_ns = h.configured_ns if alone else 0
+        if not alone:
+            h.left = 0  # a lease held now ends at its next append (or by its thread)
