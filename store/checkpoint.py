@@ -60,6 +60,14 @@ CHECKPOINT_FILE_SIZE = 4096
 #: ``layout_version`` of a checkpoint rmq wrote ("RMQCKPT" and layout 1).
 LAYOUT_MAGIC = int.from_bytes(b"RMQCKPT\x01", "big")
 _OFFSET = {name: i * CHECKPOINT_FIELD.size for i, name in enumerate(CHECKPOINT_FIELDS)}
+# the offsets every append writes, as constants (a dict lookup each cost a send 25 ns)
+_PHYSIC_MSG_TIMESTAMP = _OFFSET["physic_msg_timestamp"]
+_CONFIRM_PHY_OFFSET = _OFFSET["confirm_phy_offset"]
+_WRITE_IN_PROGRESS = _OFFSET["write_in_progress"]
+_WRITE_GENERATION = _OFFSET["write_generation"]
+_LAST_APPEND_OFFSET = _OFFSET["last_append_offset"]
+_pack_field = CHECKPOINT_FIELD.pack_into
+_unpack_field = CHECKPOINT_FIELD.unpack_from
 #: rmq's own fields and what they mean when the file cannot be trusted.
 _UNTRUSTED_DEFAULTS = {"write_in_progress": -1, "write_generation": 0, "last_append_offset": -1,
                        "layout_version": 0}
@@ -173,7 +181,7 @@ class StoreCheckpoint:
         """``(write_in_progress, write_generation)`` in one read (what a writer checks when
         it takes the append lock)."""
         if self.trusted and self._live:
-            return WRITER_STATE.unpack_from(self._map, _OFFSET["write_in_progress"])
+            return WRITER_STATE.unpack_from(self._map, _WRITE_IN_PROGRESS)
         return self.get("write_in_progress"), self.get("write_generation")
 
     def begin_append(self, offset: int) -> None:
@@ -181,9 +189,9 @@ class StoreCheckpoint:
         ``last_append_offset``)."""
         if not self.writable:
             raise PermissionError(f"checkpoint {self.path} was opened read-only")
-        pack = CHECKPOINT_FIELD.pack_into
-        pack(self._map, _OFFSET["write_in_progress"], offset)
-        pack(self._map, _OFFSET["last_append_offset"], offset)
+        m = self._map
+        _pack_field(m, _WRITE_IN_PROGRESS, offset)
+        _pack_field(m, _LAST_APPEND_OFFSET, offset)
 
     def publish_append(self, store_timestamp_ms: int, confirm: int) -> int:
         """Confirm an append up to ``confirm``: the store time of its last record, the
@@ -192,13 +200,12 @@ class StoreCheckpoint:
         if not self.writable:
             raise PermissionError(f"checkpoint {self.path} was opened read-only")
         m = self._map
-        pack = CHECKPOINT_FIELD.pack_into
-        pack(m, _OFFSET["physic_msg_timestamp"], store_timestamp_ms)
-        pack(m, _OFFSET["confirm_phy_offset"], confirm)
-        generation = (CHECKPOINT_FIELD.unpack_from(m, _OFFSET["write_generation"])[0]
+        _pack_field(m, _PHYSIC_MSG_TIMESTAMP, store_timestamp_ms)
+        _pack_field(m, _CONFIRM_PHY_OFFSET, confirm)
+        generation = (_unpack_field(m, _WRITE_GENERATION)[0]
                       if self.trusted else self.get("write_generation")) + 1
-        pack(m, _OFFSET["write_generation"], generation)
-        pack(m, _OFFSET["write_in_progress"], -1)
+        _pack_field(m, _WRITE_GENERATION, generation)
+        _pack_field(m, _WRITE_IN_PROGRESS, -1)
         return generation
 
     def mark_trusted(self) -> None:

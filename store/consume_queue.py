@@ -19,7 +19,6 @@ so re-dispatching a record rewrites the same bytes (dispatch is idempotent).
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 
@@ -74,8 +73,9 @@ class ConsumeQueue:
         self.directory = os.path.join(root, topic, str(queue_id))
         self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_SIZE, create=False,
                                      read_only=read_only, wrong_length="repair")
-        self._lock = threading.Lock()
-        self._dirty_files: dict[int, object] = {}  # written since the last flush
+        # Written since the last flush.  Writes come under the store's append lock (one
+        # writer at a time); the flusher's thread takes files out one by one (see flush).
+        self._dirty_files: dict[int, object] = {}
 
     # -- reading ----------------------------------------------------------------------------
     def _file_entries(self, index: int):
@@ -190,30 +190,28 @@ class ConsumeQueue:
             arr["tags_code"] = tags_codes
             data = arr.tobytes()
         i = 0
-        with self._lock:
-            while i < n:
-                pos = (first_index + i) * ENTRY_SIZE
-                f = self.files.find(pos, refresh=False)
-                if f is None:
-                    os.makedirs(self.directory, exist_ok=True)
-                    f = self.files.get_or_create(pos)
-                room = (f.end - pos) // ENTRY_SIZE
-                k = min(room, n - i)
-                f.write(pos - f.start, data[i * ENTRY_SIZE:(i + k) * ENTRY_SIZE])
-                self._dirty_files[f.start] = f
-                i += k
+        while i < n:
+            pos = (first_index + i) * ENTRY_SIZE
+            f = self.files.find(pos, refresh=False)
+            if f is None:
+                os.makedirs(self.directory, exist_ok=True)
+                f = self.files.get_or_create(pos)
+            room = (f.end - pos) // ENTRY_SIZE
+            k = min(room, n - i)
+            f.write(pos - f.start, data[i * ENTRY_SIZE:(i + k) * ENTRY_SIZE])
+            self._dirty_files[f.start] = f
+            i += k
 
     def put_one(self, index: int, offset: int, size: int, tags_code: int) -> None:
         """Write the one entry of queue offset ``index`` (what :meth:`put` does for one)."""
         pos = index * ENTRY_SIZE
         data = ENTRY.pack(offset, size, tags_code)
-        with self._lock:
-            try:
-                f = self.files.write(pos, data, mapped=True)
-            except FileNotFoundError:  # the queue's directory is not there yet
-                os.makedirs(self.directory, exist_ok=True)
-                f = self.files.write(pos, data, mapped=True)
-            self._dirty_files[f.start] = f
+        try:
+            f = self.files.write(pos, data, mapped=True)
+        except FileNotFoundError:  # the queue's directory is not there yet
+            os.makedirs(self.directory, exist_ok=True)
+            f = self.files.write(pos, data, mapped=True)
+        self._dirty_files[f.start] = f  # after the write: a flush that takes it covers it
 
     def fill_to(self, index: int) -> None:
         """Give a queue that starts at ``index`` > 0 filler units (0, FILLER_SIZE, 0) in front."""
@@ -246,10 +244,15 @@ class ConsumeQueue:
 
     def flush(self) -> None:
         """Make every entry written so far durable (all files written since the last flush)."""
-        with self._lock:
-            dirty = list(self._dirty_files.values())
-            self._dirty_files.clear()
-        for f in dirty:
+        # Each file is taken out of the dirty set one at a time (one atomic dict operation),
+        # so a writer marking a file meanwhile is never lost: its mark is taken now or stays
+        # for the next flush.  Writers mark a file after writing to it.
+        dirty = self._dirty_files
+        while dirty:
+            try:
+                _, f = dirty.popitem()
+            except KeyError:
+                break
             try:
                 f.flush()
             except (OSError, TypeError):  # deleted by retention or closed meanwhile

@@ -48,6 +48,9 @@ class Dispatcher:
 
     def __init__(self, consume_queue: Callable[[str, int], ConsumeQueue]) -> None:
         self._consume_queue = consume_queue
+        #: The ConsumeQueue object of each queue written (the store keeps one per queue for
+        #: as long as it is open): a single entry skips the store's lookup.
+        self._written: dict[tuple[str, int], ConsumeQueue] = {}
         self._rules: dict[str, TagsCodeRule] = {}
         self._queue_counts: dict[str, int] = {}
         self._tag_cache: dict[str, int] = {}
@@ -103,7 +106,10 @@ class Dispatcher:
     def dispatch_one(self, key: tuple[str, int], queue_offset: int, offset: int, size: int,
                      tags_code: int) -> None:
         """Write one record's queue entry (:meth:`dispatch` of a single entry)."""
-        self._consume_queue(*key).put_one(queue_offset, offset, size, tags_code)
+        q = self._written.get(key)
+        if q is None:
+            q = self._written[key] = self._consume_queue(*key)
+        q.put_one(queue_offset, offset, size, tags_code)
 
     def dispatch_rows(self, rows: dict[tuple[str, int], list[tuple[int, int, int, int]]]) -> None:
         """Write ``(queue offset, commitlog offset, size, tagsCode)`` rows of each queue.
