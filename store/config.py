@@ -110,8 +110,8 @@ class StoreConfig:
     transaction_check_interval_ms : int
         Period of the check loop when run by a service, 30000 ms.
     append_lock_lease_ms : int
-        How long a process that appends often may keep the store's append lock between its
-        appends, 1 ms (not a RocketMQ setting: its broker is the one writer); a process
+        How long a process that sends single messages in a loop may keep the store's append
+        lock between them, 1 ms (not a RocketMQ setting: its broker is the one writer); a process
         that finds the lock taken waits at most about this long.  0 gives the lock back
         after every append.
     """

@@ -1,17 +1,19 @@
-"""A lease on the store's append ``flock``: a busy writer keeps it between its appends.
+"""A lease on the store's append ``flock``: a process sending single records keeps it.
 
 Every append takes the store's ``flock`` so that processes sharing a store never interleave
 their writes.  Taking and giving it back costs two system calls, about 1.2 µs on the 2-core
-VM the benchmarks run on: an eighth of a single ``send``.  A process that appends again and
-again may instead keep the lock for a short **lease** and pay for it once:
+VM the benchmarks run on: an eighth of a single ``send``.  A process that sends single
+records again and again (the one-record path, :mod:`store.core.single_append`) may instead keep
+the lock for a short **lease** and pay for it once.  Larger appends (batches, tables, the
+sink, delivery) gain nothing from it and take no lease; they use one that is held.
 
 * a lease lasts at most ``append_lock_lease_ms`` (1 ms by default) and at most
   :data:`LEASE_APPENDS` appends; a daemon thread gives back a lease that outlives its time
   while the process is idle, so another process waits at most about that long;
 * a process that finds the lock taken says so before it waits: it writes the time it started
-  waiting into the ``lock`` file (below); a holder that sees a recent waiter takes no new
-  lease, so under contention every append takes and gives back the lock as it did before
-  leases, and the waiters get their turn;
+  waiting into the ``lock`` file (below); a holder about to take a new lease that sees a
+  recent waiter gives the lock back first and waits (at most one lease) until the waiter
+  has it, so under contention the processes take turns rather than one of them starving;
 * the lock itself is unchanged (the same ``flock`` on the same file), so mutual exclusion
   never depends on the hint, only fairness does; a process that dies holding a lease loses
   the lock with its file descriptors, as it would in the middle of an append.
@@ -89,8 +91,9 @@ class LockLease:
             return None
 
     # ------------------------------------------------------------------ taking the lock
-    def acquire(self) -> None:
-        """Take the ``flock`` for an outermost append; keep it as a lease when nobody waits.
+    def acquire(self, lease: bool = True) -> None:
+        """Take the ``flock`` for an outermost append; with ``lease``, keep it as a lease when
+        nobody waits.
 
         Called under the thread lock, when :attr:`held` is false.
         """
@@ -101,22 +104,23 @@ class LockLease:
             except BlockingIOError:
                 self._wait()
                 return  # it was contended: no lease this time, let the others in after us
+            if not (lease and self.lease_ns):
+                return
             waiting = self._waiting_since()
             if not waiting:
                 break
-            if not (first and self.lease_ns):
+            if not first:
                 return  # this append only
             # Another process waits: a process that keeps appending would take the lock
             # again before the waiter wakes up, so give it back and let the waiter go first.
             fcntl.flock(fd, fcntl.LOCK_UN)
             self._let_in(waiting)
-        if self.lease_ns:
-            self.held = True
-            self.left = LEASE_APPENDS
-            self.deadline_ns = time.monotonic_ns() + self.lease_ns
-            if self._thread is None:
-                self._start_releaser()
-            self._wake.set()
+        self.held = True
+        self.left = LEASE_APPENDS
+        self.deadline_ns = time.monotonic_ns() + self.lease_ns
+        if self._thread is None:
+            self._start_releaser()
+        self._wake.set()
 
     def _wait(self) -> None:
         hint = self._hint
@@ -171,7 +175,13 @@ class LockLease:
             if delay > 0:
                 time.sleep(delay / 1e9)
                 continue
-            with self.thread_lock:  # no append of this process is in progress under it
+            # Only when no append of this process is in progress: a busy process gives its
+            # lease back itself, after LEASE_APPENDS appends (waiting here for the thread
+            # lock would make every long append hand the interpreter over twice).
+            if not self.thread_lock.acquire(blocking=False):
+                time.sleep(self.lease_ns / 1e9 or 0.001)
+                continue
+            try:
                 if self._stopped:
                     return
                 if self.held and time.monotonic_ns() >= self.deadline_ns:
@@ -181,6 +191,8 @@ class LockLease:
                         self.held = False
                 if not self.held:
                     wake.clear()
+            finally:
+                self.thread_lock.release()
 
     def close(self) -> None:
         """End the lease and stop the releasing thread (before the lock file is closed)."""

@@ -63,9 +63,11 @@ class AppendLocking:
         def _check_open(self) -> None: ...
 
     # ------------------------------------------------------------------ the lock
-    def _lock(self, catch_up: bool = True) -> bool:
+    def _lock(self, catch_up: bool = True, lease: bool = False) -> bool:
         """Take the append lock; return whether this call is the outermost holder.
 
+        ``lease``: the append is a small one (a single record), worth keeping the ``flock``
+        for the next (:mod:`~store.core.lock_lease`); a large append gains nothing from it.
         Every call must be paired with :meth:`_unlock` (given what this returned), also when
         this raises after the lock was taken (it releases what it took before raising).
         """
@@ -73,7 +75,7 @@ class AppendLocking:
         outermost = self._lock_depth == 0
         if outermost and not self._lease.held:
             try:
-                self._lease.acquire()
+                self._lease.acquire(lease)
             except BaseException:
                 self._thread_lock.release()
                 raise

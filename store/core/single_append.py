@@ -47,7 +47,7 @@ class OneRecordTarget(Protocol):
 
     def ensure_topic(self, topic: str) -> int: ...
 
-    def _lock(self, catch_up: bool = True) -> bool: ...
+    def _lock(self, catch_up: bool = True, lease: bool = False) -> bool: ...
 
     def _unlock(self, outermost: bool) -> None: ...
 
@@ -112,7 +112,7 @@ def append_one(core: OneRecordTarget, topic: str, body: bytes, properties: bytes
     if queue_id is not None and not 0 <= queue_id < count:
         raise InvalidMessageError(
             f"queue_id {queue_id} for topic {topic!r}; allowed: 0 to {count - 1}")
-    outermost = core._lock()
+    outermost = core._lock(True, True)  # with a lease: the next send skips the flock
     try:
         qid = appender.next_queue(topic, count) if queue_id is None else queue_id
         now = core.now_ms()
