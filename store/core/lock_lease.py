@@ -141,18 +141,25 @@ class LockLease:
         return since if since and time.monotonic_ns() - since < STALE_HINT_NS else 0
 
     def _let_in(self, waiting: int) -> None:
-        """Wait (at most one lease) until the waiter that wrote ``waiting`` took the lock."""
+        """Wait (at most one lease) until another process took the lock (the lock is free
+        when this is called), or the waiter that wrote ``waiting`` cleared its hint."""
         hint = self._hint
         assert hint is not None
+        fd = self.fd
         give_up = time.monotonic_ns() + self.lease_ns
         while WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0] == waiting:
+            time.sleep(YIELD_POLL_S)
+            try:  # taken by another process (any waiter, not only the one that wrote the
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # hint): done
+            except BlockingIOError:
+                return
+            fcntl.flock(fd, fcntl.LOCK_UN)
             if time.monotonic_ns() >= give_up:
-                # Not taken: the waiter died or gave up.  Clear its hint (unless a new one
+                # Nobody came: the waiter died or gave up.  Clear its hint (unless a new one
                 # was written meanwhile) so that it costs nobody a second wait.
                 if WAITING_SINCE.unpack_from(hint, WAITING_SINCE_OFFSET)[0] == waiting:
                     WAITING_SINCE.pack_into(hint, WAITING_SINCE_OFFSET, 0)
                 return
-            time.sleep(YIELD_POLL_S)
 
     def release(self) -> None:
         """Give the ``flock`` back (and end the lease); under the thread lock."""
