@@ -78,6 +78,7 @@ class LockLease:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._closing = threading.Event()  # the releasing thread sleeps on it
         self._file = (lambda st: (st.st_dev, st.st_ino))(os.fstat(fd))
         _register(self)
 
@@ -180,13 +181,13 @@ class LockLease:
                 return
             delay = self.deadline_ns - time.monotonic_ns()
             if delay > 0:
-                time.sleep(delay / 1e9)
+                self._closing.wait(delay / 1e9)
                 continue
             # Only when no append of this process is in progress: a busy process gives its
             # lease back itself, after LEASE_APPENDS appends (waiting here for the thread
             # lock would make every long append hand the interpreter over twice).
             if not self.thread_lock.acquire(blocking=False):
-                time.sleep(self.lease_ns / 1e9 or 0.001)
+                self._closing.wait(self.lease_ns / 1e9 or 0.001)
                 continue
             try:
                 if self._stopped:
@@ -206,6 +207,7 @@ class LockLease:
         _unregister(self)
         with self.thread_lock:
             self._stopped = True
+            self._closing.set()
             if self.held:
                 self.release()
             self._wake.set()

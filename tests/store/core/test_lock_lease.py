@@ -193,3 +193,34 @@ def test_two_processes_appending_at_once_each_get_their_turn(tmp_path):
         for q in store.queue_ids("T"):
             bodies += [m.body.decode() for m in store.pull("T", q, 0, 10 * n)]
     assert sorted(bodies) == sorted(f"{w}-{i}" for w in "ab" for i in range(n))
+
+
+HOLDER = """
+import sys, time
+from store import Message, MessageStore, StoreConfig
+store = MessageStore.open(sys.argv[1], StoreConfig(append_lock_lease_ms=1000))
+store.producer("holder").send(Message("T", b"before the kill"))
+print("SENT", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_killed_holding_a_lease_leaves_the_lock_and_the_store_usable(tmp_path):
+    path = str(tmp_path / "s")
+    MessageStore.open(path).close()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "SENT", holder.stderr.read()
+        assert not other_handle_gets_lock(path)  # the holder keeps its lease (1 s)
+        holder.kill()  # SIGKILL: no close, no release
+        holder.wait(10)
+        assert other_handle_gets_lock(path)  # the lock went with the process
+        with MessageStore.open(path) as store:
+            store.producer("after").send(Message("T", b"after the kill"))
+            bodies = sorted(m.body for q in store.queue_ids("T")
+                            for m in store.pull("T", q, 0, 10))
+        assert bodies == [b"after the kill", b"before the kill"]
+    finally:
+        holder.kill()
