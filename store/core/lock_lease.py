@@ -86,7 +86,8 @@ class LockLease:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._closing = threading.Event()  # the releasing thread sleeps on it
-        self._file = (lambda st: (st.st_dev, st.st_ino))(os.fstat(fd))
+        st = os.fstat(fd)
+        self._file = (st.st_dev, st.st_ino)  # which store: see _register
         _register(self)
 
     @staticmethod
@@ -147,7 +148,8 @@ class LockLease:
         return since != 0 and now - since < STALE_HINT_NS
 
     def release(self) -> None:
-        """Give the ``flock`` back (and end the lease); under the thread lock."""
+        """Give the ``flock`` back (and end the lease, if one is held); under the thread
+        lock."""
         self.held = False
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 

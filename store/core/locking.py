@@ -11,8 +11,8 @@ does), and a changed ``write_generation`` means another process appended since t
 did (the appender takes over the new log end and forgets its queue ends).  Both are one
 unpack of the shared mapping.
 
-A process that appends often keeps the ``flock`` between its appends for a short lease
-(:mod:`store.core.lock_lease`): while it holds one, an outermost append takes only the thread
+A process that sends single records often keeps the ``flock`` between them for a short
+lease (:mod:`store.core.lock_lease`): while it holds one, an outermost append takes only the thread
 lock, and no other process can have appended, so the checkpoint check finds nothing to catch
 up.  The check still runs: an append of this process that failed half-way left
 ``write_in_progress`` behind, and the next one drops it.
@@ -24,7 +24,6 @@ everything else.
 
 from __future__ import annotations
 
-import fcntl
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
@@ -55,7 +54,6 @@ class AppendLocking:
     flusher: FlushService
     _thread_lock: threading.RLock
     _lock_depth: int
-    _write_lock_fd: int
     _lease: LockLease
     _recovery_listeners: list
 
@@ -103,12 +101,10 @@ class AppendLocking:
         try:
             if outermost:
                 lease = self._lease
-                if not lease.held:
-                    fcntl.flock(self._write_lock_fd, fcntl.LOCK_UN)
-                else:
-                    lease.left -= 1
-                    if lease.left <= 0:  # the lease's appends are used up
-                        lease.release()
+                if lease.held and lease.left > 1:
+                    lease.left -= 1  # kept for the next append
+                else:  # no lease, or its appends are used up
+                    lease.release()
         finally:
             self._thread_lock.release()
 
