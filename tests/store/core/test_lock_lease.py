@@ -70,6 +70,8 @@ def test_a_lease_ends_after_its_appends(tmp_path):
     path = str(tmp_path / "s")
     with MessageStore.open(path, StoreConfig(append_lock_lease_ms=1000)) as store:
         p = store.producer("g")
+        p.send(Message("T", b"x"))  # creates the topic (an append of its own, no lease)
+        store._lease.release()
         releases = []
         lease = store._lease
         real = lease.release
