@@ -327,14 +327,14 @@ def parse_int_ranges(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
     return value, ok
 
 
-def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
-                    ) -> tuple[list[bytes], np.ndarray]:
+def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray, *,
+                    few_only: bool = False) -> tuple[list[bytes], np.ndarray] | None:
     """The distinct values among the ranges and each range's index into them.
 
     Up to 32 distinct values (the topics or tags of a batch, say) are grouped in one pass
-    with a small table; more are grouped by hash, then every range is compared with its
-    group's first one; only when two values share a hash (never seen in practice) are the
-    rows grouped by their bytes.
+    with a small table; more are grouped by hash (``None`` with ``few_only``), then every
+    range is compared with its group's first one; only when two values share a hash (never
+    seen in practice) are the rows grouped by their bytes.
     """
     if not len(vstart):
         return [], np.empty(0, np.int64)
@@ -347,6 +347,8 @@ def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
     if used >= 0:
         return ([data[a:b].tobytes() for a, b in zip(table_start[:used].tolist(),
                                                       table_end[:used].tolist())], ids)
+    if few_only:
+        return None
     hashes = hash_ranges(data, vstart, vend)
     uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     inverse = inverse.ravel()

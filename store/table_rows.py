@@ -24,7 +24,8 @@ from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .errors import InvalidDelayError, InvalidMessageError
 from .message import Message, check_tags, validate_message, validate_topic
-from .property_join import PropertyParts, join_properties, plain_keys, property_parts
+from .property_join import (PropertyParts, distinct_strings, join_properties, plain_keys,
+                            property_parts)
 from .record_kernels import ByteColumn, empty_column, one_array
 from .table_properties import any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
@@ -322,11 +323,9 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
         if not pa.types.is_string(col.type) or col.null_count:
             return None
         user_topics = one_array(col)
-        enc = user_topics.dictionary_encode()
-        names = enc.dictionary.to_pylist()
+        names, topic_ids = distinct_strings(user_topics)
         for t in names:
             validate_topic(t)
-        topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     # bodies: binary, non-null, 1 byte to the limit
     body = table.column("body")
     if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
@@ -346,16 +345,13 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
             tags = tags.cast(tags.type.value_type)
         if not pa.types.is_string(tags.type):
             return None
-        enc = one_array(tags).dictionary_encode()
-        distinct = enc.dictionary.to_pylist()
+        distinct, idx = distinct_strings(one_array(tags))
         try:
             for t in distinct:
                 check_tags(t)
         except InvalidMessageError:
             return None
-        codes = np.append(store.tag_hashes(distinct), 0)
-        idx = enc.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)
-        tags_codes = codes[idx.astype(np.int64)]
+        tags_codes = np.append(store.tag_hashes(distinct), 0)[idx]  # 0 for a null tag
     else:
         tags_codes = np.zeros(n, np.int64)
         tags = None
