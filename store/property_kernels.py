@@ -339,9 +339,7 @@ def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray, *,
     if not len(vstart):
         return [], np.empty(0, np.int64)
     vstart, vend = np.ascontiguousarray(vstart), np.ascontiguousarray(vend)
-    # a few distinct values (topics, tags): one pass with a small table
-    table_start = np.empty(_FEW, dtype=np.int64)
-    table_end = np.empty(_FEW, dtype=np.int64)
+    table_start, table_end = np.empty(_FEW, dtype=np.int64), np.empty(_FEW, dtype=np.int64)
     ids = np.empty(len(vstart), dtype=np.int64)
     used = _KERNELS()["_distinct_few"](data, vstart, vend, table_start, table_end, ids)
     if used >= 0:
