@@ -84,8 +84,7 @@ class LockLease:
         self._hint = self._map_hint(fd)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._closing = threading.Event()  # the releasing thread sleeps on it
+        self._closing = threading.Event()  # set by close; the releasing thread sleeps on it
         st = os.fstat(fd)
         self._file = (st.st_dev, st.st_ino)  # which store: see _register
         _register(self)
@@ -163,7 +162,7 @@ class LockLease:
         wake = self._wake
         while True:
             wake.wait()
-            if self._stopped:
+            if self._closing.is_set():
                 return
             delay = self.deadline_ns - time.monotonic_ns()
             if delay > 0:
@@ -176,7 +175,7 @@ class LockLease:
                 self._closing.wait(self.lease_ns / 1e9 or 0.001)
                 continue
             try:
-                if self._stopped:
+                if self._closing.is_set():
                     return
                 if self.held and time.monotonic_ns() >= self.deadline_ns:
                     try:
@@ -192,7 +191,6 @@ class LockLease:
         """End the lease and stop the releasing thread (before the lock file is closed)."""
         _unregister(self)
         with self.thread_lock:
-            self._stopped = True
             self._closing.set()
             if self.held:
                 self.release()
