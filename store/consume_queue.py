@@ -257,6 +257,7 @@ class ConsumeQueue:
                 f.flush()
             except (OSError, TypeError):  # deleted by retention or closed meanwhile
                 pass
+        self.files.sync_directory()  # files created since the last flush
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete files (never the last) whose last entry's record is gone; return how many."""
