@@ -99,7 +99,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
         return RESULT_SCHEMA.empty_table()
     bounds = [(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
     # the queues first, in order: each chunk takes the next of its topics' round robins
-    queues = np.concatenate([chunk_queues(store, rows.slice(lo, hi)) for lo, hi in bounds])
+    queues = _table_queues(store, rows, bounds)
 
     def prepare(k: int):
         lo, hi = bounds[k]
@@ -139,6 +139,17 @@ def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
     ``magic``: their MAGICCODE (the sink stages them with a zero one); ``allocate``: where
     they are assembled (see :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
     return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate, magic)[0]
+
+
+def _table_queues(store: StorePort, rows: PreparedRows, bounds: list) -> np.ndarray:
+    """Each row's queue when each chunk ``bounds[k]`` is one append (:func:`chunk_queues`
+    per chunk; rows of one topic, none ordered: one queue per chunk, repeated)."""
+    names = rows.topic_names
+    if len(names) != 1 or rows.queue_ids is not None:
+        return np.concatenate([chunk_queues(store, rows.slice(lo, hi)) for lo, hi in bounds])
+    count = store.ensure_topic(names[0])
+    per_chunk = [store.next_queue(names[0], count) for _ in bounds]
+    return np.repeat(np.array(per_chunk, dtype=np.int64), [hi - lo for lo, hi in bounds])
 
 
 def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -> np.ndarray:

@@ -300,18 +300,25 @@ class Appender:
         counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
         topic_ids = records.topic_ids
         qids = records.queue_ids
-        count = counts[topic_ids]
-        qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
+        q_min, q_max = int(qids.min()), int(qids.max())
+        if q_min < 0 or q_max >= int(counts.min()):  # some id out of its topic's range
+            count = counts[topic_ids]
+            qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
+            q_min, q_max = int(qids.min()), int(qids.max())
 
         now = records.store_timestamp_ms
         if now is None:
             now = self.core.now_ms()
         dispatched = records.dispatched
         # queue offsets: each queue continues where it ends, in record order
-        queue_key = (topic_ids << _QUEUE_BITS) | qids
-        one_queue = bool((queue_key == queue_key[0]).all())
+        if len(records.topics) == 1:  # (topic ids are all 0)
+            one_queue = q_min == q_max
+            queue_key = None if one_queue else qids
+        else:
+            queue_key = (topic_ids << _QUEUE_BITS) | qids
+            one_queue = bool((queue_key == queue_key[0]).all())
         if one_queue:  # the usual batch: no grouping needed
-            uniq, gid = queue_key[:1], np.zeros(n, dtype=np.int64)
+            uniq, gid = np.array([(int(topic_ids[0]) << _QUEUE_BITS) | q_min]), None
             order, group_counts, group_start = None, np.array([n]), np.array([0])
         else:
             uniq, gid = np.unique(queue_key, return_inverse=True)
