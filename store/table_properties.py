@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
-from .property_join import UserPairs
+from .property_join import UserPairs, distinct_strings
 from .record_kernels import ByteColumn, compiled, one_array
 
 
@@ -44,9 +44,9 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
     needs the per-row path (a name or value the rules refuse, or a name twice in one row),
     which then names the bad row.
 
-    Distinct names are checked in Python (few); values by one compiled pass over their
-    bytes, and with Arrow only those holding non-ASCII text; a name twice in a row by one
-    compiled pass over the names' dictionary indices.
+    Distinct names (:func:`~store.property_join.distinct_strings`) are checked in Python
+    (few); values by one compiled pass over their bytes, and with Arrow only those holding
+    non-ASCII text; a name twice in a row by one compiled pass over the names' ids.
     """
     n = table.num_rows
     col = _map_column(table)
@@ -67,16 +67,15 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
     if hi > lo:
         if names.null_count or values.null_count:
             return None
-        enc = names.dictionary_encode()
-        for name in enc.dictionary.to_pylist():
+        distinct, name_ids = distinct_strings(names)
+        for name in distinct:
             if ("\x01" in name or "\x02" in name or not name.strip()
                     or name in RESERVED_PROPERTY_NAMES or name.startswith("__RMQ")):
                 return None
         if not _plain_values(values):
             return None
         found = np.zeros(1, np.int64)
-        _kernels()["_twice"](starts - lo, ends - lo,
-                             enc.indices.to_numpy(zero_copy_only=False), found)
+        _kernels()["_twice"](starts - lo, ends - lo, name_ids, found)
         if found[0]:
             return None  # a name twice in one row: the per-row path keeps the last, as a dict
     return UserPairs(starts, ends, ByteColumn.from_arrow(col.keys),

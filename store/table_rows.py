@@ -284,17 +284,19 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
 
     def users_outcome():  # its error counts only if the other columns pass, as in sequence
         try:
-            return user_property_pairs(table), None
+            users = user_property_pairs(table)
         except InvalidMessageError as exc:
-            return None, exc
+            return None, exc, None
+        # the ids too (on this thread: the other columns take longer)
+        return users, None, store.id_generator.next_id_chars(n, now)
 
     tasks = (lambda: _checked_columns(store, table, topic), users_outcome)
     if n >= PARALLEL_ROWS:
         with closing(prepared_in_order(2, lambda k: tasks[k]())) as done:
-            checked, (users, error) = list(done)
+            checked, (users, error, ids) = list(done)
     else:
         checked = tasks[0]()
-        users, error = tasks[1]() if checked is not None else (None, None)
+        users, error, ids = tasks[1]() if checked is not None else (None, None, None)
     if checked is None:
         return None
     if error is not None:
@@ -303,7 +305,6 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
         return None
     names, topic_ids, user_topics, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
-    ids = store.id_generator.next_id_chars(n, now)
     props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
