@@ -83,4 +83,7 @@ def test_writers_and_a_reader_in_parallel(tmp_path):
                            for q in s.queue_ids("shared") for v in s.pull("shared", q, 0, 10_000))
         assert {w for _, w in by_offset} == set(range(WRITERS))
         switches = sum(a[1] != b[1] for a, b in zip(by_offset, by_offset[1:]))
-        assert switches > 3 * WRITERS  # the appends of the processes really interleaved
+        # the appends of the processes really interleaved (one writer after the other would
+        # switch WRITERS - 1 times; how often beyond that depends on the scheduler and on the
+        # append lock's lease: under load 7 switches were seen)
+        assert switches >= WRITERS
