@@ -75,6 +75,7 @@ LAYERS: dict[str, int] = {
     "store.core.integrity": CORE,
     "store.core.locking": CORE,
     "store.core.lock_lease": CORE,
+    "store.core.placement_chain": CORE,
     "store.core.single_append": CORE,
     "store.core.pipeline": CORE,
     "store.core.store_core": CORE,

@@ -38,13 +38,14 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 from __future__ import annotations
 
 from contextlib import closing
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 
 from .batch_encoding import paused_gc
 from .codec import HEADER_DTYPE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT
-from .core.append_types import AssembledRecords, EncodedRecords
+from .core.append_types import AssembledRecords, EncodedRecords, Presume
 from .core.pipeline import prepared_in_order
 from .core.ports import StorePort
 from .core.record_writes import Allocate
@@ -100,11 +101,18 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     bounds = [(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
     # the queues first, in order: each chunk takes the next of its topics' round robins
     queues = _table_queues(store, rows, bounds)
+    chain = (_placement_chain(store, rows, queues, bounds)
+             if len(bounds) > 1 and prepared_offsets is None else None)
 
     def prepare(k: int):
         lo, hi = bounds[k]
-        return _encode_chunk(store, rows.slice(lo, hi), queues[lo:hi], sys_flag,
-                             None if prepared_offsets is None else prepared_offsets[lo:hi])
+        try:
+            return _encode_chunk(store, rows.slice(lo, hi), queues[lo:hi], sys_flag,
+                                 None if prepared_offsets is None else prepared_offsets[lo:hi],
+                                 presume=None if chain is None else partial(chain.presume, k))
+        finally:
+            if chain is not None:
+                chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
 
     queue_offsets = np.empty(n, dtype=np.int64)
     commitlog_offsets = np.empty(n, dtype=np.int64)
@@ -152,6 +160,23 @@ def _table_queues(store: StorePort, rows: PreparedRows, bounds: list) -> np.ndar
     return np.repeat(np.array(per_chunk, dtype=np.int64), [hi - lo for lo, hi in bounds])
 
 
+def _placement_chain(store: StorePort, rows: PreparedRows, queues: np.ndarray, bounds: list):
+    """The chunks' :class:`~store.core.placement_chain.PlacementChain` (each chunk's encoding
+    writes the fields the append would write, when it lands as presumed), for a table of
+    one topic without ordered rows (a chunk then writes one queue, or one delay queue when
+    all its rows are delayed alike); ``None`` for other tables."""
+    names = rows.topic_names
+    if len(names) != 1 or rows.queue_ids is not None:
+        return None
+    keys = {(names[0], q) for q in queues[[lo for lo, _ in bounds]].tolist()}
+    if (rows.deliver_ms >= 0).any():
+        keys.add((TIMER_TOPIC, 0))
+    if rows.levels.any():
+        keys.update((SCHEDULE_TOPIC, level - 1) for level in np.unique(rows.levels).tolist()
+                    if level > 0)
+    return store.placement_chain(len(bounds), sorted(keys))
+
+
 def chunk_queues(store: StorePort, rows: PreparedRows, *, create: bool = True) -> np.ndarray:
     """Each row's queue: the one its topic takes for this chunk (the next of the topic's
     round robin, as a RocketMQ batch), or the queue an ordered row asked for.  Missing
@@ -177,9 +202,10 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
                   prepared: np.ndarray | None, allocate: Allocate | None = None,
-                  magic: int = MESSAGE_MAGIC_CODE_V1):
+                  magic: int = MESSAGE_MAGIC_CODE_V1, presume: Presume | None = None):
     """The assembled records of one chunk, and each row's due time (-1: not delayed).
-    Reads only the rows and the config (runs on either thread)."""
+    Reads only the rows and the config (runs on either thread); ``presume``: see
+    :meth:`~store.core.store_core.StoreCore.assemble_encoded`."""
     config = store.config
     now = rows.born_ms
     names = rows.topic_names
@@ -231,7 +257,8 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
         headers=headers, bodies=rows.bodies, properties=rows.properties_column(),
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,
         queue_ids=queue_ids, tags_codes=codes, extra_properties=suffix,
-        store_timestamp_ms=None if prepared is not None else now), allocate=allocate)
+        store_timestamp_ms=None if prepared is not None else now), allocate=allocate,
+        presume=presume)
     deliver_ms = np.where(by_level, now + np.array((0, *config.delay_levels_ms),
                                                    dtype=np.int64)[levels], deliver)
     return records, deliver_ms

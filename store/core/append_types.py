@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -75,6 +75,22 @@ class EncodedRecords:
     body_crc_known: bool = False
 
 
+class Presumed(NamedTuple):
+    """The placement an encoded chunk's four placement fields were written for (see
+    :mod:`store.core.placement_chain`)."""
+
+    log_end: int  # where the log ended before the chunk
+    key: tuple  # its one queue: (topic, queue id)
+    queue_first: int  # the queue offset of its first record
+    store_timestamp_ms: int
+
+
+#: ``presume(records, sizes)``: writes the placement fields it presumes for records about to
+#: be assembled into their headers, and says for what (:meth:`PlacementChain.presume
+#: <store.core.placement_chain.PlacementChain.presume>`), or ``None``.
+Presume = Callable[["EncodedRecords", np.ndarray], "Presumed | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class AssembledRecords:
     """Records encoded before the write lock is taken, as RocketMQ encodes a message before
@@ -98,6 +114,9 @@ class AssembledRecords:
     tags_codes: np.ndarray
     dispatched: bool
     store_timestamp_ms: int | None = None
+    #: the placement the four fields were already written for, if any (else the append
+    #: writes them; it also does when the placement differs)
+    presumed: Presumed | None = None
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -38,7 +38,7 @@ from ..codec import RecordSpec
 from ..errors import InvalidMessageError, MessageTooLargeError
 from ..record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
-                           EncodedAppend, EncodedRecords)
+                           EncodedAppend, EncodedRecords, Presume)
 from .dispatch import QueueEntries, is_dispatched
 from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
                             place_batch, placed_writes)
@@ -285,13 +285,16 @@ class Appender:
         return self.append_assembled(self.assemble(records, sizes=sizes))
 
     def assemble(self, records: EncodedRecords, *, sizes: np.ndarray | None = None,
-                 allocate: Allocate | None = None) -> AssembledRecords:
+                 allocate: Allocate | None = None, presume: Presume | None = None
+                 ) -> AssembledRecords:
         """Encode records for :meth:`append_assembled` (no lock; may raise
-        :class:`MessageTooLargeError`); ``allocate``: see :func:`assemble_unplaced`."""
+        :class:`MessageTooLargeError`); ``allocate``: see :func:`assemble_unplaced`;
+        ``presume``: see :data:`~store.core.append_types.Presume`."""
         if sizes is None:
             sizes = self._sizes(records)
         dispatched = is_dispatched(int(records.headers["sys_flag"][0]))
-        return assemble_unplaced(records, sizes, dispatched, allocate)
+        presumed = presume(records, sizes) if presume is not None else None
+        return assemble_unplaced(records, sizes, dispatched, allocate, presumed)
 
     def append_assembled(self, records: AssembledRecords) -> EncodedAppend:
         """Place, patch, write and index assembled records (see :class:`AssembledRecords`)."""
@@ -342,7 +345,11 @@ class Appender:
         starts, runs, end = place_batch(self.core.commit_log,
                                         self.config.commitlog_file_size_bytes,
                                         self.write_offset, sizes)
-        patch_placed(records, qids, queue_offsets, starts, now)
+        pre = records.presumed
+        if not (one_queue and dispatched and pre is not None and pre.log_end == self.write_offset
+                and pre.key == keys[0] and pre.queue_first == firsts[0]
+                and pre.store_timestamp_ms == now):  # (else written as they were encoded)
+            patch_placed(records, qids, queue_offsets, starts, now)
         entries: QueueEntries = {}
         if dispatched:
             codes = records.tags_codes

@@ -25,9 +25,10 @@ everything else.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..errors import FlushError
+from .placement_chain import PlacementChain
 from .recovery import recover_tail
 from .recovery_start import dead_append_bounds
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import StoreCheckpoint
     from ..commit_log import CommitLog
     from ..topics import TopicTable
+    from ..config import StoreConfig
     from .appender import Appender
     from .flushing import FlushService
     from .lock_lease import LockLease
@@ -49,6 +51,7 @@ class AppendLocking:
     recovered: bool
     checkpoint: StoreCheckpoint
     commit_log: CommitLog
+    config: StoreConfig
     topic_table: TopicTable
     appender: Appender
     flusher: FlushService
@@ -144,6 +147,19 @@ class AppendLocking:
         cuts an append that never completed."""
         self._recover(offset, limit=offset)
         self._catch_up(force=True)
+
+    def placement_chain(self, count: int, queues: Iterable[tuple[str, int]]) -> PlacementChain:
+        """A :class:`~store.core.placement_chain.PlacementChain` for the ``count`` chunks of
+        one append, from the log end and the ends of ``queues`` (``(topic, queue id)``, the
+        queues its chunks will write) now.  Its :meth:`~PlacementChain.presume`, given as
+        :meth:`assemble_encoded`'s ``presume``, lets each chunk's encoding write the fields an
+        append would write under the lock."""
+        self._check_writable()
+        with self._write_locked():
+            appender = self.appender
+            ends = {key: appender.next_queue_offset(key) for key in queues}
+            return PlacementChain(self.commit_log, self.config.commitlog_file_size_bytes,
+                                  count, appender.write_offset, ends)
 
     @contextmanager
     def atomic_append(self) -> Iterator[None]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..message_id import MessageIdGenerator
     from ..topics import TopicTable
     from .append_types import (AppendResult, AssembledRecords, BatchAppendResult,
-                               EncodedAppend, EncodedRecords)
+                               EncodedAppend, EncodedRecords, Presume)
     from .appender import Appender
+    from .placement_chain import PlacementChain
     from .record_writes import Allocate
     from .single_append import SingleAppend
 
@@ -94,8 +95,11 @@ class StorePort(Protocol):
 
     def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend: ...
 
-    def assemble_encoded(self, records: EncodedRecords, *,
-                         allocate: Allocate | None = None) -> AssembledRecords: ...
+    def assemble_encoded(self, records: EncodedRecords, *, allocate: Allocate | None = None,
+                         presume: Presume | None = None) -> AssembledRecords: ...
+
+    def placement_chain(self, count: int,
+                        queues: Iterable[tuple[str, int]]) -> PlacementChain: ...
 
     def max_record_bytes(self) -> int: ...
 

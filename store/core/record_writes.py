@@ -26,7 +26,7 @@ from ..record_kernels import (
     memcpy_function,
     patch_placed_fields,
 )
-from .append_types import AssembledRecords, EncodedRecords
+from .append_types import AssembledRecords, EncodedRecords, Presumed
 
 #: ``allocate(records, sizes) -> buffer`` for :func:`assemble_unplaced`.
 Allocate = Callable[[EncodedRecords, np.ndarray], np.ndarray]
@@ -52,7 +52,8 @@ def batch_template(sys_flag: int, born_host: bytes, born_port: int) -> np.ndarra
 
 
 def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bool,
-                      allocate: Allocate | None = None) -> AssembledRecords:
+                      allocate: Allocate | None = None,
+                      presumed: Presumed | None = None) -> AssembledRecords:
     """Every record of ``records`` encoded back to back in one buffer, by the compiled
     :func:`~store.record_kernels.assemble_records` (body CRCs included), with the fields
     only the append knows left for it to write (:func:`patch_placed`).
@@ -60,7 +61,8 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
     ``allocate(records, sizes)``, when given, returns that buffer: a writable uint8 array of
     exactly ``sizes.sum()`` bytes, e.g. a view into a larger record the caller builds around
     them (the sink's halves); else a new array.  Needs no lock: it reads only ``records``
-    (whose headers get their ``total_size``).
+    (whose headers get their ``total_size``).  ``presumed``: the placement the headers' four
+    placement fields were written for (:mod:`store.core.placement_chain`), if any.
     """
     n = len(sizes)
     headers = records.headers
@@ -104,7 +106,7 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
         topics=list(records.topics), topic_ids=topic_ids,
         queue_ids=np.asarray(records.queue_ids, dtype=np.int64),
         tags_codes=np.asarray(records.tags_codes, dtype=np.int64), dispatched=dispatched,
-        store_timestamp_ms=records.store_timestamp_ms)
+        store_timestamp_ms=records.store_timestamp_ms, presumed=presumed)
 
 
 #: Where an append writes the fields the placement decides into assembled records.

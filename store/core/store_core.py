@@ -39,7 +39,7 @@ from ..errors import InvalidMessageError, StoreNotFoundError
 from ..message_id import MessageIdGenerator
 from ..topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
-                           EncodedRecords)
+                           EncodedRecords, Presume)
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
@@ -339,8 +339,8 @@ class StoreCore(AppendLocking, ReadableStore):
                 return self.appender.append_assembled(records)
             return self.appender.append_encoded(records)
 
-    def assemble_encoded(self, records: EncodedRecords, *,
-                         allocate: Allocate | None = None) -> AssembledRecords:
+    def assemble_encoded(self, records: EncodedRecords, *, allocate: Allocate | None = None,
+                         presume: Presume | None = None) -> AssembledRecords:
         """Encode records given as columns into their CommitLog bytes, all but the fields
         the append writes (queue id and offset, physical offset, store time).
 
@@ -348,11 +348,12 @@ class StoreCore(AppendLocking, ReadableStore):
         chunk of a large append while this one is written (:meth:`append_encoded` takes
         the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
         ``allocate(records, sizes)`` returns the buffer the records are encoded into (see
-        :func:`~store.core.record_writes.assemble_unplaced`).
+        :func:`~store.core.record_writes.assemble_unplaced`); ``presume``: see
+        :meth:`placement_chain`.
         """
         if not len(records.headers):
             raise InvalidMessageError("assemble_encoded needs at least one record")
-        return self.appender.assemble(records, allocate=allocate)
+        return self.appender.assemble(records, allocate=allocate, presume=presume)
 
     def max_record_bytes(self) -> int:
         """The largest record an append takes, in bytes (a message at
