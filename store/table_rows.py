@@ -171,8 +171,8 @@ class PreparedRows:
     UNIQ_KEYs (32 characters); ``levels``: delay level (0: none); ``deliver_ms``: timer
     deliver time (-1: none); ``born_ms``: when the rows were taken (delays count from it;
     an int, or one per row for rows of several staged halves); ``queue_ids``: each row's
-    queue (-1, or no array: round robin; :mod:`store.table_queues`); ``topic_values``:
-    the user's own topic column when there was one (the results reuse it, no copy).
+    queue (-1, or no array: round robin; :mod:`store.table_queues`); ``topic_values`` /
+    ``id_values``: the user's topic column, the ids as Arrow strings (the results reuse them).
     """
 
     topic_names: list
@@ -186,6 +186,7 @@ class PreparedRows:
     born_ms: int
     queue_ids: np.ndarray | None = None
     topic_values: pa.Array | None = None
+    id_values: pa.Array | None = None
 
     def __len__(self) -> int:
         return len(self.topic_ids)
@@ -199,7 +200,8 @@ class PreparedRows:
                             else self.born_ms,
                             None if self.queue_ids is None else self.queue_ids[lo:hi],
                             None if self.topic_values is None
-                            else self.topic_values.slice(lo, hi - lo))
+                            else self.topic_values.slice(lo, hi - lo),
+                            None if self.id_values is None else self.id_values.slice(lo, hi - lo))
 
     def properties_column(self) -> ByteColumn:
         """The rows' properties strings, joined now if they were kept in parts."""
@@ -286,17 +288,20 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
         try:
             users = user_property_pairs(table)
         except InvalidMessageError as exc:
-            return None, exc, None
-        # the ids too (on this thread: the other columns take longer)
-        return users, None, store.id_generator.next_id_chars(n, now)
+            return None, exc, (None, None)
+        ids = store.id_generator.next_id_chars(n, now)  # here: the others take longer
+        buffers = [None, pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32)),
+                   pa.py_buffer(ids)]
+        return users, None, (ids, pa.Array.from_buffers(pa.string(), n, buffers))
 
     tasks = (lambda: _checked_columns(store, table, topic), users_outcome)
     if n >= PARALLEL_ROWS:
         with closing(prepared_in_order(2, lambda k: tasks[k]())) as done:
-            checked, (users, error, ids) = list(done)
+            checked, (users, error, (ids, id_values)) = list(done)
     else:
         checked = tasks[0]()
-        users, error, ids = tasks[1]() if checked is not None else (None, None, None)
+        users, error, (ids, id_values) = (tasks[1]() if checked is not None
+                                          else (None, None, (None, None)))
     if checked is None:
         return None
     if error is not None:
@@ -308,7 +313,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
     msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
-                        now, topic_values=user_topics)
+                        now, topic_values=user_topics, id_values=id_values)
 
 
 def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
