@@ -64,10 +64,12 @@ from .property_kernels import format_int_pairs
 from .record_kernels import ByteColumn, ByteSlices
 from .table_rows import COLUMNS, PreparedRows, as_table, prepare_rows
 
-#: Rows per chunk: the rows of one topic in one chunk go to one queue (a RocketMQ batch), and
-#: each chunk is one append.  (Appending 2 to 8 chunks at once measured no faster: the
-#: records of a chunk, 2 MB, stay in the CPU's cache from encoding to ``pwrite``.)
+#: Rows per chunk at most: the rows of one topic in one chunk go to one queue (a RocketMQ
+#: batch), and each chunk is one append.
 CHUNK_ROWS = 8192
+#: Body bytes per chunk at most (RocketMQ's limit for a batch): rows of large bodies make
+#: chunks of fewer rows, so that a chunk's records stay a few MB whatever the rows hold.
+CHUNK_BODY_BYTES = 4 * 1024 * 1024
 RESULT_SCHEMA = pa.schema([
     ("msg_id", pa.string()), ("topic", pa.string()), ("queue_id", pa.int32()),
     ("queue_offset", pa.int64()), ("commitlog_offset", pa.int64()),
@@ -98,7 +100,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     n = len(rows)
     if n == 0:
         return RESULT_SCHEMA.empty_table()
-    bounds = [(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
+    bounds = _chunk_bounds(rows, chunk_rows)
     # the queues first, in order: each chunk takes the next of its topics' round robins
     queues = _table_queues(store, rows, bounds)
     chain = (_placement_chain(store, rows, queues, bounds)
@@ -148,6 +150,27 @@ def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
     ``magic``: their MAGICCODE (the sink stages them with a zero one); ``allocate``: where
     they are assembled (see :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
     return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate, magic)[0]
+
+
+def _chunk_bounds(rows: PreparedRows, chunk_rows: int) -> list[tuple[int, int]]:
+    """The rows ``[lo, hi)`` of each chunk: ``chunk_rows`` rows, fewer where their bodies
+    pass :data:`CHUNK_BODY_BYTES` (always one row at least)."""
+    n = len(rows)
+    bounds = [(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
+    bodies = rows.bodies
+    before = getattr(bodies, "offsets", None)  # body bytes before each row (and the total)
+    if before is None:
+        before = np.concatenate(([0], np.cumsum(bodies.lengths())))
+    lo_at = np.array([lo for lo, _ in bounds])
+    if (before[lo_at + np.diff([*lo_at, n])] - before[lo_at] <= CHUNK_BODY_BYTES).all():
+        return bounds
+    bounds, lo = [], 0
+    while lo < n:  # chunks of large bodies: as many rows as fit (one at least)
+        fit = int(np.searchsorted(before, before[lo] + CHUNK_BODY_BYTES, side="right")) - 1
+        hi = min(n, lo + chunk_rows, max(fit, lo + 1))
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
 
 
 def _table_queues(store: StorePort, rows: PreparedRows, bounds: list) -> np.ndarray:

@@ -31,25 +31,44 @@ HELPER_NAME = "rmq-prepare"
 THREADS_ENV = "RMQ_ENCODE_THREADS"
 
 
-def prepared_in_order(count: int, prepare: Callable[[int], T]) -> Iterator[T]:
+#: Chunks prepared at most ahead of the one the caller takes next: what a large append
+#: holds in memory (16 MB of records for chunks of 2 MB) however fast it is encoded.
+AHEAD = 8
+
+
+def prepared_in_order(count: int, prepare: Callable[[int], T], *,
+                      ahead: int = AHEAD) -> Iterator[T]:
     """``prepare(0)``, ..., ``prepare(count - 1)``, yielded in that order.
 
     With two chunks or more a helper thread takes the next unclaimed chunk whenever it is
-    free; the calling thread, while the next chunk in order is not ready, prepares the next
-    unclaimed one itself.  ``prepare`` must be safe to run on two threads at once (it should
-    only read shared state).  An error preparing chunk ``k`` (on either thread) is raised
-    here after chunks ``0 .. k - 1`` were yielded, as a loop over the chunks would raise it,
-    and no chunk is prepared after it; the helper has stopped when it is raised.  Closing the
-    iterator early (an error while the caller appends) stops the helper too.
+    free, at most ``ahead`` chunks past the one the caller takes next; the calling thread,
+    while the next chunk in order is not ready, prepares the next unclaimed one itself.
+    ``prepare`` must be safe to run on two threads at once (it should only read shared
+    state).  An error preparing chunk ``k`` (on either thread) is raised here after chunks
+    ``0 .. k - 1`` were yielded, as a loop over the chunks would raise it, and no chunk is
+    prepared after it; the helper has stopped when it is raised.  Closing the iterator early
+    (an error while the caller appends) stops the helper too.
     """
     if count <= 1 or os.environ.get(THREADS_ENV, "").strip() == "1":
         for i in range(count):
             yield prepare(i)
         return
-    claims = iter(range(count))  # next() on a range iterator is atomic under the GIL
     ready: dict[int, tuple[bool, object]] = {}
     cond = threading.Condition()
     stop = threading.Event()  # set by an error, or when the caller stops early
+    claimed = taken = 0  # chunks claimed, chunks taken by the caller (under cond)
+
+    def claim(wait: bool) -> int | None:
+        """The next chunk to prepare; ``None`` when none is left (or, without ``wait``,
+        when the next is more than ``ahead`` past the caller's)."""
+        nonlocal claimed
+        with cond:
+            while wait and claimed >= taken + ahead and not stop.is_set():
+                cond.wait()
+            if stop.is_set() or claimed >= count or claimed >= taken + ahead:
+                return None
+            claimed += 1
+            return claimed - 1
 
     def work(i: int) -> None:
         try:
@@ -59,13 +78,13 @@ def prepared_in_order(count: int, prepare: Callable[[int], T]) -> Iterator[T]:
             stop.set()  # no chunk after it is needed
         with cond:
             ready[i] = outcome
-            cond.notify()
+            cond.notify_all()  # the caller waiting for it (or the helper, for a claim)
 
     def helper() -> None:
         # a claimed chunk is always prepared (the caller may be waiting for it): the stop
         # flag is checked before claiming, never between claiming and preparing
         while not stop.is_set():
-            i = next(claims, None)
+            i = claim(True)
             if i is None:
                 return
             work(i)
@@ -78,9 +97,11 @@ def prepared_in_order(count: int, prepare: Callable[[int], T]) -> Iterator[T]:
                 with cond:
                     if i in ready:
                         ok, value = ready.pop(i)
+                        taken = i + 1
+                        cond.notify_all()  # the helper may claim further
                         break
                 # chunk i is claimed (claims go in order): prepare a later one meanwhile
-                mine = None if stop.is_set() else next(claims, None)
+                mine = claim(False)
                 if mine is not None:
                     work(mine)
                     continue
@@ -92,4 +113,6 @@ def prepared_in_order(count: int, prepare: Callable[[int], T]) -> Iterator[T]:
             yield value
     finally:
         stop.set()
+        with cond:
+            cond.notify_all()  # a helper waiting to claim
         thread.join()

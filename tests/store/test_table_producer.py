@@ -318,3 +318,20 @@ def test_results_name_each_rows_own_topic(store):
         assert out.column("topic").to_pylist() == topics
     out = producer.send_table(pa.table({"body": [b"1"] * 3}), topic="c")
     assert out.column("topic").to_pylist() == ["c"] * 3
+
+
+def test_rows_of_large_bodies_make_chunks_of_fewer_rows(tmp_path, clock):
+    """A chunk holds at most CHUNK_BODY_BYTES of bodies (one row at least): each chunk goes
+    to the next queue, and every row reads back whole."""
+    from store.table_producer import CHUNK_BODY_BYTES
+
+    size = CHUNK_BODY_BYTES // 4  # four rows a chunk
+    bodies = [bytes([i]) * size for i in range(10)] + [b"x" * (CHUNK_BODY_BYTES - 1)]
+    config = StoreConfig(commitlog_file_size_bytes=1 << 26, default_queue_count=8)
+    with MessageStore.open(str(tmp_path / "s"), config, clock=clock) as s:
+        out = s.producer("g").send_table(pa.table({"topic": ["big"] * 11, "body": bodies}))
+        queues = out.column("queue_id").to_pylist()
+        q = queues[0]
+        assert queues == [q] * 4 + [(q + 1) % 8] * 4 + [(q + 2) % 8] * 2 + [(q + 3) % 8]
+        for i, offset in enumerate(out.column("commitlog_offset").to_pylist()):
+            assert s.read_record(offset).body == bodies[i]

@@ -92,3 +92,23 @@ def test_one_encode_thread_prepares_everything_on_the_calling_thread(monkeypatch
 
     assert list(prepared_in_order(10, prepare)) == list(range(10))
     assert threads == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 5])
+def test_no_chunk_is_prepared_more_than_ahead_past_the_one_taken_next(ahead):
+    """However slowly the caller takes them, at most ``ahead`` chunks past the one it takes
+    next are prepared (what a large append holds in memory)."""
+    started = []
+
+    def prepare(i):
+        started.append(i)
+        return i
+
+    out = []
+    for value in prepared_in_order(30, prepare, ahead=ahead):
+        for _ in range(3):  # a slow append: the helper runs as far ahead as it may
+            time.sleep(0.001)
+            assert max(started) < value + 1 + ahead, (value, max(started))
+        out.append(value)
+    assert out == list(range(30)) and sorted(started) == list(range(30))
+    assert not _helpers()
