@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import StoreCheckpoint
     from ..commit_log import CommitLog
     from ..topics import TopicTable
-    from ..config import StoreConfig
     from .appender import Appender
     from .flushing import FlushService
     from .lock_lease import LockLease
@@ -51,7 +50,6 @@ class AppendLocking:
     recovered: bool
     checkpoint: StoreCheckpoint
     commit_log: CommitLog
-    config: StoreConfig
     topic_table: TopicTable
     appender: Appender
     flusher: FlushService
@@ -158,8 +156,8 @@ class AppendLocking:
         with self._write_locked():
             appender = self.appender
             ends = {key: appender.next_queue_offset(key) for key in queues}
-            return PlacementChain(self.commit_log, self.config.commitlog_file_size_bytes,
-                                  count, appender.write_offset, ends)
+            return PlacementChain(self.commit_log, appender.config.commitlog_file_size_bytes,
+                                  count, appender.write_offset, ends)  # (the append's rule)
 
     @contextmanager
     def atomic_append(self) -> Iterator[None]:

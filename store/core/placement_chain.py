@@ -10,10 +10,11 @@ A :class:`PlacementChain` presumes instead, in chunk order, that nothing else is
 between the chunks: chunk ``k`` lands where chunk ``k - 1`` was presumed to end (RocketMQ's
 placement rule, :func:`~store.core.record_writes.place_batch`), and its queue continues where
 the chain last left it.  The encoding thread writes those fields into the headers before the
-record kernel copies them (no extra pass).  The append then checks the presumption against the
-real log end, queue end and store time (:meth:`~store.core.appender.Appender.append_assembled`)
-and writes the fields itself when any differs (another writer came between): a wrong
-presumption costs the pass it would have saved, never a wrong byte.
+record kernel copies them (no pass over the records).  The append then checks the presumption
+against the real log end, queue end and store time
+(:meth:`~store.core.appender.Appender.append_assembled`) and writes the fields itself when any
+differs (another writer came between): a wrong presumption costs the pass it would have
+saved, never a wrong byte.
 
 Only chunks of one queue with a store time of their own are presumed; any other chunk moves the
 log end on and leaves its topics' queues unknown (their later chunks are not presumed).
