@@ -173,11 +173,17 @@ def _chunk_bounds(rows: PreparedRows, chunk_rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _one_topic_round_robin(rows: PreparedRows) -> bool:
+    """Whether every row is of one topic and none asked for a queue (each chunk then
+    writes one queue of the topic, the next of its round robin)."""
+    return len(rows.topic_names) == 1 and rows.queue_ids is None
+
+
 def _table_queues(store: StorePort, rows: PreparedRows, bounds: list) -> np.ndarray:
     """Each row's queue when each chunk ``bounds[k]`` is one append (:func:`chunk_queues`
     per chunk; rows of one topic, none ordered: one queue per chunk, repeated)."""
     names = rows.topic_names
-    if len(names) != 1 or rows.queue_ids is not None:
+    if not _one_topic_round_robin(rows):
         return np.concatenate([chunk_queues(store, rows.slice(lo, hi)) for lo, hi in bounds])
     count = store.ensure_topic(names[0])
     per_chunk = [store.next_queue(names[0], count) for _ in bounds]
@@ -190,7 +196,7 @@ def _placement_chain(store: StorePort, rows: PreparedRows, queues: np.ndarray, b
     one topic without ordered rows (a chunk then writes one queue, or one delay queue when
     all its rows are delayed alike); ``None`` for other tables."""
     names = rows.topic_names
-    if len(names) != 1 or rows.queue_ids is not None:
+    if not _one_topic_round_robin(rows):
         return None
     keys = {(names[0], q) for q in queues[[lo for lo, _ in bounds]].tolist()}
     if (rows.deliver_ms >= 0).any():

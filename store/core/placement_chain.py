@@ -61,12 +61,11 @@ class PlacementChain:
             _, _, new_end = place = place_batch(self._commit_log, self._file_size, log_end,
                                                 sizes)
             presumed = self._fields(records, place, log_end, ends)
-            ends = dict(ends)
             if presumed is not None:
-                ends[presumed.key] = presumed.queue_first + len(sizes)
+                ends = {**ends, presumed.key: presumed.queue_first + len(sizes)}
             else:  # its topics' queue ends are no longer known
-                for key in [key for key in ends if key[0] in set(records.topics)]:
-                    del ends[key]
+                topics = set(records.topics)
+                ends = {key: end for key, end in ends.items() if key[0] not in topics}
             self._after[k] = (new_end, ends)
             return presumed
         finally:
