@@ -166,7 +166,8 @@ def _chunk_bounds(rows: PreparedRows, chunk_rows: int) -> list[tuple[int, int]]:
         return bounds
     bounds, lo = [], 0
     while lo < n:  # chunks of large bodies: as many rows as fit (one at least)
-        fit = int(np.searchsorted(before, before[lo] + CHUNK_BODY_BYTES, side="right")) - 1
+        fit = int(np.searchsorted(before, int(before[lo]) + CHUNK_BODY_BYTES,
+                                  side="right")) - 1
         hi = min(n, lo + chunk_rows, max(fit, lo + 1))
         bounds.append((lo, hi))
         lo = hi

@@ -57,7 +57,7 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
                                                             for f in text):
         return None  # the per-row path names the row
     col = one_array(col)
-    offsets = col.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = col.offsets.to_numpy(zero_copy_only=False)  # int32, not widened: 16 MB less
     starts = offsets[:-1]
     ends = offsets[1:]
     if col.null_count:  # a null map has no pairs, wherever its offsets point
