@@ -311,7 +311,7 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     names, topic_ids, user_topics, bodies, tags_codes, tags, keys = checked
     levels, deliver = _delays(table, now, store)
     props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
-    msg_ids = ByteColumn(ids.reshape(-1), np.arange(0, 32 * (n + 1), 32, dtype=np.int64))
+    msg_ids = ByteColumn.from_arrow(id_values)  # the ids' bytes and offsets, shared
     return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
                         now, topic_values=user_topics, id_values=id_values)
 
