@@ -204,8 +204,25 @@ def append_staged(store, group: list) -> int:
     code = np.concatenate(codes)
     names = list(topics)
     total = int(first[-1])
+    chunks = -(-total // CHUNK_ROWS)
+    now = store.now_ms()  # every record of the commit is stored at its start
+    # one topic, no queue kept: each chunk takes the next queue of its round robin, known now,
+    # so that each chunk's placement is presumed while it is copied (as send_table's)
+    one_queue = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
+    chunk_queue = chain = None
+    if one_queue:
+        count = store.ensure_topic(names[0])
+        chunk_queue = [store.next_queue(names[0], count) for _ in range(chunks)]
+        chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
 
     def prepare(k: int):  # reads the halves, writes only its own buffer
+        try:
+            return copied(k)
+        finally:
+            if chain is not None:
+                chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
+
+    def copied(k: int):
         lo = k * CHUNK_ROWS
         hi = min(total, lo + CHUNK_ROWS)
         sizes = size[lo:hi]
@@ -235,17 +252,20 @@ def append_staged(store, group: list) -> int:
                 store.commit_log.directory, int(prepared[lo + bad]),
                 f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
                 "field or magic code; its batch cannot commit")
-        return lo, hi, buf, starts, sizes
+        presumed = (None if chain is None else chain.presume_assembled(
+            k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
+        return lo, hi, buf, starts, sizes, presumed
 
-    chunks = -(-total // CHUNK_ROWS)
     with closing(prepared_in_order(chunks, prepare)) as ready:
-        for lo, hi, buf, starts, sizes in ready:
+        for k, (lo, hi, buf, starts, sizes, presumed) in enumerate(ready):
             tids = topic_id[lo:hi]
             # -1: the next queue of the topic's round robin, one per chunk (as send_table)
-            qids = queues_for_chunk(store, names, tids, queue_id[lo:hi])
+            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if one_queue
+                    else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
             store.append_encoded(AssembledRecords(
                 data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,
-                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True))
+                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
+                store_timestamp_ms=now, presumed=presumed))
     return total
 
 

@@ -27,9 +27,10 @@ import threading
 import numpy as np
 
 from ..commit_log import CommitLog
+from ..record_kernels import patch_placed_fields
 from .append_types import EncodedRecords, Presumed
 from .dispatch import is_dispatched
-from .record_writes import place_batch
+from .record_writes import PLACED_AT, place_batch
 
 
 class PlacementChain:
@@ -53,6 +54,34 @@ class PlacementChain:
         """Place chunk ``k`` (its records and their sizes) after chunk ``k - 1``; when it can
         be presumed, write its placement fields into ``records.headers`` and return what they
         were written for.  Chunk ``k`` counts as placed afterwards (also when this raises)."""
+        return self._presume(k, sizes, records.topics,
+                             lambda place, log_end, ends: self._fields(records, place, log_end,
+                                                                       ends))
+
+    def presume_assembled(self, k: int, data: np.ndarray, starts: np.ndarray,
+                          sizes: np.ndarray, key: tuple, store_timestamp_ms: int
+                          ) -> Presumed | None:
+        """:meth:`presume` for chunk ``k`` already assembled: records ``starts[i]`` of
+        ``data`` (``sizes[i]`` bytes), all of queue ``key`` (``(topic, queue id)``), stored
+        at ``store_timestamp_ms``; the fields are written into ``data`` (one compiled pass
+        over records still in the cache, on the encoding thread), as the sink's commit copies
+        its staged records."""
+
+        def fields(place, log_end, ends) -> Presumed | None:
+            first = ends.get(key)
+            if first is None:
+                return None
+            n = len(sizes)
+            patch_placed_fields(data, starts, np.full(n, key[1], np.int64),
+                                np.arange(first, first + n, dtype=np.int64), place[0],
+                                store_timestamp_ms, PLACED_AT)
+            return Presumed(log_end, key, first, store_timestamp_ms)
+
+        return self._presume(k, sizes, [key[0]], fields)
+
+    def _presume(self, k: int, sizes: np.ndarray, topics, fields) -> Presumed | None:
+        """Chunk ``k`` placed after chunk ``k - 1``; ``fields(place, log_end, ends)`` writes
+        its fields when it can be presumed and says for what (else ``None``)."""
         try:
             before = self._start if k == 0 else self._wait(k - 1)
             log_end, ends = before
@@ -60,12 +89,11 @@ class PlacementChain:
                 return None
             _, _, new_end = place = place_batch(self._commit_log, self._file_size, log_end,
                                                 sizes)
-            presumed = self._fields(records, place, log_end, ends)
+            presumed = fields(place, log_end, ends)
             if presumed is not None:
                 ends = {**ends, presumed.key: presumed.queue_first + len(sizes)}
             else:  # its topics' queue ends are no longer known
-                topics = set(records.topics)
-                ends = {key: end for key, end in ends.items() if key[0] not in topics}
+                ends = {key: end for key, end in ends.items() if key[0] not in set(topics)}
             self._after[k] = (new_end, ends)
             return presumed
         finally:

@@ -110,7 +110,7 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
 
 
 #: Where an append writes the fields the placement decides into assembled records.
-_PLACED_AT = np.array([codec.FIELD_OFFSET[name] for name in (
+PLACED_AT = np.array([codec.FIELD_OFFSET[name] for name in (
     "queue_id", "queue_offset", "physical_offset", "store_timestamp")], dtype=np.int64)
 
 
@@ -119,7 +119,7 @@ def patch_placed(records: AssembledRecords, queue_ids: np.ndarray, queue_offsets
     """Write each record's queue id, queue offset, CommitLog offset and store time into its
     assembled bytes (big-endian, one compiled loop over the records)."""
     patch_placed_fields(records.data, records.starts, queue_ids, queue_offsets, offsets,
-                        store_timestamp_ms, _PLACED_AT)
+                        store_timestamp_ms, PLACED_AT)
 
 
 def placed_writes(records: AssembledRecords, runs: list) -> Iterator:
