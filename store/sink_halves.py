@@ -44,7 +44,8 @@ from .crc import crc32
 from .errors import CorruptRecordError, MessageTooLargeError
 from .record_kernels import ByteColumn, complete_staged, one_array
 from .sink_format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
-from .table_producer import CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk
+from .table_producer import (CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk,
+                             round_robin_queues)
 from .table_rows import PreparedRows
 from .transaction.half import HALF_QUEUE_ID
 
@@ -208,11 +209,10 @@ def append_staged(store, group: list) -> int:
     now = store.now_ms()  # every record of the commit is stored at its start
     # one topic, no queue kept: each chunk takes the next queue of its round robin, known now,
     # so that each chunk's placement is presumed while it is copied (as send_table's)
-    one_queue = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
+    round_robin = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
     chunk_queue = chain = None
-    if one_queue:
-        count = store.ensure_topic(names[0])
-        chunk_queue = [store.next_queue(names[0], count) for _ in range(chunks)]
+    if round_robin:
+        chunk_queue = round_robin_queues(store, names[0], chunks)
         chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
 
     def prepare(k: int):  # reads the halves, writes only its own buffer
@@ -260,7 +260,7 @@ def append_staged(store, group: list) -> int:
         for k, (lo, hi, buf, starts, sizes, presumed) in enumerate(ready):
             tids = topic_id[lo:hi]
             # -1: the next queue of the topic's round robin, one per chunk (as send_table)
-            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if one_queue
+            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if round_robin
                     else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
             store.append_encoded(AssembledRecords(
                 data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,

@@ -186,9 +186,15 @@ def _table_queues(store: StorePort, rows: PreparedRows, bounds: list) -> np.ndar
     names = rows.topic_names
     if not _one_topic_round_robin(rows):
         return np.concatenate([chunk_queues(store, rows.slice(lo, hi)) for lo, hi in bounds])
-    count = store.ensure_topic(names[0])
-    per_chunk = [store.next_queue(names[0], count) for _ in bounds]
+    per_chunk = round_robin_queues(store, names[0], len(bounds))
     return np.repeat(np.array(per_chunk, dtype=np.int64), [hi - lo for lo, hi in bounds])
+
+
+def round_robin_queues(store: StorePort, topic: str, chunks: int) -> list[int]:
+    """The queues of ``chunks`` consecutive chunks of ``topic`` (creating it if missing):
+    each the next of the topic's round robin, as each chunk's append would take it."""
+    count = store.ensure_topic(topic)
+    return [store.next_queue(topic, count) for _ in range(chunks)]
 
 
 def _placement_chain(store: StorePort, rows: PreparedRows, queues: np.ndarray, bounds: list):
@@ -326,4 +332,4 @@ _ROUTING_PAIRS = (PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TI
 
 __all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "append_prepared",
            "as_table", "assemble_rows", "chunk_queues", "prepare_rows", "queues_for_chunk",
-           "send_table"]
+           "round_robin_queues", "send_table"]

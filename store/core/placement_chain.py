@@ -94,7 +94,8 @@ class PlacementChain:
             if presumed is not None:
                 ends = {**ends, presumed.key: presumed.queue_first + len(sizes)}
             else:  # its topics' queue ends are no longer known
-                ends = {key: end for key, end in ends.items() if key[0] not in set(topics)}
+                topics = set(topics)
+                ends = {key: end for key, end in ends.items() if key[0] not in topics}
             self._after[k] = (new_end, ends)
             return presumed
         finally:
