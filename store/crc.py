@@ -23,6 +23,8 @@ import zlib
 
 import numpy as np
 
+from .jit import c_function
+
 try:
     from isal.isal_zlib import crc32 as _fast_crc32
 except ImportError:  # pragma: no cover - exercised only where isal is not installed
@@ -51,13 +53,32 @@ def crc_function():
 
     ISA-L's ``crc32_gzip_refl`` where ``isal`` is installed: 24 ns for a 100-byte body
     against 72 ns for the slice-by-16 loop, measured over a million bodies on one core.
-    Else that loop itself, compiled as a C callback (:func:`loop_function`).
+    Else that loop itself, compiled as a C callback (:func:`loop_function`); until a
+    background thread has it (numba is never imported nor compiled on the caller's path,
+    :mod:`store.jit`), a callback into ``zlib.crc32``.
     """
     if not _function:
         with _function_lock:
             if not _function:
-                _function.append(_isal_function() or loop_function())
+                fn = _isal_function()
+                if fn is None:
+                    threading.Thread(target=_load_loop, name="rmq-crc-jit", daemon=True).start()
+                    fn = _ZLIB_CALLBACK
+                _function.append(c_function(fn))
     return _function[0]
+
+
+def _load_loop() -> None:
+    """Compile (or load) :func:`loop_function`, then serve it from :func:`crc_function`."""
+    fn = c_function(loop_function())
+    with _function_lock:
+        _function[:] = [fn]
+
+
+_CRC_TYPE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)
+#: zlib's CRC32 as a C function pointer (a call into Python: slow, correct, never compiled).
+_ZLIB_CALLBACK = _CRC_TYPE(lambda init, address, length:
+                           zlib.crc32(ctypes.string_at(address, length), init))
 
 
 def _isal_function():

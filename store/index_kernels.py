@@ -40,7 +40,8 @@ from .codec import (
 )
 from .property_kernels import distinct_values, next_pair_loop
 from .crc import crc_function
-from .record_kernels import compiled, crc32_call
+from .jit import kernel_set
+from .record_kernels import crc32_call
 from .scan_kernels import i32_loop, record_size_loop
 
 #: Distinct topics (and tags) one walk numbers in its table; more fall back to hashing.
@@ -149,7 +150,7 @@ def _index_records(buf, pos, limit, stop_at, check_crc, crc, cols, topic_table, 
         pos += total
 
 
-_KERNELS = compiled(globals(), helpers=("_crc32", "_i32", "_next_pair", "_record_size", "_same",
+_KERNELS = kernel_set(globals(), helpers=("_crc32", "_i32", "_next_pair", "_record_size", "_same",
                                         "_table_id", "_tag_value"),
                     kernels=("_index_records",))
 
@@ -212,7 +213,8 @@ def index_records(buf: np.ndarray, pos: int, limit: int, *, stop_at: int | None 
     tag_table = np.empty((2, TABLE_SIZE), dtype=np.int64)
     topic_state = np.array([0, -1], dtype=np.int64)
     tag_state = np.array([0, -1], dtype=np.int64)
-    count, end, stop = _KERNELS()["_index_records"](
+    work = min(rows, ((limit if stop_at is None else stop_at) - int(pos)) // FIXED_SIZE + 1)
+    count, end, stop = _KERNELS(work)["_index_records"](
         buf, int(pos), int(limit), int(limit if stop_at is None else stop_at), bool(check_crc),
         crc_function(), cols, topic_table, topic_state, tag_table, tag_state, _TAGS,
         MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE, _AT)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from .codec import LOCALHOST
-from .record_kernels import compiled
+from .jit import kernel_set
 
 
 class MessageIdGenerator:
@@ -109,7 +109,7 @@ class MessageIdGenerator:
         if n == 1 and used < 65536 and not as_chars:
             return [self._prefix + self._SUFFIX.pack(base & 0xFFFFFFFF, first).hex().upper()]
         chars = np.empty((n, 32), dtype=np.uint8)
-        _kernels()["_fill_ids"](self._prefix_bytes, base, used, first, chars, _HEX)
+        _kernels(n)["_fill_ids"](self._prefix_bytes, base, used, first, chars, _HEX)
         return chars if as_chars else _strings(chars)
 
 
@@ -131,7 +131,7 @@ def _fill_ids(prefix, base, used, first, out, hexd):
             out[i, 31 - j] = hexd[(c >> (4 * j)) & 0xF]
 
 
-_kernels = compiled(globals(), kernels=("_fill_ids",))
+_kernels = kernel_set(globals(), kernels=("_fill_ids",))
 
 
 def _strings(chars: np.ndarray) -> list[str]:

@@ -22,6 +22,7 @@ import os
 from typing import Mapping
 
 from .check_rounds import last_check_round, read_check_round
+from . import jit
 from .config import StoreConfig
 from .core.reading import Clock
 from .core.retention import retention_plan
@@ -131,6 +132,20 @@ class MessageStore(StoreCore):
         once (delay levels first, then the timer wheel).
         """
         self._check_writable()
+        delivered = 0
+        # Until this process has the compiled loops (store.jit), steps small enough for their
+        # Python versions: the first due messages never wait for numba's import or compile.
+        while not jit.ready():
+            step = jit.FALLBACK_MAX_WORK if max_messages is None else \
+                min(jit.FALLBACK_MAX_WORK, max_messages - delivered)
+            done = self._deliver_due(step)
+            delivered += done
+            if done < step or (max_messages is not None and delivered >= max_messages):
+                return delivered
+        return delivered + self._deliver_due(
+            None if max_messages is None else max_messages - delivered)
+
+    def _deliver_due(self, max_messages: int | None) -> int:
         if max_messages is None:
             return self.schedule.deliver_due() + self.timer.deliver_due()
         delivered = self.schedule.deliver_due(max_messages)

@@ -26,7 +26,8 @@ import pyarrow as pa
 
 from .message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from .property_kernels import distinct_values
-from .record_kernels import ByteColumn, compiled, empty_column, memcpy_function, one_array
+from .jit import kernel_set
+from .record_kernels import ByteColumn, empty_column, memcpy_function, one_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,7 @@ def _row_lengths(u_starts, u_ends, name_offsets, value_offsets, tag_offsets, tag
         out[i] = size
 
 
-_kernels = compiled(globals(), kernels=("_join", "_plain_keys", "_row_lengths"))
+_kernels = kernel_set(globals(), kernels=("_join", "_plain_keys", "_row_lengths"))
 
 
 def _parts(arr: pa.Array | None, n: int):
@@ -208,7 +209,7 @@ class PropertyParts:
         np.cumsum(self.row_lengths, out=offsets[1:])
         out = np.empty(int(offsets[-1]), np.uint8)
         u = self.users
-        _kernels()["_join"](u.starts, u.ends, u.names.data, u.names.offsets, u.values.data,
+        _kernels(n)["_join"](u.starts, u.ends, u.names.data, u.names.offsets, u.values.data,
                             u.values.offsets, self.tag_data, self.tag_offsets, self.tag_on,
                             self.key_data, self.key_offsets, self.key_on,
                             np.ascontiguousarray(self.ids), out, offsets, _TAGS, _KEYS, _UNIQ,
@@ -226,7 +227,7 @@ def property_parts(users: UserPairs, tags: pa.Array | None = None,
     tag_data, tag_offsets, tag_on = _parts(tags, n)
     key_data, key_offsets, key_on = _parts(keys, n)
     lengths = np.empty(n, np.int64)
-    _kernels()["_row_lengths"](users.starts, users.ends, users.names.offsets,
+    _kernels(n)["_row_lengths"](users.starts, users.ends, users.names.offsets,
                                users.values.offsets, tag_offsets, tag_on, key_offsets, key_on,
                                len(_TAGS) + 1, len(_KEYS) + 1,
                                len(_UNIQ) + ids.shape[1] + 1 if ids.shape[1] else 0, lengths)
@@ -251,7 +252,7 @@ def plain_keys(keys: pa.Array) -> np.ndarray:
     it as text), 2 not plain (the per-row path normalises or refuses it).  Nulls are 0."""
     data, offsets, _ = _parts(keys, len(keys))
     out = np.empty(len(offsets) - 1, np.uint8)
-    _kernels()["_plain_keys"](data, offsets, out)
+    _kernels(len(out))["_plain_keys"](data, offsets, out)
     return out
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .record_kernels import ByteColumn, ByteSlices, compiled
+from .jit import kernel_set
+from .record_kernels import ByteColumn, ByteSlices
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -162,7 +163,7 @@ def _parse_int_ranges(data, vstart, vend, value, ok):
         v = 0
         good = True
         for j in range(a, b):
-            d = data[j] - 48
+            d = np.int64(data[j]) - 48  # int64 in Python too (NumPy keeps uint8)
             if d < 0 or d > 9:
                 good = False
                 break
@@ -282,7 +283,7 @@ def _format_int_pairs(names_data, names_offsets, values, present, prefix_data, p
         out_offsets[i + 1] = w
 
 
-_KERNELS = compiled(globals(), helpers=("_write_decimal", "_next_pair"),
+_KERNELS = kernel_set(globals(), helpers=("_write_decimal", "_next_pair"),
                     kernels=("_scan_properties", "_hash_ranges", "_same_as_first", "_distinct_few",
                              "_parse_int_ranges", "_strip_pairs", "_format_int_pairs"))
 
@@ -301,7 +302,7 @@ def scan_properties(props: ByteColumn | ByteSlices, names
     vend = np.zeros((k, n), dtype=np.int64)
     if n:
         keys = _names(names)
-        _KERNELS()["_scan_properties"](props.data, np.ascontiguousarray(props.starts),
+        _KERNELS(n)["_scan_properties"](props.data, np.ascontiguousarray(props.starts),
                                        np.ascontiguousarray(props.ends), keys.data,
                                        keys.offsets, found, vstart, vend)
     return found, vstart, vend
@@ -311,7 +312,7 @@ def hash_ranges(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray) -> np.nd
     """FNV-1a (64 bits) of each ``data[vstart[i]:vend[i]]``."""
     out = np.empty(len(vstart), dtype=np.uint64)
     if len(vstart):
-        _KERNELS()["_hash_ranges"](data, np.ascontiguousarray(vstart), np.ascontiguousarray(vend),
+        _KERNELS(len(vstart))["_hash_ranges"](data, np.ascontiguousarray(vstart), np.ascontiguousarray(vend),
                                    out)
     return out
 
@@ -322,7 +323,7 @@ def parse_int_ranges(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray
     value = np.zeros(len(vstart), dtype=np.int64)
     ok = np.zeros(len(vstart), dtype=np.bool_)
     if len(vstart):
-        _KERNELS()["_parse_int_ranges"](data, np.ascontiguousarray(vstart),
+        _KERNELS(len(vstart))["_parse_int_ranges"](data, np.ascontiguousarray(vstart),
                                         np.ascontiguousarray(vend), value, ok)
     return value, ok
 
@@ -341,7 +342,7 @@ def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray, *,
     vstart, vend = np.ascontiguousarray(vstart), np.ascontiguousarray(vend)
     table_start, table_end = np.empty(_FEW, dtype=np.int64), np.empty(_FEW, dtype=np.int64)
     ids = np.empty(len(vstart), dtype=np.int64)
-    used = _KERNELS()["_distinct_few"](data, vstart, vend, table_start, table_end, ids)
+    used = _KERNELS(len(vstart))["_distinct_few"](data, vstart, vend, table_start, table_end, ids)
     if used >= 0:
         return ([data[a:b].tobytes() for a, b in zip(table_start[:used].tolist(),
                                                       table_end[:used].tolist())], ids)
@@ -350,7 +351,7 @@ def distinct_values(data: np.ndarray, vstart: np.ndarray, vend: np.ndarray, *,
     hashes = hash_ranges(data, vstart, vend)
     uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
-    if _KERNELS()["_same_as_first"](data, vstart, vend, first[inverse]).all():
+    if _KERNELS(len(vstart))["_same_as_first"](data, vstart, vend, first[inverse]).all():
         values = [data[vstart[f]:vend[f]].tobytes() for f in first.tolist()]
         return values, inverse.astype(np.int64)
     rows = [data[a:b].tobytes() for a, b in zip(vstart.tolist(), vend.tolist())]
@@ -365,7 +366,7 @@ def strip_pairs(props: ByteColumn | ByteSlices, names, drop: np.ndarray) -> Byte
     offsets = np.zeros(len(props) + 1, dtype=np.int64)
     keys = _names(names)
     if len(props):
-        _KERNELS()["_strip_pairs"](props.data, np.ascontiguousarray(props.starts),
+        _KERNELS(len(props))["_strip_pairs"](props.data, np.ascontiguousarray(props.starts),
                                    np.ascontiguousarray(props.ends), keys.data, keys.offsets,
                                    np.ascontiguousarray(drop, dtype=np.bool_), out, offsets)
     return ByteColumn(out[:int(offsets[-1])], offsets)
@@ -388,7 +389,7 @@ def format_int_pairs(names, values: np.ndarray, present: np.ndarray,
     out = np.empty(room, dtype=np.uint8)
     offsets = np.zeros(n + 1, dtype=np.int64)
     if n:
-        _KERNELS()["_format_int_pairs"](keys.data, keys.offsets, values, present, prefix.data,
+        _KERNELS(n)["_format_int_pairs"](keys.data, keys.offsets, values, present, prefix.data,
                                         np.ascontiguousarray(prefix.starts),
                                         np.ascontiguousarray(prefix.ends), out, offsets,
                                         _DIGIT_PAIRS, _POWERS_OF_TEN)

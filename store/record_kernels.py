@@ -1,9 +1,9 @@
 """A compiled loop over whole batches of records: record assembly with the body CRCs.
 
 JIT-compiled with numba (``cache=True``: compiled once per installation and machine, then
-loaded from the cache in every process, Spark workers included).  numba is imported on the
-first use of the kernel, not with this module, so processes that only read (Spark read
-tasks, ``rmq stats``) never pay its import.
+loaded from the cache in every process, Spark workers included), by :mod:`store.jit`, which
+imports numba in the background and runs small batches through the same loops as Python
+until they are loaded.
 
 :func:`assemble_records` writes whole CommitLog records into one output buffer: the fixed
 header (:data:`store.codec.HEADER_DTYPE`, already filled but for the CRC), the body, the
@@ -25,18 +25,19 @@ Record layout (big-endian, :mod:`store.codec`)::
 Why numba: a Python loop (or ``map(zlib.crc32, ...)`` plus ``b"".join`` over five pieces per
 record) costs about 1 us per 100-byte record; these loops run at memory speed.  The cost is
 numba's import (about 0.2 s) and, on the first use after an install, the compilation
-(about 1 s, then cached).
+(about 1 s, then cached), both paid off the caller's path (:mod:`store.jit`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
+from .jit import c_function, kernel_set
 
 CRC_POLY = 0xEDB88320
 
@@ -183,37 +184,7 @@ def _complete_staged(data, starts, sizes, prepared, staged_magic, magic, at, min
     return -1
 
 
-def compiled(namespace: dict, *, helpers: tuple[str, ...] = (),
-             kernels: tuple[str, ...] = ()):
-    """A function returning the compiled ``kernels`` of a module (by name), compiling on
-    the first call.
-
-    ``namespace`` is the module's ``globals()``; ``helpers`` are functions the kernels call,
-    replaced there by their compiled versions first (numba resolves globals when it compiles).
-    numba is imported then, not with the module.  Thread-safe: threads calling at once
-    (``rmq serve`` of a store group runs a server per store in threads) wait for one
-    compilation and never see a half-filled table.
-    """
-    done: dict = {}
-    lock = threading.Lock()
-
-    def get() -> dict:
-        if done:
-            return done
-        with lock:
-            if not done:
-                from numba import njit
-
-                jit = njit(cache=True, nogil=True)
-                for name in helpers:
-                    namespace[name] = jit(namespace[name])
-                done.update({name: jit(namespace[name]) for name in kernels})
-        return done
-
-    return get
-
-
-_kernels = compiled(globals(), helpers=("_put_be",),
+_kernels = kernel_set(globals(), helpers=("_put_be",),
                     kernels=("_assemble_records", "_patch_placed", "_complete_staged"))
 
 
@@ -229,7 +200,7 @@ def memcpy_function():
     fn = ctypes.CDLL(None).memcpy
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    return fn
+    return c_function(fn)
 
 
 def patch_placed_fields(data: np.ndarray, starts: np.ndarray, queue_ids, queue_offsets,
@@ -238,7 +209,7 @@ def patch_placed_fields(data: np.ndarray, starts: np.ndarray, queue_ids, queue_o
     assembled records (``at``: their byte offsets in a record, as int64)."""
     if len(starts):
         c, i8 = np.ascontiguousarray, np.int64
-        _kernels()["_patch_placed"](data, c(starts, dtype=i8), c(queue_ids, dtype=i8),
+        _kernels(len(starts))["_patch_placed"](data, c(starts, dtype=i8), c(queue_ids, dtype=i8),
                                     c(queue_offsets, dtype=i8), c(offsets, dtype=i8),
                                     int(store_timestamp_ms), at)
 
@@ -250,7 +221,7 @@ def complete_staged(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     if not len(starts):
         return -1
     c, i8 = np.ascontiguousarray, np.int64
-    return int(_kernels()["_complete_staged"](
+    return int(_kernels(len(starts))["_complete_staged"](
         data, c(starts, dtype=i8), c(sizes, dtype=i8), c(prepared, dtype=i8),
         int(staged_magic) & 0xFFFFFFFF, int(magic) & 0xFFFFFFFF, c(at, dtype=i8),
         int(min_size)))
@@ -258,7 +229,7 @@ def complete_staged(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
 
 def assemble_records(*args):
     """:func:`_assemble_records`, compiled (same arguments)."""
-    return _kernels()["_assemble_records"](*args)
+    return _kernels(len(args[1]))["_assemble_records"](*args)
 
 
 def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -29,7 +29,8 @@ from .codec import (
     MESSAGE_MAGIC_CODE_V1,
 )
 from .crc import crc_function
-from .record_kernels import compiled, crc32_call
+from .jit import kernel_set
+from .record_kernels import crc32_call
 
 #: How :func:`walk_records` stopped.
 STOP_INVALID, STOP_BLANK, STOP_FULL = 0, 1, 2
@@ -112,7 +113,7 @@ def _body_crcs(buf, starts, ends, crc, out):
 #: The plain-Python loops, for other kernel modules to compile as their own helpers.
 i32_loop, record_size_loop = _i32, _record_size
 
-_KERNELS = compiled(globals(), helpers=("_crc32", "_i32", "_record_size"),
+_KERNELS = kernel_set(globals(), helpers=("_crc32", "_i32", "_record_size"),
                     kernels=("_walk_records", "_body_crcs"))
 
 
@@ -121,7 +122,7 @@ def body_crcs(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     ``buf`` (uint8), as int64: what a record's header must hold for its body."""
     out = np.empty(len(starts), dtype=np.int64)
     if len(out):
-        _KERNELS()["_body_crcs"](buf, np.ascontiguousarray(starts, dtype=np.int64),
+        _KERNELS(len(starts))["_body_crcs"](buf, np.ascontiguousarray(starts, dtype=np.int64),
                                  np.ascontiguousarray(ends, dtype=np.int64), crc_function(), out)
     return out
 
@@ -137,7 +138,7 @@ def walk_records(buf: np.ndarray, pos: int, limit: int, *, check_crc: bool = Tru
     cap = max(1, int(max_records))
     out_pos = np.empty(cap, dtype=np.int64)
     out_size = np.empty(cap, dtype=np.int64)
-    count, end, stop = _KERNELS()["_walk_records"](
+    count, end, stop = _KERNELS(min(cap, (int(limit) - int(pos)) // FIXED_SIZE))["_walk_records"](
         buf, int(pos), int(limit), bool(check_crc), crc_function(), out_pos, out_size,
         MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE,
         FIELD_OFFSET["body_crc"], FIELD_OFFSET["body_length"])

@@ -51,6 +51,8 @@ from .check_rounds import publish_check_round
 from .config import StoreConfig
 from .errors import StoreError
 from .fileio import atomic_write
+from . import jit
+from .message import Message
 from .message_store import MessageStore
 
 log = logging.getLogger("store.server")
@@ -61,14 +63,21 @@ STATUS_FILE = os.path.join("config", "serve.json")
 BEAT_MS = 1000
 
 
-def warm_up() -> float:
-    """Load the compiled kernels that delivery runs (numba's import and its cached machine
-    code: 0.4-1 s on the machine of docs/benchmarks.md) by delivering a timer message and a
-    delay-level message in a throw-away store on a fake clock; return the seconds it took.
+def warm_up(*, background: bool = False, timeout_s: float | None = None):
+    """Load the compiled loops delivery, reads and writes run (numba's import and its cached
+    machine code, 0.3-0.6 s; on a fresh install their compilation, see docs/benchmarks.md):
+    run those paths on a throw-away store on a fake clock, then wait until :mod:`store.jit`
+    has compiled every loop they ran as Python.
 
-    :meth:`StoreServer.run` calls it before it reports itself running, so that the first
-    messages due after a start are not late by the loading.
+    Returns the seconds it took; with ``background=True`` it runs in a daemon thread and
+    returns the thread at once (``rmq serve`` and a streaming query's delivery start it as
+    they open their store; until it is done the Python versions serve small batches).
+    ``timeout_s`` bounds the wait for the compiler.
     """
+    if background:
+        thread = threading.Thread(target=_warm_up_logged, name="rmq-warm-up", daemon=True)
+        thread.start()
+        return thread
     import tempfile
 
     import pyarrow as pa
@@ -76,9 +85,11 @@ def warm_up() -> float:
     t0 = time.monotonic()
     now = [time.time_ns() // 1_000_000]
     with tempfile.TemporaryDirectory(prefix="rmq-warm-up-") as tmp:
-        with MessageStore.open(os.path.join(tmp, "store"), StoreConfig(timer_precision_ms=100),
+        path = os.path.join(tmp, "store")
+        with MessageStore.open(path, StoreConfig(timer_precision_ms=100),
                                clock=lambda: now[0], flush_service=False) as store:
             producer = store.producer("warm-up")
+            producer.send(Message("warm-up", b"w", tags="a", keys="k"), delay_ms=500)
             for column, value, kind in (("delay_ms", 500, pa.int64()),
                                         ("delay_level", 1, pa.int32())):
                 producer.send_table(pa.table({
@@ -87,7 +98,19 @@ def warm_up() -> float:
             for _ in range(3):  # queued -> wheel, then due
                 now[0] += 2_000
                 store.deliver_due()
+            for queue_id in store.queue_ids("warm-up"):
+                store.read_arrow("warm-up", queue_id, 0, store.max_offset("warm-up", queue_id),
+                                 verify_crc=True)
+            store.verify_commitlog()
+    jit.wait_compiled(timeout_s)
     return time.monotonic() - t0
+
+
+def _warm_up_logged() -> None:
+    try:
+        log.info("compiled loops loaded in %.2f s (in the background)", warm_up())
+    except Exception:  # noqa: BLE001 - the loops then load where they are first needed
+        log.exception("warming the compiled loops failed")
 
 
 @dataclass
@@ -140,6 +163,7 @@ class StoreServer:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
+        warm_up(background=True)  # while the store opens and recovers (store.jit)
         self.store = MessageStore.open(self.path, config, clock=clock)
         try:
             self._lock_fd = _take_lock(self.path)
@@ -171,7 +195,6 @@ class StoreServer:
                  "disk ratio %d%%/%d%%)", self.path, self.precision,
                  cfg.clean_resource_interval_ms, cfg.delete_when,
                  cfg.disk_max_used_space_ratio, cfg.disk_space_clean_forcibly_ratio)
-        log.info("compiled kernels loaded in %.2f s", warm_up())
         end = None if duration_s is None else time.monotonic() + duration_s
         try:
             while not self._stop.is_set():

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 from .errors import InvalidMessageError
 from .message import RESERVED_PROPERTY_NAMES
 from .property_join import UserPairs, distinct_strings
-from .record_kernels import ByteColumn, compiled, one_array
+from .jit import kernel_set
+from .record_kernels import ByteColumn, one_array
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
@@ -75,7 +76,7 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
         if not _plain_values(values):
             return None
         found = np.zeros(1, np.int64)
-        _kernels()["_twice"](starts - lo, ends - lo, name_ids, found)
+        _kernels(len(starts))["_twice"](starts - lo, ends - lo, name_ids, found)
         if found[0]:
             return None  # a name twice in one row: the per-row path keeps the last, as a dict
     return UserPairs(starts, ends, ByteColumn.from_arrow(col.keys),
@@ -86,7 +87,7 @@ def _plain_values(values: pa.Array) -> bool:
     """No value holds 0x01 / 0x02 or is only whitespace (as ``str.strip`` sees it)."""
     col = ByteColumn.from_arrow(values)
     verdict = np.empty(len(col), np.uint8)
-    _kernels()["_value_verdicts"](col.data, col.offsets, verdict)
+    _kernels(len(col))["_value_verdicts"](col.data, col.offsets, verdict)
     if (verdict == 2).any():
         return False
     text = np.flatnonzero(verdict == 1)
@@ -127,4 +128,4 @@ def _twice(starts, ends, ids, found):
                     return
 
 
-_kernels = compiled(globals(), kernels=("_value_verdicts", "_twice"))
+_kernels = kernel_set(globals(), kernels=("_value_verdicts", "_twice"))

@@ -37,7 +37,7 @@ import numpy as np
 from ..codec import BLANK_MAGIC_CODE
 from ..layout import layout
 from ..mapped_file import MappedFileQueue
-from ..record_kernels import compiled
+from ..jit import kernel_set
 
 UNIT_FIELDS = (
     ("size", ">i4"),  # size, 52
@@ -80,9 +80,9 @@ _NEXT_FILE, _STOP, _FULL = 0, 1, 2
 
 def _be(raw, at, width):
     """The unsigned big-endian integer of ``width`` bytes at ``raw[at]``."""
-    v = 0
+    v = np.int64(0)  # int64 as Python too: NumPy keeps a uint8 element's width
     for i in range(width):
-        v = (v << 8) | raw[at + i]
+        v = (v << 8) | np.int64(raw[at + i])
     return v
 
 
@@ -129,7 +129,7 @@ def _walk_file(raw, file_start, per_file, pos, end, out, n):
         p = prev
 
 
-_kernels = compiled(globals(), helpers=("_be",), kernels=("_walk_file",))
+_kernels = kernel_set(globals(), helpers=("_be",), kernels=("_walk_file",))
 
 
 def units_per_file(file_size: int) -> int:
@@ -233,7 +233,7 @@ class TimerLog:
         size_hint = min(size_hint, max(end, 0) // UNIT_SIZE)
         out = np.empty((max(1024, size_hint + 1), 4), dtype=np.int64)
         n, pos = 0, last_pos
-        walk = _kernels()["_walk_file"]
+        walk = _kernels(size_hint)["_walk_file"]
         while 0 <= pos < end:
             f = self.files.find(pos)
             if f is None:
