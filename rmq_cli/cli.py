@@ -155,6 +155,10 @@ def doctor() -> None:
     import warnings
 
     from rmq_source.setup_check import check_spark
+    from store.server import warm_up
+
+    # numba's cache filled here, so that no first run after an install compiles (store.jit)
+    click.echo(f"compiled loops ready in {warm_up():.1f} s")
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     from pyspark.sql import SparkSession

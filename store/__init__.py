@@ -56,7 +56,7 @@ from .group import GroupProducer, GroupSink, StoreGroup
 from .group_layout import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
-from .server import StoreServer, server_status
+from .server import StoreServer, server_status, warm_up
 from .sink import Sink, SinkCommit
 
 __all__ = [
@@ -73,5 +73,6 @@ __all__ = [
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
     "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",
+    "warm_up",
     "validate_topic",
 ]

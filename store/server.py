@@ -52,6 +52,7 @@ from .config import StoreConfig
 from .errors import StoreError
 from .fileio import atomic_write
 from . import jit
+from .abort_marker import MARKER_FILE, write_marker
 from .message import Message
 from .message_store import MessageStore
 
@@ -86,8 +87,8 @@ def warm_up(*, background: bool = False, timeout_s: float | None = None):
     now = [time.time_ns() // 1_000_000]
     with tempfile.TemporaryDirectory(prefix="rmq-warm-up-") as tmp:
         path = os.path.join(tmp, "store")
-        with MessageStore.open(path, StoreConfig(timer_precision_ms=100),
-                               clock=lambda: now[0], flush_service=False) as store:
+        config = StoreConfig(timer_precision_ms=100)
+        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
             producer = store.producer("warm-up")
             producer.send(Message("warm-up", b"w", tags="a", keys="k"), delay_ms=500)
             for column, value, kind in (("delay_ms", 500, pa.int64()),
@@ -102,6 +103,12 @@ def warm_up(*, background: bool = False, timeout_s: float | None = None):
                 store.read_arrow("warm-up", queue_id, 0, store.max_offset("warm-up", queue_id),
                                  verify_crc=True)
             store.verify_commitlog()
+            store.producer("warm-up").send(Message("warm-up", b"t"), delay_ms=500)
+            store.deliver_due()  # into the wheel, not due yet
+        write_marker(os.path.join(path, MARKER_FILE))  # as a killed writer leaves it
+        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
+            now[0] += 2_000  # recovery's walk, then a slot walked from the timer log
+            store.deliver_due()
     jit.wait_compiled(timeout_s)
     return time.monotonic() - t0
 
