@@ -298,9 +298,8 @@ store = MessageStore.open(sys.argv[1], StoreConfig(timer_precision_ms={precision
                           flush_service=False)
 opened = status()
 # the compiled kernels (numba) every delivering process loads: a fixed cost, measured apart
-from store import property_kernels, record_kernels
-property_kernels._KERNELS()
-record_kernels._kernels()
+from store import warm_up
+warm_up()
 before = status()
 store.deliver_due()
 store.deliver_due()

@@ -70,7 +70,7 @@ def crc_function():
 
 def _load_loop() -> None:
     """Compile (or load) :func:`loop_function`, then serve it from :func:`crc_function`."""
-    fn = c_function(loop_function())
+    fn = loop_function()
     with _function_lock:
         _function[:] = [fn]
 
@@ -113,4 +113,4 @@ def loop_function():
     def crc_loop(init, buf, length):  # pragma: no cover - runs compiled
         return loop(carray(buf, (length,), np.uint8), 0, length, tables)
 
-    return crc_loop.ctypes
+    return c_function(crc_loop.ctypes)

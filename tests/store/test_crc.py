@@ -102,16 +102,31 @@ def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_con
     assert _kernel_crcs(data, cuts) == [zlib.crc32(data[a:b]) & 0x7FFFFFFF for a, b in cuts]
 
 
+def test_the_zlib_callback_serves_until_the_loop_is_compiled(tmp_path, small_config, clock,
+                                                            monkeypatch):
+    """Without isal, before the background thread has the compiled loop, the kernels call
+    zlib through a C callback: same CRCs, in the Python loops and the compiled ones."""
+    monkeypatch.setattr(crc_module, "_function", [crc_module.c_function(crc_module._ZLIB_CALLBACK)])
+    bodies = [bytes((i * 7 + k) % 256 for k in range(size)) for i, size in enumerate([3, 300])]
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as s:
+        table = s.producer("g").send_table(pa.table({"topic": ["t"] * 2, "body": bodies}))
+        for off, body in zip(table.column("commitlog_offset").to_pylist(), bodies):
+            assert s.read_record(off).body_crc == zlib.crc32(body) & 0x7FFFFFFF
+        assert s.verify_commitlog().ok
+
+
 _CACHE_PROBE = """
 import sys, tempfile
 sys.path.insert(0, {root!r})
 import pyarrow as pa
 from store import MessageStore
-from store import record_kernels, scan_kernels
+from store import jit, record_kernels, scan_kernels
 with MessageStore.open(tempfile.mkdtemp()) as s:
     s.producer("g").send_table(pa.table({{"topic": ["t"], "body": [b"x"]}}))
     assert s.verify_commitlog().ok
-for k in (record_kernels._kernels()["_assemble_records"], scan_kernels._KERNELS()["_walk_records"]):
+assert jit.wait_compiled(120)  # small calls: loaded in the background
+for k in (record_kernels._kernels.dispatchers()["_assemble_records"],
+          scan_kernels._KERNELS.dispatchers()["_walk_records"]):
     print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
 """
 
