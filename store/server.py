@@ -170,7 +170,9 @@ class StoreServer:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
-        warm_up(background=True)  # while the store opens and recovers (store.jit)
+        # the compiled loops load while the store opens and recovers (store.jit); the server
+        # delivers from its first step, and reports itself running once they are in
+        self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)
         try:
             self._lock_fd = _take_lock(self.path)
@@ -184,6 +186,7 @@ class StoreServer:
         self._next_clean = time.monotonic() + cfg.clean_resource_interval_ms / 1000
         self._next_check = time.monotonic()  # the first round at once
         self._last_beat = 0.0
+        self._warming_reported: bool | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -255,7 +258,8 @@ class StoreServer:
             interval_s = self.store.config.clean_resource_interval_ms / 1000
             self._next_clean = time.monotonic() + interval_s
             self.retention()
-        if delivered or time.monotonic() - self._last_beat >= BEAT_MS / 1000:
+        if delivered or time.monotonic() - self._last_beat >= BEAT_MS / 1000 \
+                or self._warming_reported != self._warming.is_alive():
             self._write_status(running=True)
         return delivered
 
@@ -311,8 +315,10 @@ class StoreServer:
 
     def _write_status(self, *, running: bool) -> None:
         self._last_beat = time.monotonic()
+        self._warming_reported = warming = self._warming.is_alive()
         c = self.counters
-        data = {"pid": os.getpid(), "running": running, "beat_ms": self.store.now_ms(),
+        data = {"pid": os.getpid(), "running": running and not warming, "warming": warming,
+                "beat_ms": self.store.now_ms(),
                 "started_ms": c.started_ms, "delivery_runs": c.delivery_runs,
                 "delivered": c.delivered, "last_run_ms": c.last_run_ms,
                 "last_run_delivered": c.last_run_delivered,

@@ -46,32 +46,67 @@ class TopicTable:
         self.path = path
         self.queue_root = queue_root
         self._stamp: tuple[int, int] | None = None
-        self._dir_stamp: int | None = None
+        self._dir_stamp: tuple | None = None
         self._from_dirs: dict[str, dict] = {}
         self._topics: dict[str, dict] = {}
         self._file_topics: dict[str, dict] = {}
         self._version: dict = {}
+        #: Queues this process wrote that the file or the directories may not show yet.
+        self._written: dict[str, int] = {}
         self.reload()
 
     def _queue_dirs(self) -> dict[str, dict]:
-        """Topics from the ConsumeQueue directories (cached while the directory is unchanged)."""
+        """Topics from the ConsumeQueue directories, cached while neither the root nor the
+        directory of a topic the file does not list changes (a new queue directory changes
+        its topic's directory, not the root: another process's recovery, say)."""
         if self.queue_root is None:
             return {}
         try:
-            stamp = os.stat(self.queue_root).st_mtime_ns
+            root = os.stat(self.queue_root)
         except FileNotFoundError:
             return {}
-        if stamp != self._dir_stamp:
-            found = {}
+        if self._stamp_of(self._from_dirs, root) != self._dir_stamp:
+            found, stamp = {}, [(root.st_mtime_ns, root.st_nlink)]
             for topic in os.listdir(self.queue_root):
                 tdir = os.path.join(self.queue_root, topic)
-                if not os.path.isdir(tdir):
+                try:  # stat before listing: a queue made in between changes the stamp
+                    st = os.stat(tdir)
+                    ids = [int(q) for q in os.listdir(tdir) if q.isdigit()]
+                except (FileNotFoundError, NotADirectoryError):
                     continue
-                ids = [int(q) for q in os.listdir(tdir) if q.isdigit()]
                 if ids:
                     found[topic] = _topic_config(topic, max(ids) + 1)
-            self._from_dirs, self._dir_stamp = found, stamp
+                    if topic not in self._file_topics:
+                        stamp.append((st.st_mtime_ns, st.st_nlink))
+            self._from_dirs, self._dir_stamp = found, tuple(stamp)
         return self._from_dirs
+
+    def _stamp_of(self, found: dict, root: os.stat_result) -> tuple:
+        """What :meth:`_queue_dirs` compares: the root's and each unlisted topic's directory."""
+        stamp = [(root.st_mtime_ns, root.st_nlink)]
+        for topic in found:
+            if topic not in self._file_topics:
+                try:
+                    st = os.stat(os.path.join(self.queue_root, topic))
+                except FileNotFoundError:
+                    return ()
+                stamp.append((st.st_mtime_ns, st.st_nlink))
+        return tuple(stamp)
+
+    def queue_written(self, topic: str, queue_id: int, now_ms: int) -> None:
+        """A queue this process writes entries to (a dispatch, recovery's rescan; the caller
+        holds the write lock): listed at once, with every queue below it.  Where the store
+        has a topic table the table is widened on disk too, so other processes and later
+        opens list it; else (a RocketMQ store, which keeps none) in this process's view,
+        as other processes find its directory."""
+        cfg = self._topics.get(topic)
+        if cfg is not None and (_queue_count_of(cfg) or 0) > queue_id:
+            return
+        if self._stamp is not None:
+            self.widen({topic: queue_id + 1}, now_ms)
+        else:
+            self._written[topic] = max(self._written.get(topic, 0), queue_id + 1)
+            self._merge()
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
@@ -90,12 +125,19 @@ class TopicTable:
             self._file_topics = {k: v for k, v in table.items()
                                  if isinstance(v, dict) and _queue_count_of(v) is not None}
             self._stamp = stamp
+        self._merge()
+        return self._topics
+
+    def _merge(self) -> None:
         dirs = self._queue_dirs()
         if any(t not in self._file_topics for t in dirs):
             self._topics = {**dirs, **self._file_topics}  # the file wins where it says
         else:
             self._topics = self._file_topics
-        return self._topics
+        widened = {t: n for t, n in self._written.items()
+                   if (_queue_count_of(self._topics.get(t) or {}) or 0) < n}
+        if widened:
+            self._topics = {**self._topics, **{t: _topic_config(t, n) for t, n in widened.items()}}
 
     def get(self, topic: str) -> dict | None:
         return self.reload().get(topic)
@@ -145,6 +187,7 @@ class TopicTable:
                 changed.append(topic)
         if changed:
             self._write(topics, now_ms)
+            self._merge()
         return sorted(changed)
 
 

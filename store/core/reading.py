@@ -206,6 +206,8 @@ class ReadableStore:
             q = ConsumeQueue(os.path.join(self.root, "consumequeue"), topic, queue_id,
                              self.config.consume_queue_file_entries, read_only=self.read_only)
             self._queues[key] = q
+            if not self.read_only:  # a queue a dispatch may be about to create
+                self.topic_table.queue_written(topic, queue_id, self.now_ms())
         return q
 
     def topics(self, *, include_system: bool = False) -> list[str]:
