@@ -292,7 +292,9 @@ class ReadableStore:
         Returns ``[]`` at the end of the queue.  Raises :class:`OffsetOutOfRangeError` for an
         offset below :meth:`min_offset` (removed by retention) or above :meth:`max_offset`,
         and :class:`CorruptRecordError` (file and offset) for a record that does not match
-        its queue entry or, with ``verify_crc``, whose body fails its CRC.
+        its queue entry or, with ``verify_crc``, whose body fails its CRC, or for a queue
+        offset whose damaged record recovery did not index; the messages before such a
+        record are returned first, and the pull from its offset raises.
         """
         self._check_open()
         if not isinstance(max_messages, int) or max_messages <= 0:
@@ -311,16 +313,25 @@ class ReadableStore:
         entries = queue.entries(offset, min(maxo, offset + max_messages))
         views = []
         for i, (phys, size, _) in enumerate(entries.tolist()):
-            rec = self.commit_log.read_record(phys)
-            problem = record_entry_problem(rec, int(queue_id), offset + i, size,
-                                           verify_crc=verify_crc)
-            if problem is None:
-                try:
-                    views.append(record_view(rec, offset + i))
-                except ValueError as exc:  # a damaged number among the properties
-                    problem = f"cannot decode its properties: {exc}"
-            if problem is not None:  # the segment's file is looked up only now
-                raise CorruptRecordError(self.commit_log.files.find(phys).path, phys, problem)
+            if size <= 0:  # a hole: recovery found this queue offset's record damaged
+                problem, where = (f"queue offset {offset + i} of {topic}/{queue_id} has no "
+                                  "entry (its record was damaged and not indexed)"), None
+            else:
+                rec = self.commit_log.read_record(phys)
+                problem = record_entry_problem(rec, int(queue_id), offset + i, size, phys,
+                                               verify_crc=verify_crc)
+                where = phys
+                if problem is None:
+                    try:
+                        views.append(record_view(rec, offset + i))
+                        continue
+                    except ValueError as exc:  # a damaged number among the properties
+                        problem = f"cannot decode its properties: {exc}"
+            if views:  # the messages before the damaged one are served; the next pull
+                break  # (from the damaged offset) raises
+            if where is None:
+                raise CorruptRecordError(queue.directory, offset + i, problem)
+            raise CorruptRecordError(self.commit_log.files.find(where).path, where, problem)
         return views
 
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:

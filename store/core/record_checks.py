@@ -46,11 +46,15 @@ def check_body_crcs(f, mm, pos: np.ndarray, body_end: np.ndarray, stored: np.nda
             "read)")
 
 
-def record_entry_problem(rec: Record, queue_id: int, queue_offset: int, size: int, *,
-                         verify_crc: bool = False) -> str | None:
-    """Why the decoded ``rec`` is not the record of entry ``queue_offset`` of queue
-    ``queue_id`` (``size`` bytes) or, with ``verify_crc``, why its body fails its CRC;
-    ``None`` when it passes (the caller raises, naming the segment file)."""
+def record_entry_problem(rec: Record, queue_id: int, queue_offset: int, size: int,
+                         position: int, *, verify_crc: bool = False) -> str | None:
+    """Why the decoded ``rec`` (read at CommitLog offset ``position``) is not the record of
+    entry ``queue_offset`` of queue ``queue_id`` (``size`` bytes) or, with ``verify_crc``,
+    why its body fails its CRC; ``None`` when it passes (the caller raises, naming the
+    segment file)."""
+    if rec.physical_offset != position:
+        return (f"record header says PHYSICALOFFSET {rec.physical_offset} but it lies at "
+                f"{position}: its header is damaged (the body CRC does not cover it)")
     if (rec.queue_id, rec.queue_offset, rec.total_size) != (queue_id, queue_offset, size):
         return (f"record of queue {rec.queue_id} offset {rec.queue_offset} ({rec.total_size} "
                 f"bytes) does not match its ConsumeQueue entry (queue {queue_id} offset "
