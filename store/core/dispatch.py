@@ -103,6 +103,10 @@ class Dispatcher:
         for (topic, queue_id), (first, offsets, sizes, codes) in entries.items():
             self._consume_queue(topic, queue_id).put(first, offsets, sizes, codes)
 
+    def forget(self, key: tuple[str, int]) -> None:
+        """Drop the queue object kept for ``key`` (the store replaced it: a rebuilt queue)."""
+        self._written.pop(key, None)
+
     def dispatch_one(self, key: tuple[str, int], queue_offset: int, offset: int, size: int,
                      tags_code: int) -> None:
         """Write one record's queue entry (:meth:`dispatch` of a single entry)."""

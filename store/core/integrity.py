@@ -17,8 +17,8 @@ A writable open by the only process on the store runs :func:`check_at_open` afte
   retention removes from the front), so the recorded offsets hold after a crash, too; a
   retention run by another process after this one closed costs one needless rebuild.
   Damage inside a queue (entries zeroed or flipped below its end) is not looked for here:
-  reads check every entry against its record's header and raise
-  :class:`~store.errors.CorruptRecordError` naming ``rmq repair``.
+  reads check every entry against its record's header, and the read that meets a damaged
+  queue rebuilds that queue from the CommitLog (:mod:`store.core.queue_healing`).
 
 ``config/queueTable.json`` (with a ``.bak`` of the previous one)::
 

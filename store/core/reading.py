@@ -131,6 +131,8 @@ class ReadableStore:
         self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"),
                                       os.path.join(self.root, "consumequeue"))
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        #: Queues compared with the CommitLog after a damaged read, by CommitLog end.
+        self._healed: dict[tuple[str, int], int] = {}
         self._closed = False
 
     def _resolve_config(self, config: StoreConfig | Mapping | None, *,
@@ -296,6 +298,22 @@ class ReadableStore:
         offset whose damaged record recovery did not index; the messages before such a
         record are returned first, and the pull from its offset raises.
         """
+        try:
+            return self._pull(topic, queue_id, offset, max_messages, verify_crc)
+        except CorruptRecordError:
+            if not self._heal(topic, queue_id):
+                raise
+            return self._pull(topic, queue_id, offset, max_messages, verify_crc)
+
+    def _heal(self, topic: str, queue_id: int) -> bool:
+        """After a read met damage: rebuild the queue when it is what is damaged
+        (:mod:`store.core.queue_healing`); whether it was (retry the read)."""
+        from .queue_healing import heal_queue
+
+        return heal_queue(self, topic, int(queue_id), self._healed)
+
+    def _pull(self, topic: str, queue_id: int, offset: int, max_messages: int,
+              verify_crc: bool) -> list[MessageView]:
         self._check_open()
         if not isinstance(max_messages, int) or max_messages <= 0:
             raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
@@ -374,8 +392,18 @@ class ReadableStore:
         order (only those are decoded).  ``tags`` keeps only messages whose tag is one of
         them (filtered on tagsCode before any body is read).  ``verify_crc`` checks every
         body against its CRC; ``skip_corrupt`` drops records failing a check instead of
-        raising :class:`CorruptRecordError`.
+        raising :class:`CorruptRecordError`.  A queue file found damaged is rebuilt from the
+        CommitLog first (in memory for a read-only store, :mod:`store.core.queue_healing`).
         """
         self._check_open()
-        return read_queue_batch(self, topic, queue_id, start, end, tags=tags, columns=columns,
-                                verify_crc=verify_crc, skip_corrupt=skip_corrupt)
+
+        def read(skip: bool):
+            return read_queue_batch(self, topic, queue_id, start, end, tags=tags,
+                                    columns=columns, verify_crc=verify_crc, skip_corrupt=skip)
+
+        try:  # strictly first: damage is then seen, and a damaged queue rebuilt
+            return read(False)
+        except CorruptRecordError:
+            if not self._heal(topic, queue_id) and not skip_corrupt:
+                raise
+            return read(skip_corrupt)

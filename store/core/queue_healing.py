@@ -1,0 +1,158 @@
+"""A damaged ConsumeQueue found by a read is rebuilt from the CommitLog there and then.
+
+The CommitLog is the truth; a queue is derived from it.  When a read meets an entry that does
+not match its record (bits flipped inside a queue file, a zeroed range below its end), the
+store compares the queue with the entries the CommitLog gives for it
+(:func:`~store.core.recovery.scan_entries`, the walk recovery and ``rmq repair`` use):
+
+* they differ: the queue file is what is damaged.  A writable store rebuilds that queue under
+  its write lock: its files are set aside (renamed ``<name>.damaged``, never deleted, as
+  ``rmq repair`` does), the entries are written anew, a warning names what was set aside.
+  A read-only store (a Spark task, ``rmq stats``) writes nothing: it serves that queue from
+  an in-memory :class:`RebuiltQueue` for as long as it is open.  The read is then retried.
+* they agree: the record is what is damaged (a header field outside the body CRC, a body
+  failing its CRC); the read raises, or skips just that record with ``skip_corrupt``.
+
+A queue is compared at most once per CommitLog end, so a damaged record read again and again
+costs one scan, not one per read.  The scan reads the whole CommitLog (0.2-0.3 s per GiB on
+the machine of docs/benchmarks.md): a repair, never a hot path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from ..consume_queue import ENTRY_DTYPE, ConsumeQueue
+from .dispatch import Dispatcher
+from .recovery import scan_entries
+
+log = logging.getLogger("store")
+
+_NATIVE = ENTRY_DTYPE.newbyteorder("=")
+
+
+class RebuiltQueue:
+    """A queue's entries rebuilt in memory (the reading half of :class:`ConsumeQueue`)."""
+
+    def __init__(self, topic: str, queue_id: int, directory: str, rows: np.ndarray) -> None:
+        self.topic, self.queue_id, self.directory = topic, queue_id, directory
+        end = int(rows[:, 0].max()) + 1 if len(rows) else 0
+        self._entries = np.zeros(end, dtype=_NATIVE)
+        if len(rows):
+            at = rows[:, 0]
+            self._entries["offset"][at] = rows[:, 1]
+            self._entries["size"][at] = rows[:, 2]
+            self._entries["tags_code"][at] = rows[:, 3]
+
+    def max_offset(self, limit_phys: int | None = None) -> int:
+        e = self._entries
+        ok = e["size"] > 0
+        if limit_phys is not None:
+            ok &= e["offset"] + e["size"] <= limit_phys
+        return int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+
+    def first_index(self) -> int:
+        return 0
+
+    def min_offset(self, commitlog_min: int, limit_phys: int | None = None) -> int:
+        maxo = self.max_offset(limit_phys)
+        e = self._entries[:maxo]
+        live = (e["size"] > 0) & (e["offset"] >= commitlog_min)
+        return int(np.argmax(live)) if live.any() else maxo
+
+    def entries(self, start: int, end: int) -> np.ndarray:
+        return self._entries[max(0, start):max(0, min(end, len(self._entries)))].copy()
+
+    def entry(self, index: int) -> tuple[int, int, int] | None:
+        if not 0 <= index < len(self._entries):
+            return None
+        e = self._entries[index]
+        return int(e["offset"]), int(e["size"]), int(e["tags_code"])
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _ReaderParts:
+    """What :func:`scan_entries` needs of a read-only store: its files, and a dispatcher with
+    no service rules (a reader runs no services; user topics' tagsCodes are their tags')."""
+
+    def __init__(self, store) -> None:
+        self.commit_log, self.topic_table = store.commit_log, store.topic_table
+        self.dispatcher = Dispatcher(store.consume_queue)
+
+
+def rows_from_log(store, topic: str, queue_id: int) -> np.ndarray:
+    """The entries the CommitLog gives for one queue: rows of ``(queue offset, CommitLog
+    offset, size, tagsCode)``."""
+    parts = _ReaderParts(store) if store.read_only else store
+    confirmed = store.confirmed_offset()
+    found = scan_entries(parts, store.commit_log.min_offset(), limit=confirmed,
+                         resync_until=confirmed)
+    table = found.rows.get((topic, queue_id))
+    if table is None:
+        return np.empty((0, 4), dtype=np.int64)
+    return np.concatenate(table) if isinstance(table, list) else table
+
+
+def heal_queue(store, topic: str, queue_id: int, healed: dict) -> bool:
+    """Compare queue ``(topic, queue_id)`` with the CommitLog and, when the queue is what is
+    damaged, rebuild it (see the module doc).  ``healed``: the store's record of queues
+    compared, by CommitLog end.  Returns whether the queue was rebuilt (retry the read)."""
+    key = (topic, queue_id)
+    end = store.confirmed_offset()
+    if healed.get(key) == end:
+        return False
+    healed[key] = end
+    rows = rows_from_log(store, topic, queue_id)
+    current = store.consume_queue(topic, queue_id)
+    rebuilt = RebuiltQueue(topic, queue_id, current.directory, rows)
+    n = rebuilt.max_offset(end)
+    have = current.entries(0, n)
+    want = rebuilt.entries(0, n)
+    live = want["size"] > 0
+    if len(have) == n and np.array_equal(have[live], want[live]):
+        return False  # the queue says what the CommitLog says: the record is damaged
+    if store.read_only:
+        log.warning("the ConsumeQueue of %s/%d does not match the CommitLog (damaged): "
+                    "served from an in-memory rebuild (a writable open repairs the file)",
+                    topic, queue_id)
+        store._queues[key] = rebuilt
+        return True
+    with store.write_lock():
+        set_aside = _set_aside(current)
+        queue = ConsumeQueue(os.path.dirname(os.path.dirname(current.directory)), topic,
+                             queue_id, store.config.consume_queue_file_entries)
+        store._queues[key] = queue
+        store.dispatcher.forget(key)
+        if len(rows):
+            order = np.argsort(rows[:, 0], kind="stable")
+            store.dispatcher.dispatch_rows({key: rows[order]})
+        queue.flush()
+        store.appender.queue_next.pop(key, None)
+    log.warning("the ConsumeQueue of %s/%d did not match the CommitLog (damaged): rebuilt "
+                "from it (%d entries); the damaged file(s) set aside: %s", topic, queue_id,
+                len(rows), ", ".join(set_aside) or "none")
+    return True
+
+
+def _set_aside(queue: ConsumeQueue) -> list[str]:
+    """Rename the queue's files to ``*.damaged`` (never deleted); close the old object."""
+    names = []
+    queue.close()
+    for name in sorted(os.listdir(queue.directory)):
+        path = os.path.join(queue.directory, name)
+        if name.isdigit():
+            target, k = path + ".damaged", 1
+            while os.path.exists(target):  # an earlier copy set aside stays too
+                target, k = f"{path}.damaged.{k}", k + 1
+            os.replace(path, target)
+            names.append(os.path.relpath(path, os.path.dirname(os.path.dirname(
+                os.path.dirname(queue.directory)))))
+    return names
