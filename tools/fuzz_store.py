@@ -10,6 +10,8 @@ again read-only, reopen.  Every case is judged on four counts:
 * ``raw``: an exception that is not a :class:`~store.errors.StoreError` (never allowed);
 * ``lost``: a message whose CommitLog record is intact in the damaged copy, that no read
   returned and no typed error reported (never allowed);
+* ``refused``: a message whose CommitLog record is intact that every read refused with a
+  typed error (never allowed: a damaged derived file is rebuilt from the CommitLog);
 * ``bad``: a message served (with ``verify_crc=True`` reads) whose bytes differ from what
   was sent (never allowed);
 * ``unreadable``: the store could not be opened at all (allowed only for damage the store
@@ -204,6 +206,7 @@ class Outcome:
     raw: list = field(default_factory=list)
     typed: list = field(default_factory=list)
     lost: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
     bad: list = field(default_factory=list)
     unreadable: bool = False
 
@@ -321,6 +324,8 @@ def run_case(base: Base, work: str, rel: str, kind: str, rng: random.Random,
             out.bad.append(f"{key}: served {sorted(got)[:2]} instead of {body!r}")
         if got is None and intact and key not in failed and key[:2] not in failed_queues:
             out.lost.append(f"{key} at CommitLog {phys}: not read, no error")
+        elif got is None and intact:
+            out.refused.append(f"{key} at CommitLog {phys}: intact, refused with an error")
     for key in set(seen) - set(base.visible):
         if verify and seen[key] - sent:
             out.bad.append(f"{key}: served {sorted(seen[key])[:2]}, never sent")
@@ -349,7 +354,7 @@ def fuzz(cases: int, seed: int, *, verify: bool = True, work: str | None = None,
             counts["cases"] += 1
             counts[f"kind:{kind}"] += 1
             counts["typed errors"] += len(out.typed)
-            for name in ("raw", "lost", "bad"):
+            for name in ("raw", "lost", "refused", "bad"):
                 if getattr(out, name):
                     counts[f"cases with {name}"] += 1
                     problems.append((name, out.case, getattr(out, name)[:3]))

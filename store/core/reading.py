@@ -335,7 +335,12 @@ class ReadableStore:
                 problem, where = (f"queue offset {offset + i} of {topic}/{queue_id} has no "
                                   "entry (its record was damaged and not indexed)"), None
             else:
-                rec = self.commit_log.read_record(phys)
+                try:
+                    rec = self.commit_log.read_record(phys)
+                except CorruptRecordError:  # its segment is gone, or the record unreadable
+                    if views:
+                        break
+                    raise
                 problem = record_entry_problem(rec, int(queue_id), offset + i, size, phys,
                                                verify_crc=verify_crc)
                 where = phys
