@@ -155,7 +155,7 @@ def doctor() -> None:
     import warnings
 
     from rmq_source.setup_check import check_spark
-    from store.server import warm_up
+    from store import warm_up
 
     # numba's cache filled here, so that no first run after an install compiles (store.jit)
     click.echo(f"compiled loops ready in {warm_up():.1f} s")

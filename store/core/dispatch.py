@@ -44,10 +44,17 @@ class Dispatcher:
     ----------
     consume_queue : callable
         ``consume_queue(topic, queue_id) -> ConsumeQueue`` of the store.
+    queue_written : callable, optional
+        ``queue_written(topic, queue_id)``, called once per user queue (not a service's
+        system queue) before its first entries are written: the store lists it in its topic
+        table at once (a queue a recovery or a send creates).
     """
 
-    def __init__(self, consume_queue: Callable[[str, int], ConsumeQueue]) -> None:
+    def __init__(self, consume_queue: Callable[[str, int], ConsumeQueue],
+                 queue_written: Callable[[str, int], None] | None = None) -> None:
         self._consume_queue = consume_queue
+        self._queue_written = queue_written
+        self._noted: set[tuple[str, int]] = set()
         #: The ConsumeQueue object of each queue written (the store keeps one per queue for
         #: as long as it is open): a single entry skips the store's lookup.
         self._written: dict[tuple[str, int], ConsumeQueue] = {}
@@ -98,9 +105,16 @@ class Dispatcher:
         return np.fromiter(map(lookup.__getitem__, tags), dtype=np.int64, count=len(tags))
 
     # -- writing --------------------------------------------------------------------------
+    def _note(self, key: tuple[str, int]) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            if self._queue_written is not None and key[0] not in self._queue_counts:
+                self._queue_written(*key)
+
     def dispatch(self, entries: QueueEntries) -> None:
         """Write queue entries (see :data:`QueueEntries`); idempotent for the same records."""
         for (topic, queue_id), (first, offsets, sizes, codes) in entries.items():
+            self._note((topic, queue_id))
             self._consume_queue(topic, queue_id).put(first, offsets, sizes, codes)
 
     def forget(self, key: tuple[str, int]) -> None:
@@ -112,6 +126,7 @@ class Dispatcher:
         """Write one record's queue entry (:meth:`dispatch` of a single entry)."""
         q = self._written.get(key)
         if q is None:
+            self._note(key)
             q = self._written[key] = self._consume_queue(*key)
         q.put_one(queue_offset, offset, size, tags_code)
 

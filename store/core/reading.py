@@ -208,8 +208,6 @@ class ReadableStore:
             q = ConsumeQueue(os.path.join(self.root, "consumequeue"), topic, queue_id,
                              self.config.consume_queue_file_entries, read_only=self.read_only)
             self._queues[key] = q
-            if not self.read_only:  # a queue a dispatch may be about to create
-                self.topic_table.queue_written(topic, queue_id, self.now_ms())
         return q
 
     def topics(self, *, include_system: bool = False) -> list[str]:
@@ -299,11 +297,13 @@ class ReadableStore:
         record are returned first, and the pull from its offset raises.
         """
         try:
-            return self._pull(topic, queue_id, offset, max_messages, verify_crc)
+            views, damaged = self._pull(topic, queue_id, offset, max_messages, verify_crc)
+            if not damaged or not self._heal(topic, queue_id):
+                return views
         except CorruptRecordError:
             if not self._heal(topic, queue_id):
                 raise
-            return self._pull(topic, queue_id, offset, max_messages, verify_crc)
+        return self._pull(topic, queue_id, offset, max_messages, verify_crc)[0]
 
     def _heal(self, topic: str, queue_id: int) -> bool:
         """After a read met damage: rebuild the queue when it is what is damaged
@@ -313,7 +313,8 @@ class ReadableStore:
         return heal_queue(self, topic, int(queue_id), self._healed)
 
     def _pull(self, topic: str, queue_id: int, offset: int, max_messages: int,
-              verify_crc: bool) -> list[MessageView]:
+              verify_crc: bool) -> tuple[list[MessageView], bool]:
+        """:meth:`pull`'s messages, and whether it stopped early at damage."""
         self._check_open()
         if not isinstance(max_messages, int) or max_messages <= 0:
             raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
@@ -339,7 +340,7 @@ class ReadableStore:
                     rec = self.commit_log.read_record(phys)
                 except CorruptRecordError:  # its segment is gone, or the record unreadable
                     if views:
-                        break
+                        return views, True
                     raise
                 problem = record_entry_problem(rec, int(queue_id), offset + i, size, phys,
                                                verify_crc=verify_crc)
@@ -351,11 +352,11 @@ class ReadableStore:
                     except ValueError as exc:  # a damaged number among the properties
                         problem = f"cannot decode its properties: {exc}"
             if views:  # the messages before the damaged one are served; the next pull
-                break  # (from the damaged offset) raises
+                return views, True  # (from the damaged offset) raises
             if where is None:
                 raise CorruptRecordError(queue.directory, offset + i, problem)
             raise CorruptRecordError(self.commit_log.files.find(where).path, where, problem)
-        return views
+        return views, False
 
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""

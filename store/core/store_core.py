@@ -94,7 +94,8 @@ class StoreCore(AppendLocking, ReadableStore):
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
                                 self._thread_lock)
         self.id_generator = MessageIdGenerator()
-        self.dispatcher = Dispatcher(self.consume_queue)
+        self.dispatcher = Dispatcher(self.consume_queue, lambda topic, queue_id: (
+            self.topic_table.queue_written(topic, queue_id, self.now_ms())))
         self.appender = Appender(self)
         self._retention_listeners: list[RetentionListener] = []
         self._retention_guards: list[RetentionGuard] = []

@@ -216,7 +216,8 @@ def test_serve_on_a_fresh_install_delivers_overdue_messages_at_once(tmp_path):
     assert len(seen) == 200
     overdue = max(t - started for b, t in seen.items() if b.startswith(b"o"))
     late = max(t - due_ms for b, t in seen.items() if b.startswith(b"d"))
-    # the overdue ones: the server's own start (Python, imports, the store's open) is
-    # outside what the compile may cost; due ones: the precision + 200 ms
-    assert overdue <= 3000, overdue
+    # the overdue ones: bounded by the server's own start (Python, imports, the store's
+    # open: 1-2 s, more on a loaded machine), not by a compile; due ones: the precision
+    # + 200 ms
+    assert overdue <= 6000, overdue
     assert late <= 1000 + 200, late
