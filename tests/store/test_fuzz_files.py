@@ -66,3 +66,18 @@ def test_the_fuzzer_can_fail(tmp_path, monkeypatch):
     out = fuzz.run_case(base, str(tmp_path / "case"), "consumequeue/orders/1/" + "0" * 20,
                         "delete", random.Random(1), True)
     assert out.lost
+
+
+def test_the_fuzzer_sees_a_refused_message(tmp_path, monkeypatch):
+    """A store that reports a damaged queue instead of rebuilding it is caught too: intact
+    messages refused with a typed error count against it."""
+    fuzz = _fuzzer()
+    from store.core import reading
+
+    monkeypatch.setattr(reading.ReadableStore, "_heal", lambda self, topic, queue_id: False)
+    base = fuzz.build_base(str(tmp_path / "base"))
+    import random
+
+    out = fuzz.run_case(base, str(tmp_path / "case"), "consumequeue/orders/1/" + "0" * 20,
+                        "zero", random.Random(2), True)
+    assert out.refused and not out.lost
