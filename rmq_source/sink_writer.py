@@ -21,7 +21,7 @@ At most one delay column may be set per row (null: not delayed), and at most one
 ``queue_id`` and ``sharding_key`` per DataFrame (null: round robin); rows of one queue keep
 the order in which the task wrote them.  Rows arrive as Arrow
 batches (``DataSourceArrowWriter`` / ``DataSourceStreamArrowWriter``) and are validated and
-encoded by the store's columnar write path (:func:`store.table_producer.prepare_rows`).
+encoded by the store's columnar write path (:func:`store.produce.table_producer.prepare_rows`).
 
 **Exactly once** (``guarantee=exactly_once``, the default): each task stages its rows as half
 messages of the sink (:class:`store.Sink`), invisible to every reader, and returns their

@@ -12,8 +12,8 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .check_rounds import last_check_round, read_check_round_table
-from .codec import Record, RecordSpec
+from .operations.check_rounds import last_check_round, read_check_round_table
+from .formats.codec import Record, RecordSpec
 from .config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
 from .core.arrow_decode import MESSAGE_SCHEMA
@@ -52,12 +52,12 @@ from .message import (
                      validate_group,
                      validate_topic,
 )
-from .group import GroupProducer, GroupSink, StoreGroup
-from .group_layout import is_group as is_store_group
+from .group.store_group import GroupProducer, GroupSink, StoreGroup
+from .group.layout import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
-from .server import StoreServer, server_status, warm_up
-from .sink import Sink, SinkCommit
+from .operations.server import StoreServer, server_status, warm_up
+from .sink.sink import Sink, SinkCommit
 
 __all__ = [
     "MESSAGE_SCHEMA",

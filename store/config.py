@@ -81,7 +81,7 @@ class StoreConfig:
         :meth:`~store.MessageStore.clean_expired_files`, 72.
     delete_when : str
         Hours (local time, ``;``-separated, RocketMQ's ``deleteWhen``) in which a running
-        :class:`~store.server.StoreServer` deletes expired segments, ``"04"``.
+        :class:`~store.operations.server.StoreServer` deletes expired segments, ``"04"``.
     disk_max_used_space_ratio : int
         Disk use (percent) above which the server deletes expired segments at any hour, 75.
     disk_space_clean_forcibly_ratio : int

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol
 
-from .codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record
+from .formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record
 from .errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
 
 # --- property keys (RocketMQ MessageConst) -------------------------------------------------
@@ -201,7 +201,7 @@ class SendResult:
     delivered), ``deliver_at_ms`` is set, and ``stored_topic`` / ``stored_queue_id`` /
     ``stored_queue_offset`` say where the waiting record is (``None`` for other messages).
     ``commitlog_offset`` is always the stored record's.  ``store_name`` is the member of a
-    store group that holds it (:class:`~store.group.StoreGroup`; ``None`` for one store).
+    store group that holds it (:class:`~store.group.store_group.StoreGroup`; ``None`` for one store).
     """
 
     msg_id: str

@@ -21,20 +21,20 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from .check_rounds import last_check_round, read_check_round
-from . import jit
+from .operations.check_rounds import last_check_round, read_check_round
+from .kernels import jit
 from .config import StoreConfig
 from .core.reading import Clock
 from .core.retention import retention_plan
 from .core.store_core import StoreCore
 from .delayed.schedule import ScheduleService, register_schedule_topic
 from .errors import InvalidGroupError
-from .group_layout import is_group
-from .pending_view import pending_messages
-from .producer import Producer
+from .group.layout import is_group
+from .operations.pending_view import pending_messages
+from .produce.producer import Producer
 from .reader import StoreReader
-from .sink import Sink, register_sink_topic, settle_check_views
-from .stats import pending_delayed_stats
+from .sink.sink import Sink, register_sink_topic, settle_check_views
+from .operations.stats import pending_delayed_stats
 from .timer.service import TimerService, register_timer_topic
 from .transaction.check import CheckResult
 from .transaction.producer import TransactionProducer
@@ -108,12 +108,12 @@ class MessageStore(StoreCore):
 
     # ------------------------------------------------------------------ producers
     def producer(self, group: str = "DEFAULT_PRODUCER") -> Producer:
-        """A :class:`~store.producer.Producer` of ``group``."""
+        """A :class:`~store.produce.producer.Producer` of ``group``."""
         self._check_writable()
         return Producer(self, group)
 
     def sink(self, sink_id: str, group: str = "rmq-sink") -> Sink:
-        """The exactly-once batch writer of ``sink_id`` (see :mod:`store.sink`): stage rows as
+        """The exactly-once batch writer of ``sink_id`` (see :mod:`store.sink.sink`): stage rows as
         half messages anywhere, commit a batch of them at once, idempotently."""
         self._check_writable()
         return Sink(self, sink_id, group)
@@ -133,7 +133,7 @@ class MessageStore(StoreCore):
         """
         self._check_writable()
         delivered = 0
-        # Until this process has the compiled loops (store.jit), steps small enough for their
+        # Until this process has the compiled loops (store.kernels.jit), steps small enough for their
         # Python versions: the first due messages never wait for numba's import or compile.
         while not jit.ready():
             step = jit.FALLBACK_MAX_WORK if max_messages is None else \
@@ -177,7 +177,7 @@ class MessageStore(StoreCore):
 
     def answer_check_rounds(self, resolve=None, *, after: int = 0) -> tuple[int, CheckResult]:
         """Answer the check rounds a server published after round ``after`` (``rmq serve
-        --check-transactions``, :mod:`store.check_rounds`), with ``resolve(view)`` or this
+        --check-transactions``, :mod:`store.operations.check_rounds`), with ``resolve(view)`` or this
         process's listeners, without running a round here.  Returns the newest round
         answered (give it as ``after`` next time) and the counts."""
         self._check_writable()
@@ -200,7 +200,7 @@ class MessageStore(StoreCore):
     def pending_delayed_stats(self) -> dict:
         """Pending delayed messages: total, per kind, next due time and counts by due time.
 
-        See :func:`store.stats.pending_delayed_stats` for the shape.
+        See :func:`store.operations.stats.pending_delayed_stats` for the shape.
         """
         self._check_open()
         return pending_delayed_stats(self.now_ms(), self.schedule, self.timer)
@@ -213,7 +213,7 @@ class MessageStore(StoreCore):
     def pending_messages(self, limit: int = 20) -> dict:
         """The next delayed messages due and the oldest open transactions, at most ``limit``
         of each (``rmq pending``): ``{"timer", "delay_levels", "transactions"}``, see
-        :func:`store.pending_view.pending_messages`."""
+        :func:`store.operations.pending_view.pending_messages`."""
         self._check_open()
         return pending_messages(self, limit)
 

@@ -123,7 +123,7 @@ def test_send_of_many_piped_lines_goes_in_tables(runner, tmp_path, monkeypatch):
     import rmq_cli.cli as cli
 
     calls = []
-    from store.producer import Producer
+    from store.produce.producer import Producer
 
     real = Producer.send_table
 

@@ -19,7 +19,7 @@ from conftest import SMALL, FakeClock
 
 from rmq_cli.cli import main
 from store import Message, MessageStore, StoreError, StoreServer, server_status
-from store import server as server_module
+from store.operations import server as server_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P = SMALL.timer_precision_ms

@@ -264,7 +264,7 @@ def _as_crashed(copy: str, rng: random.Random, boundaries: list[int]) -> str:
     """Leave the crash marker of a process of another boot and move the checkpoint's flushed
     offset back to a record boundary, so the next open recovers (rescans and re-dispatches)
     from there."""
-    from store.checkpoint import StoreCheckpoint
+    from store.files.checkpoint import StoreCheckpoint
 
     with open(os.path.join(copy, "abort"), "w") as fh:
         fh.write("999999 another-boot")

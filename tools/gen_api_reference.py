@@ -72,8 +72,8 @@ def vars_all(cls) -> dict:
 def generate() -> str:
     sys.path.insert(0, ROOT)
     import store
-    from store.producer import Producer
-    from store.sink import Sink
+    from store.produce.producer import Producer
+    from store.sink.sink import Sink
     from store.transaction.producer import TransactionProducer
 
     errors, classes, functions, values = [], [], [], []

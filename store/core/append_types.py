@@ -7,10 +7,10 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from ..checkpoint import StoreCheckpoint
-from ..commit_log import CommitLog
+from ..files.checkpoint import StoreCheckpoint
+from ..files.commit_log import CommitLog
 from ..config import StoreConfig
-from ..consume_queue import ConsumeQueue
+from ..files.consume_queue import ConsumeQueue
 from .dispatch import Dispatcher
 
 
@@ -46,7 +46,7 @@ class BatchAppendResult:
 class EncodedRecords:
     """Records as columns, for :meth:`Appender.append_encoded`.
 
-    ``headers`` (:data:`store.codec.HEADER_DTYPE`) holds every field the caller decides
+    ``headers`` (:data:`store.formats.codec.HEADER_DTYPE`) holds every field the caller decides
     (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
     prepared offset); assembling sets the size in place, and the append writes queue id,
     queue offset, physical offset and store time into the assembled bytes (see

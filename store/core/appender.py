@@ -7,7 +7,7 @@ Readers never look past the confirmed offset.
 
 Three ways in, one way down (:meth:`Appender.commit`):
 
-* :meth:`Appender.append`: :class:`~store.codec.RecordSpec` objects, any topics (sends, ops,
+* :meth:`Appender.append`: :class:`~store.formats.codec.RecordSpec` objects, any topics (sends, ops,
   transaction commits, timer rolls);
 * :meth:`Appender.append_encoded`: records given as columns (headers as one NumPy array,
   bodies and properties as byte pieces) for any topics and queues: the vectorised path of
@@ -33,10 +33,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .. import codec
-from ..codec import RecordSpec
+from ..formats import codec
+from ..formats.codec import RecordSpec
 from ..errors import InvalidMessageError, MessageTooLargeError
-from ..record_kernels import ByteColumn
+from ..kernels.record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, Presume)
 from .dispatch import QueueEntries, is_dispatched

@@ -1,6 +1,6 @@
 """Vectorised decoding of a queue range into a ``pyarrow.RecordBatch`` (the Spark rows).
 
-Reads CommitLog records (layout: :mod:`store.codec`) through their ConsumeQueue entries
+Reads CommitLog records (layout: :mod:`store.formats.codec`) through their ConsumeQueue entries
 without a per-message Python loop:
 
 1. ConsumeQueue entries ``[start, end)`` arrive as one NumPy array (offset, size, tagsCode);
@@ -8,13 +8,13 @@ without a per-message Python loop:
 2. Per CommitLog segment, in steps of about :data:`_SCAN_BYTES` (so that each pass finds the
    records still in the CPU cache), the 88-byte headers are gathered with one NumPy fancy
    index over a stride-1 ``V88`` view of the segment's ``mmap`` and read through
-   :data:`store.codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
+   :data:`store.formats.codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
    and PROPERTIESLENGTH behind each body.  Every length is checked against the entry (and,
    asked to, each body against its CRC: :mod:`store.core.record_checks`).
 3. Bodies and properties are cut out by Arrow: one ``BinaryArray`` over the segment bytes
    whose offsets walk ``body, gap, properties, gap`` for every record, so a ``take`` of every
    other element copies the bodies (in C++, one pass per segment).
-4. Properties are split into pairs by :mod:`store.arrow_properties` (RocketMQ's rule, on
+4. Properties are split into pairs by :mod:`store.formats.arrow_properties` (RocketMQ's rule, on
    separator positions) and every name gets a code: ``UNIQ_KEY``, ``TAGS``, ``KEYS``,
    ``__RMQ_DELIVER_MS`` and ``__transactionId__`` route their values to their columns, other
    system names are dropped, the rest form the map.  One ``take`` copies every value the
@@ -36,19 +36,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..arrow_properties import (
+from ..formats.arrow_properties import (
     arrow_of,
     string_array,
 )
-from ..codec import (
+from ..formats.codec import (
     FIXED_SIZE,
     HEADER_SIZE,
     PROPERTIES_LENGTH,
     TOPIC_LENGTH,
     gather_headers,
 )
-from ..commit_log import CommitLog
-from ..consume_queue import FILLER_SIZE, ConsumeQueue
+from ..files.commit_log import CommitLog
+from ..files.consume_queue import FILLER_SIZE, ConsumeQueue
 from ..errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
 from ..message import java_string_hash
 from .message_columns import (

@@ -17,8 +17,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
-from ..consume_queue import ConsumeQueue
+from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
+from ..files.consume_queue import ConsumeQueue
 from ..message import PROPERTY_TAGS, java_string_hash
 
 #: ``rule(properties, store_timestamp_ms) -> tagsCode`` of a system topic's queue entries

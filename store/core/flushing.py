@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Callable, Iterable
 
-from ..checkpoint import StoreCheckpoint
-from ..commit_log import CommitLog
+from ..files.checkpoint import StoreCheckpoint
+from ..files.commit_log import CommitLog
 
 log = logging.getLogger("store")
 

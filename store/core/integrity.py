@@ -3,7 +3,7 @@
 A writable open by the only process on the store runs :func:`check_at_open` after recovery:
 
 * **CommitLog segments of the wrong length** were set aside and replaced by a zero-padded
-  copy when the segment queue was opened (:mod:`store.mapped_file`).  The records from the
+  copy when the segment queue was opened (:mod:`store.files.mapped_file`).  The records from the
   first such segment on are rescanned (:func:`~store.core.recovery.recover_tail`): a
   truncated newest segment ends the log where its valid records end; damage in an older
   segment is skipped, never cut.
@@ -34,7 +34,7 @@ import logging
 import os
 
 from ..errors import DiskFullError
-from ..fileio import read_json, write_json_atomic
+from ..files.fileio import read_json, write_json_atomic
 from .ports import CoreParts
 from .recovery import recover_tail
 from .repair import rebuild_queues

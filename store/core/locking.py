@@ -5,7 +5,7 @@ Appends are serialised across threads (a re-entrant thread lock) and across proc
 file lock: an inner release would let another process append inside the outer section.
 
 On taking the lock a writer looks at two checkpoint fields at once
-(:meth:`~store.checkpoint.StoreCheckpoint.writer_state`): ``write_in_progress`` left behind
+(:meth:`~store.files.checkpoint.StoreCheckpoint.writer_state`): ``write_in_progress`` left behind
 means the previous holder died mid-append (its unconfirmed append is dropped whole, as recovery
 does), and a changed ``write_generation`` means another process appended since this one last
 did (the appender takes over the new log end and forgets its queue ends).  Both are one
@@ -35,9 +35,9 @@ from .recovery_start import dead_append_bounds
 if TYPE_CHECKING:  # pragma: no cover
     import threading
 
-    from ..checkpoint import StoreCheckpoint
-    from ..commit_log import CommitLog
-    from ..topics import TopicTable
+    from ..files.checkpoint import StoreCheckpoint
+    from ..files.commit_log import CommitLog
+    from ..files.topics import TopicTable
     from .appender import Appender
     from .flushing import FlushService
     from .lock_lease import LockLease

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..arrow_properties import (
+from ..formats.arrow_properties import (
     DELIVER,
     KEYS,
     SPECIAL_NAMES,
@@ -22,7 +22,7 @@ from ..arrow_properties import (
     split_keys,
     string_array,
 )
-from ..codec import (
+from ..formats.codec import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_TYPE_MASK,
 )

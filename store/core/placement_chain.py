@@ -1,7 +1,7 @@
 """Where the chunks of one large append will land, presumed while they are being encoded.
 
-A large append (:func:`store.table_producer.append_prepared`, the sink's commit:
-:func:`store.sink_halves.append_staged`) is cut into chunks that two
+A large append (:func:`store.produce.table_producer.append_prepared`, the sink's commit:
+:func:`store.sink.halves.append_staged`) is cut into chunks that two
 threads encode while the appending thread writes the ones before them.  Four fields of each
 record depend on where it lands (queue id, queue offset, physical offset, store time); the
 append used to write them into the encoded bytes under the write lock, a pass over every record
@@ -27,8 +27,8 @@ import threading
 
 import numpy as np
 
-from ..commit_log import CommitLog
-from ..record_kernels import patch_placed_fields
+from ..files.commit_log import CommitLog
+from ..kernels.record_kernels import patch_placed_fields
 from .append_types import EncodedRecords, Presumed
 from .dispatch import is_dispatched
 from .record_writes import PLACED_AT, place_batch

@@ -27,13 +27,13 @@ import numpy as np
 from .dispatch import Dispatcher, TagsCodeRule
 
 if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
-    from ..checkpoint import StoreCheckpoint
-    from ..codec import Record, RecordSpec
-    from ..commit_log import CommitLog
+    from ..files.checkpoint import StoreCheckpoint
+    from ..formats.codec import Record, RecordSpec
+    from ..files.commit_log import CommitLog
     from ..config import StoreConfig
-    from ..consume_queue import ConsumeQueue
-    from ..message_id import MessageIdGenerator
-    from ..topics import TopicTable
+    from ..files.consume_queue import ConsumeQueue
+    from ..formats.message_id import MessageIdGenerator
+    from ..files.topics import TopicTable
     from .append_types import (AppendResult, AssembledRecords, BatchAppendResult,
                                EncodedAppend, EncodedRecords, Presume)
     from .appender import Appender

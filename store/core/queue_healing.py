@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from ..consume_queue import ENTRY_DTYPE, ConsumeQueue
+from ..files.consume_queue import ENTRY_DTYPE, ConsumeQueue
 from .dispatch import Dispatcher
 from .recovery import scan_entries
 

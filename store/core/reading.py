@@ -17,11 +17,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..checkpoint import StoreCheckpoint
-from ..codec import Record
-from ..commit_log import CommitLog
+from ..files.checkpoint import StoreCheckpoint
+from ..formats.codec import Record
+from ..files.commit_log import CommitLog
 from ..config import LAYOUT_FIELDS, StoreConfig
-from ..consume_queue import ENTRY_SIZE, ConsumeQueue
+from ..files.consume_queue import ENTRY_SIZE, ConsumeQueue
 from ..errors import (
     ConfigMismatchError,
     CorruptRecordError,
@@ -31,9 +31,9 @@ from ..errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from ..fileio import read_json, write_json_atomic
+from ..files.fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
-from ..topics import TopicTable
+from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
 from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
@@ -118,7 +118,7 @@ class ReadableStore:
     def _open_files(self, path: str, config: StoreConfig | Mapping | None,
                     clock: Clock | None, *, record_layout: bool) -> None:
         self.root = os.path.abspath(path)
-        # an rmq store of an earlier checkpoint layout (see store.checkpoint): before the
+        # an rmq store of an earlier checkpoint layout (see store.files.checkpoint): before the
         # layout record of a new store is written
         legacy = os.path.isfile(os.path.join(self.root, "config", "store.json"))
         self.config = self._resolve_config(config, record_layout=record_layout)

@@ -3,7 +3,7 @@
 :func:`place_batch` applies RocketMQ's placement rule to a batch of record sizes (a record
 needs its length plus 8 bytes left in its segment, else an 8-byte blank closes the segment;
 a batch that fits a segment moves to the next one whole).  :func:`assemble_unplaced` encodes
-records given as columns with the compiled record kernel (:mod:`store.record_kernels`)
+records given as columns with the compiled record kernel (:mod:`store.kernels.record_kernels`)
 before any lock is taken; once placed, :func:`patch_placed` writes the four fields the
 placement decides into those bytes and :func:`placed_writes` yields the CommitLog writes.
 Used by :class:`~store.core.appender.Appender`.
@@ -16,10 +16,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .. import codec
-from ..commit_log import CommitLog
-from ..crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
-from ..record_kernels import (
+from ..formats import codec
+from ..files.commit_log import CommitLog
+from ..formats.crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
+from ..kernels.record_kernels import (
     ByteColumn,
     assemble_records,
     empty_column,
@@ -55,7 +55,7 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
                       allocate: Allocate | None = None,
                       presumed: Presumed | None = None) -> AssembledRecords:
     """Every record of ``records`` encoded back to back in one buffer, by the compiled
-    :func:`~store.record_kernels.assemble_records` (body CRCs included), with the fields
+    :func:`~store.kernels.record_kernels.assemble_records` (body CRCs included), with the fields
     only the append knows left for it to write (:func:`patch_placed`).
 
     ``allocate(records, sizes)``, when given, returns that buffer: a writable uint8 array of

@@ -12,7 +12,7 @@ ones (idempotent: entry ``n`` of a queue is rewritten with the same bytes), stop
 tail, zeroes the CommitLog from there and cuts every ConsumeQueue entry that points at or past
 it.  The tail is the first invalid record after which nothing valid follows: damage before the
 checkpoint's confirmed end, or followed by a segment that begins with a valid record, is
-skipped (:meth:`~store.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
+skipped (:meth:`~store.files.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
 not rescan anything.
 
 Records are re-dispatched through the store's one :class:`~store.core.dispatch.Dispatcher`.
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..codec import (
+from ..formats.codec import (
     FIXED_SIZE,
     HEADER_SIZE,
     TRANSACTION_COMMIT_TYPE,
@@ -42,9 +42,9 @@ from ..codec import (
     TRANSACTION_TYPE_MASK,
     decode_properties,
 )
-from ..index_kernels import INDEX_COLUMNS, RecordIndex, index_records
+from ..kernels.index_kernels import INDEX_COLUMNS, RecordIndex, index_records
 from ..message import is_valid_topic_name
-from ..scan_kernels import STOP_FULL, first_record_start
+from ..kernels.scan_kernels import STOP_FULL, first_record_start
 from .pipeline import prepared_in_order
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
@@ -75,7 +75,7 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
     run of records.
 
     Vectorised: one compiled walk validates a run of records and reads the columns of their
-    queue entries (:func:`~store.index_kernels.index_records`: each distinct topic and tag
+    queue entries (:func:`~store.kernels.index_kernels.index_records`: each distinct topic and tag
     decoded once), on two threads (:func:`checked_walk`).  Only
     records of a topic with a registered tagsCode rule are decoded one by one, for the rule.
     """
@@ -182,8 +182,8 @@ class WalkBuffers:
 
 def checked_walk(raw: np.ndarray, pos: int, limit: int, buffers: WalkBuffers | None = None
                  ) -> tuple[list[RecordIndex], int, int, int]:
-    """A walk for :meth:`~store.commit_log.CommitLog.scan_runs`: the records from ``pos``
-    validated, body CRCs included, and indexed (:func:`~store.index_kernels.index_records`),
+    """A walk for :meth:`~store.files.commit_log.CommitLog.scan_runs`: the records from ``pos``
+    validated, body CRCs included, and indexed (:func:`~store.kernels.index_kernels.index_records`),
     up to :data:`WALK_WINDOW` bytes at a time, on two threads.
 
     The records before the window's middle are walked on one thread; on the other, the first

@@ -102,7 +102,7 @@ def recover_without_checkpoint(store: CoreParts, listeners: Sequence[RecoveryLis
 
     Nothing in such a file may limit recovery: every CommitLog record is validated, every
     one that passes the checks is kept and re-dispatched, and a trusted checkpoint is
-    written for the result (see :mod:`store.checkpoint`).  Returns whether there were
+    written for the result (see :mod:`store.files.checkpoint`).  Returns whether there were
     records to recover.
     """
     cp = store.checkpoint

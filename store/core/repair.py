@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..consume_queue import ENTRY_SIZE
-from ..mapped_file import zero_tail
+from ..files.consume_queue import ENTRY_SIZE
+from ..files.mapped_file import zero_tail
 from .ports import CoreParts
 from .recovery import scan_entries
 

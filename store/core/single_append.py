@@ -3,14 +3,14 @@
 A single send pays for everything per message, so this path keeps the work under the lock
 to what must be there (store time, queue offset, placement) and does the rest outside:
 
-* size checks, the body CRC (:func:`store.crc.crc32`: C) and the tagsCode, before the lock;
+* size checks, the body CRC (:func:`store.formats.crc.crc32`: C) and the tagsCode, before the lock;
 * the whole record is one ``struct.pack`` of a layout cached per (body, topic, properties)
-  length (RocketMQ's v1 record: the 88-byte header of :data:`~store.codec.RECORD_HEADER`,
+  length (RocketMQ's v1 record: the 88-byte header of :data:`~store.formats.codec.RECORD_HEADER`,
   the body, TOPICLENGTH, the topic, PROPERTIESLENGTH, the properties);
 * it goes down the same :meth:`~store.core.appender.Appender.commit` as every append (mark,
   write, sync when SYNC_FLUSH, dispatch, publish), with its one ConsumeQueue entry.  The
   record and the entry are copied through the segments' writable mappings
-  (:meth:`~store.mapped_file.MappedFile.write_mapped`), so an uncontended send makes two
+  (:meth:`~store.files.mapped_file.MappedFile.write_mapped`), so an uncontended send makes two
   ``flock`` calls and, most of the time, no other system call.
 
 The bytes are those :meth:`~store.core.appender.Appender.append` writes for the same record
@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple, Protocol
 
-from ..codec import (
+from ..formats.codec import (
     BLANK,
     FIXED_SIZE,
     LOCALHOST,
@@ -31,7 +31,7 @@ from ..codec import (
     STORE_PORT,
     encode_blank,
 )
-from ..crc import crc32
+from ..formats.crc import crc32
 from ..errors import InvalidMessageError, MessageTooLargeError
 from .appender import Appender
 from .dispatch import Dispatcher

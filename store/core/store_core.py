@@ -2,13 +2,13 @@
 
 Directory tree under the store root::
 
-    commitlog/{20-digit offset}                 CommitLog segments (store.commit_log)
-    consumequeue/{topic}/{queueId}/{20-digit}   ConsumeQueues (store.consume_queue)
-    checkpoint                                  shared positions (store.checkpoint)
+    commitlog/{20-digit offset}                 CommitLog segments (store.files.commit_log)
+    consumequeue/{topic}/{queueId}/{20-digit}   ConsumeQueues (store.files.consume_queue)
+    checkpoint                                  shared positions (store.files.checkpoint)
     abort                                       crash marker: present while any process has it open
     lock, open.lock                             append lock; open-count lock
     config/store.json                           layout settings recorded at creation
-    config/topics.json                          topics and queue counts (store.topics)
+    config/topics.json                          topics and queue counts (store.files.topics)
     config/queueTable.json                      queue ends at the last close (.integrity)
     config/delayOffset.json, timer*, transaction*   the services' files
 
@@ -32,12 +32,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
-from ..codec import LOCALHOST, RecordSpec
+from ..files.abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
+from ..formats.codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
 from ..errors import InvalidMessageError, StoreNotFoundError
-from ..message_id import MessageIdGenerator
-from ..topics import default_queue_count
+from ..formats.message_id import MessageIdGenerator
+from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
                            EncodedRecords, Presume)
 from .appender import Appender
@@ -301,7 +301,7 @@ class StoreCore(AppendLocking, ReadableStore):
             rule of its own goes through :meth:`append`).
         bodies, properties : sequence of bytes, or ByteColumn
             The validated bodies and each record's encoded properties string (either as a
-            :class:`~store.record_kernels.ByteColumn`: its bytes are used as they are).
+            :class:`~store.kernels.record_kernels.ByteColumn`: its bytes are used as they are).
         tags : sequence of str or None, optional
             Each record's tag, for the ConsumeQueue tagsCode.
         flags : int or sequence of int

@@ -8,7 +8,7 @@ per record:
 * the 88-byte headers of all sources are gathered with one NumPy fancy index; bodies and
   properties are copied out of the segments into byte columns (:class:`SourceRecords`); the
   body and its CRC are kept as they are;
-* one compiled pass over the properties (:func:`~store.property_kernels.scan_properties`)
+* one compiled pass over the properties (:func:`~store.kernels.property_kernels.scan_properties`)
   locates ``REAL_TOPIC``, ``REAL_QID``, ``TAGS``, ``TIMER_DELIVER_MS``, ... of every record;
   topics and tags are grouped by hash, so each distinct one is decoded and hashed once;
   queue ids and times are parsed by a compiled loop;
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import AssembledRecords, EncodedRecords
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
@@ -52,7 +52,7 @@ from ..message import (
     TRANS_HALF_TOPIC,
     is_valid_topic_name,
 )
-from ..property_kernels import (
+from ..kernels.property_kernels import (
     distinct_values,
     format_int_pairs,
     hash_ranges,
@@ -61,9 +61,9 @@ from ..property_kernels import (
     strip_pairs,
     take_rows,
 )
-from ..record_copies import closing_separators, tags_codes
-from ..record_gather import SourceRecords
-from ..record_kernels import ByteColumn
+from ..core.record_copies import closing_separators, tags_codes
+from ..formats.record_gather import SourceRecords
+from ..kernels.record_kernels import ByteColumn
 
 log = logging.getLogger("store")
 

@@ -20,7 +20,7 @@ early; and there is no 1 s first delay or 100 ms polling, since the caller decid
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
 "dataVersion": {...}, "deliverMark": -1}`` written atomically in fastjson's text, as RocketMQ
-writes it (:mod:`store.broker_files`: integer keys unquoted, other fields kept); it is read
+writes it (:mod:`store.files.broker_files`: integer keys unquoted, other fields kept); it is read
 leniently and offsets are clamped to the queue.  A run saves
 ``deliverMark`` before appending and clears it with the new offsets, so a run that died in
 between is redone without delivering anything twice.
@@ -33,9 +33,9 @@ import os
 
 import numpy as np
 
-from ..broker_files import read_lenient_json, write_config
-from ..codec import RecordSpec
-from ..consume_queue import live_mask
+from ..files.broker_files import read_lenient_json, write_config
+from ..formats.codec import RecordSpec
+from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
 from ..errors import InvalidDelayError
 from ..message import (

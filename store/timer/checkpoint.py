@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..errors import ConfigMismatchError
-from ..fileio import atomic_write
+from ..files.fileio import atomic_write
 
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",

@@ -1,7 +1,7 @@
 """Cancel (RocketMQ's recall): finding the timer record a cancel refers to, and its marker.
 
 RocketMQ's recall handle carries the fire time; ``producer.cancel(topic, msg_id)`` does not,
-so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.codec.MessageIdGenerator`)
+so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.formats.codec.MessageIdGenerator`)
 holds the ms since the start of its month at which it was born; for each month the id can
 belong to, the timer ConsumeQueue is binary-searched by store time to that moment and the few
 records stored from then on are compared by born time and id.  No index of pending messages
@@ -11,7 +11,7 @@ that is stored in the same wheel slot so the message never surfaces.
 
 from __future__ import annotations
 
-from ..codec import Record, RecordSpec
+from ..formats.codec import Record, RecordSpec
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 from ..errors import CorruptRecordError, UnknownTopicError
@@ -25,7 +25,7 @@ from ..message import (
     PROPERTY_UNIQ_KEY,
     TIMER_TOPIC,
 )
-from ..message_id import MessageIdGenerator
+from ..formats.message_id import MessageIdGenerator
 from .timer_queue import RECALL_TAG, marker_keys
 
 #: How far apart born and store times of one record may be.

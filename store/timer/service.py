@@ -45,7 +45,7 @@ import random
 
 import numpy as np
 
-from ..codec import RecordSpec
+from ..formats.codec import RecordSpec
 from ..core.ports import StorePort
 from ..delayed.routing import (
     check_headroom,

@@ -34,10 +34,10 @@ import struct
 
 import numpy as np
 
-from ..codec import BLANK_MAGIC_CODE
-from ..layout import layout
-from ..mapped_file import MappedFileQueue
-from ..jit import kernel_set
+from ..formats.codec import BLANK_MAGIC_CODE
+from ..formats.layout import layout
+from ..files.mapped_file import MappedFileQueue
+from ..kernels.jit import kernel_set
 
 UNIT_FIELDS = (
     ("size", ">i4"),  # size, 52

@@ -25,14 +25,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..consume_queue import live_mask
+from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries
 from ..message import PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
-from ..property_kernels import parse_int_ranges, scan_properties
-from ..record_copies import tags_codes
-from ..record_gather import gather_segments
-from ..record_kernels import ByteSlices
+from ..kernels.property_kernels import parse_int_ranges, scan_properties
+from ..core.record_copies import tags_codes
+from ..formats.record_gather import gather_segments
+from ..kernels.record_kernels import ByteSlices
 
 #: The tag of a cancel (recall) marker, RocketMQ's.
 RECALL_TAG = "_RECALL_TAG_"
@@ -148,7 +148,7 @@ def upgrade_tags_codes(store: StorePort) -> int:
 
 def tag_hashes(store: StorePort, offsets: np.ndarray) -> np.ndarray:
     """The tag hash of each record at ``offsets`` (0 without a tag or a readable record),
-    as :func:`~store.record_copies.tags_codes` computes it for a copy into the timer topic."""
+    as :func:`~store.core.record_copies.tags_codes` computes it for a copy into the timer topic."""
     codes = np.zeros(len(offsets), dtype=np.int64)
     for seg in gather_segments(store.commit_log, offsets):
         props = ByteSlices(seg.raw, seg.properties_start,

@@ -32,8 +32,8 @@ import os
 import numpy as np
 
 from ..errors import CorruptRecordError
-from ..fileio import allocate, move_aside
-from ..layout import layout
+from ..files.fileio import allocate, move_aside
+from ..formats.layout import layout
 from .timer_log import TimerLog
 
 log = logging.getLogger("store")

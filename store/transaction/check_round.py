@@ -3,7 +3,7 @@ append their put-back copies and discards in one columnar append.
 
 :func:`walk_chunk` takes a run of open half offsets (all in one CommitLog segment) and:
 
-1. gathers the half records in place (:class:`~store.record_gather.SourceRecords`) and
+1. gathers the half records in place (:class:`~store.formats.record_gather.SourceRecords`) and
    locates, in one compiled pass over their properties, ``TRANSACTION_CHECK_TIMES``,
    ``TRAN_PREPARED_QUEUE_OFFSET``, ``CHECK_IMMUNITY_TIME_IN_SECONDS``, ``TAGS``, the sink
    mark and the routing pairs the views need;
@@ -42,7 +42,7 @@ from ..message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
 )
-from ..property_kernels import (
+from ..kernels.property_kernels import (
     distinct_values,
     format_int_pairs,
     parse_int_ranges,
@@ -50,9 +50,9 @@ from ..property_kernels import (
     strip_pairs,
     take_rows,
 )
-from ..record_copies import closing_separators, tags_codes
-from ..record_gather import SourceRecords
-from ..sink_format import PROPERTY_SINK, SINK_TX_PREFIX
+from ..core.record_copies import closing_separators, tags_codes
+from ..formats.record_gather import SourceRecords
+from ..sink.format import PROPERTY_SINK, SINK_TX_PREFIX
 
 #: What each half offset of the walk comes to.
 SKIP, DISCARD, STOP, IMMUNE, CHECK = range(5)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..arrow_properties import arrow_of, string_array
-from ..codec import Record
+from ..formats.arrow_properties import arrow_of, string_array
+from ..formats.codec import Record
 from ..core.arrow_decode import read_queue_batch
 from ..core.message_columns import MESSAGE_SCHEMA
 from ..core.ports import StorePort

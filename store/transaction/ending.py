@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
 from ..errors import (
@@ -34,10 +34,10 @@ from ..message import (
     PROPERTY_TAGS,
     is_valid_topic_name,
 )
-from ..property_kernels import distinct_values, parse_int_ranges, scan_properties, take_rows
-from ..record_copies import tags_codes
-from ..record_gather import SourceRecords
-from ..sink_format import PROPERTY_SINK
+from ..kernels.property_kernels import distinct_values, parse_int_ranges, scan_properties, take_rows
+from ..core.record_copies import tags_codes
+from ..formats.record_gather import SourceRecords
+from ..sink.format import PROPERTY_SINK
 from .half import HALF_QUEUE_ID
 from .index import TransactionIndex
 from .op import op_specs

@@ -1,6 +1,6 @@
 """Half messages: how a transactional message is stored before its outcome is known.
 
-A half message is an ordinary CommitLog record (layout: :mod:`store.codec`) in
+A half message is an ordinary CommitLog record (layout: :mod:`store.formats.codec`) in
 ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 whose properties remember where it really goes::
 
     property                          value
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
+from ..formats.codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
 from ..errors import InvalidMessageError
 from ..message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,

@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from ..consume_queue import live_mask
+from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
 from ..errors import StoreError
 from ..message import (

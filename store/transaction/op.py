@@ -1,6 +1,6 @@
 """Op messages: the marks that end a transaction (``RMQ_SYS_TRANS_OP_HALF_TOPIC``).
 
-An op message is a CommitLog record (layout: :mod:`store.codec`) in the op topic, queue 0
+An op message is a CommitLog record (layout: :mod:`store.formats.codec`) in the op topic, queue 0
 (the half message's queue id), tag ``d``, SYSFLAG 0.  Its body lists the half queue offsets it
 ends in RocketMQ 5.1+'s form, each followed by a comma::
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..codec import RecordSpec
+from ..formats.codec import RecordSpec
 from ..message import PROPERTY_TAGS, TRANS_OP_HALF_TOPIC, java_string_hash
 
 REMOVE_TAG = "d"

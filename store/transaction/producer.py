@@ -1,6 +1,6 @@
 """TransactionProducer: RocketMQ's ``TransactionMQProducer.sendMessageInTransaction``.
 
-1. validate the message like any send (:class:`~store.producer.Producer`), pick the real
+1. validate the message like any send (:class:`~store.produce.producer.Producer`), pick the real
    queue, and store a half message (:mod:`store.transaction.half`);
 2. run ``listener.execute_local_transaction(message, arg)``;
 3. end the transaction with its answer: COMMIT_MESSAGE commits, ROLLBACK_MESSAGE rolls back;
@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..errors import InvalidDelayError, TransactionStateError
 from ..message import TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult
-from ..producer import Producer, ProducerStore
+from ..produce.producer import Producer, ProducerStore
 from .check import parse_state
 from .half import check_transactional_properties, half_spec
 from .service import TransactionService

@@ -39,7 +39,7 @@ import numpy as np
 from ..config import StoreConfig
 from ..core.ports import StorePort
 from ..errors import TransactionStateError, UnknownMessageError
-from ..fileio import read_json, write_json_atomic
+from ..files.fileio import read_json, write_json_atomic
 from ..message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .ending import end_rows
@@ -74,7 +74,7 @@ class TransactionService:
     def set_sink_settler(self, settle: Callable) -> None:
         """Who answers the check loop for halves of the exactly-once sink
         (``settle(views)``, called with the write lock held); those halves are never shown to
-        users' resolvers (see :mod:`store.sink`)."""
+        users' resolvers (see :mod:`store.sink.sink`)."""
         self._sink_settler = settle
 
     # ------------------------------------------------------------------ settings

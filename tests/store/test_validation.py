@@ -169,7 +169,7 @@ def test_producer_group_is_validated(store):
 def test_a_plainly_valid_batch_is_checked_column_by_column(store, monkeypatch):
     """The batch fast path: no per-message validation for an ordinary batch (and the same
     records as the per-message path)."""
-    import store.producer as producer_module
+    import store.produce.producer as producer_module
 
     def refuse(*_):
         raise AssertionError("per-message validation ran for a plainly valid batch")

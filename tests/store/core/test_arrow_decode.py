@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from store import CorruptRecordError, Message, MessageStore, OffsetOutOfRangeError
 from store.core.arrow_decode import MESSAGE_SCHEMA, empty_batch, read_queue_batch
-from store.arrow_properties import parse_properties
-from store.codec import (
+from store.formats.arrow_properties import parse_properties
+from store.formats.codec import (
     FIELD_OFFSET,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -304,7 +304,7 @@ def test_a_consume_queue_entry_pointing_into_another_record_is_refused(store):
 
 
 def test_properties_that_are_not_utf8_decode_with_replacement(store, monkeypatch):
-    from store import codec
+    from store.formats import codec
 
     real = codec.encode_properties
 

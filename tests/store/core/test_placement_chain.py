@@ -14,7 +14,7 @@ import pytest
 from store import MessageStore, StoreConfig
 from store.core import appender as appender_module
 from store.core.placement_chain import PlacementChain
-from store.table_producer import CHUNK_ROWS
+from store.produce.table_producer import CHUNK_ROWS
 
 #: small segments: chunks of CHUNK_ROWS records cross them (blanks, the next segment)
 CONFIG = StoreConfig(commitlog_file_size_bytes=1 << 20, default_queue_count=3)
@@ -144,8 +144,8 @@ def test_chunk_k_waits_for_chunk_k_minus_1(tmp_path, clock):
         s.producer("g").send_table(_table(1))
         core = s  # (a MessageStore is its StoreCore)
         chain = core.placement_chain(4, [("orders", 0)])
-        from store.table_rows import prepare_rows
-        from store.table_producer import _encode_chunk
+        from store.produce.table_rows import prepare_rows
+        from store.produce.table_producer import _encode_chunk
 
         rows = prepare_rows(core, _table(20))
         zeros = np.zeros(10, np.int64)

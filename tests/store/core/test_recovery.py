@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from store import Message, MessageStore
-from store.codec import HEADER_SIZE
+from store.formats.codec import HEADER_SIZE
 
 N = 12
 
@@ -179,7 +179,7 @@ def test_unflushed_tail_is_rescanned_and_queues_rebuilt(crashed_copy, small_conf
     path, results = crashed_copy
     shutil.rmtree(os.path.join(path, "consumequeue", "t"))
     # rescan everything: the checkpoint's flushed offset back to the start
-    from store.checkpoint import StoreCheckpoint
+    from store.files.checkpoint import StoreCheckpoint
 
     cp = StoreCheckpoint(os.path.join(path, "checkpoint"))
     cp.set("flushed_phy_offset", 0)

@@ -64,7 +64,7 @@ def write(args) -> None:
     topics = args.topics.split(",")
     ack = os.open(args.ack, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.ack else None
     if args.hang_mid_write:
-        from store import commit_log
+        from store.files import commit_log
 
         original = commit_log.CommitLog.write
 

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from conftest import SMALL
     from store import MessageStore
-    from store import broker_files
+    from store.files import broker_files
     from store.core import appender
     from store.delayed import restore as bulk, schedule
     from store.timer import firing, placement, service, checkpoint as ckpt, timer_log, wheel

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore
-from store.codec import FIELD_OFFSET, HEADER_SIZE
+from store.formats.codec import FIELD_OFFSET, HEADER_SIZE
 from store.delayed.routing import origins_since
 from store.message import PROPERTY_DELAY_ORIGIN
 

@@ -146,7 +146,7 @@ def test_lost_progress_file_redelivers_nothing(store_path, clock, small_config):
 
 
 def test_real_topic_of_the_half_topic_is_dropped(store, clock):
-    from store.codec import RecordSpec
+    from store.formats.codec import RecordSpec
 
     spec = RecordSpec(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x", properties={"UNIQ_KEY": "A"})
     spec, _ = store.schedule.rewrite(spec, 1)

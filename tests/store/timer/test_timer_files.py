@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from store.codec import BLANK_MAGIC_CODE
+from store.formats.codec import BLANK_MAGIC_CODE
 from store.errors import CorruptRecordError
 from store.timer import checkpoint as ckpt
 from store.timer.checkpoint import CHECKPOINT_FILE_SIZE, CHECKPOINT_LAYOUT, TimerCheckpoint

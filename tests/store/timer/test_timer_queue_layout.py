@@ -13,7 +13,7 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import Message, MessageStore
-from store.consume_queue import ENTRY_DTYPE
+from store.files.consume_queue import ENTRY_DTYPE
 from store.message import TIMER_TOPIC, java_string_hash
 from store.timer.timer_queue import read_timer_entries
 

@@ -7,7 +7,7 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
-from store.codec import encode_record
+from store.formats.codec import encode_record
 from store.core.retention import delete_expired_segments
 from store.errors import TimerFlowControlError
 from store.message import TIMER_TOPIC, java_string_hash

@@ -23,7 +23,7 @@ from store import (
     TransactionStateError,
     UnknownMessageError,
 )
-from store.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, RecordSpec
+from store.formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, RecordSpec
 from store.errors import CorruptRecordError
 from store.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -32,7 +32,7 @@ from store.message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
 )
-from store.sink_format import PROPERTY_SINK
+from store.sink.format import PROPERTY_SINK
 from store.transaction.half import half_spec, immunity_ms, ordered_properties
 
 CONFIG = dataclasses.replace(SMALL, transaction_check_max=4)
@@ -192,9 +192,9 @@ def test_rocketmq_half_without_closing_separator_is_copied_and_committed(tmp_pat
         store.ensure_topic("payments")
         import zlib
 
-        from store.codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
+        from store.formats.codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
         from store.core.append_types import EncodedRecords
-        from store.record_kernels import ByteColumn
+        from store.kernels.record_kernels import ByteColumn
         h = np.zeros(1, HEADER_DTYPE)
         h["magic"] = MESSAGE_MAGIC_CODE_V1
         h["body_length"] = 3

@@ -1,0 +1,278 @@
+"""ConsumeQueue: the per (topic, queue) index of CommitLog records.
+
+Files: ``consumequeue/{topic}/{queueId}/{20-digit byte offset}``, each holding
+``consume_queue_file_entries`` (300,000) units; entry ``n`` sits at byte ``n * 20``.
+
+Unit layout (big-endian)::
+
+    off  size  type  field
+    0    8     i64   offsetPy   CommitLog offset of the record
+    8    4     i32   sizePy     record size; 0 marks unwritten space
+    12   8     i64   tagsCode   Java hash of the tag (0: none); deliver time for SCHEDULE_TOPIC_XXXX
+
+The CommitLog is the only truth: a queue is derived from it and rebuilt by recovery.  A
+torn or unconfirmed tail (entries past the store's confirmed offset) is invisible to readers
+and is cut by recovery.  Entry ``n`` always describes the record whose QUEUEOFFSET is ``n``,
+so re-dispatching a record rewrites the same bytes (dispatch is idempotent).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..formats.layout import layout
+from .mapped_file import MappedFileQueue, segment_name, zero_tail
+
+ENTRY_FIELDS = (
+    ("offset", ">i8"),  # offsetPy
+    ("size", ">i4"),  # sizePy
+    ("tags_code", ">i8"),  # tagsCode
+)
+_ENTRY = layout(ENTRY_FIELDS)
+ENTRY = _ENTRY.struct
+ENTRY_SIZE = ENTRY.size  # 20
+ENTRY_DTYPE = _ENTRY.dtype
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+#: sizePy of a filler unit: a placeholder in front of a queue that starts past entry 0.
+FILLER_SIZE = 0x7FFFFFFF
+
+
+def live_mask(entries: np.ndarray, commitlog_min: int | None = None) -> np.ndarray:
+    """Which entries point at a record: written (size > 0), not fillers and, when
+    ``commitlog_min`` is given, not below it (removed by retention)."""
+    sizes = entries["size"]
+    live = (sizes > 0) & (sizes != FILLER_SIZE)
+    if commitlog_min is not None:
+        live &= entries["offset"] >= commitlog_min
+    return live
+
+
+class ConsumeQueue:
+    """One queue's index files.
+
+    Parameters
+    ----------
+    root : str
+        The store's ``consumequeue`` directory.
+    topic, queue_id :
+        Which queue.
+    entries_per_file : int
+        Units per file.
+    read_only : bool
+        Never change a file (a store opened read-only): a queue file of the wrong length is
+        read as a zero-padded copy instead of being repaired (see :mod:`store.files.mapped_file`).
+    """
+
+    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int, *,
+                 read_only: bool = False) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.entries_per_file = entries_per_file
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_SIZE, create=False,
+                                     read_only=read_only, wrong_length="repair")
+        # Written since the last flush.  Writes come under the store's append lock (one
+        # writer at a time); the flusher's thread takes files out one by one (see flush).
+        self._dirty_files: dict[int, object] = {}
+
+    # -- reading ----------------------------------------------------------------------------
+    def _file_entries(self, index: int):
+        """The segment holding entry ``index`` and the entry array view of it."""
+        f = self.files.find(index * ENTRY_SIZE)
+        if f is None:
+            return None, None
+        return f, np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+
+    def _valid_count(self, entries: np.ndarray, limit_phys: int | None) -> int:
+        """How many leading entries are written (and end at or before ``limit_phys``)."""
+        lo, hi = 0, len(entries)
+        sizes = entries["size"]
+        offsets = entries["offset"]
+        while lo < hi:  # entries are a written prefix: binary search its end
+            mid = (lo + hi) // 2
+            size = int(sizes[mid])
+            ok = size > 0 and (limit_phys is None or int(offsets[mid]) + size <= limit_phys
+                               or size == FILLER_SIZE)
+            if ok:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def max_offset(self, limit_phys: int | None = None) -> int:
+        """One past the last written entry (entries ending after ``limit_phys`` do not count)."""
+        files = self.files.files or self.files.refresh()
+        if not files:
+            return 0
+        # a newer file may have appeared in another process
+        last = files[-1]
+        if os.path.exists(os.path.join(self.directory, segment_name(last.start + last.size))):
+            files = self.files.refresh()
+        for f in reversed(files):
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+            n = self._valid_count(entries, limit_phys)
+            if n > 0 or f is files[0]:
+                return f.start // ENTRY_SIZE + n
+        return 0  # pragma: no cover
+
+    def first_index(self) -> int:
+        files = self.files.files or self.files.refresh()
+        return files[0].start // ENTRY_SIZE if files else 0
+
+    def min_offset(self, commitlog_min: int, limit_phys: int | None = None) -> int:
+        """The first entry whose record still exists (offsetPy >= ``commitlog_min``)."""
+        files = self.files.refresh()
+        if not files:
+            return 0
+        maxo = self.max_offset(limit_phys)
+        for f in files:
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+            base = f.start // ENTRY_SIZE
+            n = min(len(entries), maxo - base)
+            if n <= 0:
+                return maxo
+            # fillers, blank units and entries below the CommitLog minimum are "too old"; a
+            # damaged unit (a negative offset or size) is not: reading it raises
+            pos, step = 0, 64  # usually the first entry: look at growing chunks
+            while pos < n:
+                head = entries[pos:min(n, pos + step)]
+                old = ((head["size"] == FILLER_SIZE)
+                       | ((head["size"] == 0) & (head["offset"] == 0))
+                       | ((head["size"] > 0) & (head["offset"] >= 0)
+                          & (head["offset"] < commitlog_min)))
+                if not old.all():
+                    return base + pos + int(np.argmin(old))
+                pos, step = pos + len(head), step * 8
+        return maxo
+
+    def entries(self, start: int, end: int) -> np.ndarray:
+        """Entries ``[start, end)`` as a native-endian structured array (copied)."""
+        parts = []
+        i = start
+        while i < end:
+            f, arr = self._file_entries(i)
+            if f is None:
+                break
+            base = f.start // ENTRY_SIZE
+            j = min(end, base + len(arr))
+            parts.append(arr[i - base:j - base])
+            i = j
+        if not parts:
+            return np.empty(0, dtype=ENTRY_DTYPE.newbyteorder("="))
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return out.astype(ENTRY_DTYPE.newbyteorder("="))
+
+    def entry(self, index: int) -> tuple[int, int, int] | None:
+        f, arr = self._file_entries(index)
+        if f is None:
+            return None
+        e = arr[index - f.start // ENTRY_SIZE]
+        return int(e["offset"]), int(e["size"]), int(e["tags_code"])
+
+    # -- writing ----------------------------------------------------------------------------
+    def put(self, first_index: int, offsets, sizes, tags_codes) -> None:
+        """Write entries for queue offsets ``first_index, first_index + 1, ...``."""
+        n = len(offsets)
+        if n == 0:
+            return
+        if n == 1:
+            self.put_one(first_index, int(offsets[0]), int(sizes[0]), int(tags_codes[0]))
+            return
+        if n <= 8:  # a few entries: struct is cheaper than building an array
+            data = b"".join(map(ENTRY.pack, map(int, offsets), map(int, sizes),
+                                map(int, tags_codes)))
+        else:
+            arr = np.empty(n, dtype=ENTRY_DTYPE)
+            arr["offset"] = offsets
+            arr["size"] = sizes
+            arr["tags_code"] = tags_codes
+            data = arr.tobytes()
+        i = 0
+        while i < n:
+            pos = (first_index + i) * ENTRY_SIZE
+            f = self.files.find(pos, refresh=False)
+            if f is None:
+                os.makedirs(self.directory, exist_ok=True)
+                f = self.files.get_or_create(pos)
+            room = (f.end - pos) // ENTRY_SIZE
+            k = min(room, n - i)
+            f.write(pos - f.start, data[i * ENTRY_SIZE:(i + k) * ENTRY_SIZE])
+            self._dirty_files[f.start] = f
+            i += k
+
+    def put_one(self, index: int, offset: int, size: int, tags_code: int) -> None:
+        """Write the one entry of queue offset ``index`` (what :meth:`put` does for one)."""
+        pos = index * ENTRY_SIZE
+        data = ENTRY.pack(offset, size, tags_code)
+        try:
+            f = self.files.write(pos, data, mapped=True)
+        except FileNotFoundError:  # the queue's directory is not there yet
+            os.makedirs(self.directory, exist_ok=True)
+            f = self.files.write(pos, data, mapped=True)
+        self._dirty_files[f.start] = f  # after the write: a flush that takes it covers it
+
+    def fill_to(self, index: int) -> None:
+        """Give a queue that starts at ``index`` > 0 filler units (0, FILLER_SIZE, 0) in front."""
+        start = self.max_offset()
+        if index > start:
+            n = index - start
+            self.put(start, np.zeros(n, np.int64), np.full(n, FILLER_SIZE, np.int32),
+                     np.zeros(n, np.int64))
+
+    def truncate_physical(self, process_offset: int) -> None:
+        """Drop every entry whose record starts at or after ``process_offset``.
+
+        Files are zeroed rather than deleted (RocketMQ deletes a file whose first entry is
+        past the cut): a reader in another process may have mapped it, and a file deleted
+        and created again under the same name would leave that reader on the old copy.
+        """
+        files = self.files.refresh()
+        for f in reversed(files):
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+            n = self._valid_count(entries, None)
+            if n == 0:  # nothing written here (or already cut): look at the file before
+                continue
+            offs = entries["offset"][:n]
+            # entries are in CommitLog order (fillers, offset 0, first)
+            keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
+            if keep < n:
+                zero_tail(f, keep * ENTRY_SIZE)
+            if keep > 0:
+                break
+
+    def flush(self) -> None:
+        """Make every entry written so far durable (all files written since the last flush)."""
+        # Each file is taken out of the dirty set one at a time (one atomic dict operation),
+        # so a writer marking a file meanwhile is never lost: its mark is taken now or stays
+        # for the next flush.  Writers mark a file after writing to it.
+        dirty = self._dirty_files
+        while dirty:
+            try:
+                _, f = dirty.popitem()
+            except KeyError:
+                break
+            try:
+                f.flush()
+            except (OSError, TypeError):  # deleted by retention or closed meanwhile
+                pass
+        self.files.sync_directory()  # files created since the last flush
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete files (never the last) whose last entry's record is gone; return how many."""
+        files = self.files.refresh()
+        deleted = 0
+        for f in files[:-1]:
+            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
+            last = entries[-1]
+            if int(last["size"]) > 0 and int(last["offset"]) + int(last["size"]) <= commitlog_min:
+                self.files.delete_file(f)
+                deleted += 1
+            else:
+                break
+        return deleted
+
+    def close(self) -> None:
+        self.files.close()
+

@@ -1,0 +1,1 @@
+"""Store groups: several stores read and written as one."""

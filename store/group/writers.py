@@ -1,0 +1,152 @@
+"""What writes to a store group: :class:`GroupProducer`, :class:`GroupTransactionProducer`
+and :class:`GroupSink` (see :mod:`store.group.store_group` for where each message goes).
+
+They are made by :class:`~store.group.store_group.StoreGroup` and hold it as ``group``; they use its
+members, its round robin (``_pick``), its routes and its table split (``_split``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from ..formats.batch_encoding import paused_gc
+from ..errors import InvalidGroupError, InvalidMessageError
+from ..message import Message, SendResult, sharding_queue
+from ..sink.sink import SinkCommit
+from ..produce.table_producer import RESULT_SCHEMA, append_prepared
+
+
+def named(producer, name: str):
+    """A member's producer whose results carry the member's name."""
+    producer.store_name = name
+    return producer
+
+
+class GroupProducer:
+    """Sends messages of one producer group to a :class:`~store.group.store_group.StoreGroup` (see the module
+    docstring for where each message goes)."""
+
+    def __init__(self, group, producers: list) -> None:
+        self.group = group
+        self._producers = producers
+
+    def _target(self, topic: str, store: str | None, queue_id: int | None,
+                sharding_key: str | None) -> tuple[int, int | None]:
+        """The member and queue a send goes to (queue ``None``: the member's round robin)."""
+        if sharding_key is not None:
+            if store is not None or queue_id is not None:
+                raise InvalidMessageError("sharding_key with store or queue_id; allowed: a "
+                                          "sharding key alone, or a store (and a queue of it)")
+            if not isinstance(sharding_key, str) or not sharding_key:
+                raise InvalidMessageError(f"sharding_key={sharding_key!r}; allowed: a "
+                                          "non-empty str (messages with one key keep order)")
+            route = self.group.route(topic)
+            return route[sharding_queue(sharding_key, len(route))]
+        if store is None:
+            if queue_id is not None:
+                raise InvalidMessageError(
+                    f"queue_id={queue_id!r} without store=...; in a store group each store "
+                    "has its own queue ids; allowed: store=<name> with it, or a sharding_key")
+            return self.group._pick(), None
+        return self.group._index(store), queue_id
+
+    def send(self, message: Message, *, store: str | None = None, queue_id: int | None = None,
+             sharding_key: str | None = None, **delay) -> SendResult:
+        """Send one message (arguments as :meth:`Producer.send <store.produce.producer.Producer.send>`
+        plus ``store``: the member to send to; default round robin).  The result's
+        ``store_name`` says which member holds it."""
+        if not isinstance(message, Message):
+            raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
+        i, queue = self._target(message.topic, store, queue_id, sharding_key)
+        return self._producers[i].send(message, queue_id=queue, **delay)
+
+    def send_batch(self, messages, *, store: str | None = None, queue_id: int | None = None,
+                   sharding_key: str | None = None) -> list[SendResult]:
+        """One batch (RocketMQ's batch rules) to one member: named, chosen by the sharding
+        key, or round robin."""
+        topic = messages[0].topic if isinstance(messages, (list, tuple)) and messages and \
+            isinstance(messages[0], Message) else None
+        if topic is None:  # let the member's producer raise its typed error
+            return self._producers[0].send_batch(messages)
+        i, queue = self._target(topic, store, queue_id, sharding_key)
+        return self._producers[i].send_batch(messages, queue_id=queue)
+
+    def send_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """Send a table (columns as :meth:`Producer.send_table
+        <store.produce.producer.Producer.send_table>`; ``sharding_key`` picks a queue of the whole
+        group, a ``queue_id`` column is refused).  Rows are spread round robin over the
+        members in contiguous slices; every share is validated before any member writes.
+        Returns the results table, in input order, with a ``store`` column."""
+        with paused_gc():
+            shares = self.group._split(data, topic, deterministic=False)
+            results, order = [], []
+            for i, rows, positions in shares:
+                out = append_prepared(self.group._stores[i], rows)
+                results.append(out.append_column(
+                    "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
+                order.append(positions)
+        if not results:
+            return RESULT_SCHEMA.append(pa.field("store", pa.string())).empty_table()
+        inverse = np.argsort(np.concatenate(order), kind="stable")
+        return pa.concat_tables(results).take(inverse)
+
+    def cancel(self, topic: str, msg_id: str) -> bool:
+        """Cancel a pending timer message in whichever member holds it."""
+        return any([p.cancel(topic, msg_id) for p in self._producers])
+
+
+class GroupTransactionProducer:
+    """Transactional sends over a group: each goes to the next member, where its half
+    message is ended (by the listener's answer) and later checked."""
+
+    def __init__(self, group, producers: list) -> None:
+        self.group = group
+        self._producers = producers
+
+    def send_in_transaction(self, message: Message, arg: object = None):
+        """As :meth:`TransactionProducer.send_in_transaction
+        <store.transaction.producer.TransactionProducer.send_in_transaction>`, in one member;
+        the result's ``store_name`` names it."""
+        i = self.group._pick()
+        return self._producers[i].send_in_transaction(message, arg)
+
+
+class GroupSink:
+    """The exactly-once sink over a group (see the module docstring): :meth:`stage` returns
+    the staged halves per member, :meth:`commit` commits each member's share idempotently."""
+
+    def __init__(self, group, sinks: list) -> None:
+        self.group = group
+        self._sinks = sinks
+
+    def stage(self, data, *, topic: str | None = None) -> dict[str, list[str]]:
+        """Validate every row, route each by its body's CRC32 (or its sharding key) and stage
+        each member's share; returns ``{store name: [transaction ids]}``."""
+        with paused_gc():
+            shares = self.group._split(data, topic, deterministic=True)
+            return {self.group.names[i]: self._sinks[i].stage_prepared(rows)
+                    for i, rows, _ in shares}
+
+    def commit(self, batch_id: int, transactions: Mapping[str, Iterable[str]]
+               ) -> dict[str, SinkCommit]:
+        """Commit batch ``batch_id`` in every member, member by member, each with its own
+        marker: a member that committed it before (a replay after a crash between members)
+        adds nothing and rolls its new halves back, the others commit their share."""
+        unknown = sorted(set(transactions) - set(self.group.names))
+        if unknown:
+            raise InvalidGroupError(f"halves listed for {unknown}, which are not members of "
+                                    f"the group {self.group.root}")
+        return {name: sink.commit(batch_id, transactions.get(name, ()))
+                for name, sink in zip(self.group.names, self._sinks)}
+
+    def abort(self) -> int:
+        """Roll back every open half of this sink in every member; return how many."""
+        return sum(sink.abort() for sink in self._sinks)
+
+    def committed_batches(self) -> dict[str, dict[int, dict]]:
+        """Per member, its committed batches of this sink (batch id -> marker fields)."""
+        return {name: sink.committed_batches() for name, sink in zip(self.group.names,
+                                                                      self._sinks)}

@@ -1,0 +1,1 @@
+"""Running a store: the server, published check rounds, statistics, the pending view."""

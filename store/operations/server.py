@@ -1,0 +1,380 @@
+"""``StoreServer``: the long-running process of one store (``rmq serve``), as a broker runs.
+
+RocketMQ's broker runs its services all the time; an embedded store only when someone calls
+it.  :class:`StoreServer` opens one store and, until stopped, runs:
+
+* **due delivery**: ``deliver_due()`` once per ``timer_precision_ms``, woken at the
+  multiples of the precision (when timer slots become due), so delayed messages reach their
+  topics within about one precision of their due time with no reader running;
+* **flush**: the store's flush thread (every ``flush_interval_commitlog_ms``);
+* **retention**: every ``clean_resource_interval_ms``, CommitLog segments older than
+  ``file_reserved_time_hours`` are deleted during a ``delete_when`` hour, or at any time while
+  the disk is fuller than ``disk_max_used_space_ratio`` percent; above
+  ``disk_space_clean_forcibly_ratio`` their age is ignored.  A segment holding a pending
+  delayed message or an open half message is never deleted (the services' retention guards).
+
+It coexists with any number of other readers and writers (the store's locks); delivery is the
+same exactly-once step a Spark query or ``rmq tail`` runs, so they may run beside it.  One
+server per store: it holds an exclusive ``flock`` on ``config/serve.lock`` while it runs, and
+writes ``config/serve.json`` (pid, start, the last delivery step and its count) after every
+step that delivered and at least every second, which :func:`server_status` (and
+``rmq stats``) read.  :meth:`StoreServer.stop` (or SIGTERM / SIGINT, through
+:meth:`StoreServer.install_signal_handlers`) ends the loop after the current step; the store is
+flushed and closed.
+
+**Transaction checks** (``check_transactions=True``, ``rmq serve --check-transactions``): every
+``transaction_check_interval_ms`` the server runs the bookkeeping of a check round (immunity,
+put-back copies, check counts, discards after ``transaction_check_max``) and publishes the
+transactions to ask about as round ``n``: ``<store>/transaction_checks/server/<n:020d>.arrow``
+(:mod:`store.operations.check_rounds`).
+Resolvers then only answer: a Spark query with ``view=transaction_checks`` and
+``checkRounds=server`` reads the rounds and ends transactions with the ``end_transaction``
+writer.  Without the option the server runs no rounds, and the resolver runs them itself
+(a check-loop query, or ``store.check_transactions`` with listeners), as before; do not run
+both, or each transaction would be counted twice per interval.  The newest
+:data:`KEEP_ROUNDS` round files are kept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .check_rounds import publish_check_round
+from ..config import StoreConfig
+from ..errors import StoreError
+from ..files.fileio import atomic_write
+from ..kernels import jit
+from ..files.abort_marker import MARKER_FILE, write_marker
+from ..message import Message
+from ..message_store import MessageStore
+
+log = logging.getLogger("store.operations.server")
+
+LOCK_FILE = os.path.join("config", "serve.lock")
+STATUS_FILE = os.path.join("config", "serve.json")
+#: Longest time between two status writes (ms).
+BEAT_MS = 1000
+
+
+def warm_up(*, background: bool = False, timeout_s: float | None = None):
+    """Load the compiled loops delivery, reads and writes run (numba's import and its cached
+    machine code, 0.3-0.6 s; on a fresh install their compilation, see docs/benchmarks.md):
+    run those paths on a throw-away store on a fake clock, then wait until :mod:`store.kernels.jit`
+    has compiled every loop they ran as Python.
+
+    Returns the seconds it took; with ``background=True`` it runs in a daemon thread and
+    returns the thread at once (``rmq serve`` and a streaming query's delivery start it as
+    they open their store; until it is done the Python versions serve small batches).
+    ``timeout_s`` bounds the wait for the compiler.
+    """
+    if background:
+        thread = threading.Thread(target=_warm_up_logged, name="rmq-warm-up", daemon=True)
+        thread.start()
+        return thread
+    import tempfile
+
+    import pyarrow as pa
+
+    t0 = time.monotonic()
+    now = [time.time_ns() // 1_000_000]
+    with tempfile.TemporaryDirectory(prefix="rmq-warm-up-") as tmp:
+        path = os.path.join(tmp, "store")
+        config = StoreConfig(timer_precision_ms=100)
+        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
+            producer = store.producer("warm-up")
+            producer.send(Message("warm-up", b"w", tags="a", keys="k"), delay_ms=500)
+            for column, value, kind in (("delay_ms", 500, pa.int64()),
+                                        ("delay_level", 1, pa.int32())):
+                producer.send_table(pa.table({
+                    "topic": ["warm-up"] * 2, "body": [b"x", b"y"], "tags": ["a", "b"],
+                    "keys": ["k1", "k2"], column: pa.array([value] * 2, kind)}))
+            for _ in range(3):  # queued -> wheel, then due
+                now[0] += 2_000
+                store.deliver_due()
+            for queue_id in store.queue_ids("warm-up"):
+                store.read_arrow("warm-up", queue_id, 0, store.max_offset("warm-up", queue_id),
+                                 verify_crc=True)
+            store.verify_commitlog()
+            store.producer("warm-up").send(Message("warm-up", b"t"), delay_ms=500)
+            store.deliver_due()  # into the wheel, not due yet
+        write_marker(os.path.join(path, MARKER_FILE))  # as a killed writer leaves it
+        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
+            now[0] += 2_000  # recovery's walk, then a slot walked from the timer log
+            store.deliver_due()
+    jit.wait_compiled(timeout_s)
+    return time.monotonic() - t0
+
+
+def _warm_up_logged() -> None:
+    try:
+        log.info("compiled loops loaded in %.2f s (in the background)", warm_up())
+    except Exception:  # noqa: BLE001 - the loops then load where they are first needed
+        log.exception("warming the compiled loops failed")
+
+
+@dataclass
+class ServerCounters:
+    """What a server did since it started (also written to ``config/serve.json``)."""
+
+    started_ms: int = 0
+    delivery_runs: int = 0
+    delivered: int = 0
+    last_run_ms: int = 0
+    last_run_delivered: int = 0
+    retention_runs: int = 0
+    segments_deleted: int = 0
+    check_rounds: int = 0
+    checks_published: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def delete_hours(spec: str) -> frozenset[int]:
+    """The hours of RocketMQ's ``deleteWhen`` (``"04"``, ``"02;14"``)."""
+    return frozenset(int(h) for h in spec.split(";") if h.strip())
+
+
+def disk_used_ratio(path: str) -> float:
+    """Used fraction of the filesystem holding ``path`` (0..1)."""
+    usage = shutil.disk_usage(path)
+    return usage.used / usage.total if usage.total else 0.0
+
+
+class StoreServer:
+    """Runs delivery and retention for the store at ``path`` until stopped.
+
+    Parameters
+    ----------
+    path : str
+        The store directory (created when missing, as ``MessageStore.open``).
+    config : StoreConfig or mapping, optional
+        As for ``MessageStore.open``.
+    clock : callable, optional
+        Epoch-ms clock of the store (tests); the loop itself sleeps in real time.
+
+    Raises
+    ------
+    StoreError
+        Another server already runs for this store (its lock is held).
+    """
+
+    def __init__(self, path: str, config: StoreConfig | dict | None = None, *,
+                 clock=None, check_transactions: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.check_transactions = bool(check_transactions)
+        self._stop = threading.Event()
+        # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
+        # delivers from its first step, and reports itself running once they are in
+        self._warming = warm_up(background=True)
+        self.store = MessageStore.open(self.path, config, clock=clock)
+        try:
+            self._lock_fd = _take_lock(self.path)
+        except BaseException:
+            self.store.close()
+            raise
+        cfg = self.store.config
+        self.precision = cfg.timer_precision_ms
+        self.hours = delete_hours(cfg.delete_when)
+        self.counters = ServerCounters(started_ms=self.store.now_ms())
+        self._next_clean = time.monotonic() + cfg.clean_resource_interval_ms / 1000
+        self._next_check = time.monotonic()  # the first round at once
+        self._last_beat = 0.0
+        self._warming_reported: bool | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def stop(self) -> None:
+        """End :meth:`run` after the step in progress (thread- and signal-safe)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """Stop on SIGTERM and SIGINT (call from the main thread)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _signum, _frame: self.stop())
+
+    def run(self, *, duration_s: float | None = None) -> ServerCounters:
+        """Serve until :meth:`stop` (or for ``duration_s`` seconds); then flush and close."""
+        cfg = self.store.config
+        log.info("serving %s: delivery every %d ms, retention every %d ms (delete_when %s, "
+                 "disk ratio %d%%/%d%%)", self.path, self.precision,
+                 cfg.clean_resource_interval_ms, cfg.delete_when,
+                 cfg.disk_max_used_space_ratio, cfg.disk_space_clean_forcibly_ratio)
+        end = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self._stop.is_set():
+                self.step()
+                if end is not None and time.monotonic() >= end:
+                    break
+                self._stop.wait(self._sleep_s(end))
+        finally:
+            self.close()
+        log.info("stopped %s: %d delivered in %d runs, %d segments deleted", self.path,
+                 self.counters.delivered, self.counters.delivery_runs,
+                 self.counters.segments_deleted)
+        return self.counters
+
+    def close(self) -> None:
+        """Flush and close the store, release the server lock, and mark the status stopped."""
+        if self._lock_fd is None:
+            return
+        try:
+            self._write_status(running=False)
+        finally:
+            self.store.close()
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> int:
+        """One round: deliver what is due, and run retention when its interval has passed.
+
+        Returns the number of messages delivered.  A store error is logged and counted (the
+        next step tries again); it never ends the server.
+        """
+        c = self.counters
+        delivered = 0
+        try:
+            delivered = self.store.deliver_due()
+        except StoreError as exc:
+            self._error(f"delivery: {exc}")
+        c.delivery_runs += 1
+        c.delivered += delivered
+        c.last_run_ms = self.store.now_ms()
+        c.last_run_delivered = delivered
+        if delivered:
+            log.info("delivered %d due messages", delivered)
+        if self.check_transactions and time.monotonic() >= self._next_check:
+            # the store's effective interval (a producer's recorded one, when set)
+            interval = self.store.transactions.settings["transaction_check_interval_ms"]
+            self._next_check = time.monotonic() + interval / 1000
+            self.check_round()
+        if time.monotonic() >= self._next_clean:
+            interval_s = self.store.config.clean_resource_interval_ms / 1000
+            self._next_clean = time.monotonic() + interval_s
+            self.retention()
+        if delivered or time.monotonic() - self._last_beat >= BEAT_MS / 1000 \
+                or self._warming_reported != self._warming.is_alive():
+            self._write_status(running=True)
+        return delivered
+
+    def retention(self) -> int:
+        """RocketMQ's CleanCommitLogService round: delete what is due for deletion now."""
+        cfg = self.store.config
+        ratio = disk_used_ratio(self.path) * 100
+        hour = time.localtime(self.store.now_ms() / 1000).tm_hour
+        force = ratio >= cfg.disk_space_clean_forcibly_ratio
+        if not (hour in self.hours or ratio >= cfg.disk_max_used_space_ratio):
+            return 0
+        try:
+            deleted = self.store.clean_expired_files(force=force)
+        except StoreError as exc:
+            self._error(f"retention: {exc}")
+            return 0
+        self.counters.retention_runs += 1
+        self.counters.segments_deleted += deleted
+        if deleted:
+            log.info("retention deleted %d CommitLog segments (disk %.0f%% used%s)", deleted,
+                     ratio, ", forced" if force else "")
+        return deleted
+
+    def check_round(self) -> int:
+        """One check round's bookkeeping, its questions published (see the module docstring);
+        returns how many transactions it asks about."""
+        try:
+            plan = self.store.prepare_transaction_checks()
+            asked = len(plan.checks)
+            if asked:
+                number = publish_check_round(self.path, plan.checks.to_arrow())
+                log.info("check round %d: %d transaction(s) to ask about, %d discarded", number,
+                         asked, plan.discarded)
+        except StoreError as exc:
+            self._error(f"transaction checks: {exc}")
+            return 0
+        self.counters.check_rounds += 1
+        self.counters.checks_published += asked
+        return asked
+
+    # ------------------------------------------------------------------ helpers
+    def _sleep_s(self, end: float | None) -> float:
+        """Until just after the next multiple of the precision (where slots become due)."""
+        now = time.time_ns() // 1_000_000
+        wait = (self.precision - now % self.precision + 1) / 1000
+        if end is not None:
+            wait = min(wait, max(0.0, end - time.monotonic()))
+        return wait
+
+    def _error(self, text: str) -> None:
+        log.error("%s", text)
+        self.counters.errors = (self.counters.errors + [text])[-20:]
+
+    def _write_status(self, *, running: bool) -> None:
+        self._last_beat = time.monotonic()
+        self._warming_reported = warming = self._warming.is_alive()
+        c = self.counters
+        data = {"pid": os.getpid(), "running": running and not warming, "warming": warming,
+                "beat_ms": self.store.now_ms(),
+                "started_ms": c.started_ms, "delivery_runs": c.delivery_runs,
+                "delivered": c.delivered, "last_run_ms": c.last_run_ms,
+                "last_run_delivered": c.last_run_delivered,
+                "retention_runs": c.retention_runs, "segments_deleted": c.segments_deleted,
+                "check_rounds": c.check_rounds, "checks_published": c.checks_published,
+                "precision_ms": self.precision, "errors": c.errors}
+        try:
+            atomic_write(os.path.join(self.path, STATUS_FILE),
+                         json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)
+        except OSError as exc:  # a status file is never worth stopping delivery for
+            log.warning("could not write %s: %s", STATUS_FILE, exc)
+
+
+def _take_lock(path: str) -> int:
+    lock_path = os.path.join(path, LOCK_FILE)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"another rmq server already runs for {path} ({lock_path} is "
+                         "locked); one server per store") from None
+    return fd
+
+
+def server_status(path: str) -> dict | None:
+    """Whether a server is attached to the store at ``path``, and what it reported last.
+
+    ``None`` when no server ever ran there; otherwise the last ``config/serve.json`` with
+    ``attached`` (its lock is held right now) added.  Reads only; never blocks.
+    """
+    status_path = os.path.join(path, STATUS_FILE)
+    try:
+        with open(status_path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        data = None
+    lock_path = os.path.join(path, LOCK_FILE)
+    attached = False
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            attached = True
+        finally:
+            os.close(fd)
+    if data is None and not attached:
+        return None
+    data = dict(data or {})
+    data["attached"] = attached
+    return data
+
+
+__all__ = ["ServerCounters", "StoreServer", "delete_hours", "disk_used_ratio", "server_status"]

@@ -1,0 +1,1 @@
+"""Producers: single sends, batches and Arrow tables encoded into records."""

@@ -1,0 +1,1 @@
+"""The exactly-once sink: staged halves and the commit that makes them visible."""

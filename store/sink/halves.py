@@ -1,0 +1,364 @@
+"""Sink halves as records: staging rows as records, appending halves, committing them.
+
+Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
+
+* **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
+  commit will write (routed as :func:`~store.produce.table_producer.append_prepared` routes them,
+  CRCs computed), with a zero magic code, by the compiled record kernel straight into the
+  half's framed body (a small big-endian head with each record's topic, queue, tagsCode
+  and size, then the records): the half's bytes are written once, then appended.
+* **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
+  CommitLog segment, their body CRCs checked, and their records copied out, given their
+  magic code and PREPAREDTRANSACTIONOFFSET, and placed by the core's columnar append
+  (queue ids and offsets, physical offsets, store time): nothing is encoded again.
+* Halves of earlier versions still commit: records in an Arrow stream
+  (:func:`staged_records`, decoded as framed ones are), or rows rather than records
+  (STAGED_SCHEMA), committed by encoding their rows (:func:`append_group`).
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import numpy as np
+import pyarrow as pa
+
+from ..formats.codec import (
+    FIELD_OFFSET,
+    FIXED_SIZE,
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    LOCALHOST,
+    MESSAGE_MAGIC_CODE_V1,
+    STORE_PORT,
+    TRANSACTION_COMMIT_TYPE,
+    RecordSpec,
+    body_crc,
+    decode_properties,
+    encode_properties,
+)
+from ..core.append_types import AssembledRecords, EncodedRecords
+from ..core.pipeline import prepared_in_order
+from ..message import TRANS_HALF_TOPIC
+from ..formats.crc import crc32
+from ..errors import CorruptRecordError, MessageTooLargeError
+from ..kernels.record_kernels import ByteColumn, complete_staged, one_array
+from .format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
+from ..produce.table_producer import (CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk,
+                             round_robin_queues)
+from ..produce.table_rows import PreparedRows
+from ..transaction.half import HALF_QUEUE_ID
+
+#: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: the body's head).
+HALF_FILL = 0.9
+#: Bytes a delayed row's record may gain by its routing (REAL_TOPIC, REAL_QID, DELAY or
+#: TIMER_OUT_MS + TIMER_DELIVER_MS), on top of its topic's length.
+_ROUTING_BOUND = 128
+_STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction_offset"]],
+                      dtype=np.int64)
+
+
+def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
+    """The rows of one half as the records their commit writes (STAGED_RECORDS_SCHEMA), the
+    body of a half as the previous version staged it (an Arrow stream, with
+    :func:`~store.sink.format.encode_staged` and :func:`assemble_half`; still committed,
+    and how tests write such halves).  :func:`framed_half` stages halves now.
+
+    ``real_qid``: each row's queue as :func:`~store.produce.table_producer.chunk_queues` chose it;
+    a delayed row's routing names it (REAL_QID), a row that is not delayed and asked for
+    no queue is left to the commit's round robin (-1).
+    """
+    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE,
+                            magic=STAGED_MAGIC)
+    n = len(records)
+    starts = records.starts
+    data = records.data
+    queues = np.where(_kept_queues(rows), records.queue_ids, -1).astype(np.int32)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[:n] = starts - starts[0]
+    offsets[n] = offsets[n - 1] + records.sizes[n - 1]
+    body = data[starts[0]:starts[0] + int(offsets[n])]
+    record = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                    pa.py_buffer(body)])
+    # the dictionary is every topic of the rows, then the delay topics: the commit's append
+    # creates each, so a row that is only delayed so far has its topic once committed
+    topic = pa.DictionaryArray.from_arrays(
+        pa.array(np.asarray(records.topic_ids, np.int32)),
+        pa.array(list(records.topics), pa.string()))
+    return pa.table({"topic": topic, "queue_id": pa.array(queues),
+                     "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
+                     "record": record}, schema=STAGED_RECORDS_SCHEMA)
+
+
+def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
+                properties: dict[str, str]) -> AssembledRecords:
+    """One sink half holding the records of ``rows``, ready for :meth:`append_encoded`; needs
+    no lock.
+
+    The records are those :func:`staged_records` stages (routed, CRCs computed, zero magic
+    code), but assembled by the record kernel straight into the half's framed body
+    (:mod:`store.sink.format`): no Arrow stream or second record copies them.  The half is
+    born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
+    ``properties``; :class:`MessageTooLargeError` if it would exceed the largest record.
+    """
+    topic = TRANS_HALF_TOPIC.encode("ascii")
+    props = encode_properties(properties)
+    keep = _kept_queues(rows)
+    half: list = []
+
+    def allocate(records, sizes: np.ndarray) -> np.ndarray:
+        prefix, at = framed_head(list(records.topics), records.topic_ids,
+                                 np.where(keep, records.queue_ids, -1), records.tags_codes,
+                                 sizes)
+        total = int(sizes.sum())
+        size = FIXED_SIZE + at + total + len(topic) + len(props)
+        if size > store.max_record_bytes():
+            raise MessageTooLargeError(f"a sink half of {size} bytes does not fit (max "
+                                       f"{store.max_record_bytes()})")
+        data = np.empty(size, dtype=np.uint8)
+        data[HEADER_SIZE:HEADER_SIZE + at] = np.frombuffer(prefix, np.uint8)
+        half.append((data, at + total))
+        return data[HEADER_SIZE + at:HEADER_SIZE + at + total]
+
+    assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC,
+                  allocate=allocate)
+    data, body_len = half[0]
+    header = _half_header(rows.born_ms, body_len)
+    header["total_size"] = len(data)
+    header["body_crc"] = crc32(data[HEADER_SIZE:HEADER_SIZE + body_len]) & 0x7FFFFFFF
+    header["queue_id"] = HALF_QUEUE_ID
+    data[:HEADER_SIZE] = header.view(np.uint8)
+    p = HEADER_SIZE + body_len
+    data[p] = len(topic)
+    data[p + 1:p + 1 + len(topic)] = np.frombuffer(topic, np.uint8)
+    p += 1 + len(topic)
+    data[p:p + 2] = np.frombuffer(len(props).to_bytes(2, "big"), np.uint8)
+    data[p + 2:] = np.frombuffer(props, np.uint8)
+    code = store.tags_code(TRANS_HALF_TOPIC, properties, rows.born_ms)
+    return AssembledRecords(
+        data=data, starts=np.zeros(1, np.int64), sizes=np.array([len(data)], np.int64),
+        topics=[TRANS_HALF_TOPIC], topic_ids=np.zeros(1, np.int64),
+        queue_ids=np.array([HALF_QUEUE_ID], np.int64), tags_codes=np.array([code], np.int64),
+        dispatched=True)
+
+
+def _half_header(born_ms: int, body_len: int) -> np.ndarray:
+    """The header fields every half has (one :data:`HEADER_DTYPE` row; the size, CRC and
+    placement are filled by whoever writes the record)."""
+    header = np.zeros(1, dtype=HEADER_DTYPE)
+    header["magic"] = MESSAGE_MAGIC_CODE_V1
+    header["born_timestamp"] = born_ms
+    header["born_host"] = np.void(LOCALHOST)
+    header["store_host"] = np.void(LOCALHOST)
+    header["store_port"] = STORE_PORT
+    header["body_length"] = body_len
+    return header
+
+
+def _kept_queues(rows: PreparedRows) -> np.ndarray:
+    """Rows whose staged queue the commit keeps (delayed rows, rows that asked for one);
+    the others take the commit's round robin."""
+    keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
+    if rows.queue_ids is not None:
+        keep |= rows.queue_ids >= 0
+    return keep
+
+
+
+
+def append_staged(store, group: list) -> int:
+    """Commit the staged records of several halves (``(table, half offset)`` pairs,
+    STAGED_RECORDS_SCHEMA) at once; return how many.
+
+    In chunks of :data:`~store.produce.table_producer.CHUNK_ROWS` records, each copied out of the
+    halves into a buffer of its own, checked and completed by one compiled pass
+    (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then the magic
+    code and PREPAREDTRANSACTIONOFFSET) on either of two threads
+    (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
+    append on this one, in order.  Raises :class:`CorruptRecordError` when a staged record
+    fails the checks (the caller's atomic group then drops everything of the commit).
+    """
+    topics: dict[str, int] = {}
+    datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
+    for table, clog in group:
+        n = table.num_rows
+        if not n:
+            continue
+        col = one_array(table.column("record"))
+        offs = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset)
+        datas.append(np.frombuffer(col.buffers()[2], np.uint8))
+        offsets.append(offs.astype(np.int64))
+        tcol = one_array(table.column("topic"))
+        local = np.array([topics.setdefault(t, len(topics))
+                          for t in tcol.dictionary.to_pylist()], dtype=np.int64)
+        topic_ids.append(local[tcol.indices.to_numpy(zero_copy_only=False)])
+        queue_ids.append(table.column("queue_id").to_numpy().astype(np.int64))
+        codes.append(table.column("tags_code").to_numpy())
+        halves.append(clog)
+    if not datas:
+        return 0
+    counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
+    first = np.concatenate(([0], np.cumsum(counts)))  # first record of each half
+    size = np.concatenate([np.diff(o) for o in offsets])
+    prepared = np.repeat(np.array(halves, dtype=np.int64), counts)
+    topic_id, queue_id = np.concatenate(topic_ids), np.concatenate(queue_ids)
+    code = np.concatenate(codes)
+    names = list(topics)
+    total = int(first[-1])
+    chunks = -(-total // CHUNK_ROWS)
+    now = store.now_ms()  # every record of the commit is stored at its start
+    # one topic, no queue kept: each chunk takes the next queue of its round robin, known now,
+    # so that each chunk's placement is presumed while it is copied (as send_table's)
+    round_robin = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
+    chunk_queue = chain = None
+    if round_robin:
+        chunk_queue = round_robin_queues(store, names[0], chunks)
+        chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
+
+    def prepare(k: int):  # reads the halves, writes only its own buffer
+        try:
+            return copied(k)
+        finally:
+            if chain is not None:
+                chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
+
+    def copied(k: int):
+        lo = k * CHUNK_ROWS
+        hi = min(total, lo + CHUNK_ROWS)
+        sizes = size[lo:hi]
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        nbytes = int(starts[-1] + sizes[-1])
+        buf = np.empty(nbytes, dtype=np.uint8)
+        pos = 0
+        for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(counts)):
+            a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
+            if a >= b:
+                break
+            o = offsets[h]
+            src = datas[h][o[a - first[h]]:o[b - first[h]]]
+            if pos + len(src) > nbytes:
+                break
+            buf[pos:pos + len(src)] = src
+            pos += len(src)
+        if pos != nbytes:  # offsets past their buffer: a half written wrongly
+            raise CorruptRecordError(
+                store.commit_log.directory, int(prepared[lo]),
+                f"sink half whose staged records hold {pos} bytes where their offsets say "
+                f"{nbytes}; its batch cannot commit")
+        bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
+                              MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
+        if bad >= 0:
+            raise CorruptRecordError(
+                store.commit_log.directory, int(prepared[lo + bad]),
+                f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
+                "field or magic code; its batch cannot commit")
+        presumed = (None if chain is None else chain.presume_assembled(
+            k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
+        return lo, hi, buf, starts, sizes, presumed
+
+    with closing(prepared_in_order(chunks, prepare)) as ready:
+        for k, (lo, hi, buf, starts, sizes, presumed) in enumerate(ready):
+            tids = topic_id[lo:hi]
+            # -1: the next queue of the topic's round robin, one per chunk (as send_table)
+            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if round_robin
+                    else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
+            store.append_encoded(AssembledRecords(
+                data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,
+                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
+                store_timestamp_ms=now, presumed=presumed))
+    return total
+
+
+def append_group(store, group: list) -> int:
+    """Append the staged rows of several halves (same born time per half) at once (in
+    chunks of :data:`~store.produce.table_producer.CHUNK_ROWS`, encoded on two threads)."""
+    tables = [t for t, _, _ in group if t.num_rows]
+    if not tables:
+        return 0
+    n = sum(t.num_rows for t in tables)
+    prepared = np.concatenate([np.full(t.num_rows, clog, dtype=np.int64)
+                               for t, clog, _ in group if t.num_rows])
+    born = np.concatenate([np.full(t.num_rows, b, dtype=np.int64)
+                           for t, _, b in group if t.num_rows])
+    rows = prepared_from_staged(pa.concat_tables(tables), born)
+    append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE, prepared_offsets=prepared)
+    return n
+
+
+def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
+    """Properties, body (a view of the mapped segment, no copy) and born time of the half
+    record at ``offset``; :class:`CorruptRecordError` when it is no record or its body
+    fails its CRC (a half damaged since it was staged never commits)."""
+    buf, pos, f = store.commit_log.buffer_at(offset)
+    if pos + HEADER_SIZE > f.size:
+        raise CorruptRecordError(f.path, offset, "sink half past the end of its segment")
+    header = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1, offset=pos)[0]
+    size, body_len = int(header["total_size"]), int(header["body_length"])
+    if int(header["magic"]) != MESSAGE_MAGIC_CODE_V1 or size <= 0 or pos + size > f.size \
+            or HEADER_SIZE + body_len > size:
+        raise CorruptRecordError(f.path, offset, "sink half that is not a record")
+    f.populate(pos, pos + size)  # one call maps the pages the CRC would fault in one by one
+    view = memoryview(buf)
+    body_at = pos + HEADER_SIZE
+    topic_len = view[body_at + body_len]
+    props_at = body_at + body_len + 1 + topic_len
+    props_len = int.from_bytes(view[props_at:props_at + 2], "big")
+    props = decode_properties(view[props_at + 2:props_at + 2 + props_len])
+    body = view[body_at:body_at + body_len]
+    if body_crc(body) != int(header["body_crc"]):
+        raise CorruptRecordError(f.path, offset, "sink half whose body fails its CRC "
+                                 "(damaged since it was staged); its batch cannot commit")
+    return props, body, int(header["born_timestamp"])
+
+
+def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
+    """Encode one half for :meth:`append_encoded` (its body, often megabytes, is copied once,
+    by the compiled kernel straight from the bytes); needs no lock."""
+    props = encode_properties(spec.properties)
+    headers = _half_header(spec.born_timestamp_ms, len(spec.body))
+    body = ByteColumn(np.frombuffer(spec.body, dtype=np.uint8),
+                      np.array([0, len(spec.body)], dtype=np.int64))
+    code = store.tags_code(spec.topic, spec.properties, spec.born_timestamp_ms)
+    return store.assemble_encoded(EncodedRecords(
+        headers=headers, bodies=body, properties=[props],
+        properties_length=np.array([len(props)], dtype=np.int64), topics=[spec.topic],
+        topic_ids=np.zeros(1, np.int64), queue_ids=np.array([spec.queue_id], np.int64),
+        tags_codes=np.array([code], np.int64)))
+
+
+def prepared_from_staged(table: pa.Table, born_ms) -> PreparedRows:
+    topics = one_array(table.column("topic")).dictionary_encode()
+    return PreparedRows(
+        topic_names=topics.dictionary.to_pylist(),
+        topic_ids=topics.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+        bodies=ByteColumn.from_arrow(table.column("body")),
+        properties=ByteColumn.from_arrow(table.column("properties")),
+        tags_codes=table.column("tags_code").to_numpy(),
+        msg_ids=ByteColumn.from_arrow(table.column("msg_id")),
+        levels=table.column("delay_level").to_numpy(),
+        deliver_ms=table.column("deliver_ms").to_numpy(),
+        born_ms=born_ms, queue_ids=table.column("queue_id").to_numpy())
+
+
+def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
+    """Row ranges of the halves: each holds at most ``HALF_FILL`` of the message size limit
+    (or of half a CommitLog segment, when smaller); a single larger row gets a half of its
+    own."""
+    n = len(rows)
+    cfg = store.config
+    budget = int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
+    topic_len = np.array([len(t.encode("utf-8")) for t in rows.topic_names], np.int64)
+    delayed = (rows.levels > 0) | (rows.deliver_ms >= 0)
+    # each row's record (an upper bound), plus Arrow's offset and topic / queue / code
+    sizes = (rows.bodies.lengths() + rows.properties.lengths() + FIXED_SIZE + 20
+             + topic_len[rows.topic_ids] * (1 + delayed) + delayed * _ROUTING_BOUND)
+    ends = np.cumsum(sizes)
+    bounds = []
+    lo, base = 0, 0
+    while lo < n:
+        hi = int(np.searchsorted(ends, base + budget, side="right"))
+        hi = max(hi, lo + 1)
+        bounds.append((lo, hi))
+        base = int(ends[hi - 1])
+        lo = hi
+    return bounds

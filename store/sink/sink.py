@@ -1,0 +1,354 @@
+"""Exactly-once batches of rows: stage them as half messages, commit them all at once.
+
+This is what the Spark sink (``df.write.format("rmq")``) runs on; Python users can call it
+through :meth:`MessageStore.sink <store.message_store.MessageStore.sink>` as well.  A *sink*
+is identified by a string (the Spark sink uses the query's checkpoint location); each of its
+batches by an integer (Spark's batch id).
+
+1. **Stage** (:meth:`Sink.stage`, on any process, e.g. a Spark task): the rows are validated
+   exactly as :meth:`Producer.send_table <store.produce.producer.Producer.send_table>` validates them
+   (a bad row raises its typed error and nothing is written), encoded as the records the
+   commit will write (routed to their queues, CRCs computed: the costly part of a write runs
+   in the tasks, in parallel) and appended as *sink halves* (:mod:`store.sink.format`): half
+   messages holding up to about ``max_message_size_bytes`` of records each, invisible to
+   every reader.  Returns their transaction ids, which the task hands to the driver.
+2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
+   (:meth:`~store.core.store_core.StoreCore.atomic_append`: readers see all of it or none,
+   a crash drops all of it) the marker of ``(sink, batch)``, every row of the listed halves
+   in its real topic (or as a delayed message, due from the time the row was staged, not
+   from the commit) and the op messages ending the halves.  The rows' records are copied
+   out of the halves and only placed (:func:`~store.sink.halves.append_staged`), not
+   encoded again.  Halves of the sink that are open
+   but not listed (failed task attempts, an earlier attempt of the batch, a killed job) are
+   rolled back in the same group.
+3. **Replay**: a commit of a batch whose marker exists (Spark re-running a batch after a
+   failure) commits nothing new: it rolls the new halves back.  Ending is idempotent.
+
+Halves that no commit ever lists stay open (invisible) until the sink's next commit or
+:meth:`Sink.abort` rolls them back, or the transaction check loop discards them after
+``transaction_check_max`` rounds; the check loop never asks users about sink halves, and
+commits a half that a marker lists but that is still open (:func:`settle_check_views`).
+A user's ``end_transaction(..., COMMIT)`` on a sink half is refused.
+
+Two writers with the same sink id at the same time are not supported: the later commit
+rolls back the halves of the other one's batch in progress, whose commit then fails with
+:class:`SinkCommitError` (nothing of that batch becomes visible).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import closing
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.batch_encoding import paused_gc
+from ..core.pipeline import prepared_in_order
+from ..formats.codec import (
+    RecordSpec,
+)
+from ..errors import CorruptRecordError, InvalidMessageError, SinkCommitError
+from ..message import (
+    PROPERTY_KEYS,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    validate_group,
+)
+from .format import (
+    PROPERTY_SINK,
+    PROPERTY_SINK_BATCH,
+    PROPERTY_SINK_ROWS,
+    SINK_COMMIT_TOPIC,
+    decode_marker,
+    decode_staged,
+    encode_marker,
+    is_sink_transaction,
+    is_staged_records,
+    marker_code,
+    marker_tags_code,
+    new_transaction_id,
+    sink_code,
+    sink_key,
+    transaction_prefix,
+)
+from .halves import (
+    append_group,
+    append_staged,
+    framed_half,
+    half_bounds,
+    half_view,
+)
+from ..produce.table_producer import chunk_queues
+from ..produce.table_rows import PreparedRows, prepare_rows
+from ..transaction.half import HALF_QUEUE_ID
+from ..transaction.op import op_specs
+
+#: Rows of several halves a commit decodes and appends together.
+COMMIT_GROUP_ROWS = 65536
+_MARKER_CHUNK = 1 << 18
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit:
+    """What :meth:`Sink.commit` did: rows and halves committed, halves rolled back, and
+    whether the batch had committed before (a replay: nothing new became visible)."""
+
+    rows: int
+    halves: int
+    rolled_back: int
+    replayed: bool
+
+
+def register_sink_topic(store) -> None:
+    """The marker topic: one queue, tagsCode from the marker's sink and batch."""
+    store.register_system_topic(SINK_COMMIT_TOPIC, 1, marker_tags_code)
+
+
+class Sink:
+    """Stage and commit batches of rows for one sink id (see the module docstring)."""
+
+    def __init__(self, store, sink_id: str, group: str = "rmq-sink") -> None:
+        if not isinstance(sink_id, str) or not sink_id:
+            raise InvalidMessageError(f"sink id {sink_id!r}; allowed: a non-empty string")
+        self.store = store
+        self.sink_id = sink_id
+        self.group = validate_group(group)
+
+    # ------------------------------------------------------------------ staging
+    def stage(self, data, *, topic: str | None = None) -> list[str]:
+        """Validate and stage rows (a table as for ``send_table``); return the halves' ids."""
+        with paused_gc():
+            return self.stage_prepared(prepare_rows(self.store, data, topic=topic))
+
+    def stage_prepared(self, rows: PreparedRows) -> list[str]:
+        """Stage rows already validated by :func:`~store.produce.table_rows.prepare_rows` (a store
+        group validates every member's share before any member writes)."""
+        if not len(rows):
+            return []
+        store = self.store
+        bounds = half_bounds(rows, store)
+        # queues in order, on this thread: a delayed row's routing names its real queue
+        # (topics are created by the commit: a batch that never commits leaves none)
+        queues = [chunk_queues(store, rows.slice(lo, hi), create=False) for lo, hi in bounds]
+
+        def prepare(k: int):  # on either of two threads (see store.core.pipeline)
+            lo, hi = bounds[k]
+            part = rows.slice(lo, hi)
+            props = self._half_properties(part)
+            return props[PROPERTY_TRANSACTION_ID], framed_half(store, part, queues[k], props)
+
+        staged = []
+        with paused_gc(), closing(prepared_in_order(len(bounds), prepare)) as halves:
+            for tx, records in halves:
+                store.append_encoded(records)
+                staged.append(tx)
+        return staged
+
+    def _half_properties(self, part: PreparedRows) -> dict[str, str]:
+        """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
+        return {PROPERTY_TRANSACTION_ID: new_transaction_id(self.sink_id),
+                PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
+                PROPERTY_REAL_TOPIC: part.topic_names[int(part.topic_ids[0])],
+                PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
+                PROPERTY_SINK_ROWS: str(len(part))}
+
+    # ------------------------------------------------------------------ committing
+    def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
+        """Commit batch ``batch_id`` made of the staged halves ``transactions`` (see the
+        module docstring); idempotent per ``(sink, batch_id)``.
+
+        Raises
+        ------
+        SinkCommitError
+            A listed half is not open (rolled back by a concurrent writer of the same sink,
+            discarded by the check loop, or not a half of this sink); nothing is written.
+        """
+        if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+            raise InvalidMessageError(f"batch id {batch_id!r}; allowed: an int >= 0")
+        listed = list(dict.fromkeys(transactions))
+        store = self.store
+        index = store.transactions.index
+        with paused_gc(), store.atomic_append():
+            index.refresh()
+            open_rows = self._open_rows(index)
+            marker = self._marker(batch_id)
+            replayed = marker is not None
+            if replayed:
+                commit = [tx for tx in marker["transactions"] if tx in open_rows]
+            else:
+                missing = [tx for tx in listed if tx not in open_rows]
+                if missing:
+                    raise SinkCommitError(
+                        f"sink {self.sink_id!r} batch {batch_id}: {len(missing)} of its "
+                        f"{len(listed)} staged halves are no longer open (first: "
+                        f"{missing[0]}); they were rolled back by another writer with the same "
+                        "sink id or discarded by the transaction check loop (a batch must "
+                        "commit within transaction_check_max check rounds); nothing of the "
+                        "batch was committed, re-run it")
+                commit = listed
+            chosen = set(commit)
+            stray = [tx for tx in open_rows if tx not in chosen]
+            if stray:  # a marker may list some (a commit torn by a reboot): finish those
+                listed_before = self._listed_by_markers()
+                commit += [tx for tx in stray if tx in listed_before]
+                chosen = set(commit)
+            rollback = [tx for tx in open_rows if tx not in chosen]
+            now = store.now_ms()
+            rows = 0
+            if not replayed:
+                store.append([self._marker_spec(batch_id, listed, now)])
+            rows += self._commit_halves(index, [open_rows[tx] for tx in commit])
+            ended = [open_rows[tx] for tx in commit + rollback]
+            self._end_halves(index, ended, now)
+        if ended:
+            index.row_ended.data[ended] = True
+        return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
+                          replayed=replayed)
+
+    def abort(self) -> int:
+        """Roll back every open half of this sink (a failed batch); return how many."""
+        store = self.store
+        index = store.transactions.index
+        with store.write_lock():
+            index.refresh()
+            open_rows = self._open_rows(index)
+            if not open_rows:
+                return 0
+            self._end_halves(index, list(open_rows.values()), store.now_ms())
+            index.row_ended.data[list(open_rows.values())] = True
+        return len(open_rows)
+
+    def committed_batches(self) -> dict[int, dict]:
+        """Every committed batch of this sink still in the store: batch id -> marker fields."""
+        return {m["batch"]: m for m in self._markers(None)}
+
+    def open_halves(self) -> list[str]:
+        """Transaction ids of this sink's halves that are still open."""
+        index = self.store.transactions.index
+        index.refresh()
+        return list(self._open_rows(index))
+
+    # ------------------------------------------------------------------ internals
+    def _end_halves(self, index, rows: list[int], now: int) -> None:
+        """Append the op messages ending the halves of index ``rows`` (their newest copies);
+        the caller holds the write lock and marks the rows ended once the append landed."""
+        if rows:
+            offsets = sorted(int(index.row_latest.data[r]) for r in rows)
+            self.store.append(op_specs(offsets, now, HALF_QUEUE_ID), batch=True)
+
+    def _open_rows(self, index) -> dict[str, int]:
+        n = index.rows
+        if n == 0:
+            return {}
+        keys = index.row_key.data[:n].view(np.uint8).reshape(n, 32)
+        prefix = np.frombuffer(transaction_prefix(self.sink_id), np.uint8)
+        mine = (keys[:, :len(prefix)] == prefix).all(axis=1)
+        mine &= ~index.row_ended.data[:n] & ~index.row_discarded.data[:n] \
+            & (index.row_latest.data[:n] >= 0)
+        return {index.transaction_id(int(r)): int(r) for r in np.flatnonzero(mine)}
+
+    def _marker_spec(self, batch_id: int, transactions: list[str], now: int) -> RecordSpec:
+        key = sink_key(self.sink_id)
+        body = encode_marker(self.sink_id, batch_id, transactions)
+        return RecordSpec(topic=SINK_COMMIT_TOPIC, body=body, queue_id=0, born_timestamp_ms=now,
+                          properties={PROPERTY_TAGS: key, PROPERTY_KEYS: f"{key}:{batch_id}",
+                                      PROPERTY_SINK: self.sink_id,
+                                      PROPERTY_SINK_BATCH: str(batch_id)})
+
+    def _markers(self, batch_id: int | None) -> list[dict]:
+        """Markers of this sink (of one batch when ``batch_id`` is given), read through the
+        marker queue's tagsCodes (only matching records are decoded)."""
+        store = self.store
+        limit = store.confirmed_offset()
+        cq = store.consume_queue(SINK_COMMIT_TOPIC, 0)
+        lo = cq.min_offset(store.commit_log.min_offset(), limit)
+        hi = cq.max_offset(limit)
+        out = []
+        for start in range(lo, hi, _MARKER_CHUNK):
+            entries = cq.entries(start, min(hi, start + _MARKER_CHUNK))
+            codes = entries["tags_code"].astype(np.int64)
+            if batch_id is None:
+                hit = (codes >> 32) == sink_code(self.sink_id)
+            else:
+                hit = codes == marker_code(self.sink_id, batch_id)
+            for off in entries["offset"][hit].tolist():
+                try:
+                    record = store.read_record(int(off))
+                except CorruptRecordError:
+                    continue  # removed by retention
+                data = decode_marker(record.body)
+                if data is not None and data["sink"] == self.sink_id and (
+                        batch_id is None or data["batch"] == batch_id):
+                    out.append(data)
+        return out
+
+    def _marker(self, batch_id: int) -> dict | None:
+        found = self._markers(batch_id)
+        return found[0] if found else None
+
+    def _listed_by_markers(self) -> set[str]:
+        return {tx for m in self._markers(None) for tx in m["transactions"]}
+
+    def _commit_halves(self, index, rows: list[int]) -> int:
+        """Append the rows of the halves ``rows`` (index rows) in their real topics, as
+        COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
+        store = self.store
+        total = 0
+        # halves of this version hold records, older ones rows: each kind is grouped apart
+        groups: dict[bool, list] = {True: [], False: []}
+        counts = {True: 0, False: 0}
+        def append(kind: bool, group: list) -> int:
+            return append_staged(store, group) if kind else append_group(store, group)
+
+        for row in rows:
+            clog = index.latest_clog(row)
+            props, body, born = half_view(store, clog)
+            if props.get(PROPERTY_SINK) != self.sink_id:
+                raise SinkCommitError(
+                    f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is "
+                    f"not a half of sink {self.sink_id!r}")
+            table = decode_staged(body, store.commit_log.directory, clog)
+            kind = is_staged_records(table)
+            groups[kind].append((table, clog) if kind else (table, clog, born))
+            counts[kind] += table.num_rows
+            if counts[kind] >= COMMIT_GROUP_ROWS:
+                total += append(kind, groups[kind])
+                groups[kind], counts[kind] = [], 0
+        for kind, group in groups.items():
+            if group:
+                total += append(kind, group)
+        return total
+
+
+def settle_check_views(store, views) -> None:
+    """The check loop's answer for sink halves: commit those a marker lists (a commit a
+    reboot tore), leave the others open (their sink's next commit or abort ends them)."""
+    sinks = {}
+    for view in views:
+        sink_id = view.system_properties.get(PROPERTY_SINK) or view.properties.get(PROPERTY_SINK)
+        if sink_id and is_sink_transaction(view.transaction_id):
+            sinks.setdefault(sink_id, []).append(view.transaction_id)
+    for sink_id, txs in sinks.items():
+        sink = Sink(store, sink_id)
+        listed = sink._listed_by_markers()
+        if any(tx in listed for tx in txs):
+            _finish_listed(sink, listed)
+
+
+def _finish_listed(sink: Sink, listed: set[str]) -> None:
+    """Commit the open halves of ``sink`` that a marker lists (nothing else changes); the
+    caller (the check round) holds the write lock, so ``listed`` is current."""
+    store = sink.store
+    index = store.transactions.index
+    with store.atomic_append():
+        index.refresh()
+        open_rows = sink._open_rows(index)
+        rows = [row for tx, row in open_rows.items() if tx in listed]
+        sink._commit_halves(index, rows)
+        sink._end_halves(index, rows, store.now_ms())
+    index.row_ended.data[rows] = True
