@@ -37,7 +37,7 @@ sys.path.insert(0, ROOT)
 
 import pyarrow as pa
 
-from store import Message, MessageStore, StoreConfig
+from store import Message, MessageStore, StoreConfig, keep_freed_heap
 from store.core.arrow_decode import MESSAGE_SCHEMA, read_queue_batch
 
 TOPIC = "bench"
@@ -141,6 +141,7 @@ def bench_shape(shape: str, args) -> None:
 
 
 def main() -> None:
+    keep_freed_heap()  # as the rmq source's Spark tasks do
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--baseline", type=int, default=100_000,

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 from pyspark.sql.datasource import InputPartition
 
-from store import OffsetOutOfRangeError
+from store import OffsetOutOfRangeError, keep_freed_heap
 
 from .errors import DataLossError
 from .stores import open_reader
@@ -178,6 +178,7 @@ def read_partition(partition: InputPartition) -> Iterator:
     """
     if not isinstance(partition, RmqPartition):  # Spark's placeholder for "no partitions"
         return
+    keep_freed_heap()  # a Spark Python worker mostly decodes: keep its freed heap for reuse
     store = open_reader(partition.path)
     try:
         for r in partition.ranges:

@@ -16,7 +16,7 @@ from .operations.check_rounds import last_check_round, read_check_round_table
 from .formats.codec import Record, RecordSpec
 from .config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
-from .core.arrow_decode import MESSAGE_SCHEMA
+from .core.arrow_decode import MESSAGE_SCHEMA, keep_freed_heap
 from .core.reading import system_clock
 from .errors import (
                      ConfigMismatchError,
@@ -73,6 +73,6 @@ __all__ = [
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
     "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",
-    "warm_up",
+    "keep_freed_heap", "warm_up",
     "validate_topic",
 ]

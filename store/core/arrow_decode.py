@@ -83,7 +83,7 @@ _PROPERTIES_LENGTH_SIZE = PROPERTIES_LENGTH.size
 _heap_kept = False
 
 
-def _keep_freed_heap() -> None:
+def keep_freed_heap() -> None:
     """Ask glibc, once per process, to keep freed memory for reuse instead of returning it.
 
     A decode makes a few MB of NumPy temporaries.  With glibc's default (dynamic) thresholds
@@ -91,7 +91,8 @@ def _keep_freed_heap() -> None:
     measured at a fifth to a quarter of the decode time (1,000 to 3,400 page faults per
     50,000 rows).  Raising ``M_TRIM_THRESHOLD`` (256 MiB) and ``M_MMAP_THRESHOLD`` (32 MiB)
     removes them; the cost is that up to that much freed memory stays in the process.  Does
-    nothing off Linux/glibc.
+    nothing off Linux/glibc.  A process-wide setting, so reads never make it on their own:
+    a process that mostly decodes (a Spark Python worker of the ``rmq`` source) opts in.
     """
     global _heap_kept
     if _heap_kept or not sys.platform.startswith("linux"):
@@ -152,8 +153,8 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
 
     Notes
     -----
-    The first call in a process raises glibc's malloc trim and mmap thresholds (see
-    :func:`_keep_freed_heap`): freed temporaries stay in the process for the next call.
+    A process that mostly decodes should call :func:`keep_freed_heap` once (the ``rmq``
+    source's Spark tasks do): freed temporaries then stay in the process for the next call.
     """
     try:
         schema = projected_schema(columns)
@@ -198,7 +199,6 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
             entries, queue_offsets = entries[ok], queue_offsets[ok]
             if len(entries) == 0:
                 return empty_batch(schema)
-    _keep_freed_heap()
     names = None if columns is None else frozenset(schema.names) | (
         {"tags"} if tag_set is not None else set())
     arrays = _decode(store, topic, queue_id, entries, queue_offsets, names, verify_crc)

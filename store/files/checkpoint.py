@@ -213,9 +213,6 @@ class StoreCheckpoint:
         self.set("layout_version", LAYOUT_MAGIC)
         self.trusted = True
 
-    def snapshot(self) -> dict[str, int]:
-        return {name: self.get(name) for name in CHECKPOINT_FIELDS}
-
     def flush(self) -> None:
         if self.writable:
             self._map.flush()

@@ -344,13 +344,6 @@ class MappedFileQueue:
             f.write(pos, data)
         return f
 
-    def read(self, offset: int, size: int) -> bytes:
-        f = self.find(offset)
-        if f is None:
-            return b""
-        pos = offset - f.start
-        return f.buffer()[pos:pos + size]
-
     def flush(self, from_offset: int = 0) -> None:
         for f in self._files:
             if f.end > from_offset:

@@ -206,7 +206,7 @@ class Sink:
             ended = [open_rows[tx] for tx in commit + rollback]
             self._end_halves(index, ended, now)
         if ended:
-            index.row_ended.data[ended] = True
+            index.mark_ended(ended)
         return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
                           replayed=replayed)
 
@@ -220,7 +220,7 @@ class Sink:
             if not open_rows:
                 return 0
             self._end_halves(index, list(open_rows.values()), store.now_ms())
-            index.row_ended.data[list(open_rows.values())] = True
+            index.mark_ended(list(open_rows.values()))
         return len(open_rows)
 
     def committed_batches(self) -> dict[int, dict]:
@@ -248,8 +248,7 @@ class Sink:
         keys = index.row_key.data[:n].view(np.uint8).reshape(n, 32)
         prefix = np.frombuffer(transaction_prefix(self.sink_id), np.uint8)
         mine = (keys[:, :len(prefix)] == prefix).all(axis=1)
-        mine &= ~index.row_ended.data[:n] & ~index.row_discarded.data[:n] \
-            & (index.row_latest.data[:n] >= 0)
+        mine &= index.open_rows()
         return {index.transaction_id(int(r)): int(r) for r in np.flatnonzero(mine)}
 
     def _marker_spec(self, batch_id: int, transactions: list[str], now: int) -> RecordSpec:
@@ -351,4 +350,4 @@ def _finish_listed(sink: Sink, listed: set[str]) -> None:
         rows = [row for tx, row in open_rows.items() if tx in listed]
         sink._commit_halves(index, rows)
         sink._end_halves(index, rows, store.now_ms())
-    index.row_ended.data[rows] = True
+    index.mark_ended(rows)

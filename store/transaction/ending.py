@@ -76,7 +76,7 @@ def end_rows(store: StorePort, index: TransactionIndex, txs: list[str], states: 
             if records is not None:
                 store.append_encoded(records)
         store.append(op_specs(latest.tolist(), now, HALF_QUEUE_ID), batch=True)
-    index.row_ended.data[rows] = True
+    index.mark_ended(rows)
 
 
 def _commit_records(store: StorePort, clogs: np.ndarray, commit: np.ndarray, txs, states, *,

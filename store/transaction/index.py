@@ -288,7 +288,22 @@ class TransactionIndex:
         rel = half_offsets - self.base
         ok = (rel >= 0) & (rel < self.half_row.n)
         rows = self.half_row.data[rel[ok]]
-        rows = rows[rows >= 0]
+        self.mark_ended(rows[rows >= 0])
+
+    # ------------------------------------------------------------------ the rows' state
+    def open_rows(self) -> np.ndarray:
+        """A mask over the rows: transactions neither ended nor discarded, with a half copy."""
+        n = self.rows
+        return ~self.row_ended.data[:n] & ~self.row_discarded.data[:n] \
+            & (self.row_latest.data[:n] >= 0)
+
+    def ended(self, rows) -> np.ndarray:
+        """Whether each of ``rows`` (an index, or an array of them) has ended."""
+        return self.row_ended.data[rows]
+
+    def mark_ended(self, rows) -> None:
+        """Record that the transactions of ``rows`` ended (a commit, a rollback, a sink
+        batch): the one place their ended state is written."""
         self.row_ended.data[rows] = True
 
     def _add_discards(self, entries: np.ndarray) -> None:
@@ -337,8 +352,7 @@ class TransactionIndex:
     def pending_stats(self) -> dict:
         """Transactions neither ended nor discarded: how many and the oldest born time."""
         n = self.rows
-        live = ~self.row_ended.data[:n] & ~self.row_discarded.data[:n] \
-            & (self.row_latest.data[:n] >= 0)
+        live = self.open_rows()
         count = int(live.sum())
         oldest = int(self.row_born.data[:n][live].min()) if count else None
         return {"pending": count, "oldest_born_ms": oldest, "transactions": n,
@@ -350,8 +364,7 @@ class TransactionIndex:
         """``(transaction id, born ms, CommitLog offset of its newest half copy)`` of the
         ``limit`` oldest open transactions."""
         n = self.rows
-        live = np.flatnonzero(~self.row_ended.data[:n] & ~self.row_discarded.data[:n]
-                              & (self.row_latest.data[:n] >= 0))
+        live = np.flatnonzero(self.open_rows())
         born = self.row_born.data[:n][live]
         rows = live[np.argsort(born, kind="stable")[:limit]]
         return [(self.transaction_id(r), int(self.row_born.data[r]), self.latest_clog(r))

@@ -130,13 +130,13 @@ def repair_noted_commits(store: StorePort, index: TransactionIndex) -> int:
             if not tx or half.topic != TRANS_HALF_TOPIC or transaction_id_of(half) != tx:
                 continue
             row = index.row_of(tx)
-            if row < 0 or index.row_ended.data[row] or row in rows:
+            if row < 0 or index.ended(row) or row in rows:
                 continue
             rows.append(row)
             halves.append(int(index.row_latest.data[row]))
         if halves:
             store.append(op_specs(halves, store.now_ms(), HALF_QUEUE_ID), batch=True)
-            index.row_ended.data[rows] = True
+            index.mark_ended(rows)
             store.flush()  # the ops are durable before the note goes
             repaired = len(rows)
     _remove_note(store)

@@ -220,7 +220,7 @@ class TransactionService:
             # an item ends its transaction when it answers, the transaction is open, and no
             # earlier item of the call ended it
             eligible = np.array([s is not unknown_state for s in states]) \
-                & ~index.row_ended.data[rows]
+                & ~index.ended(rows)
             pick = np.flatnonzero(eligible)
             _, first = np.unique(rows[pick], return_index=True)
             pick = np.sort(pick[first])
@@ -318,8 +318,7 @@ class TransactionService:
         n = index.rows
         if n == 0:
             return None
-        open_rows = ~index.row_ended.data[:n] & ~index.row_discarded.data[:n] \
-            & (index.row_latest.data[:n] >= 0)
+        open_rows = index.open_rows()
         if not open_rows.any():
             return None
         latest = index.row_latest.data[:n][open_rows] - index.base
@@ -333,7 +332,7 @@ class TransactionService:
         out = []
         for tx in transaction_ids:
             row = index.row_of(tx)
-            out.append(bool(row >= 0 and index.row_ended.data[row]))
+            out.append(bool(row >= 0 and index.ended(row)))
         return out
 
     def on_retention(self, commitlog_min: int) -> None:
