@@ -43,7 +43,6 @@ a re-run task or batch appends its rows again.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,15 +151,11 @@ def _open(options: RmqOptions):
     return open_writable(options.path, needs="writing to rmq", error=SinkWriteError)
 
 
-#: The store's environment variable for the threads that encode a large append: Spark runs
-#: a task per core already, so a task encodes on its own thread (a helper thread would only
-#: compete with the other tasks for the same cores).
-ENCODE_THREADS_ENV = "RMQ_ENCODE_THREADS"
-
-
 def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:
-    os.environ.setdefault(ENCODE_THREADS_ENV, "1")  # this Python worker runs Spark tasks
     store = _open(options)
+    # Spark runs a task per core already: a task encodes on its own thread (a helper
+    # thread would only compete with the other tasks for the same cores)
+    store.encode_threads = 1
     grouped = isinstance(store, StoreGroup)
     transactions: list[str] = []
     by_store: dict[str, list[str]] = {}

@@ -9,13 +9,12 @@ fields, ``pwrite``, queue entries) must happen in order on the thread that holds
 lock.  :func:`prepared_in_order` runs the preparing on a helper thread and on the calling
 thread, and hands the prepared chunks back in order, so that both cores prepare while one
 appends: RocketMQ likewise encodes messages on the sending threads before its put lock.
-The environment variable ``RMQ_ENCODE_THREADS=1`` (:data:`THREADS_ENV`) turns the helper off
-where the cores are busy already.
+``threads=1`` (a store's ``encode_threads``, which the ``rmq`` sink sets to 1 in its Spark
+tasks) turns the helper off where the cores are busy already.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Callable, Iterator, TypeVar
 
@@ -23,12 +22,12 @@ T = TypeVar("T")
 
 #: The helper thread's name (a stopped run leaves none behind).
 HELPER_NAME = "rmq-prepare"
-#: Environment variable: ``1`` prepares every chunk on the appending thread (no helper).
-#: For processes whose cores are already busy with work of their own, such as Spark tasks
-#: (the ``rmq`` sink sets it in its tasks): there a helper only competes for the same cores
+#: Threads that prepare chunks by default: the caller and one helper.  ``1`` prepares every
+#: chunk on the appending thread, for processes whose cores are already busy with work of
+#: their own, such as Spark tasks: there a helper only competes for the same cores
 #: (measured: two processes each sending a 500,000-row table at once took 1.3x as long with
-#: the helper as without).  Anything else (default ``2``) lets a helper thread prepare.
-THREADS_ENV = "RMQ_ENCODE_THREADS"
+#: the helper as without).
+THREADS = 2
 
 
 #: Chunks prepared at most ahead of the one the caller takes next: what a large append
@@ -37,7 +36,7 @@ AHEAD = 8
 
 
 def prepared_in_order(count: int, prepare: Callable[[int], T], *,
-                      ahead: int = AHEAD) -> Iterator[T]:
+                      ahead: int = AHEAD, threads: int = THREADS) -> Iterator[T]:
     """``prepare(0)``, ..., ``prepare(count - 1)``, yielded in that order.
 
     With two chunks or more a helper thread takes the next unclaimed chunk whenever it is
@@ -49,7 +48,7 @@ def prepared_in_order(count: int, prepare: Callable[[int], T], *,
     prepared after it; the helper has stopped when it is raised.  Closing the iterator early
     (an error while the caller appends) stops the helper too.
     """
-    if count <= 1 or os.environ.get(THREADS_ENV, "").strip() == "1":
+    if count <= 1 or threads <= 1:
         for i in range(count):
             yield prepare(i)
         return

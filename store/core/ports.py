@@ -76,6 +76,7 @@ class StorePort(Protocol):
     config: StoreConfig
     commit_log: CommitLog
     id_generator: MessageIdGenerator
+    encode_threads: int
 
     def now_ms(self) -> int: ...
 

@@ -46,6 +46,7 @@ from .flushing import FlushService
 from .integrity import check_at_open, write_queue_table
 from .lock_lease import LockLease
 from .locking import AppendLocking
+from .pipeline import THREADS
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .record_writes import Allocate
 from .reading import Clock, ReadableStore
@@ -94,6 +95,9 @@ class StoreCore(AppendLocking, ReadableStore):
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
                                 self._thread_lock)
         self.id_generator = MessageIdGenerator()
+        #: Threads that encode a large append (the caller and a helper); set it to 1 in a
+        #: process whose cores are busy already (the rmq sink's Spark tasks do).
+        self.encode_threads = THREADS
         self.dispatcher = Dispatcher(self.consume_queue, lambda topic, queue_id: (
             self.topic_table.queue_written(topic, queue_id, self.now_ms())))
         self.appender = Appender(self)

@@ -159,7 +159,7 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
         return (None if records is None else store.assemble_encoded(records)), d, r
 
     delivered = rolled = 0
-    with closing(prepared_in_order(len(starts), prepare)) as chunks:
+    with closing(prepared_in_order(len(starts), prepare, threads=store.encode_threads)) as chunks:
         for records, d, r in chunks:
             if records is not None:
                 _append_restored(store, records)

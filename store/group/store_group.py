@@ -162,6 +162,17 @@ class StoreGroup:
         """The member called ``name``."""
         return self._stores[self._index(name)]
 
+    @property
+    def encode_threads(self) -> int:
+        """Threads that encode a large append in each member (see ``MessageStore``'s
+        ``encode_threads``); setting it sets every member's."""
+        return min(getattr(s, "encode_threads", 1) for s in self._stores)
+
+    @encode_threads.setter
+    def encode_threads(self, threads: int) -> None:
+        for store in self._stores:
+            store.encode_threads = int(threads)
+
     def stores(self) -> list[tuple[str, object]]:
         """``[(name, store)]`` of every member, in order."""
         return list(zip(self.names, self._stores))

@@ -120,7 +120,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     commitlog_offsets = np.empty(n, dtype=np.int64)
     deliver_ms = np.empty(n, dtype=np.int64)
     lo = 0
-    with closing(prepared_in_order(len(bounds), prepare)) as encoded:
+    with closing(prepared_in_order(len(bounds), prepare, threads=store.encode_threads)) as encoded:
         for records, deliver in encoded:
             placed = store.append_encoded(records)
             hi = lo + len(deliver)

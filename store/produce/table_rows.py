@@ -296,7 +296,8 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
 
     tasks = (lambda: _checked_columns(store, table, topic), users_outcome)
     if n >= PARALLEL_ROWS:
-        with closing(prepared_in_order(2, lambda k: tasks[k]())) as done:
+        with closing(prepared_in_order(2, lambda k: tasks[k](),
+                                           threads=store.encode_threads)) as done:
             checked, (users, error, (ids, id_values)) = list(done)
     else:
         checked = tasks[0]()

@@ -256,7 +256,7 @@ def append_staged(store, group: list) -> int:
             k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
         return lo, hi, buf, starts, sizes, presumed
 
-    with closing(prepared_in_order(chunks, prepare)) as ready:
+    with closing(prepared_in_order(chunks, prepare, threads=store.encode_threads)) as ready:
         for k, (lo, hi, buf, starts, sizes, presumed) in enumerate(ready):
             tids = topic_id[lo:hi]
             # -1: the next queue of the topic's round robin, one per chunk (as send_table)

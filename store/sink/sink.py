@@ -143,7 +143,8 @@ class Sink:
             return props[PROPERTY_TRANSACTION_ID], framed_half(store, part, queues[k], props)
 
         staged = []
-        with paused_gc(), closing(prepared_in_order(len(bounds), prepare)) as halves:
+        encoded = prepared_in_order(len(bounds), prepare, threads=store.encode_threads)
+        with paused_gc(), closing(encoded) as halves:
             for tx, records in halves:
                 store.append_encoded(records)
                 staged.append(tx)

@@ -81,8 +81,7 @@ def test_stopping_early_stops_the_helper():
     assert len(started) < 100  # the helper did not run through the rest
 
 
-def test_one_encode_thread_prepares_everything_on_the_calling_thread(monkeypatch):
-    monkeypatch.setenv("RMQ_ENCODE_THREADS", "1")  # as the rmq sink sets it in Spark tasks
+def test_one_encode_thread_prepares_everything_on_the_calling_thread():
     threads = set()
 
     def prepare(i):
@@ -90,7 +89,8 @@ def test_one_encode_thread_prepares_everything_on_the_calling_thread(monkeypatch
         time.sleep(0.002)
         return i
 
-    assert list(prepared_in_order(10, prepare)) == list(range(10))
+    # threads=1: as a store's encode_threads, which the rmq sink sets in Spark tasks
+    assert list(prepared_in_order(10, prepare, threads=1)) == list(range(10))
     assert threads == {threading.current_thread().name}
 
 
