@@ -9,8 +9,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from store import Message, MessageStore, StoreConfig
-from tests.store.test_rocketmq_stores import _read_all
+from tests.store.test_rocketmq_stores import _read_all, expected_messages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -71,3 +73,21 @@ def test_a_reader_sees_queue_directories_another_process_creates(tmp_path):
                         os.path.join(path, "consumequeue", "a", "2"))
         assert os.stat(os.path.join(path, "consumequeue")).st_mtime_ns == root.st_mtime_ns
         assert reader.queue_ids("a") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("topic", ["logs", "orders"])
+def test_a_killed_rocketmq_store_whose_reput_missed_a_queue(rocketmq_root, tmp_path, topic):
+    """A store Apache RocketMQ 4.9.8 wrote and was SIGKILLed in, whose reput had not made
+    one queue's directory yet (no topics.json either): the open that recovers it lists that
+    queue at once and serves every message RocketMQ reads back from it."""
+    path = str(tmp_path / "killed")
+    subprocess.run(["cp", "-r", "--sparse=always", os.path.join(rocketmq_root, "killed-mid-write"),
+                    path], check=True)
+    shutil.rmtree(os.path.join(path, "consumequeue", topic, "3"))
+    expected = {k: e for k, e in expected_messages(rocketmq_root, "killed-mid-write").items()
+                if k[:2] == (topic, 3)}
+    assert expected
+    with MessageStore.open(path) as store:
+        assert store.queue_ids(topic) == [0, 1, 2, 3]
+        got = _read_all(store)
+        assert {k for k in got if k[:2] == (topic, 3)} == set(expected)
