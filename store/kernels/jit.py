@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from types import FunctionType
 
 import numpy as np

@@ -9,9 +9,7 @@ messages that end the halves.
 Sink half (a CommitLog record, layout :mod:`store.formats.codec`)::
 
     field / property        value
-    body                    the staged records, framed (below); halves staged by earlier
-                            versions hold an Arrow IPC stream of STAGED_RECORDS_SCHEMA or,
-                            before it, of STAGED_SCHEMA (both still committed)
+    body                    the staged records, framed (below)
     __transactionId__       "SINK" + 12 hex of the sink key + 16 random hex (32 characters);
                             always the first property
     TRAN_MSG                "true"
@@ -25,7 +23,7 @@ Framed body (the records in place, so that a task encodes them straight into the
 integers big-endian, N records, T topics)::
 
     off        size  type     field
-    0          4     bytes    FRAME_MAGIC "RMQF" (an Arrow IPC stream starts with 0xFFFFFFFF)
+    0          4     bytes    FRAME_MAGIC "RMQF"
     4          4     i32      N
     8          4     i32      T
     12         4     i32      L: bytes of the topic names
@@ -61,20 +59,6 @@ STAGED_RECORDS_SCHEMA (one row per message: the record the commit writes, alread
                                             every append places (queue id and offset,
                                             physical offset, store time)
 
-STAGED_SCHEMA (halves staged before STAGED_RECORDS_SCHEMA; still committed)::
-
-    column        type      meaning
-    topic         string    the destination topic
-    body          binary    the payload
-    properties    binary    the whole properties string (user properties, TAGS, KEYS,
-                            UNIQ_KEY), without the routing of a delayed row
-    tags_code     int64     the tag hash (ConsumeQueue tagsCode)
-    msg_id        string    the message id (UNIQ_KEY)
-    delay_level   int64     4.x delay level, 0: none
-    deliver_ms    int64     timer deliver time (epoch ms), -1: none
-    queue_id      int64     the queue the row asked for (queue_id / sharding_key), -1:
-                            round robin (absent from halves staged before it existed)
-
 Marker (``rmq_sys_sink_commit`` queue 0, a system topic: hidden from readers)::
 
     field / property        value
@@ -107,12 +91,6 @@ PROPERTY_SINK_BATCH = "__RMQ_SINK_BATCH"
 SINK_TX_PREFIX = "SINK"
 SINK_KEY_HEX = 12
 
-_STAGED_V1 = pa.schema([
-    ("topic", pa.string()), ("body", pa.binary()), ("properties", pa.binary()),
-    ("tags_code", pa.int64()), ("msg_id", pa.string()), ("delay_level", pa.int64()),
-    ("deliver_ms", pa.int64()),
-])
-STAGED_SCHEMA = _STAGED_V1.append(pa.field("queue_id", pa.int64()))
 STAGED_RECORDS_SCHEMA = pa.schema([
     ("topic", pa.dictionary(pa.int32(), pa.string())), ("queue_id", pa.int32()),
     ("tags_code", pa.int64()), ("record", pa.binary()),
@@ -152,15 +130,6 @@ def marker_code(sink_id: str, batch_id: int) -> int:
 def sink_code(sink_id: str) -> int:
     """The upper 32 bits every marker code of ``sink_id`` shares."""
     return int(sink_key(sink_id)[:8], 16) >> 1
-
-
-def encode_staged(table: pa.Table) -> pa.Buffer:
-    """The body of a sink half: ``table`` (STAGED_RECORDS_SCHEMA, or STAGED_SCHEMA) as an
-    Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
 
 
 def _up8(n: int) -> int:
@@ -228,32 +197,15 @@ def _decode_framed(body, file: str, position: int) -> pa.Table:
                     schema=STAGED_RECORDS_SCHEMA)
 
 
-def is_staged_records(table: pa.Table) -> bool:
-    """Whether a decoded half holds records (STAGED_RECORDS_SCHEMA) rather than rows."""
-    return table.schema.equals(STAGED_RECORDS_SCHEMA)
-
-
 def decode_staged(body, file: str, position: int) -> pa.Table:
-    """The rows of a sink half's body (STAGED_RECORDS_SCHEMA, framed or as a stream, or
-    STAGED_SCHEMA; bytes or a memoryview, not copied); :class:`CorruptRecordError` naming
-    the half (its segment ``file`` and CommitLog offset ``position``) if the body is none
-    of them."""
-    if bytes(memoryview(body)[:len(FRAME_MAGIC)]) == FRAME_MAGIC:
-        return _decode_framed(body, file, position)
-    try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptRecordError(file, position,
-                                 f"sink half whose body is no Arrow stream ({exc})") from None
-    if is_staged_records(table):
-        return table
-    if table.schema.equals(_STAGED_V1):  # staged before rows could ask for a queue
-        table = table.append_column("queue_id", pa.array([-1] * table.num_rows, pa.int64()))
-    if not table.schema.equals(STAGED_SCHEMA):
-        raise CorruptRecordError(
-            file, position, f"sink half whose rows have schema {table.schema}; expected "
-            f"{STAGED_RECORDS_SCHEMA} (or, staged by an older version, {STAGED_SCHEMA})")
-    return table
+    """The records of a sink half's framed body as a STAGED_RECORDS_SCHEMA table (bytes or a
+    memoryview, not copied); :class:`CorruptRecordError` naming the half (its segment
+    ``file`` and CommitLog offset ``position``) if the body is not framed or does not add
+    up."""
+    if bytes(memoryview(body)[:len(FRAME_MAGIC)]) != FRAME_MAGIC:
+        raise CorruptRecordError(file, position, "sink half whose body is not framed records "
+                                 f"(it does not start with {FRAME_MAGIC!r})")
+    return _decode_framed(body, file, position)
 
 
 def encode_marker(sink_id: str, batch_id: int, transactions: list[str]) -> bytes:

@@ -11,9 +11,6 @@ Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
   CommitLog segment, their body CRCs checked, and their records copied out, given their
   magic code and PREPAREDTRANSACTIONOFFSET, and placed by the core's columnar append
   (queue ids and offsets, physical offsets, store time): nothing is encoded again.
-* Halves of earlier versions still commit: records in an Arrow stream
-  (:func:`staged_records`, decoded as framed ones are), or rows rather than records
-  (STAGED_SCHEMA), committed by encoding their rows (:func:`append_group`).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from __future__ import annotations
 from contextlib import closing
 
 import numpy as np
-import pyarrow as pa
 
 from ..formats.codec import (
     FIELD_OFFSET,
@@ -43,9 +39,9 @@ from ..message import TRANS_HALF_TOPIC
 from ..formats.crc import crc32
 from ..errors import CorruptRecordError, MessageTooLargeError
 from ..kernels.record_kernels import ByteColumn, complete_staged, one_array
-from .format import STAGED_MAGIC, STAGED_RECORDS_SCHEMA, framed_head
-from ..produce.table_producer import (CHUNK_ROWS, append_prepared, assemble_rows, queues_for_chunk,
-                             round_robin_queues)
+from .format import STAGED_MAGIC, framed_head
+from ..produce.table_producer import (CHUNK_ROWS, assemble_rows, queues_for_chunk,
+                                     round_robin_queues)
 from ..produce.table_rows import PreparedRows
 from ..transaction.half import HALF_QUEUE_ID
 
@@ -58,44 +54,12 @@ _STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction
                       dtype=np.int64)
 
 
-def staged_records(store, rows: PreparedRows, real_qid: np.ndarray) -> pa.Table:
-    """The rows of one half as the records their commit writes (STAGED_RECORDS_SCHEMA), the
-    body of a half as the previous version staged it (an Arrow stream, with
-    :func:`~store.sink.format.encode_staged` and :func:`assemble_half`; still committed,
-    and how tests write such halves).  :func:`framed_half` stages halves now.
-
-    ``real_qid``: each row's queue as :func:`~store.produce.table_producer.chunk_queues` chose it;
-    a delayed row's routing names it (REAL_QID), a row that is not delayed and asked for
-    no queue is left to the commit's round robin (-1).
-    """
-    records = assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE,
-                            magic=STAGED_MAGIC)
-    n = len(records)
-    starts = records.starts
-    data = records.data
-    queues = np.where(_kept_queues(rows), records.queue_ids, -1).astype(np.int32)
-    offsets = np.empty(n + 1, dtype=np.int32)
-    offsets[:n] = starts - starts[0]
-    offsets[n] = offsets[n - 1] + records.sizes[n - 1]
-    body = data[starts[0]:starts[0] + int(offsets[n])]
-    record = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                    pa.py_buffer(body)])
-    # the dictionary is every topic of the rows, then the delay topics: the commit's append
-    # creates each, so a row that is only delayed so far has its topic once committed
-    topic = pa.DictionaryArray.from_arrays(
-        pa.array(np.asarray(records.topic_ids, np.int32)),
-        pa.array(list(records.topics), pa.string()))
-    return pa.table({"topic": topic, "queue_id": pa.array(queues),
-                     "tags_code": pa.array(np.asarray(records.tags_codes, np.int64)),
-                     "record": record}, schema=STAGED_RECORDS_SCHEMA)
-
-
 def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
                 properties: dict[str, str]) -> AssembledRecords:
     """One sink half holding the records of ``rows``, ready for :meth:`append_encoded`; needs
     no lock.
 
-    The records are those :func:`staged_records` stages (routed, CRCs computed, zero magic
+    The records are those the commit writes (routed, CRCs computed, zero magic
     code), but assembled by the record kernel straight into the half's framed body
     (:mod:`store.sink.format`): no Arrow stream or second record copies them.  The half is
     born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
@@ -269,22 +233,6 @@ def append_staged(store, group: list) -> int:
     return total
 
 
-def append_group(store, group: list) -> int:
-    """Append the staged rows of several halves (same born time per half) at once (in
-    chunks of :data:`~store.produce.table_producer.CHUNK_ROWS`, encoded on two threads)."""
-    tables = [t for t, _, _ in group if t.num_rows]
-    if not tables:
-        return 0
-    n = sum(t.num_rows for t in tables)
-    prepared = np.concatenate([np.full(t.num_rows, clog, dtype=np.int64)
-                               for t, clog, _ in group if t.num_rows])
-    born = np.concatenate([np.full(t.num_rows, b, dtype=np.int64)
-                           for t, _, b in group if t.num_rows])
-    rows = prepared_from_staged(pa.concat_tables(tables), born)
-    append_prepared(store, rows, sys_flag=TRANSACTION_COMMIT_TYPE, prepared_offsets=prepared)
-    return n
-
-
 def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
     """Properties, body (a view of the mapped segment, no copy) and born time of the half
     record at ``offset``; :class:`CorruptRecordError` when it is no record or its body
@@ -324,20 +272,6 @@ def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
         properties_length=np.array([len(props)], dtype=np.int64), topics=[spec.topic],
         topic_ids=np.zeros(1, np.int64), queue_ids=np.array([spec.queue_id], np.int64),
         tags_codes=np.array([code], np.int64)))
-
-
-def prepared_from_staged(table: pa.Table, born_ms) -> PreparedRows:
-    topics = one_array(table.column("topic")).dictionary_encode()
-    return PreparedRows(
-        topic_names=topics.dictionary.to_pylist(),
-        topic_ids=topics.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-        bodies=ByteColumn.from_arrow(table.column("body")),
-        properties=ByteColumn.from_arrow(table.column("properties")),
-        tags_codes=table.column("tags_code").to_numpy(),
-        msg_ids=ByteColumn.from_arrow(table.column("msg_id")),
-        levels=table.column("delay_level").to_numpy(),
-        deliver_ms=table.column("deliver_ms").to_numpy(),
-        born_ms=born_ms, queue_ids=table.column("queue_id").to_numpy())
 
 
 def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:

@@ -68,7 +68,6 @@ from .format import (
     decode_staged,
     encode_marker,
     is_sink_transaction,
-    is_staged_records,
     marker_code,
     marker_tags_code,
     new_transaction_id,
@@ -77,7 +76,6 @@ from .format import (
     transaction_prefix,
 )
 from .halves import (
-    append_group,
     append_staged,
     framed_half,
     half_bounds,
@@ -298,30 +296,22 @@ class Sink:
         """Append the rows of the halves ``rows`` (index rows) in their real topics, as
         COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
         store = self.store
-        total = 0
-        # halves of this version hold records, older ones rows: each kind is grouped apart
-        groups: dict[bool, list] = {True: [], False: []}
-        counts = {True: 0, False: 0}
-        def append(kind: bool, group: list) -> int:
-            return append_staged(store, group) if kind else append_group(store, group)
-
+        total, group, count = 0, [], 0
         for row in rows:
             clog = index.latest_clog(row)
-            props, body, born = half_view(store, clog)
+            props, body, _ = half_view(store, clog)
             if props.get(PROPERTY_SINK) != self.sink_id:
                 raise SinkCommitError(
                     f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is "
                     f"not a half of sink {self.sink_id!r}")
             table = decode_staged(body, store.commit_log.directory, clog)
-            kind = is_staged_records(table)
-            groups[kind].append((table, clog) if kind else (table, clog, born))
-            counts[kind] += table.num_rows
-            if counts[kind] >= COMMIT_GROUP_ROWS:
-                total += append(kind, groups[kind])
-                groups[kind], counts[kind] = [], 0
-        for kind, group in groups.items():
-            if group:
-                total += append(kind, group)
+            group.append((table, clog))
+            count += table.num_rows
+            if count >= COMMIT_GROUP_ROWS:
+                total += append_staged(store, group)
+                group, count = [], 0
+        if group:
+            total += append_staged(store, group)
         return total
 
 

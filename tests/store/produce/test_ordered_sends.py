@@ -11,7 +11,6 @@ from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidMessageError, Message, MessageStore, java_string_hash
 from store.message import sharding_queue
-from store.sink.format import _STAGED_V1, decode_staged
 
 
 def _java_queue(key: str, count: int) -> int:
@@ -97,7 +96,7 @@ def test_send_table_columns(store, clock):
             p.send_table(table, topic="orders")
 
 
-def test_the_sink_places_rows_by_key_and_reads_old_halves(store, clock):
+def test_the_sink_places_rows_by_key(store, clock):
     sink = store.sink("orders-sink")
     table = pa.table({"topic": ["orders"] * 6, "body": [b"%d" % i for i in range(6)],
                       "sharding_key": ["k1", "k2", "k1", "k2", "k1", None]})
@@ -110,12 +109,6 @@ def test_the_sink_places_rows_by_key_and_reads_old_halves(store, clock):
         key = table.column("sharding_key")[i].as_py()
         if key is not None:
             assert v.queue_id == sharding_queue(key, 4)
-    old = pa.table({name: [] for name in _STAGED_V1.names}, schema=_STAGED_V1)
-    sink_stream = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink_stream, _STAGED_V1) as writer:
-        writer.write_table(old)
-    decoded = decode_staged(sink_stream.getvalue().to_pybytes(), "test", 0)
-    assert decoded.column_names[-1] == "queue_id"
 
 
 @settings(max_examples=25, deadline=None)
