@@ -160,7 +160,7 @@ class StoreGroup:
 
     def store(self, name: str):
         """The member called ``name``."""
-        return self._stores[self._index(name)]
+        return self._stores[self.member_index(name)]
 
     @property
     def encode_threads(self) -> int:
@@ -177,13 +177,19 @@ class StoreGroup:
         """``[(name, store)]`` of every member, in order."""
         return list(zip(self.names, self._stores))
 
-    def _index(self, name: str) -> int:
+    def member_index(self, name: str) -> int:
+        """The position of member ``name`` among the group's stores."""
         if name not in self.names:
             raise InvalidGroupError(f"store {name!r} is not a member of the group "
                                     f"{self.root}; allowed: {', '.join(self.names)}")
         return self.names.index(name)
 
-    def _pick(self) -> int:
+    def member_at(self, i: int):
+        """The member at position ``i``."""
+        return self._stores[i]
+
+    def next_member(self) -> int:
+        """The position of the next member in the group's round robin (advancing it)."""
         i = self._next % len(self._stores)
         self._next = i + 1
         return i
@@ -281,7 +287,7 @@ class StoreGroup:
             store.flush()
 
     # ------------------------------------------------------------------ tables
-    def _split(self, data, topic: str | None, *, deterministic: bool) -> list:
+    def split_table(self, data, topic: str | None, *, deterministic: bool) -> list:
         """``[(member, rows prepared for it, their positions in the input)]``, every share
         validated before anything is written."""
         table = as_table(data)
@@ -302,7 +308,7 @@ class StoreGroup:
                 topic_ids = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
             routes = [self.route(t) for t in names]
         member, queue = route_rows(table, len(self._stores), topic_ids, routes,
-                                   deterministic=deterministic, start=self._pick())
+                                   deterministic=deterministic, start=self.next_member())
         if queue is not None:
             table = table.drop_columns(["sharding_key"]).append_column(
                 "queue_id", pa.array(queue, pa.int32(), mask=queue < 0))

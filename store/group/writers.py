@@ -2,7 +2,8 @@
 and :class:`GroupSink` (see :mod:`store.group.store_group` for where each message goes).
 
 They are made by :class:`~store.group.store_group.StoreGroup` and hold it as ``group``; they use its
-members, its round robin (``_pick``), its routes and its table split (``_split``).
+members, its round robin (``next_member``), its routes and its table split
+(``split_table``), through their public methods.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class GroupProducer:
                 raise InvalidMessageError(
                     f"queue_id={queue_id!r} without store=...; in a store group each store "
                     "has its own queue ids; allowed: store=<name> with it, or a sharding_key")
-            return self.group._pick(), None
-        return self.group._index(store), queue_id
+            return self.group.next_member(), None
+        return self.group.member_index(store), queue_id
 
     def send(self, message: Message, *, store: str | None = None, queue_id: int | None = None,
              sharding_key: str | None = None, **delay) -> SendResult:
@@ -81,10 +82,10 @@ class GroupProducer:
         members in contiguous slices; every share is validated before any member writes.
         Returns the results table, in input order, with a ``store`` column."""
         with paused_gc():
-            shares = self.group._split(data, topic, deterministic=False)
+            shares = self.group.split_table(data, topic, deterministic=False)
             results, order = [], []
             for i, rows, positions in shares:
-                out = append_prepared(self.group._stores[i], rows)
+                out = append_prepared(self.group.member_at(i), rows)
                 results.append(out.append_column(
                     "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
                 order.append(positions)
@@ -110,7 +111,7 @@ class GroupTransactionProducer:
         """As :meth:`TransactionProducer.send_in_transaction
         <store.transaction.producer.TransactionProducer.send_in_transaction>`, in one member;
         the result's ``store_name`` names it."""
-        i = self.group._pick()
+        i = self.group.next_member()
         return self._producers[i].send_in_transaction(message, arg)
 
 
@@ -126,7 +127,7 @@ class GroupSink:
         """Validate every row, route each by its body's CRC32 (or its sharding key) and stage
         each member's share; returns ``{store name: [transaction ids]}``."""
         with paused_gc():
-            shares = self.group._split(data, topic, deterministic=True)
+            shares = self.group.split_table(data, topic, deterministic=True)
             return {self.group.names[i]: self._sinks[i].stage_prepared(rows)
                     for i, rows, _ in shares}
 
