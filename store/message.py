@@ -11,7 +11,13 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol
 
-from .formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Record
+from .formats.codec import (
+    PROPERTIES_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_TYPE_MASK,
+    Record,
+)
 from .errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
 
 # --- property keys (RocketMQ MessageConst) -------------------------------------------------
@@ -369,7 +375,7 @@ def _check_text(what: str, value: object, allow_blank: bool = False) -> None:
         raise InvalidMessageError(f"{what} {value!r} must be a str")
     if not allow_blank and not value.strip():
         raise InvalidMessageError(f"{what} {value!r} must not be blank")
-    if "\x01" in value or "\x02" in value:
+    if PROPERTY_SEPARATOR in value or PROPERTIES_SEPARATOR in value:
         raise InvalidMessageError(
             f"{what} {value!r} contains 0x01 or 0x02, the properties separators; "
             "they are not allowed"

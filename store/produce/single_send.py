@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from ..formats.batch_encoding import user_properties_text
 from ..delayed.routing import check_headroom
+from ..formats.codec import PROPERTIES_SEPARATOR as END, PROPERTY_SEPARATOR as SEP
 from ..message import (
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
@@ -85,13 +86,13 @@ def _user_pairs(message: Message, keys: str | None, msg_id: str) -> str:
     """The properties string of a message as sent: its pairs, TAGS, KEYS, UNIQ_KEY."""
     tags, user = message.tags, message.properties
     if not (user or tags or keys):
-        return f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
+        return f"{PROPERTY_UNIQ_KEY}{SEP}{msg_id}{END}"
     text = user_properties_text(user) if user else ""
     if tags:
-        text += f"{PROPERTY_TAGS}\x01{tags}\x02"
+        text += f"{PROPERTY_TAGS}{SEP}{tags}{END}"
     if keys:
-        text += f"{PROPERTY_KEYS}\x01{keys}\x02"
-    return f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
+        text += f"{PROPERTY_KEYS}{SEP}{keys}{END}"
+    return f"{text}{PROPERTY_UNIQ_KEY}{SEP}{msg_id}{END}"
 
 
 def _checked(producer: Producer, message: Message, queue_id: int | None,
@@ -129,9 +130,9 @@ def send_timer(producer: Producer, message: Message, deliver_ms: int, now: int,
     out = store.timer.fire_time(deliver_ms)  # flow control may refuse it
     if queue is None:  # the real queue is chosen now, as a plain send would
         queue = store.next_queue(topic, store.ensure_topic(topic))
-    properties = (f"{_user_pairs(message, keys, msg_id)}{PROPERTY_REAL_TOPIC}\x01{topic}\x02"
-                  f"{PROPERTY_REAL_QUEUE_ID}\x01{queue}\x02{PROPERTY_TIMER_OUT_MS}\x01{out}\x02"
-                  f"{PROPERTY_TIMER_DELIVER_MS}\x01{deliver_ms}\x02").encode()
+    properties = (f"{_user_pairs(message, keys, msg_id)}{PROPERTY_REAL_TOPIC}{SEP}{topic}{END}"
+                  f"{PROPERTY_REAL_QUEUE_ID}{SEP}{queue}{END}{PROPERTY_TIMER_OUT_MS}{SEP}{out}{END}"
+                  f"{PROPERTY_TIMER_DELIVER_MS}{SEP}{deliver_ms}{END}").encode()
     check_headroom(store, properties)
     body = message.body
     if type(body) is not bytes:

@@ -44,7 +44,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..formats.codec import LOCALHOST, MESSAGE_MAGIC_CODE_V1
+from ..formats.codec import (
+    LOCALHOST,
+    MESSAGE_MAGIC_CODE_V1,
+    PROPERTIES_SEPARATOR,
+    PROPERTY_SEPARATOR,
+)
 from ..core.append_types import AssembledRecords, EncodedRecords, Presume
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
@@ -314,7 +319,7 @@ def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarr
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,
                    deliver - deliver % precision_ms)
     # REAL_TOPIC from a pair per distinct topic, then the int pairs, one compiled pass
-    routes = ByteColumn.of([f"{PROPERTY_REAL_TOPIC}\x01{name}\x02".encode("utf-8")
+    routes = ByteColumn.of([f"{PROPERTY_REAL_TOPIC}{PROPERTY_SEPARATOR}{name}{PROPERTIES_SEPARATOR}".encode("utf-8")
                             for name in names])
     delayed = by_level | by_timer
     starts = np.where(delayed, routes.starts[topic_ids], 0)

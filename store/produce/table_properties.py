@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidMessageError
+from ..formats.codec import PROPERTIES_SEPARATOR, PROPERTY_SEPARATOR
 from ..message import RESERVED_PROPERTY_NAMES
 from ..kernels.property_join import UserPairs, distinct_strings
 from ..kernels.jit import kernel_set
@@ -70,7 +71,7 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
             return None
         distinct, name_ids = distinct_strings(names)
         for name in distinct:
-            if ("\x01" in name or "\x02" in name or not name.strip()
+            if (PROPERTY_SEPARATOR in name or PROPERTIES_SEPARATOR in name or not name.strip()
                     or name in RESERVED_PROPERTY_NAMES or name.startswith("__RMQ")):
                 return None
         if not _plain_values(values):
