@@ -27,7 +27,7 @@ from ..message import Message, check_tags, validate_message, validate_topic
 from ..kernels.property_join import (PropertyParts, distinct_strings, join_properties, plain_keys,
                             property_parts)
 from ..kernels.record_kernels import ByteColumn, empty_column, one_array
-from .table_properties import any_blank, property_dicts, user_property_pairs
+from .table_properties import UserPairs, any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 
 COLUMNS = ("topic", "body", "tags", "keys", "properties", "delay_ms", "deliver_at",
@@ -273,6 +273,30 @@ def _prepare_by_rows(store: StorePort, table: pa.Table, topic: str | None,
 _BAD_KEYS = "[\x01\x02]|  |^ | $|[^\\S ]"
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedColumns:
+    """Topics, bodies, tags and keys of a table, checked and encoded as whole columns."""
+
+    names: list[str]          # the distinct topics
+    topic_ids: np.ndarray     # each row's index into ``names``
+    user_topics: pa.Array | None  # the table's topic column (``None``: one topic given)
+    bodies: ByteColumn
+    tags_codes: np.ndarray
+    tags: pa.Array | None     # Arrow strings, or ``None`` for no tags column
+    keys: pa.Array | None
+
+
+@dataclass(frozen=True, slots=True)
+class UserPairsOutcome:
+    """The user property pairs of a table (``None``: not plainly valid), or the error they
+    raise, and the rows' message ids (as ``(n, 32)`` characters and as an Arrow column)."""
+
+    users: UserPairs | None = None
+    error: InvalidMessageError | None = None
+    ids: np.ndarray | None = None
+    id_values: pa.Array | None = None
+
+
 #: From this many rows on, the whole-column path checks the property maps on a helper thread
 #: while the calling thread checks the other columns (Arrow compute releases the GIL).
 PARALLEL_ROWS = 16384
@@ -284,43 +308,45 @@ def _prepare_columns(store: StorePort, table: pa.Table, topic: str | None,
     this path does not take), so that :func:`_prepare_by_rows` names the bad row."""
     n = table.num_rows
 
-    def users_outcome():  # its error counts only if the other columns pass, as in sequence
+    def users_outcome() -> UserPairsOutcome:
+        # its error counts only if the other columns pass, as in sequence
         try:
             users = user_property_pairs(table)
         except InvalidMessageError as exc:
-            return None, exc, (None, None)
+            return UserPairsOutcome(error=exc)
         ids = store.id_generator.next_id_chars(n, now)  # here: the others take longer
         buffers = [None, pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32)),
                    pa.py_buffer(ids)]
-        return users, None, (ids, pa.Array.from_buffers(pa.string(), n, buffers))
+        return UserPairsOutcome(users, None, ids,
+                                pa.Array.from_buffers(pa.string(), n, buffers))
 
     tasks = (lambda: _checked_columns(store, table, topic), users_outcome)
     if n >= PARALLEL_ROWS:
         with closing(prepared_in_order(2, lambda k: tasks[k](),
                                            threads=store.encode_threads)) as done:
-            checked, (users, error, (ids, id_values)) = list(done)
+            checked, outcome = list(done)
     else:
         checked = tasks[0]()
-        users, error, (ids, id_values) = (tasks[1]() if checked is not None
-                                          else (None, None, (None, None)))
+        outcome = tasks[1]() if checked is not None else UserPairsOutcome()
     if checked is None:
         return None
-    if error is not None:
-        raise error
-    if users is None:
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.users is None:
         return None
-    names, topic_ids, user_topics, bodies, tags_codes, tags, keys = checked
+    c = checked
     levels, deliver = _delays(table, now, store)
-    props = property_parts(users, tags, keys, ids)  # joined per chunk, as it is encoded
-    msg_ids = ByteColumn.from_arrow(id_values)  # the ids' bytes and offsets, shared
-    return PreparedRows(names, topic_ids, bodies, props, tags_codes, msg_ids, levels, deliver,
-                        now, topic_values=user_topics, id_values=id_values)
+    # joined per chunk, as it is encoded
+    props = property_parts(outcome.users, c.tags, c.keys, outcome.ids)
+    msg_ids = ByteColumn.from_arrow(outcome.id_values)  # the ids' bytes and offsets, shared
+    return PreparedRows(c.names, c.topic_ids, c.bodies, props, c.tags_codes, msg_ids, levels,
+                        deliver, now, topic_values=c.user_topics, id_values=outcome.id_values)
 
 
-def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
-    """Topics, bodies, tags and keys checked and encoded as whole columns: ``(topic names,
-    topic ids, the topic column or ``None``, bodies, tagsCodes, tags, keys)`` (tags and keys
-    as Arrow strings or ``None``), or ``None`` when a column is not plainly valid."""
+def _checked_columns(store: StorePort, table: pa.Table, topic: str | None
+                     ) -> CheckedColumns | None:
+    """Topics, bodies, tags and keys checked and encoded as whole columns, or ``None`` when
+    a column is not plainly valid."""
     n = table.num_rows
     # topics: one check per distinct name
     if topic is not None:
@@ -381,7 +407,7 @@ def _checked_columns(store: StorePort, table: pa.Table, topic: str | None):
             return None
         elif len(keys) - keys.null_count and not _plain_keys(keys):
             return None
-    return names, topic_ids, user_topics, bodies, tags_codes, tags, keys
+    return CheckedColumns(names, topic_ids, user_topics, bodies, tags_codes, tags, keys)
 
 
 def _plain_keys(keys) -> bool:
