@@ -24,8 +24,14 @@ from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
 from ..errors import InvalidDelayError, InvalidMessageError
 from ..message import Message, check_tags, validate_message, validate_topic
-from ..kernels.property_join import (PropertyParts, distinct_strings, join_properties, plain_keys,
-                            property_parts)
+from ..kernels.property_join import (
+    PropertyParts,
+    UserPairs,
+    distinct_strings,
+    join_properties,
+    plain_keys,
+    property_parts,
+)
 from ..kernels.record_kernels import ByteColumn, empty_column, one_array
 from .table_properties import any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
