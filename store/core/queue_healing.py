@@ -6,8 +6,9 @@ store compares the queue with the entries the CommitLog gives for it
 (:func:`~store.core.recovery.scan_entries`, the walk recovery and ``rmq repair`` use):
 
 * they differ: the queue file is what is damaged.  A writable store rebuilds that queue under
-  its write lock: its files are set aside (renamed ``<name>.damaged``, never deleted, as
-  ``rmq repair`` does), the entries are written anew, a warning names what was set aside.
+  its write lock: its files are set aside (renamed ``<name>.damaged-<n>`` by
+  :func:`~store.files.fileio.move_aside`, never deleted), the entries are written anew, a
+  warning names what was set aside.
   A read-only store (a Spark task, ``rmq stats``) writes nothing: it serves that queue from
   an in-memory :class:`RebuiltQueue` for as long as it is open.  The read is then retried.
 * they agree: the record is what is damaged (a header field outside the body CRC, a body
@@ -26,6 +27,7 @@ import os
 import numpy as np
 
 from ..files.consume_queue import ENTRY_DTYPE, ConsumeQueue
+from ..files.fileio import move_aside
 from .dispatch import Dispatcher
 from .recovery import scan_entries
 
@@ -95,10 +97,7 @@ def rows_from_log(store, topic: str, queue_id: int) -> np.ndarray:
     confirmed = store.confirmed_offset()
     found = scan_entries(parts, store.commit_log.min_offset(), limit=confirmed,
                          resync_until=confirmed)
-    table = found.rows.get((topic, queue_id))
-    if table is None:
-        return np.empty((0, 4), dtype=np.int64)
-    return np.concatenate(table) if isinstance(table, list) else table
+    return found.rows.get((topic, queue_id), np.empty((0, 4), dtype=np.int64))
 
 
 def heal_queue(store, topic: str, queue_id: int, healed: dict) -> bool:
@@ -127,10 +126,9 @@ def heal_queue(store, topic: str, queue_id: int, healed: dict) -> bool:
         return True
     with store.write_lock():
         set_aside = _set_aside(current)
-        queue = ConsumeQueue(os.path.dirname(os.path.dirname(current.directory)), topic,
-                             queue_id, store.config.consume_queue_file_entries)
-        store._queues[key] = queue
+        del store._queues[key]  # the next lookup opens the queue afresh
         store.dispatcher.forget(key)
+        queue = store.consume_queue(topic, queue_id)
         if len(rows):
             order = np.argsort(rows[:, 0], kind="stable")
             store.dispatcher.dispatch_rows({key: rows[order]})
@@ -143,16 +141,7 @@ def heal_queue(store, topic: str, queue_id: int, healed: dict) -> bool:
 
 
 def _set_aside(queue: ConsumeQueue) -> list[str]:
-    """Rename the queue's files to ``*.damaged`` (never deleted); close the old object."""
-    names = []
+    """Move the queue's files aside (never deleted) after closing it; their new names."""
     queue.close()
-    for name in sorted(os.listdir(queue.directory)):
-        path = os.path.join(queue.directory, name)
-        if name.isdigit():
-            target, k = path + ".damaged", 1
-            while os.path.exists(target):  # an earlier copy set aside stays too
-                target, k = f"{path}.damaged.{k}", k + 1
-            os.replace(path, target)
-            names.append(os.path.relpath(path, os.path.dirname(os.path.dirname(
-                os.path.dirname(queue.directory)))))
-    return names
+    return [move_aside(os.path.join(queue.directory, name))
+            for name in sorted(os.listdir(queue.directory)) if name.isdigit()]
