@@ -47,9 +47,10 @@ FALLBACK_MAX_WORK = 512
 _SETS: list["KernelSet"] = []
 
 
-#: The objects other than arrays and numbers kernels were given, by ``id`` (kept alive so
-#: that the ``id`` stays theirs): in practice the few C functions of :func:`c_function`.
-_OBJECTS: dict[int, object] = {}
+#: Arguments other than arrays and numbers, as examples to type: the C functions of
+#: :func:`c_function` by ``id`` (kept alive, so the ``id`` stays theirs), anything else one
+#: per type (bounded: a new object per call must not grow it, nor ask for a compile per call).
+_OBJECTS: dict[object, object] = {}
 
 
 def _arg_key(a):
@@ -62,8 +63,10 @@ def _arg_key(a):
         return ("scalar", a.dtype.str)
     if isinstance(a, (bool, int, float)):
         return type(a)
-    _OBJECTS.setdefault(id(a), a)  # a C function (the CRC, memcpy): ctypes objects don't hash
-    return ("object", type(a), id(a))
+    # a C function (the CRC, memcpy) by identity (ctypes objects don't hash), others by type
+    which = id(a) if id(a) in _AS_PYTHON else type(a)
+    _OBJECTS.setdefault(which, a)
+    return ("object", which)
 
 
 def _prototype(key):
@@ -74,7 +77,7 @@ def _prototype(key):
     if kind == "scalar":
         return np.dtype(key[1]).type(0)
     if kind == "object":
-        return _OBJECTS[key[2]]
+        return _OBJECTS[key[1]]
     _, dtype, ndim, layout, readonly = key
     if layout == "A":
         value = np.zeros((4,) * ndim, dtype)[(slice(None, None, 2),) * ndim]
