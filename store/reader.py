@@ -19,8 +19,8 @@ from .errors import ReadOnlyStoreError, StoreNotFoundError
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.
 WRITE_METHODS = (
-    "append", "append_one", "append_batch", "append_encoded", "assemble_encoded", "producer",
-    "placement_chain",
+    "append", "append_one", "append_batch", "append_encoded", "append_assembled",
+    "assemble_encoded", "producer", "placement_chain",
     "transaction_producer",
     "deliver_due", "end_transaction", "end_transactions", "check_transactions",
     "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",

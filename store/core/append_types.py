@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import struct
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
@@ -102,7 +103,7 @@ class AssembledRecords:
     :class:`EncodedRecords` it was made from; ``dispatched``: whether the records get queue
     entries (their sys flag).  Made by :meth:`StoreCore.assemble_encoded
     <store.core.store_core.StoreCore.assemble_encoded>`, appended by
-    :meth:`StoreCore.append_encoded <store.core.store_core.StoreCore.append_encoded>`.
+    :meth:`StoreCore.append_assembled <store.core.store_core.StoreCore.append_assembled>`.
     """
 
     data: np.ndarray
@@ -130,6 +131,35 @@ class EncodedAppend:
     queue_offsets: np.ndarray
     commitlog_offsets: np.ndarray
     sizes: np.ndarray
+    store_timestamp_ms: int
+
+
+class OneRecord(NamedTuple):
+    """One plain record checked and laid out before the write lock (:meth:`Appender.prepare_one
+    <store.core.appender.Appender.prepare_one>`); :meth:`Appender.append_one
+    <store.core.appender.Appender.append_one>` packs and places it under the lock."""
+
+    topic: str
+    topic_bytes: bytes
+    body: bytes
+    properties: bytes
+    layout: struct.Struct  # the whole record (:func:`~store.formats.codec.whole_record_layout`)
+    size: int
+    body_crc: int
+    tags_code: int
+    flag: int
+    born_timestamp_ms: int
+    queue_count: int
+    queue_id: int | None  # ``None``: the next of the topic's round robin
+
+
+class SingleAppend(NamedTuple):
+    """Where :meth:`Appender.append_one <store.core.appender.Appender.append_one>` put its
+    record."""
+
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
     store_timestamp_ms: int
 
 

@@ -34,14 +34,18 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..formats import codec
-from ..formats.codec import RecordSpec
+from ..formats.codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
+                             RecordSpec, encode_blank, whole_record_layout)
+from ..formats.crc import crc32
 from ..errors import InvalidMessageError, MessageTooLargeError
 from ..kernels.record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
-                           EncodedAppend, EncodedRecords, Presume)
+                           EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
 from .dispatch import QueueEntries, is_dispatched
 from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
                             place_batch, placed_writes)
+
+_new_tuple = tuple.__new__  # a NamedTuple without its __new__'s keyword handling
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 _QUEUE_BITS = 20
@@ -52,6 +56,68 @@ def round_robin_start() -> int:
     producer's, so that processes that each send a little (Spark tasks, a sink's commit per
     micro-batch) spread over the queues instead of all filling queue 0 (tests pin it)."""
     return random.randrange(1 << 30)
+
+
+class _QueueGroups:
+    """The records of one append grouped by queue: ``keys[g]`` is group ``g``'s ``(topic,
+    queue id)``, ``counts[g]`` its records; ``order`` lists the records group by group
+    (stable), ``None`` when they all go to one queue (the usual batch: no grouping)."""
+
+    __slots__ = ("n", "keys", "counts", "group_of", "order", "group_start")
+
+    def __init__(self, n: int, keys: list[tuple[str, int]], counts: np.ndarray,
+                 group_of: np.ndarray | None, order: np.ndarray | None,
+                 group_start: np.ndarray | None) -> None:
+        self.n, self.keys, self.counts = n, keys, counts
+        self.group_of, self.order, self.group_start = group_of, order, group_start
+
+    @classmethod
+    def of(cls, records: AssembledRecords, qids: np.ndarray) -> _QueueGroups:
+        n = len(records)
+        topic_ids = records.topic_ids
+        q_min, q_max = int(qids.min()), int(qids.max())
+        if len(records.topics) == 1:  # (topic ids are all 0)
+            one_queue = q_min == q_max
+            queue_key = qids
+        else:
+            queue_key = (topic_ids << _QUEUE_BITS) | qids
+            one_queue = bool((queue_key == queue_key[0]).all())
+        if one_queue:
+            return cls(n, [(records.topics[int(topic_ids[0])], q_min)], np.array([n]),
+                       None, None, None)
+        uniq, group_of = np.unique(queue_key, return_inverse=True)
+        group_of = group_of.ravel()
+        if len(records.topics) == 1:
+            keys = [(records.topics[0], int(k)) for k in uniq.tolist()]
+        else:
+            keys = [(records.topics[int(k) >> _QUEUE_BITS], int(k) & ((1 << _QUEUE_BITS) - 1))
+                    for k in uniq.tolist()]
+        counts = np.bincount(group_of, minlength=len(uniq))
+        group_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        return cls(n, keys, counts, group_of, np.argsort(group_of, kind="stable"), group_start)
+
+    def queue_offsets(self, firsts: np.ndarray | None) -> np.ndarray:
+        """Each record's queue offset: its queue's ``firsts[g]`` plus its rank in the group
+        (zeros when the records are not indexed, ``firsts`` ``None``)."""
+        n = self.n
+        if firsts is None:
+            return np.zeros(n, dtype=np.int64)  # never indexed
+        if self.order is None:
+            return firsts[0] + np.arange(n, dtype=np.int64)
+        rank = np.empty(n, dtype=np.int64)
+        rank[self.order] = np.arange(n) - np.repeat(self.group_start, self.counts)
+        return firsts[self.group_of] + rank
+
+    def entries(self, firsts: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                codes: np.ndarray) -> QueueEntries:
+        """The queue entries of the records (see :data:`~store.core.dispatch.QueueEntries`)."""
+        if self.order is None:
+            return {self.keys[0]: (int(firsts[0]), starts, sizes, codes)}
+        entries: QueueEntries = {}
+        for g, key in enumerate(self.keys):
+            sel = self.order[self.group_start[g]:self.group_start[g] + self.counts[g]]
+            entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
+        return entries
 
 
 class Appender:
@@ -75,8 +141,8 @@ class Appender:
         self.max_properties = self.config.max_properties_size_bytes
         self.sync_flush = self.config.flush_disk_type == "SYNC_FLUSH"
         #: ``topic -> queue count`` of the topics this process appended single records to
-        #: (topics without a tagsCode rule; cleared when a rule is registered)
-        self.queue_counts: dict[str, int] = {}
+        #: (topics without a tagsCode rule; forgotten when a rule is registered)
+        self._plain_topics: dict[str, int] = {}
 
     # ------------------------------------------------------------------ atomic groups
     @contextmanager
@@ -297,103 +363,167 @@ class Appender:
         return assemble_unplaced(records, sizes, dispatched, allocate, presumed)
 
     def append_assembled(self, records: AssembledRecords) -> EncodedAppend:
-        """Place, patch, write and index assembled records (see :class:`AssembledRecords`)."""
-        n = len(records)
-        sizes = records.sizes
-        counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
-        topic_ids = records.topic_ids
-        qids = records.queue_ids
-        q_min, q_max = int(qids.min()), int(qids.max())
-        if q_min < 0 or q_max >= int(counts.min()):  # some id out of its topic's range
-            count = counts[topic_ids]
-            qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
-            q_min, q_max = int(qids.min()), int(qids.max())
+        """Place, patch, write and index assembled records (see :class:`AssembledRecords`).
 
+        The steps: each record's queue id within its topic's queues; the records grouped by
+        queue; each record's queue offset (its queue's end, in record order); the CommitLog
+        placement; the four placement fields written (unless the chunk was encoded for
+        exactly this placement); then :meth:`commit` with the queue entries.
+        """
+        qids = self._queue_ids_in_range(records)
         now = records.store_timestamp_ms
         if now is None:
             now = self.core.now_ms()
+        groups = _QueueGroups.of(records, qids)
         dispatched = records.dispatched
-        # queue offsets: each queue continues where it ends, in record order
-        if len(records.topics) == 1:  # (topic ids are all 0)
-            one_queue = q_min == q_max
-            queue_key = None if one_queue else qids
-        else:
-            queue_key = (topic_ids << _QUEUE_BITS) | qids
-            one_queue = bool((queue_key == queue_key[0]).all())
-        if one_queue:  # the usual batch: no grouping needed
-            uniq, gid = np.array([(int(topic_ids[0]) << _QUEUE_BITS) | q_min]), None
-            order, group_counts, group_start = None, np.array([n]), np.array([0])
-        else:
-            uniq, gid = np.unique(queue_key, return_inverse=True)
-            gid = gid.ravel()
-            order = np.argsort(gid, kind="stable")
-            group_counts = np.bincount(gid, minlength=len(uniq))
-            group_start = np.concatenate(([0], np.cumsum(group_counts)[:-1]))
-        keys = [(records.topics[int(k) >> _QUEUE_BITS], int(k) & ((1 << _QUEUE_BITS) - 1))
-                for k in uniq.tolist()]
-        if not dispatched:
-            queue_offsets = np.zeros(n, dtype=np.int64)  # never indexed
-        elif one_queue:
-            firsts = np.array([self.next_queue_offset(keys[0])], dtype=np.int64)
-            queue_offsets = firsts[0] + np.arange(n, dtype=np.int64)
-        else:
-            rank = np.empty(n, dtype=np.int64)
-            rank[order] = np.arange(n) - np.repeat(group_start, group_counts)
-            firsts = np.array([self.next_queue_offset(k) for k in keys], dtype=np.int64)
-            queue_offsets = firsts[gid] + rank
-
+        firsts = (np.array([self.next_queue_offset(k) for k in groups.keys], dtype=np.int64)
+                  if dispatched else None)
+        queue_offsets = groups.queue_offsets(firsts)
+        sizes = records.sizes
         starts, runs, end = place_batch(self.core.commit_log,
                                         self.config.commitlog_file_size_bytes,
                                         self.write_offset, sizes)
-        pre = records.presumed
-        if not (one_queue and dispatched and pre is not None and pre.log_end == self.write_offset
-                and pre.key == keys[0] and pre.queue_first == firsts[0]
-                and pre.store_timestamp_ms == now):  # (else written as they were encoded)
+        if not self._placed_as_presumed(records, groups, firsts, now):
             patch_placed(records, qids, queue_offsets, starts, now)
-        entries: QueueEntries = {}
-        if dispatched:
-            codes = records.tags_codes
-            if one_queue:
-                entries[keys[0]] = (int(firsts[0]), starts, sizes, codes)
-            for g, key in enumerate(keys if not one_queue else ()):
-                sel = order[group_start[g]:group_start[g] + group_counts[g]]
-                entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
+        entries = groups.entries(firsts, starts, sizes, records.tags_codes) if dispatched else {}
         self.commit(placed_writes(records, runs), entries, end, now)
         if dispatched:
-            for g, key in enumerate(keys):
-                self.queue_next[key] = int(firsts[g] + group_counts[g])
+            for g, key in enumerate(groups.keys):
+                self.queue_next[key] = int(firsts[g] + groups.counts[g])
         return EncodedAppend(qids, queue_offsets, starts, sizes, now)
 
+    def _queue_ids_in_range(self, records: AssembledRecords) -> np.ndarray:
+        """The records' queue ids, an id outside its topic's queues taken modulo their count
+        (missing topics are created)."""
+        counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
+        qids = records.queue_ids
+        if int(qids.min()) < 0 or int(qids.max()) >= int(counts.min()):
+            count = counts[records.topic_ids]
+            qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
+        return qids
+
+    def _placed_as_presumed(self, records: AssembledRecords, groups: _QueueGroups,
+                            firsts: np.ndarray | None, now: int) -> bool:
+        """Whether the records were encoded for the placement they get (see
+        :mod:`store.core.placement_chain`): one queue, indexed, presumed for this log end,
+        this queue offset and this store time."""
+        pre = records.presumed
+        return (pre is not None and firsts is not None and groups.order is None
+                and pre.log_end == self.write_offset and pre.key == groups.keys[0]
+                and pre.queue_first == firsts[0] and pre.store_timestamp_ms == now)
+
+    # ------------------------------------------------------------------ one record
+    def prepare_one(self, topic: str, body: bytes, properties: bytes, tags: str | None,
+                    flag: int, born_timestamp_ms: int, queue_id: int | None) -> OneRecord:
+        """Check and lay out one plain record, without the write lock (the single send's path).
+
+        Everything that needs no lock is done here: the size limits, the body CRC (C), the
+        tagsCode, the record's ``struct`` layout and the topic's queue count (a missing topic
+        is created, under the lock, the first time).  :meth:`append_one` does the rest.
+        """
+        topic_bytes = topic.encode("ascii")
+        body_length, topic_length, props_length = len(body), len(topic_bytes), len(properties)
+        if props_length > self.max_properties:
+            raise MessageTooLargeError(
+                f"properties of a message to {topic!r} are {props_length} bytes; allowed: at "
+                f"most {self.max_properties}")
+        size = FIXED_SIZE + body_length + topic_length + props_length
+        if size > self.max_record:
+            raise MessageTooLargeError(
+                f"a record of {size} bytes does not fit (max {self.max_record})")
+        count = self._plain_topics.get(topic)
+        if count is None:
+            count = self._plain_topic(topic)
+        if queue_id is not None and not 0 <= queue_id < count:
+            raise InvalidMessageError(
+                f"queue_id {queue_id} for topic {topic!r}; allowed: 0 to {count - 1}")
+        return _new_tuple(OneRecord, (
+            topic, topic_bytes, body, properties,
+            whole_record_layout(body_length, topic_length, props_length), size,
+            crc32(body) & 0x7FFFFFFF, self.core.dispatcher.tag_hash(tags), flag,
+            born_timestamp_ms, count, queue_id))
+
+    def _plain_topic(self, topic: str) -> int:
+        """The queue count of a topic met by :meth:`prepare_one` for the first time (created
+        when missing); a topic whose tagsCode has a rule is refused."""
+        if self.core.dispatcher.has_rule(topic):
+            raise InvalidMessageError(
+                f"append_one cannot index {topic!r} (its tagsCode comes from its "
+                "properties); use append()")
+        count = self._plain_topics[topic] = self.core.ensure_topic(topic)
+        return count
+
+    def forget_plain_topics(self) -> None:
+        """Check every topic for a tagsCode rule again (a rule was just registered)."""
+        self._plain_topics.clear()
+
+    def append_one(self, one: OneRecord) -> SingleAppend:
+        """Place, pack, write and index a record of :meth:`prepare_one` (lock held): one
+        ``struct.pack`` of the whole record, one write (two when the segment's rest must
+        become a blank first), one ConsumeQueue entry."""
+        (topic, topic_bytes, body, properties, layout, size, body_crc, tags_code, flag,
+         born_timestamp_ms, queue_count, queue_id) = one  # (one unpack: cheaper than fields)
+        qid = self.next_queue(topic, queue_count) if queue_id is None else queue_id
+        now = self.core.now_ms()
+        offset = self.write_offset
+        key = (topic, qid)
+        queue_offset = self.queue_next.get(key)
+        if queue_offset is None:
+            queue_offset = self.next_queue_offset(key)
+        blank_at = -1
+        remaining = self.file_size - offset % self.file_size
+        if size + BLANK.size > remaining:  # the rest of the segment is a blank
+            blank_at = offset
+            offset += remaining
+        record = layout.pack(
+            size, MESSAGE_MAGIC_CODE_V1, body_crc, qid, flag, queue_offset, offset, 0,
+            born_timestamp_ms, LOCALHOST, 0, now, LOCALHOST, STORE_PORT, 0, 0, len(body), body,
+            len(topic_bytes), topic_bytes, len(properties), properties)
+        self._begin()
+        if blank_at >= 0:
+            self.core.commit_log.write(blank_at, encode_blank(remaining))
+        self.core.commit_log.write(offset, record)
+        self._sync()
+        self.core.dispatcher.dispatch_one(key, queue_offset, offset, size, tags_code)
+        self._advance(offset + size, now)
+        self.queue_next[key] = queue_offset + 1
+        return _new_tuple(SingleAppend, (qid, queue_offset, offset, now))
+
     # ------------------------------------------------------------------ the one way down
-    def commit(self, chunks: Iterable[tuple[int, bytes]], entries: QueueEntries | tuple,
-               end: int, now: int) -> None:
+    def commit(self, chunks: Iterable[tuple[int, bytes]], entries: QueueEntries, end: int,
+               now: int) -> None:
         """Write CommitLog chunks, dispatch queue entries, then make them visible.
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
-        next is taken), each inside one segment; ``entries`` are
-        the queue entries (see :data:`~store.core.dispatch.QueueEntries`), or the one entry
-        of a single record as a tuple ``(key, queue offset, offset, size, tagsCode)``;
-        ``end`` is where the log ends afterwards.
+        next is taken), each inside one segment; ``entries`` are the queue entries (see
+        :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
+        Crash safety: mark the append, write, sync (SYNC_FLUSH), index, then publish.
         """
-        core = self.core
-        cp = core.checkpoint
-        grouped = self._group_start is not None
-        # Crash safety: mark the append, write, (sync), index, then publish.
-        if not grouped:
-            cp.begin_append(self.write_offset)
+        self._begin()
         for off, data in chunks:
-            core.commit_log.write(off, data)
+            self.core.commit_log.write(off, data)
+        self._sync()
+        self.core.dispatcher.dispatch(entries)
+        self._advance(end, now)
+
+    def _begin(self) -> None:
+        """Mark an append in progress (an atomic group has marked its start already)."""
+        if self._group_start is None:
+            self.core.checkpoint.begin_append(self.write_offset)
+
+    def _sync(self) -> None:
+        """With SYNC_FLUSH, make what was just written durable before it is indexed."""
         if self.sync_flush:
-            core.commit_log.flush(self.write_offset)
-        if type(entries) is tuple:
-            core.dispatcher.dispatch_one(*entries)
-        else:
-            core.dispatcher.dispatch(entries)
+            self.core.commit_log.flush(self.write_offset)
+
+    def _advance(self, end: int, now: int) -> None:
+        """Move the log's end to ``end`` and publish it (inside an atomic group: when the
+        group ends)."""
         self.write_offset = end
-        if grouped:  # published when the group ends
+        if self._group_start is not None:
             self._group_now = now
-            return
-        self._publish(now)
+        else:
+            self._publish(now)
 
     def _publish(self, now: int) -> None:
         """Confirm everything appended so far: readers may see it, recovery keeps it."""

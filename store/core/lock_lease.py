@@ -3,8 +3,9 @@
 Every append takes the store's ``flock`` so that processes sharing a store never interleave
 their writes.  Taking and giving it back costs two system calls, about 1.2 µs on the 2-core
 VM the benchmarks run on: an eighth of a single ``send``.  A process that sends single
-records again and again (the one-record path, :mod:`store.core.single_append`) may instead keep
-the lock for a short **lease** and pay for it once.  Larger appends (batches, tables, the
+records again and again (the one-record path,
+:meth:`~store.core.appender.Appender.append_one`) may instead keep the lock for a short
+**lease** and pay for it once.  Larger appends (batches, tables, the
 sink, delivery) gain nothing from it and take no lease; they use one that is held.
 
 * a lease lasts at most ``append_lock_lease_ms`` (1 ms by default) and at most

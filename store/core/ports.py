@@ -35,11 +35,10 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..formats.message_id import MessageIdGenerator
     from ..files.topics import TopicTable
     from .append_types import (AppendResult, AssembledRecords, BatchAppendResult,
-                               EncodedAppend, EncodedRecords, Presume)
+                               EncodedAppend, EncodedRecords, Presume, SingleAppend)
     from .appender import Appender
     from .placement_chain import PlacementChain
     from .record_writes import Allocate
-    from .single_append import SingleAppend
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
 RetentionListener = Callable[[int], None]
@@ -94,7 +93,9 @@ class StorePort(Protocol):
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
                      **kwargs) -> BatchAppendResult: ...
 
-    def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend: ...
+    def append_encoded(self, records: EncodedRecords) -> EncodedAppend: ...
+
+    def append_assembled(self, records: AssembledRecords) -> EncodedAppend: ...
 
     def assemble_encoded(self, records: EncodedRecords, *, allocate: Allocate | None = None,
                          presume: Presume | None = None) -> AssembledRecords: ...

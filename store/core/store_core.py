@@ -39,7 +39,7 @@ from ..errors import InvalidMessageError, StoreNotFoundError
 from ..formats.message_id import MessageIdGenerator
 from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
-                           EncodedRecords, Presume)
+                           EncodedRecords, Presume, SingleAppend)
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
@@ -58,7 +58,6 @@ from .recovery_start import (
 )
 from .repair import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
-from .single_append import SingleAppend, append_one
 
 
 class StoreCore(AppendLocking, ReadableStore):
@@ -114,7 +113,7 @@ class StoreCore(AppendLocking, ReadableStore):
                               tags_code: TagsCodeRule | None = None) -> None:
         """A service's system topic: its queue count and, optionally, its tagsCode rule."""
         self.dispatcher.register_system_topic(topic, queue_count, tags_code)
-        self.appender.queue_counts.clear()  # topics append_one knows to have no rule
+        self.appender.forget_plain_topics()
 
     def add_retention_listener(self, listener: RetentionListener) -> None:
         """Call ``listener(commitlog_min)`` after retention deleted CommitLog segments."""
@@ -275,7 +274,9 @@ class StoreCore(AppendLocking, ReadableStore):
     def append_one(self, topic: str, body: bytes, properties: bytes, tags: str | None = None,
                    flag: int = 0, born_timestamp_ms: int = 0,
                    queue_id: int | None = None) -> SingleAppend:
-        """Append one plain record (the single-send path, :mod:`store.core.single_append`).
+        """Append one plain record (the single-send path: :meth:`Appender.prepare_one
+        <store.core.appender.Appender.prepare_one>` without the lock, then
+        :meth:`Appender.append_one <store.core.appender.Appender.append_one>` under it).
 
         ``topic`` is validated, ``body`` the validated body, ``properties`` the encoded
         properties string; ``tags`` gives the ConsumeQueue tagsCode; ``queue_id`` of
@@ -284,8 +285,13 @@ class StoreCore(AppendLocking, ReadableStore):
         """
         if self._closed or self.flusher.error is not None:
             self._check_writable()
-        return append_one(self, topic, body, properties, tags, flag, born_timestamp_ms,
-                          queue_id)
+        one = self.appender.prepare_one(topic, body, properties, tags, flag, born_timestamp_ms,
+                                        queue_id)
+        outermost = self._lock(True, True)  # with a lease: the next send skips the flock
+        try:
+            return self.appender.append_one(one)
+        finally:
+            self._unlock(outermost)
 
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
                      tags: Sequence[str | None] | None = None, flags=0,
@@ -332,17 +338,23 @@ class StoreCore(AppendLocking, ReadableStore):
                 born_timestamp_ms=born_timestamp_ms, queue_id=queue_id, sys_flag=sys_flag,
                 born_host=born_host, born_port=born_port)
 
-    def append_encoded(self, records: EncodedRecords | AssembledRecords) -> EncodedAppend:
-        """Append records given as columns (see :class:`~store.core.append_types.EncodedRecords`),
-        or records already assembled by :meth:`assemble_encoded` (then only their placement
-        is done under the write lock)."""
+    def append_encoded(self, records: EncodedRecords) -> EncodedAppend:
+        """Append records given as columns (see :class:`~store.core.append_types.EncodedRecords`):
+        assembled and placed under the write lock."""
         self._check_writable()
-        if not len(records.sizes if isinstance(records, AssembledRecords) else records.headers):
+        if not len(records.headers):
             raise InvalidMessageError("append_encoded needs at least one record")
         with self._write_locked():
-            if isinstance(records, AssembledRecords):
-                return self.appender.append_assembled(records)
             return self.appender.append_encoded(records)
+
+    def append_assembled(self, records: AssembledRecords) -> EncodedAppend:
+        """Append records :meth:`assemble_encoded` made (outside the lock, maybe on another
+        thread): only their placement is done under the write lock."""
+        self._check_writable()
+        if not len(records):
+            raise InvalidMessageError("append_assembled needs at least one record")
+        with self._write_locked():
+            return self.appender.append_assembled(records)
 
     def assemble_encoded(self, records: EncodedRecords, *, allocate: Allocate | None = None,
                          presume: Presume | None = None) -> AssembledRecords:
@@ -350,7 +362,7 @@ class StoreCore(AppendLocking, ReadableStore):
         the append writes (queue id and offset, physical offset, store time).
 
         Takes no lock and may run on any thread, beside appends: writers encode the next
-        chunk of a large append while this one is written (:meth:`append_encoded` takes
+        chunk of a large append while this one is written (:meth:`append_assembled` takes
         the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
         ``allocate(records, sizes)`` returns the buffer the records are encoded into (see
         :func:`~store.core.record_writes.assemble_unplaced`); ``presume``: see

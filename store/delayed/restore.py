@@ -281,4 +281,4 @@ def _cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys) -> n
 
 def _append_restored(store: StorePort, records: AssembledRecords) -> None:
     """Place, write and index restored records through the core's columnar append."""
-    store.append_encoded(records)
+    store.append_assembled(records)

@@ -222,6 +222,28 @@ def encode_record(
     ))
 
 
+_HEADER_FORMAT = RECORD_HEADER.format.lstrip(">")
+#: ``(body, topic, properties) length -> struct.Struct`` of a whole record (bounded)
+_WHOLE_RECORD_LAYOUTS: dict[tuple[int, int, int], struct.Struct] = {}
+_WHOLE_RECORD_LAYOUTS_KEPT = 4096
+
+
+def whole_record_layout(body_length: int, topic_length: int,
+                        properties_length: int) -> struct.Struct:
+    """The ``struct.Struct`` of a whole v1 record with these lengths: the 88-byte header of
+    :data:`RECORD_HEADER`, the body, TOPICLENGTH, the topic, PROPERTIESLENGTH, the
+    properties; one ``pack`` writes a record (the single send's path).  Cached per lengths,
+    up to 4,096 of them."""
+    key = (body_length, topic_length, properties_length)
+    found = _WHOLE_RECORD_LAYOUTS.get(key)
+    if found is None:
+        found = struct.Struct(f">{_HEADER_FORMAT}{body_length}sB{topic_length}sh"
+                              f"{properties_length}s")
+        if len(_WHOLE_RECORD_LAYOUTS) < _WHOLE_RECORD_LAYOUTS_KEPT:
+            _WHOLE_RECORD_LAYOUTS[key] = found
+    return found
+
+
 class _LengthBytes(dict):
     """``n -> n`` as a big-endian i16 (a PROPERTIESLENGTH field), computed once per length."""
 

@@ -13,7 +13,7 @@ with their properties string built directly, in the order the general path
 
 Delay levels (their queue entries carry the due time, a rule of the schedule service) and
 subclasses of :class:`~store.message.Message` keep the general path.
-``tests/store/test_single_append.py`` compares the bytes of both ways.
+``tests/store/core/test_single_append.py`` compares the bytes of both ways.
 """
 
 from __future__ import annotations

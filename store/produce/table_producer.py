@@ -127,7 +127,7 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     lo = 0
     with closing(prepared_in_order(len(bounds), prepare, threads=store.encode_threads)) as encoded:
         for records, deliver in encoded:
-            placed = store.append_encoded(records)
+            placed = store.append_assembled(records)
             hi = lo + len(deliver)
             queue_offsets[lo:hi] = placed.queue_offsets
             commitlog_offsets[lo:hi] = placed.commitlog_offsets

@@ -16,6 +16,7 @@ Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 from __future__ import annotations
 
 from contextlib import closing
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from ..formats.codec import (
     decode_properties,
     encode_properties,
 )
-from ..core.append_types import AssembledRecords, EncodedRecords
+from ..core.append_types import AssembledRecords, EncodedRecords, Presumed
 from ..core.pipeline import prepared_in_order
 from ..message import TRANS_HALF_TOPIC
 from ..formats.crc import crc32
@@ -130,6 +131,19 @@ def _kept_queues(rows: PreparedRows) -> np.ndarray:
 
 
 
+class StagedChunk(NamedTuple):
+    """Records ``lo:hi`` of a commit, copied out of their halves and completed: record ``i``
+    is ``data[starts[i]:starts[i] + sizes[i]]``; ``presumed``: the placement their four
+    placement fields were written for, if any."""
+
+    lo: int
+    hi: int
+    data: np.ndarray
+    starts: np.ndarray
+    sizes: np.ndarray
+    presumed: Presumed | None
+
+
 def append_staged(store, group: list) -> int:
     """Commit the staged records of several halves (``(table, half offset)`` pairs,
     STAGED_RECORDS_SCHEMA) at once; return how many.
@@ -179,14 +193,14 @@ def append_staged(store, group: list) -> int:
         chunk_queue = round_robin_queues(store, names[0], chunks)
         chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
 
-    def prepare(k: int):  # reads the halves, writes only its own buffer
+    def prepare(k: int) -> StagedChunk:  # reads the halves, writes only its own buffer
         try:
             return copied(k)
         finally:
             if chain is not None:
                 chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
 
-    def copied(k: int):
+    def copied(k: int) -> StagedChunk:
         lo = k * CHUNK_ROWS
         hi = min(total, lo + CHUNK_ROWS)
         sizes = size[lo:hi]
@@ -218,18 +232,19 @@ def append_staged(store, group: list) -> int:
                 "field or magic code; its batch cannot commit")
         presumed = (None if chain is None else chain.presume_assembled(
             k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
-        return lo, hi, buf, starts, sizes, presumed
+        return StagedChunk(lo, hi, buf, starts, sizes, presumed)
 
     with closing(prepared_in_order(chunks, prepare, threads=store.encode_threads)) as ready:
-        for k, (lo, hi, buf, starts, sizes, presumed) in enumerate(ready):
+        for k, chunk in enumerate(ready):
+            lo, hi = chunk.lo, chunk.hi
             tids = topic_id[lo:hi]
             # -1: the next queue of the topic's round robin, one per chunk (as send_table)
             qids = (np.full(hi - lo, chunk_queue[k], np.int64) if round_robin
                     else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
-            store.append_encoded(AssembledRecords(
-                data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=tids,
-                queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
-                store_timestamp_ms=now, presumed=presumed))
+            store.append_assembled(AssembledRecords(
+                data=chunk.data, starts=chunk.starts, sizes=chunk.sizes, topics=names,
+                topic_ids=tids, queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
+                store_timestamp_ms=now, presumed=chunk.presumed))
     return total
 
 

@@ -144,7 +144,7 @@ class Sink:
         encoded = prepared_in_order(len(bounds), prepare, threads=store.encode_threads)
         with paused_gc(), closing(encoded) as halves:
             for tx, records in halves:
-                store.append_encoded(records)
+                store.append_assembled(records)
                 staged.append(tx)
         return staged
 

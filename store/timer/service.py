@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from typing import NamedTuple
 
 import numpy as np
 
@@ -89,6 +90,16 @@ def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
     return deliver_ms - deliver_ms % precision_ms
 
 
+class QueuedFires(NamedTuple):
+    """The fire times (and how many messages each) of the timer queue's offsets
+    ``start:end``, kept between runs while the wheel has not taken ``start`` yet."""
+
+    start: int
+    end: int
+    fires: np.ndarray
+    weights: np.ndarray
+
+
 class TimerService:
     """The timer wheel of one store (see the module docstring).
 
@@ -110,7 +121,7 @@ class TimerService:
         self._check_path = os.path.join(store.root, "config", "timercheck")
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
-        self._queued: tuple[int, int, np.ndarray, np.ndarray] | None = None
+        self._queued: QueuedFires | None = None
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel, self.log, damaged = open_timer_files(
                 store.root, self.slots, self.precision, cfg.timer_log_file_size_bytes)
@@ -326,14 +337,14 @@ class TimerService:
         store = self.store
         qmax = store.consume_queue(TIMER_TOPIC, 0).max_offset(store.confirmed_offset())
         cached = self._queued
-        if cached is None or cached[0] != start or cached[1] > qmax:
-            cached = (start, start, np.empty(0, np.int64), np.empty(0, np.int64))
-        if cached[1] < qmax:
-            fires, weights = fire_counts(store, cached[1], qmax)
-            cached = (start, qmax, np.concatenate([cached[2], fires]),
-                      np.concatenate([cached[3], weights]))
+        if cached is None or cached.start != start or cached.end > qmax:
+            cached = QueuedFires(start, start, np.empty(0, np.int64), np.empty(0, np.int64))
+        if cached.end < qmax:
+            fires, weights = fire_counts(store, cached.end, qmax)
+            cached = QueuedFires(start, qmax, np.concatenate([cached.fires, fires]),
+                                 np.concatenate([cached.weights, weights]))
         self._queued = cached
-        return cached[2], cached[3]
+        return cached.fires, cached.weights
 
     def pending_count(self) -> int:
         """Timer messages not yet delivered (wheel counts plus the un-enqueued queue tail)."""

@@ -77,18 +77,18 @@ def test_a_writer_between_chunks_makes_the_append_write_the_fields(tmp_path, clo
         p, q = s.producer("g"), other.producer("h")
         p.send_table(_table(1))
         core = s  # (a MessageStore is its StoreCore)
-        real = core.append_encoded
+        real = core.append_assembled
 
         def interleaved(records):
             q.send_table(_table(3))  # the same topic: its queues move on too
             return real(records)
 
-        core.append_encoded = interleaved
+        core.append_assembled = interleaved
         try:
             patches.clear()
             out = p.send_table(_table(N))
         finally:
-            del core.append_encoded
+            del core.append_assembled
         chunks = -(-N // CHUNK_ROWS)
         assert len(patches) >= chunks  # (the other handle's one-chunk tables add theirs)
         assert _check_every_queue(s) == N + 1 + 3 * chunks

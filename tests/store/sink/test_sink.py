@@ -263,13 +263,13 @@ _KILLER = textwrap.dedent("""
                                    "body": [b"x%d" % i for i in range(20000)]}}))
     open(sys.argv[2], "w").write("\\n".join(staged))
     calls = [0]
-    real = StoreCore.append_encoded
+    real = StoreCore.append_assembled
     def dying(self, *a, **k):  # the commit's appends, one per chunk of rows
         calls[0] += 1
         if calls[0] == int(sys.argv[3]):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, *a, **k)
-    StoreCore.append_encoded = dying
+    StoreCore.append_assembled = dying
     sink.commit(0, staged)
 """)
 

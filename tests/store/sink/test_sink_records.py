@@ -178,7 +178,7 @@ def test_a_half_written_wrongly_never_commits(tmp_path, small_config, clock):
                             PROPERTY_PRODUCER_GROUP: "rmq-sink", PROPERTY_SINK: "y",
                             PROPERTY_SINK_ROWS: "5"},
                 queue_id=HALF_QUEUE_ID, born_timestamp_ms=half.born_timestamp_ms)
-            store.append_encoded(assemble_half(store, spec))
+            store.append_assembled(assemble_half(store, spec))
             end = store.confirmed_offset()
             with pytest.raises(CorruptRecordError, match="wrong size field or magic code"):
                 store.sink("y").commit(0, [tx])
@@ -241,7 +241,7 @@ def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, c
             spec = RecordSpec(topic=TRANS_HALF_TOPIC, body=half.body,
                               properties=dict(half.properties), queue_id=HALF_QUEUE_ID,
                               born_timestamp_ms=half.born_timestamp_ms)
-            placed = store.append_encoded(assemble_half(store, spec))
+            placed = store.append_assembled(assemble_half(store, spec))
             assert _raw(store, int(placed.commitlog_offsets[0])) == raw
 
 
