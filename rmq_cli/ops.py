@@ -26,12 +26,25 @@ from .opening import keyed_by_store, open_writable_store, store_members
               help="Run the transaction check rounds here and publish their questions; "
                    "resolvers (a Spark view=transaction_checks query with "
                    "checkRounds=server) then only answer.")
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="Also serve the store over Arrow Flight here, for rmq://HOST:PORT clients "
+                   "(Spark executors on other hosts, store.connect). Off unless given.")
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A file whose first line is the shared secret every network request must "
+                   "carry (needed for a non-loopback --listen, unless --insecure).")
+@click.option("--insecure", is_flag=True,
+              help="Serve a non-loopback --listen address without a token.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="PEM certificate chain: serve rmqs:// (TLS); needs --tls-key.")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="PEM private key of --tls-cert.")
 @click.option("--duration-s", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          check_transactions, duration_s, log_level):
+          check_transactions, listen, token_file, insecure, tls_cert, tls_key, duration_s,
+          log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -40,7 +53,7 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
     """
     import logging
 
-    from store import StoreConfig, StoreServer, is_store_group
+    from store import StoreConfig, StoreError, StoreServer, is_store_group
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     changes = {k: v for k, v in (("delete_when", delete_when),
@@ -48,16 +61,48 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
                                  ("disk_max_used_space_ratio", disk_max_used_space_ratio))
                if v is not None}
     config = StoreConfig().replace(**changes) if changes else None
+    network = _network_options(listen, token_file, insecure, tls_cert, tls_key)
     if not is_store_group(store_path):
-        server = StoreServer(store_path, config, check_transactions=check_transactions)
+        try:
+            server = StoreServer(store_path, config, check_transactions=check_transactions,
+                                 **network)
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from None
         server.install_signal_handlers()
-        click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}); SIGTERM or Ctrl-C "
-                   "stops", err=True)
+        where = f"; clients connect to {server.url}" if server.url else ""
+        click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}){where}; SIGTERM or "
+                   "Ctrl-C stops", err=True)
         counters = server.run(duration_s=duration_s)
         click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
                    f"{counters.segments_deleted} segment(s) deleted", err=True)
         return
+    if listen is not None:
+        raise click.UsageError(
+            "--listen serves one store; for a store group, run `rmq serve --store MEMBER "
+            "--listen ...` for each member (see group.json for their directories)")
     _serve_group(store_path, config, check_transactions, duration_s)
+
+
+def _network_options(listen, token_file, insecure, tls_cert, tls_key) -> dict:
+    """The network settings of ``rmq serve`` as :class:`store.StoreServer` arguments."""
+    from store import InvalidConfigError
+    from store import read_token
+
+    if listen is None:
+        if token_file or insecure or tls_cert or tls_key:
+            raise click.UsageError("--token-file, --insecure and --tls-* need --listen")
+        return {}
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    try:
+        token = read_token(token_file=token_file) if token_file else None
+    except InvalidConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    tls = None
+    if tls_cert is not None:
+        with open(tls_cert, "rb") as cert, open(tls_key, "rb") as key:
+            tls = (cert.read(), key.read())
+    return {"listen": listen, "token": token, "tls": tls, "insecure": insecure}
 
 
 def _serve_group(path, config, check_transactions, duration_s) -> None:

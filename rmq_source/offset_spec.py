@@ -27,8 +27,10 @@ OPTION_NAMES = {name.lower(): name for name in (
     "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
-    "verifyCrc", "checkRounds",
+    "verifyCrc", "checkRounds", "token", "tokenFile", "tlsRootCerts", "timeoutMs",
 )}
+#: Options of an ``rmq://`` path (a served store), taken out of the option map at parse time.
+REMOTE_OPTION_NAMES = frozenset({"token", "tokenfile", "tlsrootcerts", "timeoutms"})
 
 def _fail(name: str, value: object, problem: str, allowed: str) -> InvalidOptionError:
     return InvalidOptionError(f"option {OPTION_NAMES.get(name, name)}={value!r}: {problem}; "

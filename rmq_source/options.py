@@ -25,16 +25,17 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
-from store import InvalidTopicError, is_system_topic, validate_group
+from store import InvalidConfigError, InvalidTopicError, is_remote, is_system_topic, validate_group
 
 from .errors import InvalidOptionError
 from .offset_spec import (  # noqa: F401 - re-exported: the options' public names
     EARLIEST,
     LATEST,
     OPTION_NAMES,
+    REMOTE_OPTION_NAMES,
     OffsetSpec,
     _fail,
     _parse_topic,
@@ -55,10 +56,20 @@ _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteAccess:
+    """How to reach a served store (``rmq://`` path): its token, the TLS roots, the time
+    bound of a call.  The token never appears in a ``repr`` (Spark plans, logs)."""
+
+    token: str | None = field(default=None, repr=False)
+    tls_root_certs: str | None = None
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
 class RmqOptions:
     """Every option of one ``rmq`` read or write, parsed and checked.
 
-    ``raw``: the option map as given (lower-cased keys).  ``streaming``: ``True``/``False``
+    ``raw``: the option map as given (lower-cased keys), without the token options.  ``streaming``: ``True``/``False``
     for stream/batch readers, ``None`` when not known yet (``schema()``) or for writers.
     ``columns``: the message columns a narrower user schema asks for (``None``: all).
     """
@@ -84,6 +95,8 @@ class RmqOptions:
     streaming: bool | None = None
     columns: tuple[str, ...] | None = None
     raw: Mapping[str, str] = field(default_factory=dict)
+    #: how to reach the store when ``path`` is an ``rmq://`` URL (``None`` for a directory)
+    remote: RemoteAccess | None = None
 
     def matches_topic(self, topic: str) -> bool:
         """Whether ``topic`` is subscribed (system topics never are)."""
@@ -203,9 +216,41 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
         raise InvalidOptionError(
             "option path is missing; allowed: the store directory, given with .load(path) "
             "or .option('path', ...)")
+    remote = _parse_remote(raw, path)
+    raw = {k: v for k, v in raw.items() if k not in REMOTE_OPTION_NAMES}
 
     if write:
-        return _parse_write(raw, path, streaming)
+        return replace(_parse_write(raw, path, streaming), remote=remote)
+    return replace(_parse_read(raw, path, streaming), remote=remote)
+
+
+def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
+    """The options of a served store (``rmq://`` path); refused for a directory."""
+    given = sorted(REMOTE_OPTION_NAMES & raw.keys())
+    if not is_remote(path):
+        for key in given:
+            raise _fail(key, "***" if key == "token" else raw[key],
+                        "applies to a served store only",
+                        "an rmq://HOST:PORT or rmqs://HOST:PORT path, or leave it out")
+        return None
+    from store import connect, read_token
+
+    try:
+        connect(path).close()  # checks the URL; nothing is sent
+        token = read_token(raw.get("token"), raw.get("tokenfile"))
+    except InvalidConfigError as exc:
+        raise InvalidOptionError(f"option path={path!r} or its token: {exc}") from None
+    roots = raw.get("tlsrootcerts")
+    timeout_s = 60.0
+    if "timeoutms" in raw:
+        timeout_s = _parse_int("timeoutms", raw["timeoutms"], 1,
+                               "an integer >= 1 (milliseconds a call to the server may take)"
+                               ) / 1000
+    return RemoteAccess(token=token, tls_root_certs=roots, timeout_s=timeout_s)
+
+
+def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
+    """Options of a reader (see :func:`parse_options`)."""
 
     for key in sorted(_WRITE_ONLY & raw.keys()):
         raise _fail(key, raw[key], "applies to writing only",

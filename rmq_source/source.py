@@ -38,7 +38,11 @@ class RmqDataSource(DataSource):
         return "rmq"
 
     def _options(self, *, streaming: bool | None, write: bool = False) -> RmqOptions:
-        return parse_options(dict(self.options), streaming=streaming, write=write)
+        from .stores import use_remote
+
+        options = parse_options(dict(self.options), streaming=streaming, write=write)
+        use_remote(options)
+        return options
 
     def schema(self) -> str:
         if "action" in self.options:  # a write: the rows it takes
@@ -61,6 +65,12 @@ class RmqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options(streaming=True)
+        if opts.view == "transaction_checks" and opts.remote is not None:
+            raise InvalidOptionError(
+                f"option view=transaction_checks with path={opts.path!r}: the check loop runs "
+                "on a store directory or group only, not yet over rmq://; allowed: run it on "
+                "the store's host, or `rmq serve --check-transactions` there with the "
+                "answers written back through action=end_transaction over rmq://")
         if opts.view == "transaction_checks":
             from .stores import store_members
             from .transaction_checks import TransactionChecksStreamReader

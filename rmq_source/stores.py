@@ -6,6 +6,12 @@ check loop, the ``end_transaction`` writer) open a :class:`store.MessageStore`, 
 after a read-only open succeeded, so that a mistyped path fails instead of creating a new,
 empty store there.  Every failure becomes an error of this package naming the option or the
 action and what is allowed.
+
+A path may also be a served store's URL (``rmq://HOST:PORT``, ``rmqs://``, ``rmq serve
+--listen``): then every open returns a client of that server (:func:`store.connect`), built in
+the process that uses it (gRPC is not fork-safe), and no store file is opened here.  How to
+reach it (token, TLS roots, time bound) comes from the query's options: :func:`use_remote`
+records them, on the driver and in each task.
 """
 
 from __future__ import annotations
@@ -16,16 +22,43 @@ from store import (
     StoreGroup,
     StoreNotFoundError,
     StoreReader,
+    connect,
+    is_remote,
     is_store_group,
 )
 
 from .errors import InvalidOptionError, RmqSourceError
+from .options import RemoteAccess, RmqOptions
+
+#: ``rmq://`` path -> how to reach it (this process's queries; the last one's wins)
+_access: dict[str, RemoteAccess] = {}
+
+
+def use_remote(options: RmqOptions) -> None:
+    """Record how to reach ``options.path`` when it is a served store (driver and tasks call
+    it before opening)."""
+    if options.remote is not None:
+        _access[options.path] = options.remote
+
+
+def _open_remote(path: str, what: str):
+    access = _access.get(path) or RemoteAccess()
+    store = connect(path, token=access.token, timeout_s=access.timeout_s,
+                    tls_root_certs=access.tls_root_certs)
+    try:
+        store.info()  # reachable, and the token accepted
+    except StoreError as exc:
+        store.close()
+        raise InvalidOptionError(f"{what}={path!r}: {exc}") from None
+    return store
 
 _ALLOWED = "allowed: the directory of an existing rmq store"
 
 
 def open_reader(path: str) -> StoreReader:
     """Open the store at ``path`` read-only; a bad path is an :class:`InvalidOptionError`."""
+    if is_remote(path):
+        return _open_remote(path, "option path")
     if is_store_group(path):
         raise InvalidOptionError(
             f"option path={path!r} is a store group; this works on one store only; allowed: "
@@ -64,6 +97,8 @@ def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourc
     hint : str
         Appended to the "allowed" part of that message (another way out, if any).
     """
+    if is_remote(path):  # the server writes
+        return _open_remote(path, f"{needs}: path")
     open_reader(path).close()  # a writable open would create a store at a mistyped path
     try:
         return MessageStore.open(path)
@@ -100,6 +135,9 @@ def ensure_store(path: str) -> None:
     an existing store or store group is only checked to be readable)."""
     import os
 
+    if is_remote(path):
+        open_reader(path).close()
+        return
     if is_store_group(path):
         for _, member in store_members(path):
             open_reader(member).close()

@@ -32,6 +32,8 @@ from .errors import (
                      MessageTooLargeError,
                      OffsetOutOfRangeError,
                      ReadOnlyStoreError,
+                     AuthenticationError,
+                     RemoteError,
                      SinkCommitError,
                      StoreClosedError,
                      StoreError,
@@ -57,6 +59,8 @@ from .group.layout import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
 from .operations.server import StoreServer, server_status, warm_up
+from .remote import connect
+from .remote.address import is_remote, read_token
 from .sink.sink import Sink, SinkCommit
 
 __all__ = [
@@ -75,4 +79,5 @@ __all__ = [
     "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",
     "keep_freed_heap", "warm_up",
     "validate_topic",
+    "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
 ]

@@ -119,3 +119,12 @@ class CorruptRecordError(StoreError):
         self.position = position
         self.reason = reason
         super().__init__(f"corrupt record in {file} at position {position}: {reason}")
+
+
+class RemoteError(StoreError):
+    """A store served over the network (``rmq://``) could not be reached or answered wrongly:
+    refused, timed out, or the connection was lost.  The message names the address."""
+
+
+class AuthenticationError(RemoteError):
+    """A served store refused a request: its token is missing or wrong (nothing was done)."""

@@ -13,7 +13,7 @@ layer  name        folders
 1      core        ``core/``: StoreCore: opening, locks, the Appender, the one dispatch path,
                    reading, Arrow decoding, recovery, retention; the port services use
 2      services    ``delayed/``, ``timer/``, ``transaction/``: they see only the port
-3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``; the root's
+3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``; the root's
                    MessageStore and StoreReader: what users call
 =====  ==========  ============================================================================
 
@@ -40,6 +40,7 @@ FOLDERS: dict[str, int] = {
     "sink": FACADE,
     "group": FACADE,
     "operations": FACADE,
+    "remote": FACADE,
 }
 
 #: Modules whose layer is not their folder's: the root's, and the on-disk structures that a

@@ -49,12 +49,13 @@ from dataclasses import dataclass, field
 
 from .check_rounds import publish_check_round
 from ..config import StoreConfig
-from ..errors import StoreError
+from ..errors import InvalidConfigError, StoreError
 from ..files.fileio import atomic_write
 from ..kernels import jit
 from ..files.abort_marker import MARKER_FILE, write_marker
 from ..message import Message
 from ..message_store import MessageStore
+from ..remote.address import RemoteAddress
 
 log = logging.getLogger("store.operations.server")
 
@@ -158,6 +159,15 @@ class StoreServer:
         As for ``MessageStore.open``.
     clock : callable, optional
         Epoch-ms clock of the store (tests); the loop itself sleeps in real time.
+    listen : str, optional
+        ``HOST:PORT`` to serve the store on over Arrow Flight (``rmq serve --listen``;
+        :mod:`store.remote.service`), for ``rmq://`` clients; port 0 picks a free one
+        (:attr:`url` says which).  Off unless given.
+    token : str, optional
+        The shared secret every network request must carry.  A non-loopback ``listen``
+        needs one, or ``insecure=True``.
+    tls : (bytes, bytes), optional
+        PEM certificate chain and key: serve ``rmqs://`` (TLS) instead of ``rmq://``.
 
     Raises
     ------
@@ -166,17 +176,34 @@ class StoreServer:
     """
 
     def __init__(self, path: str, config: StoreConfig | dict | None = None, *,
-                 clock=None, check_transactions: bool = False) -> None:
+                 clock=None, check_transactions: bool = False, listen: str | None = None,
+                 token: str | None = None, tls: tuple[bytes, bytes] | None = None,
+                 insecure: bool = False) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
+        address = None
+        if listen is not None:
+            address = RemoteAddress.listen(listen, tls=tls is not None)
+            if not address.loopback and token is None and not insecure:
+                raise InvalidConfigError(
+                    f"listening on {listen} (not a loopback address) needs a token "
+                    "(--token-file FILE); allowed: a token, or --insecure to serve anyone who "
+                    "can reach the port")
         # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)
+        self.service = None
         try:
             self._lock_fd = _take_lock(self.path)
+            if address is not None:
+                from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
+
+                self.service = StoreService(self.store, address, token=token, tls=tls)
         except BaseException:
+            if getattr(self, "_lock_fd", None) is not None:
+                os.close(self._lock_fd)
             self.store.close()
             raise
         cfg = self.store.config
@@ -187,6 +214,12 @@ class StoreServer:
         self._next_check = time.monotonic()  # the first round at once
         self._last_beat = 0.0
         self._warming_reported: bool | None = None
+
+    @property
+    def url(self) -> str | None:
+        """The ``rmq://`` (or ``rmqs://``) URL clients connect to; ``None`` when not
+        listening."""
+        return None if self.service is None else self.service.url
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -224,6 +257,9 @@ class StoreServer:
         if self._lock_fd is None:
             return
         try:
+            if self.service is not None:
+                self.service.shutdown()  # waits for the calls in progress
+                self.service.close_readers()
             self._write_status(running=False)
         finally:
             self.store.close()
@@ -324,7 +360,7 @@ class StoreServer:
                 "last_run_delivered": c.last_run_delivered,
                 "retention_runs": c.retention_runs, "segments_deleted": c.segments_deleted,
                 "check_rounds": c.check_rounds, "checks_published": c.checks_published,
-                "precision_ms": self.precision, "errors": c.errors}
+                "precision_ms": self.precision, "errors": c.errors, "listen": self.url}
         try:
             atomic_write(os.path.join(self.path, STATUS_FILE),
                          json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)

@@ -1,0 +1,39 @@
+"""A store served over the network: Arrow Flight (``rmq serve --listen``, ``rmq://`` URLs).
+
+``address`` parses URLs and tokens, ``wire`` names the Flight calls both sides use,
+``service`` answers them beside ``rmq serve``'s loop, ``client`` makes them.  ``pyarrow.flight``
+(gRPC) is imported only by ``service`` and ``client``, when a store is served or connected to.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+
+from .address import DEFAULT_TIMEOUT_S
+
+if typing.TYPE_CHECKING:
+    from .client import RemoteStore
+
+
+def connect(url: str, *, token: str | None = None, token_file: str | None = None,
+            timeout_s: float = DEFAULT_TIMEOUT_S,
+            tls_root_certs: str | os.PathLike | None = None) -> RemoteStore:
+    """A handle on the store served at ``url`` (``rmq://HOST:PORT`` or ``rmqs://``).
+
+    Parameters
+    ----------
+    token, token_file : str, optional
+        The server's shared secret, or a file whose first line is it.
+    timeout_s : float
+        Bound on each call; past it the call raises :class:`~store.errors.RemoteError`.
+    tls_root_certs : path, optional
+        PEM file of the certificates that sign the server's (``rmqs://``; default: the
+        system's roots).
+
+    Nothing is sent until the first call; use it as a context manager or call ``close()``.
+    """
+    from .client import RemoteStore
+
+    return RemoteStore(url, token=token, token_file=token_file, timeout_s=timeout_s,
+                       tls_root_certs=tls_root_certs)

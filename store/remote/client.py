@@ -1,0 +1,377 @@
+"""A served store seen from another process or host: :class:`RemoteStore`.
+
+:func:`store.connect` (``connect("rmq://HOST:PORT")``) gives an object with the reading methods of a
+:class:`~store.StoreReader` (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``,
+``offset_for_timestamp``, ``read_arrow``) and the writing ones of a
+:class:`~store.MessageStore` that a client needs (``producer``, ``transaction_producer``,
+``sink``, ``end_transaction(s)``, ``deliver_due``, ``flush``), with the same results and the
+same typed errors: the server raises, the client raises the same class again.  A server that
+cannot be reached, or does not answer within ``timeout_s``, raises
+:class:`~store.errors.RemoteError` naming the address; a wrong token
+:class:`~store.errors.AuthenticationError`.
+
+The Flight client (gRPC underneath) is made at the first call, in the process making it, and
+again after a ``fork`` (gRPC is not fork-safe; PySpark forks its Python workers), so a
+``RemoteStore`` may be built on Spark's driver and used in a task.
+
+Queue bounds (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``) come from one
+snapshot of every queue, taken at the first such call and again once it is older than
+:data:`SNAPSHOT_MAX_AGE_S`: planning a query over many queues costs one round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+from pyarrow import flight
+
+from ..core.arrow_decode import MESSAGE_SCHEMA
+from ..errors import UnknownTopicError
+from ..message import LocalTransactionState, Message, SendResult
+from ..sink.sink import SinkCommit
+from ..transaction.check import parse_state
+from ..transaction.producer import TransactionSendResult
+from .address import DEFAULT_TIMEOUT_S, RemoteAddress, read_token
+from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote
+
+#: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
+SNAPSHOT_MAX_AGE_S = 0.5
+
+
+def _message_body(message: Message) -> dict:
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    keys = message.keys
+    if isinstance(keys, tuple):
+        keys = list(keys)
+    return {"topic": message.topic, "body": b64(body), "tags": message.tags, "keys": keys,
+            "properties": dict(message.properties or {}), "flag": message.flag}
+
+
+def _send_result(fields: dict, cls=SendResult, **extra) -> SendResult:
+    return cls(**{k: fields.get(k) for k in RESULT_FIELDS}, **extra)
+
+
+class RemoteStore:
+    """A store served by ``rmq serve --listen`` (see the module docstring)."""
+
+    def __init__(self, url: str, *, token: str | None = None, token_file: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 tls_root_certs: str | os.PathLike | None = None) -> None:
+        self.address = RemoteAddress.parse(url)
+        self.root = self.address.url  # where a local store has its directory
+        self.timeout_s = float(timeout_s)
+        self._token = read_token(token, token_file)
+        self._root_certs = None
+        if tls_root_certs is not None:
+            with open(tls_root_certs, "rb") as fh:
+                self._root_certs = fh.read()
+        self._client: flight.FlightClient | None = None
+        self._pid = -1
+        self._snapshot: dict | None = None
+        self._snapshot_at = 0.0
+        self._info: dict | None = None
+        #: accepted for the interface of a local store; encoding happens on the server
+        self.encode_threads = 1
+
+    # ------------------------------------------------------------------ plumbing
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.address.url!r})"  # never the token
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        client, self._client = self._client, None
+        if client is not None and self._pid == os.getpid():
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken channel
+                pass
+
+    def _connection(self) -> flight.FlightClient:
+        if self._client is None or self._pid != os.getpid():
+            kwargs = {}
+            if self._root_certs is not None:
+                kwargs["tls_root_certs"] = self._root_certs
+            try:
+                self._client = flight.FlightClient(self.address.location, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a bad location or TLS setting
+                self._failed(exc)
+            self._pid = os.getpid()
+        return self._client
+
+    def _failed(self, exc: BaseException) -> None:
+        """Raise what a failed call means; after a transport failure (no answer from the
+        server) the channel is dropped, so that the next call connects afresh instead of
+        waiting out gRPC's reconnect back-off."""
+        if not getattr(exc, "extra_info", None):
+            self.close()
+        raise_remote(exc, self.address.url)
+
+    def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
+        headers = [] if self._token is None else [
+            (b"authorization", f"Bearer {self._token}".encode())]
+        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=headers)
+
+    def _action(self, name: str, body: dict | None = None) -> dict:
+        try:
+            results = list(self._connection().do_action(
+                flight.Action(name, dumps(body or {})), self._options()))
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return loads(results[0].body.to_pybytes(), f"the answer of {name}")
+
+    def _put(self, command: dict, table: pa.Table) -> bytes:
+        try:
+            writer, answers = self._connection().do_put(
+                flight.FlightDescriptor.for_command(dumps(command)), table.schema,
+                self._options())
+            try:
+                writer.write_table(table)
+                writer.done_writing()
+                answer = answers.read()
+            finally:
+                writer.close()
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return b"" if answer is None else answer.to_pybytes()
+
+    # ------------------------------------------------------------------ what it serves
+    def info(self) -> dict:
+        """``version``, ``written_by_rmq`` and ``url`` of the served store."""
+        if self._info is None:
+            self._info = self._action("info")
+        return self._info
+
+    @property
+    def written_by_rmq(self) -> bool:
+        return bool(self.info()["written_by_rmq"])
+
+    def refresh(self) -> None:
+        """Forget the snapshot of queue bounds: the next call asks the server again."""
+        self._snapshot = None
+
+    def _queues(self) -> dict:
+        now = time.monotonic()
+        if self._snapshot is None or now - self._snapshot_at > SNAPSHOT_MAX_AGE_S:
+            topics = self._action("snapshot")["topics"]
+            self._snapshot = {t: {q: (lo, hi) for q, lo, hi in rows}
+                              for t, rows in topics.items()}
+            self._snapshot_at = now
+        return self._snapshot
+
+    def topics(self) -> list[str]:
+        """The user topics of the served store."""
+        return list(self._queues())
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic``; :class:`UnknownTopicError` when it does not exist."""
+        queues = self._queues().get(topic)
+        if queues is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist in store "
+                                    f"{self.address.url}; existing topics: {self.topics()}")
+        return sorted(queues)
+
+    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        ids = self.queue_ids(topic)
+        if queue_id not in ids:
+            raise UnknownTopicError(f"queue_id {queue_id!r} does not exist for topic "
+                                    f"{topic!r}; allowed: 0 to {len(ids) - 1}")
+        return self._queues()[topic][queue_id]
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest offset still readable."""
+        return self._bounds(topic, queue_id)[0]
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the newest visible message of the queue."""
+        return self._bounds(topic, queue_id)[1]
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset of the queue stored at or after ``timestamp_ms``."""
+        return int(self._action("offset_for_timestamp", {
+            "topic": topic, "queue_id": int(queue_id),
+            "timestamp_ms": int(timestamp_ms)})["offset"])
+
+    # ------------------------------------------------------------------ reading
+    def read_batches(self, topic: str, queue_id: int, start: int, end: int, *,
+                     tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                     verify_crc: bool = False, skip_corrupt: bool = False):
+        """Queue offsets ``[start, end)`` as ``pyarrow.RecordBatch``es, streamed by one call
+        (each of at most 65,536 offsets)."""
+        ticket = {"op": "read", "topic": topic, "queue_id": int(queue_id), "start": int(start),
+                  "end": int(end), "tags": None if tags is None else list(tags),
+                  "columns": None if columns is None else list(columns),
+                  "verify_crc": bool(verify_crc), "skip_corrupt": bool(skip_corrupt)}
+        try:
+            stream = self._connection().do_get(flight.Ticket(dumps(ticket)), self._options())
+            for chunk in stream:
+                yield chunk.data
+        except flight.FlightError as exc:
+            self._failed(exc)
+
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
+                   tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                   verify_crc: bool = False, skip_corrupt: bool = False) -> pa.RecordBatch:
+        """As :meth:`StoreReader.read_arrow <store.StoreReader.read_arrow>`: one batch."""
+        batches = list(self.read_batches(topic, queue_id, start, end, tags=tags,
+                                         columns=columns, verify_crc=verify_crc,
+                                         skip_corrupt=skip_corrupt))
+        schema = (MESSAGE_SCHEMA if columns is None
+                  else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns]))
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=schema)
+        if len(batches) == 1:
+            return batches[0]
+        return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
+
+    # ------------------------------------------------------------------ writing
+    def producer(self, group: str = "DEFAULT_PRODUCER") -> RemoteProducer:
+        """A producer of ``group`` sending to the served store."""
+        return RemoteProducer(self, group)
+
+    def transaction_producer(self, group: str, listener) -> RemoteTransactionProducer:
+        """A producer that sends half messages to the served store and runs ``listener``'s
+        local transaction here."""
+        return RemoteTransactionProducer(self, group, listener)
+
+    def sink(self, sink_id: str, group: str = "rmq-sink") -> RemoteSink:
+        """The exactly-once sink ``sink_id`` of the served store."""
+        return RemoteSink(self, sink_id, group)
+
+    def end_transaction(self, transaction_id: str, state) -> bool:
+        """End one transaction (see :meth:`MessageStore.end_transaction`)."""
+        return self.end_transactions([(transaction_id, state)])[0]
+
+    def end_transactions(self, items, *, from_check: bool = False) -> list[bool]:
+        """End many transactions in one append; each is checked before anything is written."""
+        pairs = [[str(tx), parse_state(state).name] for tx, state in items]
+        return list(self._action("end_transactions", {"items": pairs})["ended"])
+
+    def deliver_due(self, max_messages: int | None = None) -> int:
+        """Ask the server to deliver due delayed messages now (it does so on its own too)."""
+        return int(self._action("deliver_due", {"max_messages": max_messages})["delivered"])
+
+    def flush(self) -> None:
+        """Make everything appended on the server durable now."""
+        self._action("flush")
+
+
+class RemoteProducer:
+    """``send``, ``send_batch``, ``send_table`` and ``cancel`` of one producer group, on a
+    served store (results and errors as :class:`~store.produce.producer.Producer`'s)."""
+
+    def __init__(self, store: RemoteStore, group: str) -> None:
+        self.store = store
+        self.group = group
+
+    def send(self, message: Message, *, delay_level: int | None = None,
+             delay_ms: int | None = None, deliver_at_ms: int | None = None,
+             queue_id: int | None = None, sharding_key: str | None = None) -> SendResult:
+        fields = self.store._action("send", {
+            "group": self.group, "message": _message_body(message), "delay_level": delay_level,
+            "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms, "queue_id": queue_id,
+            "sharding_key": sharding_key})
+        return _send_result(fields)
+
+    def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
+                   sharding_key: str | None = None) -> list[SendResult]:
+        answer = self.store._action("send_batch", {
+            "group": self.group, "messages": [_message_body(m) for m in messages],
+            "queue_id": queue_id, "sharding_key": sharding_key})
+        return [_send_result(r) for r in answer["results"]]
+
+    def send_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """A table of messages, as ``Producer.send_table``: validated and stored on the server;
+        returns the results table."""
+        table = _as_table(data)
+        raw = self.store._put({"op": "send_table", "group": self.group, "topic": topic}, table)
+        return pa.ipc.open_stream(raw).read_all()
+
+    def cancel(self, topic: str, msg_id: str) -> bool:
+        return bool(self.store._action("cancel", {"group": self.group, "topic": topic,
+                                                  "msg_id": msg_id})["cancelled"])
+
+
+class RemoteTransactionProducer(RemoteProducer):
+    """Transactional sends on a served store: the half message is stored there, the local
+    transaction runs here, and its answer ends the half there."""
+
+    def __init__(self, store: RemoteStore, group: str, listener) -> None:
+        super().__init__(store, group)
+        self.listener = listener
+
+    def send_in_transaction(self, message: Message, arg: object = None
+                            ) -> TransactionSendResult:
+        fields = self.store._action("send_half", {"group": self.group,
+                                                  "message": _message_body(message)})
+        error = None
+        try:
+            answer = self.listener.execute_local_transaction(message, arg)
+            state = LocalTransactionState.UNKNOW if answer is None else parse_state(answer)
+        except Exception as exc:  # noqa: BLE001 - user code; the outcome is unknown
+            error = f"{type(exc).__name__}: {exc}"
+            state = LocalTransactionState.UNKNOW
+        ended = False
+        if state is not LocalTransactionState.UNKNOW:
+            ended = self.store.end_transaction(fields["transaction_id"], state)
+        return _send_result(fields, TransactionSendResult, local_state=state, ended=ended,
+                            error=error, half_topic=fields.get("half_topic"))
+
+
+class RemoteSink:
+    """The exactly-once sink ``sink_id`` on a served store (as :class:`~store.Sink`)."""
+
+    def __init__(self, store: RemoteStore, sink_id: str, group: str) -> None:
+        self.store = store
+        self.sink_id = sink_id
+        self.group = group
+
+    def _body(self, **more) -> dict:
+        return {"sink_id": self.sink_id, "group": self.group, **more}
+
+    def stage(self, data, *, topic: str | None = None) -> list[str]:
+        """Validate and stage rows on the server; return the halves' ids."""
+        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic)}, _as_table(data))
+        return list(loads(raw, "the answer of sink_stage")["transactions"])
+
+    def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
+        done = self.store._action("sink_commit", self._body(
+            batch_id=int(batch_id), transactions=list(transactions)))
+        return SinkCommit(done["rows"], done["halves"], done["rolled_back"], done["replayed"])
+
+    def abort(self) -> int:
+        return int(self.store._action("sink_abort", self._body())["rolled_back"])
+
+    def open_halves(self) -> list[str]:
+        return list(self.store._action("sink_open_halves", self._body())["transactions"])
+
+    def committed_batches(self) -> dict[int, dict]:
+        done = self.store._action("sink_committed_batches", self._body())["batches"]
+        return {int(k): v for k, v in done.items()}
+
+
+def _as_table(data) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    from ..errors import InvalidMessageError
+
+    raise InvalidMessageError(f"send_table takes a pyarrow.Table, RecordBatch or pandas "
+                              f"DataFrame; got {type(data).__name__}")

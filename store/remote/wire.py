@@ -1,0 +1,158 @@
+"""What travels between :mod:`store.remote.client` and :mod:`store.remote.service`.
+
+The transport is Arrow Flight (gRPC); nothing here is a protocol of its own, only the names
+and bodies of the Flight calls the two sides agree on:
+
+==============  ======================================================================
+call            body (JSON unless said) -> answer
+==============  ======================================================================
+``DoGet``       ticket ``{"op": "read", "topic", "queue_id", "start", "end", "tags",
+                "columns", "verify_crc", "skip_corrupt"}`` -> the ``messages`` batches
+                (:data:`store.MESSAGE_SCHEMA`, or the columns asked for), in order
+``DoPut``       descriptor command ``{"op": "send_table", "group", "topic"}`` or
+                ``{"op": "sink_stage", "sink_id", "group", "topic"}`` with the rows as an
+                Arrow stream -> one metadata message: the results table as Arrow IPC
+                (``send_table``) or ``{"transactions": [...]}`` (``sink_stage``)
+``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
+==============  ======================================================================
+
+An error raised by the store on the server reaches the client as a Flight error whose
+``extra_info`` is ``{"type": <StoreError subclass name>, "message": ...}``; the client raises
+that class again (:func:`raise_remote`), so a remote store fails as a local one does.  Bodies
+are bytes as base64 inside JSON (single sends; tables travel as Arrow).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from .. import errors as store_errors
+from ..errors import RemoteError, StoreError
+
+#: DoAction types and what each does (``list_actions`` shows them).
+ACTIONS = {
+    "info": "what the server serves: store path name, version, whether rmq wrote it",
+    "snapshot": "every user topic with its queues' min and max offsets, in one answer",
+    "offset_for_timestamp": "the first offset of a queue stored at or after a time",
+    "send": "one message (Producer.send)",
+    "send_batch": "messages of one topic to one queue (Producer.send_batch)",
+    "cancel": "cancel a pending timer message (Producer.cancel)",
+    "end_transactions": "end transactions: [[id, state], ...]",
+    "send_half": "a transactional half message, left open for the caller's end",
+    "sink_commit": "commit a sink batch (Sink.commit)",
+    "sink_abort": "roll back a sink's open halves (Sink.abort)",
+    "sink_open_halves": "a sink's open halves",
+    "sink_committed_batches": "a sink's committed batch ids",
+    "deliver_due": "deliver due delayed messages now",
+    "flush": "make everything appended durable",
+}
+#: The :class:`~store.SendResult` fields an answer carries.
+RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset",
+                 "deliver_at_ms", "transaction_id", "stored_topic", "stored_queue_id",
+                 "stored_queue_offset")
+#: DoPut operations.
+PUTS = ("send_table", "sink_stage")
+
+#: Largest request the server takes, bytes (a sink task hands over at most 16 MiB tables).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def loads(data, what: str) -> Any:
+    """JSON of a request or answer; :class:`InvalidRequest` when it is not."""
+    try:
+        return json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest(f"{what} is not JSON") from None
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def unb64(text, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        raise InvalidRequest(f"{what} is not base64") from None
+
+
+class InvalidRequest(StoreError, ValueError):
+    """A request the server cannot take: not JSON, an unknown operation, a missing or
+    mistyped field (the server answers it as a typed error and keeps serving)."""
+
+
+def field(body: dict, name: str, kind, what: str, *, default=..., optional: bool = False):
+    """``body[name]`` checked to be a ``kind``; :class:`InvalidRequest` names what is wrong."""
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"{what}: the request body must be a JSON object")
+    if name not in body or body[name] is None:
+        if optional:
+            return None
+        if default is not ...:
+            return default
+        raise InvalidRequest(f"{what}: field {name!r} is missing")
+    value = body[name]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise InvalidRequest(f"{what}: field {name!r} must be {getattr(kind, '__name__', kind)}"
+                             f", got {type(value).__name__}")
+    return value
+
+
+def error_info(exc: BaseException) -> bytes:
+    """The ``extra_info`` of a Flight error carrying a store error."""
+    kind = type(exc).__name__ if isinstance(exc, StoreError) else "StoreError"
+    payload = {"type": kind, "message": str(exc)}
+    if isinstance(exc, store_errors.CorruptRecordError):
+        payload.update(file=exc.file, position=exc.position, reason=exc.reason)
+    return dumps(payload)
+
+
+def _error_class(name: str) -> type[StoreError]:
+    found = getattr(store_errors, name, None)
+    if name == "InvalidRequest":
+        return InvalidRequest
+    if isinstance(found, type) and issubclass(found, StoreError):
+        return found
+    return StoreError
+
+
+def raise_remote(exc: BaseException, address: str) -> None:
+    """Raise the store error a Flight error carries, or a :class:`RemoteError` naming
+    ``address`` for a transport failure (unreachable, timed out, cancelled)."""
+    from pyarrow import flight
+
+    info = getattr(exc, "extra_info", b"") or b""
+    if info:
+        try:
+            payload = json.loads(bytes(info))
+            kind, message = payload["type"], payload["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        else:
+            cls = _error_class(kind)
+            if cls is store_errors.CorruptRecordError:
+                raise cls(f"{address}:{payload.get('file')}", int(payload.get("position", -1)),
+                          str(payload.get("reason", message))) from None
+            raise cls(message) from None
+    if isinstance(exc, flight.FlightUnauthenticatedError):
+        raise store_errors.AuthenticationError(
+            f"the store server {address} refused the request: its token is missing or wrong; "
+            "allowed: the server's token (option token or tokenFile, or "
+            "connect(..., token=...))") from None
+    if isinstance(exc, flight.FlightTimedOutError):
+        raise RemoteError(f"the store server {address} did not answer in time ({exc})") from None
+    if isinstance(exc, flight.FlightUnavailableError):
+        raise RemoteError(f"the store server {address} cannot be reached ({_first_line(exc)}); "
+                          "is `rmq serve --listen` running there?") from None
+    raise RemoteError(f"the store server {address} failed: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
