@@ -103,6 +103,8 @@ def render_stats(data: dict) -> None:
         console.print(f"server: attached (pid {server.get('pid')}), last delivery step {ago} ms "
                       f"ago, {server.get('delivered', 0)} delivered since it started; "
                       f"due delivery {behind} ms behind")
+        if server.get("listen"):
+            console.print(f"server: serving clients at {server['listen']}")
     else:
         console.print(f"server: none attached; due delivery {behind} ms behind (delayed "
                       "messages move when a reader delivers them: run `rmq serve --store "

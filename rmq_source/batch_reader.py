@@ -26,7 +26,7 @@ from .queues import (
     resolve_offsets,
     subscribed_queues,
 )
-from .stores import open_reader, store_members, use_remote
+from .stores import open_reader, store_members
 
 
 class RmqBatchReader(DataSourceReader):
@@ -78,5 +78,4 @@ class RmqBatchReader(DataSourceReader):
                                       columns=opts.columns, verify_crc=opts.verify_crc)
 
     def read(self, partition: InputPartition) -> Iterator:
-        use_remote(self.options)  # (a task: how to reach a served store)
         return read_partition(partition)

@@ -55,14 +55,36 @@ _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
 _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteAccess:
-    """How to reach a served store (``rmq://`` path): its token, the TLS roots, the time
-    bound of a call.  The token never appears in a ``repr`` (Spark plans, logs)."""
+#: ``rmq://`` path -> how this process reaches it (the last query's settings win)
+_REMOTE_ACCESS: dict[str, RemoteAccess] = {}
 
+
+@dataclass(frozen=True)
+class RemoteAccess:
+    """How to reach the served store at ``path`` (an ``rmq://`` URL): its token, the TLS
+    roots, the time bound of a call.  The token never appears in a ``repr`` (Spark plans,
+    logs).
+
+    Made on the driver with the options, and unpickled in every Python process Spark runs the
+    source in (tasks, the streaming planner, commits): each time it records itself for its
+    path (:func:`remote_access`), so that every open of that path there carries the token.
+    """
+
+    path: str
     token: str | None = field(default=None, repr=False)
     tls_root_certs: str | None = None
     timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _REMOTE_ACCESS[self.path] = self
+
+    def __reduce__(self):
+        return RemoteAccess, (self.path, self.token, self.tls_root_certs, self.timeout_s)
+
+
+def remote_access(path: str) -> RemoteAccess | None:
+    """How this process reaches the served store ``path`` (``None``: no query said)."""
+    return _REMOTE_ACCESS.get(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +268,7 @@ def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
         timeout_s = _parse_int("timeoutms", raw["timeoutms"], 1,
                                "an integer >= 1 (milliseconds a call to the server may take)"
                                ) / 1000
-    return RemoteAccess(token=token, tls_root_certs=roots, timeout_s=timeout_s)
+    return RemoteAccess(path, token=token, tls_root_certs=roots, timeout_s=timeout_s)
 
 
 def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:

@@ -71,7 +71,7 @@ from store import SinkCommitError, StoreError, StoreGroup
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .stores import ensure_store, open_writable, use_remote
+from .stores import ensure_store, open_writable
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
 #: column -> (allowed Spark types, how the allowed types are named in errors)
@@ -152,7 +152,6 @@ def _open(options: RmqOptions):
 
 
 def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCommitMessage:
-    use_remote(options)  # (a task: how to reach a served store)
     store = _open(options)
     # Spark runs a task per core already: a task encodes on its own thread (a helper
     # thread would only compete with the other tasks for the same cores)

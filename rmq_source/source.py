@@ -38,11 +38,7 @@ class RmqDataSource(DataSource):
         return "rmq"
 
     def _options(self, *, streaming: bool | None, write: bool = False) -> RmqOptions:
-        from .stores import use_remote
-
-        options = parse_options(dict(self.options), streaming=streaming, write=write)
-        use_remote(options)
-        return options
+        return parse_options(dict(self.options), streaming=streaming, write=write)
 
     def schema(self) -> str:
         if "action" in self.options:  # a write: the rows it takes

@@ -10,8 +10,8 @@ action and what is allowed.
 A path may also be a served store's URL (``rmq://HOST:PORT``, ``rmqs://``, ``rmq serve
 --listen``): then every open returns a client of that server (:func:`store.connect`), built in
 the process that uses it (gRPC is not fork-safe), and no store file is opened here.  How to
-reach it (token, TLS roots, time bound) comes from the query's options: :func:`use_remote`
-records them, on the driver and in each task.
+reach it (token, TLS roots, time bound) comes from the query's options
+(:class:`~rmq_source.options.RemoteAccess`), recorded in every process they reach.
 """
 
 from __future__ import annotations
@@ -28,23 +28,14 @@ from store import (
 )
 
 from .errors import InvalidOptionError, RmqSourceError
-from .options import RemoteAccess, RmqOptions
-
-#: ``rmq://`` path -> how to reach it (this process's queries; the last one's wins)
-_access: dict[str, RemoteAccess] = {}
-
-
-def use_remote(options: RmqOptions) -> None:
-    """Record how to reach ``options.path`` when it is a served store (driver and tasks call
-    it before opening)."""
-    if options.remote is not None:
-        _access[options.path] = options.remote
+from .options import remote_access
 
 
 def _open_remote(path: str, what: str):
-    access = _access.get(path) or RemoteAccess()
-    store = connect(path, token=access.token, timeout_s=access.timeout_s,
-                    tls_root_certs=access.tls_root_certs)
+    access = remote_access(path)
+    store = (connect(path) if access is None else
+             connect(path, token=access.token, timeout_s=access.timeout_s,
+                     tls_root_certs=access.tls_root_certs))
     try:
         store.info()  # reachable, and the token accepted
     except StoreError as exc:

@@ -59,7 +59,7 @@ from .queues import (
     resolve_offsets,
     subscribed_queues,
 )
-from .stores import open_reader, store_members, use_remote
+from .stores import open_reader, store_members
 
 #: a queue of a query over one store or a group: ``(store name, topic, queue id)``
 FlatKey = tuple[str, str, int]
@@ -239,5 +239,4 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator:
-        use_remote(self.options)  # (a task: how to reach a served store)
         return read_partition(partition)

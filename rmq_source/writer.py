@@ -29,7 +29,7 @@ from store import StoreError, TransactionStateError
 
 from .errors import RmqSourceError
 from .options import RmqOptions
-from .stores import open_writable, use_remote
+from .stores import open_writable
 
 #: The state strings a row may carry, by upper-cased name.
 STATES = {"COMMIT": "COMMIT", "COMMIT_MESSAGE": "COMMIT", "ROLLBACK": "ROLLBACK",
@@ -102,7 +102,6 @@ class EndTransactionWriter(DataSourceWriter):
         self.path = options.path
 
     def write(self, iterator: Iterator) -> EndTransactionCommitMessage:
-        use_remote(self.options)  # (a task: how to reach a served store)
         return EndTransactionCommitMessage(tuple(parse_rows(iterator)))
 
     def commit(self, messages) -> None:
@@ -121,7 +120,6 @@ class EndTransactionStreamWriter(DataSourceStreamWriter):
         self.path = options.path
 
     def write(self, iterator: Iterator) -> EndTransactionCommitMessage:
-        use_remote(self.options)  # (a task: how to reach a served store)
         return EndTransactionCommitMessage(tuple(parse_rows(iterator)))
 
     def commit(self, messages, batchId: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -269,3 +270,28 @@ def test_rmq_serve_listen_is_killed_and_restarted_under_a_client(tmp_path):
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_serves_rmqs_and_a_client_without_the_root_is_refused(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    server = StoreServer(str(tmp_path / "s"), listen="127.0.0.1:0", token=TOKEN,
+                         tls=(cert.read_bytes(), key.read_bytes()))
+    try:
+        assert server.url.startswith("rmqs://127.0.0.1:")
+        with connect(server.url, token=TOKEN, tls_root_certs=str(cert)) as remote:
+            remote.producer("g").send(Message("t", b"over tls"))
+            assert _all(remote, "t") == [b"over tls"]
+        with connect(server.url, token=TOKEN, timeout_s=5) as remote:  # system roots only
+            with pytest.raises(RemoteError):
+                remote.topics()
+        plain = server.url.replace("rmqs://", "rmq://")
+        with connect(plain, token=TOKEN, timeout_s=5) as remote:  # no TLS at all
+            with pytest.raises(RemoteError):
+                remote.topics()
+    finally:
+        server.close()
