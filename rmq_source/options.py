@@ -74,12 +74,21 @@ class RemoteAccess:
     token: str | None = field(default=None, repr=False)
     tls_root_certs: str | None = None
     timeout_s: float = 60.0
+    #: the served members' URLs when ``path`` is a store group spanning hosts
+    members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _REMOTE_ACCESS[self.path] = self
+        for path in (self.path, *self.members):
+            _REMOTE_ACCESS[path] = self
 
     def __reduce__(self):
-        return RemoteAccess, (self.path, self.token, self.tls_root_certs, self.timeout_s)
+        return RemoteAccess, (self.path, self.token, self.tls_root_certs, self.timeout_s,
+                              self.members)
+
+    def connect_options(self) -> dict:
+        """Keyword arguments of :func:`store.connect`."""
+        return {"token": self.token, "timeout_s": self.timeout_s,
+                "tls_root_certs": self.tls_root_certs}
 
 
 def remote_access(path: str) -> RemoteAccess | None:
@@ -247,9 +256,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None,
 
 
 def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
-    """The options of a served store (``rmq://`` path); refused for a directory."""
+    """The options of a served store (``rmq://`` path, or a store group with served members);
+    refused for a plain directory."""
     given = sorted(REMOTE_OPTION_NAMES & raw.keys())
-    if not is_remote(path):
+    members = _served_members(path)
+    if not is_remote(path) and not members:
         for key in given:
             raise _fail(key, "***" if key == "token" else raw[key],
                         "applies to a served store only",
@@ -258,7 +269,8 @@ def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
     from store import connect, read_token
 
     try:
-        connect(path).close()  # checks the URL; nothing is sent
+        for url in members or (path,):
+            connect(url).close()  # checks the URL; nothing is sent
         token = read_token(raw.get("token"), raw.get("tokenfile"))
     except InvalidConfigError as exc:
         raise InvalidOptionError(f"option path={path!r} or its token: {exc}") from None
@@ -268,7 +280,20 @@ def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
         timeout_s = _parse_int("timeoutms", raw["timeoutms"], 1,
                                "an integer >= 1 (milliseconds a call to the server may take)"
                                ) / 1000
-    return RemoteAccess(path, token=token, tls_root_certs=roots, timeout_s=timeout_s)
+    return RemoteAccess(path, token=token, tls_root_certs=roots, timeout_s=timeout_s,
+                        members=members)
+
+
+def _served_members(path: str) -> tuple[str, ...]:
+    """The ``rmq://`` members of the store group at ``path`` (none for anything else)."""
+    from store import InvalidGroupError, StoreGroup, is_store_group
+
+    if is_remote(path) or not is_store_group(path):
+        return ()
+    try:
+        return tuple(p for _, p in StoreGroup.members(path) if is_remote(p))
+    except InvalidGroupError:
+        return ()  # the opening reports it
 
 
 def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:

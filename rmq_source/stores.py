@@ -33,9 +33,7 @@ from .options import remote_access
 
 def _open_remote(path: str, what: str):
     access = remote_access(path)
-    store = (connect(path) if access is None else
-             connect(path, token=access.token, timeout_s=access.timeout_s,
-                     tls_root_certs=access.tls_root_certs))
+    store = connect(path, **({} if access is None else access.connect_options()))
     try:
         store.info()  # reachable, and the token accepted
     except StoreError as exc:
@@ -103,8 +101,9 @@ def open_writer(path: str, *, needs: str, error: type[RmqSourceError] = RmqSourc
 def open_group_writer(path: str, *, needs: str,
                       error: type[RmqSourceError] = RmqSourceError) -> StoreGroup:
     """Open the existing store group at ``path`` (every member) for writing."""
+    access = remote_access(path)
     try:
-        return StoreGroup.open(path)
+        return StoreGroup.open(path, remote=None if access is None else access.connect_options())
     except (OSError, StoreError) as exc:
         raise error(
             f"{needs} needs to open the store group {path!r} for writing, which failed "

@@ -64,6 +64,7 @@ EXCEPTIONS: dict[str, int] = {
     "store.transaction.producer": FACADE,
     "store.sink.format": FORMATS,
     "store.group.layout": FORMATS,
+    "store.remote.address": FORMATS,
 }
 
 

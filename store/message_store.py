@@ -153,6 +153,17 @@ class MessageStore(StoreCore):
             return delivered
         return delivered + self.timer.deliver_due(max_messages - delivered)
 
+    def known_transactions(self, transaction_ids) -> list[bool]:
+        """Whether this store holds the half message of each transaction id (ended or not):
+        how a store group finds the member a transaction belongs to."""
+        ids = list(transaction_ids)
+        if not ids:
+            return []
+        index = self.transactions.index
+        with self.write_lock():
+            index.refresh()
+            return [int(r) >= 0 for r in index.rows_of(ids)]
+
     def end_transaction(self, transaction_id: str, state) -> bool:
         """Commit or roll back a half message; ``False`` when it was already ended."""
         self._check_writable()

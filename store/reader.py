@@ -23,6 +23,7 @@ WRITE_METHODS = (
     "assemble_encoded", "producer", "placement_chain",
     "transaction_producer",
     "deliver_due", "end_transaction", "end_transactions", "check_transactions",
+    "known_transactions",
     "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",
     "write_lock", "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
 )

@@ -16,7 +16,8 @@ format     always ``"rmq-store-group"`` (tells a group from any other JSON file)
 version    layout version of this file, 1
 stores     the members in their fixed order: ``name`` (letters, digits, ``-``, ``_``;
            at most 64 characters; unique) and ``path`` (relative paths are relative to
-           the group directory; an absolute one puts a member on another disk)
+           the group directory; an absolute one puts a member on another disk; an
+           ``rmq://HOST:PORT`` URL names a store served on another host)
 =========  ========================================================================
 
 The order of ``stores`` is part of the group: rows routed by a hash (the Spark sink, sharding
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidGroupError
 from ..files.fileio import read_json, write_json_atomic
+from ..remote.address import is_remote
 
 GROUP_FILE = "group.json"
 GROUP_FORMAT = "rmq-store-group"
@@ -108,7 +110,8 @@ def read_group(path: str | os.PathLike) -> GroupLayout:
                for s in stores):
         raise InvalidGroupError(f"{file}: every entry of 'stores' needs a name and a path")
     names = validate_names(s.get("name") for s in stores)
-    paths = tuple(os.path.normpath(os.path.join(root, s["path"])) for s in stores)
+    paths = tuple(s["path"] if is_remote(s["path"])
+                  else os.path.normpath(os.path.join(root, s["path"])) for s in stores)
     return GroupLayout(root, names, paths)
 
 

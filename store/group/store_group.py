@@ -23,7 +23,10 @@ member; what happens where:
   reads a group directory as one stream with offsets keyed by store name.
 
 Members of a group may live on other disks (absolute paths in ``group.json``); every member
-must be reachable by every process that opens the group.
+must be reachable by every process that opens the group.  A member may also be a store served
+on another host (``rmq://HOST:PORT`` in ``group.json``, ``rmq serve --listen`` there): the
+group then reaches it through :func:`store.connect`, so one group spans several hosts.  A
+table's shares for such members are validated by them (a dry run) before any member writes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
 from ..message import validate_topic
 from ..message_store import MessageStore
 from ..reader import StoreReader
+from ..remote import connect
+from ..remote.address import is_remote
 from ..kernels.record_kernels import one_array
 from ..produce.table_rows import as_table, prepare_rows
 from ..transaction.check import CheckResult
@@ -66,7 +71,8 @@ class StoreGroup:
     @classmethod
     def create(cls, path: str | os.PathLike, stores: int | Iterable[str] = 2,
                config: StoreConfig | Mapping | None = None, *, paths: Iterable[str] | None = None,
-               clock: Clock | None = None, flush_service: bool = True) -> "StoreGroup":
+               clock: Clock | None = None, flush_service: bool = True,
+               remote: Mapping | None = None) -> "StoreGroup":
         """Create a group at ``path`` and its member stores, and open it (writable).
 
         Parameters
@@ -77,25 +83,32 @@ class StoreGroup:
             The settings every member is created with.
         paths : iterable of str, optional
             Each member's directory (relative to ``path``, or absolute to place a member on
-            another disk); default: a subdirectory of ``path`` named after the member.
+            another disk), or the ``rmq://HOST:PORT`` URL of a store served on another host
+            (``rmq serve --listen`` there; it must be running); default: a subdirectory of
+            ``path`` named after the member.
+        remote : mapping, optional
+            Keyword arguments of :func:`store.connect` for the served members (``token``,
+            ``token_file``, ``timeout_s``, ``tls_root_certs``).
         """
         if isinstance(stores, bool) or (isinstance(stores, int) and stores < 1):
             raise InvalidGroupError(f"stores={stores!r}; allowed: a count >= 1 or the names")
         names = [f"store-{i}" for i in range(stores)] if isinstance(stores, int) else list(stores)
         layout = write_group(path, names, paths)
         for member in layout.paths:
-            if os.path.isdir(member) and os.listdir(member):
+            if not is_remote(member) and os.path.isdir(member) and os.listdir(member):
                 raise InvalidGroupError(f"member directory {member} is not empty; allowed: a "
                                         "new or empty directory per member")
         return cls._open_members(layout, config, clock, read_only=False,
-                                 flush_service=flush_service, create=True)
+                                 flush_service=flush_service, create=True, remote=remote)
 
     @classmethod
     def open(cls, path: str | os.PathLike, config: StoreConfig | Mapping | None = None, *,
              read_only: bool = False, clock: Clock | None = None,
-             flush_service: bool = True) -> "StoreGroup":
+             flush_service: bool = True, remote: Mapping | None = None) -> "StoreGroup":
         """Open the group at ``path``: every member, writable (recovering each one after a
-        crash) or, with ``read_only``, as :class:`~store.StoreReader` objects.
+        crash) or, with ``read_only``, as :class:`~store.StoreReader` objects; a member
+        served on another host (an ``rmq://`` path) through :func:`store.connect` with the
+        keyword arguments ``remote`` (``token``, ...).
 
         Raises
         ------
@@ -107,7 +120,7 @@ class StoreGroup:
             raise InvalidGroupError(f"{os.fspath(path)} is not a store group (no group.json); "
                                     "allowed: a directory made by StoreGroup.create")
         return cls._open_members(read_group(path), config, clock, read_only=read_only,
-                                 flush_service=flush_service, create=False)
+                                 flush_service=flush_service, create=False, remote=remote)
 
     @staticmethod
     def members(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -117,10 +130,16 @@ class StoreGroup:
 
     @classmethod
     def _open_members(cls, layout: GroupLayout, config, clock, *, read_only: bool,
-                      flush_service: bool, create: bool) -> "StoreGroup":
+                      flush_service: bool, create: bool,
+                      remote: Mapping | None) -> "StoreGroup":
         stores: list = []
         try:
             for name, member in layout.members():
+                if is_remote(member):
+                    served = connect(member, **dict(remote or {}))
+                    stores.append(served)
+                    served.info()  # reachable, and the token accepted
+                    continue
                 if not create and not os.path.isdir(os.path.join(member, "commitlog")):
                     raise InvalidGroupError(
                         f"store {name!r} of the group {layout.root} is missing: {member} holds "
@@ -233,6 +252,11 @@ class StoreGroup:
     def check_transactions(self, resolve=None) -> CheckResult:
         """One check round in every member; the counts summed (``half_offset`` and
         ``op_offset``, which are per store, left at 0)."""
+        served = [n for n, s in self.stores() if not hasattr(s, "check_transactions")]
+        if served:
+            raise InvalidGroupError(
+                f"stores {served} of the group {self.root} are served on other hosts; their "
+                "check rounds run there (`rmq serve --check-transactions`), not here")
         results = [s.check_transactions(resolve) for s in self._stores]
         counts = {f.name: sum(getattr(r, f.name) for r in results)
                   for f in dataclasses.fields(CheckResult)
@@ -261,12 +285,8 @@ class StoreGroup:
         owner = np.full(len(items), -1, dtype=np.int64)
         ids = [tx for tx, _ in items]
         for i, store in enumerate(self._stores):
-            index = store.transactions.index
-            with store.write_lock():
-                index.refresh()
-                rows = np.asarray(index.rows_of(ids), dtype=np.int64) if ids else \
-                    np.zeros(0, np.int64)
-            owner[(owner < 0) & (rows >= 0)] = i
+            known = np.asarray(store.known_transactions(ids), dtype=bool)
+            owner[(owner < 0) & known] = i
         if (owner < 0).any():
             tx = ids[int(np.argmax(owner < 0))]
             raise UnknownMessageError(
@@ -289,7 +309,8 @@ class StoreGroup:
     # ------------------------------------------------------------------ tables
     def split_table(self, data, topic: str | None, *, deterministic: bool) -> list:
         """``[(member, rows prepared for it, their positions in the input)]``, every share
-        validated before anything is written."""
+        validated before anything is written (a served member's rows stay a table, checked
+        by that member)."""
         table = as_table(data)
         if table.num_rows == 0:
             return []
@@ -318,5 +339,9 @@ class StoreGroup:
             if len(positions) == 0:
                 continue
             part = table.take(positions)
-            shares.append((i, prepare_rows(store, part, topic=topic), positions))
+            if is_remote(getattr(store, "root", "")):
+                store.check_table(part, topic=topic)  # validated there, nothing written
+                shares.append((i, part, positions))
+            else:
+                shares.append((i, prepare_rows(store, part, topic=topic), positions))
         return shares

@@ -85,7 +85,9 @@ class GroupProducer:
             shares = self.group.split_table(data, topic, deterministic=False)
             results, order = [], []
             for i, rows, positions in shares:
-                out = append_prepared(self.group.member_at(i), rows)
+                out = (self._producers[i].send_table(rows, topic=topic)
+                       if isinstance(rows, pa.Table)  # a served member's share
+                       else append_prepared(self.group.member_at(i), rows))
                 results.append(out.append_column(
                     "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
                 order.append(positions)
@@ -128,7 +130,9 @@ class GroupSink:
         each member's share; returns ``{store name: [transaction ids]}``."""
         with paused_gc():
             shares = self.group.split_table(data, topic, deterministic=True)
-            return {self.group.names[i]: self._sinks[i].stage_prepared(rows)
+            return {self.group.names[i]: (self._sinks[i].stage(rows, topic=topic)
+                                          if isinstance(rows, pa.Table)  # a served member
+                                          else self._sinks[i].stage_prepared(rows))
                     for i, rows, _ in shares}
 
     def commit(self, batch_id: int, transactions: Mapping[str, Iterable[str]]

@@ -257,6 +257,22 @@ class RemoteStore:
         pairs = [[str(tx), parse_state(state).name] for tx, state in items]
         return list(self._action("end_transactions", {"items": pairs})["ended"])
 
+    def ensure_topic(self, topic: str) -> int:
+        """Create ``topic`` on the server when missing; return its queue count."""
+        self.refresh()
+        return int(self._action("ensure_topic", {"topic": topic})["queues"])
+
+    def known_transactions(self, transaction_ids) -> list[bool]:
+        """Whether the served store holds the half message of each transaction id."""
+        ids = [str(t) for t in transaction_ids]
+        return list(self._action("known_transactions", {"ids": ids})["known"]) if ids else []
+
+    def check_table(self, data, *, topic: str | None = None) -> int:
+        """Validate a table as ``send_table`` would, writing nothing; return its rows."""
+        raw = self._put({"op": "check_table", "group": "check", "topic": topic},
+                        _as_table(data))
+        return int(loads(raw, "the answer of check_table")["rows"])
+
     def deliver_due(self, max_messages: int | None = None) -> int:
         """Ask the server to deliver due delayed messages now (it does so on its own too)."""
         return int(self._action("deliver_due", {"max_messages": max_messages})["delivered"])
@@ -273,6 +289,8 @@ class RemoteProducer:
     def __init__(self, store: RemoteStore, group: str) -> None:
         self.store = store
         self.group = group
+        #: the member's name when the store belongs to a store group (set by the group)
+        self.store_name: str | None = None
 
     def send(self, message: Message, *, delay_level: int | None = None,
              delay_ms: int | None = None, deliver_at_ms: int | None = None,
@@ -281,14 +299,14 @@ class RemoteProducer:
             "group": self.group, "message": _message_body(message), "delay_level": delay_level,
             "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms, "queue_id": queue_id,
             "sharding_key": sharding_key})
-        return _send_result(fields)
+        return _send_result(fields, store_name=self.store_name)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
         answer = self.store._action("send_batch", {
             "group": self.group, "messages": [_message_body(m) for m in messages],
             "queue_id": queue_id, "sharding_key": sharding_key})
-        return [_send_result(r) for r in answer["results"]]
+        return [_send_result(r, store_name=self.store_name) for r in answer["results"]]
 
     def send_table(self, data, *, topic: str | None = None) -> pa.Table:
         """A table of messages, as ``Producer.send_table``: validated and stored on the server;
@@ -325,7 +343,8 @@ class RemoteTransactionProducer(RemoteProducer):
         if state is not LocalTransactionState.UNKNOW:
             ended = self.store.end_transaction(fields["transaction_id"], state)
         return _send_result(fields, TransactionSendResult, local_state=state, ended=ended,
-                            error=error, half_topic=fields.get("half_topic"))
+                            error=error, half_topic=fields.get("half_topic"),
+                            store_name=self.store_name)
 
 
 class RemoteSink:

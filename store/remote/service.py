@@ -30,6 +30,7 @@ from pyarrow import flight
 from ..core.arrow_decode import MESSAGE_SCHEMA
 from ..errors import StoreError
 from ..message import LocalTransactionState, Message
+from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
 from .address import RemoteAddress
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
@@ -198,6 +199,10 @@ class StoreService(flight.FlightServerBase):
         group = field(body, "group", str, op)
         topic = field(body, "topic", str, op, optional=True)
         table = reader.read_all()
+        if op == "check_table":  # a store group validates every share before any writes
+            rows = prepare_rows(self.store, table, topic=topic)
+            writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
+            return
         if op == "send_table":
             with self._write_lock:
                 result = self._producer(group).send_table(table, topic=topic)
@@ -343,6 +348,16 @@ class StoreService(flight.FlightServerBase):
     def _action_deliver_due(self, body: dict) -> dict:
         return {"delivered": self.store.deliver_due(
             field(body, "max_messages", int, "deliver_due", optional=True))}
+
+    def _action_ensure_topic(self, body: dict) -> dict:
+        with self._write_lock:
+            return {"queues": self.store.ensure_topic(field(body, "topic", str, "ensure_topic"))}
+
+    def _action_known_transactions(self, body: dict) -> dict:
+        ids = field(body, "ids", list, "known_transactions")
+        if not all(isinstance(t, str) for t in ids):
+            raise InvalidRequest("known_transactions: ids must be strings")
+        return {"known": self.store.known_transactions(ids)}
 
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()

@@ -9,10 +9,12 @@ call            body (JSON unless said) -> answer
 ``DoGet``       ticket ``{"op": "read", "topic", "queue_id", "start", "end", "tags",
                 "columns", "verify_crc", "skip_corrupt"}`` -> the ``messages`` batches
                 (:data:`store.MESSAGE_SCHEMA`, or the columns asked for), in order
-``DoPut``       descriptor command ``{"op": "send_table", "group", "topic"}`` or
-                ``{"op": "sink_stage", "sink_id", "group", "topic"}`` with the rows as an
-                Arrow stream -> one metadata message: the results table as Arrow IPC
-                (``send_table``) or ``{"transactions": [...]}`` (``sink_stage``)
+``DoPut``       descriptor command ``{"op": "send_table", "group", "topic"}``,
+                ``{"op": "sink_stage", "sink_id", "group", "topic"}`` or ``{"op":
+                "check_table", "group", "topic"}`` with the rows as an Arrow stream -> one
+                metadata message: the results table as Arrow IPC (``send_table``),
+                ``{"transactions": [...]}`` (``sink_stage``) or ``{"rows": n}`` (a dry
+                run: validated, nothing written)
 ``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
 ==============  ======================================================================
 
@@ -46,6 +48,8 @@ ACTIONS = {
     "sink_open_halves": "a sink's open halves",
     "sink_committed_batches": "a sink's committed batch ids",
     "deliver_due": "deliver due delayed messages now",
+    "ensure_topic": "create a topic when missing; its queue count",
+    "known_transactions": "whether the store holds each transaction id's half message",
     "flush": "make everything appended durable",
 }
 #: The :class:`~store.SendResult` fields an answer carries.
@@ -53,7 +57,7 @@ RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offse
                  "deliver_at_ms", "transaction_id", "stored_topic", "stored_queue_id",
                  "stored_queue_offset")
 #: DoPut operations.
-PUTS = ("send_table", "sink_stage")
+PUTS = ("send_table", "sink_stage", "check_table")
 
 #: Largest request the server takes, bytes (a sink task hands over at most 16 MiB tables).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
