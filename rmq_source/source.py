@@ -61,12 +61,6 @@ class RmqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options(streaming=True)
-        if opts.view == "transaction_checks" and opts.remote is not None:
-            raise InvalidOptionError(
-                f"option view=transaction_checks with path={opts.path!r}: the check loop runs "
-                "on a store directory or group only, not yet over rmq://; allowed: run it on "
-                "the store's host, or `rmq serve --check-transactions` there with the "
-                "answers written back through action=end_transaction over rmq://")
         if opts.view == "transaction_checks":
             from .stores import store_members
             from .transaction_checks import TransactionChecksStreamReader

@@ -28,13 +28,15 @@ Where things run: ``initialOffset``/``latestOffset``/``commit`` in Spark's long-
 driver-side runner, which keeps one writable store open per path in this module (the reader
 object itself holds only its options, so it pickles); ``read`` on executors, which only read
 the round file.  With ``Trigger.AvailableNow`` the query runs exactly one round.
+
+Over a served store (an ``rmq://`` path) the same happens on the server: it runs the round
+and keeps its rows in its own store directory, the executors fetch them by round number, and
+``commit`` asks it to delete them (:class:`_Rounds` hides which).
 """
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -48,7 +50,16 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from store import MessageStore, last_check_round, read_check_round_table, server_status
+from store import (
+    MessageStore,
+    drop_query_rounds,
+    is_remote,
+    last_check_round,
+    read_check_round_table,
+    read_query_round,
+    server_status,
+    write_query_round,
+)
 
 from .errors import RmqSourceError
 from .options import RmqOptions
@@ -77,7 +88,6 @@ TRANSACTION_CHECKS_SCHEMA = pa.schema([
     pa.field("check_times", pa.int32()),
 ])
 
-ROUNDS_DIR = "transaction_checks"
 #: ``checkRounds`` values: who runs the rounds' bookkeeping.
 CHECK_ROUNDS = ("query", "server")
 SERVER_STREAM = "server"
@@ -136,25 +146,60 @@ def rows_to_batch(views: Sequence) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=TRANSACTION_CHECKS_SCHEMA)
 
 
-def round_path(store_path: str, stream: str, round_no: int) -> str:
-    return os.path.join(store_path, ROUNDS_DIR, stream, f"{round_no:020d}.arrow")
+class _Rounds:
+    """Where a check-loop query's rounds are run and kept: in the store directory (a path),
+    or on the server (an ``rmq://`` path: the server runs them and keeps their rows)."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.remote = is_remote(path)
 
-def write_round(path: str, batch: pa.RecordBatch) -> None:
-    """Write one round's rows atomically (temp file, fsync, rename)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        with pa.ipc.new_file(fh, batch.schema) as writer:
-            writer.write_batch(batch)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    def run(self, stream: str, number: int) -> bool:
+        """One round's bookkeeping, its questions kept as round ``number``; ``False`` when
+        it asked about nothing (driver-side runner)."""
+        store = _writable_store(self.path)
+        if self.remote:
+            return store.run_check_round(stream, number)
+        plan = store.prepare_transaction_checks()
+        if not plan.checks:
+            return False
+        write_query_round(self.path, stream, number, rows_to_batch(plan.checks))
+        return True
+
+    def read(self, stream: str | None, number: int) -> pa.Table | None:
+        """Round ``number`` of ``stream`` (``None``: a server-published round); ``None`` when
+        it is gone (executors)."""
+        if self.remote:
+            store = open_reader(self.path)
+            try:
+                return store.read_check_round(stream, number)
+            finally:
+                store.close()
+        if stream is None:
+            return read_check_round_table(self.path, number)
+        return read_query_round(self.path, stream, number)
+
+    def drop(self, stream: str, last: int) -> None:
+        if self.remote:
+            _writable_store(self.path).drop_check_rounds(stream, last)
+        else:
+            drop_query_rounds(self.path, stream, last)
+
+    def last_server_round(self) -> int:
+        if self.remote:
+            return _writable_store(self.path).last_check_round()
+        return last_check_round(self.path)
+
+    def server_attached(self) -> bool:
+        if self.remote:
+            return True  # the server answering is the server that publishes
+        status = server_status(self.path)
+        return bool(status and status.get("attached"))
 
 
 @dataclass(frozen=True, slots=True)
 class CheckRoundPartition(InputPartition):
-    """The rows of one check round: the file ``round_path(path, stream, round_no)``."""
+    """The rows of one check round: round ``round_no`` of ``stream`` (see :class:`_Rounds`)."""
 
     path: str
     stream: str
@@ -188,14 +233,15 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
                                  "query (this query runs the check rounds) or server (a "
                                  "server started with --check-transactions runs them)")
         self.server_rounds = mode == "server"
+        self.rounds = _Rounds(self.path)
         self._available_now: str | None = None  # None, "pending" or "done"
         self._target: int | None = None  # the server round AvailableNow stops at
         self._initial: dict | None = None
 
     def __getstate__(self) -> dict:
         return {"options": self.options, "path": self.path,
-                "server_rounds": self.server_rounds, "_available_now": None, "_target": None,
-                "_initial": None}
+                "server_rounds": self.server_rounds, "rounds": self.rounds,
+                "_available_now": None, "_target": None, "_initial": None}
 
     # -- driver side -------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -203,7 +249,7 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         if self._initial is None:
             open_reader(self.options.path).close()  # a clear error for a path that is not a store
             if self.server_rounds:  # from the newest published round on
-                first = max(0, last_check_round(self.path) - 1)
+                first = max(0, self.rounds.last_server_round() - 1)
                 self._initial = {"round": first, "stream": SERVER_STREAM}
             else:
                 self._initial = {"round": 0, "stream": uuid.uuid4().hex}
@@ -221,10 +267,10 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         round_no, stream = _parse_offset(start)
         self._check_stream(stream)
         if self._available_now == "pending":
-            self._available_now, self._target = "done", last_check_round(self.path)
-        latest = self._target if self._available_now == "done" else last_check_round(self.path)
-        status = server_status(self.path)
-        if latest <= round_no and not (status and status.get("attached")):
+            self._available_now, self._target = "done", self.rounds.last_server_round()
+        latest = (self._target if self._available_now == "done"
+                  else self.rounds.last_server_round())
+        if latest <= round_no and not self.rounds.server_attached():
             log.warning("checkRounds=server but no server is attached to %s: start one with "
                         "`rmq serve --store %s --check-transactions`", self.path, self.path)
         return {"round": max(round_no, latest), "stream": SERVER_STREAM}
@@ -244,12 +290,9 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
             return start
         if self._available_now == "pending":
             self._available_now = "done"
-        store = _writable_store(self.path)
-        plan = store.prepare_transaction_checks()
-        if not plan.checks:
-            return start
         nxt = round_no + 1
-        write_round(round_path(self.path, stream, nxt), rows_to_batch(plan.checks))
+        if not self.rounds.run(stream, nxt):
+            return start
         return {"round": nxt, "stream": stream}
 
     def partitions(self, start: dict, end: dict) -> list[CheckRoundPartition]:
@@ -263,41 +306,25 @@ class TransactionChecksStreamReader(DataSourceStreamReader, SupportsTriggerAvail
         last, stream = _parse_offset(end)
         if stream == SERVER_STREAM:
             return
-        for name in glob.glob(os.path.join(self.path, ROUNDS_DIR, stream, "*.arrow")):
-            stem = os.path.basename(name).split(".")[0]
-            if stem.isdigit() and int(stem) <= last:
-                try:
-                    os.unlink(name)
-                except FileNotFoundError:
-                    pass
+        self.rounds.drop(stream, last)
 
     def stop(self) -> None:
         close_kept_open(self.path)
 
     # -- executor side -----------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if partition.stream == SERVER_STREAM:
-            yield from _server_round(partition.path, partition.round_no)
-            return
-        path = round_path(partition.path, partition.stream, partition.round_no)
-        try:
-            with open(path, "rb") as fh:  # read into memory: batches outlive the file
-                table = pa.ipc.open_file(fh).read_all()
-        except FileNotFoundError:
+        server = partition.stream == SERVER_STREAM
+        table = _Rounds(partition.path).read(None if server else partition.stream,
+                                             partition.round_no)
+        if table is None:
+            if server:
+                return  # pruned: its open transactions are asked about again in a later round
             raise CheckLoopError(
-                f"the rows of transaction check round {partition.round_no} ({path}) are gone; "
-                "they are deleted once a batch is committed, so this batch was replayed after "
-                "its commit or the directory was cleaned; allowed: restart the query from its "
-                "checkpoint (open transactions are asked about again in a later round)"
-            ) from None
+                f"the rows of transaction check round {partition.round_no} (stream "
+                f"{partition.stream} of {partition.path}) are gone; they are deleted once a "
+                "batch is committed, so this batch was replayed after its commit or the "
+                "directory was cleaned; allowed: restart the query from its checkpoint (open "
+                "transactions are asked about again in a later round)")
+        table = table.select([f.name for f in TRANSACTION_CHECKS_SCHEMA]).cast(
+            TRANSACTION_CHECKS_SCHEMA)
         yield from table.to_batches()
-
-
-def _server_round(store_path: str, round_no: int) -> Iterator[pa.RecordBatch]:
-    """The rows of a round a server published, in this view's columns (none when pruned)."""
-    table = read_check_round_table(store_path, round_no)
-    if table is None:
-        return  # pruned: its open transactions are asked about again in a later round
-    table = table.select([f.name for f in TRANSACTION_CHECKS_SCHEMA]).cast(
-        TRANSACTION_CHECKS_SCHEMA)
-    yield from table.to_batches()

@@ -12,7 +12,8 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .operations.check_rounds import last_check_round, read_check_round_table
+from .operations.check_rounds import (drop_query_rounds, last_check_round, read_check_round_table,
+                                      read_query_round, write_query_round)
 from .formats.codec import Record, RecordSpec
 from .config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
@@ -80,4 +81,5 @@ __all__ = [
     "keep_freed_heap", "warm_up",
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
+    "write_query_round", "read_query_round", "drop_query_rounds",
 ]

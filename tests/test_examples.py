@@ -46,3 +46,8 @@ def test_check_loop(spark, tmp_path):
     mod = _load("check_loop")
     result = mod.main(spark=spark, store_path=str(tmp_path / "s"))
     assert result is not None
+
+
+def test_served_orders(spark):
+    result = _load("served_orders").main(spark=spark)
+    assert result == {"closed": 40, "distinct": 40, "unpaid": 40, "early": 0}

@@ -6,14 +6,21 @@ written atomically; ``transaction_checks/server/last_round`` holds the newest ``
 after the file).  The newest :data:`KEEP_ROUNDS` files are kept.  Resolvers only answer: the
 Spark ``view=transaction_checks`` query with ``checkRounds=server``, or
 ``MessageStore.answer_check_rounds`` with this process's listeners.
+
+A check-loop *query* (``checkRounds=query``) keeps the rounds it ran the same way, per
+stream (its checkpoint's id, 32 hex digits): ``transaction_checks/<stream>/<n:020d>.arrow``
+(:func:`write_query_round`), read by its tasks and deleted once their batch committed.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 
 import pyarrow as pa
 
+from ..errors import InvalidConfigError
 from ..files.fileio import atomic_write
 from ..transaction.check import TransactionCheckView
 
@@ -78,5 +85,50 @@ def read_check_round(path: str, number: int) -> list[TransactionCheckView]:
         for r in rows]
 
 
-__all__ = ["KEEP_ROUNDS", "ROUNDS_DIR", "check_round_path", "last_check_round",
+_STREAM = re.compile(r"[0-9a-f]{32}")
+
+
+def query_round_path(path: str, stream: str, number: int) -> str:
+    """The file of round ``number`` of the check-loop query ``stream`` (see the module doc);
+    :class:`InvalidConfigError` for a stream that is not 32 hex digits (never a path)."""
+    if not isinstance(stream, str) or not _STREAM.fullmatch(stream):
+        raise InvalidConfigError(f"check-loop stream {stream!r}; allowed: 32 hex digits")
+    return os.path.join(path, "transaction_checks", stream, f"{int(number):020d}.arrow")
+
+
+def write_query_round(path: str, stream: str, number: int, batch: pa.RecordBatch) -> None:
+    """Keep a check-loop query's round ``number`` (atomically: temp file, fsync, rename)."""
+    target = query_round_path(path, stream, number)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+
+    def write(fh) -> None:
+        with pa.ipc.new_file(fh, batch.schema) as writer:
+            writer.write_batch(batch)
+
+    atomic_write(target, write)
+
+
+def read_query_round(path: str, stream: str, number: int) -> pa.Table | None:
+    """A check-loop query's round ``number`` (``None`` once deleted)."""
+    try:
+        with open(query_round_path(path, stream, number), "rb") as fh:  # read in: may go
+            return pa.ipc.open_file(fh).read_all()
+    except FileNotFoundError:
+        return None
+
+
+def drop_query_rounds(path: str, stream: str, last: int) -> None:
+    """Delete a check-loop query's rounds up to ``last`` (their batch committed)."""
+    folder = os.path.dirname(query_round_path(path, stream, 0))
+    for name in glob.glob(os.path.join(folder, "*.arrow")):
+        stem = os.path.basename(name).split(".")[0]
+        if stem.isdigit() and int(stem) <= last:
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+
+
+__all__ = ["KEEP_ROUNDS", "drop_query_rounds", "query_round_path", "read_query_round",
+           "write_query_round", "ROUNDS_DIR", "check_round_path", "last_check_round",
            "publish_check_round", "read_check_round", "read_check_round_table"]

@@ -281,6 +281,33 @@ class RemoteStore:
         """Make everything appended on the server durable now."""
         self._action("flush")
 
+    # ------------------------------------------------------------------ check rounds
+    def run_check_round(self, stream: str, number: int) -> bool:
+        """Run a check round on the server for the check-loop query ``stream`` and keep its
+        questions there as round ``number``; ``False`` when there was nothing to ask."""
+        return bool(self._action("run_check_round", {"stream": stream,
+                                                     "round": int(number)})["written"])
+
+    def read_check_round(self, stream: str | None, number: int) -> pa.Table | None:
+        """Round ``number`` of check-loop query ``stream`` (``None``: a round the server
+        published); ``None`` once deleted or pruned."""
+        ticket = ({"op": "server_round", "round": int(number)} if stream is None else
+                  {"op": "query_round", "stream": stream, "round": int(number)})
+        try:
+            table = self._connection().do_get(flight.Ticket(dumps(ticket)),
+                                              self._options()).read_all()
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return None if table.column_names == ["missing"] else table
+
+    def drop_check_rounds(self, stream: str, last: int) -> None:
+        """Delete the check-loop query's rounds up to ``last`` on the server."""
+        self._action("drop_check_rounds", {"stream": stream, "last": int(last)})
+
+    def last_check_round(self) -> int:
+        """The newest check round the server published (``rmq serve --check-transactions``)."""
+        return int(self._action("last_check_round")["round"])
+
 
 class RemoteProducer:
     """``send``, ``send_batch``, ``send_table`` and ``cancel`` of one producer group, on a

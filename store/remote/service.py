@@ -30,6 +30,9 @@ from pyarrow import flight
 from ..core.arrow_decode import MESSAGE_SCHEMA
 from ..errors import StoreError
 from ..message import LocalTransactionState, Message
+from ..operations.check_rounds import (drop_query_rounds, last_check_round,
+                                       read_check_round_table, read_query_round,
+                                       write_query_round)
 from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
 from .address import RemoteAddress
@@ -148,8 +151,12 @@ class StoreService(flight.FlightServerBase):
         starts, so that its errors are typed)."""
         body = loads(ticket.ticket, "the ticket")
         what = "read"
-        if field(body, "op", str, what) != "read":
-            raise InvalidRequest(f"unknown ticket op {body.get('op')!r}; allowed: 'read'")
+        op = field(body, "op", str, what)
+        if op in ("query_round", "server_round"):
+            return self._round(body, op)
+        if op != "read":
+            raise InvalidRequest(f"unknown ticket op {op!r}; allowed: 'read', 'query_round', "
+                                 "'server_round'")
         topic = field(body, "topic", str, what)
         queue_id = field(body, "queue_id", int, what)
         start = field(body, "start", int, what)
@@ -187,6 +194,21 @@ class StoreService(flight.FlightServerBase):
                 lo += READ_CHUNK
 
         return flight.GeneratorStream(schema, batches())
+
+    def _round(self, body: dict, op: str):
+        """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
+        one the server published; no rows once it was deleted or pruned."""
+        number = field(body, "round", int, op)
+        if op == "query_round":
+            try:
+                table = read_query_round(self.path, field(body, "stream", str, op), number)
+            except StoreError as exc:  # a stream that is no id
+                raise InvalidRequest(str(exc)) from None
+        else:
+            table = read_check_round_table(self.path, number)
+        if table is None:
+            return flight.RecordBatchStream(pa.table({"missing": pa.array([], pa.bool_())}))
+        return flight.RecordBatchStream(table)
 
     # ------------------------------------------------------------------ table writes
     @_unless_quiet
@@ -358,6 +380,30 @@ class StoreService(flight.FlightServerBase):
         if not all(isinstance(t, str) for t in ids):
             raise InvalidRequest("known_transactions: ids must be strings")
         return {"known": self.store.known_transactions(ids)}
+
+    def _action_run_check_round(self, body: dict) -> dict:
+        stream = field(body, "stream", str, "run_check_round")
+        number = field(body, "round", int, "run_check_round")
+        with self._write_lock:
+            plan = self.store.prepare_transaction_checks()
+            if not plan.checks:
+                return {"written": False}
+            try:
+                write_query_round(self.path, stream, number, plan.checks.to_arrow())
+            except StoreError as exc:
+                raise InvalidRequest(str(exc)) from None
+        return {"written": True}
+
+    def _action_drop_check_rounds(self, body: dict) -> dict:
+        try:
+            drop_query_rounds(self.path, field(body, "stream", str, "drop_check_rounds"),
+                              field(body, "last", int, "drop_check_rounds"))
+        except StoreError as exc:
+            raise InvalidRequest(str(exc)) from None
+        return {}
+
+    def _action_last_check_round(self, body: dict) -> dict:
+        return {"round": last_check_round(self.path)}
 
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()

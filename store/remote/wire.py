@@ -8,7 +8,9 @@ call            body (JSON unless said) -> answer
 ==============  ======================================================================
 ``DoGet``       ticket ``{"op": "read", "topic", "queue_id", "start", "end", "tags",
                 "columns", "verify_crc", "skip_corrupt"}`` -> the ``messages`` batches
-                (:data:`store.MESSAGE_SCHEMA`, or the columns asked for), in order
+                (:data:`store.MESSAGE_SCHEMA`, or the columns asked for), in order;
+                ``{"op": "query_round", "stream", "round"}`` or ``{"op":
+                "server_round", "round"}`` -> a check round's questions
 ``DoPut``       descriptor command ``{"op": "send_table", "group", "topic"}``,
                 ``{"op": "sink_stage", "sink_id", "group", "topic"}`` or ``{"op":
                 "check_table", "group", "topic"}`` with the rows as an Arrow stream -> one
@@ -51,6 +53,9 @@ ACTIONS = {
     "ensure_topic": "create a topic when missing; its queue count",
     "known_transactions": "whether the store holds each transaction id's half message",
     "flush": "make everything appended durable",
+    "run_check_round": "a check-loop query's round: bookkeeping, its questions kept here",
+    "drop_check_rounds": "delete a check-loop query's rounds up to a number",
+    "last_check_round": "the newest round the server published (--check-transactions)",
 }
 #: The :class:`~store.SendResult` fields an answer carries.
 RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset",

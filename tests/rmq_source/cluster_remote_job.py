@@ -103,6 +103,10 @@ def run(work: str, servers: dict) -> None:
     while len(bodies("orders")) < 4000 and time.monotonic() < written + 90:
         time.sleep(1.0)  # the servers deliver them once due
     out["orders"] = bodies("orders")
+    delayed = (spark.read.format("rmq").option("subscribe", "orders").option("token", TOKEN)
+               .load(group).where("deliver_timestamp IS NOT NULL"))
+    out["delayed"] = delayed.count()
+    out["early"] = delayed.where("store_timestamp < deliver_timestamp").count()
 
     # a stream through the sink, then its last micro-batch replayed
     chk = os.path.join(work, "chk")

