@@ -76,11 +76,17 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
         click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
                    f"{counters.segments_deleted} segment(s) deleted", err=True)
         return
-    if listen is not None:
-        raise click.UsageError(
-            "--listen serves one store; for a store group, run `rmq serve --store MEMBER "
-            "--listen ...` for each member (see group.json for their directories)")
-    _serve_group(store_path, config, check_transactions, duration_s)
+    _serve_group(store_path, config, check_transactions, duration_s, network)
+
+
+def _member_network(network: dict, i: int) -> dict:
+    """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0)."""
+    if not network:
+        return {}
+    host, _, port = network["listen"].rpartition(":")
+    if not port.isdigit():
+        raise click.UsageError(f"--listen {network['listen']!r}; allowed: HOST:PORT")
+    return {**network, "listen": f"{host}:{int(port) + i if int(port) else 0}"}
 
 
 def _network_options(listen, token_file, insecure, tls_cert, tls_key) -> dict:
@@ -105,9 +111,10 @@ def _network_options(listen, token_file, insecure, tls_cert, tls_key) -> dict:
     return {"listen": listen, "token": token, "tls": tls, "insecure": insecure}
 
 
-def _serve_group(path, config, check_transactions, duration_s) -> None:
+def _serve_group(path, config, check_transactions, duration_s, network) -> None:
     """``rmq serve`` of a store group: one server per store, each in a thread of this
-    process (every store delivers, checks and cleans its own messages)."""
+    process (every store delivers, checks and cleans its own messages); with ``--listen
+    HOST:PORT`` member *i* listens on ``PORT + i`` (port 0: any free port)."""
     import signal
     import threading
 
@@ -115,8 +122,9 @@ def _serve_group(path, config, check_transactions, duration_s) -> None:
 
     servers = []
     try:
-        for _, member in StoreGroup.members(path):
-            servers.append(StoreServer(member, config, check_transactions=check_transactions))
+        for i, (_, member) in enumerate(StoreGroup.members(path)):
+            servers.append(StoreServer(member, config, check_transactions=check_transactions,
+                                       **_member_network(network, i)))
     except BaseException:
         for server in servers:
             server.close()
@@ -125,6 +133,9 @@ def _serve_group(path, config, check_transactions, duration_s) -> None:
         signal.signal(sig, lambda _signum, _frame: [s.stop() for s in servers])
     click.echo(f"rmq serve: serving the {len(servers)} stores of the group {path} (pid "
                f"{os.getpid()}); SIGTERM or Ctrl-C stops", err=True)
+    for server in servers:
+        if server.url:
+            click.echo(f"rmq serve: {server.path} at {server.url}", err=True)
     for server in servers:  # the first step of each here: lazy loads (compiled kernels)
         server.step()        # happen in one thread, before the servers run side by side
     results: dict[int, object] = {}

@@ -295,3 +295,21 @@ def test_tls_serves_rmqs_and_a_client_without_the_root_is_refused(tmp_path):
                 remote.topics()
     finally:
         server.close()
+
+
+def test_rmq_serve_listen_serves_every_member_of_a_group(tmp_path):
+    from store import StoreGroup
+
+    group = str(tmp_path / "g")
+    StoreGroup.create(group, ["a", "b"]).close()
+    proc = _serve(group, "--listen", "127.0.0.1:0")
+    try:
+        urls = [_url_of(member, proc) for _, member in StoreGroup.members(group)]
+        assert len(set(urls)) == 2
+        for i, url in enumerate(urls):
+            with connect(url) as remote:
+                remote.producer("g").send(Message("t", b"to-%d" % i))
+                assert _all(remote, "t") == [b"to-%d" % i]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
