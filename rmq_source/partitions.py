@@ -180,6 +180,7 @@ def read_partition(partition: InputPartition) -> Iterator:
         return
     keep_freed_heap()  # a Spark Python worker mostly decodes: keep its freed heap for reuse
     store = open_reader(partition.path)
+    streamed = getattr(store, "read_batches", None)  # a served store: one call per range
     try:
         for r in partition.ranges:
             start = r.start
@@ -188,6 +189,21 @@ def read_partition(partition: InputPartition) -> Iterator:
                 if partition.fail_on_data_loss:
                     raise DataLossError(data_loss_message(r.topic, r.queue_id, start, low))
                 start = low  # skip what retention removed
+            if streamed is not None and start < r.end:
+                began = False
+                try:
+                    for batch in streamed(r.topic, r.queue_id, start, r.end,
+                                          tags=partition.tags, columns=partition.columns,
+                                          verify_crc=partition.verify_crc,
+                                          skip_corrupt=not partition.fail_on_data_loss):
+                        began = True
+                        if batch.num_rows:
+                            yield batch
+                    continue
+                except OffsetOutOfRangeError:
+                    if began:
+                        raise
+                    # retention moved the queue's start: the offset-by-offset way below
             while start < r.end:
                 end = min(r.end, start + BATCH_ROWS)
                 try:
