@@ -42,13 +42,11 @@ from ..kernels.record_kernels import ByteColumn
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
 from .dispatch import QueueEntries, is_dispatched
+from .queue_groups import QueueGroups
 from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
                             place_batch, placed_writes)
 
 _new_tuple = tuple.__new__  # a NamedTuple without its __new__'s keyword handling
-
-#: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
-_QUEUE_BITS = 20
 
 
 def round_robin_start() -> int:
@@ -56,68 +54,6 @@ def round_robin_start() -> int:
     producer's, so that processes that each send a little (Spark tasks, a sink's commit per
     micro-batch) spread over the queues instead of all filling queue 0 (tests pin it)."""
     return random.randrange(1 << 30)
-
-
-class _QueueGroups:
-    """The records of one append grouped by queue: ``keys[g]`` is group ``g``'s ``(topic,
-    queue id)``, ``counts[g]`` its records; ``order`` lists the records group by group
-    (stable), ``None`` when they all go to one queue (the usual batch: no grouping)."""
-
-    __slots__ = ("n", "keys", "counts", "group_of", "order", "group_start")
-
-    def __init__(self, n: int, keys: list[tuple[str, int]], counts: np.ndarray,
-                 group_of: np.ndarray | None, order: np.ndarray | None,
-                 group_start: np.ndarray | None) -> None:
-        self.n, self.keys, self.counts = n, keys, counts
-        self.group_of, self.order, self.group_start = group_of, order, group_start
-
-    @classmethod
-    def of(cls, records: AssembledRecords, qids: np.ndarray) -> _QueueGroups:
-        n = len(records)
-        topic_ids = records.topic_ids
-        q_min, q_max = int(qids.min()), int(qids.max())
-        if len(records.topics) == 1:  # (topic ids are all 0)
-            one_queue = q_min == q_max
-            queue_key = qids
-        else:
-            queue_key = (topic_ids << _QUEUE_BITS) | qids
-            one_queue = bool((queue_key == queue_key[0]).all())
-        if one_queue:
-            return cls(n, [(records.topics[int(topic_ids[0])], q_min)], np.array([n]),
-                       None, None, None)
-        uniq, group_of = np.unique(queue_key, return_inverse=True)
-        group_of = group_of.ravel()
-        if len(records.topics) == 1:
-            keys = [(records.topics[0], int(k)) for k in uniq.tolist()]
-        else:
-            keys = [(records.topics[int(k) >> _QUEUE_BITS], int(k) & ((1 << _QUEUE_BITS) - 1))
-                    for k in uniq.tolist()]
-        counts = np.bincount(group_of, minlength=len(uniq))
-        group_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        return cls(n, keys, counts, group_of, np.argsort(group_of, kind="stable"), group_start)
-
-    def queue_offsets(self, firsts: np.ndarray | None) -> np.ndarray:
-        """Each record's queue offset: its queue's ``firsts[g]`` plus its rank in the group
-        (zeros when the records are not indexed, ``firsts`` ``None``)."""
-        n = self.n
-        if firsts is None:
-            return np.zeros(n, dtype=np.int64)  # never indexed
-        if self.order is None:
-            return firsts[0] + np.arange(n, dtype=np.int64)
-        rank = np.empty(n, dtype=np.int64)
-        rank[self.order] = np.arange(n) - np.repeat(self.group_start, self.counts)
-        return firsts[self.group_of] + rank
-
-    def entries(self, firsts: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
-                codes: np.ndarray) -> QueueEntries:
-        """The queue entries of the records (see :data:`~store.core.dispatch.QueueEntries`)."""
-        if self.order is None:
-            return {self.keys[0]: (int(firsts[0]), starts, sizes, codes)}
-        entries: QueueEntries = {}
-        for g, key in enumerate(self.keys):
-            sel = self.order[self.group_start[g]:self.group_start[g] + self.counts[g]]
-            entries[key] = (int(firsts[g]), starts[sel], sizes[sel], codes[sel])
-        return entries
 
 
 class Appender:
@@ -374,7 +310,7 @@ class Appender:
         now = records.store_timestamp_ms
         if now is None:
             now = self.core.now_ms()
-        groups = _QueueGroups.of(records, qids)
+        groups = QueueGroups.of(records, qids)
         dispatched = records.dispatched
         firsts = (np.array([self.next_queue_offset(k) for k in groups.keys], dtype=np.int64)
                   if dispatched else None)
@@ -402,7 +338,7 @@ class Appender:
             qids = np.where((qids >= 0) & (qids < count), qids, qids % count)
         return qids
 
-    def _placed_as_presumed(self, records: AssembledRecords, groups: _QueueGroups,
+    def _placed_as_presumed(self, records: AssembledRecords, groups: QueueGroups,
                             firsts: np.ndarray | None, now: int) -> bool:
         """Whether the records were encoded for the placement they get (see
         :mod:`store.core.placement_chain`): one queue, indexed, presumed for this log end,

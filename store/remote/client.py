@@ -31,6 +31,7 @@ from pyarrow import flight
 from ..core.arrow_decode import MESSAGE_SCHEMA
 from ..errors import UnknownTopicError
 from ..message import LocalTransactionState, Message, SendResult
+from ..produce.table_rows import as_table
 from ..sink.sink import SinkCommit
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
@@ -270,7 +271,7 @@ class RemoteStore:
     def check_table(self, data, *, topic: str | None = None) -> int:
         """Validate a table as ``send_table`` would, writing nothing; return its rows."""
         raw = self._put({"op": "check_table", "group": "check", "topic": topic},
-                        _as_table(data))
+                        as_table(data))
         return int(loads(raw, "the answer of check_table")["rows"])
 
     def deliver_due(self, max_messages: int | None = None) -> int:
@@ -338,7 +339,7 @@ class RemoteProducer:
     def send_table(self, data, *, topic: str | None = None) -> pa.Table:
         """A table of messages, as ``Producer.send_table``: validated and stored on the server;
         returns the results table."""
-        table = _as_table(data)
+        table = as_table(data)
         raw = self.store._put({"op": "send_table", "group": self.group, "topic": topic}, table)
         return pa.ipc.open_stream(raw).read_all()
 
@@ -387,7 +388,7 @@ class RemoteSink:
 
     def stage(self, data, *, topic: str | None = None) -> list[str]:
         """Validate and stage rows on the server; return the halves' ids."""
-        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic)}, _as_table(data))
+        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic)}, as_table(data))
         return list(loads(raw, "the answer of sink_stage")["transactions"])
 
     def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
@@ -404,20 +405,3 @@ class RemoteSink:
     def committed_batches(self) -> dict[int, dict]:
         done = self.store._action("sink_committed_batches", self._body())["batches"]
         return {int(k): v for k, v in done.items()}
-
-
-def _as_table(data) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        pd = None
-    if pd is not None and isinstance(data, pd.DataFrame):
-        return pa.Table.from_pandas(data, preserve_index=False)
-    from ..errors import InvalidMessageError
-
-    raise InvalidMessageError(f"send_table takes a pyarrow.Table, RecordBatch or pandas "
-                              f"DataFrame; got {type(data).__name__}")
