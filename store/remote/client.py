@@ -146,6 +146,21 @@ class RemoteStore:
             self._failed(exc)
         return b"" if answer is None else answer.to_pybytes()
 
+    def _exchange(self, command: dict, table: pa.Table) -> pa.Table:
+        """A table in, a table out (``DoExchange``): ``send_table`` and its results."""
+        try:
+            writer, reader = self._connection().do_exchange(
+                flight.FlightDescriptor.for_command(dumps(command)), self._options())
+            try:
+                writer.begin(table.schema)
+                writer.write_table(table)
+                writer.done_writing()
+                return reader.read_all()
+            finally:
+                writer.close()
+        except flight.FlightError as exc:
+            self._failed(exc)
+
     # ------------------------------------------------------------------ what it serves
     def info(self) -> dict:
         """``version``, ``written_by_rmq`` and ``url`` of the served store."""
@@ -339,9 +354,8 @@ class RemoteProducer:
     def send_table(self, data, *, topic: str | None = None) -> pa.Table:
         """A table of messages, as ``Producer.send_table``: validated and stored on the server;
         returns the results table."""
-        table = as_table(data)
-        raw = self.store._put({"op": "send_table", "group": self.group, "topic": topic}, table)
-        return pa.ipc.open_stream(raw).read_all()
+        return self.store._exchange({"op": "send_table", "group": self.group, "topic": topic},
+                                    as_table(data))
 
     def cancel(self, topic: str, msg_id: str) -> bool:
         return bool(self.store._action("cancel", {"group": self.group, "topic": topic,

@@ -213,7 +213,8 @@ class StoreService(flight.FlightServerBase):
     # ------------------------------------------------------------------ table writes
     @_unless_quiet
     def do_put(self, context, descriptor, reader, writer):
-        """A table of rows: ``send_table`` or a sink's stage (see :mod:`.wire`)."""
+        """A table of rows: a sink's stage, or a dry run of ``send_table`` (see
+        :mod:`.wire`)."""
         body = loads(descriptor.command or b"", "the descriptor command")
         op = field(body, "op", str, "put")
         if op not in PUTS:
@@ -225,18 +226,25 @@ class StoreService(flight.FlightServerBase):
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
             return
-        if op == "send_table":
-            with self._write_lock:
-                result = self._producer(group).send_table(table, topic=topic)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, result.schema) as out:
-                out.write_table(result)
-            writer.write(sink.getvalue())
-            return
         sink_id = field(body, "sink_id", str, op)
         with self._write_lock:
             staged = self.store.sink(sink_id, group).stage(table, topic=topic)
         writer.write(pa.py_buffer(dumps({"transactions": staged})))
+
+    @_unless_quiet
+    def do_exchange(self, context, descriptor, reader, writer):
+        """``send_table``: the rows in, the results table out, both as Arrow streams."""
+        body = loads(descriptor.command or b"", "the descriptor command")
+        op = field(body, "op", str, "exchange")
+        if op != "send_table":
+            raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table'")
+        group = field(body, "group", str, op)
+        topic = field(body, "topic", str, op, optional=True)
+        table = reader.read_all()
+        with self._write_lock:
+            result = self._producer(group).send_table(table, topic=topic)
+        writer.begin(result.schema)
+        writer.write_table(result)
 
     # ------------------------------------------------------------------ actions
     def list_actions(self, context):

@@ -11,12 +11,12 @@ call            body (JSON unless said) -> answer
                 (:data:`store.MESSAGE_SCHEMA`, or the columns asked for), in order;
                 ``{"op": "query_round", "stream", "round"}`` or ``{"op":
                 "server_round", "round"}`` -> a check round's questions
-``DoPut``       descriptor command ``{"op": "send_table", "group", "topic"}``,
-                ``{"op": "sink_stage", "sink_id", "group", "topic"}`` or ``{"op":
-                "check_table", "group", "topic"}`` with the rows as an Arrow stream -> one
-                metadata message: the results table as Arrow IPC (``send_table``),
-                ``{"transactions": [...]}`` (``sink_stage``) or ``{"rows": n}`` (a dry
-                run: validated, nothing written)
+``DoPut``       descriptor command ``{"op": "sink_stage", "sink_id", "group", "topic"}`` or
+                ``{"op": "check_table", "group", "topic"}`` with the rows as an Arrow
+                stream -> one metadata message: ``{"transactions": [...]}``
+                (``sink_stage``) or ``{"rows": n}`` (a dry run: validated, nothing written)
+``DoExchange``  descriptor command ``{"op": "send_table", "group", "topic"}``, the rows in as
+                an Arrow stream -> the results table out as an Arrow stream
 ``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
 ==============  ======================================================================
 
@@ -62,7 +62,7 @@ RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offse
                  "deliver_at_ms", "transaction_id", "stored_topic", "stored_queue_id",
                  "stored_queue_offset")
 #: DoPut operations.
-PUTS = ("send_table", "sink_stage", "check_table")
+PUTS = ("sink_stage", "check_table")
 
 #: Largest request the server takes, bytes (a sink task hands over at most 16 MiB tables).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
