@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidConfigError
 
-SCHEMES = ("rmq", "rmqs")
 #: Default bound on one call of a client (connect, read, write), seconds.
 DEFAULT_TIMEOUT_S = 60.0
 _ALLOWED = "allowed: rmq://HOST:PORT or rmqs://HOST:PORT (TLS), nothing after the port"

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import pyarrow as pa
 from pyarrow import flight
 
-from ..core.arrow_decode import MESSAGE_SCHEMA
+from ..core.message_columns import empty_batch, projected_schema
 from ..errors import UnknownTopicError
 from ..message import LocalTransactionState, Message, SendResult
 from ..produce.table_rows import as_table
@@ -242,13 +242,11 @@ class RemoteStore:
         batches = list(self.read_batches(topic, queue_id, start, end, tags=tags,
                                          columns=columns, verify_crc=verify_crc,
                                          skip_corrupt=skip_corrupt))
-        schema = (MESSAGE_SCHEMA if columns is None
-                  else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns]))
         if not batches:
-            return pa.RecordBatch.from_pylist([], schema=schema)
+            return empty_batch(projected_schema(columns))
         if len(batches) == 1:
             return batches[0]
-        return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
+        return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
     # ------------------------------------------------------------------ writing
     def producer(self, group: str = "DEFAULT_PRODUCER") -> RemoteProducer:

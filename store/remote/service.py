@@ -27,7 +27,7 @@ import threading
 import pyarrow as pa
 from pyarrow import flight
 
-from ..core.arrow_decode import MESSAGE_SCHEMA
+from ..core.message_columns import projected_schema
 from ..errors import StoreError
 from ..message import LocalTransactionState, Message
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
@@ -165,14 +165,10 @@ class StoreService(flight.FlightServerBase):
         columns = field(body, "columns", list, what, optional=True)
         verify_crc = bool(field(body, "verify_crc", bool, what, default=False))
         skip_corrupt = bool(field(body, "skip_corrupt", bool, what, default=False))
-        if columns is not None:
-            unknown = [c for c in columns if c not in MESSAGE_SCHEMA.names]
-            if unknown:
-                raise InvalidRequest(f"unknown columns {unknown}; allowed: "
-                                     f"{MESSAGE_SCHEMA.names}")
-            schema = pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
-        else:
-            schema = MESSAGE_SCHEMA
+        try:
+            schema = projected_schema(columns)
+        except ValueError as exc:
+            raise InvalidRequest(f"read: {exc}") from None
         reader = self._reader()
 
         def read(lo: int, hi: int):
