@@ -33,6 +33,7 @@ class QueueGroups:
 
     @classmethod
     def of(cls, records: AssembledRecords, qids: np.ndarray) -> QueueGroups:
+        """Group ``records`` by their (topic, ``qids``) pairs (one sort; none for one queue)."""
         n = len(records)
         topic_ids = records.topic_ids
         q_min, q_max = int(qids.min()), int(qids.max())

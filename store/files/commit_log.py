@@ -58,11 +58,13 @@ class CommitLog:
         return offset, None
 
     def write(self, offset: int, data: bytes) -> None:
+        """Copy ``data`` to absolute ``offset`` (inside one segment); no flush."""
         # a single record is copied through the segment's writable mapping (no system call)
         self.files.write(offset, data, mapped=len(data) <= MAPPED_WRITE_MAX)
 
     # -- reading ----------------------------------------------------------------------------
     def min_offset(self) -> int:
+        """The start of the oldest segment still on disk (0 for an empty log)."""
         return self.files.min_offset()
 
     def buffer_at(self, offset: int):
@@ -74,10 +76,12 @@ class CommitLog:
         return f.buffer(), offset - f.start, f
 
     def read_record(self, offset: int) -> Record:
+        """Decode the record at ``offset``; CorruptRecordError if it fails the checks."""
         buf, pos, f = self.buffer_at(offset)
         return decode_record(buf, pos, file=f.path, base_offset=f.start)
 
     def store_timestamp(self, offset: int) -> int:
+        """The store timestamp of the record at ``offset``, read without decoding the rest."""
         buf, pos, _ = self.buffer_at(offset)
         return _I64.unpack_from(buf, pos + FIELD_OFFSET["store_timestamp"])[0]
 
@@ -209,6 +213,7 @@ class CommitLog:
         self.files.flush(from_offset)
 
     def segment_paths(self) -> list[str]:
+        """The segment files on disk now, oldest first."""
         return [f.path for f in self.files.refresh()]
 
     def close(self) -> None:

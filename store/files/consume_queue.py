@@ -118,6 +118,7 @@ class ConsumeQueue:
         return 0  # pragma: no cover
 
     def first_index(self) -> int:
+        """The index of the first entry still on disk (retention deletes whole files)."""
         files = self.files.files or self.files.refresh()
         return files[0].start // ENTRY_SIZE if files else 0
 
@@ -165,6 +166,7 @@ class ConsumeQueue:
         return out.astype(ENTRY_DTYPE.newbyteorder("="))
 
     def entry(self, index: int) -> tuple[int, int, int] | None:
+        """Entry ``index`` as ``(commitlog_offset, size, tags_code)``, or None past the files."""
         f, arr = self._file_entries(index)
         if f is None:
             return None

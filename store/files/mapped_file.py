@@ -34,6 +34,7 @@ log = logging.getLogger("store")
 
 
 def segment_name(start: int) -> str:
+    """A segment's file name: its start offset as 20 zero-padded digits."""
     return f"{start:0{NAME_DIGITS}d}"
 
 
@@ -281,10 +282,12 @@ class MappedFileQueue:
         return self._files
 
     def min_offset(self) -> int:
+        """The start of the first segment (0 when there is none)."""
         files = self._files
         return files[0].start if files else 0
 
     def last_file(self) -> MappedFile | None:
+        """The newest segment, or None."""
         files = self._files
         return files[-1] if files else None
 
@@ -308,6 +311,7 @@ class MappedFileQueue:
 
     # -- writing ----------------------------------------------------------------------------
     def get_or_create(self, offset: int) -> MappedFile:
+        """The segment holding ``offset``, created full-size (via a temporary name) if missing."""
         f = self.find(offset, refresh=False) or self.find(offset)
         if f is not None:
             return f
@@ -378,6 +382,7 @@ class MappedFileQueue:
             self.refresh()
 
     def delete_file(self, f: MappedFile) -> None:
+        """Unmap and delete one segment (retention); a file already gone is not an error."""
         with self._lock:
             f.close()
             try:

@@ -116,6 +116,11 @@ class TopicTable:
         return (st.st_mtime_ns, st.st_ino)
 
     def reload(self, force: bool = False) -> dict[str, dict]:
+        """Re-read ``topics.json`` if it changed (or ``force``); return the merged topic table.
+
+        Topics found only as ConsumeQueue directories, and queue counts this process has
+        written past the file's, are merged in; the file wins where it says.
+        """
         stamp = self._file_stamp()
         if force or stamp != self._stamp or stamp is None:
             data = read_lenient_json(self.path, valid=_is_topic_table) or {}
@@ -148,6 +153,7 @@ class TopicTable:
         return _queue_count_of(cfg) if cfg is not None else None
 
     def queue_count(self, topic: str) -> int | None:
+        """The topic's queue count, or None for a topic the table does not know."""
         cfg = self.get(topic)
         return _queue_count_of(cfg) if cfg else None
 

@@ -133,6 +133,7 @@ def decode_properties(data: bytes | str) -> dict[str, str]:
 
 
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    """The stored size of a record with these field lengths."""
     return FIXED_SIZE + body_len + topic_len + properties_len
 
 
@@ -179,6 +180,7 @@ class Record:
 
     @property
     def transaction_type(self) -> int:
+        """The transaction bits of a record's ``sysFlag``."""
         return self.sys_flag & TRANSACTION_TYPE_MASK
 
     def to_spec(self, **changes) -> RecordSpec:
@@ -268,6 +270,7 @@ def gather_headers(buffer, buffer_size: int, positions: np.ndarray) -> np.ndarra
 
 
 def encode_blank(remaining: int) -> bytes:
+    """The blank record that fills the ``remaining`` bytes at a segment's end."""
     return BLANK.pack(remaining, BLANK_MAGIC_CODE)
 
 

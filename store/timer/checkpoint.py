@@ -61,11 +61,13 @@ class TimerCheckpoint:
     slot_done: int = 0
 
     def pack(self) -> bytes:
+        """The checkpoint as its on-disk bytes."""
         data = CHECKPOINT_LAYOUT.pack(*(getattr(self, f.name) for f in fields(self)))
         return data + bytes(CHECKPOINT_FILE_SIZE - len(data))
 
     @classmethod
     def unpack(cls, data: bytes) -> TimerCheckpoint:
+        """Read a checkpoint from its on-disk bytes."""
         return cls(*CHECKPOINT_LAYOUT.unpack_from(data, 0))
 
     def copy(self) -> TimerCheckpoint:

@@ -309,6 +309,7 @@ class TimerLog:
                     pass
 
     def disk_bytes(self) -> int:
+        """Bytes the TimerLog segments take on disk."""
         return sum(os.path.getsize(f.path) for f in self.files.files if os.path.exists(f.path))
 
     def close(self) -> None:

@@ -101,9 +101,11 @@ class TimerWheel:
 
     # -- addressing -------------------------------------------------------------------------
     def ticks(self, times_ms) -> np.ndarray:
+        """Each time as a count of ``precision`` ticks."""
         return np.asarray(times_ms, dtype=np.int64) // self.precision
 
     def index(self, times_ms) -> np.ndarray:
+        """The slot index of a due time: its tick modulo the wheel's slot count."""
         return self.ticks(times_ms) % self.slots
 
     # -- reading ----------------------------------------------------------------------------
@@ -145,6 +147,7 @@ class TimerWheel:
         return np.flatnonzero((self._slots["first_pos"] >= end) | (self._slots["last_pos"] >= end))
 
     def row(self, index: int) -> tuple[int, int, int, int]:
+        """Slot ``index`` as ``(time_ms, first_pos, last_pos, num)``."""
         r = self._slots[index]
         return int(r["time"]), int(r["first_pos"]), int(r["last_pos"]), int(r["num"])
 

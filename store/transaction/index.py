@@ -52,6 +52,7 @@ class Growable:
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
+        """Append ``values``, doubling the capacity when it runs out."""
         k = len(values)
         need = self.n + k
         if need > len(self.data):
@@ -107,6 +108,7 @@ class TransactionIndex:
     # ------------------------------------------------------------------ lookups
     @property
     def rows(self) -> int:
+        """The number of rows (half messages indexed so far)."""
         return self.row_latest.n
 
     def row_of(self, transaction_id: str) -> int:
@@ -131,6 +133,7 @@ class TransactionIndex:
             return out
 
     def transaction_id(self, row: int) -> str:
+        """The transaction id of row ``row``."""
         odd = self._odd_by_row.get(row)
         return odd if odd is not None else self.row_key.data[row].decode("ascii")
 

@@ -139,6 +139,7 @@ class TransactionService:
         return get(HALF_KEY), get(OP_KEY)
 
     def save_progress(self, half_offset: int, op_offset: int, now_ms: int) -> None:
+        """Persist the check loop's half and op offsets (after a round)."""
         data = read_json(self.progress_path, _progress_shape)
         rounds = data.get("rounds", 0) if isinstance(data, dict) else 0
         write_json_atomic(self.progress_path, {
