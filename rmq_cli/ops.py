@@ -32,8 +32,15 @@ from .opening import keyed_by_store, open_writable_store, store_members
 @click.option("--token-file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A file whose first line is the shared secret every network request must "
                    "carry (needed for a non-loopback --listen, unless --insecure).")
+@click.option("--grpc", "grpc_listen", default=None, metavar="HOST:PORT",
+              help="Also serve RocketMQ 5 clients (Java, Go, Node.js, Python...) here: the "
+                   "apache.rocketmq.v2 gRPC protocol; needs pip install 'rmq[grpc]'.")
+@click.option("--acl", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="An ACL file (JSON accounts: accessKey, secretKey, topic and group "
+                   "permissions) the --grpc clients must sign with.")
 @click.option("--insecure", is_flag=True,
-              help="Serve a non-loopback --listen address without a token.")
+              help="Serve a non-loopback --listen address without a token, or --grpc "
+                   "without an ACL.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True), default=None,
               help="PEM certificate chain: serve rmqs:// (TLS); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -43,8 +50,8 @@ from .opening import keyed_by_store, open_writable_store, store_members
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          check_transactions, listen, token_file, insecure, tls_cert, tls_key, duration_s,
-          log_level):
+          check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
+          duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -61,7 +68,8 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
                                  ("disk_max_used_space_ratio", disk_max_used_space_ratio))
                if v is not None}
     config = StoreConfig().replace(**changes) if changes else None
-    network = _network_options(listen, token_file, insecure, tls_cert, tls_key)
+    network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,
+                               acl)
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,
@@ -70,12 +78,17 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
             raise click.ClickException(str(exc)) from None
         server.install_signal_handlers()
         where = f"; clients connect to {server.url}" if server.url else ""
+        if server.grpc_endpoint:
+            where += f"; RocketMQ clients to {server.grpc_endpoint}"
         click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}){where}; SIGTERM or "
                    "Ctrl-C stops", err=True)
         counters = server.run(duration_s=duration_s)
         click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
                    f"{counters.segments_deleted} segment(s) deleted", err=True)
         return
+    if grpc_listen is not None:
+        raise click.UsageError("--grpc serves one store; a store group's members are served "
+                               "over --grpc one by one (rmq serve --store MEMBER --grpc ...)")
     _serve_group(store_path, config, check_transactions, duration_s, network)
 
 
@@ -89,15 +102,25 @@ def _member_network(network: dict, i: int) -> dict:
     return {**network, "listen": f"{host}:{int(port) + i if int(port) else 0}"}
 
 
-def _network_options(listen, token_file, insecure, tls_cert, tls_key) -> dict:
+def _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen=None,
+                     acl=None) -> dict:
     """The network settings of ``rmq serve`` as :class:`store.StoreServer` arguments."""
     from store import InvalidConfigError
     from store import read_token
 
+    extra = {}
+    if grpc_listen is not None:
+        extra = {"grpc": grpc_listen, "acl": acl}
+    elif acl is not None:
+        raise click.UsageError("--acl needs --grpc")
     if listen is None:
-        if token_file or insecure or tls_cert or tls_key:
-            raise click.UsageError("--token-file, --insecure and --tls-* need --listen")
-        return {}
+        if token_file:
+            raise click.UsageError("--token-file needs --listen")
+        if grpc_listen is None:
+            if insecure or tls_cert or tls_key:
+                raise click.UsageError("--insecure and --tls-* need --listen or --grpc")
+            return {}
+        extra["insecure"] = insecure
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
     try:
@@ -108,7 +131,7 @@ def _network_options(listen, token_file, insecure, tls_cert, tls_key) -> dict:
     if tls_cert is not None:
         with open(tls_cert, "rb") as cert, open(tls_key, "rb") as key:
             tls = (cert.read(), key.read())
-    return {"listen": listen, "token": token, "tls": tls, "insecure": insecure}
+    return {"listen": listen, "token": token, "tls": tls, "insecure": insecure, **extra}
 
 
 def _serve_group(path, config, check_transactions, duration_s, network) -> None:

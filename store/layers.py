@@ -13,8 +13,8 @@ layer  name        folders
 1      core        ``core/``: StoreCore: opening, locks, the Appender, the one dispatch path,
                    reading, Arrow decoding, recovery, retention; the port services use
 2      services    ``delayed/``, ``timer/``, ``transaction/``: they see only the port
-3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``; the root's
-                   MessageStore and StoreReader: what users call
+3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``,
+                   ``proxy/``; the root's MessageStore and StoreReader: what users call
 =====  ==========  ============================================================================
 
 ``rmq_source`` (the Spark data source) sits above all of them and may use only the names in
@@ -41,6 +41,7 @@ FOLDERS: dict[str, int] = {
     "group": FACADE,
     "operations": FACADE,
     "remote": FACADE,
+    "proxy": FACADE,
 }
 
 #: Modules whose layer is not their folder's: the root's, and the on-disk structures that a

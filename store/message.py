@@ -96,6 +96,24 @@ def is_valid_topic_name(name: str) -> bool:
         ".", "..")
 
 
+#: A message id given by its sender: what RocketMQ clients make (hex) and more, never a
+#: character that would end a property (0x01, 0x02) or need quoting in a path or a log line.
+_MSG_ID_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}\Z")
+
+
+def validate_msg_id(msg_id: object) -> str:
+    """Check a message id given by its sender (``Producer.send(msg_id=...)``) and return it.
+
+    Allowed: 1 to 128 ASCII letters, digits, ``-``, ``_`` or ``.`` (RocketMQ 5 clients make
+    34 hex digits, RocketMQ 4 clients 32).
+    """
+    if not isinstance(msg_id, str) or not _MSG_ID_RE.match(msg_id):
+        shown = msg_id[:40] + "..." if isinstance(msg_id, str) and len(msg_id) > 40 else msg_id
+        raise InvalidMessageError(
+            f"msg_id={shown!r}; allowed: 1 to 128 ASCII letters, digits, '-', '_' or '.'")
+    return msg_id
+
+
 def validate_topic(topic: object, *, allow_system: bool = False) -> str:
     """Check a topic name against RocketMQ's rules and return it.
 

@@ -167,7 +167,15 @@ class StoreServer:
         The shared secret every network request must carry.  A non-loopback ``listen``
         needs one, or ``insecure=True``.
     tls : (bytes, bytes), optional
-        PEM certificate chain and key: serve ``rmqs://`` (TLS) instead of ``rmq://``.
+        PEM certificate chain and key: serve ``rmqs://`` (TLS) instead of ``rmq://``, and
+        the gRPC endpoint over TLS.
+    grpc : str, optional
+        ``HOST:PORT`` to serve RocketMQ 5 clients on (``rmq serve --grpc``;
+        :mod:`store.proxy`); needs the ``grpc`` extra.  The server then also runs the
+        transaction check rounds and asks the endpoint's producers about their open
+        transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.
+    acl : str, optional
+        The ACL file of the gRPC endpoint (:mod:`store.proxy.access`).
 
     Raises
     ------
@@ -178,10 +186,20 @@ class StoreServer:
     def __init__(self, path: str, config: StoreConfig | dict | None = None, *,
                  clock=None, check_transactions: bool = False, listen: str | None = None,
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
-                 insecure: bool = False) -> None:
+                 insecure: bool = False, grpc: str | None = None,
+                 acl: str | None = None) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
+        if grpc is not None and not RemoteAddress.listen(grpc).loopback and acl is None \
+                and not insecure:
+            raise InvalidConfigError(
+                f"serving RocketMQ clients on {grpc} (not a loopback address) needs an ACL "
+                "(--acl FILE); allowed: an ACL, or --insecure to serve anyone who can reach "
+                "the port")
+        if acl is not None and grpc is None:
+            raise InvalidConfigError("an ACL file is for the gRPC endpoint; allowed: acl "
+                                     "together with grpc")
         address = None
         if listen is not None:
             address = RemoteAddress.listen(listen, tls=tls is not None)
@@ -195,13 +213,20 @@ class StoreServer:
         self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)
         self.service = None
+        self.endpoint = None
         try:
             self._lock_fd = _take_lock(self.path)
             if address is not None:
                 from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
 
                 self.service = StoreService(self.store, address, token=token, tls=tls)
+            if grpc is not None:
+                from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
+
+                self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls)
         except BaseException:
+            if self.service is not None:
+                self.service.shutdown()
             if getattr(self, "_lock_fd", None) is not None:
                 os.close(self._lock_fd)
             self.store.close()
@@ -220,6 +245,11 @@ class StoreServer:
         """The ``rmq://`` (or ``rmqs://``) URL clients connect to; ``None`` when not
         listening."""
         return None if self.service is None else self.service.url
+
+    @property
+    def grpc_endpoint(self) -> str | None:
+        """``HOST:PORT`` of the RocketMQ 5 gRPC endpoint; ``None`` when not serving it."""
+        return None if self.endpoint is None else self.endpoint.endpoint
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -257,6 +287,8 @@ class StoreServer:
         if self._lock_fd is None:
             return
         try:
+            if self.endpoint is not None:
+                self.endpoint.close()  # ends the streams, saves the consumer offsets
             if self.service is not None:
                 self.service.shutdown()  # waits for the calls in progress
                 self.service.close_readers()
@@ -285,7 +317,10 @@ class StoreServer:
         c.last_run_delivered = delivered
         if delivered:
             log.info("delivered %d due messages", delivered)
-        if self.check_transactions and time.monotonic() >= self._next_check:
+            if self.endpoint is not None:
+                self.endpoint.service.wake_receivers()
+        if (self.check_transactions or self.endpoint is not None) \
+                and time.monotonic() >= self._next_check:
             # the store's effective interval (a producer's recorded one, when set)
             interval = self.store.transactions.settings["transaction_check_interval_ms"]
             self._next_check = time.monotonic() + interval / 1000
@@ -325,7 +360,11 @@ class StoreServer:
         try:
             plan = self.store.prepare_transaction_checks()
             asked = len(plan.checks)
-            if asked:
+            if asked and self.endpoint is not None:
+                sent = self.endpoint.ask(plan.checks)
+                if sent:
+                    log.info("asked RocketMQ producers about %d open transaction(s)", sent)
+            if asked and self.check_transactions:
                 number = publish_check_round(self.path, plan.checks.to_arrow())
                 log.info("check round %d: %d transaction(s) to ask about, %d discarded", number,
                          asked, plan.discarded)
@@ -360,7 +399,8 @@ class StoreServer:
                 "last_run_delivered": c.last_run_delivered,
                 "retention_runs": c.retention_runs, "segments_deleted": c.segments_deleted,
                 "check_rounds": c.check_rounds, "checks_published": c.checks_published,
-                "precision_ms": self.precision, "errors": c.errors, "listen": self.url}
+                "precision_ms": self.precision, "errors": c.errors, "listen": self.url,
+                "grpc": self.grpc_endpoint}
         try:
             atomic_write(os.path.join(self.path, STATUS_FILE),
                          json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)

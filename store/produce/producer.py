@@ -14,6 +14,7 @@ from ..core.ports import StorePort
 from ..delayed.schedule import ScheduleService, deliver_time
 from ..errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from ..message import (
+    validate_msg_id,
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_TAGS,
@@ -123,7 +124,7 @@ class Producer:
 
     def send(self, message: Message, *, delay_level: int | None = None, delay_ms: int | None = None,
              deliver_at_ms: int | None = None, queue_id: int | None = None,
-             sharding_key: str | None = None) -> SendResult:
+             sharding_key: str | None = None, msg_id: str | None = None) -> SendResult:
         """Store one message, now or delayed.
 
         Parameters
@@ -144,6 +145,10 @@ class Producer:
             Messages with the same key go to the same queue, so they keep their order (the
             key's Java hash modulo the queue count, RocketMQ's ``SelectMessageQueueByHash``).
             At most one of ``queue_id`` and ``sharding_key``.
+        msg_id : str, optional
+            The message id (``UNIQ_KEY``) when the sender made it already, as RocketMQ 5
+            clients do: 1 to 128 ASCII letters, digits, ``-``, ``_`` or ``.``.  Default: a
+            fresh id of this store.
 
         Returns
         -------
@@ -152,7 +157,7 @@ class Producer:
             for a delayed message ``queue_offset`` is -1 until delivered, ``deliver_at_ms``
             is set and ``stored_topic`` names the system topic it waits in.
         """
-        plain = type(message) is Message  # (a subclass takes the general path)
+        plain = type(message) is Message and msg_id is None  # (else: the general path)
         if plain and delay_level is None and delay_ms is None and deliver_at_ms is None:
             return send_now(self, message, queue_id, sharding_key)
         now = self.store.now_ms()
@@ -161,7 +166,10 @@ class Producer:
             return send_timer(self, message, deliver_ms, now, queue_id, sharding_key)
         if plain and level is None and deliver_ms is None:  # a delay of 0: not delayed
             return send_now(self, message, queue_id, sharding_key)
-        msg_id = self.store.id_generator.next_id(now)
+        if msg_id is None:
+            msg_id = self.store.id_generator.next_id(now)
+        else:
+            validate_msg_id(msg_id)
         spec = self._spec(message, msg_id, now)
         queue = self._queue(message.topic, queue_id, sharding_key)
         if queue is not None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import InvalidDelayError, TransactionStateError
-from ..message import TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult
+from ..message import (TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult,
+                       validate_msg_id)
 from ..produce.producer import Producer, ProducerStore
 from .check import parse_state
 from .half import check_transactional_properties, half_spec
@@ -73,8 +74,13 @@ class TransactionProducer(Producer):
 
     def send_in_transaction(self, message: Message, arg: object = None, *,
                             delay_level: int | None = None, delay_ms: int | None = None,
-                            deliver_at_ms: int | None = None) -> TransactionSendResult:
+                            deliver_at_ms: int | None = None,
+                            msg_id: str | None = None) -> TransactionSendResult:
         """Store ``message`` as a half message, run the local transaction, end it.
+
+        ``msg_id``: the message id when the sender made it already (see
+        :meth:`Producer.send <store.produce.producer.Producer.send>`); it is also the
+        transaction id.
 
         Raises
         ------
@@ -94,7 +100,7 @@ class TransactionProducer(Producer):
                 "local transaction or after the commit instead)")
         store = self.store
         now = store.now_ms()
-        msg_id = store.id_generator.next_id(now)
+        msg_id = store.id_generator.next_id(now) if msg_id is None else validate_msg_id(msg_id)
         spec = self._spec(message, msg_id, now)  # validates (reserved names, sizes, topic)
         check_transactional_properties(message.properties)
         queue_count = store.ensure_topic(message.topic)

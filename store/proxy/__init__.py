@@ -1,0 +1,118 @@
+"""RocketMQ 5 clients of any language send to and consume from a store: ``rmq serve --grpc``.
+
+RocketMQ 5 gives every language one protocol, the ``apache.rocketmq.v2`` gRPC
+``MessagingService`` its proxy serves.  :class:`GrpcEndpoint` serves it over one open
+:class:`~store.MessageStore` (:mod:`store.proxy.service`), so a Java, Go, Node.js or Python
+service keeps its official client and points it at rmq.
+
+The protocol's generated code comes from the official Python client
+(``rocketmq-python-client`` on PyPI, Apache's), installed by the ``grpc`` extra
+(``pip install rmq[grpc]``); nothing is generated at install.
+
+Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
+:mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
+:mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.service`
+(the calls).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import InvalidConfigError
+from ..remote.address import RemoteAddress
+
+log = logging.getLogger("store.proxy")
+
+#: Threads serving calls: each client holds one for its telemetry stream and one per
+#: long-polling receive in progress.
+MAX_WORKERS = 256
+#: gRPC's message limit: a request of ``max_message_size_bytes`` plus its headers.
+HEADROOM_BYTES = 1 << 20
+
+
+def grpc_available() -> bool:
+    """Whether the ``grpc`` extra (grpcio and the RocketMQ protocol modules) is installed."""
+    try:
+        import grpc  # noqa: F401
+        from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class GrpcEndpoint:
+    """Serves ``store`` to RocketMQ 5 clients on ``listen`` (``HOST:PORT``; port 0 picks one).
+
+    ``acl``: the path of an ACL file (:mod:`store.proxy.access`); ``None`` serves every
+    client.  ``tls``: ``(certificate chain, private key)`` PEM bytes.
+    """
+
+    def __init__(self, store, listen: str, *, acl: str | None = None,
+                 tls: tuple[bytes, bytes] | None = None) -> None:
+        if not grpc_available():
+            raise InvalidConfigError(
+                "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
+                "pip install 'rmq[grpc]' (grpcio and rocketmq-python-client)")
+        import grpc
+        from rocketmq.grpc_protocol import service_pb2_grpc
+
+        from .access import AccessControl
+        from .service import MessagingService
+
+        address = RemoteAddress.listen(listen)
+        access = AccessControl.load(acl) if acl is not None else None
+        limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
+        self._server = grpc.server(
+            ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rmq-grpc"),
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit),
+                     ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=MAX_WORKERS * 4)
+        target = f"[{address.host}]:{address.port}" if ":" in address.host else \
+            f"{address.host}:{address.port}"
+        if tls is not None:
+            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            port = self._server.add_secure_port(target, credentials)
+        else:
+            port = self._server.add_insecure_port(target)
+        if port == 0:
+            raise InvalidConfigError(f"cannot listen on {listen} for gRPC clients (the address "
+                                     "is in use or not this host's)")
+        self.host, self.port = address.host, port
+        self.loopback = address.loopback
+        self.service = MessagingService(store, access=access, address=(self._advertised(), port))
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self._server)
+        self._server.start()
+        log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
+                 " (TLS)" if tls else "")
+
+    def _advertised(self) -> str:
+        if self.host in ("0.0.0.0", "::", ""):
+            import socket
+
+            return socket.gethostbyname(socket.gethostname())
+        return self.host
+
+    @property
+    def endpoint(self) -> str:
+        """``HOST:PORT`` clients connect to."""
+        return f"{self.host}:{self.port}"
+
+    def check_round(self) -> int:
+        """One transaction check round asked of this endpoint's producers."""
+        return self.service.check_round()
+
+    def ask(self, views) -> int:
+        """Ask this endpoint's producers about check ``views`` (a round run elsewhere)."""
+        return self.service.ask(views)
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop serving: streams end, calls in progress get ``grace_s`` to finish, the
+        consumer offsets are saved."""
+        self.service.close()
+        self._server.stop(grace_s).wait()
+
+
+__all__ = ["GrpcEndpoint", "grpc_available"]

@@ -1,0 +1,138 @@
+"""Access control of the gRPC endpoint: RocketMQ's AccessKey / SecretKey accounts.
+
+Without an ACL file every client is served (``rmq serve --grpc`` on a loopback address, or
+with ``--insecure``).  With ``--acl FILE`` every call must carry the ``authorization``
+header RocketMQ 5 clients send when given credentials::
+
+    MQv2-HMAC-SHA1 Credential=<AccessKey>, SignedHeaders=x-mq-date-time, Signature=<hex>
+
+where the signature is HMAC-SHA1 of the ``x-mq-date-time`` header with the account's
+SecretKey.  A missing or wrong signature is ``UNAUTHORIZED``; a topic or group the account
+has no right to is ``FORBIDDEN``.  The file is JSON, with the names of RocketMQ's
+``plain_acl.yml``::
+
+    {"accounts": [
+      {"accessKey": "orders-service", "secretKey": "...",
+       "defaultTopicPerm": "DENY", "topicPerms": ["orders=PUB", "payments=PUB|SUB"],
+       "defaultGroupPerm": "SUB", "groupPerms": ["billing=SUB"], "admin": false}
+    ]}
+
+A permission is ``DENY``, ``PUB``, ``SUB`` or ``PUB|SUB``; ``admin`` grants everything.
+Defaults: ``defaultTopicPerm`` ``DENY``, ``defaultGroupPerm`` ``SUB``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+
+from ..errors import InvalidConfigError
+from .convert import Code, Refused
+
+_PERMS = {"DENY": frozenset(), "PUB": frozenset({"PUB"}), "SUB": frozenset({"SUB"}),
+          "PUB|SUB": frozenset({"PUB", "SUB"}), "SUB|PUB": frozenset({"PUB", "SUB"})}
+
+
+def _perm(value: object, where: str) -> frozenset[str]:
+    if not isinstance(value, str) or value.replace(" ", "").upper() not in _PERMS:
+        raise InvalidConfigError(f"{where}: permission {value!r}; allowed: DENY, PUB, SUB, "
+                                 "PUB|SUB")
+    return _PERMS[value.replace(" ", "").upper()]
+
+
+def _perm_table(items: object, where: str) -> dict[str, frozenset[str]]:
+    if items is None:
+        return {}
+    if not isinstance(items, list):
+        raise InvalidConfigError(f"{where}: expected a list of 'name=PERM' strings")
+    out = {}
+    for item in items:
+        name, sep, perm = str(item).partition("=")
+        if not sep or not name.strip():
+            raise InvalidConfigError(f"{where}: {item!r}; allowed: 'name=PERM'")
+        out[name.strip()] = _perm(perm.strip(), where)
+    return out
+
+
+@dataclass(frozen=True)
+class Account:
+    access_key: str
+    secret_key: str
+    admin: bool
+    default_topic: frozenset[str]
+    topics: dict[str, frozenset[str]]
+    default_group: frozenset[str]
+    groups: dict[str, frozenset[str]]
+
+    def check_topic(self, topic: str, right: str) -> None:
+        """``FORBIDDEN`` unless the account may ``right`` (PUB or SUB) ``topic``."""
+        if self.admin or right in self.topics.get(topic, self.default_topic):
+            return
+        raise Refused(Code.FORBIDDEN, f"access key {self.access_key!r} may not {right} topic "
+                                      f"{topic!r}")
+
+    def check_group(self, group: str) -> None:
+        if self.admin or "SUB" in self.groups.get(group, self.default_group):
+            return
+        raise Refused(Code.FORBIDDEN, f"access key {self.access_key!r} may not consume as "
+                                      f"group {group!r}")
+
+
+#: The account of every call when no ACL is configured.
+OPEN = Account("", "", True, frozenset(), {}, frozenset(), {})
+
+
+class AccessControl:
+    """The accounts of an ACL file; :meth:`account` checks a call's signature."""
+
+    def __init__(self, accounts: list[Account]) -> None:
+        self.accounts = {a.access_key: a for a in accounts}
+
+    @classmethod
+    def load(cls, path: str) -> AccessControl:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except OSError as exc:
+            raise InvalidConfigError(f"cannot read the ACL file {path}: {exc}") from None
+        except ValueError as exc:
+            raise InvalidConfigError(f"the ACL file {path} is not JSON: {exc}") from None
+        items = data.get("accounts") if isinstance(data, dict) else None
+        if not isinstance(items, list) or not items:
+            raise InvalidConfigError(f"the ACL file {path} has no \"accounts\" list")
+        accounts = []
+        for i, a in enumerate(items):
+            where = f"{path}: accounts[{i}]"
+            if not isinstance(a, dict):
+                raise InvalidConfigError(f"{where}: expected an object")
+            ak, sk = a.get("accessKey"), a.get("secretKey")
+            if not isinstance(ak, str) or not ak or not isinstance(sk, str) or len(sk) < 6:
+                raise InvalidConfigError(f"{where}: accessKey (non-empty) and secretKey (6 "
+                                         "characters at least) are required")
+            accounts.append(Account(
+                ak, sk, bool(a.get("admin", False)),
+                _perm(a.get("defaultTopicPerm", "DENY"), where),
+                _perm_table(a.get("topicPerms"), where),
+                _perm(a.get("defaultGroupPerm", "SUB"), where),
+                _perm_table(a.get("groupPerms"), where)))
+        return cls(accounts)
+
+    def account(self, metadata: dict[str, str]) -> Account:
+        """The account that signed a call (its headers); ``UNAUTHORIZED`` otherwise."""
+        header = metadata.get("authorization", "")
+        scheme, _, rest = header.partition(" ")
+        fields = {}
+        for part in rest.split(","):
+            name, _, value = part.strip().partition("=")
+            fields[name] = value
+        account = self.accounts.get(fields.get("Credential", ""))
+        date = metadata.get("x-mq-date-time", "")
+        if scheme != "MQv2-HMAC-SHA1" or account is None or not date:
+            raise Refused(Code.UNAUTHORIZED, "the call is not signed by a known access key")
+        expected = hmac.new(account.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+        if not hmac.compare_digest(expected, fields.get("Signature", "").lower()):
+            raise Refused(Code.UNAUTHORIZED,
+                          f"the signature of access key {account.access_key!r} does not match")
+        return account

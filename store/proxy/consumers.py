@@ -1,0 +1,328 @@
+"""Consumer groups of the gRPC endpoint: receive, invisibility, ack (RocketMQ 5's "pop").
+
+A consumer group reads a topic's queues on its own, beside any Spark query.  For each
+(group, topic, queue) it keeps:
+
+* ``committed``: every offset below it is acked.  It is the group's progress on disk, in
+  ``config/consumerOffset.json`` in RocketMQ's format (``{"offsetTable": {"topic@group":
+  {queue: offset}}}``), written atomically at most every :data:`SAVE_INTERVAL_S` and on
+  close;
+* ``next``: offsets below it were handed out at least once;
+* the **leases** of messages handed out and not acked: offset -> (visible again at, attempt,
+  epoch).  A leased message is invisible until its time; then the next receive hands it out
+  again with the attempt counted up (at-least-once);
+* the offsets acked out of order, until ``committed`` passes them.
+
+Leases live in memory: after a restart every message from ``committed`` on is handed out
+again (nothing acked is lost, something unacked may be seen twice, as RocketMQ promises).
+
+A **receipt handle** names one hand-out: ``rmq1.<queue>.<offset>.<epoch>.<visible-at>``.  An
+ack or a change of invisibility with a handle of an earlier hand-out, or after the message
+became visible again, is refused (``INVALID_RECEIPT_HANDLE``), as RocketMQ refuses expired
+handles.  A FIFO group gets a queue's messages in order: nothing of a queue is handed out
+while an earlier message of it is leased.  A message handed out ``max_attempts`` times is
+moved to the group's dead-letter topic ``%DLQ%<group>`` instead of a further hand-out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import OffsetOutOfRangeError, StoreError
+from ..files.broker_files import read_lenient_json, write_config
+from ..message import MessageView
+from .convert import Code, Refused
+
+log = logging.getLogger("store.proxy")
+
+OFFSETS_FILE = os.path.join("config", "consumerOffset.json")
+#: Longest time the group offsets stay unsaved after an ack (seconds).
+SAVE_INTERVAL_S = 0.2
+#: RocketMQ's default: a message is handed out at most this many times, then dead-lettered.
+MAX_DELIVERY_ATTEMPTS = 16
+HANDLE_PREFIX = "rmq1"
+
+
+@dataclass(slots=True)
+class Lease:
+    visible_at_ms: int
+    attempt: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class QueueProgress:
+    committed: int
+    next: int
+    leases: dict[int, Lease] = field(default_factory=dict)
+    acked: set[int] = field(default_factory=set)
+
+    def advance(self) -> bool:
+        """Move ``committed`` past acked offsets; whether it moved."""
+        start = self.committed
+        while self.committed < self.next and self.committed in self.acked:
+            self.acked.discard(self.committed)
+            self.committed += 1
+        return self.committed != start
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed out: the stored message, its handle, its attempt."""
+
+    view: MessageView
+    handle: str
+    attempt: int
+    invisible_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    queue_id: int
+    offset: int
+    epoch: int
+    visible_at_ms: int
+
+    def text(self) -> str:
+        return f"{HANDLE_PREFIX}.{self.queue_id}.{self.offset}.{self.epoch}.{self.visible_at_ms}"
+
+    @classmethod
+    def parse(cls, text: str) -> Handle:
+        parts = text.split(".")
+        try:
+            if len(parts) != 5 or parts[0] != HANDLE_PREFIX:
+                raise ValueError
+            q, o, e, v = (int(p) for p in parts[1:])
+        except ValueError:
+            raise Refused(Code.INVALID_RECEIPT_HANDLE,
+                          f"receipt handle {text[:80]!r} is not one this server gave") from None
+        return cls(q, o, e, v)
+
+
+def tag_filter(expression: str | None):
+    """A predicate on a message's tag for a TAG filter (``*``, ``a || b``)."""
+    text = (expression or "").strip()
+    if text in ("", "*"):
+        return None
+    tags = {t.strip() for t in text.split("||")}
+    tags.discard("")
+    if not tags:
+        raise Refused(Code.ILLEGAL_FILTER_EXPRESSION,
+                      f"filter {expression!r}; allowed: '*' or tags joined by '||'")
+    return tags.__contains__
+
+
+class ConsumerGroups:
+    """The groups' progress over one store (see the module docstring); thread-safe."""
+
+    def __init__(self, store, *, max_attempts: int = MAX_DELIVERY_ATTEMPTS) -> None:
+        self.store = store
+        self.max_attempts = max_attempts
+        self.path = os.path.join(store.root, OFFSETS_FILE)
+        self._lock = threading.Lock()
+        self._progress: dict[tuple[str, str, int], QueueProgress] = {}
+        self._saved = self._load()
+        self._dirty = False
+        self._epoch = store.now_ms() * 1000
+        self._cursor = 0
+        self._closed = threading.Event()
+        self._saver = threading.Thread(target=self._save_loop, name="rmq-grpc-offsets",
+                                       daemon=True)
+        self._saver.start()
+
+    # -- persistence ----------------------------------------------------------------------
+    def _load(self) -> dict[tuple[str, str, int], int]:
+        data = read_lenient_json(self.path)
+        table = data.get("offsetTable") if isinstance(data, dict) else None
+        out: dict[tuple[str, str, int], int] = {}
+        if isinstance(table, dict):
+            for name, queues in table.items():
+                topic, sep, group = str(name).partition("@")
+                if not sep or not isinstance(queues, dict):
+                    continue
+                for q, offset in queues.items():
+                    try:
+                        out[(group, topic, int(q))] = int(offset)
+                    except (TypeError, ValueError):
+                        continue
+        return out
+
+    def save(self) -> None:
+        """Write the committed offsets now (when an ack moved one since the last save)."""
+        with self._lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            for key, p in self._progress.items():
+                self._saved[key] = p.committed
+            table: dict[str, dict[int, int]] = {}
+            for (group, topic, q), offset in sorted(self._saved.items()):
+                table.setdefault(f"{topic}@{group}", {})[q] = offset
+        try:
+            write_config(self.path, {"offsetTable": table})
+        except OSError as exc:  # retried at the next save; the acks stay in memory
+            log.error("saving consumer offsets to %s failed: %s", self.path, exc)
+            with self._lock:
+                self._dirty = True
+
+    def _save_loop(self) -> None:
+        while not self._closed.wait(SAVE_INTERVAL_S):
+            self.save()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._saver.join(timeout=5)
+        self.save()
+
+    # -- state --------------------------------------------------------------------------
+    def _queue(self, group: str, topic: str, q: int) -> QueueProgress:
+        key = (group, topic, q)
+        p = self._progress.get(key)
+        if p is None:
+            low = self.store.min_offset(topic, q)
+            start = self._saved.get(key, low)
+            start = max(start, low)  # retention removed what the group never read
+            p = self._progress[key] = QueueProgress(start, start)
+        return p
+
+    def _next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """The group's committed offset of each queue of ``topic`` it has read."""
+        with self._lock:
+            return {q: p.committed for (g, t, q), p in self._progress.items()
+                    if g == group and t == topic}
+
+    # -- receive ------------------------------------------------------------------------
+    def receive(self, group: str, topic: str, *, batch: int, invisible_ms: int,
+                tags=None, fifo: bool = False, dead_letter=None) -> list[Delivery]:
+        """Hand out up to ``batch`` visible messages of ``topic`` to ``group``.
+
+        ``tags``: a predicate on the tag (:func:`tag_filter`); a message it refuses is acked
+        for the group at once.  ``dead_letter(view)`` stores a message handed out
+        ``max_attempts`` times in the dead-letter topic (then it is acked).
+        """
+        out: list[Delivery] = []
+        queues = self.store.queue_ids(topic)
+        if not queues:
+            return out
+        with self._lock:
+            now = self.store.now_ms()
+            self._cursor += 1
+            order = queues[self._cursor % len(queues):] + queues[:self._cursor % len(queues)]
+            for q in order:
+                if len(out) >= batch:
+                    break
+                p = self._queue(group, topic, q)
+                self._receive_queue(p, group, topic, q, batch - len(out), invisible_ms, now,
+                                    tags, fifo, dead_letter, out)
+        return out
+
+    def _receive_queue(self, p: QueueProgress, group: str, topic: str, q: int, room: int,
+                       invisible_ms: int, now: int, tags, fifo: bool, dead_letter,
+                       out: list[Delivery]) -> None:
+        if fifo and any(lease.visible_at_ms > now for lease in p.leases.values()):
+            return  # an earlier message of this queue is still being consumed
+        due = sorted(o for o, lease in p.leases.items() if lease.visible_at_ms <= now)
+        for offset in due:
+            if room <= 0:
+                return
+            views = self._pull(topic, q, offset, 1)
+            if not views:  # retention removed it: nothing left to deliver
+                del p.leases[offset]
+                p.acked.add(offset)
+                continue
+            lease = p.leases[offset]
+            if lease.attempt >= self.max_attempts and dead_letter is not None:
+                dead_letter(views[0])
+                del p.leases[offset]
+                p.acked.add(offset)
+                continue
+            out.append(self._lease(p, q, views[0], lease.attempt + 1, invisible_ms, now))
+            room -= 1
+            if fifo:
+                return
+        if fifo and due:
+            return
+        end = self.store.max_offset(topic, q)
+        while room > 0 and p.next < end:
+            views = self._pull(topic, q, p.next, min(room, end - p.next, 32))
+            if not views:
+                if p.next < self.store.min_offset(topic, q):  # retention moved past us
+                    p.next = p.committed = self.store.min_offset(topic, q)
+                    continue
+                break
+            for view in views:
+                p.next = view.queue_offset + 1
+                if tags is not None and not tags(view.tags):
+                    p.acked.add(view.queue_offset)
+                    continue
+                out.append(self._lease(p, q, view, 1, invisible_ms, now))
+                room -= 1
+                if fifo:
+                    room = 0
+                    break
+        if p.advance():
+            self._dirty = True
+
+    def _pull(self, topic: str, q: int, offset: int, n: int) -> list[MessageView]:
+        try:
+            return self.store.pull(topic, q, offset, n)
+        except OffsetOutOfRangeError:
+            return []
+        except StoreError as exc:
+            log.error("reading %s/%d at %d for a consumer failed: %s", topic, q, offset, exc)
+            return []
+
+    def _lease(self, p: QueueProgress, q: int, view: MessageView, attempt: int,
+               invisible_ms: int, now: int) -> Delivery:
+        epoch = self._next_epoch()
+        visible_at = now + invisible_ms
+        p.leases[view.queue_offset] = Lease(visible_at, attempt, epoch)
+        handle = Handle(q, view.queue_offset, epoch, visible_at).text()
+        return Delivery(view, handle, attempt, invisible_ms)
+
+    # -- ack and invisibility -----------------------------------------------------------
+    def _held(self, group: str, topic: str, text: str) -> tuple[QueueProgress, Handle]:
+        handle = Handle.parse(text)
+        p = self._progress.get((group, topic, handle.queue_id))
+        lease = p.leases.get(handle.offset) if p is not None else None
+        if lease is None or lease.epoch != handle.epoch:
+            raise Refused(Code.INVALID_RECEIPT_HANDLE,
+                          "the receipt handle is not current: the message was acked, or "
+                          "handed out again since")
+        if lease.visible_at_ms <= self.store.now_ms():
+            raise Refused(Code.INVALID_RECEIPT_HANDLE,
+                          "the receipt handle expired: the message became visible again")
+        return p, handle
+
+    def ack(self, group: str, topic: str, text: str) -> None:
+        """Ack one hand-out; :class:`Refused` for a handle not current."""
+        with self._lock:
+            p, handle = self._held(group, topic, text)
+            del p.leases[handle.offset]
+            p.acked.add(handle.offset)
+            if p.advance():
+                self._dirty = True
+
+    def change_invisible(self, group: str, topic: str, text: str, invisible_ms: int) -> str:
+        """Make a hand-out visible again after ``invisible_ms`` from now; the new handle."""
+        with self._lock:
+            p, handle = self._held(group, topic, text)
+            lease = p.leases[handle.offset]
+            lease.visible_at_ms = self.store.now_ms() + invisible_ms
+            lease.epoch = self._next_epoch()
+            return Handle(handle.queue_id, handle.offset, lease.epoch,
+                          lease.visible_at_ms).text()
+
+    def view_of(self, group: str, topic: str, text: str) -> MessageView | None:
+        """The message a current handle names (for dead-lettering), or ``None``."""
+        with self._lock:
+            _, handle = self._held(group, topic, text)
+        views = self._pull(topic, handle.queue_id, handle.offset, 1)
+        return views[0] if views else None

@@ -1,0 +1,597 @@
+"""The ``apache.rocketmq.v2`` ``MessagingService`` over one store: ``rmq serve --grpc``.
+
+What RocketMQ 5's proxy does for its clients (Java, Go, C++, C#, Rust, Node.js, Python), done
+over a :class:`~store.MessageStore`:
+
+=============================  ================================================================
+call                           what it does here
+=============================  ================================================================
+QueryRoute                     the topic's queues, all on this endpoint (a topic is created on
+                               first use, as a broker with ``autoCreateTopicEnable``)
+Heartbeat, Telemetry           client sessions: the settings the client sends are answered with
+                               the server's (body limit, retry policy, long polling); a
+                               producer's stream carries the transaction check-back
+NotifyClientTermination        ends a client's session
+SendMessage                    normal, FIFO (message group: the queue), delay (the timer
+                               wheel), transactional half messages; the client's message id
+EndTransaction                 commit or rollback of a half message
+RecallMessage                  cancels a pending delay message by its recall handle
+QueryAssignment                a push consumer's assignment: the whole topic
+ReceiveMessage                 hands out visible messages to a consumer group, long polling
+AckMessage                     acks hand-outs (:mod:`store.proxy.consumers`)
+ChangeInvisibleDuration        moves a hand-out's invisibility
+ForwardMessageToDeadLetterQueue  copies a message to ``%DLQ%<group>`` and acks it
+=============================  ================================================================
+
+Every answer carries a RocketMQ status; a bad request gets its code and a text saying what
+was wrong (never a stack trace), is logged, and stores nothing.  The other calls (pull
+consumers' offsets, lite topics) answer ``NOT_IMPLEMENTED``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
+                      MessageTooLargeError, StoreError, TimerFlowControlError,
+                      TransactionStateError, UnknownTopicError)
+from ..message import LocalTransactionState, MessageView
+from .access import OPEN, AccessControl, Account
+from .consumers import ConsumerGroups, tag_filter
+from .convert import (Code, MessageType, Refused, duration_ms, incoming, outgoing,
+                      set_duration_ms)
+
+log = logging.getLogger("store.proxy")
+
+#: The producer group of the half messages sent through this endpoint (the check-back asks
+#: the endpoint's producers about them, by topic, as RocketMQ's proxy does).
+PRODUCER_GROUP = "rmq-grpc"
+#: What the endpoint tells clients (RocketMQ's proxy defaults).
+LONG_POLLING_DEFAULT_MS = 20_000
+LONG_POLLING_MAX_MS = 30_000
+INVISIBLE_MIN_MS = 1_000
+INVISIBLE_MAX_MS = 12 * 3600_000
+RECEIVE_BATCH_MAX = 32
+#: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
+POLL_INTERVAL_MS = 100
+SEND_ATTEMPTS = 3
+_ACCEPTED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
+_STATE = {pb.TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
+          pb.TransactionResolution.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE}
+
+
+def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=text)
+
+
+def store_error_code(exc: StoreError) -> int:
+    """The protocol's status code for a store error."""
+    if isinstance(exc, UnknownTopicError):
+        return Code.TOPIC_NOT_FOUND
+    if isinstance(exc, InvalidTopicError):
+        return Code.ILLEGAL_TOPIC
+    if isinstance(exc, MessageTooLargeError):
+        return Code.MESSAGE_BODY_TOO_LARGE
+    if isinstance(exc, InvalidDelayError):
+        return Code.ILLEGAL_DELIVERY_TIME
+    if isinstance(exc, TimerFlowControlError):
+        return Code.TOO_MANY_REQUESTS
+    if isinstance(exc, TransactionStateError):
+        return Code.INVALID_TRANSACTION_ID
+    if isinstance(exc, InvalidMessageError):
+        return Code.BAD_REQUEST
+    return Code.INTERNAL_SERVER_ERROR
+
+
+def recall_handle(topic: str, msg_id: str) -> str:
+    return base64.urlsafe_b64encode(f"rmq1 {topic} {msg_id}".encode()).decode()
+
+
+def parse_recall_handle(text: str) -> tuple[str, str]:
+    try:
+        prefix, topic, msg_id = base64.urlsafe_b64decode(text.encode()).decode().split(" ")
+        if prefix != "rmq1":
+            raise ValueError
+    except (ValueError, UnicodeError, binascii.Error):
+        raise Refused(Code.BAD_REQUEST, "the recall handle is not one this server gave") from None
+    return topic, msg_id
+
+
+@dataclass
+class Session:
+    """One client's telemetry stream."""
+
+    client_id: str
+    peer: str
+    client_type: int = pb.ClientType.CLIENT_TYPE_UNSPECIFIED
+    topics: frozenset[str] = frozenset()
+    group: str | None = None
+    fifo: bool = False
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    open: bool = True
+
+
+class _Closed:
+    """Ends a session's outgoing stream."""
+
+
+class _LeaveOpen:
+    """The listener of the endpoint's half messages: their clients end them."""
+
+    def execute_local_transaction(self, message, arg):
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, view):
+        return LocalTransactionState.UNKNOW
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The calls (see the module docstring) over ``store``."""
+
+    def __init__(self, store, *, access: AccessControl | None = None,
+                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        self.store = store
+        self.access = access
+        self.address = address
+        self.producer = store.producer(PRODUCER_GROUP)
+        self.transactions = store.transaction_producer(PRODUCER_GROUP, _LeaveOpen())
+        self.groups = ConsumerGroups(store)
+        self._sessions: dict[str, Session] = {}
+        self._sessions_lock = threading.Lock()
+        self._arrived = threading.Condition()
+        self._closing = threading.Event()
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _account(self, context) -> Account:
+        if self.access is None:
+            return OPEN
+        return self.access.account(dict(context.invocation_metadata()))
+
+    def _guard(self, context, method: str, respond, body):
+        """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""
+        try:
+            return body()
+        except Refused as exc:
+            log.warning("%s from %s refused (%s): %s", method, context.peer(),
+                        Code.Name(exc.code), exc.text)
+            return respond(status(exc.code, exc.text))
+        except StoreError as exc:
+            code = store_error_code(exc)
+            log.warning("%s from %s failed (%s): %s", method, context.peer(), Code.Name(code),
+                        exc)
+            return respond(status(code, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
+            log.exception("%s from %s failed", method, context.peer())
+            return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    def wake_receivers(self) -> None:
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def close(self) -> None:
+        self._closing.set()
+        with self._sessions_lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            s.outbox.put(_Closed)
+        self.wake_receivers()
+        self.groups.close()
+
+    def _endpoints(self, requested) -> pb.Endpoints:
+        if requested is not None and requested.addresses:
+            return requested
+        host, port = self.address
+        return pb.Endpoints(scheme=pb.AddressScheme.IPv4,
+                            addresses=[pb.Address(host=host, port=port)])
+
+    def _queue(self, topic: str, queue_id: int, endpoints) -> pb.MessageQueue:
+        return pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=queue_id, permission=pb.Permission.READ_WRITE,
+            broker=pb.Broker(name="rmq", id=0, endpoints=endpoints),
+            accept_message_types=_ACCEPTED)
+
+    # -- routes and sessions ------------------------------------------------------------
+    def QueryRoute(self, request, context):
+        def body():
+            account = self._account(context)
+            topic = request.topic.name
+            if not (account.admin or account.topics.get(topic, account.default_topic)):
+                raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
+                                              f"on topic {topic!r}")
+            count = self.store.ensure_topic(topic)
+            endpoints = self._endpoints(request.endpoints)
+            return rpc.QueryRouteResponse(
+                status=status(),
+                message_queues=[self._queue(topic, q, endpoints) for q in range(count)])
+        return self._guard(context, "QueryRoute",
+                           lambda s: rpc.QueryRouteResponse(status=s), body)
+
+    def Heartbeat(self, request, context):
+        def body():
+            self._account(context)
+            return rpc.HeartbeatResponse(status=status())
+        return self._guard(context, "Heartbeat", lambda s: rpc.HeartbeatResponse(status=s), body)
+
+    def NotifyClientTermination(self, request, context):
+        def body():
+            self._account(context)
+            client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
+            with self._sessions_lock:
+                session = self._sessions.pop(client_id, None)
+            if session is not None:
+                session.open = False
+                session.outbox.put(_Closed)
+            return rpc.NotifyClientTerminationResponse(status=status())
+        return self._guard(context, "NotifyClientTermination",
+                           lambda s: rpc.NotifyClientTerminationResponse(status=s), body)
+
+    def _settings_reply(self, session: Session, settings: pb.Settings) -> pb.TelemetryCommand:
+        out = pb.Settings()
+        out.CopyFrom(settings)
+        if settings.HasField("publishing") or session.client_type == pb.ClientType.PRODUCER:
+            out.publishing.max_body_size = self.store.config.max_message_size_bytes
+            out.publishing.validate_message_type = False
+            policy = out.backoff_policy
+            policy.max_attempts = SEND_ATTEMPTS
+            set_duration_ms(policy.exponential_backoff.initial, 10)
+            set_duration_ms(policy.exponential_backoff.max, 1000)
+            policy.exponential_backoff.multiplier = 2.0
+        else:
+            sub = out.subscription
+            sub.fifo = session.fifo
+            if not sub.receive_batch_size:
+                sub.receive_batch_size = RECEIVE_BATCH_MAX
+            if not sub.long_polling_timeout.seconds:
+                set_duration_ms(sub.long_polling_timeout, LONG_POLLING_DEFAULT_MS)
+            policy = out.backoff_policy
+            policy.max_attempts = self.groups.max_attempts
+            set_duration_ms(policy.exponential_backoff.initial, 1000)
+            set_duration_ms(policy.exponential_backoff.max, 60_000)
+            policy.exponential_backoff.multiplier = 2.0
+        out.metric.on = False
+        return pb.TelemetryCommand(status=status(), settings=out)
+
+    def _on_command(self, session: Session, command: pb.TelemetryCommand) -> None:
+        which = command.WhichOneof("command")
+        if which == "settings":
+            s = command.settings
+            session.client_type = s.client_type
+            if s.HasField("publishing"):
+                session.topics = frozenset(r.name for r in s.publishing.topics)
+            if s.HasField("subscription"):
+                session.group = s.subscription.group.name or None
+                session.topics = frozenset(e.topic.name for e in s.subscription.subscriptions)
+            session.outbox.put(self._settings_reply(session, s))
+        elif which in ("thread_stack_trace", "verify_message_result"):
+            log.info("client %s answered %s", session.client_id, which)
+        else:
+            log.warning("client %s sent an unexpected telemetry command %s", session.client_id,
+                        which)
+
+    def Telemetry(self, request_iterator, context):
+        try:
+            self._account(context)
+        except Refused as exc:
+            yield pb.TelemetryCommand(status=status(exc.code, exc.text))
+            return
+        client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
+        if not client_id:
+            yield pb.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED,
+                                                    "the x-mq-client-id header is missing"))
+            return
+        session = Session(client_id, context.peer())
+        with self._sessions_lock:
+            old = self._sessions.get(client_id)
+            self._sessions[client_id] = session
+        if old is not None:
+            old.open = False
+            old.outbox.put(_Closed)
+
+        def read() -> None:
+            try:
+                for command in request_iterator:
+                    self._on_command(session, command)
+            except Exception as exc:  # noqa: BLE001 - the client went away mid-stream
+                log.info("telemetry stream of %s ended: %s", client_id, exc)
+            finally:
+                session.outbox.put(_Closed)
+
+        context.add_callback(lambda: session.outbox.put(_Closed))
+        threading.Thread(target=read, name=f"rmq-telemetry-{client_id[:24]}",
+                         daemon=True).start()
+        try:
+            while not self._closing.is_set():
+                item = session.outbox.get()
+                if item is _Closed:
+                    break
+                yield item
+        finally:
+            session.open = False
+            with self._sessions_lock:
+                if self._sessions.get(client_id) is session:
+                    del self._sessions[client_id]
+
+    def producers_of(self, topic: str) -> list[Session]:
+        """The live producer sessions publishing ``topic``."""
+        with self._sessions_lock:
+            return [s for s in self._sessions.values()
+                    if s.open and s.client_type == pb.ClientType.PRODUCER and topic in s.topics]
+
+    # -- sending ------------------------------------------------------------------------
+    def _send_one(self, message: pb.Message, now: int) -> rpc.SendResultEntry:
+        cfg = self.store.config
+        m = incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
+                     max_delay_ms=cfg.timer_max_delay_ms)
+        if m.kind == MessageType.TRANSACTION:
+            r = self.transactions.send_in_transaction(m.message, msg_id=m.msg_id)
+            return rpc.SendResultEntry(status=status(), message_id=r.msg_id,
+                                       transaction_id=r.transaction_id, offset=r.queue_offset)
+        if m.kind == MessageType.DELAY:
+            r = self.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
+            handle = recall_handle(r.topic, r.msg_id) if r.deliver_at_ms is not None else ""
+            return rpc.SendResultEntry(status=status(), message_id=r.msg_id,
+                                       offset=r.queue_offset, recall_handle=handle)
+        r = self.producer.send(m.message, sharding_key=m.message_group, msg_id=m.msg_id)
+        return rpc.SendResultEntry(status=status(), message_id=r.msg_id, offset=r.queue_offset)
+
+    def SendMessage(self, request, context):
+        def body():
+            account = self._account(context)
+            if not request.messages:
+                raise Refused(Code.BAD_REQUEST, "the request carries no message")
+            topics = {m.topic.name for m in request.messages}
+            if len(topics) > 1:
+                raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
+                                                f"{sorted(topics)}")
+            topic = next(iter(topics))
+            account.check_topic(topic, "PUB")
+            now = self.store.now_ms()
+            cfg = self.store.config
+            # every message is checked before any is stored: a bad one refuses the batch
+            for message in request.messages:
+                incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
+                         max_delay_ms=cfg.timer_max_delay_ms)
+            entries = [self._send_one(m, now) for m in request.messages]
+            self.wake_receivers()
+            return rpc.SendMessageResponse(status=status(), entries=entries)
+        return self._guard(context, "SendMessage",
+                           lambda s: rpc.SendMessageResponse(status=s), body)
+
+    def EndTransaction(self, request, context):
+        def body():
+            account = self._account(context)
+            account.check_topic(request.topic.name, "PUB")
+            state = _STATE.get(request.resolution)
+            if state is None:
+                raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            tid = request.transaction_id or request.message_id
+            if not tid:
+                raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
+            ended = self.store.end_transactions(
+                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
+            if not ended[0] and not self.store.known_transactions([tid])[0]:
+                raise Refused(Code.INVALID_TRANSACTION_ID,
+                              f"transaction {tid!r} is not one of this store's")
+            if state is LocalTransactionState.COMMIT_MESSAGE:
+                self.wake_receivers()
+            return rpc.EndTransactionResponse(status=status())
+        return self._guard(context, "EndTransaction",
+                           lambda s: rpc.EndTransactionResponse(status=s), body)
+
+    def RecallMessage(self, request, context):
+        def body():
+            account = self._account(context)
+            topic, msg_id = parse_recall_handle(request.recall_handle)
+            if topic != request.topic.name:
+                raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
+                                                f"{request.topic.name!r}")
+            account.check_topic(topic, "PUB")
+            if not self.producer.cancel(topic, msg_id):
+                raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
+                                              f"{topic!r} (delivered, recalled, or unknown)")
+            return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
+        return self._guard(context, "RecallMessage",
+                           lambda s: rpc.RecallMessageResponse(status=s), body)
+
+    # -- consuming ----------------------------------------------------------------------
+    def _consumer(self, context, group: str, topic: str) -> None:
+        account = self._account(context)
+        if not group:
+            raise Refused(Code.ILLEGAL_CONSUMER_GROUP, "the request names no consumer group")
+        account.check_group(group)
+        account.check_topic(topic, "SUB")
+        if topic not in self.store.topics():
+            raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
+                                                "(a send or a route query creates it)")
+
+    def QueryAssignment(self, request, context):
+        def body():
+            self._consumer(context, request.group.name, request.topic.name)
+            mq = self._queue(request.topic.name, -1, self._endpoints(request.endpoints))
+            return rpc.QueryAssignmentResponse(status=status(),
+                                               assignments=[pb.Assignment(message_queue=mq)])
+        return self._guard(context, "QueryAssignment",
+                           lambda s: rpc.QueryAssignmentResponse(status=s), body)
+
+    def _fifo(self, group: str) -> bool:
+        with self._sessions_lock:
+            return any(s.fifo for s in self._sessions.values() if s.group == group)
+
+    def ReceiveMessage(self, request, context):
+        try:
+            deliveries, invisible_ms = self._receive(request, context)
+        except Refused as exc:
+            log.warning("ReceiveMessage from %s refused (%s): %s", context.peer(),
+                        Code.Name(exc.code), exc.text)
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
+            return
+        except StoreError as exc:
+            yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc), str(exc)))
+            return
+        if not deliveries:
+            yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
+                                                           "no new message"))
+            return
+        yield rpc.ReceiveMessageResponse(status=status())
+        host, port = self.address
+        for d in deliveries:
+            yield rpc.ReceiveMessageResponse(message=outgoing(
+                d.view, receipt_handle=d.handle, invisible_ms=d.invisible_ms, attempt=d.attempt,
+                store_host=f"{host}:{port}"))
+        ts = rpc.ReceiveMessageResponse()
+        ts.delivery_timestamp.GetCurrentTime()
+        yield ts
+
+    def _receive(self, request, context):
+        group, topic = request.group.name, request.message_queue.topic.name
+        self._consumer(context, group, topic)
+        batch = request.batch_size or RECEIVE_BATCH_MAX
+        if batch < 1 or batch > RECEIVE_BATCH_MAX:
+            raise Refused(Code.BAD_REQUEST, f"batch_size {batch}; allowed: 1 to "
+                                            f"{RECEIVE_BATCH_MAX}")
+        invisible = (duration_ms(request.invisible_duration)
+                     if request.HasField("invisible_duration") else 30_000)
+        if not INVISIBLE_MIN_MS <= invisible <= INVISIBLE_MAX_MS:
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"invisible_duration {invisible} ms; allowed: {INVISIBLE_MIN_MS} to "
+                          f"{INVISIBLE_MAX_MS} ms")
+        polling = (duration_ms(request.long_polling_timeout)
+                   if request.HasField("long_polling_timeout") else LONG_POLLING_DEFAULT_MS)
+        if polling < 0 or polling > LONG_POLLING_MAX_MS:
+            raise Refused(Code.ILLEGAL_POLLING_TIME,
+                          f"long_polling_timeout {polling} ms; allowed: 0 to "
+                          f"{LONG_POLLING_MAX_MS} ms")
+        expr = request.filter_expression
+        if expr.type == pb.FilterType.SQL:
+            raise Refused(Code.ILLEGAL_FILTER_EXPRESSION,
+                          "SQL92 filters are not supported here; allowed: TAG filters")
+        tags = tag_filter(expr.expression)
+        fifo = self._fifo(group)
+        deadline = time.monotonic() + polling / 1000
+        while True:
+            deliveries = self.groups.receive(group, topic, batch=batch, invisible_ms=invisible,
+                                             tags=tags, fifo=fifo,
+                                             dead_letter=lambda v: self._dead_letter(group, v))
+            left = deadline - time.monotonic()
+            if deliveries or left <= 0 or not context.is_active() or self._closing.is_set():
+                return deliveries, invisible
+            with self._arrived:
+                self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+
+    def _dead_letter(self, group: str, view: MessageView) -> None:
+        """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``)."""
+        from ..message import Message
+
+        self.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
+                                   keys=list(view.keys) or None,
+                                   properties=dict(view.properties)),
+                           msg_id=view.msg_id)
+        log.info("message %s of %s moved to %%DLQ%%%s after %d hand-outs", view.msg_id,
+                 view.topic, group, self.groups.max_attempts)
+
+    def AckMessage(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            self._consumer(context, group, topic)
+            entries = []
+            for e in request.entries:
+                try:
+                    self.groups.ack(group, topic, e.receipt_handle)
+                    st = status()
+                except Refused as exc:
+                    st = status(exc.code, exc.text)
+                entries.append(rpc.AckMessageResultEntry(message_id=e.message_id,
+                                                         receipt_handle=e.receipt_handle,
+                                                         status=st))
+            failed = [e.status for e in entries if e.status.code != Code.OK]
+            top = status() if not failed else (
+                failed[0] if len(failed) == len(entries)
+                else status(Code.MULTIPLE_RESULTS, "some entries failed"))
+            return rpc.AckMessageResponse(status=top, entries=entries)
+        return self._guard(context, "AckMessage", lambda s: rpc.AckMessageResponse(status=s),
+                           body)
+
+    def ChangeInvisibleDuration(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            self._consumer(context, group, topic)
+            invisible = duration_ms(request.invisible_duration)
+            if not 0 <= invisible <= INVISIBLE_MAX_MS:
+                raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                              f"invisible_duration {invisible} ms; allowed: 0 to "
+                              f"{INVISIBLE_MAX_MS} ms")
+            handle = self.groups.change_invisible(group, topic, request.receipt_handle, invisible)
+            return rpc.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
+        return self._guard(context, "ChangeInvisibleDuration",
+                           lambda s: rpc.ChangeInvisibleDurationResponse(status=s), body)
+
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            self._consumer(context, group, topic)
+            view = self.groups.view_of(group, topic, request.receipt_handle)
+            if view is not None:
+                self._dead_letter(group, view)
+            self.groups.ack(group, topic, request.receipt_handle)
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
+        return self._guard(context, "ForwardMessageToDeadLetterQueue",
+                           lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), body)
+
+    # -- not offered --------------------------------------------------------------------
+    def _not_implemented(self, name: str, response):
+        return response(status=status(Code.NOT_IMPLEMENTED,
+                                      f"{name} is not offered by rmq (pull consumers and lite "
+                                      "topics are not supported)"))
+
+    def PullMessage(self, request, context):
+        yield self._not_implemented("PullMessage", rpc.PullMessageResponse)
+
+    def UpdateOffset(self, request, context):
+        return self._not_implemented("UpdateOffset", rpc.UpdateOffsetResponse)
+
+    def GetOffset(self, request, context):
+        return self._not_implemented("GetOffset", rpc.GetOffsetResponse)
+
+    def QueryOffset(self, request, context):
+        return self._not_implemented("QueryOffset", rpc.QueryOffsetResponse)
+
+    def SyncLiteSubscription(self, request, context):
+        return self._not_implemented("SyncLiteSubscription", rpc.SyncLiteSubscriptionResponse)
+
+    # -- the transaction check-back -----------------------------------------------------
+    def ask(self, views) -> int:
+        """Ask producers about the open transactions ``views`` of this endpoint's producer
+        group (``RecoverOrphanedTransactionCommand`` on a producer's telemetry stream, one
+        producer of the topic chosen at random); returns how many were asked.  Their answers
+        come back as ``EndTransaction`` calls."""
+        asked = 0
+        for view in views:
+            if getattr(view, "producer_group", None) != PRODUCER_GROUP:
+                continue
+            producers = self.producers_of(view.topic)
+            if not producers:
+                continue
+            command = pb.TelemetryCommand(
+                recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                    message=outgoing(view), transaction_id=view.transaction_id))
+            random.choice(producers).outbox.put(command)
+            asked += 1
+        return asked
+
+    def check_round(self) -> int:
+        """One check round whose questions go to this endpoint's producers (the other groups'
+        halves are left to their own resolvers); returns how many were asked."""
+        plan = self.store.prepare_transaction_checks()
+        return self.ask(plan.checks)
