@@ -256,14 +256,16 @@ class Producer:
         """
         return send_table(self.store, data, topic=topic)
 
-    def cancel(self, topic: str, msg_id: str) -> bool:
+    def cancel(self, topic: str, msg_id: str, *, stored_queue_offset: int | None = None) -> bool:
         """Cancel a pending timer message (RocketMQ's delete marker).
 
         Returns ``True`` when a pending message with that id on that topic was found and
         will never surface; ``False`` when nothing matched (a wrong id, the id on another
         topic, or a message already cancelled; the marker itself never surfaces).
+        ``stored_queue_offset``: the send's :attr:`SendResult.stored_queue_offset`, which
+        finds the message directly; needed for a message sent with its own ``msg_id``.
         """
-        return self.store.timer.cancel(topic, msg_id)
+        return self.store.timer.cancel(topic, msg_id, stored_queue_offset=stored_queue_offset)
 
 
 _TOPIC = attrgetter("topic")

@@ -11,10 +11,13 @@ A consumer group reads a topic's queues on its own, beside any Spark query.  For
 * the **leases** of messages handed out and not acked: offset -> (visible again at, attempt,
   epoch).  A leased message is invisible until its time; then the next receive hands it out
   again with the attempt counted up (at-least-once);
-* the offsets acked out of order, until ``committed`` passes them.
+* the offsets acked out of order, until ``committed`` passes them; saved with the offsets,
+  in ``config/rmq_consumer_acks.json``, so that a restart does not hand them out again.
 
-Leases live in memory: after a restart every message from ``committed`` on is handed out
-again (nothing acked is lost, something unacked may be seen twice, as RocketMQ promises).
+Leases live in memory: after a restart every unacked message from ``committed`` on is handed
+out again at once.  Acks reach the disk within :data:`SAVE_INTERVAL_S`: an ack that a crash
+(SIGKILL) caught before its save is lost, and its message handed out again (at least once,
+as RocketMQ promises); a clean stop saves everything.
 
 A **receipt handle** names one hand-out: ``rmq1.<queue>.<offset>.<epoch>.<visible-at>``.  An
 ack or a change of invisibility with a handle of an earlier hand-out, or after the message
@@ -26,19 +29,22 @@ moved to the group's dead-letter topic ``%DLQ%<group>`` instead of a further han
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import OffsetOutOfRangeError, StoreError
+from ..errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
 from ..files.broker_files import read_lenient_json, write_config
+from ..files.fileio import atomic_write
 from ..message import MessageView
 from .convert import Code, Refused
 
 log = logging.getLogger("store.proxy")
 
 OFFSETS_FILE = os.path.join("config", "consumerOffset.json")
+ACKS_FILE = os.path.join("config", "rmq_consumer_acks.json")
 #: Longest time the group offsets stay unsaved after an ack (seconds).
 SAVE_INTERVAL_S = 0.2
 #: RocketMQ's default: a message is handed out at most this many times, then dead-lettered.
@@ -63,7 +69,7 @@ class QueueProgress:
     def advance(self) -> bool:
         """Move ``committed`` past acked offsets; whether it moved."""
         start = self.committed
-        while self.committed < self.next and self.committed in self.acked:
+        while self.committed in self.acked:
             self.acked.discard(self.committed)
             self.committed += 1
         return self.committed != start
@@ -122,9 +128,11 @@ class ConsumerGroups:
         self.store = store
         self.max_attempts = max_attempts
         self.path = os.path.join(store.root, OFFSETS_FILE)
+        self.acks_path = os.path.join(store.root, ACKS_FILE)
         self._lock = threading.Lock()
         self._progress: dict[tuple[str, str, int], QueueProgress] = {}
         self._saved = self._load()
+        self._saved_acks = self._load_acks()
         self._dirty = False
         self._epoch = store.now_ms() * 1000
         self._cursor = 0
@@ -150,18 +158,39 @@ class ConsumerGroups:
                         continue
         return out
 
+    def _load_acks(self) -> dict[tuple[str, str, int], set[int]]:
+        data = read_lenient_json(self.acks_path)
+        out: dict[tuple[str, str, int], set[int]] = {}
+        if isinstance(data, dict):
+            for name, queues in data.items():
+                topic, sep, group = str(name).partition("@")
+                if not sep or not isinstance(queues, dict):
+                    continue
+                for q, offsets in queues.items():
+                    try:
+                        out[(group, topic, int(q))] = {int(o) for o in offsets}
+                    except (TypeError, ValueError):
+                        continue
+        return out
+
     def save(self) -> None:
-        """Write the committed offsets now (when an ack moved one since the last save)."""
+        """Write the committed offsets and the acks above them now (if any changed)."""
         with self._lock:
             if not self._dirty:
                 return
             self._dirty = False
             for key, p in self._progress.items():
                 self._saved[key] = p.committed
+                self._saved_acks[key] = set(p.acked)
             table: dict[str, dict[int, int]] = {}
             for (group, topic, q), offset in sorted(self._saved.items()):
                 table.setdefault(f"{topic}@{group}", {})[q] = offset
+            acks: dict[str, dict[str, list[int]]] = {}
+            for (group, topic, q), offsets in sorted(self._saved_acks.items()):
+                if offsets:
+                    acks.setdefault(f"{topic}@{group}", {})[str(q)] = sorted(offsets)
         try:
+            atomic_write(self.acks_path, json.dumps(acks).encode(), sync=False)
             write_config(self.path, {"offsetTable": table})
         except OSError as exc:  # retried at the next save; the acks stay in memory
             log.error("saving consumer offsets to %s failed: %s", self.path, exc)
@@ -185,7 +214,10 @@ class ConsumerGroups:
             low = self.store.min_offset(topic, q)
             start = self._saved.get(key, low)
             start = max(start, low)  # retention removed what the group never read
-            p = self._progress[key] = QueueProgress(start, start)
+            acked = {o for o in self._saved_acks.get(key, ()) if o >= start}
+            p = self._progress[key] = QueueProgress(start, start, acked=acked)
+            if p.advance():
+                self._dirty = True
         return p
 
     def _next_epoch(self) -> int:
@@ -208,8 +240,9 @@ class ConsumerGroups:
         ``max_attempts`` times in the dead-letter topic (then it is acked).
         """
         out: list[Delivery] = []
-        queues = self.store.queue_ids(topic)
-        if not queues:
+        try:
+            queues = self.store.queue_ids(topic)
+        except UnknownTopicError:  # nothing was sent to it yet
             return out
         with self._lock:
             now = self.store.now_ms()
@@ -259,6 +292,8 @@ class ConsumerGroups:
                 break
             for view in views:
                 p.next = view.queue_offset + 1
+                if view.queue_offset in p.acked or view.queue_offset < p.committed:
+                    continue  # acked before a restart
                 if tags is not None and not tags(view.tags):
                     p.acked.add(view.queue_offset)
                     continue
@@ -307,8 +342,8 @@ class ConsumerGroups:
             p, handle = self._held(group, topic, text)
             del p.leases[handle.offset]
             p.acked.add(handle.offset)
-            if p.advance():
-                self._dirty = True
+            p.advance()
+            self._dirty = True
 
     def change_invisible(self, group: str, topic: str, text: str, invisible_ms: int) -> str:
         """Make a hand-out visible again after ``invisible_ms`` from now; the new handle."""

@@ -47,7 +47,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
-from ..message import LocalTransactionState, MessageView
+from ..message import TIMER_TOPIC, LocalTransactionState, MessageView
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, tag_filter
 from .convert import (Code, MessageType, Refused, duration_ms, incoming, outgoing,
@@ -95,18 +95,20 @@ def store_error_code(exc: StoreError) -> int:
     return Code.INTERNAL_SERVER_ERROR
 
 
-def recall_handle(topic: str, msg_id: str) -> str:
-    return base64.urlsafe_b64encode(f"rmq1 {topic} {msg_id}".encode()).decode()
+def recall_handle(topic: str, msg_id: str, stored_queue_offset: int) -> str:
+    """The handle a client recalls a delay message with: its topic, id and where it waits."""
+    text = f"rmq1 {topic} {msg_id} {stored_queue_offset}"
+    return base64.urlsafe_b64encode(text.encode()).decode()
 
 
-def parse_recall_handle(text: str) -> tuple[str, str]:
+def parse_recall_handle(text: str) -> tuple[str, str, int]:
     try:
-        prefix, topic, msg_id = base64.urlsafe_b64decode(text.encode()).decode().split(" ")
+        prefix, topic, msg_id, index = base64.urlsafe_b64decode(text.encode()).decode().split(" ")
         if prefix != "rmq1":
             raise ValueError
+        return topic, msg_id, int(index)
     except (ValueError, UnicodeError, binascii.Error):
         raise Refused(Code.BAD_REQUEST, "the recall handle is not one this server gave") from None
-    return topic, msg_id
 
 
 @dataclass
@@ -237,7 +239,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return self._guard(context, "NotifyClientTermination",
                            lambda s: rpc.NotifyClientTerminationResponse(status=s), body)
 
-    def _settings_reply(self, session: Session, settings: pb.Settings) -> pb.TelemetryCommand:
+    def _settings_reply(self, session: Session, settings: pb.Settings) -> rpc.TelemetryCommand:
         out = pb.Settings()
         out.CopyFrom(settings)
         if settings.HasField("publishing") or session.client_type == pb.ClientType.PRODUCER:
@@ -261,9 +263,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             set_duration_ms(policy.exponential_backoff.max, 60_000)
             policy.exponential_backoff.multiplier = 2.0
         out.metric.on = False
-        return pb.TelemetryCommand(status=status(), settings=out)
+        return rpc.TelemetryCommand(status=status(), settings=out)
 
-    def _on_command(self, session: Session, command: pb.TelemetryCommand) -> None:
+    def _on_command(self, session: Session, command: rpc.TelemetryCommand) -> None:
         which = command.WhichOneof("command")
         if which == "settings":
             s = command.settings
@@ -284,11 +286,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             self._account(context)
         except Refused as exc:
-            yield pb.TelemetryCommand(status=status(exc.code, exc.text))
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
         if not client_id:
-            yield pb.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED,
+            yield rpc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED,
                                                     "the x-mq-client-id header is missing"))
             return
         session = Session(client_id, context.peer())
@@ -340,7 +342,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                        transaction_id=r.transaction_id, offset=r.queue_offset)
         if m.kind == MessageType.DELAY:
             r = self.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
-            handle = recall_handle(r.topic, r.msg_id) if r.deliver_at_ms is not None else ""
+            handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset)
+                      if r.stored_topic == TIMER_TOPIC else "")
             return rpc.SendResultEntry(status=status(), message_id=r.msg_id,
                                        offset=r.queue_offset, recall_handle=handle)
         r = self.producer.send(m.message, sharding_key=m.message_group, msg_id=m.msg_id)
@@ -393,12 +396,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def RecallMessage(self, request, context):
         def body():
             account = self._account(context)
-            topic, msg_id = parse_recall_handle(request.recall_handle)
+            topic, msg_id, index = parse_recall_handle(request.recall_handle)
             if topic != request.topic.name:
                 raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
                                                 f"{request.topic.name!r}")
             account.check_topic(topic, "PUB")
-            if not self.producer.cancel(topic, msg_id):
+            if not self.producer.cancel(topic, msg_id, stored_queue_offset=index):
                 raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
                                               f"{topic!r} (delivered, recalled, or unknown)")
             return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
@@ -583,8 +586,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             producers = self.producers_of(view.topic)
             if not producers:
                 continue
-            command = pb.TelemetryCommand(
-                recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+            command = rpc.TelemetryCommand(
+                recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
                     message=outgoing(view), transaction_id=view.transaction_id))
             random.choice(producers).outbox.put(command)
             asked += 1

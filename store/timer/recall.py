@@ -92,6 +92,30 @@ def find_timer_record(store: StorePort, topic: str, msg_id: str, now: int,
     return None
 
 
+def timer_record_at(store: StorePort, topic: str, msg_id: str,
+                    index: int) -> tuple[Record, int] | None:
+    """The timer-topic record at queue offset ``index`` when it is ``msg_id`` of ``topic``
+    (a direct lookup: for ids this store did not make, whose born time is unknown)."""
+    try:
+        qmax = store.max_offset(TIMER_TOPIC, 0)
+    except UnknownTopicError:
+        return None
+    if not 0 <= index < qmax:
+        return None
+    entries = read_queue_entries(store.consume_queue(TIMER_TOPIC, 0), index, index + 1)
+    if not len(entries) or int(entries["size"][0]) <= 0:
+        return None
+    try:
+        rec = store.commit_log.read_record(int(entries["offset"][0]))
+    except CorruptRecordError:
+        return None
+    props = rec.properties
+    if PROPERTY_TIMER_DEL_UNIQKEY in props or props.get(PROPERTY_UNIQ_KEY) != msg_id \
+            or props.get(PROPERTY_REAL_TOPIC) != topic:
+        return None
+    return rec, index
+
+
 def has_marker(store: StorePort, topic: str, msg_id: str, start: int) -> bool:
     """Whether a cancel marker for ``msg_id`` of ``topic`` was stored at or after queue
     offset ``start`` of the timer topic."""
@@ -99,14 +123,17 @@ def has_marker(store: StorePort, topic: str, msg_id: str, start: int) -> bool:
 
 
 def cancel_marker(store: StorePort, topic: str, msg_id: str, now: int, *, max_delay_ms: int,
-                  precision_ms: int) -> RecordSpec | None:
+                  precision_ms: int, index: int | None = None) -> RecordSpec | None:
     """The delete marker cancelling the pending timer message ``msg_id`` of ``topic``.
 
     ``None`` when there is no such message, it is already due, or it was cancelled before
     (the caller holds the write lock, so the answer cannot change before the marker is
-    appended).
+    appended).  ``index``: the record's queue offset in the timer topic, when known.
     """
-    found = find_timer_record(store, topic, msg_id, now, max_delay_ms)
+    if index is not None:
+        found = timer_record_at(store, topic, msg_id, index)
+    else:
+        found = find_timer_record(store, topic, msg_id, now, max_delay_ms)
     if found is None:
         return None
     rec, index = found

@@ -173,7 +173,7 @@ class TimerService:
                 f"timer_congest_num_each_slot={limit} (flow control); retry later or spread "
                 "the delivery times")
 
-    def cancel(self, topic: str, msg_id: str) -> bool:
+    def cancel(self, topic: str, msg_id: str, *, stored_queue_offset: int | None = None) -> bool:
         """Cancel a pending timer message (RocketMQ's delete marker).
 
         Returns ``True`` when a timer message with ``msg_id`` whose real topic is ``topic`` is
@@ -181,6 +181,9 @@ class TimerService:
         slot and the message never surfaces.  Returns ``False`` (and stores nothing) for an
         unknown id, the id of a message on another topic, a message sent with a delay level,
         one already due, or one already cancelled.  The marker itself never surfaces.
+        ``stored_queue_offset`` (the send's :attr:`SendResult.stored_queue_offset`) finds
+        the record directly; without it the record is looked up from the time in the id,
+        which only ids made by this store carry.
 
         Raises
         ------
@@ -190,10 +193,16 @@ class TimerService:
         for name, value in (("topic", topic), ("msg_id", msg_id)):
             if not isinstance(value, str) or not value:
                 raise InvalidMessageError(f"cancel: {name}={value!r}; allowed: a non-empty str")
+        if stored_queue_offset is not None and (
+                not isinstance(stored_queue_offset, int) or isinstance(stored_queue_offset, bool)
+                or stored_queue_offset < 0):
+            raise InvalidMessageError(f"cancel: stored_queue_offset={stored_queue_offset!r}; "
+                                      "allowed: None or an int >= 0 (a send's "
+                                      "SendResult.stored_queue_offset)")
         store = self.store
         with store.write_lock():
             spec = cancel_marker(store, topic, msg_id, store.now_ms(), max_delay_ms=self.max_delay,
-                                 precision_ms=self.precision)
+                                 precision_ms=self.precision, index=stored_queue_offset)
             if spec is None:
                 return False
             store.append([spec])
