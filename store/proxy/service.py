@@ -173,10 +173,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             code = store_error_code(exc)
             log.warning("%s from %s failed (%s): %s", method, context.peer(), Code.Name(code),
                         exc)
-            return respond(status(code, str(exc)))
+            return respond(status(code, self._text(exc)))
         except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
             log.exception("%s from %s failed", method, context.peer())
             return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    def _text(self, exc: Exception) -> str:
+        """An error's text for a client: the store's directory is not its business."""
+        return str(exc).replace(self.store.root, "<store>")
 
     def wake_receivers(self) -> None:
         with self._arrived:
@@ -190,6 +194,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             s.outbox.put(_Closed)
         self.wake_receivers()
         self.groups.close()
+
+    @staticmethod
+    def _may(account: Account, topic: str, right: str) -> bool:
+        try:
+            account.check_topic(topic, right)
+        except Refused:
+            return False
+        return True
 
     def _endpoints(self, requested) -> pb.Endpoints:
         if requested is not None and requested.addresses:
@@ -212,7 +224,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not (account.admin or account.topics.get(topic, account.default_topic)):
                 raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
                                               f"on topic {topic!r}")
-            count = self.store.ensure_topic(topic)
+            if topic in self.store.topics():
+                count = len(self.store.queue_ids(topic))
+            elif not self._may(account, topic, "PUB"):
+                raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
+                                                    "producer's first send creates it)")
+            else:  # created on first use by whoever may send to it
+                count = self.store.ensure_topic(topic)
             endpoints = self._endpoints(request.endpoints)
             return rpc.QueryRouteResponse(
                 status=status(),
@@ -441,7 +459,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
             return
         except StoreError as exc:
-            yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc), str(exc)))
+            yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc),
+                                                           self._text(exc)))
             return
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
