@@ -157,19 +157,19 @@ class Producer:
             for a delayed message ``queue_offset`` is -1 until delivered, ``deliver_at_ms``
             is set and ``stored_topic`` names the system topic it waits in.
         """
-        plain = type(message) is Message and msg_id is None  # (else: the general path)
+        if msg_id is not None:
+            validate_msg_id(msg_id)
+        plain = type(message) is Message  # (a subclass takes the general path)
         if plain and delay_level is None and delay_ms is None and deliver_at_ms is None:
-            return send_now(self, message, queue_id, sharding_key)
+            return send_now(self, message, queue_id, sharding_key, msg_id)
         now = self.store.now_ms()
         level, deliver_ms = self._check_delay(delay_level, delay_ms, deliver_at_ms, now)
         if plain and deliver_ms is not None:
-            return send_timer(self, message, deliver_ms, now, queue_id, sharding_key)
+            return send_timer(self, message, deliver_ms, now, queue_id, sharding_key, msg_id)
         if plain and level is None and deliver_ms is None:  # a delay of 0: not delayed
-            return send_now(self, message, queue_id, sharding_key)
+            return send_now(self, message, queue_id, sharding_key, msg_id)
         if msg_id is None:
             msg_id = self.store.id_generator.next_id(now)
-        else:
-            validate_msg_id(msg_id)
         spec = self._spec(message, msg_id, now)
         queue = self._queue(message.topic, queue_id, sharding_key)
         if queue is not None:

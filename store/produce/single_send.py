@@ -105,12 +105,13 @@ def _checked(producer: Producer, message: Message, queue_id: int | None,
 
 
 def send_now(producer: Producer, message: Message, queue_id: int | None,
-             sharding_key: str | None) -> SendResult:
-    """A message that is not delayed."""
+             sharding_key: str | None, msg_id: str | None = None) -> SendResult:
+    """A message that is not delayed (``msg_id``: its sender's id, checked already)."""
     store = producer.store
     keys, queue = _checked(producer, message, queue_id, sharding_key)
     now = store.now_ms()
-    msg_id = store.id_generator.next_id(now)
+    if msg_id is None:
+        msg_id = store.id_generator.next_id(now)
     properties = _user_pairs(message, keys, msg_id).encode()
     body = message.body
     if type(body) is not bytes:
@@ -121,12 +122,14 @@ def send_now(producer: Producer, message: Message, queue_id: int | None,
 
 
 def send_timer(producer: Producer, message: Message, deliver_ms: int, now: int,
-               queue_id: int | None, sharding_key: str | None) -> SendResult:
+               queue_id: int | None, sharding_key: str | None,
+               msg_id: str | None = None) -> SendResult:
     """A message due at ``deliver_ms`` (in the future): a record of the timer topic."""
     store = producer.store
     keys, queue = _checked(producer, message, queue_id, sharding_key)
     topic = message.topic
-    msg_id = store.id_generator.next_id(now)
+    if msg_id is None:
+        msg_id = store.id_generator.next_id(now)
     out = store.timer.fire_time(deliver_ms)  # flow control may refuse it
     if queue is None:  # the real queue is chosen now, as a plain send would
         queue = store.next_queue(topic, store.ensure_topic(topic))

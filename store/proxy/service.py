@@ -50,7 +50,7 @@ from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
 from ..message import TIMER_TOPIC, LocalTransactionState, MessageView
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, tag_filter
-from .convert import (Code, MessageType, Refused, duration_ms, incoming, outgoing,
+from .convert import (Code, Incoming, MessageType, Refused, duration_ms, incoming, outgoing,
                       set_duration_ms)
 
 log = logging.getLogger("store.proxy")
@@ -74,6 +74,10 @@ _STATE = {pb.TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
 
 def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
     return pb.Status(code=code, message=text)
+
+
+_OK = status()
+_TRANSACTION, _DELAY = MessageType.TRANSACTION, MessageType.DELAY
 
 
 def store_error_code(exc: StoreError) -> int:
@@ -350,22 +354,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                     if s.open and s.client_type == pb.ClientType.PRODUCER and topic in s.topics]
 
     # -- sending ------------------------------------------------------------------------
-    def _send_one(self, message: pb.Message, now: int) -> rpc.SendResultEntry:
-        cfg = self.store.config
-        m = incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
-                     max_delay_ms=cfg.timer_max_delay_ms)
-        if m.kind == MessageType.TRANSACTION:
+    def _send_one(self, m: Incoming) -> rpc.SendResultEntry:
+        if m.kind == _TRANSACTION:
             r = self.transactions.send_in_transaction(m.message, msg_id=m.msg_id)
-            return rpc.SendResultEntry(status=status(), message_id=r.msg_id,
+            return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        transaction_id=r.transaction_id, offset=r.queue_offset)
-        if m.kind == MessageType.DELAY:
+        if m.kind == _DELAY:
             r = self.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
             handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset)
                       if r.stored_topic == TIMER_TOPIC else "")
-            return rpc.SendResultEntry(status=status(), message_id=r.msg_id,
+            return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        offset=r.queue_offset, recall_handle=handle)
         r = self.producer.send(m.message, sharding_key=m.message_group, msg_id=m.msg_id)
-        return rpc.SendResultEntry(status=status(), message_id=r.msg_id, offset=r.queue_offset)
+        return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
 
     def SendMessage(self, request, context):
         def body():
@@ -381,12 +382,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             now = self.store.now_ms()
             cfg = self.store.config
             # every message is checked before any is stored: a bad one refuses the batch
-            for message in request.messages:
-                incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
-                         max_delay_ms=cfg.timer_max_delay_ms)
-            entries = [self._send_one(m, now) for m in request.messages]
+            checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
+                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms)
+                       for message in request.messages]
+            entries = [self._send_one(m) for m in checked]
             self.wake_receivers()
-            return rpc.SendMessageResponse(status=status(), entries=entries)
+            return rpc.SendMessageResponse(status=_OK, entries=entries)
         return self._guard(context, "SendMessage",
                            lambda s: rpc.SendMessageResponse(status=s), body)
 
