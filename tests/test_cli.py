@@ -203,3 +203,21 @@ def test_tail_from_latest_skips_what_every_queue_already_holds(runner, tmp_path)
     r = runner.invoke(main, ["tail", "--store", path, "--topic", "t", "--no-follow",
                              "--from", "earliest"])
     assert len(r.output.splitlines()) == 8
+
+
+def test_serve_grpc_options_are_checked(runner, tmp_path):
+    path = str(tmp_path / "s")
+    acl = tmp_path / "acl.json"
+    acl.write_text('{"accounts": [{"accessKey": "a", "secretKey": "secret"}]}')
+    r = runner.invoke(main, ["serve", "--store", path, "--acl", str(acl)])
+    assert r.exit_code == 2 and "--acl needs --grpc" in r.output
+    r = runner.invoke(main, ["serve", "--store", path, "--insecure"])
+    assert r.exit_code == 2 and "need --listen or --grpc" in r.output
+    r = runner.invoke(main, ["serve", "--store", path, "--grpc", "0.0.0.0:0",
+                             "--duration-s", "0"])
+    assert r.exit_code == 1 and "--acl" in r.output  # non-loopback without an ACL
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"accounts": [{"accessKey": "a"}]}')
+    r = runner.invoke(main, ["serve", "--store", path, "--grpc", "127.0.0.1:0", "--acl",
+                             str(bad), "--duration-s", "0"])
+    assert r.exit_code == 1 and "secretKey" in r.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -163,3 +164,33 @@ def test_sigkill_mid_send_loses_no_acknowledged_message(tmp_path):
         reader.close()
     missing = set(acked) - stored
     assert not missing, f"{len(missing)} acknowledged messages lost of {len(acked)}"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_grpc_over_tls(tmp_path):
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as rpc
+    from rocketmq.grpc_protocol import service_pb2_grpc
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    srv = StoreServer(str(tmp_path / "s"), grpc="127.0.0.1:0",
+                      tls=(cert.read_bytes(), key.read_bytes()))
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(srv.grpc_endpoint, creds) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            r = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="tls")),
+                                timeout=10)
+            assert r.status.code == pb.Code.OK
+        with grpc.insecure_channel(srv.grpc_endpoint) as channel:  # no TLS: refused
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            with pytest.raises(grpc.RpcError):
+                stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="tls")),
+                                timeout=5)
+    finally:
+        srv.close()
