@@ -86,15 +86,14 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
         click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
                    f"{counters.segments_deleted} segment(s) deleted", err=True)
         return
-    if grpc_listen is not None:
-        raise click.UsageError("--grpc serves one store; a store group's members are served "
-                               "over --grpc one by one (rmq serve --store MEMBER --grpc ...)")
     _serve_group(store_path, config, check_transactions, duration_s, network)
 
 
 def _member_network(network: dict, i: int) -> dict:
-    """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0)."""
-    if not network:
+    """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0); the gRPC
+    endpoint is the group's, one for all members (see :func:`_serve_group`)."""
+    network = {k: v for k, v in network.items() if k not in ("grpc", "acl")}
+    if not network or network.get("listen") is None:
         return {}
     host, _, port = network["listen"].rpartition(":")
     if not port.isdigit():
@@ -141,16 +140,26 @@ def _serve_group(path, config, check_transactions, duration_s, network) -> None:
     import signal
     import threading
 
-    from store import StoreGroup, StoreServer
+    from store import StoreError, StoreGroup, StoreServer
 
     servers = []
+    endpoint = None
+    members = StoreGroup.members(path)
     try:
-        for i, (_, member) in enumerate(StoreGroup.members(path)):
+        for i, (_, member) in enumerate(members):
             servers.append(StoreServer(member, config, check_transactions=check_transactions,
                                        **_member_network(network, i)))
-    except BaseException:
+        if network.get("grpc") is not None:  # one endpoint for the whole group
+            endpoint = StoreServer.share_grpc_endpoint(
+                servers, [name for name, _ in members], network["grpc"], acl=network.get("acl"),
+                tls=network.get("tls"), insecure=bool(network.get("insecure")))
+    except BaseException as exc:
+        if endpoint is not None:
+            endpoint.close()
         for server in servers:
             server.close()
+        if isinstance(exc, StoreError):
+            raise click.ClickException(str(exc)) from None
         raise
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: [s.stop() for s in servers])
@@ -159,6 +168,9 @@ def _serve_group(path, config, check_transactions, duration_s, network) -> None:
     for server in servers:
         if server.url:
             click.echo(f"rmq serve: {server.path} at {server.url}", err=True)
+    if endpoint is not None:
+        click.echo(f"rmq serve: RocketMQ clients connect to {endpoint.endpoint} (every store "
+                   "of the group)", err=True)
     for server in servers:  # the first step of each here: lazy loads (compiled kernels)
         server.step()        # happen in one thread, before the servers run side by side
     results: dict[int, object] = {}

@@ -105,6 +105,8 @@ def render_stats(data: dict) -> None:
                       f"due delivery {behind} ms behind")
         if server.get("listen"):
             console.print(f"server: serving clients at {server['listen']}")
+        if server.get("grpc"):
+            console.print(f"server: serving RocketMQ 5 clients at {server['grpc']}")
     else:
         console.print(f"server: none attached; due delivery {behind} ms behind (delayed "
                       "messages move when a reader delivers them: run `rmq serve --store "

@@ -221,3 +221,16 @@ def test_serve_grpc_options_are_checked(runner, tmp_path):
     r = runner.invoke(main, ["serve", "--store", path, "--grpc", "127.0.0.1:0", "--acl",
                              str(bad), "--duration-s", "0"])
     assert r.exit_code == 1 and "secretKey" in r.output
+
+
+def test_serve_grpc_of_a_store_group_is_one_endpoint(runner, tmp_path):
+    from store import StoreGroup
+
+    StoreGroup.create(str(tmp_path / "g"), 2).close()
+    r = runner.invoke(main, ["serve", "--store", str(tmp_path / "g"), "--grpc", "127.0.0.1:0",
+                             "--duration-s", "0.5"])
+    assert r.exit_code == 0, r.output
+    assert "RocketMQ clients connect to 127.0.0.1:" in r.output
+    r = runner.invoke(main, ["serve", "--store", str(tmp_path / "g"), "--grpc", "0.0.0.0:0",
+                             "--duration-s", "0"])
+    assert r.exit_code == 1 and "--acl" in r.output

@@ -191,12 +191,8 @@ class StoreServer:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
-        if grpc is not None and not RemoteAddress.listen(grpc).loopback and acl is None \
-                and not insecure:
-            raise InvalidConfigError(
-                f"serving RocketMQ clients on {grpc} (not a loopback address) needs an ACL "
-                "(--acl FILE); allowed: an ACL, or --insecure to serve anyone who can reach "
-                "the port")
+        if grpc is not None:
+            _check_grpc_access(grpc, acl, insecure)
         if acl is not None and grpc is None:
             raise InvalidConfigError("an ACL file is for the gRPC endpoint; allowed: acl "
                                      "together with grpc")
@@ -213,8 +209,9 @@ class StoreServer:
         self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)
         self.service = None
-        self.endpoint = None
-        try:
+        self.endpoint = None  # a gRPC endpoint this server owns (closes)
+        self._asks = None     # the gRPC endpoint this server's check rounds ask (its own, or
+        try:                  # a store group's, shared by its members' servers)
             self._lock_fd = _take_lock(self.path)
             if address is not None:
                 from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
@@ -224,6 +221,7 @@ class StoreServer:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 
                 self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls)
+            self._asks = self.endpoint
         except BaseException:
             if self.service is not None:
                 self.service.shutdown()
@@ -249,7 +247,30 @@ class StoreServer:
     @property
     def grpc_endpoint(self) -> str | None:
         """``HOST:PORT`` of the RocketMQ 5 gRPC endpoint; ``None`` when not serving it."""
-        return None if self.endpoint is None else self.endpoint.endpoint
+        return None if self._asks is None else self._asks.endpoint
+
+    @staticmethod
+    def share_grpc_endpoint(servers: list, names: list[str], grpc: str, *,
+                            acl: str | None = None, tls: tuple[bytes, bytes] | None = None,
+                            insecure: bool = False):
+        """One gRPC endpoint serving the stores of ``servers`` (a store group's members,
+        named ``names``) as one, attached to each server (:meth:`attach_endpoint`); the first
+        server to close closes it.  Returns the endpoint (its ``endpoint`` is ``HOST:PORT``).
+        A non-loopback address needs ``acl`` or ``insecure``."""
+        from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
+
+        _check_grpc_access(grpc, acl, insecure)
+        endpoint = GrpcEndpoint([(n, s.store) for n, s in zip(names, servers)], grpc, acl=acl,
+                                tls=tls)
+        for server in servers:
+            server.attach_endpoint(endpoint)
+        return endpoint
+
+    def attach_endpoint(self, endpoint) -> None:
+        """Ask ``endpoint``'s producers about this store's open transactions and wake its
+        receivers after deliveries: a store group's endpoint, which serves every member's
+        store and is closed by whoever made it, after the servers."""
+        self._asks = endpoint
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
@@ -287,8 +308,8 @@ class StoreServer:
         if self._lock_fd is None:
             return
         try:
-            if self.endpoint is not None:
-                self.endpoint.close()  # ends the streams, saves the consumer offsets
+            if self._asks is not None:  # (a group's shared endpoint: the first member to stop
+                self._asks.close()      # ends it) ends the streams, saves the consumer offsets
             if self.service is not None:
                 self.service.shutdown()  # waits for the calls in progress
                 self.service.close_readers()
@@ -317,9 +338,9 @@ class StoreServer:
         c.last_run_delivered = delivered
         if delivered:
             log.info("delivered %d due messages", delivered)
-            if self.endpoint is not None:
-                self.endpoint.service.wake_receivers()
-        if (self.check_transactions or self.endpoint is not None) \
+            if self._asks is not None:
+                self._asks.service.wake_receivers()
+        if (self.check_transactions or self._asks is not None) \
                 and time.monotonic() >= self._next_check:
             # the store's effective interval (a producer's recorded one, when set)
             interval = self.store.transactions.settings["transaction_check_interval_ms"]
@@ -360,8 +381,8 @@ class StoreServer:
         try:
             plan = self.store.prepare_transaction_checks()
             asked = len(plan.checks)
-            if asked and self.endpoint is not None:
-                sent = self.endpoint.ask(plan.checks)
+            if asked and self._asks is not None:
+                sent = self._asks.ask(plan.checks)
                 if sent:
                     log.info("asked RocketMQ producers about %d open transaction(s)", sent)
             if asked and self.check_transactions:
@@ -406,6 +427,14 @@ class StoreServer:
                          json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)
         except OSError as exc:  # a status file is never worth stopping delivery for
             log.warning("could not write %s: %s", STATUS_FILE, exc)
+
+
+def _check_grpc_access(grpc: str, acl: str | None, insecure: bool) -> None:
+    if not RemoteAddress.listen(grpc).loopback and acl is None and not insecure:
+        raise InvalidConfigError(
+            f"serving RocketMQ clients on {grpc} (not a loopback address) needs an ACL "
+            "(--acl FILE); allowed: an ACL, or --insecure to serve anyone who can reach "
+            "the port")
 
 
 def _take_lock(path: str) -> int:

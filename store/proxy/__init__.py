@@ -18,6 +18,7 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidConfigError
@@ -43,13 +44,15 @@ def grpc_available() -> bool:
 
 
 class GrpcEndpoint:
-    """Serves ``store`` to RocketMQ 5 clients on ``listen`` (``HOST:PORT``; port 0 picks one).
+    """Serves ``stores`` to RocketMQ 5 clients on ``listen`` (``HOST:PORT``; port 0 picks one).
 
-    ``acl``: the path of an ACL file (:mod:`store.proxy.access`); ``None`` serves every
-    client.  ``tls``: ``(certificate chain, private key)`` PEM bytes.
+    ``stores``: one open :class:`~store.MessageStore`, or ``[(name, MessageStore)]`` of the
+    members of a store group, served as one endpoint.  ``acl``: the path of an ACL file
+    (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
+    chain, private key)`` PEM bytes.
     """
 
-    def __init__(self, store, listen: str, *, acl: str | None = None,
+    def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None) -> None:
         if not grpc_available():
             raise InvalidConfigError(
@@ -61,6 +64,9 @@ class GrpcEndpoint:
         from .access import AccessControl
         from .service import MessagingService
 
+        if not isinstance(stores, (list, tuple)):
+            stores = [("", stores)]
+        store = stores[0][1]
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
         limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
@@ -81,8 +87,11 @@ class GrpcEndpoint:
             raise InvalidConfigError(f"cannot listen on {listen} for gRPC clients (the address "
                                      "is in use or not this host's)")
         self.host, self.port = address.host, port
+        self._closed = False
+        self._close_lock = threading.Lock()
         self.loopback = address.loopback
-        self.service = MessagingService(store, access=access, address=(self._advertised(), port))
+        self.service = MessagingService(stores, access=access,
+                                        address=(self._advertised(), port))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self._server)
         self._server.start()
         log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
@@ -110,7 +119,11 @@ class GrpcEndpoint:
 
     def close(self, grace_s: float = 2.0) -> None:
         """Stop serving: streams end, calls in progress get ``grace_s`` to finish, the
-        consumer offsets are saved."""
+        consumer offsets are saved.  Closing again does nothing."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.service.close()
         self._server.stop(grace_s).wait()
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import logging
 import queue
 import random
@@ -47,9 +48,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
-from ..message import TIMER_TOPIC, LocalTransactionState, MessageView
+from ..message import TIMER_TOPIC, LocalTransactionState, MessageView, sharding_queue
 from .access import OPEN, AccessControl, Account
-from .consumers import ConsumerGroups, tag_filter
+from .consumers import ConsumerGroups, Delivery, tag_filter
 from .convert import (Code, Incoming, MessageType, Refused, duration_ms, incoming, outgoing,
                       set_duration_ms)
 
@@ -99,18 +100,21 @@ def store_error_code(exc: StoreError) -> int:
     return Code.INTERNAL_SERVER_ERROR
 
 
-def recall_handle(topic: str, msg_id: str, stored_queue_offset: int) -> str:
-    """The handle a client recalls a delay message with: its topic, id and where it waits."""
-    text = f"rmq1 {topic} {msg_id} {stored_queue_offset}"
+def recall_handle(topic: str, msg_id: str, stored_queue_offset: int, member: int = 0) -> str:
+    """The handle a client recalls a delay message with: its topic, id, where it waits (the
+    timer queue offset) and in which member of a group."""
+    text = f"rmq1 {topic} {msg_id} {stored_queue_offset} {member}"
     return base64.urlsafe_b64encode(text.encode()).decode()
 
 
-def parse_recall_handle(text: str) -> tuple[str, str, int]:
+def parse_recall_handle(text: str, members: int = 1) -> tuple[str, str, int, int]:
+    """``(topic, msg_id, stored queue offset, member)`` of a recall handle."""
     try:
-        prefix, topic, msg_id, index = base64.urlsafe_b64decode(text.encode()).decode().split(" ")
-        if prefix != "rmq1":
+        prefix, topic, msg_id, index, member = \
+            base64.urlsafe_b64decode(text.encode()).decode().split(" ")
+        if prefix != "rmq1" or not 0 <= int(member) < members:
             raise ValueError
-        return topic, msg_id, int(index)
+        return topic, msg_id, int(index), int(member)
     except (ValueError, UnicodeError, binascii.Error):
         raise Refused(Code.BAD_REQUEST, "the recall handle is not one this server gave") from None
 
@@ -143,17 +147,41 @@ class _LeaveOpen:
         return LocalTransactionState.UNKNOW
 
 
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):
-    """The calls (see the module docstring) over ``store``."""
+class Member:
+    """One store the endpoint serves, with its producers and consumer groups."""
 
-    def __init__(self, store, *, access: AccessControl | None = None,
-                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+    def __init__(self, name: str, store) -> None:
+        self.name = name
         self.store = store
-        self.access = access
-        self.address = address
         self.producer = store.producer(PRODUCER_GROUP)
         self.transactions = store.transaction_producer(PRODUCER_GROUP, _LeaveOpen())
         self.groups = ConsumerGroups(store)
+
+
+def _member_handle(i: int, handle: str) -> str:
+    return f"{i}:{handle}"
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The calls (see the module docstring) over ``stores``: ``[(name, MessageStore)]``, one
+    store or the members of a store group.
+
+    A group is served as one endpoint, as :class:`~store.StoreGroup` spreads sends: a topic's
+    route lists the queues of every member; FIFO messages go to the queue of the group's
+    route their message group hashes to, other messages to the members in turn; a consumer
+    group receives from every member, and receipt and recall handles name the member.
+    """
+
+    def __init__(self, stores, *, access: AccessControl | None = None,
+                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        self.members = [Member(name, store) for name, store in stores]
+        if not self.members:
+            raise ValueError("an endpoint serves one store at least")
+        self.store = self.members[0].store  # the config and clock of the whole endpoint
+        self.access = access
+        self.address = address
+        self._next_member = 0
+        self._members_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._arrived = threading.Condition()
@@ -184,7 +212,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def _text(self, exc: Exception) -> str:
         """An error's text for a client: the store's directory is not its business."""
-        return str(exc).replace(self.store.root, "<store>")
+        text = str(exc)
+        for m in self.members:
+            text = text.replace(m.store.root, "<store>")
+        return text
 
     def wake_receivers(self) -> None:
         with self._arrived:
@@ -197,7 +228,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for s in sessions:
             s.outbox.put(_Closed)
         self.wake_receivers()
-        self.groups.close()
+        for m in self.members:
+            m.groups.close()
+
+    def _exists(self, topic: str) -> bool:
+        return any(topic in m.store.topics() for m in self.members)
+
+    def _route(self, topic: str) -> list[tuple[int, int]]:
+        """``(member, queue)`` of the topic's queues in every member, creating it where it
+        is missing: the queues a message group is hashed over (as :class:`StoreGroup`)."""
+        return [(i, q) for i, m in enumerate(self.members)
+                for q in range(m.store.ensure_topic(topic))]
+
+    def _next(self) -> Member:
+        with self._members_lock:
+            i = self._next_member % len(self.members)
+            self._next_member = i + 1
+        return self.members[i]
 
     @staticmethod
     def _may(account: Account, topic: str, right: str) -> bool:
@@ -228,13 +275,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not (account.admin or account.topics.get(topic, account.default_topic)):
                 raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
                                               f"on topic {topic!r}")
-            if topic in self.store.topics():
-                count = len(self.store.queue_ids(topic))
-            elif not self._may(account, topic, "PUB"):
-                raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
-                                                    "producer's first send creates it)")
-            else:  # created on first use by whoever may send to it
-                count = self.store.ensure_topic(topic)
+            if not self._exists(topic):
+                if not self._may(account, topic, "PUB"):
+                    raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
+                                                        "producer's first send creates it)")
+                for m in self.members:  # created on first use by whoever may send to it
+                    m.store.ensure_topic(topic)
+            count = len(self._route(topic))
             endpoints = self._endpoints(request.endpoints)
             return rpc.QueryRouteResponse(
                 status=status(),
@@ -280,7 +327,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not sub.long_polling_timeout.seconds:
                 set_duration_ms(sub.long_polling_timeout, LONG_POLLING_DEFAULT_MS)
             policy = out.backoff_policy
-            policy.max_attempts = self.groups.max_attempts
+            policy.max_attempts = self.members[0].groups.max_attempts
             set_duration_ms(policy.exponential_backoff.initial, 1000)
             set_duration_ms(policy.exponential_backoff.max, 60_000)
             policy.exponential_backoff.multiplier = 2.0
@@ -356,16 +403,27 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- sending ------------------------------------------------------------------------
     def _send_one(self, m: Incoming) -> rpc.SendResultEntry:
         if m.kind == _TRANSACTION:
-            r = self.transactions.send_in_transaction(m.message, msg_id=m.msg_id)
+            r = self._next().transactions.send_in_transaction(m.message, msg_id=m.msg_id)
             return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        transaction_id=r.transaction_id, offset=r.queue_offset)
         if m.kind == _DELAY:
-            r = self.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
-            handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset)
+            if len(self.members) == 1:
+                i, member = 0, self.members[0]
+            else:
+                member = self._next()
+                i = self.members.index(member)
+            r = member.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
+            handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset, i)
                       if r.stored_topic == TIMER_TOPIC else "")
             return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        offset=r.queue_offset, recall_handle=handle)
-        r = self.producer.send(m.message, sharding_key=m.message_group, msg_id=m.msg_id)
+        if m.message_group is not None:
+            route = self._route(m.message.topic)
+            i, q = route[sharding_queue(m.message_group, len(route))]
+            r = self.members[i].producer.send(m.message, queue_id=q, msg_id=m.msg_id)
+        else:
+            member = self.members[0] if len(self.members) == 1 else self._next()
+            r = member.producer.send(m.message, msg_id=m.msg_id)
         return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
 
     def SendMessage(self, request, context):
@@ -401,11 +459,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             tid = request.transaction_id or request.message_id
             if not tid:
                 raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
-            ended = self.store.end_transactions(
-                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
-            if not ended[0] and not self.store.known_transactions([tid])[0]:
+            holder = next((m for m in self.members
+                           if m.store.known_transactions([tid])[0]), None)
+            if holder is None:
                 raise Refused(Code.INVALID_TRANSACTION_ID,
                               f"transaction {tid!r} is not one of this store's")
+            holder.store.end_transactions(
+                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
             if state is LocalTransactionState.COMMIT_MESSAGE:
                 self.wake_receivers()
             return rpc.EndTransactionResponse(status=status())
@@ -415,12 +475,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def RecallMessage(self, request, context):
         def body():
             account = self._account(context)
-            topic, msg_id, index = parse_recall_handle(request.recall_handle)
+            topic, msg_id, index, i = parse_recall_handle(request.recall_handle,
+                                                          len(self.members))
             if topic != request.topic.name:
                 raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
                                                 f"{request.topic.name!r}")
             account.check_topic(topic, "PUB")
-            if not self.producer.cancel(topic, msg_id, stored_queue_offset=index):
+            if not self.members[i].producer.cancel(topic, msg_id, stored_queue_offset=index):
                 raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
                                               f"{topic!r} (delivered, recalled, or unknown)")
             return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
@@ -434,7 +495,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             raise Refused(Code.ILLEGAL_CONSUMER_GROUP, "the request names no consumer group")
         account.check_group(group)
         account.check_topic(topic, "SUB")
-        if topic not in self.store.topics():
+        if not self._exists(topic):
             raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
                                                 "(a send or a route query creates it)")
 
@@ -504,25 +565,50 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         fifo = self._fifo(group)
         deadline = time.monotonic() + polling / 1000
         while True:
-            deliveries = self.groups.receive(group, topic, batch=batch, invisible_ms=invisible,
-                                             tags=tags, fifo=fifo,
-                                             dead_letter=lambda v: self._dead_letter(group, v))
+            deliveries = self._receive_members(group, topic, batch, invisible, tags, fifo)
             left = deadline - time.monotonic()
             if deliveries or left <= 0 or not context.is_active() or self._closing.is_set():
                 return deliveries, invisible
             with self._arrived:
                 self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
 
-    def _dead_letter(self, group: str, view: MessageView) -> None:
-        """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``)."""
+    def _receive_members(self, group: str, topic: str, batch: int, invisible: int, tags,
+                         fifo: bool) -> list[Delivery]:
+        """Up to ``batch`` hand-outs from the members, starting at the next one in turn;
+        their handles name the member."""
+        n = len(self.members)
+        start = self.members.index(self._next()) if n > 1 else 0
+        out: list[Delivery] = []
+        for k in range(n):
+            i = (start + k) % n
+            member = self.members[i]
+            got = member.groups.receive(
+                group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
+                fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
+            out += [dataclasses.replace(d, handle=_member_handle(i, d.handle)) for d in got]
+            if len(out) >= batch:
+                break
+        return out
+
+    def _held(self, text: str) -> tuple[Member, str]:
+        """The member a receipt handle names, and the member's own handle."""
+        i, sep, inner = text.partition(":")
+        if not sep or not i.isdigit() or int(i) >= len(self.members):
+            raise Refused(Code.INVALID_RECEIPT_HANDLE,
+                          f"receipt handle {text[:80]!r} is not one this server gave")
+        return self.members[int(i)], inner
+
+    def _dead_letter(self, member: Member, group: str, view: MessageView) -> None:
+        """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``), in
+        the member that held it."""
         from ..message import Message
 
-        self.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
+        member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
                                    keys=list(view.keys) or None,
                                    properties=dict(view.properties)),
                            msg_id=view.msg_id)
         log.info("message %s of %s moved to %%DLQ%%%s after %d hand-outs", view.msg_id,
-                 view.topic, group, self.groups.max_attempts)
+                 view.topic, group, member.groups.max_attempts)
 
     def AckMessage(self, request, context):
         def body():
@@ -531,7 +617,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             entries = []
             for e in request.entries:
                 try:
-                    self.groups.ack(group, topic, e.receipt_handle)
+                    member, inner = self._held(e.receipt_handle)
+                    member.groups.ack(group, topic, inner)
                     st = status()
                 except Refused as exc:
                     st = status(exc.code, exc.text)
@@ -555,8 +642,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
                               f"invisible_duration {invisible} ms; allowed: 0 to "
                               f"{INVISIBLE_MAX_MS} ms")
-            handle = self.groups.change_invisible(group, topic, request.receipt_handle, invisible)
-            return rpc.ChangeInvisibleDurationResponse(status=status(), receipt_handle=handle)
+            member, inner = self._held(request.receipt_handle)
+            handle = member.groups.change_invisible(group, topic, inner, invisible)
+            return rpc.ChangeInvisibleDurationResponse(
+                status=status(), receipt_handle=_member_handle(self.members.index(member), handle))
         return self._guard(context, "ChangeInvisibleDuration",
                            lambda s: rpc.ChangeInvisibleDurationResponse(status=s), body)
 
@@ -564,10 +653,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         def body():
             group, topic = request.group.name, request.topic.name
             self._consumer(context, group, topic)
-            view = self.groups.view_of(group, topic, request.receipt_handle)
+            member, inner = self._held(request.receipt_handle)
+            view = member.groups.view_of(group, topic, inner)
             if view is not None:
-                self._dead_letter(group, view)
-            self.groups.ack(group, topic, request.receipt_handle)
+                self._dead_letter(member, group, view)
+            member.groups.ack(group, topic, inner)
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
         return self._guard(context, "ForwardMessageToDeadLetterQueue",
                            lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), body)
@@ -614,7 +704,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return asked
 
     def check_round(self) -> int:
-        """One check round whose questions go to this endpoint's producers (the other groups'
-        halves are left to their own resolvers); returns how many were asked."""
-        plan = self.store.prepare_transaction_checks()
-        return self.ask(plan.checks)
+        """One check round in every member whose questions go to this endpoint's producers
+        (the other groups' halves are left to their own resolvers); returns how many were
+        asked."""
+        return sum(self.ask(m.store.prepare_transaction_checks().checks) for m in self.members)
