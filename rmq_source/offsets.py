@@ -52,7 +52,7 @@ def from_spark(data: Mapping[str, Mapping[str, int]] | str | None) -> QueueOffse
                              '{"topic": {"queue_id": next_offset}}')
     out: QueueOffsets = {}
     for topic, per in data.items():
-        if not isinstance(per, Mapping):
+        if type(per) is not dict and not isinstance(per, Mapping):  # (dict: the usual, fast)
             raise RmqSourceError(f"offset of topic {topic!r} is {per!r}; expected "
                                  '{"queue_id": next_offset}')
         for qid, off in per.items():

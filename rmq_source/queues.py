@@ -54,8 +54,8 @@ def check_subscribed_exist(options: RmqOptions, known: list[str]) -> None:
 
 
 def queue_bounds(store: StoreReader, keys) -> dict[QueueKey, tuple[int, int]]:
-    """``{key: (min_offset, max_offset)}`` for each queue."""
-    return {k: (store.min_offset(*k), store.max_offset(*k)) for k in keys}
+    """``{key: (min_offset, max_offset)}`` for each queue (one call to the store)."""
+    return store.queue_bounds(keys)
 
 
 def check_named_queues(spec: OffsetSpec, option: str, bounds: dict[QueueKey, tuple[int, int]],

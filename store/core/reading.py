@@ -255,6 +255,32 @@ class ReadableStore:
         queue = self._check_queue(topic, queue_id)
         return queue.min_offset(self.commit_log.min_offset(), self.confirmed_offset())
 
+    def queue_bounds(self, queues: Iterable[tuple[str, int]]
+                     ) -> dict[tuple[str, int], tuple[int, int]]:
+        """``{(topic, queue_id): (min_offset, max_offset)}`` of many queues at once.
+
+        What :meth:`min_offset` and :meth:`max_offset` give for each, with the topic table
+        and the confirmed end read once for all of them: a streaming query's driver asks
+        this of every subscribed queue at every micro-batch.  Raises
+        :class:`UnknownTopicError` for a queue that does not exist.
+        """
+        self._check_open()
+        table = self.topic_table.reload()
+        confirmed = self.confirmed_offset()
+        self.commit_log.files.refresh()  # retention in another process moves the minimum
+        commitlog_min = self.commit_log.min_offset()
+        out = {}
+        for topic, queue_id in queues:
+            count = self.topic_table.cached_queue_count(topic) if topic in table else None
+            if count is None or not isinstance(queue_id, (int, np.integer)) \
+                    or not 0 <= int(queue_id) < count:
+                self._check_queue(topic, queue_id)  # raises the error naming what exists
+            queue = self.consume_queue(topic, int(queue_id))
+            high = queue.max_offset(confirmed)
+            out[(topic, queue_id)] = (queue.min_offset(commitlog_min, confirmed, max_offset=high),
+                                      high)
+        return out
+
     def all_consume_queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) with files on disk, system topics included."""
         root = os.path.join(self.root, "consumequeue")

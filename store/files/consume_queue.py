@@ -76,6 +76,10 @@ class ConsumeQueue:
         # Written since the last flush.  Writes come under the store's append lock (one
         # writer at a time); the flusher's thread takes files out one by one (see flush).
         self._dirty_files: dict[int, object] = {}
+        # (file start, count) of the last max_offset's answer: where its search starts next
+        self._count_hint: tuple[int, int] = (-1, 0)
+        # (CommitLog minimum, answer) of the last min_offset that found a live entry
+        self._min_hint: tuple[int, int] | None = None
 
     # -- reading ----------------------------------------------------------------------------
     def _file_entries(self, index: int):
@@ -85,9 +89,33 @@ class ConsumeQueue:
             return None, None
         return f, np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
 
-    def _valid_count(self, entries: np.ndarray, limit_phys: int | None) -> int:
-        """How many leading entries are written (and end at or before ``limit_phys``)."""
-        lo, hi = 0, len(entries)
+    @staticmethod
+    def _counts(buffer, i: int, limit_phys: int | None) -> bool:
+        """Whether entry ``i`` of a file's ``buffer`` is written (and ends at or before
+        ``limit_phys``)."""
+        offset, size, _ = ENTRY.unpack_from(buffer, i * ENTRY_SIZE)
+        return size > 0 and (limit_phys is None or size == FILLER_SIZE
+                             or offset + size <= limit_phys)
+
+    def _valid_count(self, entries: np.ndarray, limit_phys: int | None,
+                     hint: int = 0, buffer=None) -> int:
+        """How many leading entries are written (and end at or before ``limit_phys``).
+
+        ``hint``: the count found last time, and ``buffer`` the file's bytes ``entries``
+        views.  When the entry before the hint still counts and the one at it does not, the
+        answer is the hint again (two reads: a queue that did not move, which is most
+        queues at most calls); else a binary search."""
+        n = len(entries)
+        if 0 < hint <= n and buffer is not None:
+            if self._counts(buffer, hint - 1, limit_phys):
+                if hint == n or not self._counts(buffer, hint, limit_phys):
+                    return hint
+                lo = hint  # entries are only appended (a recovery's cut fails the check)
+            else:
+                lo = 0
+        else:
+            lo = 0
+        hi = n
         sizes = entries["size"]
         offsets = entries["offset"]
         while lo < hi:  # entries are a written prefix: binary search its end
@@ -106,14 +134,19 @@ class ConsumeQueue:
         files = self.files.files or self.files.refresh()
         if not files:
             return 0
-        # a newer file may have appeared in another process
+        # a newer file may have appeared in another process (only once the last one is full)
         last = files[-1]
-        if os.path.exists(os.path.join(self.directory, segment_name(last.start + last.size))):
+        if ENTRY.unpack_from(last.buffer(), last.size - ENTRY_SIZE)[1] != 0 \
+                and os.path.exists(os.path.join(self.directory,
+                                                segment_name(last.start + last.size))):
             files = self.files.refresh()
         for f in reversed(files):
-            entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
-            n = self._valid_count(entries, limit_phys)
+            buffer = f.buffer()
+            entries = np.frombuffer(buffer, dtype=ENTRY_DTYPE)
+            start, hint = self._count_hint
+            n = self._valid_count(entries, limit_phys, hint if start == f.start else 0, buffer)
             if n > 0 or f is files[0]:
+                self._count_hint = (f.start, n)
                 return f.start // ENTRY_SIZE + n
         return 0  # pragma: no cover
 
@@ -122,12 +155,28 @@ class ConsumeQueue:
         files = self.files.files or self.files.refresh()
         return files[0].start // ENTRY_SIZE if files else 0
 
-    def min_offset(self, commitlog_min: int, limit_phys: int | None = None) -> int:
-        """The first entry whose record still exists (offsetPy >= ``commitlog_min``)."""
+    def min_offset(self, commitlog_min: int, limit_phys: int | None = None, *,
+                   max_offset: int | None = None) -> int:
+        """The first entry whose record still exists (offsetPy >= ``commitlog_min``).
+
+        Once it is a live entry, the answer stays until the CommitLog minimum moves
+        (retention): it is kept for the next call with the same minimum, which then reads
+        nothing (a driver asks for every queue's bounds at every micro-batch).
+        ``max_offset``: :meth:`max_offset` with the same ``limit_phys``, when the caller has
+        it already."""
+        maxo = self.max_offset(limit_phys) if max_offset is None else max_offset
+        hint = self._min_hint
+        if hint is not None and hint[0] == commitlog_min and hint[1] < maxo:  # (not cut since)
+            return hint[1]
         files = self.files.refresh()
         if not files:
             return 0
-        maxo = self.max_offset(limit_phys)
+        found = self._first_live(files, commitlog_min, maxo)
+        if found < maxo:
+            self._min_hint = (commitlog_min, found)
+        return found
+
+    def _first_live(self, files, commitlog_min: int, maxo: int) -> int:
         for f in files:
             entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
             base = f.start // ENTRY_SIZE
@@ -179,6 +228,9 @@ class ConsumeQueue:
         n = len(offsets)
         if n == 0:
             return
+        hint = self._min_hint
+        if hint is not None and first_index < hint[1]:  # a rebuild rewrites the head
+            self._min_hint = None
         if n == 1:
             self.put_one(first_index, int(offsets[0]), int(sizes[0]), int(tags_codes[0]))
             return
@@ -208,6 +260,9 @@ class ConsumeQueue:
         """Write the one entry of queue offset ``index`` (what :meth:`put` does for one)."""
         pos = index * ENTRY_SIZE
         data = ENTRY.pack(offset, size, tags_code)
+        hint = self._min_hint
+        if hint is not None and index < hint[1]:  # a rebuild rewrites the head
+            self._min_hint = None
         try:
             f = self.files.write(pos, data, mapped=True)
         except FileNotFoundError:  # the queue's directory is not there yet
@@ -223,6 +278,11 @@ class ConsumeQueue:
             self.put(start, np.zeros(n, np.int64), np.full(n, FILLER_SIZE, np.int32),
                      np.zeros(n, np.int64))
 
+    def _forget_hints(self) -> None:
+        """Entries were removed here: the next answers are searched afresh."""
+        self._count_hint = (-1, 0)
+        self._min_hint = None
+
     def truncate_physical(self, process_offset: int) -> None:
         """Drop every entry whose record starts at or after ``process_offset``.
 
@@ -230,6 +290,7 @@ class ConsumeQueue:
         past the cut): a reader in another process may have mapped it, and a file deleted
         and created again under the same name would leave that reader on the old copy.
         """
+        self._forget_hints()
         files = self.files.refresh()
         for f in reversed(files):
             entries = np.frombuffer(f.buffer(), dtype=ENTRY_DTYPE)
@@ -263,6 +324,7 @@ class ConsumeQueue:
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete files (never the last) whose last entry's record is gone; return how many."""
+        self._forget_hints()
         files = self.files.refresh()
         deleted = 0
         for f in files[:-1]:

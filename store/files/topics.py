@@ -135,6 +135,12 @@ class TopicTable:
 
     def _merge(self) -> None:
         dirs = self._queue_dirs()
+        inputs = (dirs, self._file_topics, tuple(self._written.items()))
+        merged = getattr(self, "_merged_from", None)
+        if merged is not None and merged[0] is inputs[0] and merged[1] is inputs[1] \
+                and merged[2] == inputs[2]:
+            return  # nothing changed since the last merge (the usual reload)
+        self._merged_from = inputs
         if any(t not in self._file_topics for t in dirs):
             self._topics = {**dirs, **self._file_topics}  # the file wins where it says
         else:

@@ -204,6 +204,11 @@ class RemoteStore:
                                     f"{topic!r}; allowed: 0 to {len(ids) - 1}")
         return self._queues()[topic][queue_id]
 
+    def queue_bounds(self, queues) -> dict[tuple[str, int], tuple[int, int]]:
+        """``{(topic, queue_id): (min_offset, max_offset)}`` of many queues, from one
+        snapshot (as :meth:`store.StoreReader.queue_bounds`)."""
+        return {(t, q): self._bounds(t, q) for t, q in queues}
+
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The oldest offset still readable."""
         return self._bounds(topic, queue_id)[0]
