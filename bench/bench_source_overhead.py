@@ -104,29 +104,51 @@ def driver_calls(path: str, topics: int, queues: int, batches: int) -> dict[str,
 
 def spark_batches(path: str, batches: int) -> dict[str, list[float]]:
     """``triggerExecution`` ms per micro-batch: a trivial Python source, then rmq."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.datasource import (DataSource, DataSourceStreamReader, InputPartition,
+                                        ReadAllAvailable)
 
     from rmq_cli.session import local_spark
 
     class Tick(DataSourceStreamReader):
-        def __init__(self):
+        """One row per micro-batch; ``wide``: an offset of as many queues as the rmq store
+        has (100 topics x 10 queues), as rmq's offset, one of them moving."""
+
+        def __init__(self, wide):
             self.n = 0
+            self.wide = wide
+
+        def _offset(self):
+            if not self.wide:
+                return {"n": self.n}
+            out = {f"topic{t:03d}": {str(q): 1000 for q in range(10)} for t in range(100)}
+            out["topic000"]["0"] = self.n
+            return out
 
         def initialOffset(self):
-            return {"n": 0}
+            return self._offset()
 
         def latestOffset(self):
             self.n += 1
-            return {"n": self.n}
+            return self._offset()
 
         def partitions(self, start, end):
-            return [InputPartition(end["n"])]
+            return [InputPartition(self.n)]
 
         def read(self, partition):
             yield (partition.value,)
 
         def commit(self, end):
             pass
+
+    class LimitedTick(Tick):
+        """The same with admission control (a default read limit), as the rmq source has
+        (``maxOffsetsPerTrigger``): Spark then calls ``latestOffset(start, limit)``."""
+
+        def getDefaultReadLimit(self):
+            return ReadAllAvailable()
+
+        def latestOffset(self, start, limit):
+            return super().latestOffset()
 
     class TickSource(DataSource):
         @classmethod
@@ -137,31 +159,42 @@ def spark_batches(path: str, batches: int) -> dict[str, list[float]]:
             return "n long"
 
         def streamReader(self, schema):
-            return Tick()
+            if self.options.get("limit") == "true":
+                return LimitedTick(self.options.get("wide") == "true")
+            return Tick(self.options.get("wide") == "true")
 
     work = tempfile.mkdtemp(prefix="bench-overhead-spark-")
     spark = local_spark("bench-source-overhead", work, pythonpath=ROOT)
     spark.dataSource.register(TickSource)
     out = {}
     try:
-        for name, df in (("trivial source", spark.readStream.format("rmq_bench_tick").load()),
+        tick = spark.readStream.format("rmq_bench_tick")
+        for name, df in (("trivial source", tick.load()),
+                         ("trivial source, 1,000-queue offset", tick.option("wide", "true").load()),
+                         ("trivial source, read limit", tick.option("limit", "true").load()),
                          ("rmq", spark.readStream.format("rmq")
                           .option("subscribePattern", "topic.*")
                           .option("startingOffsets", "latest").load(path))):
             q = (df.writeStream.foreachBatch(lambda batch, i: None)
                  .option("checkpointLocation", os.path.join(work, name.replace(" ", "_")))
                  .trigger(processingTime="100 milliseconds").start())
+            writer = MessageStore.open(path) if name == "rmq" else None  # a producer's store
             try:
                 end = time.time() + 120
                 while len(q.recentProgress) < batches + 3 and time.time() < end:
-                    if name == "rmq":
-                        with MessageStore.open(path) as store:
-                            store.producer("bench").send(Message("topic000", b"s" * 100))
+                    if writer is not None:
+                        writer.producer("bench").send(Message("topic000", b"s" * 100))
                     time.sleep(0.1)
-                out[name] = [p["durationMs"]["triggerExecution"]
-                             for p in q.recentProgress[3:]]
+                progress = q.recentProgress[3:]
+                out[name] = [p["durationMs"]["triggerExecution"] for p in progress]
+                for part in ("latestOffset", "queryPlanning", "addBatch", "walCommit",
+                             "commitOffsets"):
+                    values = [p["durationMs"].get(part, 0) for p in progress]
+                    out[f"{name}: {part}"] = values
             finally:
                 q.stop()
+                if writer is not None:
+                    writer.close()
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -170,7 +203,7 @@ def spark_batches(path: str, batches: int) -> dict[str, list[float]]:
 
 def show(label: str, values: list[float]) -> None:
     qs = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
-    print(f"  {label:32s} p50 {statistics.median(values):8.2f}  p99 {qs[98]:8.2f}  "
+    print(f"  {label:48s} p50 {statistics.median(values):8.2f}  p99 {qs[98]:8.2f}  "
           f"max {max(values):8.2f}  (n={len(values)})")
 
 
