@@ -18,6 +18,7 @@ so re-dispatching a record rewrites the same bytes (dispatch is idempotent).
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -106,16 +107,16 @@ class ConsumeQueue:
         answer is the hint again (two reads: a queue that did not move, which is most
         queues at most calls); else a binary search."""
         n = len(entries)
-        if 0 < hint <= n and buffer is not None:
-            if self._counts(buffer, hint - 1, limit_phys):
-                if hint == n or not self._counts(buffer, hint, limit_phys):
-                    return hint
-                lo = hint  # entries are only appended (a recovery's cut fails the check)
-            else:
-                lo = 0
-        else:
-            lo = 0
-        hi = n
+        # The fast check reads entry ``hint`` only where it lies in the page of the entry
+        # before it, a page written already: reading a never-written page of a sparse file
+        # through a mapping allocates it on tmpfs, and on a full tmpfs that is a SIGBUS.
+        if 0 < hint <= n and buffer is not None and (
+                hint == n or (hint * ENTRY_SIZE + ENTRY_SIZE - 1) // mmap.PAGESIZE
+                == (hint * ENTRY_SIZE - 1) // mmap.PAGESIZE):
+            if self._counts(buffer, hint - 1, limit_phys) and (
+                    hint == n or not self._counts(buffer, hint, limit_phys)):
+                return hint
+        lo, hi = 0, n
         sizes = entries["size"]
         offsets = entries["offset"]
         while lo < hi:  # entries are a written prefix: binary search its end
@@ -134,21 +135,28 @@ class ConsumeQueue:
         files = self.files.files or self.files.refresh()
         if not files:
             return 0
-        # a newer file may have appeared in another process (only once the last one is full)
-        last = files[-1]
-        if ENTRY.unpack_from(last.buffer(), last.size - ENTRY_SIZE)[1] != 0 \
-                and os.path.exists(os.path.join(self.directory,
-                                                segment_name(last.start + last.size))):
+        n = self._file_count(files[-1], limit_phys)
+        if n == self.entries_per_file and os.path.exists(os.path.join(
+                self.directory, segment_name(files[-1].end))):
+            # the last file is full and a newer one exists (made by another process)
             files = self.files.refresh()
+            n = self._file_count(files[-1], limit_phys)
         for f in reversed(files):
-            buffer = f.buffer()
-            entries = np.frombuffer(buffer, dtype=ENTRY_DTYPE)
-            start, hint = self._count_hint
-            n = self._valid_count(entries, limit_phys, hint if start == f.start else 0, buffer)
+            if f is not files[-1]:
+                n = self._file_count(f, limit_phys)
             if n > 0 or f is files[0]:
-                self._count_hint = (f.start, n)
                 return f.start // ENTRY_SIZE + n
         return 0  # pragma: no cover
+
+    def _file_count(self, f, limit_phys: int | None) -> int:
+        """How many leading entries of file ``f`` count, searched from the last answer."""
+        buffer = f.buffer()
+        entries = np.frombuffer(buffer, dtype=ENTRY_DTYPE)
+        start, hint = self._count_hint
+        n = self._valid_count(entries, limit_phys, hint if start == f.start else 0, buffer)
+        if n > 0:
+            self._count_hint = (f.start, n)
+        return n
 
     def first_index(self) -> int:
         """The index of the first entry still on disk (retention deletes whole files)."""
