@@ -34,7 +34,8 @@ from .opening import keyed_by_store, open_writable_store, store_members
                    "carry (needed for a non-loopback --listen, unless --insecure).")
 @click.option("--grpc", "grpc_listen", default=None, metavar="HOST:PORT",
               help="Also serve RocketMQ 5 clients (Java, Go, Node.js, Python...) here: the "
-                   "apache.rocketmq.v2 gRPC protocol; needs pip install 'rmq[grpc]'.")
+                   "apache.rocketmq.v2 gRPC protocol; needs the grpc extra (pip install "
+                   "'.[grpc]').")
 @click.option("--acl", type=click.Path(dir_okay=False, exists=True), default=None,
               help="An ACL file (JSON accounts: accessKey, secretKey, topic and group "
                    "permissions) the --grpc clients must sign with.")

@@ -57,7 +57,8 @@ class GrpcEndpoint:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
-                "pip install 'rmq[grpc]' (grpcio and rocketmq-python-client)")
+                "pip install '.[grpc]' in rmq's directory, or 'rmq[grpc]' (grpcio and "
+                "rocketmq-python-client)")
         import grpc
         from rocketmq.grpc_protocol import service_pb2_grpc
 
