@@ -126,7 +126,7 @@ def main() -> None:
         config = StoreConfig(timer_precision_ms=args.precision_ms)
         with MessageStore.open(store_path, config) as store:
             store.producer("bench").send(Message("due", b"warm"))
-        spark.read.format("rmq").load(store_path).collect()
+        spark.read.format("rmq").option("subscribe", "due").load(store_path).collect()
 
         start = int(time.time() * 1000) + 5000
         floor_df = (spark.readStream.format("rmq_bench_timed").option("start_ms", start)
