@@ -49,6 +49,7 @@ from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
 from ..message import TIMER_TOPIC, LocalTransactionState, MessageView, sharding_queue
+from ..transaction.producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
 from .convert import (Code, Incoming, MessageType, Refused, duration_ms, incoming, outgoing,
@@ -137,16 +138,6 @@ class _Closed:
     """Ends a session's outgoing stream."""
 
 
-class _LeaveOpen:
-    """The listener of the endpoint's half messages: their clients end them."""
-
-    def execute_local_transaction(self, message, arg):
-        return LocalTransactionState.UNKNOW
-
-    def check_local_transaction(self, view):
-        return LocalTransactionState.UNKNOW
-
-
 class Member:
     """One store the endpoint serves, with its producers and consumer groups."""
 
@@ -154,7 +145,7 @@ class Member:
         self.name = name
         self.store = store
         self.producer = store.producer(PRODUCER_GROUP)
-        self.transactions = store.transaction_producer(PRODUCER_GROUP, _LeaveOpen())
+        self.transactions = store.transaction_producer(PRODUCER_GROUP, LeaveOpen())
         self.groups = ConsumerGroups(store)
 
 

@@ -29,12 +29,13 @@ from pyarrow import flight
 
 from ..core.message_columns import projected_schema
 from ..errors import StoreError
-from ..message import LocalTransactionState, Message
+from ..message import Message
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
                                        read_check_round_table, read_query_round,
                                        write_query_round)
 from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
+from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    error_info, field, loads, unb64)
@@ -338,7 +339,7 @@ class StoreService(flight.FlightServerBase):
             producer = self._half_producers.get(group)
             if producer is None:  # the caller runs the local transaction and ends it
                 producer = self._half_producers[group] = self.store.transaction_producer(
-                    group, _LeaveOpen())
+                    group, LeaveOpen())
             result = producer.send_in_transaction(message)
         out = _result(result)
         out["half_topic"] = result.half_topic
@@ -412,16 +413,6 @@ class StoreService(flight.FlightServerBase):
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}
-
-
-class _LeaveOpen:
-    """The listener of a half sent for a remote caller: the caller ends it."""
-
-    def execute_local_transaction(self, message, arg):
-        return LocalTransactionState.UNKNOW
-
-    def check_local_transaction(self, view):
-        return LocalTransactionState.UNKNOW
 
 
 def _result(result) -> dict:

@@ -47,6 +47,18 @@ class TransactionSendResult(SendResult):
     half_topic: str = TRANS_HALF_TOPIC
 
 
+class LeaveOpen:
+    """The listener of half messages sent for a caller elsewhere (a served store's client, a
+    RocketMQ client): the local transaction runs there, and the caller ends the transaction
+    itself; asked by a check, it does not know either."""
+
+    def execute_local_transaction(self, message, arg):
+        return LocalTransactionState.UNKNOW
+
+    def check_local_transaction(self, view):
+        return LocalTransactionState.UNKNOW
+
+
 class TransactionProducer(Producer):
     """Sends transactional messages of one producer group (see the module docstring).
 
