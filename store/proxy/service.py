@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -49,6 +50,7 @@ from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
 from ..message import TIMER_TOPIC, LocalTransactionState, MessageView, sharding_queue
+from ..transaction.check_views import CheckViews
 from ..transaction.producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
@@ -681,6 +683,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         producer of the topic chosen at random); returns how many were asked.  Their answers
         come back as ``EndTransaction`` calls."""
         asked = 0
+        if isinstance(views, CheckViews):  # pick the endpoint's halves of topics with a
+            views = views.select(self._askable(views))  # producer, as columns: no record read
         for view in views:
             if getattr(view, "producer_group", None) != PRODUCER_GROUP:
                 continue
@@ -693,6 +697,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             random.choice(producers).outbox.put(command)
             asked += 1
         return asked
+
+    def _askable(self, views: CheckViews) -> np.ndarray:
+        """Which of a round's views are this endpoint's halves of a topic some connected
+        producer publishes (the others are never read: a round may hold millions)."""
+        with self._sessions_lock:
+            live = {t for s in self._sessions.values()
+                    if s.open and s.client_type == pb.ClientType.PRODUCER for t in s.topics}
+        ours = np.array([g == PRODUCER_GROUP for g in views.groups] + [False], bool)
+        published = np.array([t in live for t in views.topics] + [False], bool)
+        return ours[views.group_ids] & published[views.topic_ids]
 
     def check_round(self) -> int:
         """One check round in every member whose questions go to this endpoint's producers

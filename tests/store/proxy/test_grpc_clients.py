@@ -341,3 +341,29 @@ def test_malformed_requests_and_vanishing_clients_leave_the_server_serving(serve
     assert only.status.code == pb.Code.CLIENT_ID_REQUIRED
     r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=_name("still"))))
     assert r.status.code == pb.Code.OK and len(r.message_queues) == 4
+
+
+def test_check_back_asks_only_about_the_endpoints_own_halves(server):
+    from store import LocalTransactionState
+    from store import Message as StoreMessage
+
+    class Unknown:
+        def execute_local_transaction(self, message, arg):
+            return LocalTransactionState.UNKNOW
+
+        def check_local_transaction(self, view):
+            return LocalTransactionState.UNKNOW
+
+    topic = _name("mixed")
+    checker = _Checker()
+    with _Producer(server, [topic], checker) as p:
+        other = server.store.transaction_producer("another-group", Unknown()).send_in_transaction(
+            StoreMessage(topic, b"another group's"))
+        t = p.begin_transaction()
+        mine = p.send(_message(topic, b"mine"), t)  # left open: the check-back asks
+        end = time.time() + 20
+        while mine.message_id not in checker.asked and time.time() < end:
+            time.sleep(0.2)
+        time.sleep(1.0)  # more rounds pass
+    assert mine.message_id in checker.asked
+    assert other.msg_id not in checker.asked
