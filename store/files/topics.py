@@ -53,6 +53,9 @@ class TopicTable:
         self._version: dict = {}
         #: Queues this process wrote that the file or the directories may not show yet.
         self._written: dict[str, int] = {}
+        #: what the last :meth:`_merge` merged (directories, file, written), to skip a merge
+        #: of the same inputs
+        self._merged_from: tuple | None = None
         self.reload()
 
     def _queue_dirs(self) -> dict[str, dict]:
@@ -136,7 +139,7 @@ class TopicTable:
     def _merge(self) -> None:
         dirs = self._queue_dirs()
         inputs = (dirs, self._file_topics, tuple(self._written.items()))
-        merged = getattr(self, "_merged_from", None)
+        merged = self._merged_from
         if merged is not None and merged[0] is inputs[0] and merged[1] is inputs[1] \
                 and merged[2] == inputs[2]:
             return  # nothing changed since the last merge (the usual reload)

@@ -121,6 +121,24 @@ def tag_filter(expression: str | None):
     return tags.__contains__
 
 
+def _per_queue(table, convert) -> dict:
+    """``{(group, topic, queue): convert(value)}`` of a ``{"topic@group": {queue: value}}``
+    table (RocketMQ's ``offsetTable`` shape); entries that do not parse are skipped."""
+    out: dict = {}
+    if not isinstance(table, dict):
+        return out
+    for name, queues in table.items():
+        topic, sep, group = str(name).partition("@")
+        if not sep or not isinstance(queues, dict):
+            continue
+        for q, value in queues.items():
+            try:
+                out[(group, topic, int(q))] = convert(value)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
 class ConsumerGroups:
     """The groups' progress over one store (see the module docstring); thread-safe."""
 
@@ -144,34 +162,11 @@ class ConsumerGroups:
     # -- persistence ----------------------------------------------------------------------
     def _load(self) -> dict[tuple[str, str, int], int]:
         data = read_lenient_json(self.path)
-        table = data.get("offsetTable") if isinstance(data, dict) else None
-        out: dict[tuple[str, str, int], int] = {}
-        if isinstance(table, dict):
-            for name, queues in table.items():
-                topic, sep, group = str(name).partition("@")
-                if not sep or not isinstance(queues, dict):
-                    continue
-                for q, offset in queues.items():
-                    try:
-                        out[(group, topic, int(q))] = int(offset)
-                    except (TypeError, ValueError):
-                        continue
-        return out
+        return _per_queue(data.get("offsetTable") if isinstance(data, dict) else None, int)
 
     def _load_acks(self) -> dict[tuple[str, str, int], set[int]]:
-        data = read_lenient_json(self.acks_path)
-        out: dict[tuple[str, str, int], set[int]] = {}
-        if isinstance(data, dict):
-            for name, queues in data.items():
-                topic, sep, group = str(name).partition("@")
-                if not sep or not isinstance(queues, dict):
-                    continue
-                for q, offsets in queues.items():
-                    try:
-                        out[(group, topic, int(q))] = {int(o) for o in offsets}
-                    except (TypeError, ValueError):
-                        continue
-        return out
+        return _per_queue(read_lenient_json(self.acks_path),
+                          lambda offsets: {int(o) for o in offsets})
 
     def save(self) -> None:
         """Write the committed offsets and the acks above them now (if any changed)."""

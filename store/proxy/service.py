@@ -233,11 +233,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return [(i, q) for i, m in enumerate(self.members)
                 for q in range(m.store.ensure_topic(topic))]
 
-    def _next(self) -> Member:
+    def _next(self) -> tuple[int, Member]:
+        """The next member in turn, with its position."""
         with self._members_lock:
             i = self._next_member % len(self.members)
             self._next_member = i + 1
-        return self.members[i]
+        return i, self.members[i]
 
     @staticmethod
     def _may(account: Account, topic: str, right: str) -> bool:
@@ -396,15 +397,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- sending ------------------------------------------------------------------------
     def _send_one(self, m: Incoming) -> rpc.SendResultEntry:
         if m.kind == _TRANSACTION:
-            r = self._next().transactions.send_in_transaction(m.message, msg_id=m.msg_id)
+            r = self._next()[1].transactions.send_in_transaction(m.message, msg_id=m.msg_id)
             return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        transaction_id=r.transaction_id, offset=r.queue_offset)
         if m.kind == _DELAY:
-            if len(self.members) == 1:
-                i, member = 0, self.members[0]
-            else:
-                member = self._next()
-                i = self.members.index(member)
+            i, member = self._next()
             r = member.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
             handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset, i)
                       if r.stored_topic == TIMER_TOPIC else "")
@@ -415,8 +412,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             i, q = route[sharding_queue(m.message_group, len(route))]
             r = self.members[i].producer.send(m.message, queue_id=q, msg_id=m.msg_id)
         else:
-            member = self.members[0] if len(self.members) == 1 else self._next()
-            r = member.producer.send(m.message, msg_id=m.msg_id)
+            r = self._next()[1].producer.send(m.message, msg_id=m.msg_id)
         return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
 
     def SendMessage(self, request, context):
@@ -570,7 +566,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Up to ``batch`` hand-outs from the members, starting at the next one in turn;
         their handles name the member."""
         n = len(self.members)
-        start = self.members.index(self._next()) if n > 1 else 0
+        start = self._next()[0]
         out: list[Delivery] = []
         for k in range(n):
             i = (start + k) % n
