@@ -59,7 +59,8 @@ from .group.store_group import GroupProducer, GroupSink, StoreGroup
 from .group.layout import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
-from .operations.server import StoreServer, server_status, warm_up
+from .operations.server import StoreServer, server_status
+from .operations.warm_up import warm_up
 from .remote import connect
 from .remote.address import is_remote, read_token
 from .sink.sink import Sink, SinkCommit

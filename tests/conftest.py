@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 
 import pytest
@@ -79,6 +81,46 @@ def store(request, store_path, clock):
     s.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_basetemp(tmp_path_factory):
+    """Every temporary file of the run (stores made by tempfile, warm-ups, notebooks, Spark's
+    local dirs, subprocesses) goes under pytest's base directory, which pytest removes after a
+    passing run: nothing piles up in the machine's /tmp."""
+    root = tmp_path_factory.mktemp("tmp", numbered=False)
+    names = ("TMPDIR", "SPARK_LOCAL_DIRS")  # the second for the JVMs of subprocesses
+    old_env, old_tempdir = {n: os.environ.get(n) for n in names}, tempfile.tempdir
+    os.environ.update(dict.fromkeys(names, str(root)))
+    tempfile.tempdir = str(root)
+    yield root
+    tempfile.tempdir = old_tempdir
+    for name, value in old_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def fresh_dir(tmp_path_factory):
+    """A new directory per hypothesis example, removing the previous one of the same prefix.
+
+    Every store holds a fully allocated 38 MB timer wheel; kept for every example, a suite run
+    would leave gigabytes behind. The previous example's store is closed by then.
+    """
+    last: dict[str, Path] = {}
+
+    def make(prefix: str) -> Path:
+        old = last.pop(prefix, None)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        last[prefix] = path = tmp_path_factory.mktemp(prefix)
+        return path
+
+    yield make
+    for path in last.values():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local[2] Spark session for the whole suite (quiet logs, this interpreter's Python)."""
@@ -101,7 +143,9 @@ def spark(tmp_path_factory):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.warehouse.dir", str(warehouse))
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{log4j} -Djava.io.tmpdir={tempfile.gettempdir()}")
+        .config("spark.local.dir", tempfile.gettempdir())
         .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
         .getOrCreate()
     )

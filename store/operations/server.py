@@ -51,10 +51,8 @@ from .check_rounds import publish_check_round
 from ..config import StoreConfig
 from ..errors import InvalidConfigError, StoreError
 from ..files.fileio import atomic_write
-from ..kernels import jit
-from ..files.abort_marker import MARKER_FILE, write_marker
-from ..message import Message
 from ..message_store import MessageStore
+from .warm_up import warm_up
 from ..remote.address import RemoteAddress
 
 log = logging.getLogger("store.operations.server")
@@ -63,62 +61,6 @@ LOCK_FILE = os.path.join("config", "serve.lock")
 STATUS_FILE = os.path.join("config", "serve.json")
 #: Longest time between two status writes (ms).
 BEAT_MS = 1000
-
-
-def warm_up(*, background: bool = False, timeout_s: float | None = None):
-    """Load the compiled loops delivery, reads and writes run (numba's import and its cached
-    machine code, 0.3-0.6 s; on a fresh install their compilation, see docs/benchmarks.md):
-    run those paths on a throw-away store on a fake clock, then wait until :mod:`store.kernels.jit`
-    has compiled every loop they ran as Python.
-
-    Returns the seconds it took; with ``background=True`` it runs in a daemon thread and
-    returns the thread at once (``rmq serve`` and a streaming query's delivery start it as
-    they open their store; until it is done the Python versions serve small batches).
-    ``timeout_s`` bounds the wait for the compiler.
-    """
-    if background:
-        thread = threading.Thread(target=_warm_up_logged, name="rmq-warm-up", daemon=True)
-        thread.start()
-        return thread
-    import tempfile
-
-    import pyarrow as pa
-
-    t0 = time.monotonic()
-    now = [time.time_ns() // 1_000_000]
-    with tempfile.TemporaryDirectory(prefix="rmq-warm-up-") as tmp:
-        path = os.path.join(tmp, "store")
-        config = StoreConfig(timer_precision_ms=100)
-        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
-            producer = store.producer("warm-up")
-            producer.send(Message("warm-up", b"w", tags="a", keys="k"), delay_ms=500)
-            for column, value, kind in (("delay_ms", 500, pa.int64()),
-                                        ("delay_level", 1, pa.int32())):
-                producer.send_table(pa.table({
-                    "topic": ["warm-up"] * 2, "body": [b"x", b"y"], "tags": ["a", "b"],
-                    "keys": ["k1", "k2"], column: pa.array([value] * 2, kind)}))
-            for _ in range(3):  # queued -> wheel, then due
-                now[0] += 2_000
-                store.deliver_due()
-            for queue_id in store.queue_ids("warm-up"):
-                store.read_arrow("warm-up", queue_id, 0, store.max_offset("warm-up", queue_id),
-                                 verify_crc=True)
-            store.verify_commitlog()
-            store.producer("warm-up").send(Message("warm-up", b"t"), delay_ms=500)
-            store.deliver_due()  # into the wheel, not due yet
-        write_marker(os.path.join(path, MARKER_FILE))  # as a killed writer leaves it
-        with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
-            now[0] += 2_000  # recovery's walk, then a slot walked from the timer log
-            store.deliver_due()
-    jit.wait_compiled(timeout_s)
-    return time.monotonic() - t0
-
-
-def _warm_up_logged() -> None:
-    try:
-        log.info("compiled loops loaded in %.2f s (in the background)", warm_up())
-    except Exception:  # noqa: BLE001 - the loops then load where they are first needed
-        log.exception("warming the compiled loops failed")
 
 
 @dataclass

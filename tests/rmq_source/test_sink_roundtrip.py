@@ -9,7 +9,6 @@ not be visible yet (never early) and must be pending in the store.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +22,6 @@ pytestmark = pytest.mark.spark
 _ALPHABET = st.sampled_from(list("abcXYZ019_-üé✓"))
 _WORD = st.text(_ALPHABET, min_size=1, max_size=6)
 _INT_TYPES = ("tinyint", "smallint", "int", "bigint")
-_counter = itertools.count()
 
 
 @st.composite
@@ -107,9 +105,9 @@ def frames(draw):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(frames())
-def test_sink_round_trips_any_columns(spark, tmp_path_factory, frame):
+def test_sink_round_trips_any_columns(spark, fresh_dir, frame):
     ddl, rows, expected = frame
-    path = str(tmp_path_factory.mktemp(f"roundtrip{next(_counter)}") / "store")
+    path = str(fresh_dir("roundtrip") / "store")
     df = spark.createDataFrame([tuple(r.get(c.split()[0]) for c in ddl.split(", "))
                                 for r in rows], ddl)
     df.write.format("rmq").mode("append").save(path)

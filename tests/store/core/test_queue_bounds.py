@@ -25,8 +25,8 @@ def _fresh(path, config, clock, queues):
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
-def test_kept_open_reader_matches_a_fresh_one(tmp_path_factory, ops):
-    path = str(tmp_path_factory.mktemp("bounds") / "s")
+def test_kept_open_reader_matches_a_fresh_one(fresh_dir, ops):
+    path = str(fresh_dir("bounds") / "s")
     clock = FakeClock()
     config = SMALL.replace(default_queue_count=3, file_reserved_time_hours=1)
     store = MessageStore.open(path, config, clock=clock)

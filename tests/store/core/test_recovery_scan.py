@@ -61,8 +61,8 @@ def test_a_torn_last_record_is_cut_at_every_byte(store):
 
 @settings(max_examples=40, deadline=None)
 @given(st.data())
-def test_damage_anywhere_stops_the_scan_where_the_reference_stops(tmp_path_factory, data):
-    path = str(tmp_path_factory.mktemp("scan") / "store")
+def test_damage_anywhere_stops_the_scan_where_the_reference_stops(fresh_dir, data):
+    path = str(fresh_dir("scan") / "store")
     with MessageStore.open(path) as store:
         _fill(store, 12)
         f = store.commit_log.files.files[0]

@@ -45,10 +45,10 @@ def _entry(store, topic: str, queue_id: int, queue_offset: int) -> tuple[int, in
        tags=st.none() | _TEXT, user=st.dictionaries(_NAME, _TEXT, max_size=3),
        flag=st.integers(-2**31, 2**31 - 1), queue_id=st.none() | st.integers(0, 3),
        born=st.integers(0, 2**40))
-def test_append_one_writes_the_bytes_of_append(tmp_path_factory, body, topic, tags, user, flag,
+def test_append_one_writes_the_bytes_of_append(fresh_dir, body, topic, tags, user, flag,
                                                queue_id, born):
     clock = FakeClock()
-    path = str(tmp_path_factory.mktemp("one"))
+    path = str(fresh_dir("one"))
     cfg = StoreConfig(commitlog_file_size_bytes=4096, consume_queue_file_entries=64)
     with MessageStore.open(path, cfg, clock=clock) as s:
         props = dict(user)

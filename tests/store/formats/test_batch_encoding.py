@@ -33,14 +33,14 @@ def _fields(store, offset):
 @given(n=st.integers(1, 25), tags=TAGS, keys=st.lists(KEYS, min_size=1, max_size=25),
        props=st.lists(PROPS, min_size=1, max_size=25), same_name=st.booleans(),
        data=st.data())
-def test_batch_records_equal_single_send_records(tmp_path_factory, small_config, clock, n,
+def test_batch_records_equal_single_send_records(fresh_dir, small_config, clock, n,
                                                  tags, keys, props, same_name, data):
     if same_name:  # one pair per message, all with one name: the OnePair shape
         props = [{"p": v} for v in data.draw(st.lists(VALUES, min_size=n, max_size=n))]
     messages = [Message("orders", b"body-%d" % i, tags=tags[i % len(tags)] if tags else None,
                         keys=keys[i % len(keys)], properties=props[i % len(props)], flag=i)
                 for i in range(n)]
-    root = tmp_path_factory.mktemp("batch")
+    root = fresh_dir("batch")
     with MessageStore.open(str(root / "singles"), small_config, clock=clock) as s:
         p = s.producer("g")
         expected = [_fields(s, p.send(m).commitlog_offset) for m in messages]

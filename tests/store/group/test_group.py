@@ -158,11 +158,11 @@ def test_sink_batch_committed_in_some_members_then_replayed_is_exactly_once(grou
                                                                   HealthCheck.function_scoped_fixture])
 @given(bodies=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=60),
        committed=st.sets(st.integers(0, 2)), cut=st.integers(0, 60))
-def test_model_any_partial_commit_then_replay(tmp_path_factory, small_config, bodies,
+def test_model_any_partial_commit_then_replay(fresh_dir, small_config, bodies,
                                              committed, cut):
     """Whatever members committed before the crash and however the replay splits the rows,
     every row is in the group once (duplicate bodies counted as such)."""
-    path = str(tmp_path_factory.mktemp("g") / "g")
+    path = str(fresh_dir("g") / "g")
     with StoreGroup.create(path, 3, small_config) as g:
         table = pa.table({"topic": ["t"] * len(bodies), "body": pa.array(bodies, pa.binary())})
         sink = g.sink("s")

@@ -113,8 +113,8 @@ def test_the_sink_places_rows_by_key(store, clock):
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.sampled_from(["o1", "o2", "o3", "o4", "o5", None]), min_size=1, max_size=60))
-def test_every_keys_rows_share_a_queue_in_order(tmp_path_factory, keys):
-    path = tmp_path_factory.mktemp("ordered")
+def test_every_keys_rows_share_a_queue_in_order(fresh_dir, keys):
+    path = fresh_dir("ordered")
     with MessageStore.open(str(path)) as store:
         p = store.producer("g")
         p.send_table(pa.table({"body": [b"%d" % i for i in range(len(keys))],

@@ -117,8 +117,8 @@ def test_delayed_rows_are_routed_as_single_sends_route_them(tmp_path, small_conf
     st.one_of(st.none(), st.lists(st.sampled_from(["k1", "k2", "key-3"]), max_size=3)),
     st.dictionaries(st.sampled_from(["p", "q", "ü"]), st.sampled_from(["1", "v", "✓"]),
                     max_size=3)), min_size=1, max_size=40))
-def test_round_trip_against_a_model(tmp_path_factory, small_config, clock, column_paths, rows):
-    path = str(tmp_path_factory.mktemp("rt"))
+def test_round_trip_against_a_model(fresh_dir, small_config, clock, column_paths, rows):
+    path = str(fresh_dir("rt"))
     with MessageStore.open(path, small_config, clock=clock) as s:
         s.producer("g").send_table(pa.table({
             "topic": [r[0] for r in rows], "body": [r[1] for r in rows],

@@ -201,8 +201,8 @@ OPS = st.lists(st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
-def test_model(tmp_path_factory, ops):
-    path = tmp_path_factory.mktemp("model") / "s"
+def test_model(fresh_dir, ops):
+    path = fresh_dir("model") / "s"
     clock = FakeClock()
     store = _store(path, clock)
     groups = ConsumerGroups(store)

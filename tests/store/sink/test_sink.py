@@ -305,9 +305,9 @@ _rows = st.lists(st.tuples(
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(_rows, min_size=1, max_size=4), replays=st.lists(st.booleans(),
                                                                         min_size=4, max_size=4))
-def test_model_every_row_exactly_once(tmp_path_factory, batches, replays):
+def test_model_every_row_exactly_once(fresh_dir, batches, replays):
     """Against a model: every committed row once, whatever batches are replayed."""
-    path = str(tmp_path_factory.mktemp("model") / "s")
+    path = str(fresh_dir("model") / "s")
     expected = []
     with MessageStore.open(path) as store:
         sink = store.sink("m")

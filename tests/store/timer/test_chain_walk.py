@@ -36,9 +36,9 @@ def _model_walk(log: TimerLog, last: int, end: int) -> list[tuple[int, int, int,
        damage=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(
            ["size", "magic", "forward", "self", "misaligned"])), max_size=3),
        cut=st.integers(0, 80), hint=st.integers(0, 10**9))
-def test_walk_matches_the_model(tmp_path_factory, slots, damage, cut, hint):
+def test_walk_matches_the_model(fresh_dir, slots, damage, cut, hint):
     damage = [(int(at * len(slots)), kind) for at, kind in damage]  # a unit that exists
-    log = TimerLog(str(tmp_path_factory.mktemp("tl")), FILE)
+    log = TimerLog(str(fresh_dir("tl")), FILE)
     positions, _blanks, end = log.place(0, len(slots))
     units = np.zeros(len(slots), dtype=UNIT_DTYPE)
     last = {}

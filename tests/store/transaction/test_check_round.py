@@ -141,11 +141,11 @@ def build(path, halves, clock):
 @given(halves=st.lists(half_st, min_size=1, max_size=40),
        max_checks=st.one_of(st.none(), st.integers(1, 10)),
        chunk=st.sampled_from([1, 3, 8192]))
-def test_round_decides_like_the_per_record_model(tmp_path_factory, monkeypatch, halves,
+def test_round_decides_like_the_per_record_model(fresh_dir, monkeypatch, halves,
                                                   max_checks, chunk):
     monkeypatch.setattr(check_module, "WALK_CHUNK", chunk)
     clock = FakeClock()
-    store = build(tmp_path_factory.mktemp("round") / "s", halves, clock)
+    store = build(fresh_dir("round") / "s", halves, clock)
     with store:
         kinds, specs, asks, stop = model_round(store, clock(), max_checks)
         half_before = store.max_offset(TRANS_HALF_TOPIC, 0)
