@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats.arrow_properties import (
+    NAME_LOOKUP,
     arrow_of,
     string_array,
 )
@@ -51,11 +52,16 @@ from ..files.commit_log import CommitLog
 from ..files.consume_queue import FILLER_SIZE, ConsumeQueue
 from ..errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
 from ..message import java_string_hash
+from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..kernels.decode_kernels import NameTable, check_records, gather_messages
 from .message_columns import (
     MESSAGE_SCHEMA,
+    PROPERTY_COLUMNS,
     columns,
     empty_batch,
+    gathered_columns,
     projected_schema,
+    property_columns,
     repeat_string,
 )
 from .record_checks import blank_holes, check_body_crcs, header_matches, intact_mask
@@ -71,6 +77,7 @@ class QueueSource(Protocol):
 __all__ = ["MESSAGE_SCHEMA", "empty_batch", "read_queue_batch"]
 
 _SCAN_BYTES = 1 << 20
+_NAME_TABLE = NameTable([name.encode("utf-8") for name in NAME_LOOKUP])
 
 # Header fields the columns use, as the columns hold them (native order; times in µs).
 _FIELD_TYPES = {"queue_id": np.int32, "sys_flag": np.int32, "born_timestamp": np.int64,
@@ -231,6 +238,7 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
     bounds = [0, *(np.flatnonzero(np.diff(phys // file_size)) + 1).tolist(), n]
     topic_bytes = topic.encode("utf-8")
     fields = {name: np.empty(n, dtype) for name, dtype in _FIELD_TYPES.items()}
+    want_props = names is None or bool(names & PROPERTY_COLUMNS)
     parts = []
     for lo, hi in pairwise(bounds):  # one step per CommitLog segment
         f = store.commit_log.files.find(int(phys[lo]))
@@ -239,14 +247,18 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
                 f"queue offset {int(queue_offsets[lo])} of {topic}/{queue_id} points at "
                 f"CommitLog offset {int(phys[lo])}, which is no longer stored (removed by "
                 "retention); allowed: from the queue's min_offset on")
-        parts.append(_read_segment(f, phys[lo:hi], sizes[lo:hi], topic_bytes,
-                                   {k: v[lo:hi] for k, v in fields.items()},
-                                   (queue_id, queue_offsets[lo:hi]), verify_crc))
+        body, topic_part, props = _read_segment(
+            f, phys[lo:hi], sizes[lo:hi], topic_bytes, {k: v[lo:hi] for k, v in fields.items()},
+            (queue_id, queue_offsets[lo:hi]), verify_crc, want_props)
+        if want_props and not isinstance(props, dict):  # the reference path's strings
+            props = property_columns(fields["sys_flag"][lo:hi], phys[lo:hi], props, hi - lo)
+        parts.append((body, topic_part, props))
     if len(parts) == 1:
         body, topic_arr, props = parts[0]
     else:
         body = pa.concat_arrays([p[0] for p in parts])
-        props = pa.concat_arrays([p[2] for p in parts])
+        props = None if not want_props else {
+            name: pa.concat_arrays([p[2][name] for p in parts]) for name in parts[0][2]}
         topic_arr = None if all(p[1] is None for p in parts) else pa.concat_arrays(
             [repeat_string(topic_bytes, len(p[0])) if p[1] is None else p[1] for p in parts])
     if topic_arr is None:
@@ -255,12 +267,14 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
 
 
 def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: dict,
-                  queue: tuple[int, np.ndarray], verify_crc: bool = False):
+                  queue: tuple[int, np.ndarray], verify_crc: bool = False,
+                  want_props: bool = True):
     """Check and read the records of one segment; fill ``fields``.  ``queue``: the queue id
     and the queue offsets of the entries (each record's header must say the same).
 
     Returns body, topic (``None`` when every record holds exactly ``topic``, the queue's
-    own) and properties as ``BinaryArray`` s.
+    own) and the properties: the property columns by name when the compiled gather
+    (:func:`_gather`) read them, else the properties strings as a ``BinaryArray``.
     """
     pos = phys - f.start
     record_end = pos + sizes
@@ -279,6 +293,14 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
             "from the queue's min_offset on") from None
     count = len(pos)
     body_end = np.empty(count, dtype=np.int64)
+    if len(topic) and not verify_crc:  # the usual read: checked and gathered compiled
+        props_start = np.empty(count, dtype=np.int64)
+        if check_records(np.frombuffer(mm, dtype=np.uint8), pos, sizes, phys, queue[0],
+                         queue[1], topic, fields, body_end, props_start) < 0:
+            gathered = _gather(mm, pos + HEADER_SIZE, body_end, props_start, record_end,
+                               fields["sys_flag"], want_props)
+            if gathered is not None:
+                return gathered[0], None, gathered[1]
     topic_len = np.empty(count, dtype=np.int64)
     span = int(record_end[-1] - pos[0])
     steps = np.searchsorted(pos, pos[0] + np.arange(_SCAN_BYTES, span, _SCAN_BYTES))
@@ -291,6 +313,10 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
     topic_start = body_end + _TOPIC_LENGTH_SIZE
     props_start = topic_start + topic_len + _PROPERTIES_LENGTH_SIZE
     if own:
+        gathered = _gather(mm, pos + HEADER_SIZE, body_end, props_start, record_end,
+                           fields["sys_flag"], want_props)
+        if gathered is not None:
+            return gathered[0], None, gathered[1]
         body, props = _cut(mm, pos[0], record_end[-1], [(pos + HEADER_SIZE, body_end),
                                                         (props_start, record_end)])
         return body, None, props
@@ -356,6 +382,28 @@ def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len,
         raise CorruptRecordError(f.path, int(phys[i]),
                                  f"length fields do not add up to the record size {int(sizes[i])}")
     return own
+
+
+def _gather(mm, body_start: np.ndarray, body_end: np.ndarray, props_start: np.ndarray,
+            props_end: np.ndarray, sys_flag: np.ndarray, want_props: bool):
+    """Bodies and property columns by the compiled gather (:mod:`store.kernels.decode_kernels`);
+    ``None`` when it leaves the block to the reference path (a ``__RMQ_DELIVER_MS`` it does
+    not parse, a string column that is not UTF-8)."""
+    n = len(body_start)
+    seg = np.frombuffer(mm, dtype=np.uint8)
+    is_commit = (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE
+    row, out = gather_messages(seg, body_start, body_end, props_start, props_end, is_commit,
+                               _NAME_TABLE, parse=want_props)
+    if row >= 0:
+        return None
+    body = pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(out["body_offsets"]),
+                                                        pa.py_buffer(out["body_data"])])
+    if not want_props:
+        return body, None
+    try:
+        return body, gathered_columns(out, n)
+    except pa.ArrowInvalid:  # not UTF-8: the reference path replaces what is not
+        return None
 
 
 _TAIL_DTYPES: dict[int, np.dtype] = {}

@@ -94,11 +94,12 @@ def repeat_string(value: bytes, n: int) -> pa.Array:
 # --------------------------------------------------------------------------- columns
 
 
-def columns(header, phys, queue_offsets, body, topic_arr, props_bin,
+def columns(header, phys, queue_offsets, body, topic_arr, props,
             names: frozenset | None = None) -> dict[str, pa.Array]:
     """The columns of :data:`MESSAGE_SCHEMA` for one block of records, by name: all 14, or
-    the ``names`` asked for (the properties are parsed only when one of
-    :data:`PROPERTY_COLUMNS` is)."""
+    the ``names`` asked for.  ``props``: the columns of :data:`PROPERTY_COLUMNS` by name
+    (:func:`property_columns`, :func:`gathered_columns`), or ``None`` when none is asked
+    for."""
     n = len(phys)
     plain = {
         "topic": lambda: topic_arr,
@@ -113,12 +114,47 @@ def columns(header, phys, queue_offsets, body, topic_arr, props_bin,
     if names is not None and not (names & PROPERTY_COLUMNS):
         return {name: plain[name]() for name in names}
     out = {name: make() for name, make in plain.items() if names is None or name in names}
-    out.update(_property_columns(header, phys, props_bin, n))
+    out.update(props)
     return out if names is None else {k: v for k, v in out.items() if k in names}
 
 
-def _property_columns(header, phys, props_bin, n: int) -> dict[str, pa.Array]:
-    """The columns parsed out of the properties strings."""
+def gathered_columns(out: dict, n: int) -> dict[str, pa.Array]:
+    """The columns of :data:`PROPERTY_COLUMNS` over the buffers the compiled gather filled
+    (:func:`store.kernels.decode_kernels.gather_messages`; no copy).
+
+    Raises ``pyarrow.ArrowInvalid`` when a string column is not UTF-8.
+    """
+    def strings(offsets, data, valid=None, count=n):
+        bitmap = None
+        if valid is not None and not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        array = pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data),
+                                            bitmap)
+        array.validate(full=True)
+        return array
+
+    pieces = strings(out["keys_offsets"], out["keys_data"], count=len(out["keys_offsets"]) - 1)
+    pairs = len(out["map_key_offsets"]) - 1
+    properties = pa.MapArray.from_arrays(
+        arrow_of(out["map_offsets"]),
+        strings(out["map_key_offsets"], out["map_key_data"], count=pairs),
+        strings(out["map_value_offsets"], out["map_value_data"], count=pairs),
+        type=_PROPERTIES_TYPE)
+    valid = out["deliver_valid"]
+    deliver = pa.Array.from_buffers(_TIMESTAMP, n, [
+        None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little")),
+        pa.py_buffer(out["deliver_us"])])
+    return {"msg_id": strings(out["uniq_offsets"], out["uniq_data"]),
+            "tags": strings(out["tags_offsets"], out["tags_data"], out["tags_valid"]),
+            "keys": pa.ListArray.from_arrays(arrow_of(out["keys_lists"]), pieces,
+                                             type=_KEYS_TYPE),
+            "properties": properties, "deliver_timestamp": deliver,
+            "transaction_id": strings(out["tx_offsets"], out["tx_data"], out["tx_valid"])}
+
+
+def property_columns(sys_flag, phys, props_bin, n: int) -> dict[str, pa.Array]:
+    """The columns of :data:`PROPERTY_COLUMNS` parsed out of the properties strings with
+    NumPy (the reference the compiled gather is tested against)."""
     props = props_bin.view(pa.string())
     try:
         props.validate(full=True)
@@ -131,7 +167,7 @@ def _property_columns(header, phys, props_bin, n: int) -> dict[str, pa.Array]:
     special = np.flatnonzero((code >= 0) & (code < len(SPECIAL_NAMES)))
     index = np.full((len(SPECIAL_NAMES), n), -1, dtype=np.int32)
     index.reshape(-1)[code[special] * n + row[special]] = special * 4 + 2
-    is_commit = (header["sys_flag"] & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE
+    is_commit = (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_COMMIT_TYPE
     if (index[TRANSACTION] >= 0).any():
         index[TRANSACTION, ~is_commit] = -1
     keys_rows = np.flatnonzero(index[KEYS] >= 0)
@@ -169,11 +205,20 @@ def _deliver_us(deliver: pa.Array, phys: np.ndarray) -> pa.Array:
     try:
         ms = deliver.cast(pa.int64())
     except pa.ArrowInvalid:
-        bad = next(i for i, v in enumerate(deliver.to_pylist()) if v is not None
-                   and not v.strip().lstrip("+-").isdigit())
+        bad = next(i for i, v in enumerate(deliver.to_pylist())
+                   if v is not None and not _is_int64(v))
         raise CorruptRecordError("commitlog", int(phys[bad]), f"property {PROPERTY_DELIVER_MS}="
                                  f"{deliver[bad].as_py()!r}; allowed: epoch ms") from None
     return pc.multiply(ms, 1000).cast(_TIMESTAMP)
+
+
+def _is_int64(text: str) -> bool:
+    """Whether Arrow reads ``text`` as an int64 (the cast's own rule, value by value)."""
+    try:
+        pa.array([text], pa.string()).cast(pa.int64())
+    except (pa.ArrowInvalid, OverflowError):
+        return False
+    return True
 
 
 def _timestamps(us: np.ndarray) -> pa.Array:
