@@ -9,6 +9,8 @@ segments (``send_batch`` in chunks of 10,000, so queues take turns by chunk), th
 
 * ``vectorised``  :func:`store.arrow_decode.read_queue_batch` over every queue in
   65,536-row chunks (what the Spark source yields), all ``N`` rows;
+* ``numpy ref``   the same by the NumPy reference path (the compiled record checks and
+  gather of :mod:`store.kernels.decode_kernels` switched off);
 * ``vec+crc``     the same with ``verify_crc=True`` (every body's CRC recomputed);
 * ``verify log``  ``store.verify_commitlog()`` (``rmq stats --verify``) over the whole log;
 * ``pull``        the per-record baseline: ``store.pull`` (``decode_record`` and
@@ -38,6 +40,7 @@ sys.path.insert(0, ROOT)
 import pyarrow as pa
 
 from store import Message, MessageStore, StoreConfig, keep_freed_heap
+from store.core import arrow_decode
 from store.core.arrow_decode import MESSAGE_SCHEMA, read_queue_batch
 
 TOPIC = "bench"
@@ -82,6 +85,18 @@ def decode_all(store: MessageStore, verify_crc: bool = False) -> int:
     return rows
 
 
+def decode_all_reference(store: MessageStore) -> int:
+    """:func:`decode_all` by the NumPy reference path (the compiled record checks and gather
+    switched off), the decode before they came."""
+    real = arrow_decode.check_records, arrow_decode._gather
+    arrow_decode.check_records = lambda *args: 0
+    arrow_decode._gather = lambda *args: None
+    try:
+        return decode_all(store)
+    finally:
+        arrow_decode.check_records, arrow_decode._gather = real
+
+
 def pull_rows(store: MessageStore, n: int) -> list:
     views = []
     while len(views) < n:
@@ -117,12 +132,14 @@ def bench_shape(shape: str, args) -> None:
             assert got.equals(expected), "vectorised decode differs from pull"
             vec_wall, vec_cpu, rows = timed(lambda: decode_all(store), args.repeat)
             assert rows == args.messages, (rows, args.messages)
+            ref_wall, ref_cpu, _ = timed(lambda: decode_all_reference(store), args.repeat)
             crc_wall, crc_cpu, _ = timed(lambda: decode_all(store, True), args.repeat)
             ver_wall, ver_cpu, report = timed(store.verify_commitlog, args.repeat)
             assert report.ok and report.records == args.messages
             pull_wall, pull_cpu, _ = timed(lambda: pull_rows(store, sample), args.repeat)
             arrow_wall, arrow_cpu, _ = timed(lambda: pull_to_arrow(store, sample), args.repeat)
         results = [("vectorised", rows, vec_wall, vec_cpu),
+                   ("numpy ref", rows, ref_wall, ref_cpu),
                    ("vec+crc", rows, crc_wall, crc_cpu),
                    ("verify log", report.records, ver_wall, ver_cpu),
                    ("pull", sample, pull_wall, pull_cpu),
@@ -133,6 +150,9 @@ def bench_shape(shape: str, args) -> None:
         for name, n, wall, cpu in results:
             print(f"{name:<12}{n:>11,}{n / wall:>14,.0f}{n / cpu:>14,.0f}"
                   f"{n / wall / base_wall:>15.1f}{n / cpu / base_cpu:>14.1f}")
+        print(f"compiled decode vs the NumPy reference: {ref_cpu / vec_cpu:.2f}x the rows/s "
+              f"(cpu; {ref_wall / vec_wall:.2f}x wall), "
+              f"{vec_cpu / rows * 1e6:.3f} vs {ref_cpu / rows * 1e6:.3f} us/row")
         print(f"verify_crc=True reads at {vec_cpu / crc_cpu:.2f}x the rows/s of plain reads "
               f"(cpu; {vec_wall / crc_wall:.2f}x wall); verify_commitlog checks "
               f"{report.bytes_checked / ver_wall / 1e6:,.0f} MB/s of CommitLog (wall)")

@@ -29,6 +29,7 @@ from .errors import (
                      InvalidDelayError,
                      InvalidGroupError,
                      InvalidMessageError,
+                     InvalidScheduleError,
                      InvalidTopicError,
                      MessageTooLargeError,
                      OffsetOutOfRangeError,
@@ -63,6 +64,7 @@ from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .remote import connect
 from .remote.address import is_remote, read_token
+from .schedule.cron import CronExpression
 from .sink.sink import Sink, SinkCommit
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "DiskFullError", "FlushError", "InvalidBatchError",
     "GroupProducer", "GroupSink", "InvalidGroupError", "StoreGroup", "is_store_group",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
+    "CronExpression", "InvalidScheduleError",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
     "Sink", "SinkCommit", "SinkCommitError",

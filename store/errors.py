@@ -40,6 +40,10 @@ class InvalidDelayError(InvalidMessageError):
     """A delay level, delay or deliver time is not allowed."""
 
 
+class InvalidScheduleError(InvalidMessageError):
+    """A recurring schedule's cron expression, interval, time zone or bounds are not allowed."""
+
+
 class UnknownMessageError(StoreError, LookupError):
     """A message id (for cancel) or transaction id is not known to the store."""
 

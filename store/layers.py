@@ -12,7 +12,8 @@ layer  name        folders
                    (compiled loops); the root's errors, config, message
 1      core        ``core/``: StoreCore: opening, locks, the Appender, the one dispatch path,
                    reading, Arrow decoding, recovery, retention; the port services use
-2      services    ``delayed/``, ``timer/``, ``transaction/``: they see only the port
+2      services    ``delayed/``, ``timer/``, ``transaction/``, ``schedule/``: they see only
+                   the port
 3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``,
                    ``proxy/``; the root's MessageStore and StoreReader: what users call
 =====  ==========  ============================================================================
@@ -36,6 +37,7 @@ FOLDERS: dict[str, int] = {
     "delayed": SERVICES,
     "timer": SERVICES,
     "transaction": SERVICES,
+    "schedule": SERVICES,
     "produce": FACADE,
     "sink": FACADE,
     "group": FACADE,

@@ -1,0 +1,1 @@
+"""Recurring schedules: cron expressions and fixed intervals, in time zones."""
