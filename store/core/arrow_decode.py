@@ -293,10 +293,13 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
             "from the queue's min_offset on") from None
     count = len(pos)
     body_end = np.empty(count, dtype=np.int64)
-    if len(topic) and not verify_crc:  # the usual read: checked and gathered compiled
+    if len(topic):  # the usual read: checked and gathered compiled
         props_start = np.empty(count, dtype=np.int64)
+        stored_crcs = np.empty(count, dtype=np.int64)
         if check_records(np.frombuffer(mm, dtype=np.uint8), pos, sizes, phys, queue[0],
-                         queue[1], topic, fields, body_end, props_start) < 0:
+                         queue[1], topic, fields, body_end, props_start, stored_crcs) < 0:
+            if verify_crc:
+                check_body_crcs(f, mm, pos, body_end, stored_crcs, phys)
             gathered = _gather(mm, pos + HEADER_SIZE, body_end, props_start, record_end,
                                fields["sys_flag"], want_props)
             if gathered is not None:

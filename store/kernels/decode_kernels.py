@@ -231,13 +231,14 @@ def _be64(seg, p):
 
 def _check_records(seg, pos, sizes, phys, queue_id, queue_offsets, topic, at, magic,
                    fixed_size, header_size, queue_ids, sys_flags, born_us, store_us,
-                   reconsume, body_end, props_start):
+                   reconsume, body_end, props_start, body_crcs):
     """Check every record against its entry and read its header fields; return -1, or the
     first row that fails a check or holds another topic than ``topic`` (the caller then runs
     the reference checks, which raise or handle it).
 
     ``at``: the byte offsets in a header of TOTALSIZE, MAGICCODE, QUEUEID, SYSFLAG,
-    BORNTIMESTAMP, STORETIMESTAMP, RECONSUMETIMES, QUEUEOFFSET, PHYSICALOFFSET, BODYLENGTH.
+    BORNTIMESTAMP, STORETIMESTAMP, RECONSUMETIMES, QUEUEOFFSET, PHYSICALOFFSET, BODYLENGTH,
+    BODYCRC (read into ``body_crcs``).
     """
     tl = len(topic)
     for i in range(len(pos)):
@@ -270,6 +271,7 @@ def _check_records(seg, pos, sizes, phys, queue_id, queue_offsets, topic, at, ma
         reconsume[i] = _be(seg, p + at[6], 4)
         body_end[i] = b
         props_start[i] = b + 3 + tl
+        body_crcs[i] = _be(seg, p + at[10], 4)
     return -1
 
 
@@ -355,15 +357,17 @@ def gather_messages(seg: np.ndarray, body_start: np.ndarray, body_end: np.ndarra
 
 def check_records(seg: np.ndarray, pos: np.ndarray, sizes: np.ndarray, phys: np.ndarray,
                   queue_id: int, queue_offsets: np.ndarray, topic: bytes, fields: dict,
-                  body_end: np.ndarray, props_start: np.ndarray) -> int:
+                  body_end: np.ndarray, props_start: np.ndarray, body_crcs: np.ndarray) -> int:
     """:func:`_check_records` over a block: fills ``fields`` (``queue_id``, ``sys_flag``,
-    ``born_timestamp``/``store_timestamp`` in µs, ``reconsume_times``), ``body_end`` and
-    ``props_start``; returns -1, or the first row left to the reference checks."""
+    ``born_timestamp``/``store_timestamp`` in µs, ``reconsume_times``), ``body_end``,
+    ``props_start`` and the stored ``body_crcs``; returns -1, or the first row left to the
+    reference checks."""
     at = np.array([FIELD_OFFSET[name] for name in (
         "total_size", "magic", "queue_id", "sys_flag", "born_timestamp", "store_timestamp",
-        "reconsume_times", "queue_offset", "physical_offset", "body_length")], np.int64)
+        "reconsume_times", "queue_offset", "physical_offset", "body_length", "body_crc")],
+        np.int64)
     return int(_KERNELS(len(pos))["_check_records"](
         seg, pos, sizes, phys, queue_id, queue_offsets, np.frombuffer(topic, np.uint8), at,
         MESSAGE_MAGIC_CODE_V1, FIXED_SIZE, HEADER_SIZE, fields["queue_id"], fields["sys_flag"],
         fields["born_timestamp"], fields["store_timestamp"], fields["reconsume_times"],
-        body_end, props_start))
+        body_end, props_start, body_crcs))
