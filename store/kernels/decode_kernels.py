@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats.codec import FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
-from .jit import kernel_set
+from .jit import FALLBACK_MAX_WORK, kernel_set
 from .record_kernels import memcpy_function
 
 #: Codes of the names with a column of their own (positions in the system-name table).
@@ -329,16 +329,18 @@ def gather_messages(seg: np.ndarray, body_start: np.ndarray, body_end: np.ndarra
         "map_offsets": np.empty(rows, np.int32),
     }
     counts = np.zeros(2, np.int64)
-    row = _KERNELS(n)["_gather_messages"](
-        seg, body_start, body_end, props_start, props_end, is_commit,
-        names.data, names.offsets, names.codes, names.by_length, parse,
-        out["body_data"], out["body_offsets"],
-        out["uniq_data"], out["uniq_offsets"], out["tags_data"], out["tags_offsets"],
-        out["tags_valid"], out["tx_data"], out["tx_offsets"], out["tx_valid"],
-        out["deliver_us"], out["deliver_valid"],
-        out["keys_data"], out["keys_offsets"], out["keys_lists"],
-        out["map_key_data"], out["map_key_offsets"], out["map_value_data"],
-        out["map_value_offsets"], out["map_offsets"], counts, memcpy_function())
+    args = (seg, body_start, body_end, props_start, props_end, is_commit,
+            names.data, names.offsets, names.codes, names.by_length, parse,
+            out["body_data"], out["body_offsets"],
+            out["uniq_data"], out["uniq_offsets"], out["tags_data"], out["tags_offsets"],
+            out["tags_valid"], out["tx_data"], out["tx_offsets"], out["tx_valid"],
+            out["deliver_us"], out["deliver_valid"],
+            out["keys_data"], out["keys_offsets"], out["keys_lists"],
+            out["map_key_data"], out["map_key_offsets"], out["map_value_data"],
+            out["map_value_offsets"], out["map_offsets"], counts, memcpy_function())
+    if not _ready("_gather_messages", n, args):
+        return 0, out
+    row = _KERNELS(n)["_gather_messages"](*args)
     if row >= 0 or not parse:
         return int(row), out
     pieces, pairs = int(counts[0]), int(counts[1])
@@ -366,8 +368,18 @@ def check_records(seg: np.ndarray, pos: np.ndarray, sizes: np.ndarray, phys: np.
         "total_size", "magic", "queue_id", "sys_flag", "born_timestamp", "store_timestamp",
         "reconsume_times", "queue_offset", "physical_offset", "body_length", "body_crc")],
         np.int64)
-    return int(_KERNELS(len(pos))["_check_records"](
-        seg, pos, sizes, phys, queue_id, queue_offsets, np.frombuffer(topic, np.uint8), at,
-        MESSAGE_MAGIC_CODE_V1, FIXED_SIZE, HEADER_SIZE, fields["queue_id"], fields["sys_flag"],
-        fields["born_timestamp"], fields["store_timestamp"], fields["reconsume_times"],
-        body_end, props_start, body_crcs))
+    args = (seg, pos, sizes, phys, queue_id, queue_offsets, np.frombuffer(topic, np.uint8), at,
+            MESSAGE_MAGIC_CODE_V1, FIXED_SIZE, HEADER_SIZE, fields["queue_id"],
+            fields["sys_flag"], fields["born_timestamp"], fields["store_timestamp"],
+            fields["reconsume_times"], body_end, props_start, body_crcs)
+    if not _ready("_check_records", len(pos), args):
+        return 0
+    return int(_KERNELS(len(pos))["_check_records"](*args))
+
+
+def _ready(name: str, work: int, args: tuple) -> bool:
+    """Whether to run kernel ``name`` now: a small block always (as Python until the compiled
+    loop is in), a large one only once the compiled loop is loaded.  Until then a large
+    block is left to the NumPy path, which is as fast as reads were before these loops, so
+    a read never waits for numba's load (0.3 s) or, on a fresh install, its compile (2 s)."""
+    return work <= FALLBACK_MAX_WORK or _KERNELS.loaded_or_ask(name, args)

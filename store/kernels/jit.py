@@ -237,6 +237,18 @@ class KernelSet:
         ready.add(key)
         return result
 
+    def loaded_or_ask(self, name: str, args: tuple) -> bool:
+        """Whether kernel ``name`` is compiled and loaded for these arguments; if not, ask the
+        background thread to load (or compile) it and say ``False`` at once.  For callers with
+        a path of their own for any size (the NumPy reads): they never wait for numba."""
+        key = tuple(map(_arg_key, args))
+        if key in self._ready[name]:
+            return True
+        if (name, key) not in self._asked:
+            self._asked.add((name, key))
+            _COMPILER.submit(self, name, key)
+        return False
+
     @property
     def loaded(self) -> bool:
         """Whether numba's dispatchers of this set exist (numba imported)."""

@@ -112,3 +112,23 @@ def test_large_and_small_blocks_decode_alike(store, rows):
                   for i in range(rows)])
     got = _decode(store, 0, rows, reference=False)
     assert got.equals(_decode(store, 0, rows, reference=True))
+
+
+def test_a_large_read_never_waits_for_the_compiled_loops(store, monkeypatch):
+    """Before the compiled loops are loaded, a block too large for their Python run goes to
+    the NumPy path and the loops are asked of the background thread: numba is never
+    imported, loaded or compiled on the read's path."""
+    from store.kernels import jit
+
+    kernels = decode_kernels._KERNELS
+    asked = []
+    monkeypatch.setattr(kernels, "_ready", {name: set() for name in kernels._ready})
+    monkeypatch.setattr(kernels, "_asked", set())
+    monkeypatch.setattr(jit._COMPILER, "submit", lambda kset, name, key: asked.append(name))
+    monkeypatch.setattr(kernels, "dispatchers", lambda: pytest.fail("the read waited for numba"))
+    rows = FALLBACK_MAX_WORK + 100
+    store.append([RecordSpec("orders", b"b%d" % i, {"KEYS": f"k{i}"}, queue_id=0)
+                  for i in range(rows)])
+    got = _decode(store, 0, rows, reference=False)
+    assert got.equals(_decode(store, 0, rows, reference=True))
+    assert sorted(set(asked)) == ["_check_records", "_gather_messages"]
