@@ -46,13 +46,14 @@ from ..formats.codec import (
     HEADER_SIZE,
     PROPERTIES_LENGTH,
     TOPIC_LENGTH,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_TYPE_MASK,
     gather_headers,
 )
 from ..files.commit_log import CommitLog
 from ..files.consume_queue import FILLER_SIZE, ConsumeQueue
 from ..errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
 from ..message import java_string_hash
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..kernels.decode_kernels import NameTable, check_records, gather_messages
 from .message_columns import (
     MESSAGE_SCHEMA,
@@ -293,6 +294,7 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
             "from the queue's min_offset on") from None
     count = len(pos)
     body_end = np.empty(count, dtype=np.int64)
+    gather_tried = False
     if len(topic):  # the usual read: checked and gathered compiled
         props_start = np.empty(count, dtype=np.int64)
         stored_crcs = np.empty(count, dtype=np.int64)
@@ -304,6 +306,7 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
                                fields["sys_flag"], want_props)
             if gathered is not None:
                 return gathered[0], None, gathered[1]
+            gather_tried = True  # left to the reference path: the checks below, then _cut
     topic_len = np.empty(count, dtype=np.int64)
     span = int(record_end[-1] - pos[0])
     steps = np.searchsorted(pos, pos[0] + np.arange(_SCAN_BYTES, span, _SCAN_BYTES))
@@ -316,10 +319,11 @@ def _read_segment(f, phys: np.ndarray, sizes: np.ndarray, topic: bytes, fields: 
     topic_start = body_end + _TOPIC_LENGTH_SIZE
     props_start = topic_start + topic_len + _PROPERTIES_LENGTH_SIZE
     if own:
-        gathered = _gather(mm, pos + HEADER_SIZE, body_end, props_start, record_end,
-                           fields["sys_flag"], want_props)
-        if gathered is not None:
-            return gathered[0], None, gathered[1]
+        if not gather_tried:
+            gathered = _gather(mm, pos + HEADER_SIZE, body_end, props_start, record_end,
+                               fields["sys_flag"], want_props)
+            if gathered is not None:
+                return gathered[0], None, gathered[1]
         body, props = _cut(mm, pos[0], record_end[-1], [(pos + HEADER_SIZE, body_end),
                                                         (props_start, record_end)])
         return body, None, props
