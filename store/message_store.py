@@ -33,6 +33,7 @@ from .group.layout import is_group
 from .operations.pending_view import pending_messages
 from .produce.producer import Producer
 from .reader import StoreReader
+from .schedule.service import ScheduleBook, ScheduleInfo
 from .sink.sink import Sink, register_sink_topic, settle_check_views
 from .operations.stats import pending_delayed_stats
 from .timer.service import TimerService, register_timer_topic
@@ -90,6 +91,7 @@ class MessageStore(StoreCore):
         self.start(flush_service=flush_service)
         try:
             self.schedule = ScheduleService(self)
+            self.recurring = ScheduleBook(self)
             self.timer = TimerService(self)
             self.transactions = TransactionService(self)
             self.transactions.set_sink_settler(lambda views: settle_check_views(self, views))
@@ -147,11 +149,38 @@ class MessageStore(StoreCore):
 
     def _deliver_due(self, max_messages: int | None) -> int:
         if max_messages is None:
-            return self.schedule.deliver_due() + self.timer.deliver_due()
+            return (self.schedule.deliver_due() + self.timer.deliver_due()
+                    + self.recurring.fire_due())
         delivered = self.schedule.deliver_due(max_messages)
         if delivered >= max_messages:
             return delivered
-        return delivered + self.timer.deliver_due(max_messages - delivered)
+        delivered += self.timer.deliver_due(max_messages - delivered)
+        if delivered >= max_messages:
+            return delivered
+        return delivered + self.recurring.fire_due(max_messages - delivered)
+
+    # ------------------------------------------------------------------ recurring schedules
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every recurring schedule of this store, by key, with its next fire time
+        (``producer.schedule`` adds them; ``deliver_due`` fires them)."""
+        return self.recurring.list()
+
+    def remove_schedule(self, key: str) -> bool:
+        """Remove the schedule ``key``: no fire of it happens after this returns.  ``False``
+        when there is none."""
+        self._check_writable()
+        return self.recurring.remove(key)
+
+    def pause_schedule(self, key: str) -> bool:
+        """Pause the schedule ``key`` (no fire until resumed); ``False`` when there is none."""
+        self._check_writable()
+        return self.recurring.set_paused(key, True)
+
+    def resume_schedule(self, key: str) -> bool:
+        """Resume the schedule ``key`` from its next fire time after now (the fires due
+        while it was paused are skipped); ``False`` when there is none."""
+        self._check_writable()
+        return self.recurring.set_paused(key, False)
 
     def known_transactions(self, transaction_ids) -> list[bool]:
         """Whether this store holds the half message of each transaction id (ended or not):

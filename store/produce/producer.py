@@ -28,6 +28,7 @@ from ..message import (
 )
 from .single_send import send_now, send_timer
 from .table_producer import send_table
+from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
 from ..timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
@@ -39,10 +40,12 @@ def _is_int(value: object) -> bool:
 
 
 class ProducerStore(StorePort, Protocol):
-    """What a producer uses of its store: the core's port and the two delay services."""
+    """What a producer uses of its store: the core's port, the two delay services and the
+    recurring schedules."""
 
     schedule: ScheduleService
     timer: TimerService
+    recurring: ScheduleBook
 
 
 class Producer:
@@ -255,6 +258,50 @@ class Producer:
         :mod:`store.produce.table_producer`.
         """
         return send_table(self.store, data, topic=topic)
+
+    def schedule(self, message: Message, *, key: str, cron: str | None = None,
+                 every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
+                 end_at_ms: int | None = None, max_fires: int | None = None) -> ScheduleInfo:
+        """Fire a copy of ``message`` into its topic at every due time, from now on.
+
+        Parameters
+        ----------
+        message : Message
+            What each fire sends (topic, body, tags, keys, properties).  Every copy also
+            carries the properties ``RMQ_SCHEDULE_KEY`` (``key``) and ``RMQ_SCHEDULE_FIRE_MS``
+            (its fire time, which is also its ``deliver_timestamp``).
+        key : str
+            Names the schedule; a schedule with this key is replaced.
+        cron : str, optional
+            Five cron fields or a macro (``"0 9 * * *"``, ``"@hourly"``), in time zone ``tz``;
+            see :class:`~store.schedule.cron.CronExpression` for daylight saving.
+        every_ms : int, optional
+            A fixed interval: fires at ``start_at_ms + k * every_ms`` (from now +
+            ``every_ms`` without ``start_at_ms``).  Exactly one of ``cron`` and ``every_ms``.
+        tz : str
+            An IANA time zone for ``cron`` (default UTC).
+        start_at_ms, end_at_ms : int, optional
+            No fire before ``start_at_ms`` or after ``end_at_ms`` (epoch ms).
+        max_fires : int, optional
+            The schedule ends after this many fires.
+
+        Returns
+        -------
+        ScheduleInfo
+            The schedule as stored, with its first fire time (``next_fire_ms``).
+
+        Fires happen when ``deliver_due()`` runs (``rmq serve``, a streaming query), never
+        early, each exactly once across crashes.  Raises
+        :class:`~store.errors.InvalidScheduleError` for a bad key, expression, interval,
+        time zone or bound, and what :meth:`send` raises for a bad message.
+        """
+        validate_schedule(key, cron, every_ms, tz, start_at_ms, end_at_ms, max_fires)
+        spec = self._spec(message, "-", self.store.now_ms())
+        validate_topic(message.topic)
+        properties = {k: v for k, v in spec.properties.items() if k != PROPERTY_UNIQ_KEY}
+        return self.store.recurring.add(Schedule(
+            key, message.topic, spec.body, properties, cron=cron, every_ms=every_ms, tz=tz,
+            start_at_ms=start_at_ms, end_at_ms=end_at_ms, max_fires=max_fires))
 
     def cancel(self, topic: str, msg_id: str, *, stored_queue_offset: int | None = None) -> bool:
         """Cancel a pending timer message (RocketMQ's delete marker).

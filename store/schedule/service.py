@@ -1,0 +1,337 @@
+"""Recurring schedules of one store: a message fired into its topic at every due time.
+
+A schedule holds a message (topic, body, tags, keys, properties) and when to fire it: a cron
+expression in a time zone (:mod:`store.schedule.cron`), or a fixed interval ``every_ms`` from
+an anchor, optionally bounded by ``end_at_ms`` and ``max_fires``.  Its key names it: a
+schedule added with the key of another replaces it.
+
+**Where they live.**  ``config/rmq_schedules.json`` (fastjson's text, written atomically with
+a ``.bak``, as the broker's other config files): every schedule with its next fire time and
+the fires so far, and ``deliverMark``.  It is never in the CommitLog, so retention never
+touches it.
+
+**Firing** (:meth:`ScheduleBook.fire_due`, run by ``store.deliver_due()``, so by ``rmq serve``
+and by streaming queries): under the store's write lock, every active schedule whose next
+fire time is at or before now fires once per due time, never early.  A copy is a new message
+of the schedule's topic (in the queue its key hashes to, so one schedule's fires keep their
+order) with the properties ``RMQ_SCHEDULE_KEY`` and ``RMQ_SCHEDULE_FIRE_MS`` (the fire time),
+and ``__RMQ_DELIVER_MS`` = the fire time (the ``deliver_timestamp`` column).  Fires missed
+while nothing ran (the store closed, no server) are all delivered when firing resumes, each
+once, as overdue timer messages are.
+
+**Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
+the copies, the CommitLog end is saved as the mark; after the copies are flushed the new fire
+times are saved and the mark cleared.  Whoever next takes the book with a mark still set (a
+process killed in between) first reads the records appended since the mark, counts the
+copies found there as fired, and only then goes on.
+
+**Pause, resume, remove** take the same lock, so once they return no fire of that schedule
+happens that was not already written.  A resumed schedule fires from its next due time after
+the resume; the fires due while it was paused are skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InvalidScheduleError
+from ..files.broker_files import read_lenient_json, write_config
+from ..formats.codec import HEADER_SIZE, RecordSpec, gather_headers
+from ..kernels.property_kernels import scan_properties
+from ..kernels.record_kernels import ByteSlices
+from ..message import PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue
+from .cron import CronExpression, next_every_fire_ms, time_zone
+
+#: The properties every fired copy carries (visible in the message's properties).
+PROPERTY_SCHEDULE_KEY = "RMQ_SCHEDULE_KEY"
+PROPERTY_SCHEDULE_FIRE_MS = "RMQ_SCHEDULE_FIRE_MS"
+#: Copies appended per step of :meth:`ScheduleBook.fire_due`.
+FIRE_CHUNK = 4096
+FILE_NAME = os.path.join("config", "rmq_schedules.json")
+
+
+@dataclass
+class Schedule:
+    """One schedule as the book keeps it (see the module)."""
+
+    key: str
+    topic: str
+    body: bytes
+    properties: dict[str, str]  # the message's, with TAGS and KEYS
+    cron: str | None = None
+    every_ms: int | None = None
+    tz: str = "UTC"
+    anchor_ms: int = 0  # every_ms: fires at anchor + k * every_ms
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+    max_fires: int | None = None
+    fires: int = 0
+    next_fire_ms: int | None = None  # None: ended (end_at_ms or max_fires reached)
+    paused: bool = False
+    created_ms: int = 0
+    last_fire_ms: int | None = None
+    _cron: CronExpression | None = field(default=None, repr=False, compare=False)
+
+    def following(self, after_ms: int) -> int | None:
+        """The first fire time strictly after ``after_ms`` within the bounds, or ``None``."""
+        if self.max_fires is not None and self.fires >= self.max_fires:
+            return None
+        if self.start_at_ms is not None:
+            after_ms = max(after_ms, self.start_at_ms - 1)
+        if self.every_ms is not None:
+            t = next_every_fire_ms(after_ms, self.anchor_ms, self.every_ms)
+        else:
+            if self._cron is None:
+                self._cron = CronExpression.parse(self.cron)
+            t = self._cron.next_fire_ms(after_ms, self.tz)
+        if t is None or (self.end_at_ms is not None and t > self.end_at_ms):
+            return None
+        return t
+
+    def to_json(self) -> dict:
+        return {"topic": self.topic, "body": base64.b64encode(self.body).decode("ascii"),
+                "properties": self.properties, "cron": self.cron, "everyMs": self.every_ms,
+                "tz": self.tz, "anchorMs": self.anchor_ms, "startAtMs": self.start_at_ms,
+                "endAtMs": self.end_at_ms, "maxFires": self.max_fires, "fires": self.fires,
+                "nextFireMs": self.next_fire_ms, "paused": self.paused,
+                "createdMs": self.created_ms, "lastFireMs": self.last_fire_ms}
+
+    @classmethod
+    def from_json(cls, key: str, data: dict) -> Schedule:
+        return cls(key, data["topic"], base64.b64decode(data["body"]),
+                   dict(data.get("properties") or {}), data.get("cron"), data.get("everyMs"),
+                   data.get("tz") or "UTC", int(data.get("anchorMs") or 0),
+                   data.get("startAtMs"), data.get("endAtMs"), data.get("maxFires"),
+                   int(data.get("fires") or 0), data.get("nextFireMs"),
+                   bool(data.get("paused")), int(data.get("createdMs") or 0),
+                   data.get("lastFireMs"))
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """What :meth:`~store.MessageStore.schedules` lists of one schedule."""
+
+    key: str
+    topic: str
+    cron: str | None
+    every_ms: int | None
+    tz: str
+    next_fire_ms: int | None
+    fires: int
+    paused: bool
+    start_at_ms: int | None
+    end_at_ms: int | None
+    max_fires: int | None
+    last_fire_ms: int | None
+
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"paused"`` or ``"ended"`` (no fire left within its bounds)."""
+        if self.next_fire_ms is None:
+            return "ended"
+        return "paused" if self.paused else "active"
+
+
+def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
+                      start_at_ms: object, end_at_ms: object, max_fires: object) -> None:
+    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed."""
+    if not isinstance(key, str) or not key or len(key) > 255:
+        raise InvalidScheduleError(f"key={key!r}; allowed: a non-empty str of at most 255 "
+                                   "characters naming the schedule")
+    if (cron is None) == (every_ms is None):
+        raise InvalidScheduleError("give exactly one of cron (e.g. '0 9 * * *') and every_ms "
+                                   "(an interval in ms)")
+    if every_ms is not None and (isinstance(every_ms, bool) or not isinstance(every_ms, int)
+                                 or every_ms < 1):
+        raise InvalidScheduleError(f"every_ms={every_ms!r}; allowed: an int >= 1")
+    if cron is not None:
+        CronExpression.parse(cron)
+    time_zone(tz)
+    for name, value in (("start_at_ms", start_at_ms), ("end_at_ms", end_at_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise InvalidScheduleError(f"{name}={value!r}; allowed: epoch ms >= 0, or None")
+    if start_at_ms is not None and end_at_ms is not None and end_at_ms < start_at_ms:
+        raise InvalidScheduleError(f"end_at_ms={end_at_ms} is before start_at_ms={start_at_ms};"
+                                   " allowed: end_at_ms >= start_at_ms")
+    if max_fires is not None and (isinstance(max_fires, bool) or not isinstance(max_fires, int)
+                                  or max_fires < 1):
+        raise InvalidScheduleError(f"max_fires={max_fires!r}; allowed: an int >= 1, or None")
+
+
+class ScheduleBook:
+    """The schedules of one store (see the module)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.path = os.path.join(store.root, FILE_NAME)
+        # the file's identity (inode, size, mtime) and its parsed text: a delivery step with
+        # nothing due reads only a stat
+        self._cached: tuple[tuple, dict] | None = None
+
+    # -- the file ---------------------------------------------------------------------------
+    def _read(self) -> dict | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        identity = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+        if identity is not None and self._cached is not None and self._cached[0] == identity:
+            return self._cached[1]
+        data = read_lenient_json(self.path, valid=lambda d: isinstance(d, dict))
+        self._cached = None if identity is None or data is None else (identity, data)
+        return data
+
+    def _load(self) -> tuple[dict[str, Schedule], int]:
+        """The schedules and the mark (the caller holds the write lock)."""
+        data = self._read()
+        if data is None:
+            return {}, -1
+        table = data.get("schedules") or {}
+        return ({k: Schedule.from_json(k, v) for k, v in table.items()},
+                int(data.get("deliverMark", -1)))
+
+    def _save(self, schedules: dict[str, Schedule], mark: int) -> None:
+        write_config(self.path, {"schedules": {k: s.to_json() for k, s in schedules.items()},
+                                 "deliverMark": mark})
+
+    def _settled(self) -> dict[str, Schedule]:
+        """The schedules, after settling a firing step a killed process left (mark set)."""
+        schedules, mark = self._load()
+        if mark >= 0:
+            for key, fire_ms in _fired_since(self.store, mark):
+                s = schedules.get(key)
+                if s is not None and s.next_fire_ms is not None and fire_ms >= s.next_fire_ms:
+                    s.fires += 1
+                    s.last_fire_ms = fire_ms
+                    s.next_fire_ms = s.following(fire_ms)
+            self._save(schedules, -1)
+        return schedules
+
+    # -- changing ---------------------------------------------------------------------------
+    def add(self, schedule: Schedule) -> ScheduleInfo:
+        """Add ``schedule`` (replacing one with its key); return what it is now."""
+        with self.store.write_lock():
+            schedules = self._settled()
+            now = self.store.now_ms()
+            schedule.created_ms = now
+            if schedule.every_ms is not None:
+                schedule.anchor_ms = schedule.start_at_ms if schedule.start_at_ms is not None \
+                    else now + schedule.every_ms
+            schedule.next_fire_ms = schedule.following(now)
+            schedules[schedule.key] = schedule
+            self._save(schedules, -1)
+            return _info(schedule)
+
+    def remove(self, key: str) -> bool:
+        """Remove the schedule ``key``; ``False`` when there is none."""
+        with self.store.write_lock():
+            schedules = self._settled()
+            if schedules.pop(key, None) is None:
+                return False
+            self._save(schedules, -1)
+            return True
+
+    def set_paused(self, key: str, paused: bool) -> bool:
+        """Pause or resume the schedule ``key``; ``False`` when there is none."""
+        with self.store.write_lock():
+            schedules = self._settled()
+            s = schedules.get(key)
+            if s is None:
+                return False
+            if s.paused != paused:
+                s.paused = paused
+                if not paused and s.next_fire_ms is not None:  # skip what fell due meanwhile
+                    s.next_fire_ms = s.following(max(self.store.now_ms(), s.next_fire_ms - 1))
+                self._save(schedules, -1)
+            return True
+
+    def list(self) -> list[ScheduleInfo]:
+        """Every schedule, by key."""
+        with self.store.write_lock():
+            schedules = self._settled()
+        return [_info(schedules[k]) for k in sorted(schedules)]
+
+    # -- firing -----------------------------------------------------------------------------
+    def fire_due(self, max_messages: int | None = None) -> int:
+        """Fire every due time of every active schedule (see the module); return the copies
+        appended.  ``max_messages`` bounds one call; the next call goes on."""
+        if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
+            return 0  # no schedule was ever added: no lock taken
+        store = self.store
+        budget = FIRE_CHUNK if max_messages is None else max(1, min(FIRE_CHUNK, max_messages))
+        with store.write_lock():
+            schedules = self._settled()
+            now = store.now_ms()
+            if not any(s.next_fire_ms is not None and not s.paused and s.next_fire_ms <= now
+                       for s in schedules.values()):
+                return 0
+            self._save(schedules, store.confirmed_offset())  # the mark, before any copy
+            fires: list[tuple[Schedule, int]] = []
+            for s in schedules.values():
+                if s.paused:
+                    continue
+                t = s.next_fire_ms
+                while t is not None and t <= now and len(fires) < budget:
+                    fires.append((s, t))
+                    s.fires += 1
+                    s.last_fire_ms = t
+                    t = s.following(t)
+                s.next_fire_ms = t
+            store.append([self._copy(s, t, now) for s, t in fires])
+            store.flush()  # the copies are durable before the book that claims them
+            self._save(schedules, -1)
+        if max_messages is None and len(fires) == budget:
+            return len(fires) + self.fire_due()
+        return len(fires)
+
+    def _copy(self, s: Schedule, fire_ms: int, now: int) -> RecordSpec:
+        store = self.store
+        props = dict(s.properties)
+        props[PROPERTY_UNIQ_KEY] = store.id_generator.next_id(now)
+        props[PROPERTY_SCHEDULE_KEY] = s.key
+        props[PROPERTY_SCHEDULE_FIRE_MS] = str(fire_ms)
+        props[PROPERTY_DELIVER_MS] = str(fire_ms)
+        count = store.ensure_topic(s.topic)
+        return RecordSpec(topic=s.topic, body=s.body, properties=props,
+                          queue_id=sharding_queue(s.key, count), born_timestamp_ms=now)
+
+
+def _info(s: Schedule) -> ScheduleInfo:
+    return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
+                        s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms)
+
+
+def _fired_since(store, start: int) -> list[tuple[str, int]]:
+    """``(key, fire time)`` of the fired copies appended from CommitLog offset ``start`` on
+    (one compiled pass finds the two properties; only the copies are decoded)."""
+    log = store.commit_log
+    end = store.confirmed_offset()
+    start = max(start, log.min_offset())
+    out: list[tuple[str, int]] = []
+    if start >= end:
+        return out
+    for f, positions, _sizes in log.scan_batches(start, check_crc=False):
+        inside = positions + f.start < end
+        positions = positions[inside]
+        if len(positions):
+            raw = np.frombuffer(f.buffer(), np.uint8)
+            body_len = gather_headers(raw, len(raw), positions)["body_length"].astype(np.int64)
+            topic_at = positions + HEADER_SIZE + body_len
+            props_at = topic_at + 3 + raw[topic_at]
+            props_len = (raw[props_at - 2].astype(np.int64) << 8) | raw[props_at - 1]
+            found, vstart, vend = scan_properties(
+                ByteSlices(raw, props_at, props_at + props_len),
+                [PROPERTY_SCHEDULE_KEY, PROPERTY_SCHEDULE_FIRE_MS])
+            for i in np.flatnonzero(found[0] & found[1]):
+                key = bytes(raw[vstart[0, i]:vend[0, i]]).decode("utf-8", "replace")
+                fire = bytes(raw[vstart[1, i]:vend[1, i]])
+                if fire.isdigit():
+                    out.append((key, int(fire)))
+        if not inside.all():
+            break
+    return out
