@@ -355,8 +355,9 @@ def demo(store_path, orders, timeout_s, quiet):
 
 
 from .ops import cancel, lag, pending, retention, serve  # noqa: E402  (operating a store)
+from .schedules import schedule, schedules  # noqa: E402  (recurring schedules)
 
-for _command in (serve, lag, retention, cancel, pending):
+for _command in (serve, lag, retention, cancel, pending, schedules, schedule):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover
