@@ -10,6 +10,7 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
 * exactly one of ``subscribe`` / ``subscribePattern`` (a Python regular expression matched
   against whole topic names; system topics never match) for ``view=messages``;
   ``view=transaction_checks`` takes only ``path``, ``view`` and ``checkRounds``;
+  ``view=schedules`` (batch reads: the store's recurring schedules) only ``path`` and ``view``;
 * ``startingOffsets`` JSON: queues it does not name start at earliest; ``endingOffsets``
   JSON: queues it does not name end at latest; a batch query may not start at ``latest``
   (-1) nor end at ``earliest`` (-2);
@@ -42,7 +43,7 @@ from .offset_spec import (  # noqa: F401 - re-exported: the options' public name
     parse_offset_spec,
 )
 
-VIEWS = ("messages", "transaction_checks")
+VIEWS = ("messages", "transaction_checks", "schedules")
 ACTIONS = ("end_transaction",)
 GUARANTEES = ("exactly_once", "at_least_once")
 DEFAULT_PRODUCER_GROUP = "rmq-spark-sink"
@@ -313,6 +314,12 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
             mode = "batch queries (spark.read)" if streaming else "streaming queries"
             raise _fail(key, raw[key], f"applies to {mode} only",
                         "leave it out of this query")
+    if view == "schedules":
+        if streaming:
+            raise _fail("view", raw["view"], "is a batch view", "spark.read with this view")
+        for key in sorted(raw.keys() - {"path", "view"} - SPARK_OPTIONS):
+            raise _fail(key, raw[key], "does not apply to view=schedules",
+                        "path and view only")
     if view == "transaction_checks" and streaming is False:
         raise _fail("view", raw["view"], "is a streaming view", "spark.readStream with this view")
     if view == "transaction_checks":

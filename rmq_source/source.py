@@ -28,8 +28,8 @@ from .schema import MESSAGE_SPARK_DDL, MESSAGE_SPARK_TYPES
 class RmqDataSource(DataSource):
     """The ``rmq`` data source: batch and streaming reads of a store, and its writer.
 
-    Views (option ``view``): ``messages`` (default; batch and streaming) and
-    ``transaction_checks`` (streaming).  Writing: messages through the exactly-once sink
+    Views (option ``view``): ``messages`` (default; batch and streaming),
+    ``transaction_checks`` (streaming) and ``schedules`` (batch).  Writing: messages through the exactly-once sink
     (:mod:`rmq_source.sink_writer`), or ``action=end_transaction``.
     """
 
@@ -47,6 +47,10 @@ class RmqDataSource(DataSource):
                 "view" not in self.options:  # a write of messages: the sink's columns
             return "topic string, body binary"
         opts = self._options(streaming=None)
+        if opts.view == "schedules":
+            from .schedules_view import SCHEDULES_DDL
+
+            return SCHEDULES_DDL
         if opts.view == "transaction_checks":
             from .transaction_checks import TRANSACTION_CHECKS_DDL
 
@@ -57,6 +61,10 @@ class RmqDataSource(DataSource):
         from .batch_reader import RmqBatchReader
 
         opts = self._options(streaming=False)
+        if opts.view == "schedules":
+            from .schedules_view import SchedulesReader
+
+            return SchedulesReader(opts)
         return RmqBatchReader(replace(opts, columns=_check_schema(schema)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
