@@ -37,12 +37,14 @@ _BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 def parse_lenient(text: str) -> object | None:
     """JSON text, accepting fastjson's unquoted integer keys; ``None`` when unreadable."""
-    for attempt in (text, _BARE_KEY.sub(r'\1"\2"\3', text)):
-        try:
-            return json.loads(attempt)
-        except ValueError:
-            continue
-    return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:  # the regex runs only for text json refuses (fastjson's bare keys)
+        return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+    except ValueError:
+        return None
 
 
 def _read_one(path: str) -> object | None:

@@ -5,8 +5,8 @@ expression in a time zone (:mod:`store.schedule.cron`), or a fixed interval ``ev
 an anchor, optionally bounded by ``end_at_ms`` and ``max_fires``.  Its key names it: a
 schedule added with the key of another replaces it.
 
-**Where they live.**  ``config/rmq_schedules.json`` (fastjson's text, written atomically with
-a ``.bak``, as the broker's other config files): every schedule with its next fire time and
+**Where they live.**  ``config/rmq_schedules.json`` (JSON, written atomically with a
+``.bak``, as the broker's config files): every schedule with its next fire time and
 the fires so far, and ``deliverMark``.  It is never in the CommitLog, so retention never
 touches it.
 
@@ -33,13 +33,15 @@ the resume; the fires due while it was paused are skipped.
 from __future__ import annotations
 
 import base64
+import json
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InvalidScheduleError
-from ..files.broker_files import read_lenient_json, write_config
+from ..files.broker_files import read_lenient_json
+from ..files.fileio import atomic_write
 from ..formats.codec import HEADER_SIZE, RecordSpec, gather_headers
 from ..kernels.property_kernels import scan_properties
 from ..kernels.record_kernels import ByteSlices
@@ -186,6 +188,21 @@ class ScheduleBook:
         self._cached = None if identity is None or data is None else (identity, data)
         return data
 
+    def _nothing_due(self, now: int) -> bool:
+        """Whether the book, as last written, has no fire due by ``now`` and no mark to
+        settle (a read of the cached file: a step with nothing to do takes no lock)."""
+        data = self._read()
+        if data is None:
+            return True
+        if int(data.get("deliverMark", -1)) >= 0:
+            return False
+        earliest = data.get("_earliest")
+        if earliest is None:
+            times = [s.get("nextFireMs") for s in (data.get("schedules") or {}).values()
+                     if not s.get("paused") and s.get("nextFireMs") is not None]
+            earliest = data["_earliest"] = min(times) if times else -1
+        return earliest < 0 or earliest > now
+
     def _load(self) -> tuple[dict[str, Schedule], int]:
         """The schedules and the mark (the caller holds the write lock)."""
         data = self._read()
@@ -196,8 +213,12 @@ class ScheduleBook:
                 int(data.get("deliverMark", -1)))
 
     def _save(self, schedules: dict[str, Schedule], mark: int) -> None:
-        write_config(self.path, {"schedules": {k: s.to_json() for k, s in schedules.items()},
-                                 "deliverMark": mark})
+        data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
+                "deliverMark": mark}
+        atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
+                     keep_backup=True)
+        st = os.stat(self.path)  # what was written is what the next read would parse
+        self._cached = ((st.st_ino, st.st_size, st.st_mtime_ns), data)
 
     def _settled(self) -> dict[str, Schedule]:
         """The schedules, after settling a firing step a killed process left (mark set)."""
@@ -260,8 +281,8 @@ class ScheduleBook:
     def fire_due(self, max_messages: int | None = None) -> int:
         """Fire every due time of every active schedule (see the module); return the copies
         appended.  ``max_messages`` bounds one call; the next call goes on."""
-        if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
-            return 0  # no schedule was ever added: no lock taken
+        if self._nothing_due(self.store.now_ms()):
+            return 0  # nothing due, or no schedule at all: no lock taken
         store = self.store
         budget = FIRE_CHUNK if max_messages is None else max(1, min(FIRE_CHUNK, max_messages))
         with store.write_lock():

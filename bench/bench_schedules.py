@@ -1,0 +1,79 @@
+"""Recurring schedules: the cost of a firing step and of an idle step, against sending the
+same copies with ``send_batch``, in one run.
+
+Run::
+
+    PYTHONPATH=. /work/venv/bin/python bench/bench_schedules.py [--schedules N] [--repeat R]
+
+Adds ``N`` (10,000) schedules firing every second (one store, a fake clock), then times:
+
+* ``fire``: ``deliver_due()`` one second later, which fires one copy of each (``N`` copies);
+* ``idle``: ``deliver_due()`` with nothing due (what every streaming trigger pays);
+* ``add``: ``producer.schedule`` per schedule;
+* the baseline: ``send_batch`` of ``N`` messages of the same size, 1,000 per batch.
+
+Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from store import Message, MessageStore  # noqa: E402
+
+T0 = 1_790_000_000_000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schedules", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    n = args.schedules
+    work = tempfile.mkdtemp(prefix="rmq-bench-schedules-")
+    try:
+        now = [T0]
+        with MessageStore.open(os.path.join(work, "s"), clock=lambda: now[0],
+                               flush_service=False) as store:
+            p = store.producer("bench")
+            msg = Message("reminders", b"x" * 100, tags="remind")
+            t = time.perf_counter()
+            for i in range(n):
+                p.schedule(msg, key=f"order-{i}", every_ms=1000)
+            add_s = time.perf_counter() - t
+            fire, idle, batch = [], [], []
+            for _ in range(args.repeat):
+                now[0] += 1000
+                t = time.perf_counter()
+                fired = store.deliver_due()
+                fire.append(time.perf_counter() - t)
+                assert fired == n, fired
+                t = time.perf_counter()
+                assert store.deliver_due() == 0
+                idle.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                for first in range(0, n, 1000):
+                    p.send_batch([msg] * min(1000, n - first))
+                batch.append(time.perf_counter() - t)
+        best_fire, best_idle, best_batch = min(fire), min(idle), min(batch)
+        print(f"{n:,} schedules every second, best of {args.repeat}")
+        print(f"add (producer.schedule, one by one): {n / add_s:,.0f} schedules/s")
+        print(f"fire step: {best_fire * 1000:.1f} ms = {n / best_fire:,.0f} copies/s")
+        print(f"idle step (nothing due): {best_idle * 1000:.2f} ms")
+        print(f"send_batch of the same {n:,} messages: {best_batch * 1000:.1f} ms = "
+              f"{n / best_batch:,.0f} msgs/s")
+        print(f"ratio fire / send_batch: {best_batch / best_fire:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
