@@ -16,6 +16,7 @@ from typing import Mapping, NoReturn
 from .config import StoreConfig
 from .core.reading import Clock, ReadableStore, layout_from_files
 from .errors import ReadOnlyStoreError, StoreNotFoundError
+from .schedule.service import ScheduleInfo, read_schedules
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.
 WRITE_METHODS = (
@@ -26,6 +27,7 @@ WRITE_METHODS = (
     "known_transactions",
     "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",
     "write_lock", "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
+    "remove_schedule", "pause_schedule", "resume_schedule",
 )
 
 
@@ -62,6 +64,12 @@ class StoreReader(ReadableStore):
         self.written_by_rmq = os.path.isfile(os.path.join(root, "config", "store.json"))
         self._open_files(root, config, clock, record_layout=False)
         self.recovered = False
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """The store's recurring schedules as last written (see
+        :meth:`MessageStore.schedules <store.MessageStore.schedules>`); none for a store
+        Apache RocketMQ wrote."""
+        return read_schedules(self.root)
 
     def _refuse(self, operation: str) -> NoReturn:
         self._check_open()

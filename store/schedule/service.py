@@ -322,6 +322,14 @@ class ScheduleBook:
                           queue_id=sharding_queue(s.key, count), born_timestamp_ms=now)
 
 
+def read_schedules(root: str) -> list[ScheduleInfo]:
+    """The schedules of the store at ``root`` as last written, without the write lock (a
+    read-only view: a firing step a killed process left is shown as not yet settled)."""
+    data = read_lenient_json(os.path.join(root, FILE_NAME), valid=lambda d: isinstance(d, dict))
+    table = (data or {}).get("schedules") or {}
+    return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
+
+
 def _info(s: Schedule) -> ScheduleInfo:
     return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
                         s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms)

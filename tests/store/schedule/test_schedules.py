@@ -254,3 +254,20 @@ def test_a_process_killed_while_firing_leaves_each_fire_once(tmp_path):
         for i in range(200):  # nothing missing: every due time from the first on
             times = sorted(per_key[f"k{i}"])
             assert times == list(range(T0 + 1 + i % 100, end + 1, 100)), f"k{i}"
+
+
+def test_a_read_only_view_lists_schedules_and_refuses_changes(tmp_path):
+    from store import ReadOnlyStoreError, StoreReader
+
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, SMALL) as store:
+        store.producer("g").schedule(Message("orders", b"x"), key="k", every_ms=1000)
+        expected = store.schedules()
+    reader = StoreReader.open(path)
+    try:
+        assert reader.schedules() == expected
+        for method in ("remove_schedule", "pause_schedule", "resume_schedule"):
+            with pytest.raises(ReadOnlyStoreError):
+                getattr(reader, method)("k")
+    finally:
+        reader.close()
