@@ -365,3 +365,33 @@ def test_serve_a_store_group_runs_a_server_per_store(tmp_path):
     assert b"10 delivered" in err and b"in 2 stores" in err
     with StoreGroup.open(path, read_only=True) as group:
         assert all(not server_status(m)["attached"] for m in group.layout.paths)
+
+
+def test_serve_fires_recurring_schedules_with_no_reader(tmp_path):
+    path = str(tmp_path / "store")
+    MessageStore.open(path, SMALL).close()
+    proc = _serve(path)
+    try:
+        _wait_attached(path, proc)
+        with MessageStore.open(path, SMALL) as store:
+            store.producer("g").schedule(Message("reminders", b"pay"), key="o1",
+                                         every_ms=300, max_fires=5)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with MessageStore.open(path, SMALL) as store:  # this process never delivers
+                [info] = store.schedules()
+                if info.state == "ended":
+                    rows = [r for q in store.queue_ids("reminders") for r in store.read_arrow(
+                        "reminders", q, 0, store.max_offset("reminders", q)).to_pylist()]
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the server did not fire the five reminders")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    fires = sorted(int(dict(r["properties"])["RMQ_SCHEDULE_FIRE_MS"]) for r in rows)
+    assert len(fires) == 5 and all(b - a == 300 for a, b in zip(fires, fires[1:]))
+    late = [r["store_timestamp"].timestamp() * 1000 - int(dict(r["properties"])[
+        "RMQ_SCHEDULE_FIRE_MS"]) for r in rows]
+    assert min(late) >= 0 and max(late) <= P + 400, late  # never early, about a precision
