@@ -63,42 +63,50 @@ def check_headroom(store: StorePort, properties) -> None:
             f"(max_properties_size_bytes minus {DELIVERY_HEADROOM} for delivery bookkeeping)")
 
 
-def origins_since(store: StorePort, start: int) -> np.ndarray:
-    """Sorted origins of the delivered records from CommitLog offset ``start`` to the end.
+def properties_since(store: StorePort, start: int, names):
+    """For the records from CommitLog offset ``start`` to the confirmed end, a run of records
+    at a time: ``(raw, found, vstart, vend)`` as :func:`scan_properties` gives them for
+    ``names`` over each record's properties (``raw``: the segment's bytes).
 
-    Runs of records at a time (the compiled walk, then one compiled pass that finds
-    ``__RMQ_DELAY_ORIGIN`` in every record's properties): no Python step per record, so a
-    run killed amid a burst of a million deliveries is redone without a per-record loop.
+    The compiled walk, then one compiled pass over the properties: no Python step per
+    record, so a step killed amid a burst of a million appends is redone without a
+    per-record loop (the delay levels' and the schedules' ``deliverMark``).
     """
     log = store.commit_log
     end = store.confirmed_offset()
     start = max(start, log.min_offset())
     if start >= end:
-        return np.empty(0, np.int64)
-    found: list[np.ndarray] = []
+        return
     for f, positions, _sizes in log.scan_batches(start, check_crc=False):
         inside = positions + f.start < end
         if inside.any():
-            found.append(_origins(np.frombuffer(f.buffer(), np.uint8), positions[inside]))
+            raw = np.frombuffer(f.buffer(), np.uint8)
+            yield (raw, *scan_properties(_properties_of(raw, positions[inside]), names))
         if not inside.all():
             break
-    origins = np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
-    if len(origins) < 2:  # sorted, not hashed: they come nearly sorted already
-        return origins
-    return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
 
 
-def _origins(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The ``__RMQ_DELAY_ORIGIN`` values of the valid records at ``positions`` of a segment
-    (records without one, or with one that is no integer, give none)."""
+def _properties_of(raw: np.ndarray, positions: np.ndarray) -> ByteSlices:
+    """The properties strings of the valid records at ``positions`` of a segment."""
     body_len = gather_headers(raw, len(raw), positions)["body_length"].astype(np.int64)
     topic_at = positions + HEADER_SIZE + body_len
     props_at = topic_at + 3 + raw[topic_at]  # past the topic and the properties' length
     props_len = (raw[props_at - 2].astype(np.int64) << 8) | raw[props_at - 1]
-    props = ByteSlices(raw, props_at, props_at + props_len)
-    has, vstart, vend = scan_properties(props, [PROPERTY_DELAY_ORIGIN])
-    values, ok = parse_int_ranges(raw, vstart[0][has[0]], vend[0][has[0]])
-    return values[ok]
+    return ByteSlices(raw, props_at, props_at + props_len)
+
+
+def origins_since(store: StorePort, start: int) -> np.ndarray:
+    """Sorted origins (``__RMQ_DELAY_ORIGIN``) of the delivered records from CommitLog
+    offset ``start`` to the end (records without one, or with one that is no integer, give
+    none)."""
+    found: list[np.ndarray] = []
+    for raw, has, vstart, vend in properties_since(store, start, [PROPERTY_DELAY_ORIGIN]):
+        values, ok = parse_int_ranges(raw, vstart[0][has[0]], vend[0][has[0]])
+        found.append(values[ok])
+    origins = np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)
+    if len(origins) < 2:  # sorted, not hashed: they come nearly sorted already
+        return origins
+    return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
 
 
 def release_commitlog_pages(store: StorePort) -> None:

@@ -42,9 +42,8 @@ import numpy as np
 from ..errors import InvalidScheduleError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
-from ..formats.codec import HEADER_SIZE, RecordSpec, gather_headers
-from ..kernels.property_kernels import scan_properties
-from ..kernels.record_kernels import ByteSlices
+from ..delayed.routing import properties_since
+from ..formats.codec import RecordSpec
 from ..message import PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue
 from .cron import CronExpression, next_every_fire_ms, time_zone
 
@@ -338,29 +337,12 @@ def _info(s: Schedule) -> ScheduleInfo:
 def _fired_since(store, start: int) -> list[tuple[str, int]]:
     """``(key, fire time)`` of the fired copies appended from CommitLog offset ``start`` on
     (one compiled pass finds the two properties; only the copies are decoded)."""
-    log = store.commit_log
-    end = store.confirmed_offset()
-    start = max(start, log.min_offset())
     out: list[tuple[str, int]] = []
-    if start >= end:
-        return out
-    for f, positions, _sizes in log.scan_batches(start, check_crc=False):
-        inside = positions + f.start < end
-        positions = positions[inside]
-        if len(positions):
-            raw = np.frombuffer(f.buffer(), np.uint8)
-            body_len = gather_headers(raw, len(raw), positions)["body_length"].astype(np.int64)
-            topic_at = positions + HEADER_SIZE + body_len
-            props_at = topic_at + 3 + raw[topic_at]
-            props_len = (raw[props_at - 2].astype(np.int64) << 8) | raw[props_at - 1]
-            found, vstart, vend = scan_properties(
-                ByteSlices(raw, props_at, props_at + props_len),
-                [PROPERTY_SCHEDULE_KEY, PROPERTY_SCHEDULE_FIRE_MS])
-            for i in np.flatnonzero(found[0] & found[1]):
-                key = bytes(raw[vstart[0, i]:vend[0, i]]).decode("utf-8", "replace")
-                fire = bytes(raw[vstart[1, i]:vend[1, i]])
-                if fire.isdigit():
-                    out.append((key, int(fire)))
-        if not inside.all():
-            break
+    for raw, found, vstart, vend in properties_since(
+            store, start, [PROPERTY_SCHEDULE_KEY, PROPERTY_SCHEDULE_FIRE_MS]):
+        for i in np.flatnonzero(found[0] & found[1]):
+            key = bytes(raw[vstart[0, i]:vend[0, i]]).decode("utf-8", "replace")
+            fire = bytes(raw[vstart[1, i]:vend[1, i]])
+            if fire.isdigit():
+                out.append((key, int(fire)))
     return out
