@@ -203,7 +203,7 @@ def repair(store_path: str) -> None:
     click.echo(f"rebuilt {result.queues} queue(s): {result.entries} entries from "
                f"{result.records} records (CommitLog valid to {result.end_offset})")
     for name in result.set_aside:
-        click.echo(f"set aside damaged file {name}.damaged")
+        click.echo(f"set aside damaged file as {name}")
     if result.topics_widened:
         click.echo(f"topic table updated: {', '.join(result.topics_widened)}")
     if result.stopped_early:

@@ -5,7 +5,8 @@ A queue file that was deleted, truncated, zeroed or overwritten hides messages t
 still holds, and RocketMQ's answer is the same as ours: rebuild it.  The rebuild:
 
 1. sets aside every ConsumeQueue file whose length is not the configured one (it cannot be
-   mapped as a queue file): renamed to ``<name>.damaged``, never deleted;
+   mapped as a queue file): renamed to ``<name>.damaged-<n>`` (the first free ``n``, so a
+   second repair never overwrites what a first one set aside), never deleted;
 2. zeroes every remaining queue file (files are zeroed, not deleted: a reader in another
    process may have one mapped);
 3. scans the whole CommitLog from its first segment, validating every record (magic, size,
@@ -26,6 +27,7 @@ import os
 from dataclasses import dataclass
 
 from ..files.consume_queue import ENTRY_SIZE
+from ..files.fileio import move_aside
 from ..files.mapped_file import zero_tail
 from .ports import CoreParts
 from .recovery import scan_entries
@@ -38,7 +40,7 @@ class RebuildResult:
     records: int           # records scanned (valid)
     entries: int           # queue entries written
     queues: int            # queues rebuilt
-    set_aside: tuple[str, ...]  # damaged queue files renamed to *.damaged
+    set_aside: tuple[str, ...]  # where damaged queue files went (<name>.damaged-<n>)
     topics_widened: tuple[str, ...]
     end_offset: int        # where the valid log ends
     stopped_early: bool    # an invalid record before the confirmed end (left in place)
@@ -55,8 +57,8 @@ def rebuild_queues(store: CoreParts, progress=None) -> RebuildResult:
         for name in sorted(os.listdir(qdir)):
             path = os.path.join(qdir, name)
             if name.isdigit() and os.path.getsize(path) != file_bytes:
-                os.replace(path, path + ".damaged")
-                set_aside.append(os.path.relpath(path, store.root))
+                moved = move_aside(path)
+                set_aside.append(os.path.relpath(moved, store.root))
     queues = store.all_consume_queues()
     for topic, queue_id in queues:
         q = store.consume_queue(topic, queue_id)

@@ -116,3 +116,22 @@ def test_rebuild_reports_progress(tmp_path):
         assert result.records == 120 and len(seen) >= 2
         assert [d for d, _ in seen] == sorted(d for d, _ in seen)
         assert all(0 <= d <= t for d, t in seen)
+
+
+def test_a_second_repair_keeps_what_the_first_set_aside(filled, clock):
+    """A wrong-length queue file goes to ``<name>.damaged-<n>``; a second repair that finds
+    another one under the same name sets it aside beside the first, never over it."""
+    path, cfg, expected = filled
+    qdir = os.path.join(path, "consumequeue", "orders", "0")
+    stray = os.path.join(qdir, "00000000000099999980")
+    with MessageStore.open(path, cfg, clock=clock) as s:
+        for content in (b"first", b"second"):
+            with open(stray, "wb") as fh:
+                fh.write(content)
+            result = s.rebuild_queues()
+            assert any(name.startswith(os.path.join("consumequeue", "orders", "0",
+                                                    "00000000000099999980.damaged-"))
+                       for name in result.set_aside), result.set_aside
+            assert _everything(s) == expected
+    kept = sorted(glob.glob(stray + ".damaged-*"))
+    assert [open(k, "rb").read() for k in kept] == [b"first", b"second"]
