@@ -46,6 +46,11 @@ PROPERTY_DELIVER_MS = "__RMQ_DELIVER_MS"
 #: Our own: CommitLog offset of the system-topic record a delivered (or rolled) record came
 #: from; lets the schedule and timer services re-derive delivery progress after a crash.
 PROPERTY_DELAY_ORIGIN = "__RMQ_DELAY_ORIGIN"
+#: The delay key of a keyed timer message (``producer.send(..., key=K)``): it replaces the
+#: pending message sent before with the same key, and its delivered copy keeps it.
+PROPERTY_DELAY_KEY = "RMQ_DELAY_KEY"
+#: On a keys-cancel record (never delivered): how many keys its body cancels.
+PROPERTY_DELAY_KEYS_CANCELLED = "__RMQ_DELAY_KEYS_CANCELLED"
 
 #: Names users may not set (RocketMQ's reserved set, minus the keys its client allows).
 RESERVED_PROPERTY_NAMES = frozenset(

@@ -36,6 +36,7 @@ from ..core.append_types import AssembledRecords, EncodedRecords
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
 from ..message import (
+    PROPERTY_DELAY_KEY,
     PROPERTY_DELAY_ORIGIN,
     PROPERTY_DELIVER_MS,
     PROPERTY_REAL_QUEUE_ID,
@@ -77,10 +78,12 @@ _SET = (PROPERTY_DELIVER_MS, PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS,
 _S_DUE, _S_ORIGIN, _S_DEQUEUE, _S_ENQUEUE, _S_ROLL = range(len(_SET))
 #: The pairs located in every source: what the restore reads, then the ones it sets.
 _KEYS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TAGS, PROPERTY_TIMER_DELIVER_MS,
-         PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_UNIQ_KEY) + _SET
+         PROPERTY_TIMER_OUT_MS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_UNIQ_KEY) + _SET \
+    + (PROPERTY_DELAY_KEY,)
 _K_TOPIC, _K_QID, _K_TAGS, _K_DELIVER, _K_OUT, _K_DEL, _K_UNIQ = range(7)
 _K_SET = slice(7, 7 + len(_SET))
 _K_ROLL = 7 + _S_ROLL
+_K_DKEY = 7 + len(_SET)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
             due_ms: np.ndarray | None = None, enqueue_ms: np.ndarray | None = None,
             roll: np.ndarray | None = None, delete_keys: set[str] | frozenset = frozenset(),
             timer_precision_ms: int = 1000, direct_enqueue_ms: int = -1,
-            chunk: int | None = None) -> RestoreResult:
+            chunk: int | None = None, keys=None) -> RestoreResult:
     """Restore the records at ``offsets`` (in order) to their ``REAL_TOPIC`` / ``REAL_QID``.
 
     The caller holds the store's write lock.  Records that are missing or invalid, cancel
@@ -118,6 +121,9 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
         Timer only: re-put these to the timer topic (``TIMER_ROLL_TIMES`` + 1) instead.
     delete_keys : set of str
         ``"{topic}+{msg_id}"`` of cancelled messages.
+    keys : DelayKeys, optional
+        Timer only: the store's delay keys (:class:`store.timer.keys.DelayKeys`, synced by
+        the caller); a keyed message its key no longer names is skipped.
     """
     delivered = rolled = 0
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -130,14 +136,14 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
     for lo, hi in zip(np.concatenate(([0], bounds)).tolist(),
                       np.concatenate((bounds, [len(offsets)])).tolist()):
         d, r = _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll,
-                            delete_keys, timer_precision_ms, direct_enqueue_ms)
+                            delete_keys, timer_precision_ms, direct_enqueue_ms, keys)
         delivered += d
         rolled += r
     return RestoreResult(delivered, rolled)
 
 
 def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, delete_keys,
-                 timer_precision_ms, direct_enqueue_ms) -> tuple[int, int]:
+                 timer_precision_ms, direct_enqueue_ms, keys=None) -> tuple[int, int]:
     """Restore ``offsets[lo:hi]`` (one segment's) in chunks.
 
     Chunks are prepared (sources read, new records built and encoded: compiled kernels and
@@ -155,7 +161,7 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
             enqueue_ms=None if enqueue_ms is None else np.asarray(enqueue_ms[sl], dtype=np.int64),
             roll=None if roll is None else np.asarray(roll[sl], dtype=bool),
             delete_keys=delete_keys, precision=timer_precision_ms,
-            direct_enqueue_ms=int(direct_enqueue_ms))
+            direct_enqueue_ms=int(direct_enqueue_ms), keys=keys)
         return (None if records is None else store.assemble_encoded(records)), d, r
 
     delivered = rolled = 0
@@ -169,7 +175,7 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
 
 # ---------------------------------------------------------------------------- one chunk
 def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, enqueue_ms,
-                   roll, delete_keys, precision: int, direct_enqueue_ms: int
+                   roll, delete_keys, precision: int, direct_enqueue_ms: int, keys=None
                    ) -> tuple[EncodedRecords | None, int, int]:
     """The restored records of one chunk (``None``: nothing to append), and how many of
     them are delivered and re-put (rolled).  Reads the CommitLog only."""
@@ -203,6 +209,11 @@ def _prepare_chunk(store: StorePort, offsets: np.ndarray, *, now: int, due_ms, e
         keep &= ~bad
     if delete_keys:
         keep &= ~_cancelled(data, v0, v1, found, marker, topic_ids, topics, delete_keys)
+    if keys is not None:  # keyed messages their key no longer names: replaced or cancelled
+        keyed = np.flatnonzero(keep & found[_K_DKEY])
+        if len(keyed):
+            keep[keyed[keys.superseded(data, v0[_K_DKEY, keyed], v1[_K_DKEY, keyed],
+                                       v0[_K_UNIQ, keyed], v1[_K_UNIQ, keyed])]] = False
     selected = np.flatnonzero(keep)
     if not len(selected):
         return None, 0, 0

@@ -8,6 +8,8 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Protocol, Sequence
 
+import numpy as np
+
 from ..formats.batch_encoding import normalized_columns, paused_gc, properties_column, validated_columns
 from ..formats.codec import RecordSpec
 from ..core.ports import StorePort
@@ -15,6 +17,7 @@ from ..delayed.schedule import ScheduleService, deliver_time
 from ..errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
 from ..message import (
     validate_msg_id,
+    PROPERTY_DELAY_KEY,
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_TAGS,
@@ -27,8 +30,11 @@ from ..message import (
     validate_topic,
 )
 from .single_send import send_now, send_timer
+from .table_keys import with_delay_key
 from .table_producer import send_table
+from .table_rows import as_table
 from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
+from ..timer.keys import checked_key_array, key_column, validate_delay_key
 from ..timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
@@ -127,7 +133,8 @@ class Producer:
 
     def send(self, message: Message, *, delay_level: int | None = None, delay_ms: int | None = None,
              deliver_at_ms: int | None = None, queue_id: int | None = None,
-             sharding_key: str | None = None, msg_id: str | None = None) -> SendResult:
+             sharding_key: str | None = None, msg_id: str | None = None,
+             key: str | None = None) -> SendResult:
         """Store one message, now or delayed.
 
         Parameters
@@ -152,6 +159,14 @@ class Producer:
             The message id (``UNIQ_KEY``) when the sender made it already, as RocketMQ 5
             clients do: 1 to 128 ASCII letters, digits, ``-``, ``_`` or ``.``.  Default: a
             fresh id of this store.
+        key : str, optional
+            A delay key (with ``delay_ms`` or ``deliver_at_ms``): this message replaces the
+            pending timer message sent before with the same key, atomically: once the call
+            returns, the old one never surfaces (one already delivered stays delivered).
+            The message carries the property ``RMQ_DELAY_KEY``; a keyed message due now
+            waits in the timer for at most one precision, so that it still replaces.
+            Up to 1,024 bytes of UTF-8, without ``\x01`` / ``\x02``.  See
+            :meth:`cancel` (``key=``) and :meth:`replace_table`.
 
         Returns
         -------
@@ -162,6 +177,9 @@ class Producer:
         """
         if msg_id is not None:
             validate_msg_id(msg_id)
+        if key is not None:
+            return self._send_keyed(message, key, delay_level, delay_ms, deliver_at_ms,
+                                    queue_id, sharding_key, msg_id)
         plain = type(message) is Message  # (a subclass takes the general path)
         if plain and delay_level is None and delay_ms is None and deliver_at_ms is None:
             return send_now(self, message, queue_id, sharding_key, msg_id)
@@ -192,6 +210,31 @@ class Producer:
         return SendResult(msg_id, message.topic, real_qid, -1, r.commitlog_offset,
                           deliver_at_ms=due, stored_topic=r.topic, stored_queue_id=r.queue_id,
                           stored_queue_offset=r.queue_offset, store_name=self.store_name)
+
+    def _send_keyed(self, message: Message, key: str, delay_level, delay_ms, deliver_at_ms,
+                    queue_id, sharding_key, msg_id) -> SendResult:
+        """A timer message carrying its delay key (see :meth:`send`)."""
+        validate_delay_key(key)
+        if delay_level is not None or (delay_ms is None and deliver_at_ms is None):
+            raise InvalidDelayError(
+                "key= needs delay_ms or deliver_at_ms (a timer message); allowed: one of "
+                "them, not delay_level (delay levels cannot be replaced)")
+        now = self.store.now_ms()
+        _, deliver_ms = self._check_delay(None, delay_ms, deliver_at_ms, now)
+        if deliver_ms is None:  # due now: still through the timer, so that it replaces
+            deliver_ms = now + 1
+        if PROPERTY_DELAY_KEY in message.properties:
+            props = {k: v for k, v in message.properties.items() if k != PROPERTY_DELAY_KEY}
+            message = dataclasses.replace(message, properties=props)
+        self.store.timer.keys.ensure()
+        if type(message) is Message:
+            return send_timer(self, message, deliver_ms, now, queue_id, sharding_key, msg_id,
+                              delay_key=key)
+        props = dict(message.properties)
+        props[PROPERTY_DELAY_KEY] = key
+        return self.send(dataclasses.replace(message, properties=props),
+                         deliver_at_ms=deliver_ms, queue_id=queue_id,
+                         sharding_key=sharding_key, msg_id=msg_id)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
                    sharding_key: str | None = None) -> list[SendResult]:
@@ -303,16 +346,94 @@ class Producer:
             key, message.topic, spec.body, properties, cron=cron, every_ms=every_ms, tz=tz,
             start_at_ms=start_at_ms, end_at_ms=end_at_ms, max_fires=max_fires))
 
-    def cancel(self, topic: str, msg_id: str, *, stored_queue_offset: int | None = None) -> bool:
-        """Cancel a pending timer message (RocketMQ's delete marker).
+    def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
+               stored_queue_offset: int | None = None, key: str | None = None) -> bool:
+        """Cancel a pending timer message: by ``topic`` and ``msg_id`` (RocketMQ's delete
+        marker), or by its delay key (``key=``, alone).
 
-        Returns ``True`` when a pending message with that id on that topic was found and
-        will never surface; ``False`` when nothing matched (a wrong id, the id on another
-        topic, or a message already cancelled; the marker itself never surfaces).
-        ``stored_queue_offset``: the send's :attr:`SendResult.stored_queue_offset`, which
-        finds the message directly; needed for a message sent with its own ``msg_id``.
+        Returns ``True`` when a pending message was found and will never surface; ``False``
+        when nothing matched (a wrong id, the id on another topic, a message already
+        cancelled or delivered, a key naming no pending message; the marker itself never
+        surfaces).  ``stored_queue_offset``: the send's
+        :attr:`SendResult.stored_queue_offset`, which finds the message directly; needed for
+        a message sent with its own ``msg_id``.  Many keys at once: :meth:`cancel_keys`.
         """
+        if key is not None:
+            if topic is not None or msg_id is not None or stored_queue_offset is not None:
+                raise InvalidMessageError(
+                    "cancel: key= was given with topic / msg_id / stored_queue_offset; "
+                    "allowed: key= alone, or topic and msg_id")
+            return bool(self.cancel_keys([key])[0])
         return self.store.timer.cancel(topic, msg_id, stored_queue_offset=stored_queue_offset)
+
+    def cancel_keys(self, keys) -> np.ndarray:
+        """Cancel the pending messages of many delay keys at once (a list of str, or an
+        Arrow / pandas string column); returns, per key, whether it named a pending message.
+
+        One record per 65,536 cancelled keys: the vectorised form of
+        ``cancel(key=...)``.
+        """
+        keys = _key_list(keys)
+        if not self.store.timer.keys.active():
+            key_column(keys)  # still validated
+            return np.zeros(len(keys), dtype=bool)
+        return self.store.timer.keys.cancel(keys)
+
+    def pending_keys(self, keys) -> np.ndarray:
+        """Per delay key, whether it names a message not yet delivered."""
+        keys = _key_list(keys)
+        if not self.store.timer.keys.active():
+            key_column(keys)
+            return np.zeros(len(keys), dtype=bool)
+        return self.store.timer.keys.pending(keys)
+
+    def replace_table(self, data, *, topic: str | None = None):
+        """Replace by key, for a whole table: :meth:`send_table` with a ``key`` column.
+
+        ``data`` has the columns of :meth:`send_table` plus ``key`` (a string per row, no
+        nulls) and ``delay_ms`` or ``deliver_at`` for every row (no ``delay_level``).  Each
+        row replaces the pending timer message of its key (rows of one key: the last one
+        wins); a row due now waits in the timer for at most one precision.  Returns what
+        :meth:`send_table` returns.
+        """
+        import pyarrow as pa
+
+        table = as_table(data)
+        if "key" not in table.column_names:
+            raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
+                                    "send_table plus a string column key")
+        keys_col = table.column("key")
+        if not (pa.types.is_string(keys_col.type) or pa.types.is_large_string(keys_col.type)):
+            raise InvalidBatchError(f"replace_table: column key has type {keys_col.type}; "
+                                    "allowed: string")
+        if keys_col.null_count:
+            raise InvalidBatchError("replace_table: column key has nulls; allowed: a key "
+                                    "per row")
+        if "delay_level" in table.column_names:
+            raise InvalidDelayError("replace_table: column delay_level; allowed: delay_ms or "
+                                    "deliver_at (delay levels cannot be replaced)")
+        delays = [c for c in ("delay_ms", "deliver_at") if c in table.column_names]
+        if len(delays) != 1 or table.column(delays[0]).null_count:
+            raise InvalidDelayError("replace_table: needs one of the columns delay_ms, "
+                                    "deliver_at, with a value in every row")
+        checked_key_array(keys_col)  # validated before anything is stored
+        table = with_delay_key(table, self.store.now_ms())
+        keys = self.store.timer.keys
+        keys.ensure()
+        results = send_table(self.store, table, topic=topic)
+        with self.store.write_lock():  # applied now, not by the next delivery
+            keys.sync()
+        return results
+
+
+def _key_list(keys) -> list:
+    """Keys as a list of str (from a list, an Arrow array or a pandas Series)."""
+    if hasattr(keys, "to_pylist"):
+        return keys.to_pylist()
+    if isinstance(keys, str):
+        raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys (for one key: "
+                                  "cancel(key=...))")
+    return list(keys)
 
 
 _TOPIC = attrgetter("topic")

@@ -25,6 +25,7 @@ from ..formats.batch_encoding import user_properties_text
 from ..delayed.routing import check_headroom
 from ..formats.codec import PROPERTIES_SEPARATOR as END, PROPERTY_SEPARATOR as SEP
 from ..message import (
+    PROPERTY_DELAY_KEY,
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -123,8 +124,9 @@ def send_now(producer: Producer, message: Message, queue_id: int | None,
 
 def send_timer(producer: Producer, message: Message, deliver_ms: int, now: int,
                queue_id: int | None, sharding_key: str | None,
-               msg_id: str | None = None) -> SendResult:
-    """A message due at ``deliver_ms`` (in the future): a record of the timer topic."""
+               msg_id: str | None = None, delay_key: str | None = None) -> SendResult:
+    """A message due at ``deliver_ms`` (in the future): a record of the timer topic;
+    ``delay_key`` (validated) replaces the pending message of that key."""
     store = producer.store
     keys, queue = _checked(producer, message, queue_id, sharding_key)
     topic = message.topic
@@ -135,7 +137,9 @@ def send_timer(producer: Producer, message: Message, deliver_ms: int, now: int,
         queue = store.next_queue(topic, store.ensure_topic(topic))
     properties = (f"{_user_pairs(message, keys, msg_id)}{PROPERTY_REAL_TOPIC}{SEP}{topic}{END}"
                   f"{PROPERTY_REAL_QUEUE_ID}{SEP}{queue}{END}{PROPERTY_TIMER_OUT_MS}{SEP}{out}{END}"
-                  f"{PROPERTY_TIMER_DELIVER_MS}{SEP}{deliver_ms}{END}").encode()
+                  f"{PROPERTY_TIMER_DELIVER_MS}{SEP}{deliver_ms}{END}"
+                  + ("" if delay_key is None else f"{PROPERTY_DELAY_KEY}{SEP}{delay_key}{END}")
+                  ).encode()
     check_headroom(store, properties)
     body = message.body
     if type(body) is not bytes:

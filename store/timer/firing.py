@@ -38,6 +38,8 @@ class SlotFiring:
         # the units of a slot a bounded run split, for the next run: (counter of the
         # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
         self.split_slot: tuple | None = None
+        #: the store's delay keys (:class:`store.timer.keys.DelayKeys`), set by the service
+        self.keys = None
 
     def read_props(self, offset: int) -> dict[str, str]:
         try:
@@ -132,6 +134,7 @@ class SlotFiring:
         result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
                          enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
                          delete_keys=delete_keys, timer_precision_ms=self.precision,
+                         keys=self.keys if self.keys is not None and self.keys.active() else None,
                          direct_enqueue_ms=DIRECT_ENQUEUE_MS)
         return result.delivered, result.rolled
 

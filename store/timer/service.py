@@ -64,6 +64,7 @@ from ..message import (
 from . import checkpoint as ckpt
 from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring
+from .keys import DelayKeys
 from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_queue import fire_counts, upgrade_tags_codes
@@ -128,6 +129,8 @@ class TimerService:
             if damaged:  # the wheel is rebuilt from the timer ConsumeQueue (see _sync)
                 self.wheel.created = True
             self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
+            self.keys = DelayKeys(store, self.precision, self._key_progress)
+            self.firing.keys = self.keys
             upgrade_tags_codes(store)  # a queue an earlier rmq indexed by fire time
             self._sync()
 
@@ -230,6 +233,12 @@ class TimerService:
         self._state = disk
         return disk
 
+    def _key_progress(self) -> tuple[int, int]:
+        """How far the timer has fired and enqueued (for the delay keys; the caller holds
+        the write lock)."""
+        st = self._sync()
+        return st.last_read_time_ms, st.last_timer_queue_offset
+
     def _rebuild(self, old: TimerCheckpoint | None) -> TimerCheckpoint:
         """Start the timer files afresh from the timer ConsumeQueue.
 
@@ -286,6 +295,8 @@ class TimerService:
                 # nothing to enqueue or fire: move the read time on without a save
                 st.last_read_time_ms = max(st.last_read_time_ms, floor_now)
                 return 0
+            if self.keys.active():  # the keyed records appended since: applied first
+                self.keys.sync()
             try:
                 return self._run(st, now, None if max_messages is None
                                  else max(1, int(max_messages)))
@@ -416,5 +427,6 @@ class TimerService:
         self.log.delete_expired(commitlog_min)
 
     def close(self) -> None:
+        self.keys.close()
         self.wheel.close()
         self.log.close()

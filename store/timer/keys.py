@@ -1,0 +1,432 @@
+"""Replace by key: a delay key names at most one pending timer message.
+
+``producer.send(message, delay_ms=..., key=K)`` (and ``producer.replace_table``) stores a
+timer message carrying the property ``RMQ_DELAY_KEY=K``; it replaces the message sent before
+with the same key.  ``producer.cancel(key=K)`` stores a *keys-cancel record*: a timer-topic
+cancel marker (so the timer and RocketMQ pass over it) whose body lists the keys it cancels
+and whose property ``__RMQ_DELAY_KEYS_CANCELLED`` says so.  Keys are one namespace per store.
+
+Nothing is looked up or rewritten at send time: the timer topic's ConsumeQueue, in its
+order, is the truth.  :class:`DelayKeys` keeps the :class:`~store.timer.key_table.
+DelayKeyTable` (key -> the hash of the id of the message it names now, and that message's
+fire time) up to date by applying the keyed and keys-cancel records appended since it last
+looked (:meth:`DelayKeys.sync`), and the timer's delivery, holding the write lock, syncs it
+and then drops every keyed message whose id is not the one its key names
+(:meth:`DelayKeys.superseded`).  So once a replacing send or a cancel has returned, its record
+is in the queue and no later delivery lets the old message through, whichever process
+delivers, across crashes: a delivery that was killed is redone after a sync.  A keyed
+message already delivered when the replace came stays delivered (it was due first).
+
+Costs: no Python step per message (the properties of new timer records are scanned by the
+compiled property pass, the table is probed vectorised); no process heap per key (the table
+is file-backed).  The table exists from a store's first keyed send; stores that never use
+keys pay nothing.  A missing or damaged table is rebuilt from the timer topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..core.ports import StorePort
+from ..delayed.routing import read_queue_entries
+from ..errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
+from ..files.fileio import move_aside
+from ..formats.codec import RecordSpec
+from ..formats.record_gather import SourceRecords
+from ..kernels.property_kernels import hash_ranges, parse_int_ranges, scan_properties
+from ..kernels.record_kernels import ByteColumn
+from ..kernels.scan_kernels import body_crcs
+from ..message import (
+    PROPERTY_DELAY_KEY,
+    PROPERTY_DELAY_KEYS_CANCELLED,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+)
+from .key_table import FILE_NAME, DelayKeyTable
+from .timer_queue import RECALL_TAG
+
+log = logging.getLogger("store")
+
+#: Longest key, in UTF-8 bytes.
+MAX_DELAY_KEY_BYTES = 1024
+#: Most keys one keys-cancel record lists (its body stays well under the 4 MiB limit).
+CANCEL_RECORD_KEYS = 65_536
+#: Timer-queue entries read per step of a sync.
+SYNC_CHUNK = 65_536
+#: What a keys-cancel record names as its target (no message has it).
+_CANCEL_TARGET = "RMQ_SYS_DELAY_KEYS"
+_NAMES = (PROPERTY_DELAY_KEY, PROPERTY_UNIQ_KEY, PROPERTY_TIMER_DELIVER_MS,
+          PROPERTY_TIMER_OUT_MS, PROPERTY_DELAY_KEYS_CANCELLED)
+_K_KEY, _K_UNIQ, _K_DELIVER, _K_OUT, _K_CANCELLED = range(len(_NAMES))
+_U32 = struct.Struct(">I")
+#: Events of one record sort by ``record * _ROW + position in the record``.
+_ROW = 1 << 22
+
+
+def validate_delay_key(key: object) -> str:
+    """``key`` when it can name a pending message; else :class:`InvalidMessageError`."""
+    if not isinstance(key, str) or not key:
+        raise InvalidMessageError(f"key={key!r}; allowed: a non-empty str")
+    if "\x01" in key or "\x02" in key:
+        raise InvalidMessageError(f"key={key!r} holds \\x01 or \\x02 (the properties' "
+                                  "separators); allowed: any other characters")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_DELAY_KEY_BYTES:
+        raise InvalidMessageError(f"key of {len(key.encode('utf-8', 'surrogatepass'))} bytes; "
+                                  f"allowed: at most {MAX_DELAY_KEY_BYTES} bytes of UTF-8")
+    return key
+
+
+def fingerprints(data: np.ndarray, starts: np.ndarray, ends: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(key_hash, key_check)`` of the byte ranges (see :mod:`store.timer.key_table`)."""
+    h = hash_ranges(data, starts, ends).view(np.int64)
+    h = np.where(h == 0, 1, h)
+    check = (body_crcs(data, starts, ends) << 32) | (np.asarray(ends) - np.asarray(starts))
+    return h, check
+
+
+def message_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The table's ``msg_hash`` of message ids (never 0: 0 marks a cancelled key)."""
+    h = hash_ranges(data, starts, ends).view(np.int64)
+    return np.where(h == 0, 1, h)
+
+
+def key_column(keys) -> ByteColumn:
+    """A column of validated keys (a sequence of str, or an Arrow string array: checked as
+    a whole column)."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        return ByteColumn.from_arrow(checked_key_array(keys))
+    if not isinstance(keys, (list, tuple)):
+        keys = list(keys)
+    return ByteColumn.of([validate_delay_key(k).encode("utf-8", "surrogatepass") for k in keys])
+
+
+def checked_key_array(keys) -> pa.Array:
+    """An Arrow string column of keys, checked whole (no nulls, 1 to 1,024 bytes, no
+    separators); :class:`InvalidMessageError` names the first bad row."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+        raise InvalidMessageError(f"keys of type {keys.type}; allowed: strings")
+    lengths = pc.binary_length(keys)
+    bad = pc.or_kleene(pc.or_kleene(pc.is_null(keys), pc.less(lengths, 1)),
+                       pc.greater(lengths, MAX_DELAY_KEY_BYTES))
+    bad = pc.or_kleene(bad, pc.match_substring_regex(keys, "[\\x01\\x02]"))
+    bad = bad.fill_null(True).to_numpy(zero_copy_only=False)
+    if bad.any():
+        row = int(np.argmax(bad))
+        validate_delay_key(keys[row].as_py())  # raises with what is wrong
+        raise InvalidMessageError(f"key in row {row}; allowed: a non-empty str")
+    return keys
+
+
+def cancel_bodies(col: ByteColumn) -> list[bytes]:
+    """The bodies of the keys-cancel records listing ``col``: ``count``, ``count + 1``
+    offsets (big-endian uint32), then the keys' bytes; at most :data:`CANCEL_RECORD_KEYS`
+    keys each."""
+    out = []
+    for lo in range(0, len(col), CANCEL_RECORD_KEYS):
+        part = col.slice(lo, min(len(col), lo + CANCEL_RECORD_KEYS))
+        offsets = (part.offsets - part.offsets[0]).astype(">u4")
+        data = part.data[int(part.offsets[0]):int(part.offsets[-1])]
+        out.append(_U32.pack(len(part)) + offsets.tobytes() + data.tobytes())
+    return out
+
+
+def parse_cancel_body(body: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(data, starts, ends)`` of the keys a keys-cancel record's body lists (``None``:
+    not such a body, a damaged record)."""
+    raw = body.tobytes() if not isinstance(body, bytes) else body
+    if len(raw) < 8:
+        return None
+    n = _U32.unpack_from(raw, 0)[0]
+    head = 4 + 4 * (n + 1)
+    if len(raw) < head:
+        return None
+    offsets = np.frombuffer(raw, dtype=">u4", count=n + 1, offset=4).astype(np.int64)
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any() or head + offsets[-1] != len(raw):
+        return None
+    data = np.frombuffer(raw, dtype=np.uint8, offset=head)
+    return data, offsets[:-1], offsets[1:]
+
+
+class DelayKeys:
+    """The delay keys of one store (see the module docstring).
+
+    Parameters
+    ----------
+    store : StorePort
+        The store; every method but :meth:`active` is called with its write lock held, or
+        takes it.
+    precision_ms : int
+        The timer's precision.
+    progress : callable
+        ``progress() -> (last_read_time_ms, enqueued_to)``: how far the timer has fired and
+        enqueued (the caller holds the write lock); keys whose message is done are dropped
+        from the table when it is rebuilt.
+    """
+
+    def __init__(self, store: StorePort, precision_ms: int, progress) -> None:
+        self.store = store
+        self.precision = precision_ms
+        self._progress = progress
+        self.path = os.path.join(store.root, FILE_NAME)
+        self._table: DelayKeyTable | None = None
+
+    def active(self) -> bool:
+        """Whether this store has used delay keys (its table exists)."""
+        return self._table is not None or os.path.exists(self.path)
+
+    # ------------------------------------------------------------------ the table
+    def ensure(self) -> None:
+        """Create the table before a store's first keyed send (a full scan of the timer
+        topic, which holds no keyed record yet unless the table was lost)."""
+        if self._table is not None:
+            return
+        with self.store.write_lock():
+            self.sync(create=True)
+
+    def sync(self, *, create: bool = False) -> DelayKeyTable | None:
+        """The table, with every record of the timer topic applied (``None``: keys never
+        used and ``create`` not asked).  The caller holds the write lock."""
+        table = self._open(create)
+        if table is None:
+            return None
+        qmin, qmax = self._queue_bounds()
+        start = max(table.indexed_to, qmin)
+        if start < qmax:
+            self._apply(table, start, qmax)
+        return table
+
+    def _open(self, create: bool) -> DelayKeyTable | None:
+        table = self._table
+        if table is not None:
+            try:
+                table.refresh()
+                return table
+            except FileNotFoundError:
+                table.close()
+                self._table = None
+        if not os.path.exists(self.path):
+            if not create:
+                return None
+            DelayKeyTable.create(self.path, indexed_to=0)
+        try:
+            table = DelayKeyTable(self.path)
+        except CorruptRecordError as exc:
+            where = move_aside(self.path)
+            log.warning("%s; set aside as %s and rebuilt from the timer topic", exc, where)
+            DelayKeyTable.create(self.path, indexed_to=0)
+            table = DelayKeyTable(self.path)
+        self._table = table
+        return table
+
+    def _queue_bounds(self) -> tuple[int, int]:
+        store = self.store
+        try:
+            store.max_offset(TIMER_TOPIC, 0)
+        except UnknownTopicError:
+            return 0, 0
+        queue = store.consume_queue(TIMER_TOPIC, 0)
+        confirmed = store.confirmed_offset()
+        return (queue.min_offset(store.commit_log.min_offset(), confirmed),
+                queue.max_offset(confirmed))
+
+    def _apply(self, table: DelayKeyTable, start: int, end: int) -> None:
+        """Apply the keyed and keys-cancel records of timer-queue offsets ``[start, end)``."""
+        queue = self.store.consume_queue(TIMER_TOPIC, 0)
+        for lo in range(start, end, SYNC_CHUNK):
+            hi = min(end, lo + SYNC_CHUNK)
+            entries = read_queue_entries(queue, lo, hi)
+            real = entries["size"] > 0
+            events = self._events(entries["offset"][real].astype(np.int64),
+                                  lo + np.flatnonzero(real))
+            if events is not None:
+                self._upsert(table, *events)
+            table.set_indexed_to(hi)
+
+    def _events(self, offsets: np.ndarray, queue_offsets: np.ndarray):
+        """``(key_hash, key_check, msg_hash, fire_ms, queue_offset, is_cancel)`` of the
+        records at CommitLog ``offsets`` (timer-queue ``queue_offsets``), in their order
+        (``None``: no keyed record among them)."""
+        if not len(offsets):
+            return None
+        log_ = self.store.commit_log
+        segment = offsets // self.store.config.commitlog_file_size_bytes
+        bounds = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+        parts = []
+        for lo, hi in zip(np.concatenate(([0], bounds)).tolist(),
+                          np.concatenate((bounds, [len(offsets)])).tolist()):
+            src = SourceRecords(log_, offsets[lo:hi])
+            found, v0, v1 = scan_properties(src.properties, _NAMES)
+            ok = src.ok
+            keyed = np.flatnonzero(ok & found[_K_KEY] & ~found[_K_CANCELLED])
+            cancels = np.flatnonzero(ok & found[_K_CANCELLED])
+            if not len(keyed) and not len(cancels):
+                continue
+            data = src.properties.data
+            if len(keyed):
+                h, c = fingerprints(data, v0[_K_KEY, keyed], v1[_K_KEY, keyed])
+                m = message_hashes(data, v0[_K_UNIQ, keyed], v1[_K_UNIQ, keyed])
+                deliver, d_ok = parse_int_ranges(data, v0[_K_DELIVER, keyed], v1[_K_DELIVER, keyed])
+                out, o_ok = parse_int_ranges(data, v0[_K_OUT, keyed], v1[_K_OUT, keyed])
+                d_ok &= found[_K_DELIVER, keyed]
+                o_ok &= found[_K_OUT, keyed]
+                fire = np.where(d_ok, deliver, np.where(o_ok, out + self.precision, 0))
+                parts.append((h, c, m, np.maximum(fire, 0), queue_offsets[lo + keyed],
+                              np.zeros(len(h), bool), (lo + keyed) * _ROW))
+            bodies = src.bodies
+            for r in cancels.tolist():
+                parsed = parse_cancel_body(bodies.data[bodies.starts[r]:bodies.ends[r]])
+                if parsed is None:
+                    log.warning("a keys-cancel record at CommitLog offset %d has a damaged "
+                                "body; skipped", int(offsets[lo + r]))
+                    continue
+                kd, ks, ke = parsed
+                h, c = fingerprints(kd, ks, ke)
+                n = len(h)
+                parts.append((h, c, np.zeros(n, np.int64), np.full(n, -1, np.int64),
+                              np.full(n, -1, np.int64), np.ones(n, bool),
+                              (lo + r) * _ROW + np.arange(n)))
+        if not parts:
+            return None
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(7)]
+        order = np.argsort(cols[6], kind="stable")
+        return tuple(col[order] for col in cols[:6])
+
+    def _upsert(self, table: DelayKeyTable, h, c, m, fire, qoff, is_cancel) -> None:
+        """Apply events in order: per key the last one decides; a cancel keeps the fire
+        time and queue offset of the message it cancels (so that the slot can be forgotten
+        once that message is done)."""
+        n = len(h)
+        seq = np.arange(n)
+        order = np.lexsort((seq, c, h))
+        hs, cs = h[order], c[order]
+        new_group = np.empty(n, dtype=bool)
+        new_group[0] = True
+        new_group[1:] = (hs[1:] != hs[:-1]) | (cs[1:] != cs[:-1])
+        last = np.empty(n, dtype=bool)
+        last[:-1] = new_group[1:]
+        last[-1] = True
+        group_start = np.maximum.accumulate(np.where(new_group, seq, 0))
+        keyed_at = np.maximum.accumulate(np.where(~is_cancel[order], seq, -1))
+        final = order[last]
+        prior = keyed_at[last]
+        take = is_cancel[final] & (prior >= group_start[last])
+        fire_final, qoff_final = fire[final].copy(), qoff[final].copy()
+        fire_final[take] = fire[order[prior[take]]]
+        qoff_final[take] = qoff[order[prior[take]]]
+        msg_final = np.where(is_cancel[final], 0, m[final])
+        if table.needs_room(len(final)):
+            table.rebuild(len(final), self._done)
+        table.upsert(h[final], c[final], msg_final, fire_final, qoff_final)
+
+    def _fired(self, fire_ms: np.ndarray, queue_offset: np.ndarray) -> np.ndarray:
+        """Which of these messages the timer is past: taken into the wheel and their slot
+        read (delivered, or dropped as cancelled).  The caller holds the write lock."""
+        last_read, enqueued_to = self._progress()
+        fire = np.asarray(fire_ms, dtype=np.int64)
+        out_ms = np.where(fire % self.precision == 0, fire - self.precision,
+                          fire - fire % self.precision)
+        return (np.asarray(queue_offset, dtype=np.int64) < enqueued_to) & (out_ms < last_read)
+
+    def _done(self, slots: np.ndarray) -> np.ndarray:
+        """Slots the table may forget when it is rebuilt: their message is fired."""
+        return self._fired(slots["fire_ms"], slots["queue_offset"])
+
+    # ------------------------------------------------------------------ delivery
+    def superseded(self, data: np.ndarray, key_start: np.ndarray, key_end: np.ndarray,
+                   id_start: np.ndarray, id_end: np.ndarray) -> np.ndarray:
+        """Which of these keyed messages (key and id as byte ranges of ``data``) their key no
+        longer names: replaced or cancelled.  Reads the table as the last :meth:`sync` left
+        it (the delivery syncs first, under the write lock)."""
+        table = self._table
+        if table is None or not len(key_start):
+            return np.zeros(len(key_start), dtype=bool)
+        h, c = fingerprints(data, key_start, key_end)
+        at = table.find(h, c)
+        known = at >= 0
+        out = np.zeros(len(key_start), dtype=bool)
+        if known.any():
+            m = message_hashes(data, id_start[known], id_end[known])
+            out[known] = table.slots["msg_hash"][at[known]] != m
+        return out
+
+    # ------------------------------------------------------------------ cancel
+    def pending(self, keys) -> np.ndarray:
+        """Per key: whether it names a message not yet delivered (as far as the timer's
+        progress shows)."""
+        col = key_column(keys)
+        with self.store.write_lock():
+            table = self.sync()
+            return self._pending(table, col)
+
+    def _pending(self, table: DelayKeyTable | None, col: ByteColumn) -> np.ndarray:
+        if table is None or not len(col):
+            return np.zeros(len(col), dtype=bool)
+        h, c = fingerprints(col.data, col.starts, col.ends)
+        at = table.find(h, c)
+        out = np.zeros(len(col), dtype=bool)
+        known = np.flatnonzero(at >= 0)
+        if len(known):
+            slots = table.slots[at[known]]
+            out[known] = (slots["msg_hash"] != 0) & ~self._fired(slots["fire_ms"],
+                                                                slots["queue_offset"])
+        return out
+
+    def cancel(self, keys) -> np.ndarray:
+        """Cancel the pending messages these keys name; per key, whether it named one.
+
+        One keys-cancel record per :data:`CANCEL_RECORD_KEYS` keys that named a pending
+        message; keys naming none store nothing.
+        """
+        col = key_column(keys)
+        store = self.store
+        with store.write_lock():
+            table = self.sync()
+            found = self._pending(table, col)
+            if not found.any():
+                return found
+            take = np.flatnonzero(found)
+            chosen = ByteColumn.of([col.data[col.offsets[i]:col.offsets[i + 1]].tobytes()
+                                    for i in take.tolist()]) if len(take) != len(col) else col
+            now = store.now_ms()
+            specs = [self._cancel_spec(body, len_, now) for body, len_ in
+                     zip(cancel_bodies(chosen), _chunk_sizes(len(chosen)))]
+            store.append(specs)
+            self.sync()
+            return found
+
+    def _cancel_spec(self, body: bytes, n: int, now: int) -> RecordSpec:
+        msg_id = self.store.id_generator.next_id(now)
+        out = now - now % self.precision
+        props = {
+            PROPERTY_UNIQ_KEY: msg_id, PROPERTY_TAGS: RECALL_TAG,
+            PROPERTY_TIMER_OUT_MS: str(out), PROPERTY_TIMER_DELIVER_MS: str(now),
+            PROPERTY_TIMER_DEL_UNIQKEY: f"{_CANCEL_TARGET}+{msg_id}",
+            PROPERTY_REAL_TOPIC: _CANCEL_TARGET, PROPERTY_REAL_QUEUE_ID: "0",
+            PROPERTY_DELAY_KEYS_CANCELLED: str(n),
+        }
+        return RecordSpec(topic=TIMER_TOPIC, body=body, properties=props, queue_id=0,
+                          born_timestamp_ms=now)
+
+    def close(self) -> None:
+        if self._table is not None:
+            self._table.close()
+            self._table = None
+
+
+def _chunk_sizes(n: int) -> list[int]:
+    return [min(CANCEL_RECORD_KEYS, n - lo) for lo in range(0, n, CANCEL_RECORD_KEYS)]
