@@ -51,6 +51,8 @@ from ..remote import connect
 from ..remote.address import is_remote
 from ..kernels.record_kernels import one_array
 from ..produce.table_rows import as_table, prepare_rows
+from ..schedule.service import validate_schedule_key
+from ..timer.keys import key_owners
 from ..transaction.check import CheckResult
 
 
@@ -207,6 +209,11 @@ class StoreGroup:
         """The member at position ``i``."""
         return self._stores[i]
 
+    def key_owner(self, key: str) -> int:
+        """The position of the member that owns a delay key or a schedule key: its sends,
+        cancels and schedule live there (see :func:`store.timer.keys.key_owners`)."""
+        return int(key_owners([key], len(self._stores))[0])
+
     def next_member(self) -> int:
         """The position of the next member in the group's round robin (advancing it)."""
         i = self._next % len(self._stores)
@@ -243,6 +250,22 @@ class StoreGroup:
         ended and checked in the member that holds it."""
         return GroupTransactionProducer(
             self, [named(s.transaction_producer(group, listener), n) for n, s in self.stores()])
+
+    def schedules(self) -> list:
+        """Every member's recurring schedules, by key (each lives in the member owning it)."""
+        return sorted((i for s in self._stores for i in s.schedules()), key=lambda i: i.key)
+
+    def remove_schedule(self, key: str) -> bool:
+        """Remove the schedule ``key`` (in the member that owns it)."""
+        return self._stores[self.key_owner(validate_schedule_key(key))].remove_schedule(key)
+
+    def pause_schedule(self, key: str) -> bool:
+        """Pause the schedule ``key`` (in the member that owns it)."""
+        return self._stores[self.key_owner(validate_schedule_key(key))].pause_schedule(key)
+
+    def resume_schedule(self, key: str) -> bool:
+        """Resume the schedule ``key`` (in the member that owns it)."""
+        return self._stores[self.key_owner(validate_schedule_key(key))].resume_schedule(key)
 
     def deliver_due(self, max_messages: int | None = None) -> int:
         """Every member delivers its due delayed messages (at most ``max_messages`` each);

@@ -14,10 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..errors import InvalidGroupError, InvalidMessageError
+from ..errors import InvalidBatchError, InvalidGroupError, InvalidMessageError
 from ..message import Message, SendResult, sharding_queue
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
+from ..produce.table_rows import as_table
+from ..schedule.service import validate_schedule_key
+from ..timer.keys import checked_key_array, key_owners, validate_delay_key
 
 
 def named(producer, name: str):
@@ -55,12 +58,22 @@ class GroupProducer:
         return self.group.member_index(store), queue_id
 
     def send(self, message: Message, *, store: str | None = None, queue_id: int | None = None,
-             sharding_key: str | None = None, **delay) -> SendResult:
+             sharding_key: str | None = None, key: str | None = None, **delay) -> SendResult:
         """Send one message (arguments as :meth:`Producer.send <store.produce.producer.Producer.send>`
         plus ``store``: the member to send to; default round robin).  The result's
-        ``store_name`` says which member holds it."""
+        ``store_name`` says which member holds it.  A delay ``key`` goes to the member that
+        owns the key (:meth:`StoreGroup.key_owner <store.group.store_group.StoreGroup.key_owner>`),
+        where the message it replaces waits."""
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected a store.Message, got {type(message).__name__}")
+        if key is not None:
+            if store is not None:
+                raise InvalidMessageError("key= with store=...; allowed: key= alone (a key's "
+                                          "messages live in the member that owns the key)")
+            validate_delay_key(key)
+            i = self.group.key_owner(key)
+            return self._producers[i].send(message, queue_id=queue_id,
+                                           sharding_key=sharding_key, key=key, **delay)
         i, queue = self._target(message.topic, store, queue_id, sharding_key)
         return self._producers[i].send(message, queue_id=queue, **delay)
 
@@ -96,9 +109,72 @@ class GroupProducer:
         inverse = np.argsort(np.concatenate(order), kind="stable")
         return pa.concat_tables(results).take(inverse)
 
-    def cancel(self, topic: str, msg_id: str) -> bool:
-        """Cancel a pending timer message in whichever member holds it."""
+    def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
+               key: str | None = None) -> bool:
+        """Cancel a pending timer message in whichever member holds it (by id), or the one
+        a delay key names (in the member that owns the key)."""
+        if key is not None:
+            if topic is not None or msg_id is not None:
+                raise InvalidMessageError("cancel: key= was given with topic / msg_id; "
+                                          "allowed: key= alone, or topic and msg_id")
+            return self._producers[self.group.key_owner(validate_delay_key(key))].cancel(key=key)
         return any([p.cancel(topic, msg_id) for p in self._producers])
+
+    def _by_owner(self, keys) -> tuple[list, np.ndarray, list[np.ndarray]]:
+        keys = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
+        owners = np.array([self.group.key_owner(validate_delay_key(k)) for k in keys],
+                          dtype=np.int64)
+        return keys, owners, [np.flatnonzero(owners == i) for i in range(len(self._producers))]
+
+    def cancel_keys(self, keys) -> np.ndarray:
+        """``cancel_keys`` in each key's owner; per key, whether it named a pending message."""
+        if isinstance(keys, str):
+            raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys")
+        keys, _, parts = self._by_owner(keys)
+        out = np.zeros(len(keys), dtype=bool)
+        for i, rows in enumerate(parts):
+            if len(rows):
+                out[rows] = self._producers[i].cancel_keys([keys[r] for r in rows.tolist()])
+        return out
+
+    def pending_keys(self, keys) -> np.ndarray:
+        """Per delay key, whether it names a pending message (asked of its owner)."""
+        if isinstance(keys, str):
+            raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys")
+        keys, _, parts = self._by_owner(keys)
+        out = np.zeros(len(keys), dtype=bool)
+        for i, rows in enumerate(parts):
+            if len(rows):
+                out[rows] = self._producers[i].pending_keys([keys[r] for r in rows.tolist()])
+        return out
+
+    def replace_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """``replace_table`` with each row sent to the member that owns its key; results in
+        input order, with a ``store`` column."""
+        table = as_table(data)
+        if "key" not in table.column_names:
+            raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
+                                    "send_table plus a string column key")
+        checked_key_array(table.column("key"))
+        owners = key_owners(table.column("key"), len(self._producers))
+        results, order = [], []
+        for i in range(len(self._producers)):
+            rows = np.flatnonzero(owners == i)
+            if not len(rows):
+                continue
+            out = self._producers[i].replace_table(table.take(pa.array(rows)), topic=topic)
+            results.append(out.append_column(
+                "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
+            order.append(rows)
+        if not results:
+            return RESULT_SCHEMA.append(pa.field("store", pa.string())).empty_table()
+        inverse = np.argsort(np.concatenate(order), kind="stable")
+        return pa.concat_tables(results).take(inverse)
+
+    def schedule(self, message: Message, *, key: str, **options):
+        """``schedule`` in the member that owns ``key`` (one member keeps and fires it)."""
+        validate_schedule_key(key)
+        return self._producers[self.group.key_owner(key)].schedule(message, key=key, **options)
 
 
 class GroupTransactionProducer:

@@ -423,6 +423,7 @@ class Producer:
         results = send_table(self.store, table, topic=topic)
         with self.store.write_lock():  # applied now, not by the next delivery
             keys.sync()
+            keys.release_memory()
         return results
 
 

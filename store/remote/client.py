@@ -25,6 +25,7 @@ import os
 import time
 from typing import Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
@@ -36,7 +37,7 @@ from ..sink.sink import SinkCommit
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
 from .address import DEFAULT_TIMEOUT_S, RemoteAddress, read_token
-from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote
+from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
 
 #: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
 SNAPSHOT_MAX_AGE_S = 0.5
@@ -292,6 +293,19 @@ class RemoteStore:
                         as_table(data))
         return int(loads(raw, "the answer of check_table")["rows"])
 
+    def schedules(self) -> list:
+        """The served store's recurring schedules (``MessageStore.schedules``)."""
+        return [schedule_info(f) for f in self._action("schedules", {})["schedules"]]
+
+    def remove_schedule(self, key: str) -> bool:
+        return bool(self._action("remove_schedule", {"key": key})["changed"])
+
+    def pause_schedule(self, key: str) -> bool:
+        return bool(self._action("pause_schedule", {"key": key})["changed"])
+
+    def resume_schedule(self, key: str) -> bool:
+        return bool(self._action("resume_schedule", {"key": key})["changed"])
+
     def deliver_due(self, max_messages: int | None = None) -> int:
         """Ask the server to deliver due delayed messages now (it does so on its own too)."""
         return int(self._action("deliver_due", {"max_messages": max_messages})["delivered"])
@@ -340,11 +354,12 @@ class RemoteProducer:
 
     def send(self, message: Message, *, delay_level: int | None = None,
              delay_ms: int | None = None, deliver_at_ms: int | None = None,
-             queue_id: int | None = None, sharding_key: str | None = None) -> SendResult:
+             queue_id: int | None = None, sharding_key: str | None = None,
+             key: str | None = None) -> SendResult:
         fields = self.store._action("send", {
             "group": self.group, "message": _message_body(message), "delay_level": delay_level,
             "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms, "queue_id": queue_id,
-            "sharding_key": sharding_key})
+            "sharding_key": sharding_key, "key": key})
         return _send_result(fields, store_name=self.store_name)
 
     def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
@@ -360,9 +375,35 @@ class RemoteProducer:
         return self.store._exchange({"op": "send_table", "group": self.group, "topic": topic},
                                     as_table(data))
 
-    def cancel(self, topic: str, msg_id: str) -> bool:
+    def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
+               key: str | None = None) -> bool:
         return bool(self.store._action("cancel", {"group": self.group, "topic": topic,
-                                                  "msg_id": msg_id})["cancelled"])
+                                                  "msg_id": msg_id, "key": key})["cancelled"])
+
+    def cancel_keys(self, keys) -> np.ndarray:
+        """As ``Producer.cancel_keys``: per key, whether it named a pending message."""
+        answer = self.store._action("cancel_keys", {"group": self.group, "keys": _keys(keys)})
+        return np.array(answer["cancelled"], dtype=bool)
+
+    def pending_keys(self, keys) -> np.ndarray:
+        """As ``Producer.pending_keys``."""
+        answer = self.store._action("pending_keys", {"group": self.group, "keys": _keys(keys)})
+        return np.array(answer["pending"], dtype=bool)
+
+    def replace_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """As ``Producer.replace_table``, stored on the server; returns the results table."""
+        return self.store._exchange({"op": "replace_table", "group": self.group,
+                                     "topic": topic}, as_table(data))
+
+    def schedule(self, message: Message, *, key: str, cron: str | None = None,
+                 every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
+                 end_at_ms: int | None = None, max_fires: int | None = None):
+        """As ``Producer.schedule``: a recurring schedule kept by the served store."""
+        answer = self.store._action("schedule", {
+            "group": self.group, "message": _message_body(message), "key": key, "cron": cron,
+            "every_ms": every_ms, "tz": tz, "start_at_ms": start_at_ms,
+            "end_at_ms": end_at_ms, "max_fires": max_fires})
+        return schedule_info(answer["schedule"])
 
 
 class RemoteTransactionProducer(RemoteProducer):
@@ -422,3 +463,13 @@ class RemoteSink:
     def committed_batches(self) -> dict[int, dict]:
         done = self.store._action("sink_committed_batches", self._body())["batches"]
         return {int(k): v for k, v in done.items()}
+
+
+def _keys(keys) -> list:
+    """Delay keys as a JSON list (from a list, an Arrow array or a pandas Series)."""
+    if isinstance(keys, str):
+        from ..errors import InvalidMessageError
+
+        raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys (for one key: "
+                                  "cancel(key=...))")
+    return keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)

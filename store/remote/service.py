@@ -38,6 +38,7 @@ from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
+                   schedule_fields,
                    error_info, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
@@ -233,13 +234,14 @@ class StoreService(flight.FlightServerBase):
         """``send_table``: the rows in, the results table out, both as Arrow streams."""
         body = loads(descriptor.command or b"", "the descriptor command")
         op = field(body, "op", str, "exchange")
-        if op != "send_table":
-            raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table'")
+        if op not in ("send_table", "replace_table"):
+            raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
+                                 "'replace_table'")
         group = field(body, "group", str, op)
         topic = field(body, "topic", str, op, optional=True)
         table = reader.read_all()
         with self._write_lock:
-            result = self._producer(group).send_table(table, topic=topic)
+            result = getattr(self._producer(group), op)(table, topic=topic)
         writer.begin(result.schema)
         writer.write_table(result)
 
@@ -300,6 +302,7 @@ class StoreService(flight.FlightServerBase):
         options = {k: field(body, k, int, "send", optional=True)
                    for k in ("delay_level", "delay_ms", "deliver_at_ms", "queue_id")}
         options["sharding_key"] = field(body, "sharding_key", str, "send", optional=True)
+        options["key"] = field(body, "key", str, "send", optional=True)
         with self._write_lock:
             result = self._producer(field(body, "group", str, "send")).send(message, **options)
         return _result(result)
@@ -314,10 +317,61 @@ class StoreService(flight.FlightServerBase):
         return {"results": [_result(r) for r in results]}
 
     def _action_cancel(self, body: dict) -> dict:
+        key = field(body, "key", str, "cancel", optional=True)
         with self._write_lock:
-            found = self._producer(field(body, "group", str, "cancel")).cancel(
-                field(body, "topic", str, "cancel"), field(body, "msg_id", str, "cancel"))
+            producer = self._producer(field(body, "group", str, "cancel"))
+            if key is not None:
+                found = producer.cancel(key=key)
+            else:
+                found = producer.cancel(field(body, "topic", str, "cancel"),
+                                        field(body, "msg_id", str, "cancel"))
         return {"cancelled": bool(found)}
+
+    def _keys(self, body: dict, what: str) -> list:
+        keys = field(body, "keys", list, what)
+        if not all(isinstance(k, str) for k in keys):
+            raise InvalidRequest(f"{what}: field 'keys' must be a list of str")
+        return keys
+
+    def _action_cancel_keys(self, body: dict) -> dict:
+        keys = self._keys(body, "cancel_keys")
+        with self._write_lock:
+            found = self._producer(field(body, "group", str, "cancel_keys")).cancel_keys(keys)
+        return {"cancelled": [bool(v) for v in found]}
+
+    def _action_pending_keys(self, body: dict) -> dict:
+        keys = self._keys(body, "pending_keys")
+        with self._write_lock:
+            found = self._producer(field(body, "group", str, "pending_keys")).pending_keys(keys)
+        return {"pending": [bool(v) for v in found]}
+
+    def _action_schedule(self, body: dict) -> dict:
+        message = self._message(body.get("message"), "schedule")
+        options = {k: field(body, k, int, "schedule", optional=True)
+                   for k in ("every_ms", "start_at_ms", "end_at_ms", "max_fires")}
+        options["cron"] = field(body, "cron", str, "schedule", optional=True)
+        options["tz"] = field(body, "tz", str, "schedule", default="UTC")
+        with self._write_lock:
+            info = self._producer(field(body, "group", str, "schedule")).schedule(
+                message, key=field(body, "key", str, "schedule"), **options)
+        return {"schedule": schedule_fields(info)}
+
+    def _action_schedules(self, body: dict) -> dict:
+        return {"schedules": [schedule_fields(i) for i in self.store.schedules()]}
+
+    def _schedule_change(self, body: dict, what: str) -> dict:
+        key = field(body, "key", str, what)
+        with self._write_lock:
+            return {"changed": bool(getattr(self.store, what)(key))}
+
+    def _action_remove_schedule(self, body: dict) -> dict:
+        return self._schedule_change(body, "remove_schedule")
+
+    def _action_pause_schedule(self, body: dict) -> dict:
+        return self._schedule_change(body, "pause_schedule")
+
+    def _action_resume_schedule(self, body: dict) -> dict:
+        return self._schedule_change(body, "resume_schedule")
 
     def _action_end_transactions(self, body: dict) -> dict:
         items = field(body, "items", list, "end_transactions")

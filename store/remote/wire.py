@@ -15,7 +15,7 @@ call            body (JSON unless said) -> answer
                 ``{"op": "check_table", "group", "topic"}`` with the rows as an Arrow
                 stream -> one metadata message: ``{"transactions": [...]}``
                 (``sink_stage``) or ``{"rows": n}`` (a dry run: validated, nothing written)
-``DoExchange``  descriptor command ``{"op": "send_table", "group", "topic"}``, the rows in as
+``DoExchange``  descriptor command ``{"op": "send_table" | "replace_table", "group", "topic"}``, the rows in as
                 an Arrow stream -> the results table out as an Arrow stream
 ``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
 ==============  ======================================================================
@@ -27,6 +27,8 @@ are bytes as base64 inside JSON (single sends; tables travel as Arrow).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import base64
 import json
@@ -42,7 +44,14 @@ ACTIONS = {
     "offset_for_timestamp": "the first offset of a queue stored at or after a time",
     "send": "one message (Producer.send)",
     "send_batch": "messages of one topic to one queue (Producer.send_batch)",
-    "cancel": "cancel a pending timer message (Producer.cancel)",
+    "cancel": "cancel a pending timer message (Producer.cancel: by id, or by key)",
+    "cancel_keys": "cancel the pending messages of delay keys (Producer.cancel_keys)",
+    "pending_keys": "whether delay keys name a pending message (Producer.pending_keys)",
+    "schedule": "add or replace a recurring schedule (Producer.schedule)",
+    "schedules": "every recurring schedule (MessageStore.schedules)",
+    "remove_schedule": "remove a recurring schedule",
+    "pause_schedule": "pause a recurring schedule",
+    "resume_schedule": "resume a recurring schedule",
     "end_transactions": "end transactions: [[id, state], ...]",
     "send_half": "a transactional half message, left open for the caller's end",
     "sink_commit": "commit a sink batch (Sink.commit)",
@@ -165,3 +174,16 @@ def raise_remote(exc: BaseException, address: str) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def schedule_fields(info) -> dict:
+    """A :class:`~store.schedule.service.ScheduleInfo` as a JSON object."""
+    return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+
+
+def schedule_info(fields: dict):
+    """The :class:`~store.schedule.service.ScheduleInfo` of :func:`schedule_fields`."""
+    from ..schedule.service import ScheduleInfo
+
+    names = {f.name for f in dataclasses.fields(ScheduleInfo)}
+    return ScheduleInfo(**{k: v for k, v in fields.items() if k in names})

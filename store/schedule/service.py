@@ -137,12 +137,18 @@ class ScheduleInfo:
         return "paused" if self.paused else "active"
 
 
-def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
-                      start_at_ms: object, end_at_ms: object, max_fires: object) -> None:
-    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed."""
+def validate_schedule_key(key: object) -> str:
+    """``key`` when it can name a schedule; else :class:`InvalidScheduleError`."""
     if not isinstance(key, str) or not key or len(key) > 255:
         raise InvalidScheduleError(f"key={key!r}; allowed: a non-empty str of at most 255 "
                                    "characters naming the schedule")
+    return key
+
+
+def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
+                      start_at_ms: object, end_at_ms: object, max_fires: object) -> None:
+    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed."""
+    validate_schedule_key(key)
     if (cron is None) == (every_ms is None):
         raise InvalidScheduleError("give exactly one of cron (e.g. '0 9 * * *') and every_ms "
                                    "(an interval in ms)")

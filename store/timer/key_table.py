@@ -145,6 +145,15 @@ class DelayKeyTable:
         if (st.st_ino, st.st_size) != self._ino:
             self._map()
 
+    def release_memory(self) -> None:
+        """Drop this process's resident pages of the mapping (the data stays in the file
+        and the page cache): the table costs no process memory between uses."""
+        if self._mm is not None:
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError, AttributeError):
+                pass
+
     def close(self) -> None:
         """Unmap the file (the arrays handed out before become invalid)."""
         self.slots = np.zeros(0, dtype=SLOT_DTYPE)

@@ -132,6 +132,15 @@ def checked_key_array(keys) -> pa.Array:
     return keys
 
 
+def key_owners(keys, members: int) -> np.ndarray:
+    """The member (``0 .. members - 1``) that owns each key in a store group: the key's
+    hash modulo the member count (a group's members are fixed when it is made, so a key's
+    owner never changes)."""
+    col = key_column(keys)
+    h = fingerprints(col.data, col.starts, col.ends)[0]
+    return (h.view(np.uint64) % np.uint64(members)).astype(np.int64)
+
+
 def cancel_bodies(col: ByteColumn) -> list[bytes]:
     """The bodies of the keys-cancel records listing ``col``: ``count``, ``count + 1``
     offsets (big-endian uint32), then the keys' bytes; at most :data:`CANCEL_RECORD_KEYS`
@@ -407,6 +416,7 @@ class DelayKeys:
                      zip(cancel_bodies(chosen), _chunk_sizes(len(chosen)))]
             store.append(specs)
             self.sync()
+            self.release_memory()
             return found
 
     def _cancel_spec(self, body: bytes, n: int, now: int) -> RecordSpec:
@@ -421,6 +431,11 @@ class DelayKeys:
         }
         return RecordSpec(topic=TIMER_TOPIC, body=body, properties=props, queue_id=0,
                           born_timestamp_ms=now)
+
+    def release_memory(self) -> None:
+        """Drop the process's resident pages of the table (after a sync or a delivery)."""
+        if self._table is not None:
+            self._table.release_memory()
 
     def close(self) -> None:
         if self._table is not None:

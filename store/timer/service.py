@@ -303,6 +303,7 @@ class TimerService:
             finally:
                 self.wheel.release_memory()
                 self.log.release_memory()
+                self.keys.release_memory()
                 release_commitlog_pages(store)
 
     def _run(self, st: TimerCheckpoint, now: int, budget: int | None = None) -> int:

@@ -246,3 +246,41 @@ def test_rows_without_a_topic_are_refused_with_nothing_written(group):
         with pytest.raises((InvalidMessageError, InvalidTopicError)):
             group.sink("s").stage(table)
     assert {name: s.confirmed_offset() for name, s in group.stores()} == before
+
+
+def test_delay_keys_and_schedules_live_in_the_member_owning_the_key(tmp_path, clock):
+    """A key's sends, replaces, cancels and schedule go to one member (its owner), so a
+    replace finds what it replaces; the group lists and changes schedules through it."""
+    from store import StoreGroup
+
+    T0 = 1_790_000_000_000
+    clock.set(T0)
+    StoreGroup.create(str(tmp_path / "g"), 3)
+    with StoreGroup.open(str(tmp_path / "g"), clock=clock) as g:
+        p = g.producer()
+        keys = [f"order-{i}" for i in range(30)]
+        for k in keys:
+            p.send(Message("orders", f"{k}:1".encode()), delay_ms=5_000, key=k)
+        owners = {k: g.key_owner(k) for k in keys}
+        assert len(set(owners.values())) == 3  # spread over every member
+        out = p.replace_table(pa.table({"topic": ["orders"] * 30,
+                                        "body": [f"{k}:2".encode() for k in keys],
+                                        "key": keys, "delay_ms": [6_000] * 30}))
+        assert out.column("store").to_pylist() == [g.names[owners[k]] for k in keys]
+        assert p.cancel(key="order-0") is True
+        assert p.cancel_keys(["order-1", "order-2", "nope"]).tolist() == [True, True, False]
+        assert p.pending_keys(["order-3", "order-0"]).tolist() == [True, False]
+        with pytest.raises(InvalidMessageError):
+            p.send(Message("orders", b"x"), delay_ms=5, key="k", store=g.names[0])
+        p.schedule(Message("reminders", b"ping"), key="remind", every_ms=1_000)
+        owner = g.names[g.key_owner("remind")]
+        assert [(s.key) for s in g.store(owner).schedules()] == ["remind"]
+        assert [s.key for s in g.schedules()] == ["remind"]
+        assert g.pause_schedule("remind") and g.resume_schedule("remind")
+        clock.set(T0 + 10_000)
+        g.deliver_due()
+        got = _bodies(g, "orders")
+        assert sorted(got) == sorted(f"{k}:2".encode() for k in keys[3:])
+        assert all(got[f"{k}:2".encode()] == [g.names[owners[k]]] for k in keys[3:])
+        assert sum(len(v) for v in _bodies(g, "reminders").values()) >= 9
+        assert g.remove_schedule("remind") and g.schedules() == []
