@@ -15,7 +15,25 @@ deliver_at     timestamp (or epoch ms as long)         deliver at this time
 delay_level    integer types                           a 4.x delay level
 queue_id       integer types                           the row's queue (ordered messages)
 sharding_key   string                                  rows with one key share a queue
+key            string                                  a delay key: the row replaces the
+                                                       pending message of its key (with
+                                                       delay_ms or deliver_at); with a null
+                                                       body it cancels the key's message
+schedule_key   string                                  the row defines the recurring schedule
+                                                       of this key (with cron or every_ms, a
+                                                       copy of the row's message each time);
+                                                       with neither, it removes the schedule
+cron           string                                  five cron fields or a macro
+every_ms       integer types                           a fixed interval
+tz             string                                  the cron's time zone (default UTC)
 =============  ======================================  =======================================
+
+Rows with a ``schedule_key`` and rows cancelling a key are *operations*, not messages: a task
+hands them to the driver in its commit message, and the driver applies them (cancels first,
+then schedules) just before it commits the batch's messages, unless the batch is committed
+already (a replay).  Applying them again after a crash between the two changes nothing (a
+cancelled key names nothing; a schedule identical to the one under its key is kept as it
+is), so they too take effect once.  With ``guarantee=at_least_once`` the task applies them.
 
 At most one delay column may be set per row (null: not delayed), and at most one of
 ``queue_id`` and ``sharding_key`` per DataFrame (null: round robin); rows of one queue keep
@@ -48,6 +66,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -87,7 +106,16 @@ COLUMN_TYPES = {
     "delay_level": (_INTS, "an integer type"),
     "queue_id": (_INTS, "an integer type"),
     "sharding_key": ((StringType,), "string"),
+    "key": ((StringType,), "string"),
+    "schedule_key": ((StringType,), "string"),
+    "cron": ((StringType,), "string"),
+    "every_ms": (_INTS, "an integer type"),
+    "tz": ((StringType,), "string"),
 }
+#: Columns of the schedule operations (their rows go to ``producer.schedule_table``).
+SCHEDULE_COLUMNS = ("schedule_key", "topic", "body", "tags", "keys", "properties", "cron",
+                    "every_ms", "tz")
+_OP_ONLY = ("schedule_key", "cron", "every_ms", "tz")
 
 
 class SinkWriteError(RmqSourceError):
@@ -133,11 +161,14 @@ def check_sink_schema(schema: StructType, options: RmqOptions) -> None:
 @dataclass(frozen=True, slots=True)
 class SinkCommitMessage(WriterCommitMessage):
     """One task's staged halves (exactly once) and its row count; over a store group,
-    ``by_store`` holds the halves of each member instead."""
+    ``by_store`` holds the halves of each member instead.  ``cancel_keys`` and
+    ``schedules`` are the task's operations, applied by the driver's commit."""
 
     transactions: tuple[str, ...]
     rows: int
     by_store: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cancel_keys: tuple[str, ...] = ()
+    schedules: pa.Table | None = None
 
 
 #: A task hands rows to the store in tables of about this many rows / bytes (Spark's Arrow
@@ -159,10 +190,18 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
     grouped = isinstance(store, StoreGroup)
     transactions: list[str] = []
     by_store: dict[str, list[str]] = {}
+    ops = _Operations()
     rows = 0
     try:
+        producer = store.producer(options.producer_group)
         if options.guarantee == "at_least_once":
-            write = store.producer(options.producer_group).send_table
+            ops.apply_now = lambda keys, table: _apply(options, producer, keys, table)
+        if options.guarantee == "at_least_once":
+            def write(table, topic):
+                if "key" in table.column_names:
+                    producer.replace_table(table, topic=topic)
+                else:
+                    producer.send_table(table, topic=topic)
         else:
             sink = store.sink(sink_id, options.producer_group)
 
@@ -183,24 +222,95 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
             count += batch.num_rows
             size += batch.nbytes
             if count >= TASK_BATCH_ROWS or size >= TASK_BATCH_BYTES:
-                rows += _hand_over(options, write, pending)
+                rows += _hand_over(options, write, pending, ops)
                 pending, size, count = [], 0, 0
         if pending:
-            rows += _hand_over(options, write, pending)
+            rows += _hand_over(options, write, pending, ops)
     finally:
         store.close()
     return SinkCommitMessage(tuple(transactions), rows,
-                             tuple((name, tuple(txs)) for name, txs in by_store.items()))
+                             tuple((name, tuple(txs)) for name, txs in by_store.items()),
+                             tuple(ops.cancel_keys), ops.table())
 
 
-def _hand_over(options: RmqOptions, write, batches: list) -> int:
+class _Operations:
+    """A task's schedule rows and key cancels, gathered for the commit."""
+
+    def __init__(self) -> None:
+        self.cancel_keys: list[str] = []
+        self.schedules: list[pa.Table] = []
+        #: at least once: applied by the task as they come, before the rows beside them
+        self.apply_now = None
+
+    def flush(self) -> None:
+        if self.apply_now is not None and (self.cancel_keys or self.schedules):
+            self.apply_now(self.cancel_keys, self.table())
+            self.cancel_keys, self.schedules = [], []
+
+    def table(self) -> pa.Table | None:
+        return pa.concat_tables(self.schedules) if self.schedules else None
+
+
+def _split(table: pa.Table, ops: _Operations) -> list[pa.Table]:
+    """The message rows of ``table`` as tables the store's sink takes (keyed rows apart);
+    its schedule rows and key cancels go to ``ops``."""
+    names = table.column_names
+    body = "body" if "body" in names else "value"
+    message = pc.invert(pc.is_valid(table.column("schedule_key"))) \
+        if "schedule_key" in names else None
+    if "schedule_key" in names:
+        sched = table.filter(pc.is_valid(table.column("schedule_key")))
+        if sched.num_rows:
+            cols = [c for c in SCHEDULE_COLUMNS if c in names]
+            part = sched.select(cols)
+            if body == "value":
+                part = part.rename_columns(["body" if c == "value" else c for c in cols])
+            ops.schedules.append(part.rename_columns(
+                ["key" if c == "schedule_key" else c for c in part.column_names]))
+        table = table.filter(message)
+    if "key" in names:
+        cancel = pc.and_(pc.is_valid(table.column("key")), pc.is_null(table.column(body)))
+        ops.cancel_keys.extend(table.filter(cancel).column("key").to_pylist())
+        table = table.filter(pc.invert(cancel))
+    table = table.drop_columns([c for c in _OP_ONLY if c in table.column_names])
+    if not table.num_rows:
+        return []
+    if "key" not in table.column_names:
+        return [table]
+    keyed = pc.is_valid(table.column("key"))
+    out = []
+    plain = table.filter(pc.invert(keyed)).drop_columns(["key"])
+    if plain.num_rows:
+        out.append(plain)
+    with_key = table.filter(keyed)
+    if with_key.num_rows:
+        out.append(with_key)
+    return out
+
+
+def _hand_over(options: RmqOptions, write, batches: list, ops: _Operations) -> int:
     table = pa.Table.from_batches(batches)
     try:
-        write(table, topic=options.topic)
+        parts = _split(table, ops)
+        ops.flush()  # (at least once: the operations first, as the driver's commit does)
+        for part in parts:
+            write(part, topic=options.topic)
     except StoreError as exc:
         raise SinkWriteError(f"writing to rmq store {options.path}: {exc} (nothing of this "
                              "batch becomes visible)") from None
     return table.num_rows
+
+
+def _apply(options: RmqOptions, producer, cancel_keys, schedules: pa.Table | None) -> None:
+    """The batch's operations: key cancels, then schedule definitions."""
+    try:
+        if cancel_keys:
+            producer.cancel_keys(list(cancel_keys))
+        if schedules is not None and schedules.num_rows:
+            producer.schedule_table(schedules, topic=options.topic)
+    except StoreError as exc:
+        raise SinkWriteError(f"applying the batch's schedules and key cancels to rmq store "
+                             f"{options.path}: {exc}") from None
 
 
 def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:
@@ -214,12 +324,27 @@ def _commit(options: RmqOptions, sink_id: str, messages, batch_id: int) -> None:
                 transactions[name].extend(txs)
     else:
         transactions = [tx for m in messages if m is not None for tx in m.transactions]
+    cancel_keys = [k for m in messages if m is not None for k in m.cancel_keys]
+    tables = [m.schedules for m in messages if m is not None and m.schedules is not None]
     try:
-        store.sink(sink_id, options.producer_group).commit(batch_id, transactions)
+        sink = store.sink(sink_id, options.producer_group)
+        if (cancel_keys or tables) and not _committed(sink, batch_id,
+                                                      isinstance(store, StoreGroup)):
+            _apply(options, store.producer(options.producer_group), cancel_keys,
+                   pa.concat_tables(tables, promote_options="default") if tables else None)
+        sink.commit(batch_id, transactions)
     except SinkCommitError as exc:
         raise SinkWriteError(str(exc)) from None
     finally:
         store.close()
+
+
+def _committed(sink, batch_id: int, grouped: bool) -> bool:
+    """Whether ``batch_id`` is committed already (in every member of a group)."""
+    done = sink.committed_batches()
+    if grouped:
+        return all(batch_id in member for member in done.values())
+    return batch_id in done
 
 
 def _abort(options: RmqOptions, sink_id: str) -> None:

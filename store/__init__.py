@@ -65,6 +65,7 @@ from .operations.warm_up import warm_up
 from .remote import connect
 from .remote.address import is_remote, read_token
 from .schedule.cron import CronExpression
+from .schedule.rows import ScheduleTableResult
 from .schedule.service import ScheduleInfo
 from .sink.sink import Sink, SinkCommit
 
@@ -74,7 +75,7 @@ __all__ = [
     "DiskFullError", "FlushError", "InvalidBatchError",
     "GroupProducer", "GroupSink", "InvalidGroupError", "StoreGroup", "is_store_group",
     "InvalidConfigError", "InvalidDelayError", "InvalidMessageError", "InvalidTopicError",
-    "CronExpression", "InvalidScheduleError", "ScheduleInfo",
+    "CronExpression", "InvalidScheduleError", "ScheduleInfo", "ScheduleTableResult",
     "LocalTransactionState", "Message", "MessageStore", "MessageTooLargeError", "MessageView",
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
     "Sink", "SinkCommit", "SinkCommitError",

@@ -19,6 +19,7 @@ from ..message import Message, SendResult, sharding_queue
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
 from ..produce.table_rows import as_table
+from ..schedule.rows import ScheduleTableResult
 from ..schedule.service import validate_schedule_key
 from ..timer.keys import checked_key_array, key_owners, validate_delay_key
 
@@ -171,6 +172,21 @@ class GroupProducer:
         inverse = np.argsort(np.concatenate(order), kind="stable")
         return pa.concat_tables(results).take(inverse)
 
+    def schedule_table(self, data, *, topic: str | None = None):
+        """``schedule_table`` with each row applied in the member that owns its key."""
+        table = as_table(data)
+        if "key" not in table.column_names or table.column("key").null_count:
+            return self._producers[0].schedule_table(table, topic=topic)  # its typed error
+        owners = key_owners(table.column("key"), len(self._producers))
+        changed = unchanged = removed = 0
+        for i in range(len(self._producers)):
+            rows = np.flatnonzero(owners == i)
+            if len(rows):
+                r = self._producers[i].schedule_table(table.take(pa.array(rows)), topic=topic)
+                changed, unchanged, removed = (changed + r.changed, unchanged + r.unchanged,
+                                               removed + r.removed)
+        return ScheduleTableResult(changed, unchanged, removed)
+
     def schedule(self, message: Message, *, key: str, **options):
         """``schedule`` in the member that owns ``key`` (one member keeps and fires it)."""
         validate_schedule_key(key)
@@ -204,6 +220,13 @@ class GroupSink:
     def stage(self, data, *, topic: str | None = None) -> dict[str, list[str]]:
         """Validate every row, route each by its body's CRC32 (or its sharding key) and stage
         each member's share; returns ``{store name: [transaction ids]}``."""
+        table = as_table(data)
+        if "key" in table.column_names:  # keyed rows: to the member owning each key
+            checked_key_array(table.column("key"))
+            owners = key_owners(table.column("key"), len(self._sinks))
+            return {self.group.names[i]: self._sinks[i].stage(
+                        table.take(pa.array(np.flatnonzero(owners == i))), topic=topic)
+                    for i in range(len(self._sinks)) if (owners == i).any()}
         with paused_gc():
             shares = self.group.split_table(data, topic, deterministic=True)
             return {self.group.names[i]: (self._sinks[i].stage(rows, topic=topic)

@@ -30,9 +30,10 @@ from ..message import (
     validate_topic,
 )
 from .single_send import send_now, send_timer
-from .table_keys import with_delay_key
+from .table_keys import keyed_table
 from .table_producer import send_table
 from .table_rows import as_table
+from ..schedule.rows import ScheduleTableResult, schedule_rows
 from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
 from ..timer.keys import checked_key_array, key_column, validate_delay_key
 from ..timer.service import TimerService
@@ -338,13 +339,35 @@ class Producer:
         :class:`~store.errors.InvalidScheduleError` for a bad key, expression, interval,
         time zone or bound, and what :meth:`send` raises for a bad message.
         """
+        return self.store.recurring.add(self._schedule_of(
+            message, key=key, cron=cron, every_ms=every_ms, tz=tz, start_at_ms=start_at_ms,
+            end_at_ms=end_at_ms, max_fires=max_fires))
+
+    def _schedule_of(self, message: Message, *, key: str, cron, every_ms, tz, start_at_ms,
+                     end_at_ms, max_fires) -> Schedule:
+        """A checked :class:`Schedule` (what :meth:`schedule` stores)."""
         validate_schedule(key, cron, every_ms, tz, start_at_ms, end_at_ms, max_fires)
         spec = self._spec(message, "-", self.store.now_ms())
         validate_topic(message.topic)
         properties = {k: v for k, v in spec.properties.items() if k != PROPERTY_UNIQ_KEY}
-        return self.store.recurring.add(Schedule(
-            key, message.topic, spec.body, properties, cron=cron, every_ms=every_ms, tz=tz,
-            start_at_ms=start_at_ms, end_at_ms=end_at_ms, max_fires=max_fires))
+        return Schedule(key, message.topic, spec.body, properties, cron=cron, every_ms=every_ms,
+                        tz=tz, start_at_ms=start_at_ms, end_at_ms=end_at_ms,
+                        max_fires=max_fires)
+
+    def schedule_table(self, data, *, topic: str | None = None) -> ScheduleTableResult:
+        """Add, replace or remove many schedules at once: one row per schedule (columns
+        ``key``, ``topic`` or ``topic=``, ``body``, ``tags``, ``keys``, ``properties``,
+        ``cron`` or ``every_ms``, ``tz``, ``start_at_ms``, ``end_at_ms``, ``max_fires``;
+        a row with neither ``cron`` nor ``every_ms`` removes its key's schedule).
+
+        Every row is checked before anything changes; the book is written once.  A row
+        identical to the schedule under its key changes nothing (its progress is kept), so
+        applying a table again is harmless.  See :mod:`store.schedule.rows`.
+        """
+        adds, removes = schedule_rows(as_table(data), topic)
+        schedules = [self._schedule_of(a.pop("message"), **a) for a in adds]
+        _, changed, removed = self.store.recurring.apply(schedules, removes)
+        return ScheduleTableResult(changed, len(schedules) - changed, removed)
 
     def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
                stored_queue_offset: int | None = None, key: str | None = None) -> bool:
@@ -396,28 +419,7 @@ class Producer:
         wins); a row due now waits in the timer for at most one precision.  Returns what
         :meth:`send_table` returns.
         """
-        import pyarrow as pa
-
-        table = as_table(data)
-        if "key" not in table.column_names:
-            raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
-                                    "send_table plus a string column key")
-        keys_col = table.column("key")
-        if not (pa.types.is_string(keys_col.type) or pa.types.is_large_string(keys_col.type)):
-            raise InvalidBatchError(f"replace_table: column key has type {keys_col.type}; "
-                                    "allowed: string")
-        if keys_col.null_count:
-            raise InvalidBatchError("replace_table: column key has nulls; allowed: a key "
-                                    "per row")
-        if "delay_level" in table.column_names:
-            raise InvalidDelayError("replace_table: column delay_level; allowed: delay_ms or "
-                                    "deliver_at (delay levels cannot be replaced)")
-        delays = [c for c in ("delay_ms", "deliver_at") if c in table.column_names]
-        if len(delays) != 1 or table.column(delays[0]).null_count:
-            raise InvalidDelayError("replace_table: needs one of the columns delay_ms, "
-                                    "deliver_at, with a value in every row")
-        checked_key_array(keys_col)  # validated before anything is stored
-        table = with_delay_key(table, self.store.now_ms())
+        table = keyed_table(as_table(data), self.store.now_ms())
         keys = self.store.timer.keys
         keys.ensure()
         results = send_table(self.store, table, topic=topic)

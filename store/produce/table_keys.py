@@ -13,9 +13,43 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import InvalidDelayError
+from ..errors import InvalidBatchError, InvalidDelayError
 from ..message import PROPERTY_DELAY_KEY
+from ..timer.keys import checked_key_array
 from .table_rows import _epoch_ms_ceil
+
+
+def keyed_table(table: pa.Table, now: int) -> pa.Table:
+    """A table with a ``key`` column (``replace_table``, the sink's keyed rows) checked
+    whole and turned into what ``send_table`` takes (:func:`with_delay_key`); a typed error
+    names what is wrong before anything is stored."""
+    if "key" not in table.column_names:
+        raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
+                                "send_table plus a string column key")
+    keys_col = table.column("key")
+    if not (pa.types.is_string(keys_col.type) or pa.types.is_large_string(keys_col.type)):
+        raise InvalidBatchError(f"column key has type {keys_col.type}; allowed: string")
+    if keys_col.null_count:
+        raise InvalidBatchError("column key has nulls; allowed: a key per row")
+    if "delay_level" in table.column_names and \
+            table.column("delay_level").null_count < table.num_rows:
+        raise InvalidDelayError("rows with a key and a delay_level; allowed: delay_ms or "
+                                "deliver_at (delay levels cannot be replaced)")
+    delays = [c for c in ("delay_ms", "deliver_at") if c in table.column_names]
+    if not delays:
+        raise InvalidDelayError("rows with a key need one of the columns delay_ms, "
+                                "deliver_at, with a value in every row")
+    given = None
+    for c in delays:
+        valid = table.column(c).is_valid()
+        given = valid if given is None else pc.or_(given, valid)
+    if not pc.all(given).as_py():
+        raise InvalidDelayError("a row with a key has no delay_ms or deliver_at; allowed: "
+                                "one of them in every keyed row")
+    checked_key_array(keys_col)
+    if "delay_level" in table.column_names:
+        table = table.drop_columns(["delay_level"])
+    return with_delay_key(table, now)
 
 
 def with_delay_key(table: pa.Table, now: int) -> pa.Table:
@@ -74,15 +108,20 @@ def _spliced_properties(table: pa.Table, keys: pa.Array, n: int) -> pa.Array:
 
 
 def _delay_ms(table: pa.Table, now: int) -> pa.Array:
-    """Each row's delay from ``now`` in ms, at least 1."""
+    """Each row's delay from ``now`` in ms (its ``delay_ms``, or its ``deliver_at`` less
+    ``now``), at least 1."""
+    out = None
     if "delay_ms" in table.column_names:
         raw = table.column("delay_ms").combine_chunks().cast(pa.int64())
-        if len(raw) and pc.min(raw).as_py() < 0:
-            raise InvalidDelayError(f"delay_ms={pc.min(raw).as_py()}; allowed: an int from 0 "
-                                    "to timer_max_delay_ms")
-        return pc.max_element_wise(raw, 1)
-    col = table.column("deliver_at")
-    if pa.types.is_timestamp(col.type):
-        col = _epoch_ms_ceil(col)
-    raw = col.combine_chunks().cast(pa.int64())
-    return pc.max_element_wise(pc.subtract(raw, now), 1)
+        low = pc.min(raw).as_py()
+        if low is not None and low < 0:
+            raise InvalidDelayError(f"delay_ms={low}; allowed: an int from 0 to "
+                                    "timer_max_delay_ms")
+        out = raw
+    if "deliver_at" in table.column_names:
+        col = table.column("deliver_at")
+        if pa.types.is_timestamp(col.type):
+            col = _epoch_ms_ceil(col)
+        at = pc.subtract(col.combine_chunks().cast(pa.int64()), now)
+        out = at if out is None else pc.if_else(out.is_valid(), out, at)
+    return pc.max_element_wise(out, 1)

@@ -395,6 +395,14 @@ class RemoteProducer:
         return self.store._exchange({"op": "replace_table", "group": self.group,
                                      "topic": topic}, as_table(data))
 
+    def schedule_table(self, data, *, topic: str | None = None):
+        """As ``Producer.schedule_table``, applied by the served store."""
+        from ..schedule.rows import ScheduleTableResult
+
+        out = self.store._exchange({"op": "schedule_table", "group": self.group,
+                                    "topic": topic}, as_table(data)).to_pylist()[0]
+        return ScheduleTableResult(out["changed"], out["unchanged"], out["removed"])
+
     def schedule(self, message: Message, *, key: str, cron: str | None = None,
                  every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
                  end_at_ms: int | None = None, max_fires: int | None = None):

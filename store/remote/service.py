@@ -234,14 +234,17 @@ class StoreService(flight.FlightServerBase):
         """``send_table``: the rows in, the results table out, both as Arrow streams."""
         body = loads(descriptor.command or b"", "the descriptor command")
         op = field(body, "op", str, "exchange")
-        if op not in ("send_table", "replace_table"):
+        if op not in ("send_table", "replace_table", "schedule_table"):
             raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
-                                 "'replace_table'")
+                                 "'replace_table', 'schedule_table'")
         group = field(body, "group", str, op)
         topic = field(body, "topic", str, op, optional=True)
         table = reader.read_all()
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
+        if op == "schedule_table":
+            result = pa.table({name: [getattr(result, name)]
+                               for name in ("changed", "unchanged", "removed")})
         writer.begin(result.schema)
         writer.write_table(result)
 

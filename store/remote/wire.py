@@ -15,7 +15,8 @@ call            body (JSON unless said) -> answer
                 ``{"op": "check_table", "group", "topic"}`` with the rows as an Arrow
                 stream -> one metadata message: ``{"transactions": [...]}``
                 (``sink_stage``) or ``{"rows": n}`` (a dry run: validated, nothing written)
-``DoExchange``  descriptor command ``{"op": "send_table" | "replace_table", "group", "topic"}``, the rows in as
+``DoExchange``  descriptor command ``{"op": "send_table" | "replace_table" | "schedule_table",
+                "group", "topic"}``, the rows in as
                 an Arrow stream -> the results table out as an Arrow stream
 ``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
 ==============  ======================================================================

@@ -241,17 +241,39 @@ class ScheduleBook:
     # -- changing ---------------------------------------------------------------------------
     def add(self, schedule: Schedule) -> ScheduleInfo:
         """Add ``schedule`` (replacing one with its key); return what it is now."""
+        return self.apply([schedule], [])[0][0]
+
+    def apply(self, adds: list[Schedule], removes: list[str]
+              ) -> tuple[list[ScheduleInfo], int, int]:
+        """Add (or replace) ``adds`` and remove ``removes``, in one write of the book.
+
+        A schedule identical to the one under its key (same message, expression or
+        interval, zone and bounds) changes nothing: its next fire, fire count and pause are
+        kept, so applying the same definitions again is harmless.  Returns the infos of
+        ``adds``, how many of them changed the book and how many keys were removed.
+        """
         with self.store.write_lock():
             schedules = self._settled()
             now = self.store.now_ms()
-            schedule.created_ms = now
-            if schedule.every_ms is not None:
-                schedule.anchor_ms = schedule.start_at_ms if schedule.start_at_ms is not None \
-                    else now + schedule.every_ms
-            schedule.next_fire_ms = schedule.following(now)
-            schedules[schedule.key] = schedule
-            self._save(schedules, -1)
-            return _info(schedule)
+            infos, changed, removed = [], 0, 0
+            for key in removes:
+                removed += schedules.pop(key, None) is not None
+            for schedule in adds:
+                old = schedules.get(schedule.key)
+                if old is not None and _definition(old) == _definition(schedule):
+                    infos.append(_info(old))
+                    continue
+                schedule.created_ms = now
+                if schedule.every_ms is not None:
+                    schedule.anchor_ms = schedule.start_at_ms if schedule.start_at_ms is not None \
+                        else now + schedule.every_ms
+                schedule.next_fire_ms = schedule.following(now)
+                schedules[schedule.key] = schedule
+                infos.append(_info(schedule))
+                changed += 1
+            if changed or removed:
+                self._save(schedules, -1)
+            return infos, changed, removed
 
     def remove(self, key: str) -> bool:
         """Remove the schedule ``key``; ``False`` when there is none."""
@@ -333,6 +355,12 @@ def read_schedules(root: str) -> list[ScheduleInfo]:
     data = read_lenient_json(os.path.join(root, FILE_NAME), valid=lambda d: isinstance(d, dict))
     table = (data or {}).get("schedules") or {}
     return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
+
+
+def _definition(s: Schedule) -> tuple:
+    """What a user defines of a schedule (not its progress)."""
+    return (s.key, s.topic, s.body, s.properties, s.cron, s.every_ms, s.tz, s.start_at_ms,
+            s.end_at_ms, s.max_fires)
 
 
 def _info(s: Schedule) -> ScheduleInfo:

@@ -82,7 +82,8 @@ from .halves import (
     half_view,
 )
 from ..produce.table_producer import chunk_queues
-from ..produce.table_rows import PreparedRows, prepare_rows
+from ..produce.table_keys import keyed_table
+from ..produce.table_rows import PreparedRows, as_table, prepare_rows
 from ..transaction.half import HALF_QUEUE_ID
 from ..transaction.op import op_specs
 
@@ -119,9 +120,15 @@ class Sink:
 
     # ------------------------------------------------------------------ staging
     def stage(self, data, *, topic: str | None = None) -> list[str]:
-        """Validate and stage rows (a table as for ``send_table``); return the halves' ids."""
+        """Validate and stage rows (a table as for ``send_table``, or for ``replace_table``
+        with a ``key`` column: each row replaces its key's pending message when the batch
+        commits); return the halves' ids."""
         with paused_gc():
-            return self.stage_prepared(prepare_rows(self.store, data, topic=topic))
+            table = as_table(data)
+            if "key" in table.column_names:
+                table = keyed_table(table, self.store.now_ms())
+                self.store.timer.keys.ensure()
+            return self.stage_prepared(prepare_rows(self.store, table, topic=topic))
 
     def stage_prepared(self, rows: PreparedRows) -> list[str]:
         """Stage rows already validated by :func:`~store.produce.table_rows.prepare_rows` (a store

@@ -443,3 +443,23 @@ def test_sigkill_mid_replace_never_lets_a_replaced_message_through(tmp_path):
             assert per_key[key][0] >= i, (key, i, per_key[key])
         else:
             assert maybe_gone.get(key), (key, i)
+
+
+def test_sink_stages_keyed_rows_that_replace_when_the_batch_commits(keyed, clock):
+    p = keyed.producer()
+    p.send(Message(TOPIC, b"old"), delay_ms=5_000, key="a")
+    sink = keyed.sink("s1")
+    staged = sink.stage(_rows(["a", "b"], [b"a-new", b"b-new"], 5_000))
+    clock.set(T0 + 6_000)  # not committed yet: the old one is the key's
+    keyed.deliver_due()
+    assert [b for b, _, _ in delivered(keyed)] == [b"old"]
+    p.send(Message(TOPIC, b"a2"), delay_ms=5_000, key="a")
+    sink.commit(0, staged)  # the batch's rows now replace (a2 was sent before the commit)
+    clock.set(T0 + 20_000)
+    keyed.deliver_due()
+    assert sorted(b for b, _, _ in delivered(keyed)) == [b"a-new", b"b-new", b"old"]
+    abandoned = keyed.sink("s2").stage(_rows(["b"], [b"never"], 1_000))
+    assert keyed.sink("s2").abort() == len(abandoned)
+    clock.set(T0 + 40_000)
+    keyed.deliver_due()
+    assert b"never" not in [b for b, _, _ in delivered(keyed)]
