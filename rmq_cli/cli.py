@@ -337,19 +337,24 @@ def tail(store_path, topic, start, tags, follow, deliver_due, fmt, max_messages,
               help="How many orders to produce.")
 @click.option("--timeout-s", type=click.FloatRange(min=1.0), default=6.0, show_default=True,
               help="Order time-out (RocketMQ's 30 minutes, scaled to seconds).")
+@click.option("--remind-s", type=click.FloatRange(min=0.5), default=2.0, show_default=True,
+              help="Remind every open order this often until it is paid or closed.")
 @click.option("--quiet", is_flag=True, help="No live table; print only the summary.")
-def demo(store_path, orders, timeout_s, quiet):
+def demo(store_path, orders, timeout_s, remind_s, quiet):
     """Run the order time-out pipeline end to end on an embedded store.
 
     Orders get a delayed "close if unpaid" message; most are paid through transactional
     messages (committed at once, rolled back, or left unknown for the check loop); a Spark
-    streaming query closes the unpaid ones when their time-out surfaces, and a second query
-    runs the transaction check loop.  Exits 3 if any invariant fails.
+    streaming query closes the unpaid ones when their time-out surfaces and reminds every
+    open order every --remind-s seconds (a recurring schedule, removed once it is paid or
+    closed), and a second query runs the transaction check loop.  Exits 3 if any invariant
+    fails.
     """
     from .demo import run_demo
 
     started = time.time()
-    ok = run_demo(store_path=store_path, orders=orders, timeout_s=timeout_s, quiet=quiet)
+    ok = run_demo(store_path=store_path, orders=orders, timeout_s=timeout_s, remind_s=remind_s,
+                  quiet=quiet)
     click.echo(f"demo finished in {time.time() - started:.1f} s", err=True)
     sys.exit(0 if ok else EXIT_INVARIANT)
 

@@ -13,9 +13,15 @@ The scenario of the seed articles, with RocketMQ's 30-minute time-out scaled to 
 5. Spark query ``check_loop`` reads ``view=transaction_checks``, joins the half messages with
    the orders table (did the customer really pay?) and writes COMMIT / ROLLBACK back with
    ``action=end_transaction``.
+6. "Remind every N seconds until paid": when the pipeline sees an order it adds a recurring
+   schedule (key ``remind-<order>``, ``every_ms``) that fires a reminder into topic
+   ``payment_reminders``; when it sees the order's payment, or closes the order, it removes
+   the schedule.  The pipeline reads the reminders too.
 
 At the end it checks the invariants (every time-out seen once and never early, exactly the
-committed payments seen, exactly the unpaid orders closed) and prints a summary.
+committed payments seen, exactly the unpaid orders closed; every reminder seen once and
+never early, none fired after its order's schedule was removed, every unpaid order reminded,
+no schedule left) and prints a summary.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import numpy as np
 from .session import local_spark
 
 ORDERS, PAYMENTS, TIMEOUTS, CLOSED = "orders", "payments", "order_timeouts", "order_closed"
+REMINDERS = "payment_reminders"
+SCHEDULE_KEY, FIRE_MS = "RMQ_SCHEDULE_KEY", "RMQ_SCHEDULE_FIRE_MS"  # on every reminder
 WARMUP = "warm-up"  # key of the messages that start both queries before the orders flow
 
 # how each order's payment goes (fractions of all orders)
@@ -55,6 +63,9 @@ class DemoState:
     lateness_store_ms: list = field(default_factory=list)
     lateness_seen_ms: list = field(default_factory=list)
     warm: set = field(default_factory=set)  # topics whose warm-up message was seen
+    reminding: set = field(default_factory=set)  # orders with a reminder schedule now
+    reminder_removed_ms: dict = field(default_factory=dict)  # order -> when removed
+    reminders: list = field(default_factory=list)  # (order, fire ms, stored ms, seen ms)
     batches: int = 0
     rows: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -105,16 +116,20 @@ def _produce(store, n: int, timeout_ms: int, outcomes: dict, rate_per_s: float,
     progress["produce_s"] = time.time() - start
 
 
-def _pipeline_batch(state: DemoState, store_path: str):
+def _pipeline_batch(state: DemoState, store_path: str, remind_ms: int):
     """foreachBatch handler of the pipeline query (runs on the driver)."""
+    import pyarrow as pa
+
     from store import Message, MessageStore
 
     closer_store = {"s": None}
 
     def handle(df, batch_id: int) -> None:
         seen_ms = time.time_ns() // 1_000_000
-        rows = df.select("topic", "keys", "store_timestamp", "deliver_timestamp").collect()
+        rows = df.select("topic", "keys", "store_timestamp", "deliver_timestamp",
+                         "properties").collect()
         to_close = []
+        new_orders = []
         with state.lock:
             state.batches += 1
             state.rows += len(rows)
@@ -126,10 +141,17 @@ def _pipeline_batch(state: DemoState, store_path: str):
                     continue
                 if r["topic"] == ORDERS:
                     state.created.add(oid)
+                    new_orders.append(oid)
                 elif r["topic"] == PAYMENTS:
                     state.paid[oid] = state.paid.get(oid, 0) + 1
                     if oid in state.closed:  # paid after its time-out closed it: refund
                         state.paid_after_close.add(oid)
+                elif r["topic"] == REMINDERS:
+                    props = dict(r["properties"] or {})
+                    state.reminders.append((
+                        props.get(SCHEDULE_KEY, "").removeprefix("remind-"),
+                        int(props.get(FIRE_MS, -1)),
+                        int(r["store_timestamp"].timestamp() * 1000), seen_ms))
             for r in rows:
                 if r["topic"] != TIMEOUTS or not r["keys"] or r["keys"][0] == WARMUP:
                     continue
@@ -144,9 +166,27 @@ def _pipeline_batch(state: DemoState, store_path: str):
                 if oid not in state.paid and oid not in state.closed:
                     state.closed.add(oid)
                     to_close.append(oid)
+            # reminders: one schedule per open order, removed once it is paid or closed
+            add = [o for o in new_orders if o not in state.paid and o not in state.closed]
+            remove = [o for o in state.reminding if o in state.paid or o in state.closed]
+            state.reminding.difference_update(remove)
+            state.reminding.update(add)
+        if closer_store["s"] is None and (to_close or add or remove):
+            closer_store["s"] = MessageStore.open(store_path)
+        if add or remove:
+            keys = [f"remind-{o}" for o in remove + add]
+            ops = pa.table({
+                "key": keys,
+                "body": [None] * len(remove) + [json.dumps({"order": o}).encode() for o in add],
+                "tags": [None] * len(remove) + ["remind"] * len(add),
+                "every_ms": pa.array([None] * len(remove) + [remind_ms] * len(add), pa.int64()),
+            })
+            closer_store["s"].producer("order-service").schedule_table(ops, topic=REMINDERS)
+            done_ms = time.time_ns() // 1_000_000
+            with state.lock:
+                for o in remove:
+                    state.reminder_removed_ms[o] = done_ms
         if to_close:
-            if closer_store["s"] is None:
-                closer_store["s"] = MessageStore.open(store_path)
             producer = closer_store["s"].producer("order-closer")
             for oid in to_close:
                 producer.send(Message(CLOSED, json.dumps({"order": oid}).encode(),
@@ -173,6 +213,8 @@ def _render(progress: dict, state: DemoState, store, n: int, started: float):
             ("payments seen (committed)", len(state.paid)),
             ("time-outs surfaced", len(state.timeouts_seen)),
             ("orders closed by time-out", len(state.closed)),
+            ("payment reminders seen", len(state.reminders)),
+            ("orders being reminded now", len(state.reminding)),
             ("check-loop answers", progress.get("checks", 0)),
             ("micro-batches", state.batches),
             ("early deliveries", len(state.early)),
@@ -183,7 +225,7 @@ def _render(progress: dict, state: DemoState, store, n: int, started: float):
 
 
 def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: float = 6.0,
-             quiet: bool = False, seed: int = 7) -> bool:
+             remind_s: float = 2.0, quiet: bool = False, seed: int = 7) -> bool:
     """Run the demo; return True when every invariant held."""
     from rich.console import Console
     from rich.live import Live
@@ -200,7 +242,9 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
     outcomes = {f"o-{i:06d}": rng.choices(names, weights)[0] for i in range(orders)}
     config = StoreConfig(timer_precision_ms=100, transaction_timeout_ms=1000)
     store = MessageStore.open(path, config)
-    console.print(f"[bold]rmq demo[/bold]: {orders} orders, time-out {timeout_s:g} s, store {path}")
+    console.print(f"[bold]rmq demo[/bold]: {orders} orders, time-out {timeout_s:g} s, "
+                  f"reminders every {remind_s:g} s until paid, store {path}")
+    remind_ms = int(remind_s * 1000)
     console.print("starting Spark (local[2]) ...")
     spark = local_spark("rmq-demo", tmp)
     state = DemoState()
@@ -240,10 +284,10 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
             .option("checkpointLocation", os.path.join(tmp, "chk-scheduler"))
             .trigger(processingTime="250 milliseconds").start(path))
         stream = (spark.readStream.format("rmq")
-                  .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS}")
+                  .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS},{REMINDERS}")
                   .option("startingOffsets", "earliest").load(path))
         queries.append(
-            stream.writeStream.foreachBatch(_pipeline_batch(state, path))
+            stream.writeStream.foreachBatch(_pipeline_batch(state, path, remind_ms))
             .option("checkpointLocation", os.path.join(tmp, "chk-pipeline"))
             .trigger(processingTime="250 milliseconds").start())
 
@@ -287,15 +331,22 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
                                          for p in queries[0].recentProgress)
                 live.update(_render(progress, state, store, orders, started))
                 with state.lock:
-                    done = len(state.timeouts_seen) >= orders and not producer.is_alive()
+                    done = len(state.timeouts_seen) >= orders and not producer.is_alive() \
+                        and not state.reminding
                 if done:
                     break
+                time.sleep(0.25)
+            # reminders stop once removed: anything still firing shows in this wait
+            quiet_until = time.time() + 2 * remind_s + 1
+            while time.time() < quiet_until:
+                live.update(_render(progress, state, store, orders, started))
                 time.sleep(0.25)
             live.update(_render(progress, state, store, orders, started))
         stop.set()
         producer.join(timeout=10)
         elapsed = time.time() - started
-        ok = _summary(console, state, outcomes, progress, elapsed)
+        left = [s.key for s in store.schedules() if s.key.startswith("remind-")]
+        ok = _summary(console, state, outcomes, progress, elapsed, left)
     finally:
         stop.set()
         if producer is not None:
@@ -311,7 +362,8 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
     return ok
 
 
-def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed: float) -> bool:
+def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed: float,
+             schedules_left: list) -> bool:
     from rich.table import Table
 
     paid_expected = {o for o, k in outcomes.items() if k in ("commit", "unknown_paid")}
@@ -320,6 +372,12 @@ def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed:
     lat_store = np.array(state.lateness_store_ms or [0])
     lat_seen = np.array(state.lateness_seen_ms or [0])
     produced_msgs = n * 2 + sum(1 for k in outcomes.values() if k != "no_payment")
+    fires = [(o, f) for o, f, _, _ in state.reminders]
+    early_reminders = [o for o, f, stored, seen in state.reminders if f < 0 or stored < f]
+    late_reminders = [o for o, f, _, _ in state.reminders
+                      if o in state.reminder_removed_ms and f > state.reminder_removed_ms[o]]
+    reminded = {o for o, _, _, _ in state.reminders}
+    per_unpaid = [sum(1 for o, *_ in state.reminders if o == u) for u in state.closed]
     checks = [
         ("every order produced", progress.get("produced", 0) == n),
         ("every time-out surfaced exactly once",
@@ -330,6 +388,13 @@ def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed:
         ("every unpaid order closed, and no order paid before its time-out",
          state.closed == unpaid_expected | state.paid_after_close
          and state.paid_after_close <= paid_expected),
+        ("every reminder seen once, never early",
+         len(fires) == len(set(fires)) and not early_reminders),
+        ("no reminder fired after its order's schedule was removed", not late_reminders),
+        ("every order closed unpaid was reminded first",
+         unpaid_expected & state.closed <= reminded),
+        ("no reminder schedule left once every order was paid or closed",
+         not schedules_left and not state.reminding),
     ]
     t = Table(title="summary")
     t.add_column("figure")
@@ -342,6 +407,9 @@ def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed:
     t.add_row("paid only after the time-out closed them (refunds)",
               str(len(state.paid_after_close)))
     t.add_row("delivered early", str(len(state.early)))
+    t.add_row("payment reminders (orders reminded / per order closed unpaid, mean)",
+              f"{len(state.reminders)} ({len(reminded)} / "
+              f"{np.mean(per_unpaid) if per_unpaid else 0:.1f})")
     t.add_row("lateness p50 / p99 (store - due)",
               f"{np.percentile(lat_store, 50):.0f} / {np.percentile(lat_store, 99):.0f} ms")
     t.add_row("lateness p50 / p99 (seen by Spark - due)",
