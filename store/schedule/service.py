@@ -7,8 +7,10 @@ schedule added with the key of another replaces it.
 
 **Where they live.**  ``config/rmq_schedules.json`` (JSON, written atomically with a
 ``.bak``, as the broker's config files): every schedule with its next fire time and
-the fires so far, and ``deliverMark``.  It is never in the CommitLog, so retention never
-touches it.
+the fires so far; beside it ``config/rmq_schedules.mark``, the ``deliverMark`` of a firing
+step under way (a book written by an earlier version may hold it as ``deliverMark``).  Neither
+is in the CommitLog, so retention never touches them.  The book is kept parsed between calls
+(re-read only when another process wrote it) and written once per change or firing step.
 
 **Firing** (:meth:`ScheduleBook.fire_due`, run by ``store.deliver_due()``, so by ``rmq serve``
 and by streaming queries): under the store's write lock, every active schedule whose next
@@ -20,8 +22,8 @@ while nothing ran (the store closed, no server) are all delivered when firing re
 once, as overdue timer messages are.
 
 **Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
-the copies, the CommitLog end is saved as the mark; after the copies are flushed the new fire
-times are saved and the mark cleared.  Whoever next takes the book with a mark still set (a
+the copies, the CommitLog end is saved as the mark (the small mark file); after the copies are
+flushed the new fire times are saved and the mark file removed.  Whoever next takes the book with a mark still set (a
 process killed in between) first reads the records appended since the mark, counts the
 copies found there as fired, and only then goes on.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +56,7 @@ PROPERTY_SCHEDULE_FIRE_MS = "RMQ_SCHEDULE_FIRE_MS"
 #: Copies appended per step of :meth:`ScheduleBook.fire_due`.
 FIRE_CHUNK = 4096
 FILE_NAME = os.path.join("config", "rmq_schedules.json")
+MARK_NAME = os.path.join("config", "rmq_schedules.mark")
 
 
 @dataclass
@@ -176,9 +180,13 @@ class ScheduleBook:
     def __init__(self, store) -> None:
         self.store = store
         self.path = os.path.join(store.root, FILE_NAME)
+        self.mark_path = os.path.join(store.root, MARK_NAME)
         # the file's identity (inode, size, mtime) and its parsed text: a delivery step with
         # nothing due reads only a stat
         self._cached: tuple[tuple, dict] | None = None
+        # the same identity and the schedules as objects, changed in place under the write
+        # lock and written by _save (dropped when a change fails half way)
+        self._parsed: tuple[tuple, dict[str, Schedule]] | None = None
 
     # -- the file ---------------------------------------------------------------------------
     def _read(self) -> dict | None:
@@ -193,9 +201,30 @@ class ScheduleBook:
         self._cached = None if identity is None or data is None else (identity, data)
         return data
 
+    def _read_mark(self) -> int:
+        """The mark of a firing step under way (-1: none)."""
+        try:
+            with open(self.mark_path, "rb") as fh:
+                text = fh.read().strip()
+        except FileNotFoundError:
+            return -1
+        return int(text) if text.lstrip(b"-").isdigit() else -1
+
+    def _set_mark(self, mark: int) -> None:
+        """Save the mark durably, before any copy of the step is appended."""
+        atomic_write(self.mark_path, str(mark).encode("ascii"))
+
+    def _clear_mark(self) -> None:
+        try:
+            os.remove(self.mark_path)
+        except FileNotFoundError:
+            pass
+
     def _nothing_due(self, now: int) -> bool:
         """Whether the book, as last written, has no fire due by ``now`` and no mark to
         settle (a read of the cached file: a step with nothing to do takes no lock)."""
+        if os.path.exists(self.mark_path):
+            return False
         data = self._read()
         if data is None:
             return True
@@ -211,19 +240,25 @@ class ScheduleBook:
     def _load(self) -> tuple[dict[str, Schedule], int]:
         """The schedules and the mark (the caller holds the write lock)."""
         data = self._read()
+        mark = self._read_mark()
         if data is None:
-            return {}, -1
-        table = data.get("schedules") or {}
-        return ({k: Schedule.from_json(k, v) for k, v in table.items()},
-                int(data.get("deliverMark", -1)))
+            self._parsed = None
+            return {}, mark
+        identity = self._cached[0] if self._cached is not None else None
+        if self._parsed is None or identity is None or self._parsed[0] != identity:
+            table = data.get("schedules") or {}
+            self._parsed = (identity, {k: Schedule.from_json(k, v) for k, v in table.items()})
+        return self._parsed[1], max(mark, int(data.get("deliverMark", -1)))
 
-    def _save(self, schedules: dict[str, Schedule], mark: int) -> None:
+    def _save(self, schedules: dict[str, Schedule]) -> None:
         data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
-                "deliverMark": mark}
+                "deliverMark": -1}
         atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
                      keep_backup=True)
         st = os.stat(self.path)  # what was written is what the next read would parse
-        self._cached = ((st.st_ino, st.st_size, st.st_mtime_ns), data)
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        self._cached = (identity, data)
+        self._parsed = (identity, schedules)
 
     def _settled(self) -> dict[str, Schedule]:
         """The schedules, after settling a firing step a killed process left (mark set)."""
@@ -235,8 +270,20 @@ class ScheduleBook:
                     s.fires += 1
                     s.last_fire_ms = fire_ms
                     s.next_fire_ms = s.following(fire_ms)
-            self._save(schedules, -1)
+            self._save(schedules)
+            self._clear_mark()
         return schedules
+
+    @contextmanager
+    def _changing(self):
+        """The write lock, for a change of the parsed book in place: a change that fails
+        half way drops the parsed copy (the next call reads the file again)."""
+        with self.store.write_lock():
+            try:
+                yield
+            except BaseException:
+                self._parsed = None
+                raise
 
     # -- changing ---------------------------------------------------------------------------
     def add(self, schedule: Schedule) -> ScheduleInfo:
@@ -252,7 +299,7 @@ class ScheduleBook:
         kept, so applying the same definitions again is harmless.  Returns the infos of
         ``adds``, how many of them changed the book and how many keys were removed.
         """
-        with self.store.write_lock():
+        with self._changing():
             schedules = self._settled()
             now = self.store.now_ms()
             infos, changed, removed = [], 0, 0
@@ -272,21 +319,21 @@ class ScheduleBook:
                 infos.append(_info(schedule))
                 changed += 1
             if changed or removed:
-                self._save(schedules, -1)
+                self._save(schedules)
             return infos, changed, removed
 
     def remove(self, key: str) -> bool:
         """Remove the schedule ``key``; ``False`` when there is none."""
-        with self.store.write_lock():
+        with self._changing():
             schedules = self._settled()
             if schedules.pop(key, None) is None:
                 return False
-            self._save(schedules, -1)
+            self._save(schedules)
             return True
 
     def set_paused(self, key: str, paused: bool) -> bool:
         """Pause or resume the schedule ``key``; ``False`` when there is none."""
-        with self.store.write_lock():
+        with self._changing():
             schedules = self._settled()
             s = schedules.get(key)
             if s is None:
@@ -295,46 +342,49 @@ class ScheduleBook:
                 s.paused = paused
                 if not paused and s.next_fire_ms is not None:  # skip what fell due meanwhile
                     s.next_fire_ms = s.following(max(self.store.now_ms(), s.next_fire_ms - 1))
-                self._save(schedules, -1)
+                self._save(schedules)
             return True
 
     def list(self) -> list[ScheduleInfo]:
         """Every schedule, by key."""
-        with self.store.write_lock():
+        with self._changing():
             schedules = self._settled()
         return [_info(schedules[k]) for k in sorted(schedules)]
 
     # -- firing -----------------------------------------------------------------------------
     def fire_due(self, max_messages: int | None = None) -> int:
         """Fire every due time of every active schedule (see the module); return the copies
-        appended.  ``max_messages`` bounds one call; the next call goes on."""
+        appended.  ``max_messages`` bounds one call; the next call goes on.
+
+        One step: the mark saved, the copies appended (:data:`FIRE_CHUNK` at a time) and
+        flushed, the book written once, the mark removed.
+        """
         if self._nothing_due(self.store.now_ms()):
             return 0  # nothing due, or no schedule at all: no lock taken
         store = self.store
-        budget = FIRE_CHUNK if max_messages is None else max(1, min(FIRE_CHUNK, max_messages))
-        with store.write_lock():
+        budget = None if max_messages is None else max(1, int(max_messages))
+        with self._changing():
             schedules = self._settled()
             now = store.now_ms()
-            if not any(s.next_fire_ms is not None and not s.paused and s.next_fire_ms <= now
-                       for s in schedules.values()):
+            due = [s for s in schedules.values()
+                   if not s.paused and s.next_fire_ms is not None and s.next_fire_ms <= now]
+            if not due:
                 return 0
-            self._save(schedules, store.confirmed_offset())  # the mark, before any copy
+            self._set_mark(store.confirmed_offset())  # the mark, before any copy
             fires: list[tuple[Schedule, int]] = []
-            for s in schedules.values():
-                if s.paused:
-                    continue
+            for s in due:
                 t = s.next_fire_ms
-                while t is not None and t <= now and len(fires) < budget:
+                while t is not None and t <= now and (budget is None or len(fires) < budget):
                     fires.append((s, t))
                     s.fires += 1
                     s.last_fire_ms = t
                     t = s.following(t)
                 s.next_fire_ms = t
-            store.append([self._copy(s, t, now) for s, t in fires])
+            for lo in range(0, len(fires), FIRE_CHUNK):
+                store.append([self._copy(s, t, now) for s, t in fires[lo:lo + FIRE_CHUNK]])
             store.flush()  # the copies are durable before the book that claims them
-            self._save(schedules, -1)
-        if max_messages is None and len(fires) == budget:
-            return len(fires) + self.fire_due()
+            self._save(schedules)
+            self._clear_mark()
         return len(fires)
 
     def _copy(self, s: Schedule, fire_ms: int, now: int) -> RecordSpec:
