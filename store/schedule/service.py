@@ -187,6 +187,10 @@ class ScheduleBook:
         # the same identity and the schedules as objects, changed in place under the write
         # lock and written by _save (dropped when a change fails half way)
         self._parsed: tuple[tuple, dict[str, Schedule]] | None = None
+        # a firing step this process began and goes on with (bounded calls in a row): its
+        # mark stays set and the book unwritten until the last call; the parsed copy is then
+        # ahead of the file, and a crash in between is settled from the mark as any other
+        self._own_mark = -1
 
     # -- the file ---------------------------------------------------------------------------
     def _read(self) -> dict | None:
@@ -215,6 +219,7 @@ class ScheduleBook:
         atomic_write(self.mark_path, str(mark).encode("ascii"))
 
     def _clear_mark(self) -> None:
+        self._own_mark = -1
         try:
             os.remove(self.mark_path)
         except FileNotFoundError:
@@ -262,7 +267,11 @@ class ScheduleBook:
 
     def _settled(self) -> dict[str, Schedule]:
         """The schedules, after settling a firing step a killed process left (mark set)."""
+        parsed_before = self._parsed
         schedules, mark = self._load()
+        if mark >= 0 and mark == self._own_mark and self._parsed is parsed_before:
+            return schedules  # our own step under way: the parsed copy is the newest
+        self._own_mark = -1
         if mark >= 0:
             for key, fire_ms in _fired_since(self.store, mark):
                 s = schedules.get(key)
@@ -369,8 +378,10 @@ class ScheduleBook:
             due = [s for s in schedules.values()
                    if not s.paused and s.next_fire_ms is not None and s.next_fire_ms <= now]
             if not due:
+                self._finish(schedules)
                 return 0
-            self._set_mark(store.confirmed_offset())  # the mark, before any copy
+            if self._own_mark < 0:
+                self._set_mark(store.confirmed_offset())  # the mark, before any copy
             fires: list[tuple[Schedule, int]] = []
             for s in due:
                 t = s.next_fire_ms
@@ -383,9 +394,21 @@ class ScheduleBook:
             for lo in range(0, len(fires), FIRE_CHUNK):
                 store.append([self._copy(s, t, now) for s, t in fires[lo:lo + FIRE_CHUNK]])
             store.flush()  # the copies are durable before the book that claims them
+            if budget is not None and len(fires) >= budget:
+                # more may be due: the caller calls again; the book is written once, at the
+                # end of the step (a fresh process fires in small bounded calls until its
+                # compiled loops are in, see MessageStore.deliver_due)
+                self._own_mark = self._read_mark()
+            else:
+                self._save(schedules)
+                self._clear_mark()
+        return len(fires)
+
+    def _finish(self, schedules: dict[str, Schedule]) -> None:
+        """Write the book of a step this process left under way (bounded calls), if any."""
+        if self._own_mark >= 0:
             self._save(schedules)
             self._clear_mark()
-        return len(fires)
 
     def _copy(self, s: Schedule, fire_ms: int, now: int) -> RecordSpec:
         store = self.store

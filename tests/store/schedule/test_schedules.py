@@ -272,3 +272,43 @@ def test_a_read_only_view_lists_schedules_and_refuses_changes(tmp_path):
                 getattr(reader, method)("k")
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("then", ["carry_on", "killed", "another_process"])
+def test_bounded_calls_write_the_book_once_and_fire_each_time_once(tmp_path, then):
+    """A fresh process fires in bounded calls (MessageStore.deliver_due until its compiled
+    loops are in): the book is written at the end of the step only; a process killed between
+    the calls, or another one taking over, still leaves every fire exactly once."""
+    import pyarrow as pa
+
+    from store.schedule.service import ScheduleBook
+
+    path, now = str(tmp_path / "s"), [T0]
+    n = 50
+    with MessageStore.open(path, SMALL, clock=lambda: now[0]) as s:
+        s.producer().schedule_table(pa.table({
+            "key": [f"k{i:02d}" for i in range(n)], "body": [b"x"] * n,
+            "every_ms": pa.array([1000] * n, pa.int64())}), topic="orders")
+        book_file = os.path.join(path, "config", "rmq_schedules.json")
+        written = os.stat(book_file).st_mtime_ns
+        now[0] += 1000
+        assert [s.recurring.fire_due(10) for _ in range(3)] == [10, 10, 10]
+        assert os.stat(book_file).st_mtime_ns == written  # not yet: the step goes on
+        assert os.path.exists(os.path.join(path, "config", "rmq_schedules.mark"))
+        if then == "carry_on":
+            assert s.recurring.fire_due(10) == 10 and s.recurring.fire_due(10) == 10
+            assert s.recurring.fire_due(10) == 0
+            assert os.stat(book_file).st_mtime_ns != written
+            assert not os.path.exists(os.path.join(path, "config", "rmq_schedules.mark"))
+        elif then == "another_process":  # a second book: what another process would see
+            other = ScheduleBook(s)
+            assert other.fire_due() == 20
+            assert s.recurring.fire_due() == 0  # this one sees the book the other wrote
+        else:
+            s.recurring = ScheduleBook(s)  # the first one dies with its parsed copy
+    with MessageStore.open(path, SMALL, clock=lambda: now[0]) as s:
+        s.deliver_due()
+        got = fired(s)
+        assert sorted(k for k, _, _ in got) == [f"k{i:02d}" for i in range(n)]
+        assert all(f == T0 + 1000 for _, f, _ in got)
+        assert {i.key: i.fires for i in s.schedules()} == {f"k{i:02d}": 1 for i in range(n)}
