@@ -76,6 +76,18 @@ def main() -> None:
             add_s = time.perf_counter() - t
             gc.collect()
             heap_mb = rss_anon_mb() - heap_before
+            # what the book keeps in memory, read afresh (as another process would)
+            import tracemalloc
+
+            from store.schedule.service import ScheduleBook
+
+            tracemalloc.start()
+            fresh = ScheduleBook(store)
+            fresh._nothing_due(0)
+            gc.collect()
+            book_bytes = tracemalloc.get_traced_memory()[0]
+            tracemalloc.stop()
+            del fresh
             fire, idle, batch = [], [], []
             for _ in range(args.repeat):
                 now[0] += 1000
@@ -95,7 +107,8 @@ def main() -> None:
         how = "schedule_table, 10,000 a table" if args.table else "producer.schedule, one by one"
         print(f"add ({how}): {n / add_s:,.0f} schedules/s")
         print(f"heap (RssAnon) after the adds: +{heap_mb:,.1f} MB = "
-              f"{heap_mb * 2**20 / n:,.0f} bytes per schedule")
+              f"{heap_mb * 2**20 / n:,.0f} bytes per schedule (allocator included)")
+        print(f"the book kept in memory (tracemalloc): {book_bytes / n:,.0f} bytes per schedule")
         print(f"fire step: {best_fire * 1000:.1f} ms = {n / best_fire:,.0f} copies/s")
         print(f"idle step (nothing due): {best_idle * 1000:.2f} ms")
         print(f"send_batch of the same {n:,} messages: {best_batch * 1000:.1f} ms = "

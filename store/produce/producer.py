@@ -315,7 +315,9 @@ class Producer:
             carries the properties ``RMQ_SCHEDULE_KEY`` (``key``) and ``RMQ_SCHEDULE_FIRE_MS``
             (its fire time, which is also its ``deliver_timestamp``).
         key : str
-            Names the schedule; a schedule with this key is replaced.
+            Names the schedule; a schedule with this key is replaced, unless it is the same
+            definition (message, expression or interval, zone, bounds): then nothing changes
+            and it keeps its next fire and count, so adding a schedule again is harmless.
         cron : str, optional
             Five cron fields or a macro (``"0 9 * * *"``, ``"@hourly"``), in time zone ``tz``;
             see :class:`~store.schedule.cron.CronExpression` for daylight saving.

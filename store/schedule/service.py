@@ -59,7 +59,7 @@ FILE_NAME = os.path.join("config", "rmq_schedules.json")
 MARK_NAME = os.path.join("config", "rmq_schedules.mark")
 
 
-@dataclass
+@dataclass(slots=True)
 class Schedule:
     """One schedule as the book keeps it (see the module)."""
 
@@ -181,11 +181,12 @@ class ScheduleBook:
         self.store = store
         self.path = os.path.join(store.root, FILE_NAME)
         self.mark_path = os.path.join(store.root, MARK_NAME)
-        # the file's identity (inode, size, mtime) and its parsed text: a delivery step with
-        # nothing due reads only a stat
+        # the file's identity (inode, size, mtime) and what a step with nothing due needs of
+        # it (the earliest fire, a mark of an older version): such a step reads only a stat
         self._cached: tuple[tuple, dict] | None = None
-        # the same identity and the schedules as objects, changed in place under the write
-        # lock and written by _save (dropped when a change fails half way)
+        # the same identity and the schedules as objects (the only copy of the book in
+        # memory), changed in place under the write lock and written by _save (dropped when a
+        # change fails half way)
         self._parsed: tuple[tuple, dict[str, Schedule]] | None = None
         # a firing step this process began and goes on with (bounded calls in a row): its
         # mark stays set and the book unwritten until the last call; the parsed copy is then
@@ -193,17 +194,34 @@ class ScheduleBook:
         self._own_mark = -1
 
     # -- the file ---------------------------------------------------------------------------
-    def _read(self) -> dict | None:
+    def _identity(self) -> tuple | None:
         try:
             st = os.stat(self.path)
         except OSError:
-            st = None
-        identity = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
-        if identity is not None and self._cached is not None and self._cached[0] == identity:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _summary(self) -> dict | None:
+        """``{"earliest", "mark"}`` of the book as last written (``None``: no book); parses
+        the file when another process wrote it since."""
+        identity = self._identity()
+        if identity is None:
+            self._cached = self._parsed = None
+            return None
+        if self._cached is not None and self._cached[0] == identity:
             return self._cached[1]
         data = read_lenient_json(self.path, valid=lambda d: isinstance(d, dict))
-        self._cached = None if identity is None or data is None else (identity, data)
-        return data
+        if data is None:
+            self._cached = self._parsed = None
+            return None
+        table = data.get("schedules") or {}
+        schedules = {k: Schedule.from_json(k, v) for k, v in table.items()}
+        legacy_mark = int(data.get("deliverMark", -1))  # a book an earlier version wrote
+        del data, table  # the objects are the one copy kept
+        summary = {"earliest": _earliest(schedules), "mark": legacy_mark}
+        self._cached = (identity, summary)
+        self._parsed = (identity, schedules)
+        return summary
 
     def _read_mark(self) -> int:
         """The mark of a firing step under way (-1: none)."""
@@ -227,42 +245,37 @@ class ScheduleBook:
 
     def _nothing_due(self, now: int) -> bool:
         """Whether the book, as last written, has no fire due by ``now`` and no mark to
-        settle (a read of the cached file: a step with nothing to do takes no lock)."""
+        settle (a stat of the book: a step with nothing to do takes no lock)."""
         if os.path.exists(self.mark_path):
             return False
-        data = self._read()
-        if data is None:
+        summary = self._summary()
+        if summary is None:
             return True
-        if int(data.get("deliverMark", -1)) >= 0:
+        if summary["mark"] >= 0:
             return False
-        earliest = data.get("_earliest")
-        if earliest is None:
-            times = [s.get("nextFireMs") for s in (data.get("schedules") or {}).values()
-                     if not s.get("paused") and s.get("nextFireMs") is not None]
-            earliest = data["_earliest"] = min(times) if times else -1
+        earliest = summary["earliest"]
         return earliest < 0 or earliest > now
 
     def _load(self) -> tuple[dict[str, Schedule], int]:
         """The schedules and the mark (the caller holds the write lock)."""
-        data = self._read()
         mark = self._read_mark()
-        if data is None:
-            self._parsed = None
+        summary = self._summary()
+        if summary is None:
             return {}, mark
-        identity = self._cached[0] if self._cached is not None else None
-        if self._parsed is None or identity is None or self._parsed[0] != identity:
-            table = data.get("schedules") or {}
-            self._parsed = (identity, {k: Schedule.from_json(k, v) for k, v in table.items()})
-        return self._parsed[1], max(mark, int(data.get("deliverMark", -1)))
+        if self._parsed is None or self._parsed[0] != self._cached[0]:
+            self._cached = None  # dropped by a failed change: parsed again from the file
+            summary = self._summary()
+            if summary is None:
+                return {}, mark
+        return self._parsed[1], max(mark, summary["mark"])
 
     def _save(self, schedules: dict[str, Schedule]) -> None:
         data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
                 "deliverMark": -1}
         atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
                      keep_backup=True)
-        st = os.stat(self.path)  # what was written is what the next read would parse
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-        self._cached = (identity, data)
+        identity = self._identity()  # what was written is what the next read would parse
+        self._cached = (identity, {"earliest": _earliest(schedules), "mark": -1})
         self._parsed = (identity, schedules)
 
     def _settled(self) -> dict[str, Schedule]:
@@ -428,6 +441,13 @@ def read_schedules(root: str) -> list[ScheduleInfo]:
     data = read_lenient_json(os.path.join(root, FILE_NAME), valid=lambda d: isinstance(d, dict))
     table = (data or {}).get("schedules") or {}
     return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
+
+
+def _earliest(schedules: dict[str, Schedule]) -> int:
+    """The earliest next fire of an active schedule (-1: none)."""
+    times = [s.next_fire_ms for s in schedules.values()
+             if not s.paused and s.next_fire_ms is not None]
+    return min(times) if times else -1
 
 
 def _definition(s: Schedule) -> tuple:

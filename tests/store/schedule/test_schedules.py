@@ -60,10 +60,13 @@ class Model:
         self.fired: list[tuple[str, int]] = []
 
     def add(self, key, every, start, now):
+        old = self.schedules.get(key)
+        if old is not None and (old["every"], old["start"]) == (every, start):
+            return  # the same definition again: nothing changes (its progress is kept)
         anchor = now + every if start is None else start
         # fires from now on: an anchor in the past fires none of its past times
         self.schedules[key] = {"every": every, "anchor": anchor, "floor": now, "paused": False,
-                               "last": None}
+                               "last": None, "start": start}
 
     def deliver(self, now):
         for key, s in self.schedules.items():
