@@ -35,7 +35,7 @@ from .table_producer import send_table
 from .table_rows import as_table
 from ..schedule.rows import ScheduleTableResult, schedule_rows
 from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
-from ..timer.keys import checked_key_array, key_column, validate_delay_key
+from ..timer.keys import key_column, validate_delay_key
 from ..timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"

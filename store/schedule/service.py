@@ -22,10 +22,10 @@ while nothing ran (the store closed, no server) are all delivered when firing re
 once, as overdue timer messages are.
 
 **Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
-the copies, the CommitLog end is saved as the mark (the small mark file); after the copies are
-flushed the new fire times are saved and the mark file removed.  Whoever next takes the book with a mark still set (a
-process killed in between) first reads the records appended since the mark, counts the
-copies found there as fired, and only then goes on.
+the copies, the CommitLog end is saved as the mark (the small mark file); after the copies
+are flushed the new fire times are saved and the mark file removed.  Whoever next takes the
+book with a mark still set (a process killed in between) first reads the records appended
+since the mark, counts the copies found there as fired, and only then goes on.
 
 **Pause, resume, remove** take the same lock, so once they return no fire of that schedule
 happens that was not already written.  A resumed schedule fires from its next due time after

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
 from store.errors import InvalidBatchError
 from store.message import PROPERTY_DELAY_KEY
-from store.timer.key_table import MIN_CAPACITY, DelayKeyTable, find_slots, place_new
+from store.timer.key_table import MIN_CAPACITY, find_slots, place_new
 from tests.conftest import SMALL
 
 T0 = 1_790_000_000_000
