@@ -281,19 +281,33 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
 @click.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
               help="The store directory.")
-@click.option("--topic", required=True, help="The topic the message was sent to.")
-@click.option("--msg-id", "msg_ids", required=True, multiple=True,
-              help="Id of a pending timer message (repeat for several).")
-def cancel(store_path, topic, msg_ids):
-    """Cancel pending timer messages so they never surface (exit 1 if one was not pending)."""
-    from store import StoreGroup, is_store_group
+@click.option("--topic", default=None, help="The topic the message was sent to (with --msg-id).")
+@click.option("--msg-id", "msg_ids", multiple=True,
+              help="Id of a pending timer message (repeat for several; with --topic).")
+@click.option("--key", "keys", multiple=True,
+              help="A delay key: cancel the pending message it names (repeat for several).")
+def cancel(store_path, topic, msg_ids, keys):
+    """Cancel pending timer messages so they never surface, by --topic and --msg-id or by
+    --key (exit 1 if one was not pending)."""
+    from store import StoreError, StoreGroup, is_store_group
 
-    # over a group the message is cancelled in whichever store holds it
+    if bool(msg_ids) == bool(keys) or bool(msg_ids) != (topic is not None):
+        raise click.UsageError("give --topic with one or more --msg-id, or one or more --key "
+                               "(not both)")
+    # over a group the message is cancelled in whichever store holds it (a key: its owner)
     store = StoreGroup.open(store_path) if is_store_group(store_path) \
         else open_writable_store(store_path)
     missing = []
     try:
         producer = store.producer("rmq-cli")
+        if keys:
+            for key, hit in zip(keys, producer.cancel_keys(list(keys)).tolist()):
+                if hit:
+                    click.echo(f"cancelled key {key}")
+                else:
+                    missing.append(key)
+                    click.echo(f"not pending: key {key} (names no message, or one already "
+                               "delivered or cancelled)", err=True)
         for msg_id in msg_ids:
             if producer.cancel(topic, msg_id):
                 click.echo(f"cancelled {msg_id}")
@@ -301,6 +315,8 @@ def cancel(store_path, topic, msg_ids):
                 missing.append(msg_id)
                 click.echo(f"not pending: {msg_id} (unknown, another topic, a delay-level "
                            "message, already due or already cancelled)", err=True)
+    except StoreError as exc:
+        raise click.UsageError(str(exc)) from None
     finally:
         store.close()
     if missing:

@@ -234,3 +234,22 @@ def test_serve_grpc_of_a_store_group_is_one_endpoint(runner, tmp_path):
     r = runner.invoke(main, ["serve", "--store", str(tmp_path / "g"), "--grpc", "0.0.0.0:0",
                              "--duration-s", "0"])
     assert r.exit_code == 1 and "--acl" in r.output
+
+
+def test_cancel_by_delay_key(runner, tmp_path):
+    from store import Message
+
+    path = str(tmp_path / "s")
+    with MessageStore.open(path) as s:
+        s.producer().send(Message("orders", b"x"), delay_ms=3_600_000, key="order-1")
+    r = runner.invoke(main, ["cancel", "--store", path, "--key", "order-1", "--key", "nope"])
+    assert r.exit_code == 1 and "cancelled key order-1" in r.output
+    assert "not pending: key nope" in r.output
+    r = runner.invoke(main, ["cancel", "--store", path, "--key", "order-1"])
+    assert r.exit_code == 1  # cancelled already
+    for bad in (["--key", "a", "--topic", "orders", "--msg-id", "0" * 32], ["--topic", "t"],
+                [], ["--key", "a\x01b"]):
+        r = runner.invoke(main, ["cancel", "--store", path, *bad])
+        assert r.exit_code == 2, (bad, r.output)
+    with MessageStore.open(path) as s:
+        assert s.producer().pending_keys(["order-1"]).tolist() == [False]
