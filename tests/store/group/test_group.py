@@ -284,3 +284,15 @@ def test_delay_keys_and_schedules_live_in_the_member_owning_the_key(tmp_path, cl
         assert all(got[f"{k}:2".encode()] == [g.names[owners[k]]] for k in keys[3:])
         assert sum(len(v) for v in _bodies(g, "reminders").values()) >= 9
         assert g.remove_schedule("remind") and g.schedules() == []
+        # a table of schedules: each row in its key's owner, one write of each member's book
+        keys = [f"s-{i}" for i in range(12)]
+        r = p.schedule_table(pa.table({"key": keys, "body": [b"b"] * 12,
+                                       "every_ms": pa.array([60_000] * 12, pa.int64())}),
+                             topic="reminders")
+        assert (r.changed, r.unchanged, r.removed) == (12, 0, 0)
+        for k in keys:
+            assert [s.key for s in g.store(g.names[g.key_owner(k)]).schedules()
+                    if s.key == k] == [k]
+        r = p.schedule_table(pa.table({"key": keys[:5]}))  # no cron, no every_ms: removed
+        assert (r.changed, r.unchanged, r.removed) == (0, 0, 5)
+        assert sorted(s.key for s in g.schedules()) == sorted(keys[5:])

@@ -50,6 +50,15 @@ def test_keys_and_schedules_over_rmq(client):
     assert client.pause_schedule("remind-1") and client.schedules()[0].paused
     assert client.resume_schedule("remind-1") and client.remove_schedule("remind-1")
     assert client.schedules() == [] and client.remove_schedule("remind-1") is False
+    r = p.schedule_table(pa.table({"key": ["t1", "t2"], "body": [b"x", b"y"],
+                                   "cron": ["0 9 * * *", None],
+                                   "every_ms": pa.array([None, 60_000], pa.int64())}),
+                         topic="reminders")
+    assert (r.changed, r.unchanged, r.removed) == (2, 0, 0)
+    r = p.schedule_table(pa.table({"key": ["t1", "t2"], "body": [b"x", None],
+                                   "cron": ["0 9 * * *", None]}), topic="reminders")
+    assert (r.changed, r.unchanged, r.removed) == (0, 1, 1)
+    assert [s.key for s in client.schedules()] == ["t1"]
     with pytest.raises(InvalidMessageError):
         p.send(Message("orders", b"x"), delay_ms=10, key="a\x01b")
     with pytest.raises(InvalidScheduleError):
