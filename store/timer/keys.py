@@ -185,12 +185,16 @@ class DelayKeys:
         ``progress() -> (last_read_time_ms, enqueued_to)``: how far the timer has fired and
         enqueued (the caller holds the write lock); keys whose message is done are dropped
         from the table when it is rebuilt.
+    settle : callable
+        ``settle()``: finish a delivery run a killed process left, so that ``progress`` is
+        true before :meth:`pending` and :meth:`cancel` answer from it.
     """
 
-    def __init__(self, store: StorePort, precision_ms: int, progress) -> None:
+    def __init__(self, store: StorePort, precision_ms: int, progress, settle=None) -> None:
         self.store = store
         self.precision = precision_ms
         self._progress = progress
+        self._settle = settle or (lambda: None)
         self.path = os.path.join(store.root, FILE_NAME)
         self._table: DelayKeyTable | None = None
 
@@ -379,6 +383,7 @@ class DelayKeys:
         progress shows)."""
         col = key_column(keys)
         with self.store.write_lock():
+            self._settle()
             table = self.sync()
             return self._pending(table, col)
 
@@ -404,6 +409,7 @@ class DelayKeys:
         col = key_column(keys)
         store = self.store
         with store.write_lock():
+            self._settle()
             table = self.sync()
             found = self._pending(table, col)
             if not found.any():

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
@@ -278,6 +278,7 @@ class DeliveryCrash(Exception):
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(OPS)
+@example([("send", "c", 0), ("advance", 100), ("crash_in_delivery",), ("cancel", ["c"])])
 def test_model(fresh_dir, clock, ops):
     """Against a model of what each key names: every message that stays named is delivered
     exactly once and never early; a replaced or cancelled one never; across reopens and a
