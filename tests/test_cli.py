@@ -104,7 +104,9 @@ def test_demo_end_to_end_then_cli_on_its_store(tmp_path, runner):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for line in ("PASS every time-out surfaced exactly once", "PASS nothing surfaced early",
                  "PASS exactly the committed payments seen",
-                 "PASS every unpaid order closed"):
+                 "PASS every unpaid order closed", "PASS every reminder seen once, never early",
+                 "PASS no reminder fired after its order's schedule was removed",
+                 "PASS no reminder schedule left"):
         assert line in proc.stdout
     r = runner.invoke(main, ["stats", "--store", path, "--json"])
     assert r.exit_code == 0, r.output
