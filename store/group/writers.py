@@ -21,7 +21,7 @@ from ..produce.table_producer import RESULT_SCHEMA, append_prepared
 from ..produce.table_rows import as_table
 from ..schedule.rows import ScheduleTableResult
 from ..schedule.service import validate_schedule_key
-from ..timer.keys import checked_key_array, key_owners, validate_delay_key
+from ..timer.keys import checked_key_array, key_list, key_owners, validate_delay_key
 
 
 def named(producer, name: str):
@@ -121,17 +121,15 @@ class GroupProducer:
             return self._producers[self.group.key_owner(validate_delay_key(key))].cancel(key=key)
         return any([p.cancel(topic, msg_id) for p in self._producers])
 
-    def _by_owner(self, keys) -> tuple[list, np.ndarray, list[np.ndarray]]:
-        keys = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
-        owners = np.array([self.group.key_owner(validate_delay_key(k)) for k in keys],
-                          dtype=np.int64)
-        return keys, owners, [np.flatnonzero(owners == i) for i in range(len(self._producers))]
+    def _by_owner(self, keys) -> tuple[list, list[np.ndarray]]:
+        """The keys as a list, and the positions of each member's keys (checked whole)."""
+        keys = key_list(keys)
+        owners = key_owners(keys, len(self._producers))
+        return keys, [np.flatnonzero(owners == i) for i in range(len(self._producers))]
 
     def cancel_keys(self, keys) -> np.ndarray:
         """``cancel_keys`` in each key's owner; per key, whether it named a pending message."""
-        if isinstance(keys, str):
-            raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys")
-        keys, _, parts = self._by_owner(keys)
+        keys, parts = self._by_owner(keys)
         out = np.zeros(len(keys), dtype=bool)
         for i, rows in enumerate(parts):
             if len(rows):
@@ -140,9 +138,7 @@ class GroupProducer:
 
     def pending_keys(self, keys) -> np.ndarray:
         """Per delay key, whether it names a pending message (asked of its owner)."""
-        if isinstance(keys, str):
-            raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys")
-        keys, _, parts = self._by_owner(keys)
+        keys, parts = self._by_owner(keys)
         out = np.zeros(len(keys), dtype=bool)
         for i, rows in enumerate(parts):
             if len(rows):

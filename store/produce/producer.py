@@ -35,7 +35,7 @@ from .table_producer import send_table
 from .table_rows import as_table
 from ..schedule.rows import ScheduleTableResult, schedule_rows
 from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
-from ..timer.keys import key_column, validate_delay_key
+from ..timer.keys import key_column, key_list, validate_delay_key
 from ..timer.service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
@@ -398,7 +398,7 @@ class Producer:
         One record per 65,536 cancelled keys: the vectorised form of
         ``cancel(key=...)``.
         """
-        keys = _key_list(keys)
+        keys = key_list(keys)
         if not self.store.timer.keys.active():
             key_column(keys)  # still validated
             return np.zeros(len(keys), dtype=bool)
@@ -406,7 +406,7 @@ class Producer:
 
     def pending_keys(self, keys) -> np.ndarray:
         """Per delay key, whether it names a message not yet delivered."""
-        keys = _key_list(keys)
+        keys = key_list(keys)
         if not self.store.timer.keys.active():
             key_column(keys)
             return np.zeros(len(keys), dtype=bool)
@@ -429,16 +429,6 @@ class Producer:
             keys.sync()
             keys.release_memory()
         return results
-
-
-def _key_list(keys) -> list:
-    """Keys as a list of str (from a list, an Arrow array or a pandas Series)."""
-    if hasattr(keys, "to_pylist"):
-        return keys.to_pylist()
-    if isinstance(keys, str):
-        raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys (for one key: "
-                                  "cancel(key=...))")
-    return list(keys)
 
 
 _TOPIC = attrgetter("topic")

@@ -37,6 +37,7 @@ from ..sink.sink import SinkCommit
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
 from .address import DEFAULT_TIMEOUT_S, RemoteAddress, read_token
+from ..timer.keys import key_list
 from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
 
 #: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
@@ -382,12 +383,12 @@ class RemoteProducer:
 
     def cancel_keys(self, keys) -> np.ndarray:
         """As ``Producer.cancel_keys``: per key, whether it named a pending message."""
-        answer = self.store._action("cancel_keys", {"group": self.group, "keys": _keys(keys)})
+        answer = self.store._action("cancel_keys", {"group": self.group, "keys": key_list(keys)})
         return np.array(answer["cancelled"], dtype=bool)
 
     def pending_keys(self, keys) -> np.ndarray:
         """As ``Producer.pending_keys``."""
-        answer = self.store._action("pending_keys", {"group": self.group, "keys": _keys(keys)})
+        answer = self.store._action("pending_keys", {"group": self.group, "keys": key_list(keys)})
         return np.array(answer["pending"], dtype=bool)
 
     def replace_table(self, data, *, topic: str | None = None) -> pa.Table:
@@ -471,13 +472,3 @@ class RemoteSink:
     def committed_batches(self) -> dict[int, dict]:
         done = self.store._action("sink_committed_batches", self._body())["batches"]
         return {int(k): v for k, v in done.items()}
-
-
-def _keys(keys) -> list:
-    """Delay keys as a JSON list (from a list, an Arrow array or a pandas Series)."""
-    if isinstance(keys, str):
-        from ..errors import InvalidMessageError
-
-        raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys (for one key: "
-                                  "cancel(key=...))")
-    return keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)

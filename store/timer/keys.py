@@ -103,6 +103,17 @@ def message_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return np.where(h == 0, 1, h)
 
 
+def key_list(keys) -> list:
+    """Keys as a list of str, from a list, an Arrow array or a pandas Series (a single str
+    is refused: it names one key, which ``cancel(key=...)`` takes)."""
+    if isinstance(keys, str):
+        raise InvalidMessageError(f"keys={keys!r}; allowed: a list of keys (for one key: "
+                                  "cancel(key=...))")
+    if hasattr(keys, "to_pylist"):
+        return keys.to_pylist()
+    return list(keys)
+
+
 def key_column(keys) -> ByteColumn:
     """A column of validated keys (a sequence of str, or an Arrow string array: checked as
     a whole column)."""
