@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries
+from ..delayed.routing import origins_since, read_queue_entries
 from ..errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
 from ..files.fileio import move_aside
 from ..formats.codec import RecordSpec
@@ -193,19 +193,16 @@ class DelayKeys:
     precision_ms : int
         The timer's precision.
     progress : callable
-        ``progress() -> (last_read_time_ms, enqueued_to)``: how far the timer has fired and
-        enqueued (the caller holds the write lock); keys whose message is done are dropped
-        from the table when it is rebuilt.
-    settle : callable
-        ``settle()``: finish a delivery run a killed process left, so that ``progress`` is
-        true before :meth:`pending` and :meth:`cancel` answer from it.
+        ``progress() -> (last_read_time_ms, enqueued_to, deliver_mark)``: how far the timer
+        has fired and enqueued, and the mark of a delivery run a killed process left (-1:
+        none; the caller holds the write lock); keys whose message is done are dropped from
+        the table when it is rebuilt.
     """
 
-    def __init__(self, store: StorePort, precision_ms: int, progress, settle=None) -> None:
+    def __init__(self, store: StorePort, precision_ms: int, progress) -> None:
         self.store = store
         self.precision = precision_ms
         self._progress = progress
-        self._settle = settle or (lambda: None)
         self.path = os.path.join(store.root, FILE_NAME)
         self._table: DelayKeyTable | None = None
 
@@ -359,12 +356,34 @@ class DelayKeys:
 
     def _fired(self, fire_ms: np.ndarray, queue_offset: np.ndarray) -> np.ndarray:
         """Which of these messages the timer is past: taken into the wheel and their slot
-        read (delivered, or dropped as cancelled).  The caller holds the write lock."""
-        last_read, enqueued_to = self._progress()
+        read (delivered, or dropped as cancelled).  The caller holds the write lock.
+
+        A delivery run a killed process left (its mark still set) delivered messages its
+        checkpoint does not show yet: those whose record is the origin of a record appended
+        since the mark (a message it rolled is named by its rolled copy, which the table
+        has taken in its place, so its origin does not count)."""
+        last_read, enqueued_to, mark = self._progress()
         fire = np.asarray(fire_ms, dtype=np.int64)
+        qoff = np.asarray(queue_offset, dtype=np.int64)
         out_ms = np.where(fire % self.precision == 0, fire - self.precision,
                           fire - fire % self.precision)
-        return (np.asarray(queue_offset, dtype=np.int64) < enqueued_to) & (out_ms < last_read)
+        fired = (qoff < enqueued_to) & (out_ms < last_read)
+        rest = np.flatnonzero(~fired & (qoff >= 0))
+        if mark >= 0 and len(rest):
+            origins = origins_since(self.store, mark)
+            if len(origins):
+                fired[rest] = np.isin(self._record_offsets(qoff[rest]), origins)
+        return fired
+
+    def _record_offsets(self, queue_offsets: np.ndarray) -> np.ndarray:
+        """The CommitLog offsets of the timer-queue entries ``queue_offsets`` (-1: gone)."""
+        queue = self.store.consume_queue(TIMER_TOPIC, 0)
+        out = np.full(len(queue_offsets), -1, dtype=np.int64)
+        for i, q in enumerate(queue_offsets.tolist()):
+            entry = read_queue_entries(queue, q, q + 1)
+            if len(entry):
+                out[i] = int(entry["offset"][0])
+        return out
 
     def _done(self, slots: np.ndarray) -> np.ndarray:
         """Slots the table may forget when it is rebuilt: their message is fired."""
@@ -394,7 +413,6 @@ class DelayKeys:
         progress shows)."""
         col = key_column(keys)
         with self.store.write_lock():
-            self._settle()
             table = self.sync()
             return self._pending(table, col)
 
@@ -420,7 +438,6 @@ class DelayKeys:
         col = key_column(keys)
         store = self.store
         with store.write_lock():
-            self._settle()
             table = self.sync()
             found = self._pending(table, col)
             if not found.any():

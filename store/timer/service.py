@@ -129,8 +129,7 @@ class TimerService:
             if damaged:  # the wheel is rebuilt from the timer ConsumeQueue (see _sync)
                 self.wheel.created = True
             self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
-            self.keys = DelayKeys(store, self.precision, self._key_progress,
-                                  self._settle_crashed_run)
+            self.keys = DelayKeys(store, self.precision, self._key_progress)
             self.firing.keys = self.keys
             upgrade_tags_codes(store)  # a queue an earlier rmq indexed by fire time
             self._sync()
@@ -234,19 +233,11 @@ class TimerService:
         self._state = disk
         return disk
 
-    def _settle_crashed_run(self) -> None:
-        """Finish a delivery run a killed process left (its mark still set), so that the
-        checkpoint says what was delivered before the delay keys answer from it.  The
-        caller holds the write lock; a run that was cut short is redone as any next
-        ``deliver_due`` would redo it (the messages it delivered, once)."""
-        if self._sync().deliver_mark >= 0:
-            self.deliver_due()
-
-    def _key_progress(self) -> tuple[int, int]:
-        """How far the timer has fired and enqueued (for the delay keys; the caller holds
-        the write lock)."""
+    def _key_progress(self) -> tuple[int, int, int]:
+        """How far the timer has fired and enqueued, and the mark of a run a killed process
+        left (for the delay keys; the caller holds the write lock)."""
         st = self._sync()
-        return st.last_read_time_ms, st.last_timer_queue_offset
+        return st.last_read_time_ms, st.last_timer_queue_offset, st.deliver_mark
 
     def _rebuild(self, old: TimerCheckpoint | None) -> TimerCheckpoint:
         """Start the timer files afresh from the timer ConsumeQueue.

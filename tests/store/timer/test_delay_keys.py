@@ -279,6 +279,7 @@ class DeliveryCrash(Exception):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(OPS)
 @example([("send", "c", 0), ("advance", 100), ("crash_in_delivery",), ("cancel", ["c"])])
+@example([("send", "a", 0), ("crash_in_delivery",), ("advance", 100), ("cancel", ["a"])])
 def test_model(fresh_dir, clock, ops):
     """Against a model of what each key names: every message that stays named is delivered
     exactly once and never early; a replaced or cancelled one never; across reopens and a
