@@ -14,14 +14,15 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..errors import InvalidBatchError, InvalidGroupError, InvalidMessageError
+from ..errors import InvalidGroupError, InvalidMessageError
 from ..message import Message, SendResult, sharding_queue
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
+from ..produce.table_keys import checked_key_column
 from ..produce.table_rows import as_table
 from ..schedule.rows import ScheduleTableResult
 from ..schedule.service import validate_schedule_key
-from ..timer.keys import checked_key_array, key_list, key_owners, validate_delay_key
+from ..timer.keys import checked_key_array, key_list, key_shares, validate_delay_key
 
 
 def named(producer, name: str):
@@ -97,18 +98,23 @@ class GroupProducer:
         Returns the results table, in input order, with a ``store`` column."""
         with paused_gc():
             shares = self.group.split_table(data, topic, deterministic=False)
-            results, order = [], []
-            for i, rows, positions in shares:
-                out = (self._producers[i].send_table(rows, topic=topic)
-                       if isinstance(rows, pa.Table)  # a served member's share
-                       else append_prepared(self.group.member_at(i), rows))
-                results.append(out.append_column(
-                    "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
-                order.append(positions)
+            results = [(i, (self._producers[i].send_table(rows, topic=topic)
+                            if isinstance(rows, pa.Table)  # a served member's share
+                            else append_prepared(self.group.member_at(i), rows)), positions)
+                       for i, rows, positions in shares]
+        return self._in_input_order(results)
+
+    def _in_input_order(self, results: list) -> pa.Table:
+        """The members' results tables ``[(member, table, input positions)]`` as one, in
+        input order, with a ``store`` column."""
         if not results:
             return RESULT_SCHEMA.append(pa.field("store", pa.string())).empty_table()
-        inverse = np.argsort(np.concatenate(order), kind="stable")
-        return pa.concat_tables(results).take(inverse)
+        tables = [out.append_column("store", pa.array([self.group.names[i]] * out.num_rows,
+                                                      pa.string()))
+                  for i, out, _ in results]
+        inverse = np.argsort(np.concatenate([positions for *_, positions in results]),
+                             kind="stable")
+        return pa.concat_tables(tables).take(inverse)
 
     def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
                key: str | None = None) -> bool:
@@ -121,66 +127,42 @@ class GroupProducer:
             return self._producers[self.group.key_owner(validate_delay_key(key))].cancel(key=key)
         return any([p.cancel(topic, msg_id) for p in self._producers])
 
-    def _by_owner(self, keys) -> tuple[list, list[np.ndarray]]:
-        """The keys as a list, and the positions of each member's keys (checked whole)."""
+    def _per_owner(self, keys, method: str) -> np.ndarray:
+        """``method`` (``cancel_keys`` / ``pending_keys``) asked of each key's owner; one
+        bool per key, in input order."""
         keys = key_list(keys)
-        owners = key_owners(keys, len(self._producers))
-        return keys, [np.flatnonzero(owners == i) for i in range(len(self._producers))]
+        out = np.zeros(len(keys), dtype=bool)
+        for i, rows in key_shares(keys, len(self._producers)):
+            out[rows] = getattr(self._producers[i], method)([keys[r] for r in rows.tolist()])
+        return out
 
     def cancel_keys(self, keys) -> np.ndarray:
         """``cancel_keys`` in each key's owner; per key, whether it named a pending message."""
-        keys, parts = self._by_owner(keys)
-        out = np.zeros(len(keys), dtype=bool)
-        for i, rows in enumerate(parts):
-            if len(rows):
-                out[rows] = self._producers[i].cancel_keys([keys[r] for r in rows.tolist()])
-        return out
+        return self._per_owner(keys, "cancel_keys")
 
     def pending_keys(self, keys) -> np.ndarray:
         """Per delay key, whether it names a pending message (asked of its owner)."""
-        keys, parts = self._by_owner(keys)
-        out = np.zeros(len(keys), dtype=bool)
-        for i, rows in enumerate(parts):
-            if len(rows):
-                out[rows] = self._producers[i].pending_keys([keys[r] for r in rows.tolist()])
-        return out
+        return self._per_owner(keys, "pending_keys")
 
     def replace_table(self, data, *, topic: str | None = None) -> pa.Table:
         """``replace_table`` with each row sent to the member that owns its key; results in
         input order, with a ``store`` column."""
         table = as_table(data)
-        if "key" not in table.column_names:
-            raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
-                                    "send_table plus a string column key")
-        checked_key_array(table.column("key"))
-        owners = key_owners(table.column("key"), len(self._producers))
-        results, order = [], []
-        for i in range(len(self._producers)):
-            rows = np.flatnonzero(owners == i)
-            if not len(rows):
-                continue
-            out = self._producers[i].replace_table(table.take(pa.array(rows)), topic=topic)
-            results.append(out.append_column(
-                "store", pa.array([self.group.names[i]] * out.num_rows, pa.string())))
-            order.append(rows)
-        if not results:
-            return RESULT_SCHEMA.append(pa.field("store", pa.string())).empty_table()
-        inverse = np.argsort(np.concatenate(order), kind="stable")
-        return pa.concat_tables(results).take(inverse)
+        keys = checked_key_column(table)
+        return self._in_input_order([
+            (i, self._producers[i].replace_table(table.take(pa.array(rows)), topic=topic), rows)
+            for i, rows in key_shares(keys, len(self._producers))])
 
     def schedule_table(self, data, *, topic: str | None = None):
         """``schedule_table`` with each row applied in the member that owns its key."""
         table = as_table(data)
         if "key" not in table.column_names or table.column("key").null_count:
             return self._producers[0].schedule_table(table, topic=topic)  # its typed error
-        owners = key_owners(table.column("key"), len(self._producers))
         changed = unchanged = removed = 0
-        for i in range(len(self._producers)):
-            rows = np.flatnonzero(owners == i)
-            if len(rows):
-                r = self._producers[i].schedule_table(table.take(pa.array(rows)), topic=topic)
-                changed, unchanged, removed = (changed + r.changed, unchanged + r.unchanged,
-                                               removed + r.removed)
+        for i, rows in key_shares(table.column("key"), len(self._producers)):
+            r = self._producers[i].schedule_table(table.take(pa.array(rows)), topic=topic)
+            changed, unchanged, removed = (changed + r.changed, unchanged + r.unchanged,
+                                           removed + r.removed)
         return ScheduleTableResult(changed, unchanged, removed)
 
     def schedule(self, message: Message, *, key: str, **options):
@@ -218,11 +200,10 @@ class GroupSink:
         each member's share; returns ``{store name: [transaction ids]}``."""
         table = as_table(data)
         if "key" in table.column_names:  # keyed rows: to the member owning each key
-            checked_key_array(table.column("key"))
-            owners = key_owners(table.column("key"), len(self._sinks))
-            return {self.group.names[i]: self._sinks[i].stage(
-                        table.take(pa.array(np.flatnonzero(owners == i))), topic=topic)
-                    for i in range(len(self._sinks)) if (owners == i).any()}
+            return {self.group.names[i]: self._sinks[i].stage(table.take(pa.array(rows)),
+                                                              topic=topic)
+                    for i, rows in key_shares(checked_key_array(table.column("key")),
+                                              len(self._sinks))}
         with paused_gc():
             shares = self.group.split_table(data, topic, deterministic=True)
             return {self.group.names[i]: (self._sinks[i].stage(rows, topic=topic)

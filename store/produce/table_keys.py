@@ -23,14 +23,7 @@ def keyed_table(table: pa.Table, now: int) -> pa.Table:
     """A table with a ``key`` column (``replace_table``, the sink's keyed rows) checked
     whole and turned into what ``send_table`` takes (:func:`with_delay_key`); a typed error
     names what is wrong before anything is stored."""
-    if "key" not in table.column_names:
-        raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
-                                "send_table plus a string column key")
-    keys_col = table.column("key")
-    if not (pa.types.is_string(keys_col.type) or pa.types.is_large_string(keys_col.type)):
-        raise InvalidBatchError(f"column key has type {keys_col.type}; allowed: string")
-    if keys_col.null_count:
-        raise InvalidBatchError("column key has nulls; allowed: a key per row")
+    checked_key_column(table)
     if "delay_level" in table.column_names and \
             table.column("delay_level").null_count < table.num_rows:
         raise InvalidDelayError("rows with a key and a delay_level; allowed: delay_ms or "
@@ -46,10 +39,23 @@ def keyed_table(table: pa.Table, now: int) -> pa.Table:
     if not pc.all(given).as_py():
         raise InvalidDelayError("a row with a key has no delay_ms or deliver_at; allowed: "
                                 "one of them in every keyed row")
-    checked_key_array(keys_col)
     if "delay_level" in table.column_names:
         table = table.drop_columns(["delay_level"])
     return with_delay_key(table, now)
+
+
+def checked_key_column(table: pa.Table) -> pa.Array:
+    """The table's ``key`` column, checked whole (there, strings, no nulls, each a valid
+    key); a typed error names what is wrong."""
+    if "key" not in table.column_names:
+        raise InvalidBatchError("replace_table: no key column; allowed: the columns of "
+                                "send_table plus a string column key")
+    keys_col = table.column("key")
+    if not (pa.types.is_string(keys_col.type) or pa.types.is_large_string(keys_col.type)):
+        raise InvalidBatchError(f"column key has type {keys_col.type}; allowed: string")
+    if keys_col.null_count:
+        raise InvalidBatchError("column key has nulls; allowed: a key per row")
+    return checked_key_array(keys_col)
 
 
 def with_delay_key(table: pa.Table, now: int) -> pa.Table:

@@ -152,6 +152,13 @@ def key_owners(keys, members: int) -> np.ndarray:
     return (h.view(np.uint64) % np.uint64(members)).astype(np.int64)
 
 
+def key_shares(keys, members: int) -> list[tuple[int, np.ndarray]]:
+    """``[(member, positions of its keys)]`` for the members that own any of ``keys``."""
+    owners = key_owners(keys, members)
+    shares = [(i, np.flatnonzero(owners == i)) for i in range(members)]
+    return [(i, rows) for i, rows in shares if len(rows)]
+
+
 def cancel_bodies(col: ByteColumn) -> list[bytes]:
     """The bodies of the keys-cancel records listing ``col``: ``count``, ``count + 1``
     offsets (big-endian uint32), then the keys' bytes; at most :data:`CANCEL_RECORD_KEYS`
