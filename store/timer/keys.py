@@ -159,16 +159,16 @@ def key_shares(keys, members: int) -> list[tuple[int, np.ndarray]]:
     return [(i, rows) for i, rows in shares if len(rows)]
 
 
-def cancel_bodies(col: ByteColumn) -> list[bytes]:
-    """The bodies of the keys-cancel records listing ``col``: ``count``, ``count + 1``
-    offsets (big-endian uint32), then the keys' bytes; at most :data:`CANCEL_RECORD_KEYS`
-    keys each."""
+def cancel_bodies(col: ByteColumn) -> list[tuple[bytes, int]]:
+    """The bodies of the keys-cancel records listing ``col`` and how many keys each lists:
+    ``count``, ``count + 1`` offsets (big-endian uint32), then the keys' bytes; at most
+    :data:`CANCEL_RECORD_KEYS` keys each."""
     out = []
     for lo in range(0, len(col), CANCEL_RECORD_KEYS):
         part = col.slice(lo, min(len(col), lo + CANCEL_RECORD_KEYS))
         offsets = (part.offsets - part.offsets[0]).astype(">u4")
         data = part.data[int(part.offsets[0]):int(part.offsets[-1])]
-        out.append(_U32.pack(len(part)) + offsets.tobytes() + data.tobytes())
+        out.append((_U32.pack(len(part)) + offsets.tobytes() + data.tobytes(), len(part)))
     return out
 
 
@@ -454,7 +454,7 @@ class DelayKeys:
                                     for i in take.tolist()]) if len(take) != len(col) else col
             now = store.now_ms()
             specs = [self._cancel_spec(body, len_, now) for body, len_ in
-                     zip(cancel_bodies(chosen), _chunk_sizes(len(chosen)))]
+                     cancel_bodies(chosen)]
             store.append(specs)
             self.sync()
             self.release_memory()
@@ -482,7 +482,3 @@ class DelayKeys:
         if self._table is not None:
             self._table.close()
             self._table = None
-
-
-def _chunk_sizes(n: int) -> list[int]:
-    return [min(CANCEL_RECORD_KEYS, n - lo) for lo in range(0, n, CANCEL_RECORD_KEYS)]
