@@ -3,7 +3,7 @@
 Run::
 
     PYTHONPATH=. /work/venv/bin/python bench/bench_recovery.py [--gib 1.0]
-        [--baseline-code DIR] [--dir DIR]
+        [--baseline-code DIR] [--dir DIR] [--repeat R]
 
 In one run:
 
@@ -17,7 +17,10 @@ In one run:
    (recovery validates every record past the checkpoint, CRCs included, and re-dispatches
    them), and checks that every message is readable;
 4. with ``--baseline-code DIR`` (a checkout of an earlier commit, e.g. a ``git worktree``),
-   step 3 again with that code, on another copy.
+   step 3 with the loops loaded before again with that code, on other copies.
+
+Every copy is synced to disk before its timed open, and the reopens with the loops loaded
+before are the best of ``--repeat`` (as the read is the best of three).
 
 With ``--past-mib M`` the writer flushes (moves the checkpoint) ``M`` MiB before the end of
 ``--gib``: a large store with a short tail, opened in place (target: under 0.5 s whatever the
@@ -126,6 +129,7 @@ def reopen(code_dir: str, killed: str, work: str, name: str, small: str | None =
     if small is not None:
         args.append(os.path.join(work, name + "-small"))
         subprocess.run(["cp", "-r", "--sparse=always", small, args[1]], check=True)
+    os.sync()  # the copy's pages written back now, not during the timed open
     out = json.loads(run(code_dir, OPENER, *args).strip().splitlines()[-1])
     for path in args:
         shutil.rmtree(path)
@@ -137,6 +141,8 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0, help="CommitLog GiB past the checkpoint")
     ap.add_argument("--baseline-code", default=None,
                     help="a checkout of earlier code to time the same reopen with")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="reopens with the loops loaded before (the best is reported)")
     ap.add_argument("--dir", default=None, help="where the stores go (a temp dir by default)")
     ap.add_argument("--past-mib", type=float, default=None,
                     help="write --gib in all but flush (move the checkpoint) this many MiB "
@@ -159,15 +165,19 @@ def main() -> None:
                   f"its checkpoint, compiled loops loaded before: {out['open_s']:.3f} s "
                   f"(target: under 0.5 s); messages readable: {out['messages']:,} of {sent:,}")
             return
+        os.sync()  # the written GiB on disk before anything is timed (no writeback beside)
         read_s, read_bytes = read_once(killed, end)
         ours = reopen(ROOT, killed, work, "ours")
-        warmed = reopen(ROOT, killed, work, "warmed", small)
+        # best of --repeat, as the read is the best of three
+        warmed = min((reopen(ROOT, killed, work, f"warmed{r}", small)
+                      for r in range(args.repeat)), key=lambda o: o["open_s"])
         rows = [("read the CommitLog once", read_s, ""),
                 ("reopen (recovery), fresh process", ours["open_s"], ""),
                 ("reopen, compiled loops loaded before", warmed["open_s"], "<= 2x read")]
         if args.baseline_code:
-            base = reopen(args.baseline_code, killed, work, "baseline")
-            rows.append(("reopen (recovery), baseline code", base["open_s"], ""))
+            base = min((reopen(args.baseline_code, killed, work, f"baseline{r}", small)
+                        for r in range(args.repeat)), key=lambda o: o["open_s"])
+            rows.append(("reopen, loops loaded before, baseline code", base["open_s"], ""))
         print(f"\nrecovery of {end / (1 << 30):.2f} GiB past the checkpoint "
               f"(read: {read_bytes / (1 << 30):.2f} GiB, hot in the page cache)")
         print(f"  {'':40} {'seconds':>9} {'x read':>8} {'target':>12}")

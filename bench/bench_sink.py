@@ -2,7 +2,7 @@
 
 Run::
 
-    PYTHONPATH=. /work/venv/bin/python bench/bench_sink.py [--rows N] [--repeat R] [--no-spark]
+    PYTHONPATH=. /work/venv/bin/python bench/bench_sink.py [--rows N] [--repeat R] [--no-spark] [--no-stream]
 
 Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
 
@@ -37,7 +37,7 @@ sys.path.insert(0, ROOT)
 
 import pyarrow as pa  # noqa: E402
 
-_NoopSink = None
+_NoopSink = _FileSink = None
 
 from store import MessageStore  # noqa: E402
 
@@ -87,17 +87,56 @@ def _noop_classes():
         def writer(self, schema, overwrite):
             return Writer()
 
-    return NoopSink
+    class FileWriter(DataSourceArrowWriter):
+        """Writes the batches it gets to a file as an Arrow IPC stream, then fsyncs it: the
+        ceiling of a Python sink that keeps every row once, durably."""
+
+        def __init__(self, path: str, sync: bool) -> None:
+            self.path = path
+            self.sync = sync
+
+        def write(self, iterator):
+            import uuid
+            import pyarrow as pa
+            rows = 0
+            os.makedirs(self.path, exist_ok=True)
+            name = os.path.join(self.path, uuid.uuid4().hex)
+            with open(name, "wb") as fh:
+                writer = None
+                for batch in iterator:
+                    if writer is None:
+                        writer = pa.ipc.new_stream(fh, batch.schema)
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+                if writer is not None:
+                    writer.close()
+                fh.flush()
+                if self.sync:
+                    os.fsync(fh.fileno())
+            return Counted(rows)
+
+        def commit(self, messages) -> None:
+            pass
+
+    class FileSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "rmq-bench-file"
+
+        def writer(self, schema, overwrite):
+            return FileWriter(self.options["path"], self.options.get("sync", "true") == "true")
+
+    return NoopSink, FileSink
 
 
-def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True) -> list[tuple[str, float]]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = ROOT
     from pyspark.sql import SparkSession
 
-    global _NoopSink
-    _NoopSink = _noop_classes()
+    global _NoopSink, _FileSink
+    _NoopSink, _FileSink = _noop_classes()
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
@@ -109,6 +148,7 @@ def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
                        FROM range({n})""").repartition(2).cache()
     df.count()
     spark.dataSource.register(_NoopSink)
+    spark.dataSource.register(_FileSink)
     # warm both writers once (Python workers, the store's first open)
     df.limit(1000).write.mode("overwrite").parquet(os.path.join(tmp, "warm.parquet"))
     df.limit(1000).write.format("rmq").mode("append").save(os.path.join(tmp, "warm-store"))
@@ -117,6 +157,10 @@ def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
         "df.write.parquet": lambda p: df.write.mode("overwrite").parquet(p),
         "no-op Python sink (ceiling)": lambda p: df.write.format("rmq-bench-noop").mode(
             "append").save(),
+        "Python sink writing the batches to a file, fsync": lambda p: df.write.format(
+            "rmq-bench-file").mode("append").save(p),
+        "Python sink writing the batches to a file, no fsync": lambda p: df.write.format(
+            "rmq-bench-file").option("sync", "false").mode("append").save(p),
         'df.write.format("rmq")': lambda p: df.write.format("rmq").mode("append").save(p),
         'df.write.format("rmq") at_least_once': lambda p: df.write.format("rmq").option(
             "guarantee", "at_least_once").mode("append").save(p),
@@ -132,6 +176,9 @@ def spark_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
             shutil.rmtree(path, ignore_errors=True)
             best = elapsed if best is None else min(best, elapsed)
         out.append((name, best))
+    if not streaming:
+        spark.stop()
+        return out
     # streaming: 10 JSON files, one per micro-batch, exactly once
     src, store, ckpt = (os.path.join(tmp, x) for x in ("stream-in", "stream-store", "ckpt"))
     os.makedirs(src)
@@ -166,6 +213,7 @@ def main() -> None:
     ap.add_argument("--python-rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-spark", action="store_true")
+    ap.add_argument("--no-stream", action="store_true", help="skip the streaming cases")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-sink-")
     try:
@@ -176,7 +224,7 @@ def main() -> None:
         for name, s in py:
             print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
         if not args.no_spark:
-            sp = spark_cases(tmp, args.rows, args.repeat)
+            sp = spark_cases(tmp, args.rows, args.repeat, not args.no_stream)
             base = sp[0][1]
             print(f"\nSpark local[2], {args.rows:,} rows (best of {args.repeat}; streaming once)")
             ceiling = sp[1][1]

@@ -145,18 +145,39 @@ def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
         if queue_id >= caps[topic]:
             dropped += len(table)
             continue
-        q = table[:, 0]
-        ok = (q >= 0) & (q <= table[:, 1] // FIXED_SIZE)
-        if len(q) >= 3:  # a break in the run that its successor does not follow
-            ok[1:-1] &= ~((q[1:-1] != q[:-2] + 1) & (q[2:] == q[:-2] + 2))
-        good = np.flatnonzero(ok)
-        if len(good) > 1:  # never back: above every offset kept before it
-            g = q[good]
-            ok[good[1:]] &= g[1:] > np.maximum.accumulate(g)[:-1]
-        dropped += int(len(q) - ok.sum())
+        ok = plausible_queue_offsets(table[:, 0], table[:, 1])
+        if ok is None:
+            kept[(topic, queue_id)] = table
+            continue
+        dropped += int(len(ok) - ok.sum())
         if ok.any():
-            kept[(topic, queue_id)] = table if ok.all() else table[ok]
+            kept[(topic, queue_id)] = table[ok]
     return kept, dropped
+
+
+def plausible_queue_offsets(q: np.ndarray, phys: np.ndarray) -> np.ndarray | None:
+    """Which of one queue's entries (queue offsets ``q`` of records at CommitLog offsets
+    ``phys``, in CommitLog order) pass :func:`_plausible_rows`'s offset checks: None when
+    all do, else a mask.
+
+    The usual case, one unbroken run ``n, n+1, ...`` whose first offset is plausible, is
+    told by one comparison: every later offset is then plausible too (record ``i`` lies at
+    least ``i * FIXED_SIZE`` bytes after the first), nothing breaks the run and nothing goes
+    back.
+    """
+    if not len(q):
+        return None
+    if 0 <= q[0] <= phys[0] // FIXED_SIZE and q[-1] - q[0] == len(q) - 1 and (
+            len(q) < 2 or bool((q[1:] - q[:-1] == 1).all())):
+        return None
+    ok = (q >= 0) & (q <= phys // FIXED_SIZE)
+    if len(q) >= 3:  # a break in the run that its successor does not follow
+        ok[1:-1] &= ~((q[1:-1] != q[:-2] + 1) & (q[2:] == q[:-2] + 2))
+    good = np.flatnonzero(ok)
+    if len(good) > 1:  # never back: above every offset kept before it
+        g = q[good]
+        ok[good[1:]] &= g[1:] > np.maximum.accumulate(g)[:-1]
+    return None if ok.all() else ok
 
 
 #: Bytes of a segment one :func:`checked_walk` covers, in two halves walked on two threads.
@@ -231,28 +252,50 @@ def _record_start(raw: np.ndarray, begin: int, limit: int, until: int) -> int | 
 
 def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolute: np.ndarray,
                   rows: dict[tuple[str, int], list[np.ndarray]]) -> None:
-    """Add the queue entries of the indexed records among one run of valid records."""
+    """Add the queue entries of the indexed records among one run of valid records.
+
+    Whole columns are used as they are when every record of the run is indexed (the usual
+    run: no half or rollback records), and the rows are grouped by queue with a stable
+    radix sort of small queue numbers (a few passes over the run, whatever its size).
+    """
     tx = index.sys_flags & TRANSACTION_TYPE_MASK
-    sel = np.flatnonzero((tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE))
-    if not len(sel):
+    indexed = (tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE)
+    if indexed.all():
+        sel = None
+        n = len(index)
+
+        def pick(a):
+            return a
+    else:
+        sel = np.flatnonzero(indexed)
+        n = len(sel)
+
+        def pick(a):
+            return a[sel]
+    if not n:
         return
-    topics = [n.decode("ascii", "replace") for n in index.topics]
-    topic_ids = index.topic_ids[sel]
-    ruled = np.array([store.dispatcher.has_rule(t) for t in topics], dtype=bool)[topic_ids]
-    codes = np.zeros(len(sel), dtype=np.int64)
+    topics = [t.decode("ascii", "replace") for t in index.topics]
+    topic_ids = pick(index.topic_ids)
+    rule_of_topic = np.array([store.dispatcher.has_rule(t) for t in topics], dtype=bool)
+    ruled = rule_of_topic[topic_ids] if rule_of_topic.any() else None
+    codes = np.zeros(n, dtype=np.int64)
     if index.tags:
-        tag_ids = index.tag_ids[sel]
-        tagged = np.flatnonzero(~ruled & (tag_ids >= 0))
-        codes[tagged] = store.dispatcher.tag_hashes(
-            [t.decode("utf-8", "replace") for t in index.tags])[tag_ids[tagged]]
-    unreadable = np.zeros(len(sel), dtype=bool)
-    ruled_rows = np.flatnonzero(ruled)
+        tag_ids = pick(index.tag_ids)
+        hashes = np.append(store.dispatcher.tag_hashes(
+            [t.decode("utf-8", "replace") for t in index.tags]), 0)
+        # untagged rows (-1) take the 0 appended last; a ruled topic's rows get the rule's
+        codes = hashes[tag_ids]
+        if ruled is not None:
+            codes[ruled] = 0
+    unreadable = None
+    ruled_rows = np.flatnonzero(ruled) if ruled is not None else ()
     if len(ruled_rows):  # a service's rule reads the properties
-        r = sel[ruled_rows]
+        r = ruled_rows if sel is None else sel[ruled_rows]
         tpos = index.positions[r] + HEADER_SIZE + index.body_lengths[r]
         ppos = tpos + 1 + raw[tpos]
         pend = ppos + 2 + ((raw[ppos].astype(np.int64) << 8) | raw[ppos + 1])
         stored = index.store_timestamps[r]
+        unreadable = np.zeros(n, dtype=bool)
         for j, i in enumerate(ruled_rows.tolist()):
             text = raw[ppos[j] + 2:pend[j]].tobytes()
             try:
@@ -260,26 +303,52 @@ def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolut
                                                       decode_properties(text), int(stored[j]))
             except (ValueError, KeyError, TypeError):  # damaged properties (the CRC covers
                 unreadable[i] = True                   # the body only): never index a due time
-    if unreadable.any():
-        logger.warning("%d CommitLog record(s) of a system topic have damaged properties "
-                       "(e.g. at offset %d): not indexed", int(unreadable.sum()),
-                       int(absolute[sel][unreadable][0]))
-    key = np.where(unreadable, -1, topic_ids * (1 << 32) + index.queue_ids[sel])
+        if unreadable.any():
+            logger.warning("%d CommitLog record(s) of a system topic have damaged properties "
+                           "(e.g. at offset %d): not indexed", int(unreadable.sum()),
+                           int(pick(absolute)[unreadable][0]))
+        else:
+            unreadable = None
+    queue_ids = pick(index.queue_ids)
+    groups, order = _queue_groups(topic_ids, queue_ids, unreadable)
+    queue_offsets, offsets, sizes = pick(index.queue_offsets), pick(absolute), pick(index.sizes)
+    for topic_id, queue_id, a, b in groups:
+        mine = order[a:b]  # rows of the run, in CommitLog order
+        table = np.empty((b - a, 4), dtype=np.int64)
+        table[:, 0] = queue_offsets[mine]
+        table[:, 1] = offsets[mine]
+        table[:, 2] = sizes[mine]
+        table[:, 3] = codes[mine]
+        rows.setdefault((topics[topic_id], queue_id), []).append(table)
+
+
+def _queue_groups(topic_ids: np.ndarray, queue_ids: np.ndarray, unreadable: np.ndarray | None
+                  ) -> tuple[list[tuple[int, int, int, int]], np.ndarray]:
+    """Rows grouped by queue: ``(topic id, queue id, start, end)`` per queue and the row
+    numbers in group order, each group's rows in their own order at ``order[start:end]``
+    (rows ``unreadable`` in no group)."""
+    q_lo = int(queue_ids.min())
+    span = int(queue_ids.max()) - q_lo + 1
+    m = (int(topic_ids.max()) + 1) * span
+    if q_lo >= 0 and m < (1 << 16) - 1:
+        # small numbers: NumPy's stable sort of 16-bit keys is a radix sort (unreadable
+        # rows take key m, after every group)
+        key = (topic_ids * span + (queue_ids - q_lo)).astype(np.uint16)
+        if unreadable is not None:
+            key[unreadable] = m
+        order = np.argsort(key, kind="stable")
+        counts = np.bincount(key, minlength=m + 1)
+        ends = np.cumsum(counts)
+        return [(k // span, k % span + q_lo, int(ends[k] - counts[k]), int(ends[k]))
+                for k in np.flatnonzero(counts[:m]).tolist()], order
+    key = topic_ids.astype(np.int64) * (1 << 32) + queue_ids
+    if unreadable is not None:
+        key[unreadable] = -1
     order = np.argsort(key, kind="stable")
     key = key[order]
-    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
-    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(key)]):
-        k = int(key[a])
-        if k < 0:
-            continue
-        mine = order[a:b]  # rows of sel, in CommitLog order
-        records = sel[mine]
-        table = np.empty((b - a, 4), dtype=np.int64)
-        table[:, 0] = index.queue_offsets[records]
-        table[:, 1] = absolute[records]
-        table[:, 2] = index.sizes[records]
-        table[:, 3] = codes[mine]
-        rows.setdefault((topics[k >> 32], k & 0xFFFFFFFF), []).append(table)
+    cuts = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), len(key)]
+    return [(int(key[a]) >> 32, int(key[a]) & 0xFFFFFFFF, a, b)
+            for a, b in zip(cuts[:-1], cuts[1:]) if key[a] >= 0], order
 
 
 def recover_tail(store: CoreParts, start_offset: int, *, limit: int | None = None,

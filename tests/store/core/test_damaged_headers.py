@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from store import CorruptRecordError, Message, MessageStore, StoreConfig
 from store.files.abort_marker import MARKER_FILE, write_marker
-from store.formats.codec import FIELD_OFFSET
+from store.core.recovery import plausible_queue_offsets
+from store.formats.codec import FIELD_OFFSET, FIXED_SIZE
 
 CONFIG = StoreConfig(commitlog_file_size_bytes=1 << 20)
 DAMAGED = 600
@@ -88,3 +92,41 @@ def test_a_damaged_queue_file_is_rebuilt_by_the_read_that_finds_it(tmp_path, rea
                       for n in os.listdir(os.path.join(path, "commitlog"))}
     with MessageStore.open(path, CONFIG, read_only=True) as reader:  # (the file repaired, or
         assert len(reader.pull("t", 0, 0, 2000)) == 1000             # rebuilt in memory again)
+
+
+def _plain_checks(q: np.ndarray, phys: np.ndarray) -> np.ndarray:
+    """The offset checks spelled out one entry at a time (the model)."""
+    n = len(q)
+    ok = [0 <= q[i] <= phys[i] // FIXED_SIZE for i in range(n)]
+    for i in range(1, n - 1):  # a break its successor does not follow
+        if q[i] != q[i - 1] + 1 and q[i + 1] == q[i - 1] + 2:
+            ok[i] = False
+    best = None
+    for i in range(n):  # never back
+        if ok[i]:
+            if best is not None and q[i] <= best:
+                ok[i] = False
+            best = q[i] if best is None else max(best, q[i])
+    return np.array(ok, dtype=bool)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, 50), st.integers(0, 60 * FIXED_SIZE),
+       st.lists(st.tuples(st.integers(-2, 3), st.integers(0, 200)), min_size=1, max_size=40),
+       st.booleans())
+def test_the_run_fast_path_agrees_with_the_plain_checks(first, at, steps, unbroken):
+    """One unbroken run is recognised without the checks; any other offsets get them."""
+    q = [first]
+    phys = [at]
+    for step, gap in steps[1:]:
+        q.append(q[-1] + (1 if unbroken else step))
+        phys.append(phys[-1] + FIXED_SIZE + gap)
+    q, phys = np.array(q, np.int64), np.array(phys, np.int64)
+    got = plausible_queue_offsets(q, phys)
+    expected = _plain_checks(q, phys)
+    if got is None:
+        assert expected.all()
+    else:
+        assert got.tolist() == expected.tolist()
+    if unbroken and 0 <= first <= at // FIXED_SIZE:
+        assert got is None
