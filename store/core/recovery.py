@@ -127,7 +127,8 @@ def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
     the header, so a flipped queue id or offset passes the record checks).
 
     * A topic name no topic can have (it would also name a directory outside the store).
-    * A queue id at or above the topic's queue count and :data:`MAX_QUEUE_ID`.
+    * A negative queue id, or one at or above the topic's queue count and
+      :data:`MAX_QUEUE_ID`.
     * A queue offset above ``physical offset // FIXED_SIZE`` (every earlier message of the
       queue precedes the record in the CommitLog, each at least ``FIXED_SIZE`` long).
     * A queue's records follow each other in the CommitLog at offsets n, n+1, ...: an
@@ -142,7 +143,7 @@ def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
         if topic not in caps:
             caps[topic] = (max(MAX_QUEUE_ID, store.topic_table.queue_count(topic) or 0)
                            if is_valid_topic_name(topic) else 0)
-        if queue_id >= caps[topic]:
+        if not 0 <= queue_id < caps[topic]:
             dropped += len(table)
             continue
         ok = plausible_queue_offsets(table[:, 0], table[:, 1])
@@ -341,13 +342,14 @@ def _queue_groups(topic_ids: np.ndarray, queue_ids: np.ndarray, unreadable: np.n
         ends = np.cumsum(counts)
         return [(k // span, k % span + q_lo, int(ends[k] - counts[k]), int(ends[k]))
                 for k in np.flatnonzero(counts[:m]).tolist()], order
-    key = topic_ids.astype(np.int64) * (1 << 32) + queue_ids
+    # any queue ids (a damaged header's may be huge or negative): 64-bit keys
+    key = (topic_ids.astype(np.int64) << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
     if unreadable is not None:
         key[unreadable] = -1
     order = np.argsort(key, kind="stable")
     key = key[order]
     cuts = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), len(key)]
-    return [(int(key[a]) >> 32, int(key[a]) & 0xFFFFFFFF, a, b)
+    return [(int(key[a]) >> 32, ((int(key[a]) & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000, a, b)
             for a, b in zip(cuts[:-1], cuts[1:]) if key[a] >= 0], order
 
 

@@ -14,14 +14,15 @@ from hypothesis import strategies as st
 
 from store import CorruptRecordError, Message, MessageStore, StoreConfig
 from store.files.abort_marker import MARKER_FILE, write_marker
-from store.core.recovery import plausible_queue_offsets
+from store.core.recovery import _queue_groups, plausible_queue_offsets
 from store.formats.codec import FIELD_OFFSET, FIXED_SIZE
 
 CONFIG = StoreConfig(commitlog_file_size_bytes=1 << 20)
 DAMAGED = 600
 
 
-def _damaged_store(path: str, field: str, mode: str) -> None:
+def _damaged_store(path: str, field: str, mode: str, damage: bytes = b"\x64\x04\x12\x33\x00\x00\x00\x00"
+                   ) -> None:
     with MessageStore.open(path, CONFIG) as store:
         producer = store.producer("g")
         sent = [producer.send(Message("t", b"m%d" % i), queue_id=0) for i in range(1000)]
@@ -29,7 +30,7 @@ def _damaged_store(path: str, field: str, mode: str) -> None:
     segment = os.path.join(path, "commitlog", sorted(os.listdir(os.path.join(path, "commitlog")))[0])
     with open(segment, "r+b") as fh:  # eight bytes the body CRC does not cover
         fh.seek(victim + FIELD_OFFSET[field])
-        fh.write(b"\x64\x04\x12\x33\x00\x00\x00\x00")
+        fh.write(damage)
     if mode == "rescan":  # a killed writer: the records past the checkpoint rescanned
         write_marker(os.path.join(path, MARKER_FILE))
         os.remove(os.path.join(path, "checkpoint"))
@@ -54,6 +55,21 @@ def test_a_damaged_header_costs_that_record_only(tmp_path, field, mode):
         with pytest.raises(CorruptRecordError):  # strict: the loss is not passed over
             store.read_arrow("t", 0, 0, store.max_offset("t", 0))
         assert store.read_arrow("t", 0, 0, DAMAGED).num_rows == DAMAGED
+
+
+@pytest.mark.parametrize("mode", ["rescan", "rebuild"])
+@pytest.mark.parametrize("queue_id", [-5, 70000])
+def test_a_damaged_queue_id_costs_that_record_only(tmp_path, mode, queue_id):
+    """A queue id no queue can have (negative, or past every queue) is not indexed anywhere
+    when the queues are rescanned or rebuilt; the queue's other messages are all served."""
+    path = str(tmp_path / "s")
+    _damaged_store(path, "queue_id", mode, queue_id.to_bytes(4, "big", signed=True))
+    with MessageStore.open(path, CONFIG) as store:
+        assert store.queue_ids("t") == [0] or set(store.queue_ids("t")) <= set(range(1024))
+        batch = store.read_arrow("t", 0, 0, store.max_offset("t", 0), skip_corrupt=True)
+        assert batch.num_rows == 999
+        assert b"m%d" % DAMAGED not in batch.column("body").to_pylist()
+        assert sum(store.max_offset("t", q) for q in store.queue_ids("t")) == 1000
 
 
 def _flip_queue_entries(path: str, first: int, count: int) -> None:
@@ -130,3 +146,23 @@ def test_the_run_fast_path_agrees_with_the_plain_checks(first, at, steps, unbrok
         assert got.tolist() == expected.tolist()
     if unbroken and 0 <= first <= at // FIXED_SIZE:
         assert got is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 1, 2, 7, 1023, 70000, -5]),
+                          st.booleans()), min_size=1, max_size=60))
+def test_rows_are_grouped_by_queue_in_their_order(rows):
+    """Both ways of grouping (small queue numbers, any others) keep each queue's rows in
+    order and leave the unreadable ones out."""
+    topic_ids = np.array([t for t, _, _ in rows], np.int32)
+    queue_ids = np.array([q for _, q, _ in rows], np.int32)
+    unreadable = np.array([u for _, _, u in rows], bool)
+    expected: dict = {}
+    for i, (t, q, u) in enumerate(rows):
+        if not u:
+            expected.setdefault((t, q), []).append(i)
+    groups, order = _queue_groups(topic_ids, queue_ids,
+                                  unreadable if unreadable.any() else None)
+    got = {(t, q): order[a:b].tolist() for t, q, a, b in groups}
+    assert got == expected
+    assert all(b > a for _, _, a, b in groups)
