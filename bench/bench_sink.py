@@ -10,6 +10,9 @@ Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
   written as Parquet: the baseline;
 * ``no-op Python sink``           a Python data source writer (``DataSourceArrowWriter``)
   that only counts the Arrow batches Spark hands it: the ceiling of any Python sink;
+* ``Python sink writing the batches to a file``: the same writer, but each task writes the
+  batches it gets to a file (an Arrow IPC stream) and fsyncs it (and once without the
+  fsync): the ceiling of a Python sink that keeps every row once, durably;
 * ``df.write.format("rmq")``      the same rows through the exactly-once sink (tasks stage,
   the driver commits);
 * ``... guarantee=at_least_once`` the same rows appended directly by the tasks;
@@ -19,7 +22,9 @@ Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
 
 and, without Spark, ``Sink.stage`` + ``Sink.commit`` against ``send_table`` of the same table.
 The DataFrame is cached and counted first, so every writer reads the same in-memory rows.
-Each case runs ``--repeat`` times (best run).  Not collected by pytest.
+The Spark cases run in ``--repeat`` rounds, every case once per round (in turns), and
+each reports its best and its median; the Python cases the best of ``--repeat``.  Not
+collected by pytest.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -129,7 +135,8 @@ def _noop_classes():
     return NoopSink, FileSink
 
 
-def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True) -> list[tuple[str, float]]:
+def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True
+                ) -> list[tuple[str, float, float]]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = ROOT
@@ -165,17 +172,17 @@ def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True) -> list[t
         'df.write.format("rmq") at_least_once': lambda p: df.write.format("rmq").option(
             "guarantee", "at_least_once").mode("append").save(p),
     }
-    out = []
-    for name, run in cases.items():
-        best = None
-        for r in range(repeat):
-            path = os.path.join(tmp, f"spark-{len(out)}-{r}")
+    # in turns (every case once per round), so that a slow spell of the machine does not
+    # fall on one case only; each case's best and median
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for r in range(repeat):
+        for k, (name, run) in enumerate(cases.items()):
+            path = os.path.join(tmp, f"spark-{k}-{r}")
             t0 = time.perf_counter()
             run(path)
-            elapsed = time.perf_counter() - t0
+            times[name].append(time.perf_counter() - t0)
             shutil.rmtree(path, ignore_errors=True)
-            best = elapsed if best is None else min(best, elapsed)
-        out.append((name, best))
+    out = [(name, min(t), statistics.median(t)) for name, t in times.items()]
     if not streaming:
         spark.stop()
         return out
@@ -195,12 +202,14 @@ def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True) -> list[t
     q = (stream().writeStream.format("parquet").option("checkpointLocation", ckpt + "-pq")
          .trigger(availableNow=True).start(os.path.join(tmp, "stream.parquet")))
     q.awaitTermination()
-    out.append(("writeStream.parquet (10 batches)", time.perf_counter() - t0))
+    elapsed = time.perf_counter() - t0
+    out.append(("writeStream.parquet (10 batches)", elapsed, elapsed))
     t0 = time.perf_counter()
     q = (stream().writeStream.format("rmq").option("checkpointLocation", ckpt)
          .trigger(availableNow=True).start(store))
     q.awaitTermination()
-    out.append(('writeStream.format("rmq") (10 batches)', time.perf_counter() - t0))
+    elapsed = time.perf_counter() - t0
+    out.append(('writeStream.format("rmq") (10 batches)', elapsed, elapsed))
     with MessageStore.open(store) as s:
         assert sum(s.max_offset("bench", q) for q in s.queue_ids("bench")) == per * 10
     spark.stop()
@@ -225,13 +234,14 @@ def main() -> None:
             print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
         if not args.no_spark:
             sp = spark_cases(tmp, args.rows, args.repeat, not args.no_stream)
-            base = sp[0][1]
-            print(f"\nSpark local[2], {args.rows:,} rows (best of {args.repeat}; streaming once)")
-            ceiling = sp[1][1]
-            print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs parquet':>11} {'vs no-op':>9}")
-            for name, s in sp:
-                print(f"{name:<40} {s:8.3f} {args.rows / s:12,.0f} {base / s:10.2f}x "
-                      f"{ceiling / s:8.2f}x")
+            print(f"\nSpark local[2], {args.rows:,} rows ({args.repeat} rounds in turns; "
+                  "ratios of the best and of the median; streaming once)")
+            print(f"{'case':<52} {'best s':>7} {'median':>7} {'rows/s':>11} "
+                  f"{'vs parquet':>11} {'vs no-op':>15}")
+            for name, best, median in sp:
+                print(f"{name:<52} {best:7.3f} {median:7.3f} {args.rows / best:11,.0f} "
+                      f"{sp[0][1] / best:10.2f}x {sp[1][1] / best:6.2f}x / "
+                      f"{sp[1][2] / median:.2f}x")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
