@@ -261,27 +261,18 @@ def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolut
     """
     tx = index.sys_flags & TRANSACTION_TYPE_MASK
     indexed = (tx == TRANSACTION_NOT_TYPE) | (tx == TRANSACTION_COMMIT_TYPE)
-    if indexed.all():
-        sel = None
-        n = len(index)
-
-        def pick(a):
-            return a
-    else:
-        sel = np.flatnonzero(indexed)
-        n = len(sel)
-
-        def pick(a):
-            return a[sel]
+    every = bool(indexed.all())
+    sel = slice(None) if every else np.flatnonzero(indexed)  # (a slice: views, no copies)
+    n = len(index) if every else len(sel)
     if not n:
         return
     topics = [t.decode("ascii", "replace") for t in index.topics]
-    topic_ids = pick(index.topic_ids)
+    topic_ids = index.topic_ids[sel]
     rule_of_topic = np.array([store.dispatcher.has_rule(t) for t in topics], dtype=bool)
     ruled = rule_of_topic[topic_ids] if rule_of_topic.any() else None
     codes = np.zeros(n, dtype=np.int64)
     if index.tags:
-        tag_ids = pick(index.tag_ids)
+        tag_ids = index.tag_ids[sel]
         hashes = np.append(store.dispatcher.tag_hashes(
             [t.decode("utf-8", "replace") for t in index.tags]), 0)
         # untagged rows (-1) take the 0 appended last; a ruled topic's rows get the rule's
@@ -291,7 +282,7 @@ def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolut
     unreadable = None
     ruled_rows = np.flatnonzero(ruled) if ruled is not None else ()
     if len(ruled_rows):  # a service's rule reads the properties
-        r = ruled_rows if sel is None else sel[ruled_rows]
+        r = ruled_rows if every else sel[ruled_rows]
         tpos = index.positions[r] + HEADER_SIZE + index.body_lengths[r]
         ppos = tpos + 1 + raw[tpos]
         pend = ppos + 2 + ((raw[ppos].astype(np.int64) << 8) | raw[ppos + 1])
@@ -307,12 +298,12 @@ def _collect_rows(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolut
         if unreadable.any():
             logger.warning("%d CommitLog record(s) of a system topic have damaged properties "
                            "(e.g. at offset %d): not indexed", int(unreadable.sum()),
-                           int(pick(absolute)[unreadable][0]))
+                           int(absolute[sel][unreadable][0]))
         else:
             unreadable = None
-    queue_ids = pick(index.queue_ids)
+    queue_ids = index.queue_ids[sel]
     groups, order = _queue_groups(topic_ids, queue_ids, unreadable)
-    queue_offsets, offsets, sizes = pick(index.queue_offsets), pick(absolute), pick(index.sizes)
+    queue_offsets, offsets, sizes = index.queue_offsets[sel], absolute[sel], index.sizes[sel]
     for topic_id, queue_id, a, b in groups:
         mine = order[a:b]  # rows of the run, in CommitLog order
         table = np.empty((b - a, 4), dtype=np.int64)
@@ -334,7 +325,7 @@ def _queue_groups(topic_ids: np.ndarray, queue_ids: np.ndarray, unreadable: np.n
     if q_lo >= 0 and m < (1 << 16) - 1:
         # small numbers: NumPy's stable sort of 16-bit keys is a radix sort (unreadable
         # rows take key m, after every group)
-        key = (topic_ids * span + (queue_ids - q_lo)).astype(np.uint16)
+        key = (topic_ids.astype(np.int64) * span + (queue_ids - q_lo)).astype(np.uint16)
         if unreadable is not None:
             key[unreadable] = m
         order = np.argsort(key, kind="stable")
