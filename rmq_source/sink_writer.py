@@ -196,7 +196,7 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
         producer = store.producer(options.producer_group)
         if options.guarantee == "at_least_once":
             ops.apply_now = lambda keys, table: _apply(options, producer, keys, table)
-        if options.guarantee == "at_least_once":
+
             def write(table, topic):
                 if "key" in table.column_names:
                     producer.replace_table(table, topic=topic)

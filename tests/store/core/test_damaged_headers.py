@@ -21,8 +21,11 @@ CONFIG = StoreConfig(commitlog_file_size_bytes=1 << 20)
 DAMAGED = 600
 
 
-def _damaged_store(path: str, field: str, mode: str, damage: bytes = b"\x64\x04\x12\x33\x00\x00\x00\x00"
-                   ) -> None:
+#: Eight bytes written over a header field (a queue offset or a physical offset far off).
+_DAMAGE = b"\x64\x04\x12\x33\x00\x00\x00\x00"
+
+
+def _damaged_store(path: str, field: str, mode: str, damage: bytes = _DAMAGE) -> None:
     with MessageStore.open(path, CONFIG) as store:
         producer = store.producer("g")
         sent = [producer.send(Message("t", b"m%d" % i), queue_id=0) for i in range(1000)]
@@ -65,7 +68,7 @@ def test_a_damaged_queue_id_costs_that_record_only(tmp_path, mode, queue_id):
     path = str(tmp_path / "s")
     _damaged_store(path, "queue_id", mode, queue_id.to_bytes(4, "big", signed=True))
     with MessageStore.open(path, CONFIG) as store:
-        assert store.queue_ids("t") == [0] or set(store.queue_ids("t")) <= set(range(1024))
+        assert os.listdir(os.path.join(path, "consumequeue", "t")) == ["0"]
         batch = store.read_arrow("t", 0, 0, store.max_offset("t", 0), skip_corrupt=True)
         assert batch.num_rows == 999
         assert b"m%d" % DAMAGED not in batch.column("body").to_pylist()
