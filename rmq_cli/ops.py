@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
@@ -84,6 +85,9 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
         click.echo(f"rmq serve: serving {store_path} (pid {os.getpid()}){where}; SIGTERM or "
                    "Ctrl-C stops", err=True)
         counters = server.run(duration_s=duration_s)
+        if counters.replaced is not None:
+            click.echo(f"rmq serve: stopped: {counters.replaced}", err=True)
+            sys.exit(3)
         click.echo(f"rmq serve: stopped; {counters.delivered} delivered, "
                    f"{counters.segments_deleted} segment(s) deleted", err=True)
         return
@@ -185,8 +189,13 @@ def _serve_group(path, config, check_transactions, duration_s, network) -> None:
             t.join(timeout=0.2)  # short joins: signals reach the main thread
     delivered = sum(r.delivered for r in results.values())
     deleted = sum(r.segments_deleted for r in results.values())
+    replaced = [r.replaced for r in results.values() if r.replaced is not None]
+    for text in replaced:
+        click.echo(f"rmq serve: a member stopped: {text}", err=True)
     click.echo(f"rmq serve: stopped; {delivered} delivered, {deleted} segment(s) deleted "
                f"in {len(servers)} stores", err=True)
+    if replaced:
+        sys.exit(3)
 
 
 # --------------------------------------------------------------------------- lag

@@ -132,3 +132,8 @@ class RemoteError(StoreError):
 
 class AuthenticationError(RemoteError):
     """A served store refused a request: its token is missing or wrong (nothing was done)."""
+
+
+class StoreReplacedError(StoreClosedError):
+    """The store directory was removed or replaced while this process had it open: the
+    process stopped writing to it (reopen the store at its path to use what is there now)."""

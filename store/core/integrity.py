@@ -22,10 +22,12 @@ A writable open by the only process on the store runs :func:`check_at_open` afte
 
 ``config/queueTable.json`` (with a ``.bak`` of the previous one)::
 
-    {"version": 1, "written_ms": <epoch ms>,
+    {"version": 1, "written_ms": <epoch ms>, "store_id": "<the store's id>",
      "queues": {"<topic>": {"<queue id>": [<first offset>, <end offset>]}}}
 
-A missing or unreadable table only skips the queue check (the next close writes it again).
+A missing or unreadable table only skips the queue check (the next close writes it again), and
+so does a table that names another store (a process that had a removed store open wrote it
+into the new store at that path: :mod:`store.core.identity`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def write_queue_table(store: CoreParts) -> None:
     try:
         write_json_atomic(table_path(store), {"version": TABLE_VERSION,
                                               "written_ms": store.now_ms(),
+                                              "store_id": store.store_id,
                                               "queues": queue_ends(store)})
     except DiskFullError as exc:
         log.warning("the queue table was not updated: %s", exc)
@@ -91,6 +94,10 @@ def lost_queues(store: CoreParts) -> list[str]:
             found.append(f"{topic}/{queue_id} (a file of the wrong length)")
     recorded = read_json(table_path(store), _valid_table)
     if recorded is None:
+        return found
+    if recorded.get("store_id", store.store_id) != store.store_id:
+        log.warning("%s names another store (%s, this one is %s): not used", table_path(store),
+                    recorded.get("store_id"), store.store_id)
         return found
     ends = queue_ends(store)
     for topic, queues in recorded["queues"].items():

@@ -35,10 +35,12 @@ from .recovery_start import dead_append_bounds
 if TYPE_CHECKING:  # pragma: no cover
     import threading
 
+    from ..errors import StoreReplacedError
     from ..files.checkpoint import StoreCheckpoint
     from ..files.commit_log import CommitLog
     from ..files.topics import TopicTable
     from .appender import Appender
+    from .identity import DirectoryIdentity
     from .flushing import FlushService
     from .lock_lease import LockLease
 
@@ -57,9 +59,13 @@ class AppendLocking:
     _lock_depth: int
     _lease: LockLease
     _recovery_listeners: list
+    identity: DirectoryIdentity
+    replaced: str | None
 
-    if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore
+    if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore and StoreCore
         def _check_open(self) -> None: ...
+
+        def replaced_error(self, problem: str) -> StoreReplacedError: ...
 
     # ------------------------------------------------------------------ the lock
     def _lock(self, catch_up: bool = True, lease: bool = False) -> bool:
@@ -74,10 +80,19 @@ class AppendLocking:
         outermost = self._lock_depth == 0
         if outermost and not self._lease.held:
             try:
+                if self.replaced is not None:
+                    raise self.replaced_error(self.replaced)
                 self._lease.acquire(lease)
             except BaseException:
                 self._thread_lock.release()
                 raise
+            # Holding the file lock proves nothing if the path holds another store now (the
+            # lock file this process locks is not the one a new store's processes lock).
+            problem = self.identity.problem()
+            if problem is not None:
+                self._lease.release()
+                self._thread_lock.release()
+                raise self.replaced_error(problem)
         self._lock_depth += 1
         if outermost and catch_up:
             try:
@@ -129,6 +144,8 @@ class AppendLocking:
 
     def _check_writable(self) -> None:
         self._check_open()
+        if self.replaced is not None:
+            raise self.replaced_error(self.replaced)
         error = self.flusher.take_error()
         if error is not None:
             raise FlushError(f"flushing store {self.root} failed: {error}; the data appended "

@@ -76,6 +76,8 @@ class StorePort(Protocol):
     commit_log: CommitLog
     id_generator: MessageIdGenerator
     encode_threads: int
+    #: The id recorded at creation (store.core.identity): progress files carry it.
+    store_id: str | None
 
     def now_ms(self) -> int: ...
 

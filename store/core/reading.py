@@ -35,6 +35,7 @@ from ..files.fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
+from .identity import is_store_id, new_store_id
 from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
@@ -69,11 +70,28 @@ def _recorded_layout(data: object) -> bool:
     return True
 
 
-def _record_layout(path: str, layout: dict, created_ms) -> None:
-    """Write ``config/store.json`` and its ``.bak`` (the layout is read from either)."""
-    data = {"layout": layout, "layout_crc32": _layout_crc(layout), "created_ms": created_ms}
+def _record_layout(path: str, layout: dict, created_ms, store_id: str | None = None) -> None:
+    """Write ``config/store.json`` and its ``.bak`` (the layout is read from either), with the
+    store's id (:mod:`store.core.identity`; a new one when ``store_id`` is not one)."""
+    data = {"layout": layout, "layout_crc32": _layout_crc(layout), "created_ms": created_ms,
+            "store_id": store_id if is_store_id(store_id) else new_store_id()}
     write_json_atomic(path, data)
     write_json_atomic(path, data)  # the first copy becomes the .bak
+
+
+def ensure_store_id(root: str) -> str:
+    """The id recorded in ``root``'s ``config/store.json``; a store of an older version (or
+    whose file lost it) gets one now.  Called with the store's open lock held."""
+    path = os.path.join(root, "config", "store.json")
+    recorded = read_json(path, _recorded_layout)
+    if recorded is not None and is_store_id(recorded.get("store_id")):
+        return recorded["store_id"]
+    layout = recorded["layout"] if recorded is not None else None
+    if layout is None:  # (the opening process recorded one; a damaged file: recorded again)
+        return new_store_id()
+    store_id = new_store_id()
+    _record_layout(path, layout, recorded.get("created_ms"), store_id)
+    return store_id
 
 
 def layout_from_files(root: str) -> dict[str, int]:
@@ -122,6 +140,11 @@ class ReadableStore:
         # layout record of a new store is written
         legacy = os.path.isfile(os.path.join(self.root, "config", "store.json"))
         self.config = self._resolve_config(config, record_layout=record_layout)
+        recorded = read_json(os.path.join(self.root, "config", "store.json"), _recorded_layout)
+        #: The id recorded when the store was created (:mod:`store.core.identity`); ``None``
+        #: for a store no rmq has written to since ids exist (a RocketMQ store read-only).
+        self.store_id: str | None = (recorded["store_id"] if recorded is not None
+                                     and is_store_id(recorded.get("store_id")) else None)
         self.now_ms: Clock = clock or system_clock
         self.commit_log = CommitLog(os.path.join(self.root, "commitlog"),
                                     self.config.commitlog_file_size_bytes,
@@ -151,7 +174,8 @@ class ReadableStore:
             log.warning("%s (and its .bak) is damaged: the layout is taken from the files "
                         "and the settings given", path)
         elif recorded is not None and record_layout and not os.path.exists(path + ".bak"):
-            _record_layout(path, recorded["layout"], recorded.get("created_ms"))
+            _record_layout(path, recorded["layout"], recorded.get("created_ms"),
+                           recorded.get("store_id"))
         if recorded is not None:
             layout = {k: v for k, v in recorded["layout"].items() if k in LAYOUT_FIELDS}
             differing = {k: (getattr(config, k), v) for k, v in layout.items()

@@ -35,7 +35,7 @@ import numpy as np
 from ..files.abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
 from ..formats.codec import LOCALHOST, RecordSpec
 from ..config import StoreConfig
-from ..errors import InvalidMessageError, StoreNotFoundError
+from ..errors import InvalidMessageError, StoreNotFoundError, StoreReplacedError
 from ..formats.message_id import MessageIdGenerator
 from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
@@ -43,13 +43,14 @@ from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, En
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
+from .identity import DirectoryIdentity
 from .integrity import check_at_open, write_queue_table
 from .lock_lease import LockLease
 from .locking import AppendLocking
 from .pipeline import THREADS
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
 from .record_writes import Allocate
-from .reading import Clock, ReadableStore
+from .reading import Clock, ReadableStore, ensure_store_id
 from .recovery_start import (
     crash_limit,
     dead_append_bounds,
@@ -91,6 +92,10 @@ class StoreCore(AppendLocking, ReadableStore):
         flags = os.O_RDWR | os.O_CREAT
         self._write_lock_fd = os.open(os.path.join(self.root, "lock"), flags, 0o644)
         self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
+        #: The lock file this process opened: a removed or replaced store is noticed by it.
+        self.identity = DirectoryIdentity(self.root, self._write_lock_fd)
+        #: Why this process stopped writing to the store (it was removed or replaced).
+        self.replaced: str | None = None
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
                                 self._thread_lock)
         self.id_generator = MessageIdGenerator()
@@ -156,6 +161,10 @@ class StoreCore(AppendLocking, ReadableStore):
         # acknowledged after the checkpoint page last reached the disk.
         same_boot = crashed and written_this_boot(abort_path)
         write_marker(abort_path)
+        # the id every progress file is checked against (written now into a store of an
+        # older version; read again here so that processes that created the store at the
+        # same moment agree on the id the file kept)
+        self.store_id = ensure_store_id(self.root)
         with self._write_locked(catch_up=False):
             if not self.checkpoint.trusted:  # one rmq did not write: the records decide
                 self.recovered = recover_without_checkpoint(self, self._recovery_listeners)
@@ -190,6 +199,29 @@ class StoreCore(AppendLocking, ReadableStore):
     def _close_services(self) -> None:
         """Release what the layers above hold, under the write lock (overridden there)."""
 
+    def _release_services(self) -> None:
+        """Release what the layers above hold without writing a file (the store was removed
+        or replaced: its path is another store's now); overridden there."""
+
+    def replaced_error(self, problem: str) -> StoreReplacedError:
+        """Stop writing to this store for good: ``problem`` says how it was removed or
+        replaced.  Returns the error to raise."""
+        self.replaced = problem
+        return StoreReplacedError(
+            f"store {self.root} {problem} while this process had it open; this process "
+            "stopped writing to it, so that nothing it holds is written into another store. "
+            "Open the store at this path again to use what is there now (messages "
+            "acknowledged by the old store are in its files only if they were kept)")
+
+    def check_identity(self) -> None:
+        """Raise :class:`~store.errors.StoreReplacedError` when the store directory was
+        removed or replaced since this process opened it (one ``stat``)."""
+        if self.replaced is not None:
+            raise self.replaced_error(self.replaced)
+        problem = self.identity.problem()
+        if problem is not None:
+            raise self.replaced_error(problem)
+
     def close(self) -> None:
         """Flush everything and release the store; the last process out removes ``abort``."""
         if self._closed:
@@ -198,6 +230,16 @@ class StoreCore(AppendLocking, ReadableStore):
             self._release()
             return
         self.flusher.stop()
+        if self.replaced is None:
+            self.replaced = self.identity.problem()
+        if self.replaced is not None:  # write nothing into whatever is at the path now
+            self._closed = True
+            self._release_services()
+            self._lease.close()
+            self._close_files()
+            os.close(self._write_lock_fd)
+            os.close(self._open_lock_fd)
+            return
         with self._write_locked(catch_up=False):
             self._close_services()
             self.flusher.flush()

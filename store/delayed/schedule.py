@@ -19,9 +19,11 @@ future" (a clock that went backwards) is not treated as due now, since nothing m
 early; and there is no 1 s first delay or 100 ms polling, since the caller decides when to run.
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
-"dataVersion": {...}, "deliverMark": -1}`` written atomically in fastjson's text, as RocketMQ
-writes it (:mod:`store.files.broker_files`: integer keys unquoted, other fields kept); it is read
-leniently and offsets are clamped to the queue.  A run saves
+"dataVersion": {...}, "deliverMark": -1, "storeId": "<the store's id>"}`` written atomically
+in fastjson's text, as RocketMQ writes it (:mod:`store.files.broker_files`: integer keys
+unquoted, other fields kept); it is read leniently.  A file that names another store, or whose
+mark or offsets point past the CommitLog or their queues, is not used: the progress is
+rebuilt from the queues (from their first entries, with a mark, as for a lost file).  A run saves
 ``deliverMark`` before appending and clears it with the new offsets, so a run that died in
 between is redone without delivering anything twice.
 """
@@ -29,6 +31,7 @@ between is redone without delivering anything twice.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import numpy as np
@@ -59,6 +62,8 @@ def _int_or(value: object, default: int) -> int:
         return int(value) if value is not None and not isinstance(value, bool) else default
     except (TypeError, ValueError):
         return default
+
+log = logging.getLogger("store")
 
 
 def deliver_time(levels_ms: tuple[int, ...], level: int, store_timestamp_ms: int) -> int:
@@ -130,8 +135,51 @@ class ScheduleService:
             except (TypeError, ValueError):
                 continue
         version = data.get("dataVersion") or {}
-        return _Progress(offsets, _int_or(data.get("deliverMark"), -1),
-                         _int_or(version.get("counter"), 0) if isinstance(version, dict) else 0)
+        progress = _Progress(offsets, _int_or(data.get("deliverMark"), -1),
+                             _int_or(version.get("counter"), 0)
+                             if isinstance(version, dict) else 0)
+        if data.get("storeId") not in (None, self.store.store_id):
+            log.warning("%s belongs to another store (%s; this one is %s): the delay levels' "
+                        "progress is rebuilt from their queues", self.path,
+                        data.get("storeId"), self.store.store_id)
+            rebuilt = self._lost()
+            rebuilt.counter = progress.counter
+            return rebuilt
+        self._drop_impossible(progress)
+        return progress
+
+    def _drop_impossible(self, progress: _Progress) -> None:
+        """Restart every level whose saved offset lies past its queue from the queue's first
+        entry, with a mark, as for a lost file (what it delivered already is not delivered
+        again); a mark past the CommitLog's end is moved back to it.  Such a file was written
+        for another CommitLog (a process that had a removed store open, a restored backup of
+        another store): trusting it would skip every message of that level."""
+        store = self.store
+        confirmed = store.confirmed_offset()
+        starts = []
+        for level, offset in list(progress.offsets.items()):
+            if not 1 <= level <= len(self.levels):
+                continue
+            queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            end = queue.max_offset(confirmed)
+            if 0 <= offset <= end:
+                continue
+            log.warning("%s: the offset %d of delay level %d is not within its queue (0 to "
+                        "%d): the level restarts from its first entry", self.path, offset,
+                        level, end)
+            del progress.offsets[level]
+            first = queue.first_index()
+            head = read_queue_entries(queue, first, min(first + 1, end))
+            if len(head):
+                starts.append(int(head["offset"][0]))
+        if progress.mark > confirmed:
+            log.warning("%s: the delivery mark %d is past the CommitLog's end %d", self.path,
+                        progress.mark, confirmed)
+            starts.append(confirmed)
+            progress.mark = -1
+        if starts:
+            mark = max(min(starts), store.commit_log.min_offset())
+            progress.mark = mark if progress.mark < 0 else min(progress.mark, mark)
 
     def _lost(self) -> _Progress:
         """No progress file: start at each queue's beginning, skipping what was delivered."""
@@ -154,6 +202,7 @@ class ScheduleService:
             "dataVersion": {"counter": progress.counter, "stateVersion": 0,
                             "timestamp": self.store.now_ms()},
             "deliverMark": progress.mark,
+            "storeId": self.store.store_id,
         })
 
     def retention_floor(self) -> int | None:

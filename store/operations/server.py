@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from .check_rounds import publish_check_round
 from ..config import StoreConfig
-from ..errors import InvalidConfigError, StoreError
+from ..errors import InvalidConfigError, StoreError, StoreReplacedError
 from ..files.fileio import atomic_write
 from ..message_store import MessageStore
 from .warm_up import warm_up
@@ -77,6 +77,9 @@ class ServerCounters:
     check_rounds: int = 0
     checks_published: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Why serving stopped early: the store was removed or replaced under the server (then
+    #: ``rmq serve`` exits non-zero); ``None`` otherwise.
+    replaced: str | None = None
 
 
 def delete_hours(spec: str) -> frozenset[int]:
@@ -234,7 +237,18 @@ class StoreServer:
         end = None if duration_s is None else time.monotonic() + duration_s
         try:
             while not self._stop.is_set():
-                self.step()
+                try:
+                    self.step()
+                except (StoreReplacedError, OSError) as exc:
+                    # a store removed in the middle of a step fails one of its writes first
+                    problem = self.store.identity.problem()
+                    if not isinstance(exc, StoreReplacedError) and problem is None:
+                        raise
+                    if problem is not None and not isinstance(exc, StoreReplacedError):
+                        exc = self.store.replaced_error(problem)
+                    self.counters.replaced = str(exc)  # nothing more to serve: stop
+                    log.error("stopping: %s", exc)
+                    break
                 if end is not None and time.monotonic() >= end:
                     break
                 self._stop.wait(self._sleep_s(end))
@@ -272,6 +286,8 @@ class StoreServer:
         delivered = 0
         try:
             delivered = self.store.deliver_due()
+        except StoreReplacedError:
+            raise
         except StoreError as exc:
             self._error(f"delivery: {exc}")
         c.delivery_runs += 1
@@ -352,6 +368,8 @@ class StoreServer:
         self.counters.errors = (self.counters.errors + [text])[-20:]
 
     def _write_status(self, *, running: bool) -> None:
+        if self.store.replaced is not None or self.store.identity.problem() is not None:
+            return  # the path holds another store now: its status is not ours to write
         self._last_beat = time.monotonic()
         self._warming_reported = warming = self._warming.is_alive()
         c = self.counters

@@ -17,6 +17,9 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     80   8     slotDone                ours: units of the slot at lastReadTimeMs already
                                        handled, in append order (a bounded run stopped
                                        inside that slot); 0 otherwise
+    88   8     storeTag                ours: the store it belongs to (store.core.identity's
+                                       tag of the store id); 0 when written before stores
+                                       had ids (or by RocketMQ)
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -38,7 +41,7 @@ from ..files.fileio import atomic_write
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
-    "deliver_mark", "precision_ms", "wheel_slots", "slot_done",
+    "deliver_mark", "precision_ms", "wheel_slots", "slot_done", "store_tag",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -59,6 +62,7 @@ class TimerCheckpoint:
     precision_ms: int = 0
     wheel_slots: int = 0
     slot_done: int = 0
+    store_tag: int = 0
 
     def pack(self) -> bytes:
         """The checkpoint as its on-disk bytes."""
@@ -126,6 +130,30 @@ def load(path: str) -> TimerCheckpoint | None:
     if len(data) < CHECKPOINT_LAYOUT.size:
         return None
     return TimerCheckpoint.unpack(data)
+
+
+def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: int,
+                          log_end: int, commitlog_end: int) -> str | None:
+    """Why ``state`` cannot describe this store's timer, or ``None``.
+
+    It names another store (a process that had a removed store open wrote it into the new
+    one at that path), or a field points past what it derives from: the timer topic's
+    queue (``queue_end``), the TimerLog's files (``log_end``) or the CommitLog
+    (``commitlog_end``).  Such a checkpoint is never adopted: the timer is rebuilt from the
+    timer topic's queue instead.
+    """
+    if state.store_tag not in (0, store_tag):
+        return "it belongs to another store (written by a process that had a removed store open)"
+    if not 0 <= state.last_timer_queue_offset <= queue_end:
+        return (f"its timer queue offset {state.last_timer_queue_offset} is not within the "
+                f"timer queue (0 to {queue_end})")
+    if not 0 <= state.last_timer_log_flush_pos <= log_end:
+        return (f"its TimerLog end {state.last_timer_log_flush_pos} is past the TimerLog's "
+                f"files (0 to {log_end})")
+    if state.deliver_mark > commitlog_end:
+        return (f"its delivery mark {state.deliver_mark} is past the CommitLog's end "
+                f"{commitlog_end}")
+    return None
 
 
 def save(path: str, checkpoint: TimerCheckpoint, *, sync: bool = True) -> None:

@@ -40,6 +40,7 @@ only in the files: memory does not grow with their number.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 from typing import NamedTuple
@@ -47,6 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..formats.codec import RecordSpec
+from ..core.identity import store_tag
 from ..core.ports import StorePort
 from ..delayed.routing import (
     check_headroom,
@@ -69,6 +71,8 @@ from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_queue import fire_counts, upgrade_tags_codes
 from .wheel import open_timer_files
+
+log = logging.getLogger("store")
 
 _NO_END = 1 << 62
 _FLOW_CONTROL_OFF = 2**31 - 1
@@ -120,6 +124,7 @@ class TimerService:
         self.max_delay = cfg.timer_max_delay_ms
         self.shape = WheelShape(self.precision, self.window, self.slots)
         self._check_path = os.path.join(store.root, "config", "timercheck")
+        self.store_tag = store_tag(store.store_id) if store.store_id else 0
         self._state: TimerCheckpoint | None = None
         self._rng = random.Random()
         self._queued: QueuedFires | None = None
@@ -218,6 +223,13 @@ class TimerService:
         The caller holds the store's write lock.
         """
         disk = ckpt.load(self._check_path)
+        if disk is not None and (self._state is None or disk.counter != self._state.counter):
+            problem = self._checkpoint_problem(disk)
+            if problem is not None:
+                log.warning("%s: %s; the timer is rebuilt from the timer topic's queue",
+                            self._check_path, problem)
+                self._state = None
+                disk = self._rebuild(None)
         if disk is not None and ckpt.written_by_rocketmq(disk) and not self.wheel.created:
             disk = ckpt.adopt_rocketmq(disk, self.wheel.live_ticks(), self.precision, self.slots)
             self._save(disk)  # a RocketMQ 5 broker's progress, now rmq's
@@ -232,6 +244,17 @@ class TimerService:
             self.wheel.release_memory()
         self._state = disk
         return disk
+
+    def _checkpoint_problem(self, disk: TimerCheckpoint) -> str | None:
+        """Why a checkpoint read from disk cannot be this store's (see
+        :func:`~store.timer.checkpoint.foreign_or_impossible`), or ``None``."""
+        store = self.store
+        confirmed = store.confirmed_offset()
+        last = self.log.files.last_file()
+        return ckpt.foreign_or_impossible(
+            disk, store_tag=self.store_tag,
+            queue_end=store.consume_queue(TIMER_TOPIC, 0).max_offset(confirmed),
+            log_end=last.end if last is not None else 0, commitlog_end=confirmed)
 
     def _key_progress(self) -> tuple[int, int, int]:
         """How far the timer has fired and enqueued, and the mark of a run a killed process
@@ -271,6 +294,7 @@ class TimerService:
         state.counter += 1
         state.timestamp = self.store.now_ms()
         state.master_timer_queue_offset = state.last_timer_queue_offset
+        state.store_tag = self.store_tag
         ckpt.save(self._check_path, state)
 
     # ------------------------------------------------------------------ delivering

@@ -122,7 +122,9 @@ def test_fastjson_file_with_bare_integer_keys_and_out_of_range_offsets(store_pat
     p = s.producer("g")
     p.send(Message("t", b"level2"), delay_level=2)
     clock.advance(5_000)
-    assert s.deliver_due() == 0  # level 2's saved offset is past its queue: nothing yet
+    # level 2's saved offset lay past its queue (a file of another store, a restored backup):
+    # the level restarted from its first entry instead of skipping every message sent to it
+    assert s.deliver_due() == 1
     s.close()
 
 
