@@ -92,3 +92,25 @@ def test_a_server_whose_store_is_replaced_stops_and_the_new_store_delivers(tmp_p
         if server.poll() is None:
             server.terminate()
             server.communicate(timeout=30)
+
+
+def test_the_quick_start_refuses_to_delete_a_served_store(tmp_path):
+    from store import StoreServer
+    from test_readme import quick_start_code
+
+    path = str(tmp_path / "store")
+    code = quick_start_code().replace("/tmp/rmq-quickstart", path)
+    script = tmp_path / "quickstart.py"
+    script.write_text(code)
+    server = StoreServer(path)  # holds the server lock, as rmq serve does
+    try:
+        with MessageStore.open(path) as store:
+            store.producer("g").send(__import__("store").Message("keep", b"k"))
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        server.close()
+    assert done.returncode != 0
+    assert "is served by rmq serve" in done.stderr
+    assert _bodies(path, "keep") == ["k"]  # the store is still there
