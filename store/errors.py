@@ -137,3 +137,8 @@ class AuthenticationError(RemoteError):
 class StoreReplacedError(StoreClosedError):
     """The store directory was removed or replaced while this process had it open: the
     process stopped writing to it (reopen the store at its path to use what is there now)."""
+
+
+class StoreFormatError(ConfigMismatchError):
+    """The store's on-disk format version is one this rmq cannot read (newer than it, or
+    older with no step forward): nothing was changed."""

@@ -35,6 +35,7 @@ from ..files.fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
+from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
 from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
@@ -74,7 +75,8 @@ def _record_layout(path: str, layout: dict, created_ms, store_id: str | None = N
     """Write ``config/store.json`` and its ``.bak`` (the layout is read from either), with the
     store's id (:mod:`store.core.identity`; a new one when ``store_id`` is not one)."""
     data = {"layout": layout, "layout_crc32": _layout_crc(layout), "created_ms": created_ms,
-            "store_id": store_id if is_store_id(store_id) else new_store_id()}
+            "store_id": store_id if is_store_id(store_id) else new_store_id(),
+            "format_version": FORMAT_VERSION}
     write_json_atomic(path, data)
     write_json_atomic(path, data)  # the first copy becomes the .bak
 
@@ -170,6 +172,13 @@ class ReadableStore:
                 f"config={config!r}; allowed: a StoreConfig, a dict of its fields, or None")
         path = os.path.join(self.root, "config", "store.json")
         recorded = read_json(path, _recorded_layout)
+        #: The on-disk format version (store.core.format_version): newer ones are refused.
+        self.format_version = recorded_version(recorded)
+        check_readable(self.root, self.format_version)
+        if recorded is not None and record_layout and self.format_version < FORMAT_VERSION:
+            self.format_version = migrate(self.root, self.format_version)
+            _record_layout(path, recorded["layout"], recorded.get("created_ms"),
+                           recorded.get("store_id"))
         if recorded is None and os.path.exists(path):
             log.warning("%s (and its .bak) is damaged: the layout is taken from the files "
                         "and the settings given", path)
