@@ -91,8 +91,11 @@ _YEAR_2000_MS = 946_684_800_000
 
 
 def written_by_rocketmq(state: TimerCheckpoint) -> bool:
-    """Whether a loaded checkpoint lacks rmq's fields (RocketMQ 5 writes bytes 0..55 only)."""
-    return state.precision_ms == 0 and state.wheel_slots == 0 and state.deliver_mark == 0
+    """Whether a loaded checkpoint lacks rmq's fields (RocketMQ 5 writes bytes 0..55 only)
+    and holds a broker's progress (a read time after 2000: a file of zeros, or one whose
+    read time was zeroed, is damage, not a broker's file, and is rebuilt)."""
+    return state.precision_ms == 0 and state.wheel_slots == 0 and state.deliver_mark == 0 \
+        and state.store_tag == 0 and state.last_read_time_ms >= _YEAR_2000_MS
 
 
 def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,

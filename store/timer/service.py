@@ -69,6 +69,7 @@ from .firing import SlotFiring
 from .keys import DelayKeys
 from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
+from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
 from .wheel import open_timer_files
 
@@ -251,10 +252,44 @@ class TimerService:
         store = self.store
         confirmed = store.confirmed_offset()
         last = self.log.files.last_file()
-        return ckpt.foreign_or_impossible(
-            disk, store_tag=self.store_tag,
-            queue_end=store.consume_queue(TIMER_TOPIC, 0).max_offset(confirmed),
+        queue = store.consume_queue(TIMER_TOPIC, 0)
+        problem = ckpt.foreign_or_impossible(
+            disk, store_tag=self.store_tag, queue_end=queue.max_offset(confirmed),
             log_end=last.end if last is not None else 0, commitlog_end=confirmed)
+        if problem is None and self._state is None and not ckpt.written_by_rocketmq(disk):
+            problem = self._log_contradicts(disk, queue)
+        return problem
+
+    def _log_contradicts(self, disk: TimerCheckpoint, queue) -> str | None:
+        """Whether the TimerLog around the checkpointed end contradicts the checkpointed
+        queue offset (checked once per process: a damaged field, not a run that died).
+
+        Every timer-queue entry below ``last_timer_queue_offset`` was enqueued, so its unit
+        lies below ``last_timer_log_flush_pos``, and no entry from that offset on has one
+        there.  A run that died leaves units past the end only for entries it had not
+        enqueued yet (and rolls: those are not looked at).  A zeroed or stale end or offset
+        breaks one of these: the unit just below the end names a record the checkpoint says
+        was not enqueued, or the first unit past the end one it says was.
+        """
+        q = disk.last_timer_queue_offset
+        enqueued_to = -1  # CommitLog offset of the last record the checkpoint says is enqueued
+        if q > 0:
+            entry = read_queue_entries(queue, q - 1, q)
+            if len(entry):
+                enqueued_to = int(entry["offset"][0])
+        end = disk.last_timer_log_flush_pos
+        if end >= UNIT_SIZE:
+            below = next(self.log.valid_units(end - UNIT_SIZE, end), None)
+            if below is not None and int(below[1]["offset_py"][-1]) > enqueued_to \
+                    and not below[1]["magic"][-1] & MAGIC_ROLL:
+                return (f"the TimerLog's last unit below its checkpointed end {end} is of a "
+                        f"message the checkpointed queue offset {q} says was not enqueued yet")
+        past = next(self.log.valid_units(end, end + UNIT_SIZE), None)
+        if past is not None and not past[1]["magic"][0] & MAGIC_ROLL \
+                and int(past[1]["offset_py"][0]) <= enqueued_to:
+            return (f"the TimerLog goes on past its checkpointed end {end} with a message the "
+                    f"checkpointed queue offset {q} says was enqueued already")
+        return None
 
     def _key_progress(self) -> tuple[int, int, int]:
         """How far the timer has fired and enqueued, and the mark of a run a killed process
