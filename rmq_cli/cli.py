@@ -87,9 +87,10 @@ def main() -> None:
       rmq demo                         the order time-out pipeline end to end (temp store)
       rmq demo --store ./demo-store    ... keeping the store to look at afterwards
       rmq stats --store ./demo-store   what is in a store
-      echo hello | rmq send --store ./s --topic orders --delay-ms 5000
+      echo hello | rmq send --store ./s --create --topic orders --delay-ms 5000
       rmq tail --store ./s --topic orders --from earliest
       rmq serve --store ./s            deliver due messages and run retention, until stopped
+      rmq tail --store rmq://HOST:7911 --token-file F --topic orders   a served store
       rmq lag --checkpoint ./ckpt --store ./s   how far a streaming query is behind
       rmq retention --store ./s --dry-run   what retention would delete, and why not
       rmq pending --store ./s          the next delayed messages due, the oldest open transactions
