@@ -101,6 +101,7 @@ def main() -> None:
 # --------------------------------------------------------------------------- stats
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              metavar="DIR|URL",
               help="The store directory, or a served store's URL (rmq://HOST:PORT: its "
                    "topics and queues).")
 @remote_options
@@ -236,6 +237,7 @@ def repair(store_path: str) -> None:
 # --------------------------------------------------------------------------- send
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              metavar="DIR|URL",
               help="The store directory, a store group's (lines spread over its stores), or a "
                    "served store's URL (rmq://HOST:PORT).")
 @click.option("--create", is_flag=True,
@@ -316,6 +318,7 @@ def send(store_path, create, token_file, token, topic, tags, keys, delay_ms, del
 # --------------------------------------------------------------------------- tail
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              metavar="DIR|URL",
               help="The store directory, a store group's, or a served store's URL "
                    "(rmq://HOST:PORT).")
 @remote_options

@@ -292,6 +292,7 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
 # --------------------------------------------------------------------------- cancel
 @click.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
+              metavar="DIR|URL",
               help="The store directory, a store group's, or a served store's URL "
                    "(rmq://HOST:PORT).")
 @remote_options

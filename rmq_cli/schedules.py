@@ -40,7 +40,7 @@ def _when(ms, now: int) -> str:
 
 @click.command("schedules")
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help=_STORE_HELP)
+              metavar="DIR|URL", help=_STORE_HELP)
 @remote_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def schedules(store_path, token_file, token, as_json):
@@ -71,7 +71,7 @@ def schedule() -> None:
 
 @schedule.command("add")
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help=_STORE_HELP)
+              metavar="DIR|URL", help=_STORE_HELP)
 @click.option("--create", is_flag=True,
               help="Make a new store at --store when none is there (else that is an error).")
 @remote_options
@@ -105,7 +105,7 @@ def add(store_path, create, token_file, token, key, topic, body, tags, keys, cro
 def _change(verb: str, method: str):
     @schedule.command(verb)
     @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-                  help=_STORE_HELP)
+                  metavar="DIR|URL", help=_STORE_HELP)
     @remote_options
     @click.option("--key", "keys", required=True, multiple=True,
                   help="The schedule's key (repeat for several).")

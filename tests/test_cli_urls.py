@@ -36,8 +36,9 @@ def server(tmp_path_factory):
     MessageStore.open(str(base / "s")).close()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", str(base / "s"), "--listen",
-         f"127.0.0.1:{port}", "--token-file", str(token_file), "--log-level", "WARNING"], env=dict(os.environ, PYTHONPATH=ROOT),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         f"127.0.0.1:{port}", "--token-file", str(token_file), "--log-level", "WARNING"],
+        env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+        stderr=open(base / "serve.log", "w"))  # noqa: SIM115 - the server's, closed with it
     url = f"rmq://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + WAIT_S
@@ -47,7 +48,7 @@ def server(tmp_path_factory):
                     remote.info()
                 break
             except StoreError:
-                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                assert proc.poll() is None, (base / "serve.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "rmq serve never answered"
                 time.sleep(0.1)
         yield url, str(token_file)
