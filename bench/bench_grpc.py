@@ -121,7 +121,7 @@ def start(kind: str, tmp: str) -> tuple[subprocess.Popen, int]:
         p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
     if kind == "rmq":
         store = tempfile.mkdtemp(dir=tmp)
-        cmd = [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", store, "--grpc",
+        cmd = [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", store, "--create", "--grpc",
                f"127.0.0.1:{port}", "--log-level", "WARNING"]
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--null-server", str(port)]

@@ -58,7 +58,8 @@ def serve(path: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
-                             "--listen", "127.0.0.1:0", "--log-level", "WARNING"], env=env)
+                             "--create", "--listen", "127.0.0.1:0", "--log-level", "WARNING"],
+                            env=env)
     deadline = time.monotonic() + 120
     while True:
         status = server_status(path)

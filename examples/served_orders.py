@@ -3,7 +3,7 @@ service, the payment service and the Spark job reach the store only by its URL.
 
 Run on one machine::
 
-    rmq serve --store /tmp/rmq-served --listen 127.0.0.1:7911 --token-file token.txt &
+    rmq serve --store /tmp/rmq-served --create --listen 127.0.0.1:7911 --token-file token.txt &
     python examples/served_orders.py rmq://127.0.0.1:7911 token.txt
 
 Without arguments it starts a server of its own on a free loopback port.  Each order gets a

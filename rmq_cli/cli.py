@@ -15,7 +15,8 @@ import time
 import click
 
 from .opening import open_store as _open_store
-from .opening import open_writable_store
+from .opening import (check_no_token, open_target, open_writable_store, refuse_url,
+                      remote_options)
 
 EXIT_STORE_ERROR = 1
 EXIT_INVARIANT = 3
@@ -86,9 +87,10 @@ def main() -> None:
       rmq demo                         the order time-out pipeline end to end (temp store)
       rmq demo --store ./demo-store    ... keeping the store to look at afterwards
       rmq stats --store ./demo-store   what is in a store
-      echo hello | rmq send --store ./s --topic orders --delay-ms 5000
+      echo hello | rmq send --store ./s --create --topic orders --delay-ms 5000
       rmq tail --store ./s --topic orders --from earliest
       rmq serve --store ./s            deliver due messages and run retention, until stopped
+      rmq tail --store rmq://HOST:7911 --token-file F --topic orders   a served store
       rmq lag --checkpoint ./ckpt --store ./s   how far a streaming query is behind
       rmq retention --store ./s --dry-run   what retention would delete, and why not
       rmq pending --store ./s          the next delayed messages due, the oldest open transactions
@@ -99,7 +101,10 @@ def main() -> None:
 # --------------------------------------------------------------------------- stats
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory.")
+              metavar="DIR|URL",
+              help="The store directory, or a served store's URL (rmq://HOST:PORT: its "
+                   "topics and queues).")
+@remote_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print machine-readable JSON instead of tables.")
 @click.option("--system", is_flag=True,
@@ -107,14 +112,30 @@ def main() -> None:
 @click.option("--verify", is_flag=True,
               help="Also check every CommitLog record (structure and body CRC); exit 1 when "
                    "one is damaged.")
-def stats(store_path: str, as_json: bool, system: bool, verify: bool) -> None:
+def stats(store_path: str, token_file, token, as_json: bool, system: bool,
+          verify: bool) -> None:
     """Topics, queues, offsets, pending delayed and half messages, disk use of a store.
 
     Given a store group, the same for each of its stores (JSON: ``{"group", "stores":
-    {name: ...}}``)."""
-    from .opening import keyed_by_store, store_members
-    from .stats import collect_stats, render_stats, render_verify
+    {name: ...}}``); given a served store's URL, its topics and queues."""
+    from store import is_remote
 
+    from .opening import keyed_by_store, store_members
+    from .stats import collect_remote_stats, collect_stats, render_stats, render_verify
+
+    if is_remote(store_path):
+        for flag, given in (("--verify", verify), ("--system", system)):
+            if given:
+                raise click.UsageError(f"{flag} reads the store's files; run `rmq stats "
+                                       f"--store DIR {flag}` on the server's host")
+        with open_target(store_path, token, token_file) as remote:
+            data = collect_remote_stats(remote)
+        if as_json:
+            click.echo(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            render_stats(data)
+        return
+    check_no_token(store_path, token, token_file)
     members = store_members(store_path)
     results = {}
     for name, path in members:
@@ -191,6 +212,8 @@ def repair(store_path: str) -> None:
     although the CommitLog holds them).  Damaged files are renamed to *.damaged, never
     deleted; no CommitLog record is removed.  Run it while nothing else uses the store.
     """
+    refuse_url(store_path, "rmq repair", "run `rmq repair --store DIR` on the server's host, "
+               "with the server stopped")
     store = open_writable_store(store_path, "rmq only reads it (repair it with RocketMQ's own "
                                 "tools)")
     try:
@@ -214,8 +237,12 @@ def repair(store_path: str) -> None:
 # --------------------------------------------------------------------------- send
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing), or a store group's (lines "
-                   "spread over its stores).")
+              metavar="DIR|URL",
+              help="The store directory, a store group's (lines spread over its stores), or a "
+                   "served store's URL (rmq://HOST:PORT).")
+@click.option("--create", is_flag=True,
+              help="Make a new store at --store when none is there (else that is an error).")
+@remote_options
 @click.option("--topic", required=True, help="Destination topic.")
 @click.option("--tags", default=None, help="Tag of every message (one word, no '|').")
 @click.option("--keys", default=None, help="Space-separated business keys of every message.")
@@ -227,30 +254,34 @@ def repair(store_path: str) -> None:
               help="Deliver at this epoch ms (timer wheel).")
 @click.option("--group", default="rmq-cli", show_default=True, help="Producer group.")
 @click.option("--print-ids", is_flag=True, help="Print each message id on stdout.")
-def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, group, print_ids):
+def send(store_path, create, token_file, token, topic, tags, keys, delay_ms, delay_level,
+         deliver_at_ms, group, print_ids):
     """Send one message per line of standard input.
 
     \b
     Examples:
-      printf 'a\\nb\\n' | rmq send --store ./s --topic orders --tags created
+      printf 'a\\nb\\n' | rmq send --store ./s --create --topic orders --tags created
       echo reminder | rmq send --store ./s --topic reminders --delay-ms 60000
     """
     import pyarrow as pa
 
-    from store import MessageStore, StoreGroup, is_store_group
+    from store import StoreGroup, is_store_group
 
     given = [n for n, v in (("--delay-ms", delay_ms), ("--delay-level", delay_level),
                             ("--deliver-at-ms", deliver_at_ms)) if v is not None]
     if len(given) > 1:
         raise click.UsageError(f"{' and '.join(given)} cannot be combined; give at most one")
+    # a store group spreads the lines over its stores (round robin, GroupProducer)
+    if is_store_group(store_path):
+        check_no_token(store_path, token, token_file)
+        store = StoreGroup.open(store_path)
+    else:
+        store = open_target(store_path, token, token_file, create=create)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo("rmq send: reading messages from standard input, one per line "
                    "(Ctrl-D to finish)", err=True)
     progress = not interactive and sys.stderr.isatty()
-    # a store group spreads the lines over its stores (round robin, GroupProducer)
-    store = StoreGroup.open(store_path) if is_store_group(store_path) \
-        else MessageStore.open(store_path)
     sent = 0
     try:
         producer = store.producer(group)
@@ -287,7 +318,10 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
 # --------------------------------------------------------------------------- tail
 @main.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory.")
+              metavar="DIR|URL",
+              help="The store directory, a store group's, or a served store's URL "
+                   "(rmq://HOST:PORT).")
+@remote_options
 @click.option("--topic", required=True, help="Topic to follow.")
 @click.option("--from", "start", type=click.Choice(["earliest", "latest"]), default="latest",
               show_default=True, help="Start at the oldest message or only show new ones.")
@@ -302,16 +336,19 @@ def send(store_path, topic, tags, keys, delay_ms, delay_level, deliver_at_ms, gr
               help="Stop after this many messages.")
 @click.option("--poll-ms", type=click.IntRange(min=10), default=200, show_default=True,
               help="How often to look for new messages.")
-def tail(store_path, topic, start, tags, follow, deliver_due, fmt, max_messages, poll_ms):
-    """Print messages of a topic as they become visible (delivering due delayed ones)."""
-    from store import StoreGroup, is_store_group
+def tail(store_path, token_file, token, topic, start, tags, follow, deliver_due, fmt,
+         max_messages, poll_ms):
+    """Print messages of a topic as they become visible (delivering due delayed ones; a
+    served store's server delivers them itself)."""
+    from store import StoreGroup, is_remote, is_store_group
 
     from .tail import follow_topic
 
     if is_store_group(store_path):  # every store of the group, each message naming its store
+        check_no_token(store_path, token, token_file)
         group = StoreGroup.open(store_path)
         try:
-            follow_topic(group.stores(), topic, start=start, tags=tags, follow=follow,
+            follow_topic(group, topic, start=start, tags=tags, follow=follow,
                          deliver_due=deliver_due, fmt=fmt, max_messages=max_messages,
                          poll_s=poll_ms / 1000, echo=click.echo)
         except ValueError as exc:
@@ -319,10 +356,12 @@ def tail(store_path, topic, start, tags, follow, deliver_due, fmt, max_messages,
         finally:
             group.close()
         return
-    store = _open_store(store_path)
+    remote = is_remote(store_path)
+    store = open_target(store_path, token, token_file, why=None)
     try:
         follow_topic(store, topic, start=start, tags=tags, follow=follow,
-                     deliver_due=deliver_due and not getattr(store, "read_only", False),
+                     deliver_due=deliver_due and not remote
+                     and not getattr(store, "read_only", False),
                      fmt=fmt, max_messages=max_messages,
                      poll_s=poll_ms / 1000, echo=click.echo)
     finally:
@@ -352,6 +391,9 @@ def demo(store_path, orders, timeout_s, remind_s, quiet):
     """
     from .demo import run_demo
 
+    if store_path is not None:
+        refuse_url(store_path, "rmq demo", "it makes and fills a store directory of its own: "
+                   "give --store DIR (or none), then serve that")
     started = time.time()
     ok = run_demo(store_path=store_path, orders=orders, timeout_s=timeout_s, remind_s=remind_s,
                   quiet=quiet)

@@ -9,14 +9,19 @@ import sys
 
 import click
 
-from .opening import keyed_by_store, open_writable_store, store_members
+from .opening import (keyed_by_store, open_target, open_writable_store, refuse_url,
+                      remote_options, require_store, store_members)
+
+#: What a command that reads a store's files says to a served store's URL.
+_ON_ITS_HOST = "run it on the server's host with --store DIR"
 
 
 # --------------------------------------------------------------------------- serve
 @click.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing), or a store group's "
-                   "(a server per store).")
+              help="The store directory, or a store group's (a server per store).")
+@click.option("--create", is_flag=True,
+              help="Make a new store at --store when none is there (else that is an error).")
 @click.option("--delete-when", default=None,
               help="Hours for retention, ';'-separated (RocketMQ's deleteWhen) [default: 04].")
 @click.option("--file-reserved-time-hours", type=click.IntRange(min=1), default=None,
@@ -51,7 +56,7 @@ from .opening import keyed_by_store, open_writable_store, store_members
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
-def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
+def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
           duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
@@ -64,6 +69,8 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
 
     from store import StoreConfig, StoreError, StoreServer, is_store_group
 
+    refuse_url(store_path, "rmq serve", "serve a store directory on its own host: rmq serve "
+               "--store DIR --listen HOST:PORT")
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     changes = {k: v for k, v in (("delete_when", delete_when),
                                  ("file_reserved_time_hours", file_reserved_time_hours),
@@ -72,6 +79,7 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
     config = StoreConfig().replace(**changes) if changes else None
     network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,
                                acl)
+    require_store(store_path, create)
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,
@@ -214,6 +222,8 @@ def lag(checkpoint_dir, store_path, as_json):
     """
     from rmq_source.lag import checkpoint_offsets, path_lag
 
+    refuse_url(store_path, "rmq lag", f"{_ON_ITS_HOST}, or call "
+               "rmq_source.lag.query_lag(query, path) in the job")
     batch, sources = checkpoint_offsets(checkpoint_dir, raw=True)
     result = path_lag(store_path, sources)
     result["batch_id"] = batch
@@ -249,6 +259,8 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
     newest, is needed by a pending delayed or open half message, is too young, or comes
     after a kept one.  A server (rmq serve) does this on its own schedule.
     """
+    refuse_url(store_path, "rmq retention", f"{_ON_ITS_HOST} (a running `rmq serve` applies "
+               "retention itself)")
     results = {}
     for name, path in store_members(store_path):
         store = open_writable_store(path)
@@ -289,23 +301,26 @@ def retention(store_path, dry_run, force, file_reserved_time_hours, as_json):
 # --------------------------------------------------------------------------- cancel
 @click.command()
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory.")
+              metavar="DIR|URL",
+              help="The store directory, a store group's, or a served store's URL "
+                   "(rmq://HOST:PORT).")
+@remote_options
 @click.option("--topic", default=None, help="The topic the message was sent to (with --msg-id).")
 @click.option("--msg-id", "msg_ids", multiple=True,
               help="Id of a pending timer message (repeat for several; with --topic).")
 @click.option("--key", "keys", multiple=True,
               help="A delay key: cancel the pending message it names (repeat for several).")
-def cancel(store_path, topic, msg_ids, keys):
+def cancel(store_path, token_file, token, topic, msg_ids, keys):
     """Cancel pending timer messages so they never surface, by --topic and --msg-id or by
     --key (exit 1 if one was not pending)."""
-    from store import StoreError, StoreGroup, is_store_group
+    from store import RemoteError, StoreError, StoreGroup, is_store_group
 
     if bool(msg_ids) == bool(keys) or bool(msg_ids) != (topic is not None):
         raise click.UsageError("give --topic with one or more --msg-id, or one or more --key "
                                "(not both)")
     # over a group the message is cancelled in whichever store holds it (a key: its owner)
     store = StoreGroup.open(store_path) if is_store_group(store_path) \
-        else open_writable_store(store_path)
+        else open_target(store_path, token, token_file)
     missing = []
     try:
         producer = store.producer("rmq-cli")
@@ -324,6 +339,8 @@ def cancel(store_path, topic, msg_ids, keys):
                 missing.append(msg_id)
                 click.echo(f"not pending: {msg_id} (unknown, another topic, a delay-level "
                            "message, already due or already cancelled)", err=True)
+    except RemoteError:
+        raise  # the server unreachable, or the token refused: a store error (exit 1)
     except StoreError as exc:
         raise click.UsageError(str(exc)) from None
     finally:
@@ -342,6 +359,8 @@ def cancel(store_path, topic, msg_ids, keys):
 def pending(store_path, limit, as_json):
     """The next delayed messages due (timer and delay levels) and the oldest open
     transactions (of each store of a group)."""
+    refuse_url(store_path, "rmq pending", f"{_ON_ITS_HOST} (`rmq stats --store URL` shows a "
+               "served store's topics)")
     results = {}
     for name, path in store_members(store_path):
         store = open_writable_store(path, "its delayed and half messages are RocketMQ's "

@@ -6,21 +6,29 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import time
 
 import click
 
-from .opening import open_writable_store
+from .opening import open_target, remote_options
 
 _WHY = "its schedules are rmq's own (RocketMQ has none)"
+_STORE_HELP = "The store directory, or a served store's URL (rmq://HOST:PORT)."
 
 
-def _open(store_path: str):
+def _open(store_path: str, token: str | None, token_file: str | None, create=None):
     from store import is_store_group
 
     if is_store_group(store_path):
         raise click.UsageError(f"{store_path} is a store group; a schedule lives in one of its "
                                "stores: name that store's directory")
-    return open_writable_store(store_path, _WHY)
+    return open_target(store_path, token, token_file, create=create, why=_WHY)
+
+
+def _now_ms(store) -> int:
+    """The store's clock; a served store's is not served, so this host's."""
+    now = getattr(store, "now_ms", None)
+    return now() if now is not None else int(time.time() * 1000)
 
 
 def _when(ms, now: int) -> str:
@@ -32,14 +40,15 @@ def _when(ms, now: int) -> str:
 
 @click.command("schedules")
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory.")
+              metavar="DIR|URL", help=_STORE_HELP)
+@remote_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def schedules(store_path, as_json):
+def schedules(store_path, token_file, token, as_json):
     """The store's recurring schedules with their next fire times."""
-    store = _open(store_path)
+    store = _open(store_path, token, token_file)
     try:
         listed = store.schedules()
-        now = store.now_ms()
+        now = _now_ms(store)
     finally:
         store.close()
     if as_json:
@@ -62,7 +71,10 @@ def schedule() -> None:
 
 @schedule.command("add")
 @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory (created when missing).")
+              metavar="DIR|URL", help=_STORE_HELP)
+@click.option("--create", is_flag=True,
+              help="Make a new store at --store when none is there (else that is an error).")
+@remote_options
 @click.option("--key", required=True, help="Names the schedule; one with this key is replaced.")
 @click.option("--topic", required=True, help="The topic each fire sends to.")
 @click.option("--body", required=True, help="The message body (UTF-8 text).")
@@ -74,20 +86,18 @@ def schedule() -> None:
 @click.option("--start-at-ms", type=int, default=None, help="No fire before (epoch ms).")
 @click.option("--end-at-ms", type=int, default=None, help="No fire after (epoch ms).")
 @click.option("--max-fires", type=int, default=None, help="End after this many fires.")
-def add(store_path, key, topic, body, tags, keys, cron, every_ms, tz, start_at_ms, end_at_ms,
-        max_fires):
+def add(store_path, create, token_file, token, key, topic, body, tags, keys, cron, every_ms,
+        tz, start_at_ms, end_at_ms, max_fires):
     """Add (or replace) a schedule; print its first fire time."""
-    from store import Message, MessageStore, is_store_group
+    from store import Message
 
-    if is_store_group(store_path):
-        _open(store_path)  # the usage error
-    store = MessageStore.open(store_path)
+    store = _open(store_path, token, token_file, create)
     try:
         info = store.producer("rmq-cli").schedule(
             Message(topic, body.encode("utf-8"), tags=tags, keys=keys), key=key, cron=cron,
             every_ms=every_ms, tz=tz, start_at_ms=start_at_ms, end_at_ms=end_at_ms,
             max_fires=max_fires)
-        click.echo(f"scheduled {info.key}: next fire {_when(info.next_fire_ms, store.now_ms())}")
+        click.echo(f"scheduled {info.key}: next fire {_when(info.next_fire_ms, _now_ms(store))}")
     finally:
         store.close()
 
@@ -95,11 +105,12 @@ def add(store_path, key, topic, body, tags, keys, cron, every_ms, tz, start_at_m
 def _change(verb: str, method: str):
     @schedule.command(verb)
     @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-                  help="The store directory.")
+                  metavar="DIR|URL", help=_STORE_HELP)
+    @remote_options
     @click.option("--key", "keys", required=True, multiple=True,
                   help="The schedule's key (repeat for several).")
-    def command(store_path, keys):
-        store = _open(store_path)
+    def command(store_path, token_file, token, keys):
+        store = _open(store_path, token, token_file)
         missing = []
         try:
             for key in keys:

@@ -9,16 +9,33 @@ import click
 from store import is_system_topic, server_status
 
 
-def collect_stats(store, *, include_system: bool = False) -> dict:
-    """Topics with per-queue offsets, pending delayed and half messages, disk use."""
+def _topics(store, names) -> list[dict]:
+    """Each topic of ``names`` with its queues' offsets and message counts."""
     topics = []
-    for topic in store.topics(include_system=include_system):
+    for topic in names:
         queues = []
         for q in store.queue_ids(topic):
             lo, hi = store.min_offset(topic, q), store.max_offset(topic, q)
             queues.append({"queue_id": q, "min_offset": lo, "max_offset": hi, "messages": hi - lo})
         topics.append({"topic": topic, "system": is_system_topic(topic), "queues": queues,
                        "messages": sum(q["messages"] for q in queues)})
+    return topics
+
+
+def collect_remote_stats(remote) -> dict:
+    """What a served store tells a client (``rmq stats --store rmq://...``): its topics and
+    queues; the rest (delayed and half messages, disk, the server's health) is read from its
+    files, on its host."""
+    import time
+
+    remote.refresh()
+    return {"store": remote.root, "remote": True, "now_ms": int(time.time() * 1000),
+            "written_by_rmq": remote.written_by_rmq, "topics": _topics(remote, remote.topics())}
+
+
+def collect_stats(store, *, include_system: bool = False) -> dict:
+    """Topics with per-queue offsets, pending delayed and half messages, disk use."""
+    topics = _topics(store, store.topics(include_system=include_system))
     now = store.now_ms()
     read_only = getattr(store, "read_only", False)
     delayed = None if read_only else store.pending_delayed_stats()
@@ -70,7 +87,8 @@ def render_stats(data: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]store[/bold] {data['store']}   disk {_human_bytes(data['disk_bytes'])}")
+    disk = f"   disk {_human_bytes(data['disk_bytes'])}" if "disk_bytes" in data else ""
+    console.print(f"[bold]store[/bold] {data['store']}{disk}")
     t = Table(title="topics", show_lines=False)
     for col in ("topic", "queue", "min offset", "max offset", "messages"):
         t.add_column(col, justify="right" if col != "topic" else "left")
@@ -79,6 +97,11 @@ def render_stats(data: dict) -> None:
             t.add_row(topic["topic"], str(q["queue_id"]), str(q["min_offset"]),
                       str(q["max_offset"]), str(q["messages"]))
     console.print(t)
+    if data.get("remote"):
+        console.print("a served store: its pending delayed and half messages, disk use and "
+                      "server health are read from its files: run `rmq stats --store DIR` on "
+                      "the server's host")
+        return
     delayed = data["delayed"]
     if delayed is None:  # a store Apache RocketMQ wrote: only read
         console.print("read-only: a store written by Apache RocketMQ (its delayed and "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
-import time
 from typing import Callable
 
 
@@ -35,58 +34,42 @@ def follow_topic(store, topic: str, *, start: str = "latest", tags: str | None =
                  echo: Callable[[str], None] = print) -> int:
     """Print messages of ``topic`` in arrival order per queue; return how many were printed.
 
-    ``store`` is one store, or a list of ``(store name, store)`` (a store group's members):
-    every store's queues are followed, and each printed message names its store.
+    ``store`` is one store (a directory's or a served one, ``store.connect``) or a
+    :class:`store.StoreGroup`: every store's queues are followed, and each printed message
+    names its store.  Without ``follow`` it stops once every queue is read to its end, and a
+    topic that is nowhere is an error (``UnknownTopicError``; ``ValueError`` for a group).
     """
+    from store import StoreGroup, UnknownTopicError
+
     wanted = parse_tag_expression(tags)
-    stores = store if isinstance(store, list) else [(None, store)]
-    positions: dict[tuple, int] = {}
+    options = {"start": start, "poll_interval_s": poll_s, "deliver_due": deliver_due,
+               "stop": None if follow else (lambda: True)}
+    if isinstance(store, StoreGroup):
+        if not follow and not any(_has_topic(s, topic, UnknownTopicError)
+                                  for _, s in store.stores()):
+            raise ValueError(f"topic {topic!r} is in none of the group's stores")
+        messages = store.follow(topic, **options)
+    else:
+        if not follow:
+            store.queue_ids(topic)  # UnknownTopicError, naming the topics there are
+        messages = ((None, view) for view in store.follow(topic, **options))
     printed = 0
-    first = [True]  # queues found at the start begin at ``start``; later ones at earliest
+    for name, view in messages:
+        if wanted is not None and view.tags not in wanted:
+            continue
+        echo(_render(view, fmt, name))
+        printed += 1
+        if max_messages is not None and printed >= max_messages:
+            break
+    return printed
 
-    def refresh_queues() -> None:
-        from_latest = start != "earliest" and first[0]
-        first[0] = False
-        for name, member in stores:
-            try:
-                ids = member.queue_ids(topic)
-            except Exception:
-                if not follow and len(stores) == 1:
-                    raise
-                continue  # the topic may appear later (or only in other stores)
-            for q in ids:
-                if (name, q) not in positions:
-                    positions[(name, q)] = (member.max_offset(topic, q) if from_latest
-                                            else member.min_offset(topic, q))
 
-    refresh_queues()
-    if not positions and not follow and len(stores) > 1:
-        raise ValueError(f"topic {topic!r} is in none of the group's stores")
-    members = dict(stores)
-    while True:
-        if deliver_due:
-            for _, member in stores:
-                member.deliver_due()
-        refresh_queues()
-        progressed = False
-        for name, q in sorted(positions, key=lambda k: (k[0] or "", k[1])):
-            while True:
-                views = members[name].pull(topic, q, positions[(name, q)], max_messages=256)
-                if not views:
-                    break
-                positions[(name, q)] += len(views)
-                progressed = True
-                for v in views:
-                    if wanted is not None and v.tags not in wanted:
-                        continue
-                    echo(_render(v, fmt, name))
-                    printed += 1
-                    if max_messages is not None and printed >= max_messages:
-                        return printed
-        if not follow and not progressed:
-            return printed
-        if not progressed:
-            time.sleep(poll_s)
+def _has_topic(store, topic: str, missing: type) -> bool:
+    try:
+        store.queue_ids(topic)
+    except missing:
+        return False
+    return True
 
 
 def _render(v, fmt: str, store: str | None = None) -> str:

@@ -23,8 +23,8 @@ def runner():
 
 def test_send_then_stats_and_tail(runner, tmp_path):
     path = str(tmp_path / "s")
-    r = runner.invoke(main, ["send", "--store", path, "--topic", "orders", "--tags", "created",
-                             "--keys", "k1", "--print-ids"], input="a\nb\n\nc\n")
+    r = runner.invoke(main, ["send", "--store", path, "--create", "--topic", "orders", "--tags",
+                             "created", "--keys", "k1", "--print-ids"], input="a\nb\n\nc\n")
     assert r.exit_code == 0, r.output
     ids = [line for line in r.stdout.splitlines() if line]
     assert len(ids) == 3 and len(set(ids)) == 3
@@ -78,7 +78,8 @@ def test_bad_arguments_one_line_and_exit_code(runner, args, code, text):
 
 
 def test_bad_topic_is_a_store_error(runner, tmp_path):
-    r = runner.invoke(main, ["send", "--store", str(tmp_path / "s"), "--topic", "../etc"],
+    r = runner.invoke(main, ["send", "--store", str(tmp_path / "s"), "--create", "--topic",
+                             "../etc"],
                       input="x\n")
     assert r.exit_code == 1
     assert "rmq: error:" in r.output and "topic" in r.output
@@ -136,7 +137,8 @@ def test_send_of_many_piped_lines_goes_in_tables(runner, tmp_path, monkeypatch):
     monkeypatch.setattr(Producer, "send_table", counting)
     path = str(tmp_path / "s")
     lines = "".join(f"line {i}\n" for i in range(25_000))
-    r = runner.invoke(main, ["send", "--store", path, "--topic", "bulk", "--delay-level", "1"],
+    r = runner.invoke(main, ["send", "--store", path, "--create", "--topic", "bulk",
+                             "--delay-level", "1"],
                       input=lines)
     assert r.exit_code == 0, r.output
     assert calls == [cli.SEND_CHUNK, cli.SEND_CHUNK, 5_000]
@@ -215,12 +217,12 @@ def test_serve_grpc_options_are_checked(runner, tmp_path):
     assert r.exit_code == 2 and "--acl needs --grpc" in r.output
     r = runner.invoke(main, ["serve", "--store", path, "--insecure"])
     assert r.exit_code == 2 and "need --listen or --grpc" in r.output
-    r = runner.invoke(main, ["serve", "--store", path, "--grpc", "0.0.0.0:0",
+    r = runner.invoke(main, ["serve", "--store", path, "--create", "--grpc", "0.0.0.0:0",
                              "--duration-s", "0"])
     assert r.exit_code == 1 and "--acl" in r.output  # non-loopback without an ACL
     bad = tmp_path / "bad.json"
     bad.write_text('{"accounts": [{"accessKey": "a"}]}')
-    r = runner.invoke(main, ["serve", "--store", path, "--grpc", "127.0.0.1:0", "--acl",
+    r = runner.invoke(main, ["serve", "--store", path, "--create", "--grpc", "127.0.0.1:0", "--acl",
                              str(bad), "--duration-s", "0"])
     assert r.exit_code == 1 and "secretKey" in r.output
 

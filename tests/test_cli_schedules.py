@@ -18,8 +18,8 @@ def run(*args, code=0):
 
 def test_add_list_pause_resume_remove(tmp_path):
     path = str(tmp_path / "s")
-    r = run("schedule", "add", "--store", path, "--key", "remind-o1", "--topic", "orders",
-            "--body", "pay please", "--tags", "reminder", "--every-ms", "60000")
+    r = run("schedule", "add", "--store", path, "--create", "--key", "remind-o1", "--topic",
+            "orders", "--body", "pay please", "--tags", "reminder", "--every-ms", "60000")
     assert "scheduled remind-o1: next fire" in r.output
     run("schedule", "add", "--store", path, "--key", "daily", "--topic", "reports", "--body",
         "x", "--cron", "0 9 * * *", "--tz", "Europe/Paris", "--max-fires", "3")
@@ -41,8 +41,8 @@ def test_add_list_pause_resume_remove(tmp_path):
 
 def test_bad_input_says_what_is_allowed(tmp_path):
     path = str(tmp_path / "s")
-    r = run("schedule", "add", "--store", path, "--key", "k", "--topic", "orders", "--body",
-            "x", "--cron", "0 25 * * *", code=1)
+    r = run("schedule", "add", "--store", path, "--create", "--key", "k", "--topic", "orders",
+            "--body", "x", "--cron", "0 25 * * *", code=1)
     assert "allowed: 0-23" in r.output
     r = run("schedule", "add", "--store", path, "--key", "k", "--topic", "orders", "--body",
             "x", code=1)

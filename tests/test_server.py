@@ -28,6 +28,7 @@ P = SMALL.timer_precision_ms
 def _serve(path: str, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
+                             "--create",
                              "--log-level", "WARNING", *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -27,7 +27,7 @@ from ..formats.codec import (
     TRANSACTION_TYPE_MASK,
 )
 from ..errors import CorruptRecordError
-from ..message import PROPERTY_DELIVER_MS
+from ..message import PROPERTY_DELIVER_MS, MessageView
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _KEYS_TYPE = pa.list_(pa.field("element", pa.string()))
@@ -223,3 +223,30 @@ def _is_int64(text: str) -> bool:
 
 def _timestamps(us: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(_TIMESTAMP, len(us), [None, pa.py_buffer(us)])
+
+
+# --------------------------------------------------------------------------- back to views
+
+
+def message_views(batch: pa.RecordBatch) -> list[MessageView]:
+    """The rows of a :data:`MESSAGE_SCHEMA` batch as :class:`~store.message.MessageView`\\ s
+    (what ``pull`` returns where only the ``messages`` columns travel: a served store).
+
+    The 14 columns give every field but ``sys_flag`` and ``system_properties``, the
+    broker's own bookkeeping, which the columns do not carry: they keep their defaults
+    (``0``, ``{}``).  Timestamps become epoch milliseconds, ``keys`` a tuple.
+    """
+    if batch.num_rows == 0:
+        return []
+    data = {name: batch.column(name) for name in MESSAGE_SCHEMA.names}
+    for name in ("born_timestamp", "store_timestamp", "deliver_timestamp"):
+        data[name] = pc.divide(data[name].cast(pa.int64()), 1000)  # µs -> ms, nulls kept
+    rows = zip(*(data[name].to_pylist() for name in MESSAGE_SCHEMA.names))
+    return [MessageView(topic=topic, queue_id=queue_id, queue_offset=queue_offset,
+                        commitlog_offset=commitlog_offset, msg_id=msg_id, tags=tags,
+                        keys=tuple(keys or ()), body=body, properties=dict(properties or ()),
+                        born_timestamp_ms=born, store_timestamp_ms=stored,
+                        deliver_timestamp_ms=deliver, transaction_id=transaction_id,
+                        reconsume_times=reconsume)
+            for (topic, queue_id, queue_offset, commitlog_offset, msg_id, tags, keys, body,
+                 properties, born, stored, deliver, transaction_id, reconsume) in rows]

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import zlib
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from ..files.fileio import read_json, write_json_atomic
 from ..message import MessageView, is_system_topic, record_view
 from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
+from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
 from .record_checks import record_entry_problem
@@ -363,6 +364,20 @@ class ReadableStore:
             if not self._heal(topic, queue_id):
                 raise
         return self._pull(topic, queue_id, offset, max_messages, verify_crc)[0]
+
+    def follow(self, topic: str, *, start: str = "latest", poll_interval_s: float = 0.2,
+               stop: Callable[[], bool] | None = None, deliver_due: bool = False
+               ) -> Iterator[MessageView]:
+        """Every message of ``topic``, queue by queue in order, as it becomes visible.
+
+        ``start`` ``"latest"`` (only new messages) or ``"earliest"``; once every queue is
+        read to its end, ``stop()`` (if given) ends the iteration by returning true, else
+        the follower waits ``poll_interval_s`` and looks again; ``deliver_due`` runs
+        :meth:`deliver_due` each round (a writable store) so that due delayed messages
+        surface.  See :func:`store.core.following.follow_members`.
+        """
+        return follow_one(self, topic, start=start, poll_interval_s=poll_interval_s,
+                          stop=stop, deliver_due=deliver_due)
 
     def _heal(self, topic: str, queue_id: int) -> bool:
         """After a read met damage: rebuild the queue when it is what is damaged

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import StoreConfig
+from ..core.following import follow_members
 from ..core.reading import Clock
 from ..errors import InvalidGroupError, UnknownMessageError
 from .layout import GroupLayout, is_group, read_group, write_group
@@ -221,6 +222,15 @@ class StoreGroup:
         return i
 
     # ------------------------------------------------------------------ what the group holds
+    def follow(self, topic: str, *, start: str = "latest", poll_interval_s: float = 0.2,
+               stop=None, deliver_due: bool = False):
+        """``(store name, view)`` of every message of ``topic`` in every store as it becomes
+        visible (as :meth:`MessageStore.follow <store.MessageStore.follow>`, each message
+        naming its store)."""
+        return follow_members(self.stores(), topic, start=start,
+                              poll_interval_s=poll_interval_s, stop=stop,
+                              deliver_due=deliver_due)
+
     def topics(self) -> list[str]:
         """User topics of any member, sorted."""
         return sorted({t for s in self._stores for t in s.topics()})

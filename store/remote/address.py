@@ -43,6 +43,12 @@ class RemoteAddress:
         if not is_remote(url):
             raise InvalidConfigError(f"{url!r} is no store URL; {_ALLOWED}")
         parts = urlsplit(url)
+        if "," in parts.netloc:
+            raise InvalidConfigError(
+                f"{url!r} names several servers; a URL names one served store; for stores "
+                f"on several hosts make a store group whose members are their URLs "
+                f"(StoreGroup.create(path, paths=[...]), docs/groups-and-clusters.md); "
+                f"{_ALLOWED}")
         try:
             port = parts.port
         except ValueError:

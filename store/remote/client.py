@@ -2,7 +2,7 @@
 
 :func:`store.connect` (``connect("rmq://HOST:PORT")``) gives an object with the reading methods of a
 :class:`~store.StoreReader` (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``,
-``offset_for_timestamp``, ``read_arrow``) and the writing ones of a
+``offset_for_timestamp``, ``read_arrow``, ``pull``, ``follow``) and the writing ones of a
 :class:`~store.MessageStore` that a client needs (``producer``, ``transaction_producer``,
 ``sink``, ``end_transaction(s)``, ``deliver_due``, ``flush``), with the same results and the
 same typed errors: the server raises, the client raises the same class again.  A server that
@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 from pyarrow import flight
 
-from ..core.message_columns import empty_batch, projected_schema
-from ..errors import UnknownTopicError
-from ..message import LocalTransactionState, Message, SendResult
+from ..core.following import follow_one
+from ..core.message_columns import empty_batch, message_views, projected_schema
+from ..errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTopicError
+from ..message import LocalTransactionState, Message, MessageView, SendResult
 from ..produce.table_rows import as_table
 from ..sink.sink import SinkCommit
 from ..transaction.check import parse_state
@@ -254,6 +255,47 @@ class RemoteStore:
         if len(batches) == 1:
             return batches[0]
         return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
+             verify_crc: bool = False) -> list[MessageView]:
+        """Up to ``max_messages`` messages of a queue from ``offset`` on, as
+        :meth:`MessageStore.pull <store.MessageStore.pull>`: ``[]`` at the end of the queue,
+        :class:`OffsetOutOfRangeError` below :meth:`min_offset` or above :meth:`max_offset`.
+
+        Built on :meth:`read_arrow` (one call, and one for fresh queue bounds when
+        ``offset`` is at or past the snapshot's end): every field but ``sys_flag`` and
+        ``system_properties`` (the broker's bookkeeping, which reads do not carry), which
+        keep their defaults.
+        """
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) \
+                or max_messages <= 0:
+            raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+            raise OffsetOutOfRangeError(f"offset={offset!r}; allowed: an int queue offset")
+        offset = int(offset)
+        lo, hi = self._bounds(topic, queue_id)
+        if offset >= hi:  # the snapshot may be behind the queue's end: ask again
+            self.refresh()
+            lo, hi = self._bounds(topic, queue_id)
+        if offset < lo or offset > hi:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}/{queue_id} is out of range; allowed: {lo} to {hi}"
+                + (" (older messages were removed by retention)" if offset < lo else ""))
+        if offset == hi:
+            return []
+        return message_views(self.read_arrow(topic, queue_id, offset,
+                                             min(hi, offset + max_messages),
+                                             verify_crc=verify_crc))
+
+    def follow(self, topic: str, *, start: str = "latest", poll_interval_s: float = 0.2,
+               stop: Callable[[], bool] | None = None, deliver_due: bool = False
+               ) -> Iterator[MessageView]:
+        """Every message of ``topic`` as it becomes visible, as
+        :meth:`MessageStore.follow <store.MessageStore.follow>` (one snapshot of the queue
+        bounds per round, then a read of each queue that grew).  The server delivers due
+        messages itself; ``deliver_due`` asks it to once more per round."""
+        return follow_one(self, topic, start=start, poll_interval_s=poll_interval_s,
+                          stop=stop, deliver_due=deliver_due)
 
     # ------------------------------------------------------------------ writing
     def producer(self, group: str = "DEFAULT_PRODUCER") -> RemoteProducer:

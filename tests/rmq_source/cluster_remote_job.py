@@ -35,6 +35,7 @@ def serve(store_dir: str, listen: str, token_file: str) -> tuple[subprocess.Pope
     from store import server_status
 
     proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", store_dir,
+                             "--create",
                              "--listen", listen, "--token-file", token_file,
                              "--log-level", "ERROR"], env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -96,7 +96,7 @@ def _free_port() -> int:
 
 def _serve(store, port):
     return subprocess.Popen(
-        [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", str(store), "--grpc",
+        [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", str(store), "--create", "--grpc",
          f"127.0.0.1:{port}", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -222,6 +222,7 @@ def test_an_unreachable_server_fails_within_the_timeout_naming_its_address(tmp_p
 def _serve(path, *extra):
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
+                             "--create",
                              "--log-level", "WARNING", *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
