@@ -55,7 +55,7 @@ def _attached(path: str) -> bool:
 @pytest.mark.slow
 def test_a_server_whose_store_is_replaced_stops_and_the_new_store_delivers(tmp_path):
     path = str(tmp_path / "store")
-    _rmq("send", "--store", path, "--topic", "warm", stdin="w\n")  # the store exists
+    _rmq("send", "--store", path, "--create", "--topic", "warm", stdin="w\n")
     server = _serve(path)
     try:
         _wait(lambda: _attached(path) or server.poll() is not None, 90, "server never ran")
@@ -64,7 +64,13 @@ def test_a_server_whose_store_is_replaced_stops_and_the_new_store_delivers(tmp_p
         _wait(lambda: len(_bodies(path, "t")) == 3, 30, "the first three never surfaced")
         shutil.rmtree(path)
         sent_ms = time.time() * 1000
-        _rmq("send", "--store", path, "--topic", "t", "--delay-ms", "2000", stdin="d\n")
+        # a send to a path holding no store is refused unless told to create one
+        refused = _rmq("send", "--store", path, "--topic", "t", "--delay-ms", "2000",
+                       stdin="d\n", check=False)
+        assert refused.returncode == 2 and "--create" in refused.stderr, refused.stderr
+        assert not os.path.exists(path)
+        _rmq("send", "--store", path, "--create", "--topic", "t", "--delay-ms", "2000",
+             stdin="d\n")
         new_config = os.path.join(path, "config")
         before = sorted(os.listdir(new_config))
         # the server notices within one delivery step (1 s), says why and exits non-zero
