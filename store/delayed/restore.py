@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import AssembledRecords, EncodedRecords
 from ..core.pipeline import prepared_in_order
@@ -168,7 +169,10 @@ def _restore_run(store, offsets, lo, hi, chunk, now, due_ms, enqueue_ms, roll, d
     with closing(prepared_in_order(len(starts), prepare, threads=store.encode_threads)) as chunks:
         for records, d, r in chunks:
             if records is not None:
+                point = "timer.roll" if r and not d else "delivery.append"
+                crash_point(point, "before")
                 _append_restored(store, records)
+                crash_point(point, "after")
             delivered, rolled = delivered + d, rolled + r
     return delivered, rolled
 

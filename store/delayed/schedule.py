@@ -36,6 +36,7 @@ import os
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..files.broker_files import read_lenient_json, write_config
 from ..formats.codec import RecordSpec
 from ..files.consume_queue import live_mask
@@ -197,6 +198,7 @@ class ScheduleService:
 
     def _save(self, progress: _Progress) -> None:
         progress.counter += 1
+        crash_point("delay_levels.offset_save", "before")
         write_config(self.path, {
             "offsetTable": {int(k): v for k, v in sorted(progress.offsets.items())},
             "dataVersion": {"counter": progress.counter, "stateVersion": 0,
@@ -204,6 +206,7 @@ class ScheduleService:
             "deliverMark": progress.mark,
             "storeId": self.store.store_id,
         })
+        crash_point("delay_levels.offset_save", "after")
 
     def retention_floor(self) -> int | None:
         """The CommitLog offset of the oldest delay-level message not yet delivered."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..errors import InvalidScheduleError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
@@ -234,7 +235,9 @@ class ScheduleBook:
 
     def _set_mark(self, mark: int) -> None:
         """Save the mark durably, before any copy of the step is appended."""
+        crash_point("schedules.mark", "before")
         atomic_write(self.mark_path, str(mark).encode("ascii"))
+        crash_point("schedules.mark", "after")
 
     def _clear_mark(self) -> None:
         self._own_mark = -1
@@ -272,8 +275,10 @@ class ScheduleBook:
     def _save(self, schedules: dict[str, Schedule]) -> None:
         data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
                 "deliverMark": -1}
+        crash_point("schedules.book", "before")
         atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
                      keep_backup=True)
+        crash_point("schedules.book", "after")
         identity = self._identity()  # what was written is what the next read would parse
         self._cached = (identity, {"earliest": _earliest(schedules), "mark": -1})
         self._parsed = (identity, schedules)
@@ -405,7 +410,9 @@ class ScheduleBook:
                     t = s.following(t)
                 s.next_fire_ms = t
             for lo in range(0, len(fires), FIRE_CHUNK):
+                crash_point("schedules.fire_append", "before")
                 store.append([self._copy(s, t, now) for s, t in fires[lo:lo + FIRE_CHUNK]])
+                crash_point("schedules.fire_append", "after")
             store.flush()  # the copies are durable before the book that claims them
             if budget is not None and len(fires) >= budget:
                 # more may be due: the caller calls again; the book is written once, at the

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..files.crash_points import crash_point
 from ..core.ports import StorePort
 from ..delayed.routing import origins_since, read_queue_entries
 from ..errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
@@ -359,7 +360,9 @@ class DelayKeys:
         msg_final = np.where(is_cancel[final], 0, m[final])
         if table.needs_room(len(final)):
             table.rebuild(len(final), self._done)
+        crash_point("timer.key_table", "before")
         table.upsert(h[final], c[final], msg_final, fire_final, qoff_final)
+        crash_point("timer.key_table", "after")
 
     def _fired(self, fire_ms: np.ndarray, queue_offset: np.ndarray) -> np.ndarray:
         """Which of these messages the timer is past: taken into the wheel and their slot

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..core.ports import StorePort
 from ..message import TIMER_TOPIC
 from .checkpoint import TimerCheckpoint
@@ -70,10 +71,14 @@ def place_units(wheel: TimerWheel, log: TimerLog, work: TimerCheckpoint, offs: n
     units["delay"] = slot - base
     units["offset_py"] = offs[order]
     units["size_py"] = sizes[order]
+    crash_point("timer.log_append", "before")
     log.write(positions, units, blanks)
+    crash_point("timer.log_append", "after")
     # the slots only after the units they point at are written
+    crash_point("timer.wheel_update", "before")
     wheel.put(uniq, np.where(valid, first, positions[starts]),
                    positions[starts + counts - 1], num + np.add.reduceat(delta, starts))
+    crash_point("timer.wheel_update", "after")
     work.last_timer_log_flush_pos = new_end
 
 

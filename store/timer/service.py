@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..formats.codec import RecordSpec
 from ..core.identity import store_tag
 from ..core.ports import StorePort
@@ -330,7 +331,9 @@ class TimerService:
         state.timestamp = self.store.now_ms()
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
+        crash_point("timer.checkpoint", "before")
         ckpt.save(self._check_path, state)
+        crash_point("timer.checkpoint", "after")
 
     # ------------------------------------------------------------------ delivering
     def deliver_due(self, max_messages: int | None = None) -> int:

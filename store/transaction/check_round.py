@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..files.crash_points import crash_point
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
 from ..message import (
@@ -183,11 +184,13 @@ def walk_chunk(store: StorePort, qoffs: np.ndarray, clogs: np.ndarray, rules: Ru
     all_topic_ids[rows] = topic_ids
     codes = tags_codes(store, src.properties, wanted, found[_K_TAGS, :cut], v0[_K_TAGS, :cut],
                        v1[_K_TAGS, :cut], all_topic_ids, topics, rules.started_ms)[rows]
+    crash_point("transaction.put_back", "before")
     done = store.append_encoded(EncodedRecords(
         headers=headers, bodies=take_rows(src.bodies, rows), properties=props,
         extra_properties=extras, properties_length=props.lengths() + extras.lengths(),
         topics=topics, topic_ids=topic_ids, queue_ids=np.zeros(len(rows), np.int64),
         tags_codes=codes, body_crc_known=True))
+    crash_point("transaction.put_back", "after")
     asked = k == CHECK
     checks = None
     if asked.any():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
@@ -74,8 +75,12 @@ def end_rows(store: StorePort, index: TransactionIndex, txs: list[str], states: 
     with store.atomic_append():  # commits first, then the op(s): kept or dropped whole
         for records in commits:
             if records is not None:
+                crash_point("transaction.commit_copy", "before")
                 store.append_encoded(records)
+                crash_point("transaction.commit_copy", "after")
+        crash_point("transaction.op", "before")
         store.append(op_specs(latest.tolist(), now, HALF_QUEUE_ID), batch=True)
+        crash_point("transaction.op", "after")
     index.mark_ended(rows)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..files.crash_points import crash_point
 from ..errors import InvalidDelayError, TransactionStateError
 from ..message import (TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult,
                        validate_msg_id)
@@ -117,7 +118,9 @@ class TransactionProducer(Producer):
         check_transactional_properties(message.properties)
         queue_count = store.ensure_topic(message.topic)
         real_qid = store.next_queue(message.topic, queue_count)
+        crash_point("transaction.half", "before")
         stored = store.append([half_spec(spec, self.group, real_qid)])[0]
+        crash_point("transaction.half", "after")
 
         error = None
         try:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..files.crash_points import crash_point
 from ..config import StoreConfig
 from ..core.ports import StorePort
 from ..errors import TransactionStateError, UnknownMessageError
@@ -142,12 +143,14 @@ class TransactionService:
         """Persist the check loop's half and op offsets (after a round)."""
         data = read_json(self.progress_path, _progress_shape)
         rounds = data.get("rounds", 0) if isinstance(data, dict) else 0
+        crash_point("transaction.progress", "before")
         write_json_atomic(self.progress_path, {
             "offsetTable": {HALF_KEY: {str(HALF_QUEUE_ID): int(half_offset)},
                             OP_KEY: {str(HALF_QUEUE_ID): int(op_offset)}},
             "rounds": int(rounds) + 1 if isinstance(rounds, int) else 1,
             "lastRoundMs": int(now_ms),
         })
+        crash_point("transaction.progress", "after")
 
     # ------------------------------------------------------------------ ending
     def end_transaction(self, transaction_id: str, state, *, from_check: bool = False) -> bool:
