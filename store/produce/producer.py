@@ -377,7 +377,8 @@ class Producer:
         """Add, replace or remove many schedules at once: one row per schedule (columns
         ``key``, ``topic`` or ``topic=``, ``body``, ``tags``, ``keys``, ``properties``,
         ``cron`` or ``every_ms``, ``tz``, ``start_at_ms``, ``end_at_ms``, ``max_fires``,
-        ``catch_up``, ``catch_up_window_ms``; a row with neither ``cron`` nor ``every_ms`` removes its key's schedule).
+        ``catch_up``, ``catch_up_window_ms``; a row with neither ``cron`` nor ``every_ms``
+        removes its key's schedule).
 
         Every row is checked before anything changes; the book is written once.  A row
         identical to the schedule under its key changes nothing (its progress is kept), so

@@ -379,8 +379,9 @@ class ScheduleBook:
         A schedule identical to the one under its key (same message, expression or
         interval, zone and bounds) changes nothing: its next fire, fire count and pause are
         kept, so applying the same definitions again is harmless.  One that differs only in
-        its catch-up policy takes the new policy and keeps its progress (and phase).  Returns the infos of
-        ``adds``, how many of them changed the book and how many keys were removed.
+        its catch-up policy takes the new policy and keeps its progress (and phase).  Returns
+        the infos of ``adds``, how many of them changed the book and how many keys were
+        removed.
         """
         with self._changing():
             schedules = self._settled()
