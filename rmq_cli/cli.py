@@ -376,7 +376,7 @@ def tail(store_path, token_file, token, topic, start, tags, follow, deliver_due,
               help="How many orders to produce.")
 @click.option("--timeout-s", type=click.FloatRange(min=1.0), default=6.0, show_default=True,
               help="Order time-out (RocketMQ's 30 minutes, scaled to seconds).")
-@click.option("--remind-s", type=click.FloatRange(min=0.5), default=2.0, show_default=True,
+@click.option("--remind-s", type=click.FloatRange(min=1.0), default=2.0, show_default=True,
               help="Remind every open order this often until it is paid or closed.")
 @click.option("--quiet", is_flag=True, help="No live table; print only the summary.")
 def demo(store_path, orders, timeout_s, remind_s, quiet):

@@ -60,8 +60,10 @@ def schedules(store_path, token_file, token, as_json):
     for s in listed:
         when = s.cron + (f" ({s.tz})" if s.tz != "UTC" else "") if s.cron else \
             f"every {s.every_ms} ms"
+        catch_up = s.catch_up + ("" if s.catch_up_window_ms is None
+                                 else f" within {s.catch_up_window_ms} ms")
         click.echo(f"{s.key}  {s.state}  {s.topic}  {when}  next {_when(s.next_fire_ms, now)}"
-                   f"  fired {s.fires}")
+                   f"  fired {s.fires}  catch-up {catch_up}")
 
 
 @click.group("schedule")
@@ -86,8 +88,14 @@ def schedule() -> None:
 @click.option("--start-at-ms", type=int, default=None, help="No fire before (epoch ms).")
 @click.option("--end-at-ms", type=int, default=None, help="No fire after (epoch ms).")
 @click.option("--max-fires", type=int, default=None, help="End after this many fires.")
+@click.option("--catch-up", type=click.Choice(["latest_once", "all", "skip"]),
+              default="latest_once", show_default=True,
+              help="Fires missed while nothing delivered: one copy standing for them all, a "
+                   "copy each, or none.")
+@click.option("--catch-up-window-ms", type=int, default=None,
+              help="Missed fires older than this are dropped (default: none is too old).")
 def add(store_path, create, token_file, token, key, topic, body, tags, keys, cron, every_ms,
-        tz, start_at_ms, end_at_ms, max_fires):
+        tz, start_at_ms, end_at_ms, max_fires, catch_up, catch_up_window_ms):
     """Add (or replace) a schedule; print its first fire time."""
     from store import Message
 
@@ -96,7 +104,7 @@ def add(store_path, create, token_file, token, key, topic, body, tags, keys, cro
         info = store.producer("rmq-cli").schedule(
             Message(topic, body.encode("utf-8"), tags=tags, keys=keys), key=key, cron=cron,
             every_ms=every_ms, tz=tz, start_at_ms=start_at_ms, end_at_ms=end_at_ms,
-            max_fires=max_fires)
+            max_fires=max_fires, catch_up=catch_up, catch_up_window_ms=catch_up_window_ms)
         click.echo(f"scheduled {info.key}: next fire {_when(info.next_fire_ms, _now_ms(store))}")
     finally:
         store.close()

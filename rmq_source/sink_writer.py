@@ -26,6 +26,10 @@ schedule_key   string                                  the row defines the recur
 cron           string                                  five cron fields or a macro
 every_ms       integer types                           a fixed interval
 tz             string                                  the cron's time zone (default UTC)
+catch_up       string                                  missed fires: latest_once (default,
+                                                       null), all or skip
+catch_up_      integer types                           missed fires older than this are
+window_ms                                              dropped (null: none is too old)
 =============  ======================================  =======================================
 
 Rows with a ``schedule_key`` and rows cancelling a key are *operations*, not messages: a task
@@ -111,11 +115,13 @@ COLUMN_TYPES = {
     "cron": ((StringType,), "string"),
     "every_ms": (_INTS, "an integer type"),
     "tz": ((StringType,), "string"),
+    "catch_up": ((StringType,), "string"),
+    "catch_up_window_ms": (_INTS, "an integer type"),
 }
 #: Columns of the schedule operations (their rows go to ``producer.schedule_table``).
 SCHEDULE_COLUMNS = ("schedule_key", "topic", "body", "tags", "keys", "properties", "cron",
-                    "every_ms", "tz")
-_OP_ONLY = ("schedule_key", "cron", "every_ms", "tz")
+                    "every_ms", "tz", "catch_up", "catch_up_window_ms")
+_OP_ONLY = ("schedule_key", "cron", "every_ms", "tz", "catch_up", "catch_up_window_ms")
 
 
 class SinkWriteError(RmqSourceError):

@@ -109,6 +109,11 @@ class StoreConfig:
         Checks before a half message is discarded, 15.
     transaction_check_interval_ms : int
         Period of the check loop when run by a service, 30000 ms.
+    schedule_min_interval_ms : int
+        The shortest ``every_ms`` a recurring schedule may have, 1000 ms (not a RocketMQ
+        setting: its schedules are rmq's own); a shorter one is refused with
+        :class:`~store.errors.ScheduleIntervalError`.  Checked when a schedule is added, so
+        schedules a store already holds keep firing.
     append_lock_lease_ms : int
         How long a process that sends single messages in a loop may keep the store's append
         lock between them, 1 ms (not a RocketMQ setting: its broker is the one writer); a process
@@ -138,6 +143,7 @@ class StoreConfig:
     transaction_timeout_ms: int = 6000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 30_000
+    schedule_min_interval_ms: int = 1000
     append_lock_lease_ms: int = 1
     strict_layout: bool = False
 
@@ -153,6 +159,7 @@ class StoreConfig:
             "timer_roll_window_slots", "timer_max_delay_ms", "timer_log_file_size_bytes",
             "timer_congest_num_each_slot", "transaction_timeout_ms", "transaction_check_max",
             "transaction_check_interval_ms", "clean_resource_interval_ms",
+            "schedule_min_interval_ms",
         )
         for name in _positive:
             if ints[name] <= 0:

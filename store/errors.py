@@ -44,6 +44,11 @@ class InvalidScheduleError(InvalidMessageError):
     """A recurring schedule's cron expression, interval, time zone or bounds are not allowed."""
 
 
+class ScheduleIntervalError(InvalidScheduleError):
+    """A recurring schedule's ``every_ms`` is below the store's floor
+    (``StoreConfig.schedule_min_interval_ms``)."""
+
+
 class UnknownMessageError(StoreError, LookupError):
     """A message id (for cancel) or transaction id is not known to the store."""
 

@@ -376,7 +376,7 @@ def test_serve_fires_recurring_schedules_with_no_reader(tmp_path):
         _wait_attached(path, proc)
         with MessageStore.open(path, SMALL) as store:
             store.producer("g").schedule(Message("reminders", b"pay"), key="o1",
-                                         every_ms=300, max_fires=5)
+                                         every_ms=300, max_fires=5, catch_up="all")
         deadline = time.time() + 30
         while time.time() < deadline:
             with MessageStore.open(path, SMALL) as store:  # this process never delivers

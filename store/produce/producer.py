@@ -305,7 +305,9 @@ class Producer:
 
     def schedule(self, message: Message, *, key: str, cron: str | None = None,
                  every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
-                 end_at_ms: int | None = None, max_fires: int | None = None) -> ScheduleInfo:
+                 end_at_ms: int | None = None, max_fires: int | None = None,
+                 catch_up: str = "latest_once",
+                 catch_up_window_ms: int | None = None) -> ScheduleInfo:
         """Fire a copy of ``message`` into its topic at every due time, from now on.
 
         Parameters
@@ -329,7 +331,16 @@ class Producer:
         start_at_ms, end_at_ms : int, optional
             No fire before ``start_at_ms`` or after ``end_at_ms`` (epoch ms).
         max_fires : int, optional
-            The schedule ends after this many fires.
+            The schedule ends after this many fires (copies sent).
+        catch_up : str
+            What a step that finds several due times of the schedule (fires missed while
+            nothing delivered) sends: ``"latest_once"`` (the default) one copy at the latest
+            of them, carrying the property ``RMQ_SCHEDULE_FIRES`` = how many it stands for;
+            ``"all"`` a copy for each; ``"skip"`` none.  Later fires keep the phase.  See
+            :mod:`store.schedule.service`.
+        catch_up_window_ms : int, optional
+            Due times older than this (ms before the step) are dropped, under any policy;
+            ``None`` (the default): none is too old.
 
         Returns
         -------
@@ -339,28 +350,35 @@ class Producer:
         Fires happen when ``deliver_due()`` runs (``rmq serve``, a streaming query), never
         early, each exactly once across crashes.  Raises
         :class:`~store.errors.InvalidScheduleError` for a bad key, expression, interval,
-        time zone or bound, and what :meth:`send` raises for a bad message.
+        time zone, bound or policy (:class:`~store.errors.ScheduleIntervalError` for an
+        ``every_ms`` below ``StoreConfig.schedule_min_interval_ms``), and what :meth:`send`
+        raises for a bad message.
         """
         return self.store.recurring.add(self._schedule_of(
             message, key=key, cron=cron, every_ms=every_ms, tz=tz, start_at_ms=start_at_ms,
-            end_at_ms=end_at_ms, max_fires=max_fires))
+            end_at_ms=end_at_ms, max_fires=max_fires, catch_up=catch_up,
+            catch_up_window_ms=catch_up_window_ms))
 
     def _schedule_of(self, message: Message, *, key: str, cron, every_ms, tz, start_at_ms,
-                     end_at_ms, max_fires) -> Schedule:
+                     end_at_ms, max_fires, catch_up, catch_up_window_ms) -> Schedule:
         """A checked :class:`Schedule` (what :meth:`schedule` stores)."""
-        validate_schedule(key, cron, every_ms, tz, start_at_ms, end_at_ms, max_fires)
+        validate_schedule(key, cron, every_ms, tz, start_at_ms, end_at_ms, max_fires,
+                          catch_up, catch_up_window_ms,
+                          min_interval_ms=self.store.config.schedule_min_interval_ms)
         spec = self._spec(message, "-", self.store.now_ms())
         validate_topic(message.topic)
         properties = {k: v for k, v in spec.properties.items() if k != PROPERTY_UNIQ_KEY}
         return Schedule(key, message.topic, spec.body, properties, cron=cron, every_ms=every_ms,
                         tz=tz, start_at_ms=start_at_ms, end_at_ms=end_at_ms,
-                        max_fires=max_fires)
+                        max_fires=max_fires, catch_up=catch_up,
+                        catch_up_window_ms=catch_up_window_ms)
 
     def schedule_table(self, data, *, topic: str | None = None) -> ScheduleTableResult:
         """Add, replace or remove many schedules at once: one row per schedule (columns
         ``key``, ``topic`` or ``topic=``, ``body``, ``tags``, ``keys``, ``properties``,
-        ``cron`` or ``every_ms``, ``tz``, ``start_at_ms``, ``end_at_ms``, ``max_fires``;
-        a row with neither ``cron`` nor ``every_ms`` removes its key's schedule).
+        ``cron`` or ``every_ms``, ``tz``, ``start_at_ms``, ``end_at_ms``, ``max_fires``,
+        ``catch_up``, ``catch_up_window_ms``; a row with neither ``cron`` nor ``every_ms``
+        removes its key's schedule).
 
         Every row is checked before anything changes; the book is written once.  A row
         identical to the schedule under its key changes nothing (its progress is kept), so

@@ -448,12 +448,14 @@ class RemoteProducer:
 
     def schedule(self, message: Message, *, key: str, cron: str | None = None,
                  every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
-                 end_at_ms: int | None = None, max_fires: int | None = None):
+                 end_at_ms: int | None = None, max_fires: int | None = None,
+                 catch_up: str = "latest_once", catch_up_window_ms: int | None = None):
         """As ``Producer.schedule``: a recurring schedule kept by the served store."""
         answer = self.store._action("schedule", {
             "group": self.group, "message": _message_body(message), "key": key, "cron": cron,
             "every_ms": every_ms, "tz": tz, "start_at_ms": start_at_ms,
-            "end_at_ms": end_at_ms, "max_fires": max_fires})
+            "end_at_ms": end_at_ms, "max_fires": max_fires, "catch_up": catch_up,
+            "catch_up_window_ms": catch_up_window_ms})
         return schedule_info(answer["schedule"])
 
 

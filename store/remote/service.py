@@ -351,8 +351,10 @@ class StoreService(flight.FlightServerBase):
     def _action_schedule(self, body: dict) -> dict:
         message = self._message(body.get("message"), "schedule")
         options = {k: field(body, k, int, "schedule", optional=True)
-                   for k in ("every_ms", "start_at_ms", "end_at_ms", "max_fires")}
+                   for k in ("every_ms", "start_at_ms", "end_at_ms", "max_fires",
+                             "catch_up_window_ms")}
         options["cron"] = field(body, "cron", str, "schedule", optional=True)
+        options["catch_up"] = field(body, "catch_up", str, "schedule", default="latest_once")
         options["tz"] = field(body, "tz", str, "schedule", default="UTC")
         with self._write_lock:
             info = self._producer(field(body, "group", str, "schedule")).schedule(

@@ -4,8 +4,9 @@
 Columns: ``key`` (the schedule's key, a string in every row), ``topic`` (or ``topic=``),
 ``body``, ``tags``, ``keys``, ``properties`` (the message each fire copies), ``cron`` or
 ``every_ms`` (exactly one per adding row), ``tz``, ``start_at_ms``, ``end_at_ms``,
-``max_fires``.  A row with neither ``cron`` nor ``every_ms`` removes the schedule of its key
-(its other columns may be null).  Rows are checked as :meth:`Producer.schedule` checks its
+``max_fires``, ``catch_up`` (null: ``"latest_once"``), ``catch_up_window_ms``.  A row with
+neither ``cron`` nor ``every_ms`` removes the schedule of its key (its other columns may be
+null).  Rows are checked as :meth:`Producer.schedule` checks its
 arguments, all before the book changes; the book is then written once for the whole table.
 Schedules are definitions, not messages: a table holds a few thousand of them at most, and
 each row is read as Python values.
@@ -21,7 +22,7 @@ from ..errors import InvalidScheduleError
 from ..message import Message
 
 COLUMNS = ("key", "topic", "body", "tags", "keys", "properties", "cron", "every_ms", "tz",
-           "start_at_ms", "end_at_ms", "max_fires")
+           "start_at_ms", "end_at_ms", "max_fires", "catch_up", "catch_up_window_ms")
 
 
 @dataclass(frozen=True)
@@ -72,5 +73,7 @@ def schedule_rows(table: pa.Table, topic: str | None) -> tuple[list[dict], list[
         adds.append({"message": message, "key": key, "cron": row.get("cron"),
                      "every_ms": row.get("every_ms"), "tz": row.get("tz") or "UTC",
                      "start_at_ms": row.get("start_at_ms"), "end_at_ms": row.get("end_at_ms"),
-                     "max_fires": row.get("max_fires")})
+                     "max_fires": row.get("max_fires"),
+                     "catch_up": row.get("catch_up") or "latest_once",
+                     "catch_up_window_ms": row.get("catch_up_window_ms")})
     return adds, removes

@@ -17,9 +17,25 @@ and by streaming queries): under the store's write lock, every active schedule w
 fire time is at or before now fires once per due time, never early.  A copy is a new message
 of the schedule's topic (in the queue its key hashes to, so one schedule's fires keep their
 order) with the properties ``RMQ_SCHEDULE_KEY`` and ``RMQ_SCHEDULE_FIRE_MS`` (the fire time),
-and ``__RMQ_DELIVER_MS`` = the fire time (the ``deliver_timestamp`` column).  Fires missed
-while nothing ran (the store closed, no server) are all delivered when firing resumes, each
-once, as overdue timer messages are.
+and ``__RMQ_DELIVER_MS`` = the fire time (the ``deliver_timestamp`` column).
+
+**Missed fires** (the catch-up policy, ``catch_up``).  A step that finds more than one due
+time of a schedule found fires the deliverer missed (the store closed, no server, a
+deliverer slower than the interval); a deliverer that runs more often than the interval
+never misses one.  Fires older than ``catch_up_window_ms`` (when set) are dropped first,
+under every policy.  Then, per schedule:
+
+==============  ============================================================================
+``all``         a copy per due time, each once (as overdue timer messages are)
+``latest_once`` one copy, at the latest due time, standing for all of them: it carries
+                ``RMQ_SCHEDULE_FIRES`` = how many due times it stands for (only when more
+                than one); later fires keep the schedule's phase.  The default.
+``skip``        nothing when several are due (a lone due time fires); later fires keep the
+                schedule's phase
+==============  ============================================================================
+
+``fires`` and ``max_fires`` count copies sent: a caught-up copy is one fire.  A book written
+before the policy existed has none recorded: its schedules keep ``all`` (what they did).
 
 **Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
 the copies, the CommitLog end is saved as the mark (the small mark file); after the copies
@@ -43,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..errors import InvalidScheduleError
+from ..errors import InvalidScheduleError, ScheduleIntervalError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
 from ..delayed.routing import properties_since
@@ -54,6 +70,12 @@ from .cron import CronExpression, next_every_fire_ms, time_zone
 #: The properties every fired copy carries (visible in the message's properties).
 PROPERTY_SCHEDULE_KEY = "RMQ_SCHEDULE_KEY"
 PROPERTY_SCHEDULE_FIRE_MS = "RMQ_SCHEDULE_FIRE_MS"
+#: On a copy that stands for several missed due times (``catch_up="latest_once"``): how many.
+PROPERTY_SCHEDULE_FIRES = "RMQ_SCHEDULE_FIRES"
+#: The catch-up policies (see the module); the first is the default of a new schedule.
+CATCH_UP_POLICIES = ("latest_once", "all", "skip")
+#: The policy of a schedule in a book written before policies existed (what it did then).
+LEGACY_CATCH_UP = "all"
 #: Copies appended per step of :meth:`ScheduleBook.fire_due`.
 FIRE_CHUNK = 4096
 FILE_NAME = os.path.join("config", "rmq_schedules.json")
@@ -80,6 +102,8 @@ class Schedule:
     paused: bool = False
     created_ms: int = 0
     last_fire_ms: int | None = None
+    catch_up: str = CATCH_UP_POLICIES[0]
+    catch_up_window_ms: int | None = None  # None: no fire is too old to be sent
     _cron: CronExpression | None = field(default=None, repr=False, compare=False)
 
     def following(self, after_ms: int) -> int | None:
@@ -98,13 +122,29 @@ class Schedule:
             return None
         return t
 
+    def latest_due(self, first_ms: int, now_ms: int) -> tuple[int, int]:
+        """``(latest, count)``: the latest due time at or before ``now_ms`` from the due time
+        ``first_ms`` on, and how many due times that is (``first_ms`` included).  A fixed
+        interval counts them by arithmetic; a cron expression walks them."""
+        if self.every_ms is not None:
+            limit = now_ms if self.end_at_ms is None else min(now_ms, self.end_at_ms)
+            latest = first_ms + (limit - first_ms) // self.every_ms * self.every_ms
+            return latest, (latest - first_ms) // self.every_ms + 1
+        latest, count = first_ms, 1
+        while True:
+            t = self.following(latest)
+            if t is None or t > now_ms:
+                return latest, count
+            latest, count = t, count + 1
+
     def to_json(self) -> dict:
         return {"topic": self.topic, "body": base64.b64encode(self.body).decode("ascii"),
                 "properties": self.properties, "cron": self.cron, "everyMs": self.every_ms,
                 "tz": self.tz, "anchorMs": self.anchor_ms, "startAtMs": self.start_at_ms,
                 "endAtMs": self.end_at_ms, "maxFires": self.max_fires, "fires": self.fires,
                 "nextFireMs": self.next_fire_ms, "paused": self.paused,
-                "createdMs": self.created_ms, "lastFireMs": self.last_fire_ms}
+                "createdMs": self.created_ms, "lastFireMs": self.last_fire_ms,
+                "catchUp": self.catch_up, "catchUpWindowMs": self.catch_up_window_ms}
 
     @classmethod
     def from_json(cls, key: str, data: dict) -> Schedule:
@@ -114,7 +154,8 @@ class Schedule:
                    data.get("startAtMs"), data.get("endAtMs"), data.get("maxFires"),
                    int(data.get("fires") or 0), data.get("nextFireMs"),
                    bool(data.get("paused")), int(data.get("createdMs") or 0),
-                   data.get("lastFireMs"))
+                   data.get("lastFireMs"), data.get("catchUp") or LEGACY_CATCH_UP,
+                   data.get("catchUpWindowMs"))
 
 
 @dataclass(frozen=True)
@@ -133,6 +174,9 @@ class ScheduleInfo:
     end_at_ms: int | None
     max_fires: int | None
     last_fire_ms: int | None
+    #: defaults: what a server of an earlier version did (it sends neither)
+    catch_up: str = LEGACY_CATCH_UP
+    catch_up_window_ms: int | None = None
 
     @property
     def state(self) -> str:
@@ -151,8 +195,12 @@ def validate_schedule_key(key: object) -> str:
 
 
 def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
-                      start_at_ms: object, end_at_ms: object, max_fires: object) -> None:
-    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed."""
+                      start_at_ms: object, end_at_ms: object, max_fires: object,
+                      catch_up: object = CATCH_UP_POLICIES[0],
+                      catch_up_window_ms: object = None, *, min_interval_ms: int = 1) -> None:
+    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed;
+    ``min_interval_ms`` is the store's floor for ``every_ms``
+    (``StoreConfig.schedule_min_interval_ms``)."""
     validate_schedule_key(key)
     if (cron is None) == (every_ms is None):
         raise InvalidScheduleError("give exactly one of cron (e.g. '0 9 * * *') and every_ms "
@@ -160,6 +208,18 @@ def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
     if every_ms is not None and (isinstance(every_ms, bool) or not isinstance(every_ms, int)
                                  or every_ms < 1):
         raise InvalidScheduleError(f"every_ms={every_ms!r}; allowed: an int >= 1")
+    if every_ms is not None and every_ms < min_interval_ms:
+        raise ScheduleIntervalError(
+            f"every_ms={every_ms} is below this store's floor of {min_interval_ms} ms "
+            f"(StoreConfig.schedule_min_interval_ms); allowed: every_ms >= {min_interval_ms}")
+    if catch_up not in CATCH_UP_POLICIES:
+        raise InvalidScheduleError(f"catch_up={catch_up!r}; allowed: "
+                                   f"{', '.join(repr(p) for p in CATCH_UP_POLICIES)}")
+    if catch_up_window_ms is not None and (
+            isinstance(catch_up_window_ms, bool) or not isinstance(catch_up_window_ms, int)
+            or catch_up_window_ms < 0):
+        raise InvalidScheduleError(f"catch_up_window_ms={catch_up_window_ms!r}; allowed: an "
+                                   "int >= 0 (ms), or None (no fire is too old)")
     if cron is not None:
         CronExpression.parse(cron)
     time_zone(tz)
@@ -323,8 +383,10 @@ class ScheduleBook:
 
         A schedule identical to the one under its key (same message, expression or
         interval, zone and bounds) changes nothing: its next fire, fire count and pause are
-        kept, so applying the same definitions again is harmless.  Returns the infos of
-        ``adds``, how many of them changed the book and how many keys were removed.
+        kept, so applying the same definitions again is harmless.  One that differs only in
+        its catch-up policy takes the new policy and keeps its progress (and phase).  Returns
+        the infos of ``adds``, how many of them changed the book and how many keys were
+        removed.
         """
         with self._changing():
             schedules = self._settled()
@@ -335,6 +397,9 @@ class ScheduleBook:
             for schedule in adds:
                 old = schedules.get(schedule.key)
                 if old is not None and _definition(old) == _definition(schedule):
+                    if _policy(old) != _policy(schedule):  # a new policy keeps the phase
+                        old.catch_up, old.catch_up_window_ms = _policy(schedule)
+                        changed += 1
                     infos.append(_info(old))
                     continue
                 schedule.created_ms = now
@@ -399,19 +464,17 @@ class ScheduleBook:
                 self._finish(schedules)
                 return 0
             if self._own_mark < 0:
-                self._set_mark(store.confirmed_offset())  # the mark, before any copy
-            fires: list[tuple[Schedule, int]] = []
+                # the mark, before any copy (a step that only drops missed fires needs none,
+                # but saving it costs a small write in a step that is rare)
+                self._set_mark(store.confirmed_offset())
+            fires: list[tuple[Schedule, int, int]] = []  # (schedule, fire time, stands for)
             for s in due:
-                t = s.next_fire_ms
-                while t is not None and t <= now and (budget is None or len(fires) < budget):
-                    fires.append((s, t))
-                    s.fires += 1
-                    s.last_fire_ms = t
-                    t = s.following(t)
-                s.next_fire_ms = t
+                if budget is not None and len(fires) >= budget:
+                    break  # the rest keep their next fire: the next call goes on
+                _take_due(s, now, fires, budget)
             for lo in range(0, len(fires), FIRE_CHUNK):
                 crash_point("schedules.fire_append", "before")
-                store.append([self._copy(s, t, now) for s, t in fires[lo:lo + FIRE_CHUNK]])
+                store.append([self._copy(s, t, n, now) for s, t, n in fires[lo:lo + FIRE_CHUNK]])
                 crash_point("schedules.fire_append", "after")
             store.flush()  # the copies are durable before the book that claims them
             if budget is not None and len(fires) >= budget:
@@ -430,12 +493,14 @@ class ScheduleBook:
             self._save(schedules)
             self._clear_mark()
 
-    def _copy(self, s: Schedule, fire_ms: int, now: int) -> RecordSpec:
+    def _copy(self, s: Schedule, fire_ms: int, stands_for: int, now: int) -> RecordSpec:
         store = self.store
         props = dict(s.properties)
         props[PROPERTY_UNIQ_KEY] = store.id_generator.next_id(now)
         props[PROPERTY_SCHEDULE_KEY] = s.key
         props[PROPERTY_SCHEDULE_FIRE_MS] = str(fire_ms)
+        if stands_for > 1:
+            props[PROPERTY_SCHEDULE_FIRES] = str(stands_for)
         props[PROPERTY_DELIVER_MS] = str(fire_ms)
         count = store.ensure_topic(s.topic)
         return RecordSpec(topic=s.topic, body=s.body, properties=props,
@@ -450,6 +515,34 @@ def read_schedules(root: str) -> list[ScheduleInfo]:
     return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
 
 
+def _take_due(s: Schedule, now: int, fires: list, budget: int | None) -> None:
+    """Add the copies the due times of ``s`` make under its catch-up policy to ``fires``
+    (``(schedule, fire time, due times it stands for)``, at most ``budget`` in all) and move
+    its next fire on past what was taken or dropped."""
+    t = s.next_fire_ms
+    window = s.catch_up_window_ms
+    if window is not None and t < now - window:
+        t = s.following(now - window - 1)  # older than the window: dropped, under any policy
+        if t is None or t > now:
+            s.next_fire_ms = t
+            return
+    if s.catch_up == "all":
+        while t is not None and t <= now and (budget is None or len(fires) < budget):
+            fires.append((s, t, 1))
+            s.fires += 1
+            s.last_fire_ms = t
+            t = s.following(t)
+        s.next_fire_ms = t
+        return
+    latest, count = s.latest_due(t, now)
+    if count == 1 or s.catch_up == "latest_once":
+        fires.append((s, latest, count))
+        s.fires += 1
+        s.last_fire_ms = latest
+    # (skip with several due: all dropped) the next fire keeps the schedule's phase
+    s.next_fire_ms = s.following(latest)
+
+
 def _earliest(schedules: dict[str, Schedule]) -> int:
     """The earliest next fire of an active schedule (-1: none)."""
     times = [s.next_fire_ms for s in schedules.values()
@@ -458,14 +551,19 @@ def _earliest(schedules: dict[str, Schedule]) -> int:
 
 
 def _definition(s: Schedule) -> tuple:
-    """What a user defines of a schedule (not its progress)."""
+    """When a user's schedule fires and what (not its progress, nor its catch-up policy)."""
     return (s.key, s.topic, s.body, s.properties, s.cron, s.every_ms, s.tz, s.start_at_ms,
             s.end_at_ms, s.max_fires)
 
 
+def _policy(s: Schedule) -> tuple:
+    return (s.catch_up, s.catch_up_window_ms)
+
+
 def _info(s: Schedule) -> ScheduleInfo:
     return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
-                        s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms)
+                        s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms,
+                        s.catch_up, s.catch_up_window_ms)
 
 
 def _fired_since(store, start: int) -> list[tuple[str, int]]:

@@ -16,7 +16,8 @@ def test_the_schedules_view_lists_what_the_store_holds(spark, tmp_path):
     now = [T0]
     with MessageStore.open(path, clock=lambda: now[0]) as store:
         p = store.producer("g")
-        p.schedule(Message("orders", b"remind"), key="r1", every_ms=60_000, max_fires=5)
+        p.schedule(Message("orders", b"remind"), key="r1", every_ms=60_000, max_fires=5,
+                   catch_up="all")
         p.schedule(Message("reports", b"daily"), key="d1", cron="0 9 * * *", tz="Europe/Paris")
         store.pause_schedule("d1")
         now[0] += 120_000

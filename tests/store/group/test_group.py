@@ -272,7 +272,7 @@ def test_delay_keys_and_schedules_live_in_the_member_owning_the_key(tmp_path, cl
         assert p.pending_keys(["order-3", "order-0"]).tolist() == [True, False]
         with pytest.raises(InvalidMessageError):
             p.send(Message("orders", b"x"), delay_ms=5, key="k", store=g.names[0])
-        p.schedule(Message("reminders", b"ping"), key="remind", every_ms=1_000)
+        p.schedule(Message("reminders", b"ping"), key="remind", every_ms=1_000, catch_up="all")
         owner = g.names[g.key_owner("remind")]
         assert [(s.key) for s in g.store(owner).schedules()] == ["remind"]
         assert [s.key for s in g.schedules()] == ["remind"]
