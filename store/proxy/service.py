@@ -49,13 +49,14 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
-from ..message import TIMER_TOPIC, LocalTransactionState, MessageView, sharding_queue
+from ..message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
+                       sharding_queue)
 from ..transaction.check_views import CheckViews
 from ..transaction.producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
-from .convert import (Code, Incoming, MessageType, Refused, duration_ms, incoming, outgoing,
-                      set_duration_ms)
+from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
+                      check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
 from .handles import Signer, store_secret
 
 log = logging.getLogger("store.proxy")
@@ -286,7 +287,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def QueryRoute(self, request, context):
         def body():
             account = self._account(context)
-            topic = request.topic.name
+            topic = check_topic_name(request.topic.name)
             if not (account.admin or account.topics.get(topic, account.default_topic)):
                 raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
                                               f"on topic {topic!r}")
@@ -363,7 +364,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 session.topics = self._permitted(session, (r.name for r in s.publishing.topics),
                                                  "PUB")
             if s.HasField("subscription"):
-                session.group = s.subscription.group.name or None
+                group = s.subscription.group.name
+                session.group = group if group and is_valid_topic_name(group) else None
                 session.topics = self._permitted(
                     session, (e.topic.name for e in s.subscription.subscriptions), "SUB")
             session.outbox.put(self._settings_reply(session, s))
@@ -377,8 +379,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
         try:
             account = self._account(context)
-            if not client_id:
-                raise Refused(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is missing")
+            check_client_id(client_id)
             session = Session(client_id, context.peer(), account)
             with self._sessions_lock:
                 old = self._sessions.get(client_id)
@@ -422,7 +423,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """The ``topics`` a session's account may ``right`` (the others are left out, and
         logged)."""
         named = set(topics)
-        kept = frozenset(t for t in named if self._may(session.account, t, right))
+        kept = frozenset(t for t in named
+                         if is_valid_topic_name(t) and self._may(session.account, t, right))
         if kept != named:
             log.warning("client %s (access key %r) named topics it may not %s; left out: %s",
                         session.client_id[:80], session.account.access_key, right,
@@ -472,7 +474,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             cfg = self.store.config
             # every message is checked before any is stored: a bad one refuses the batch
             checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
-                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms)
+                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms,
+                                max_properties_bytes=cfg.max_properties_size_bytes)
                        for message in request.messages]
             entries = [self._send_one(m) for m in checked]
             self.wake_receivers()
@@ -533,9 +536,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- consuming ----------------------------------------------------------------------
     def _consumer(self, context, group: str, topic: str) -> Account:
         account = self._account(context)
-        if not group:
-            raise Refused(Code.ILLEGAL_CONSUMER_GROUP, "the request names no consumer group")
+        check_group_name(group)
         account.check_group(group)
+        check_topic_name(topic)
         account.check_topic(topic, "SUB")
         if not self._exists(topic):
             raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
