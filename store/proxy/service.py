@@ -58,6 +58,7 @@ from .consumers import ConsumerGroups, Delivery, tag_filter
 from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
                       check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
 from .handles import Signer, store_secret
+from .limits import HeldCalls, LogBudget
 
 log = logging.getLogger("store.proxy")
 
@@ -187,7 +188,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """
 
     def __init__(self, stores, *, access: AccessControl | None = None,
-                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+                 address: tuple[str, int] = ("127.0.0.1", 0),
+                 held: HeldCalls | None = None) -> None:
         self.members = [Member(name, store) for name, store in stores]
         if not self.members:
             raise ValueError("an endpoint serves one store at least")
@@ -201,6 +203,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._arrived = threading.Condition()
         self._closing = threading.Event()
         self.signer = Signer(store_secret(self.store.root))
+        self.held = held if held is not None else HeldCalls()
+        self.refusals = LogBudget(log)
 
     # -- plumbing -----------------------------------------------------------------------
     def _account(self, context) -> Account:
@@ -213,17 +217,25 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             return body()
         except Refused as exc:
-            log.warning("%s from %s refused (%s): %s", method, context.peer(),
-                        Code.Name(exc.code), exc.text)
+            self._refused(method, context, exc)
             return respond(status(exc.code, exc.text))
         except StoreError as exc:
             code = store_error_code(exc)
-            log.warning("%s from %s failed (%s): %s", method, context.peer(), Code.Name(code),
-                        exc)
+            self.refusals.warning("%s from %s failed (%s): %.300s", method, context.peer(),
+                                  Code.Name(code), exc)
             return respond(status(code, self._text(exc)))
         except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
             log.exception("%s from %s failed", method, context.peer())
             return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    def _refused(self, method: str, context, exc: Refused) -> None:
+        self.refusals.warning("%s from %s refused (%s): %.300s", method, context.peer(),
+                              Code.Name(exc.code), exc.text)
+
+    @staticmethod
+    def _client(context) -> str:
+        """Who a call is from, for the bounds per client: its client id, or its peer."""
+        return dict(context.invocation_metadata()).get("x-mq-client-id") or context.peer()
 
     def _text(self, exc: Exception) -> str:
         """An error's text for a client: the store's directory is not its business."""
@@ -380,15 +392,25 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             account = self._account(context)
             check_client_id(client_id)
-            session = Session(client_id, context.peer(), account)
+        except Refused as exc:
+            self._refused("Telemetry", context, exc)
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
+            return
+        if not self.held.acquire(client_id):
+            text = (f"{self.held.total} telemetry streams and long polls are held (at most "
+                    f"{self.held.per_client} per client); open the stream again later")
+            self._refused("Telemetry", context, Refused(Code.TOO_MANY_REQUESTS, text))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
+        session = Session(client_id, context.peer(), account)
+        try:
             with self._sessions_lock:
                 old = self._sessions.get(client_id)
                 if old is not None:
                     _check_owner(old, account)
                 self._sessions[client_id] = session
         except Refused as exc:
-            log.warning("Telemetry from %s refused (%s): %s", context.peer(),
-                        Code.Name(exc.code), exc.text)
+            self.held.release(client_id)
+            self._refused("Telemetry", context, exc)
             yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
         if old is not None:
@@ -414,6 +436,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                     break
                 yield item
         finally:
+            self.held.release(client_id)
             session.open = False
             with self._sessions_lock:
                 if self._sessions.get(client_id) is session:
@@ -426,9 +449,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         kept = frozenset(t for t in named
                          if is_valid_topic_name(t) and self._may(session.account, t, right))
         if kept != named:
-            log.warning("client %s (access key %r) named topics it may not %s; left out: %s",
-                        session.client_id[:80], session.account.access_key, right,
-                        sorted(t[:80] for t in named - kept)[:10])
+            self.refusals.warning(
+                "client %s (access key %r) named topics it may not %s; left out: %s",
+                session.client_id[:80], session.account.access_key, right,
+                sorted(t[:80] for t in named - kept)[:10])
         return kept
 
     def producers_of(self, topic: str) -> list[Session]:
@@ -562,8 +586,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             deliveries, invisible_ms = self._receive(request, context)
         except Refused as exc:
-            log.warning("ReceiveMessage from %s refused (%s): %s", context.peer(),
-                        Code.Name(exc.code), exc.text)
+            self._refused("ReceiveMessage", context, exc)
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
             return
         except StoreError as exc:
@@ -609,15 +632,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                           "SQL92 filters are not supported here; allowed: TAG filters")
         tags = tag_filter(expr.expression)
         fifo = self._fifo(group)
-        deadline = time.monotonic() + polling / 1000
-        while True:
-            deliveries = self._receive_members(account, group, topic, batch, invisible, tags,
-                                               fifo)
-            left = deadline - time.monotonic()
-            if deliveries or left <= 0 or not context.is_active() or self._closing.is_set():
-                return deliveries, invisible
-            with self._arrived:
-                self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+        deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
+        if deliveries or polling == 0:
+            return deliveries, invisible
+        client = self._client(context)
+        if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
+            return deliveries, invisible
+        try:
+            deadline = time.monotonic() + polling / 1000
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not context.is_active() or self._closing.is_set():
+                    return deliveries, invisible
+                with self._arrived:
+                    self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                deliveries = self._receive_members(account, group, topic, batch, invisible,
+                                                   tags, fifo)
+                if deliveries:
+                    return deliveries, invisible
+        finally:
+            self.held.release(client)
 
     def _handle(self, account: Account, group: str, topic: str, i: int, inner: str) -> str:
         """A receipt handle naming member ``i``, signed for the account, group and topic."""
