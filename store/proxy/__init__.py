@@ -101,6 +101,12 @@ class GrpcEndpoint:
         self._server.start()
         log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
                  " (TLS)" if tls else "")
+        if tls is None and not self.loopback:
+            log.warning("RocketMQ 5 clients are served on %s:%d without TLS: their calls, "
+                        "signatures (tokens) and messages travel in clear; anyone on the path "
+                        "can read them and replay a signature within its window; give a "
+                        "certificate (--tls-cert, --tls-key) on any network not wholly trusted",
+                        self.host, port)
 
     def _advertised(self) -> str:
         if self.host in ("0.0.0.0", "::", ""):

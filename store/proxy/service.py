@@ -210,7 +210,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def _account(self, context) -> Account:
         if self.access is None:
             return OPEN
-        return self.access.account(dict(context.invocation_metadata()))
+        return self.access.account(dict(context.invocation_metadata()), self.store.now_ms())
 
     def _guard(self, context, method: str, respond, body):
         """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""

@@ -211,3 +211,55 @@ def test_recall_handles_cannot_be_made_from_a_message_id(acl_server):
     assert recall(base64.urlsafe_b64encode(plain.encode()).decode() + "." + tag).status.code \
         == pb.Code.BAD_REQUEST
     assert recall(entry.recall_handle).status.code == pb.Code.OK
+
+
+# -- the signature window ----------------------------------------------------------------
+@pytest.mark.parametrize("age_s, code", [(0, pb.Code.OK), (14 * 60, pb.Code.OK),
+                                         (-14 * 60, pb.Code.OK),
+                                         (16 * 60, pb.Code.UNAUTHORIZED),
+                                         (-16 * 60, pb.Code.UNAUTHORIZED)])
+def test_a_signature_older_than_the_window_is_refused(acl_server, age_s, code):
+    srv, s = acl_server
+    r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="orders")),
+                     metadata=metadata("orders-svc", at=time.time() - age_s))
+    assert r.status.code == code, r.status
+
+
+def test_the_signature_window_is_set_in_the_acl_file(tmp_path):
+    import json
+
+    from store.errors import InvalidConfigError
+    from store.proxy.access import AccessControl
+    from store.proxy.convert import Refused
+    from tests.store.proxy.signing import ACCOUNTS
+
+    path = tmp_path / "acl.json"
+    path.write_text(json.dumps({"signatureWindowSeconds": 60, "accounts": ACCOUNTS}))
+    access = AccessControl.load(str(path))
+    headers = dict(metadata("thief", at=1_000_000))
+    assert access.account(headers, now_ms=1_000_000_000 + 59_000).access_key == "thief"
+    with pytest.raises(Refused, match="not within 60 s"):
+        access.account(headers, now_ms=1_000_000_000 + 61_000)
+    bad = dict(headers, **{"x-mq-date-time": "yesterday"})
+    with pytest.raises(Refused):
+        access.account(bad, now_ms=1_000_000_000)
+    path.write_text(json.dumps({"signatureWindowSeconds": 0, "accounts": ACCOUNTS}))
+    with pytest.raises(InvalidConfigError, match="signatureWindowSeconds"):
+        AccessControl.load(str(path))
+
+
+def test_a_listener_off_loopback_without_tls_warns(tmp_path, caplog):
+    import logging
+
+    from store import MessageStore
+    from store.proxy import GrpcEndpoint
+
+    store = MessageStore.open(str(tmp_path / "s"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="store.proxy"):
+            GrpcEndpoint(store, "0.0.0.0:0").close(grace_s=0)
+            GrpcEndpoint(store, "127.0.0.1:0").close(grace_s=0)
+    finally:
+        store.close()
+    warned = [r.getMessage() for r in caplog.records if "without TLS" in r.getMessage()]
+    assert len(warned) == 1 and "0.0.0.0" in warned[0] and "in clear" in warned[0]
