@@ -11,8 +11,9 @@ The protocol's generated code comes from the official Python client
 
 Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
-:mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.service`
-(the calls).
+:mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
+(signed recall and receipt handles), :mod:`~store.proxy.limits` (held calls, log lines),
+:mod:`~store.proxy.service` (the calls).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class GrpcEndpoint:
     ``stores``: one open :class:`~store.MessageStore`, or ``[(name, MessageStore)]`` of the
     members of a store group, served as one endpoint.  ``acl``: the path of an ACL file
     (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
-    chain, private key)`` PEM bytes.
+    chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
+    telemetry streams and long polls held at once in all (per client id);
+    ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.limits`).
     """
 
     def __init__(self, stores, listen: str, *, acl: str | None = None,
