@@ -1,7 +1,9 @@
-"""Raw gRPC calls signed as an account of an ACL file, as RocketMQ 5 clients sign them."""
+"""Raw gRPC calls (signed as an account of an ACL file, as RocketMQ 5 clients sign them, or
+not), and what a store holds after them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -92,3 +94,34 @@ class Stream:
         self._out.put(None)
         self.call.cancel()
         self._reader.join(timeout=5)
+
+
+def stored(path: str, topic: str) -> int:
+    """How many messages the store at ``path`` holds in ``topic``."""
+    from store import StoreReader
+
+    reader = StoreReader.open(path)
+    try:
+        if topic not in reader.topics():
+            return 0
+        return sum(reader.max_offset(topic, q) for q in reader.queue_ids(topic))
+    finally:
+        reader.close()
+
+
+@contextlib.contextmanager
+def serving(path: str, config, **options):
+    """A :class:`~store.StoreServer` serving gRPC on loopback (``options``: ``acl=`` ...),
+    running in a thread, with a raw stub: ``(server, stub)``."""
+    from store import StoreServer
+
+    srv = StoreServer(path, config, grpc="127.0.0.1:0", **options)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    s, channel = stub(srv.grpc_endpoint)
+    try:
+        yield srv, s
+    finally:
+        channel.close()
+        srv.stop()
+        thread.join(timeout=30)

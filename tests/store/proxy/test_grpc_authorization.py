@@ -6,7 +6,6 @@ hand-outs, or recall a delay message by a handle it made up."""
 from __future__ import annotations
 
 import base64
-import threading
 import time
 
 import pytest
@@ -16,8 +15,9 @@ pytest.importorskip("rocketmq.grpc_protocol")
 from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
 
-from store import StoreConfig, StoreReader, StoreServer  # noqa: E402
-from tests.store.proxy.signing import Stream, message, metadata, stub, write_acl  # noqa: E402
+from store import StoreConfig  # noqa: E402
+from tests.store.proxy.signing import (Stream, message, metadata, serving,  # noqa: E402
+                                       stored, write_acl)
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -27,15 +27,8 @@ CONFIG = StoreConfig(transaction_timeout_ms=1000, transaction_check_interval_ms=
 
 @pytest.fixture
 def acl_server(tmp_path):
-    srv = StoreServer(str(tmp_path / "store"), CONFIG, grpc="127.0.0.1:0",
-                      acl=write_acl(tmp_path / "acl.json"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    s, channel = stub(srv.grpc_endpoint)
-    yield srv, s
-    channel.close()
-    srv.stop()
-    thread.join(timeout=30)
+    with serving(str(tmp_path / "store"), CONFIG, acl=write_acl(tmp_path / "acl.json")) as both:
+        yield both
 
 
 def _producer_settings(*topics) -> rpc.TelemetryCommand:
@@ -54,16 +47,6 @@ def _open_transaction(s, topic: str = "orders") -> str:
 
 def _is_check_back(command) -> bool:
     return command.HasField("recover_orphaned_transaction_command")
-
-
-def _stored(srv, topic: str) -> int:
-    reader = StoreReader.open(srv.path)
-    try:
-        if topic not in reader.topics():
-            return 0
-        return sum(reader.max_offset(topic, q) for q in reader.queue_ids(topic))
-    finally:
-        reader.close()
 
 
 def test_check_back_goes_only_to_producers_that_may_publish_the_topic(acl_server):
@@ -95,29 +78,20 @@ def test_end_transaction_is_authorized_by_the_transactions_own_topic(acl_server)
         resolution=pb.TransactionResolution.COMMIT), metadata=metadata("thief"))
     assert r.status.code == pb.Code.FORBIDDEN, r.status
     assert "orders" in r.status.message
-    assert _stored(srv, "orders") == 0  # still open: not committed
+    assert stored(srv.path, "orders") == 0  # still open: not committed
     r = s.EndTransaction(rpc.EndTransactionRequest(
         topic=pb.Resource(name="orders"), transaction_id=tid,
         resolution=pb.TransactionResolution.COMMIT), metadata=metadata("orders-svc"))
     assert r.status.code == pb.Code.OK, r.status
-    assert _stored(srv, "orders") == 1
+    assert stored(srv.path, "orders") == 1
 
 
 def test_end_transaction_refuses_halves_not_sent_through_the_endpoint(acl_server):
-    from store import LocalTransactionState, MessageStore
     from store import Message as StoreMessage
+    from store.transaction.producer import LeaveOpen
 
     srv, s = acl_server
-
-    class Unknown:
-        def execute_local_transaction(self, message, arg):
-            return LocalTransactionState.UNKNOW
-
-        def check_local_transaction(self, view):
-            return LocalTransactionState.UNKNOW
-
-    store: MessageStore = srv.store
-    other = store.transaction_producer("in-process", Unknown()).send_in_transaction(
+    other = srv.store.transaction_producer("in-process", LeaveOpen()).send_in_transaction(
         StoreMessage("orders", b"another producer group's"))
     r = s.EndTransaction(rpc.EndTransactionRequest(
         topic=pb.Resource(name="orders"), transaction_id=other.transaction_id,

@@ -6,7 +6,6 @@ is stored."""
 from __future__ import annotations
 
 import gzip
-import threading
 import uuid
 
 import pytest
@@ -16,8 +15,8 @@ pytest.importorskip("rocketmq.grpc_protocol")
 from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
 
-from store import StoreConfig, StoreReader, StoreServer  # noqa: E402
-from tests.store.proxy.signing import Stream, message, stub  # noqa: E402
+from store import StoreConfig, StoreReader  # noqa: E402
+from tests.store.proxy.signing import Stream, message, serving, stored  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -27,29 +26,12 @@ BAD_NAMES = ["/etc/passwd", "a\x00b", "x" * 200_000, "..", "rmq_sys_wheel_timer"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = StoreServer(str(tmp_path_factory.mktemp("names") / "store"), CONFIG,
-                      grpc="127.0.0.1:0")
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    s, channel = stub(srv.grpc_endpoint)
-    yield srv, s
-    channel.close()
-    srv.stop()
-    thread.join(timeout=30)
+    with serving(str(tmp_path_factory.mktemp("names") / "store"), CONFIG) as both:
+        yield both
 
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _stored(srv, topic: str) -> int:
-    reader = StoreReader.open(srv.path)
-    try:
-        if topic not in reader.topics():
-            return 0
-        return sum(reader.max_offset(topic, q) for q in reader.queue_ids(topic))
-    finally:
-        reader.close()
 
 
 def _store_still_reads(srv) -> None:
@@ -120,7 +102,7 @@ def test_bad_client_ids_keys_tags_and_properties_are_refused(server):
     for m, code in cases:
         r = s.SendMessage(rpc.SendMessageRequest(messages=[m]))
         assert r.status.code == code, (code, r.status)
-    assert _stored(srv, topic) == 0
+    assert stored(srv.path, topic) == 0
 
 
 @pytest.mark.parametrize("bad", ["message_id", "blank_property", "large_properties"])
@@ -132,10 +114,10 @@ def test_a_half_bad_batch_stores_nothing(server, bad):
               "large_properties": message(topic, b"second", big="v" * 40_000)}[bad]
     r = s.SendMessage(rpc.SendMessageRequest(messages=[message(topic, b"first"), second]))
     assert r.status.code != pb.Code.OK, r.status
-    assert _stored(srv, topic) == 0
+    assert stored(srv.path, topic) == 0
     r = s.SendMessage(rpc.SendMessageRequest(messages=[message(topic, b"first")]))
     assert r.status.code == pb.Code.OK
-    assert _stored(srv, topic) == 1
+    assert stored(srv.path, topic) == 1
 
 
 def test_a_gzip_body_is_inflated_within_the_body_limit(server):
@@ -149,4 +131,4 @@ def test_a_gzip_body_is_inflated_within_the_body_limit(server):
         m.system_properties.body_encoding = pb.Encoding.GZIP
         r = s.SendMessage(rpc.SendMessageRequest(messages=[m]))
         assert r.status.code == code, (code, r.status)
-    assert _stored(srv, topic) == 1
+    assert stored(srv.path, topic) == 1
