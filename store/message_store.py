@@ -193,6 +193,11 @@ class MessageStore(StoreCore):
             index.refresh()
             return [int(r) >= 0 for r in index.rows_of(ids)]
 
+    def transaction_origins(self, transaction_ids) -> list[tuple[str, str] | None]:
+        """``(real topic, producer group)`` of each transaction id's half message, ``None``
+        for an id this store holds no half of."""
+        return self.transactions.origins(transaction_ids)
+
     def end_transaction(self, transaction_id: str, state) -> bool:
         """Commit or roll back a half message; ``False`` when it was already ended."""
         self._check_writable()

@@ -11,8 +11,9 @@ The protocol's generated code comes from the official Python client
 
 Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
-:mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.service`
-(the calls).
+:mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
+(signed recall and receipt handles), :mod:`~store.proxy.limits` (held calls, log lines),
+:mod:`~store.proxy.service` (the calls).
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidConfigError
 from ..remote.address import RemoteAddress
+from .limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
 
 log = logging.getLogger("store.proxy")
 
-#: Threads serving calls: each client holds one for its telemetry stream and one per
-#: long-polling receive in progress.
-MAX_WORKERS = 256
 #: gRPC's message limit: a request of ``max_message_size_bytes`` plus its headers.
 HEADROOM_BYTES = 1 << 20
 
@@ -49,11 +48,15 @@ class GrpcEndpoint:
     ``stores``: one open :class:`~store.MessageStore`, or ``[(name, MessageStore)]`` of the
     members of a store group, served as one endpoint.  ``acl``: the path of an ACL file
     (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
-    chain, private key)`` PEM bytes.
+    chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
+    telemetry streams and long polls held at once in all (per client id);
+    ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.limits`).
     """
 
     def __init__(self, stores, listen: str, *, acl: str | None = None,
-                 tls: tuple[bytes, bytes] | None = None) -> None:
+                 tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
+                 max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
+                 short_call_workers: int = SHORT_CALL_WORKERS) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
@@ -71,12 +74,16 @@ class GrpcEndpoint:
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
         limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
+        held = HeldCalls(max_held_calls, max_held_calls_per_client)
+        # held calls (streams, long polls) never take more than their own share of the pool:
+        # short_call_workers threads stay for the short calls (store.proxy.limits)
         self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rmq-grpc"),
+            ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
+                               thread_name_prefix="rmq-grpc"),
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=MAX_WORKERS * 4)
+            maximum_concurrent_rpcs=max_held_calls + short_call_workers * 4)
         target = f"[{address.host}]:{address.port}" if ":" in address.host else \
             f"{address.host}:{address.port}"
         if tls is not None:
@@ -92,11 +99,17 @@ class GrpcEndpoint:
         self._close_lock = threading.Lock()
         self.loopback = address.loopback
         self.service = MessagingService(stores, access=access,
-                                        address=(self._advertised(), port))
+                                        address=(self._advertised(), port), held=held)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self._server)
         self._server.start()
         log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
                  " (TLS)" if tls else "")
+        if tls is None and not self.loopback:
+            log.warning("RocketMQ 5 clients are served on %s:%d without TLS: their calls, "
+                        "signatures (tokens) and messages travel in clear; anyone on the path "
+                        "can read them and replay a signature within its window; give a "
+                        "certificate (--tls-cert, --tls-key) on any network not wholly trusted",
+                        self.host, port)
 
     def _advertised(self) -> str:
         if self.host in ("0.0.0.0", "::", ""):

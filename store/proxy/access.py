@@ -7,11 +7,15 @@ header RocketMQ 5 clients send when given credentials::
     MQv2-HMAC-SHA1 Credential=<AccessKey>, SignedHeaders=x-mq-date-time, Signature=<hex>
 
 where the signature is HMAC-SHA1 of the ``x-mq-date-time`` header with the account's
-SecretKey.  A missing or wrong signature is ``UNAUTHORIZED``; a topic or group the account
-has no right to is ``FORBIDDEN``.  The file is JSON, with the names of RocketMQ's
-``plain_acl.yml``::
+SecretKey.  A missing or wrong signature is ``UNAUTHORIZED``, and so is a signature whose
+``x-mq-date-time`` (``YYYYMMDDTHHMMSSZ``, UTC) is further than the signature window from
+the server's clock, either way (``signatureWindowSeconds``, default 900: 15 minutes, as
+common request-signing schemes): a signature seen on the wire is no good for long.  A topic
+or group the account has no right to is ``FORBIDDEN``.  The file is JSON, with the names of
+RocketMQ's ``plain_acl.yml``::
 
-    {"accounts": [
+    {"signatureWindowSeconds": 900,
+     "accounts": [
       {"accessKey": "orders-service", "secretKey": "...",
        "defaultTopicPerm": "DENY", "topicPerms": ["orders=PUB", "payments=PUB|SUB"],
        "defaultGroupPerm": "SUB", "groupPerms": ["billing=SUB"], "admin": false}
@@ -23,9 +27,11 @@ Defaults: ``defaultTopicPerm`` ``DENY``, ``defaultGroupPerm`` ``SUB``.
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import hmac
 import json
+import time
 from dataclasses import dataclass
 
 from ..errors import InvalidConfigError
@@ -84,11 +90,29 @@ class Account:
 OPEN = Account("", "", True, frozenset(), {}, frozenset(), {})
 
 
+#: How far a signature's ``x-mq-date-time`` may be from the server's clock (seconds).
+SIGNATURE_WINDOW_S = 900
+
+
+def signed_at_ms(date: str) -> int | None:
+    """Epoch ms of an ``x-mq-date-time`` value (``YYYYMMDDTHHMMSSZ``, UTC), ``None`` if it
+    is not one."""
+    try:
+        return calendar.timegm(time.strptime(date, "%Y%m%dT%H%M%SZ")) * 1000
+    except (ValueError, OverflowError):
+        return None
+
+
 class AccessControl:
     """The accounts of an ACL file; :meth:`account` checks a call's signature."""
 
-    def __init__(self, accounts: list[Account]) -> None:
+    def __init__(self, accounts: list[Account], *,
+                 signature_window_s: int = SIGNATURE_WINDOW_S) -> None:
+        if signature_window_s < 1:
+            raise InvalidConfigError(f"signatureWindowSeconds={signature_window_s}; allowed: "
+                                     "1 or more")
         self.accounts = {a.access_key: a for a in accounts}
+        self.window_ms = signature_window_s * 1000
 
     @classmethod
     def load(cls, path: str) -> AccessControl:
@@ -100,6 +124,11 @@ class AccessControl:
         except ValueError as exc:
             raise InvalidConfigError(f"the ACL file {path} is not JSON: {exc}") from None
         items = data.get("accounts") if isinstance(data, dict) else None
+        window = data.get("signatureWindowSeconds", SIGNATURE_WINDOW_S) \
+            if isinstance(data, dict) else SIGNATURE_WINDOW_S
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise InvalidConfigError(f"the ACL file {path}: signatureWindowSeconds={window!r}; "
+                                     "allowed: an int of 1 or more")
         if not isinstance(items, list) or not items:
             raise InvalidConfigError(f"the ACL file {path} has no \"accounts\" list")
         accounts = []
@@ -117,10 +146,11 @@ class AccessControl:
                 _perm_table(a.get("topicPerms"), where),
                 _perm(a.get("defaultGroupPerm", "SUB"), where),
                 _perm_table(a.get("groupPerms"), where)))
-        return cls(accounts)
+        return cls(accounts, signature_window_s=window)
 
-    def account(self, metadata: dict[str, str]) -> Account:
-        """The account that signed a call (its headers); ``UNAUTHORIZED`` otherwise."""
+    def account(self, metadata: dict[str, str], now_ms: int | None = None) -> Account:
+        """The account that signed a call (its headers) within the signature window of
+        ``now_ms`` (the clock's time when ``None``); ``UNAUTHORIZED`` otherwise."""
         header = metadata.get("authorization", "")
         scheme, _, rest = header.partition(" ")
         fields = {}
@@ -135,4 +165,11 @@ class AccessControl:
         if not hmac.compare_digest(expected, fields.get("Signature", "").lower()):
             raise Refused(Code.UNAUTHORIZED,
                           f"the signature of access key {account.access_key!r} does not match")
+        at = signed_at_ms(date)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if at is None or abs(now - at) > self.window_ms:
+            raise Refused(Code.UNAUTHORIZED,
+                          f"the signature's x-mq-date-time {date[:40]!r} is not within "
+                          f"{self.window_ms // 1000} s of the server's clock (UTC, "
+                          "YYYYMMDDTHHMMSSZ); allowed: a fresh signature")
         return account

@@ -17,24 +17,39 @@ keeps it in; the orphaned-transaction recovery duration as ``CHECK_IMMUNITY_TIME
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from ..delayed.routing import DELIVERY_HEADROOM
+from ..errors import InvalidTopicError
 from ..message import (
+    GROUP_MAX_LENGTH,
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     RESERVED_PROPERTY_NAMES,
     SYSTEM_PROPERTY_NAMES,
     Message,
     MessageView,
+    is_valid_topic_name,
+    validate_message,
+    validate_msg_id,
+    validate_topic,
 )
 
 #: The record property holding a FIFO message's group (RocketMQ's ``__SHARDINGKEY``).
 PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
-#: The longest message group, tag and key the proxy accepts (RocketMQ's limits).
+#: The longest message group the proxy accepts (RocketMQ's limit).
 MAX_MESSAGE_GROUP_LENGTH = 64
+#: The longest tag and key (a message's properties as a whole are bounded too, by
+#: ``max_properties_size_bytes``).
+MAX_TAG_LENGTH = 128
+MAX_KEY_LENGTH = 128
+#: Room left in ``max_properties_size_bytes`` for what the store adds to a client's
+#: properties: the id, a transaction's or a timer's bookkeeping, and delivery.
+SYSTEM_PROPERTIES_ROOM = 512 + DELIVERY_HEADROOM
+#: The longest client id (``x-mq-client-id``): RocketMQ's clients make about 60 characters.
+MAX_CLIENT_ID_LENGTH = 256
 #: Property names a client may not set: the store's reserved names, the group's property.
 _CLIENT_RESERVED = RESERVED_PROPERTY_NAMES | SYSTEM_PROPERTY_NAMES | {PROPERTY_MESSAGE_GROUP}
 
@@ -94,18 +109,40 @@ def set_duration_ms(d, ms: int) -> None:
     d.nanos *= 1_000_000
 
 
+#: zlib's window bits that read a gzip or a zlib stream, whichever the header says.
+_GZIP_OR_ZLIB = 32 + 15
+
+
+def inflate(data: bytes, max_bytes: int) -> bytes:
+    """A GZIP (or zlib) body inflated, never holding more than ``max_bytes`` + 1 bytes of
+    it: ``MESSAGE_BODY_TOO_LARGE`` as soon as it would grow past ``max_bytes`` (a small body
+    may inflate to gigabytes), ``MESSAGE_CORRUPTED`` if it does not inflate.  Concatenated
+    gzip members are read one after another, as gzip does."""
+    out = bytearray()
+    rest = data
+    try:
+        while True:
+            inflater = zlib.decompressobj(_GZIP_OR_ZLIB)
+            out += inflater.decompress(rest, max_bytes + 1 - len(out))
+            if len(out) > max_bytes:
+                raise Refused(Code.MESSAGE_BODY_TOO_LARGE,
+                              f"the message body inflates to more than {max_bytes} bytes; "
+                              f"allowed: at most {max_bytes} (max_message_size_bytes)")
+            if not inflater.eof:
+                raise zlib.error("truncated")
+            rest = inflater.unused_data
+            if not rest:
+                return bytes(out)
+    except zlib.error:
+        raise Refused(Code.MESSAGE_CORRUPTED,
+                      "body_encoding is GZIP but the body does not inflate") from None
+
+
 def _body(msg: pb.Message, max_body_bytes: int) -> bytes:
     body = msg.body
     encoding = msg.system_properties.body_encoding
     if encoding == _GZIP:
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError, zlib.error):
-            try:
-                body = zlib.decompress(body)
-            except zlib.error:
-                raise Refused(Code.MESSAGE_CORRUPTED,
-                              "body_encoding is GZIP but the body does not decompress") from None
+        body = inflate(body, max_body_bytes)
     elif encoding != _IDENTITY and encoding != _UNSPECIFIED:
         raise Refused(Code.BAD_REQUEST, f"body_encoding {encoding}; allowed: IDENTITY or GZIP")
     if not body:
@@ -121,19 +158,20 @@ def _tag(props) -> str | None:
     if not props.HasField("tag"):
         return None
     tag = props.tag
-    if not tag.strip() or "|" in tag or "\x01" in tag or "\x02" in tag:
+    if (not tag.strip() or len(tag) > MAX_TAG_LENGTH or "|" in tag or not tag.isprintable()):
         raise Refused(Code.ILLEGAL_MESSAGE_TAG,
-                      f"tag {tag!r}; allowed: a non-blank tag without '|' or control characters")
+                      f"tag {tag[:80]!r}; allowed: 1 to {MAX_TAG_LENGTH} printable characters, "
+                      "not blank, without '|'")
     return tag
 
 
 def _keys(props) -> list[str]:
     keys = list(props.keys)
     for key in keys:
-        if not key.strip() or " " in key or "\x01" in key or "\x02" in key:
+        if not key.strip() or len(key) > MAX_KEY_LENGTH or " " in key or not key.isprintable():
             raise Refused(Code.ILLEGAL_MESSAGE_KEY,
-                          f"key {key!r}; allowed: non-blank keys without spaces or control "
-                          "characters")
+                          f"key {key[:80]!r}; allowed: 1 to {MAX_KEY_LENGTH} printable "
+                          "characters without spaces")
     return keys
 
 
@@ -152,16 +190,53 @@ def _properties(msg: pb.Message) -> dict[str, str]:
     return props
 
 
-def incoming(msg: pb.Message, *, max_body_bytes: int, now_ms: int,
-             max_delay_ms: int) -> Incoming:
-    """Check a client's message as RocketMQ's proxy does; raise :class:`Refused` if bad."""
+def check_topic_name(topic: str) -> str:
+    """``ILLEGAL_TOPIC`` for a name no user topic may have (the store's rules: characters,
+    length, no system topics): every path that names a topic to create or read checks it."""
+    try:
+        return validate_topic(topic)
+    except InvalidTopicError as exc:
+        raise Refused(Code.ILLEGAL_TOPIC, str(exc)) from None
+
+
+def check_group_name(group: str) -> str:
+    """``ILLEGAL_CONSUMER_GROUP`` for a group name outside RocketMQ's rules (1 to
+    ``GROUP_MAX_LENGTH`` characters of a topic name's set)."""
+    if not group:
+        raise Refused(Code.ILLEGAL_CONSUMER_GROUP, "the request names no consumer group")
+    if len(group) > GROUP_MAX_LENGTH or not is_valid_topic_name(group):
+        raise Refused(Code.ILLEGAL_CONSUMER_GROUP,
+                      f"consumer group {group[:80]!r}; allowed: 1 to {GROUP_MAX_LENGTH} "
+                      "characters of a-z A-Z 0-9 _ - % |")
+    return group
+
+
+def check_client_id(client_id: str) -> str:
+    """``CLIENT_ID_REQUIRED`` / ``BAD_REQUEST`` unless ``client_id`` is 1 to
+    :data:`MAX_CLIENT_ID_LENGTH` printable ASCII characters."""
+    if not client_id:
+        raise Refused(Code.CLIENT_ID_REQUIRED, "the x-mq-client-id header is missing")
+    if (len(client_id) > MAX_CLIENT_ID_LENGTH or not client_id.isascii()
+            or not client_id.isprintable()):
+        raise Refused(Code.BAD_REQUEST, f"x-mq-client-id {client_id[:80]!r}; allowed: 1 to "
+                                        f"{MAX_CLIENT_ID_LENGTH} printable ASCII characters")
+    return client_id
+
+
+def incoming(msg: pb.Message, *, max_body_bytes: int, now_ms: int, max_delay_ms: int,
+             max_properties_bytes: int) -> Incoming:
+    """Check a client's message as RocketMQ's proxy does, and every rule the store applies
+    when it is sent (so that a batch is refused whole before anything of it is stored);
+    raise :class:`Refused` (or the store's error) if bad."""
     topic = msg.topic.name
     if not topic:
         raise Refused(Code.ILLEGAL_TOPIC, "the message names no topic")
+    check_topic_name(topic)
     props = msg.system_properties
     msg_id = props.message_id
     if not msg_id:
         raise Refused(Code.ILLEGAL_MESSAGE_ID, "the message has no message_id")
+    validate_msg_id(msg_id)
     body = _body(msg, max_body_bytes)
     tag = _tag(props)
     keys = _keys(props)
@@ -207,6 +282,15 @@ def incoming(msg: pb.Message, *, max_body_bytes: int, now_ms: int,
     if group is not None:
         user[PROPERTY_MESSAGE_GROUP] = group
     message = Message(topic=topic, body=body, tags=tag, keys=keys or None, properties=user)
+    validate_message(message, max_body_bytes)
+    size = (sum(len(k) + len(v) + 2 for k, v in user.items()) + sum(len(k) + 1 for k in keys)
+            + len(tag or ""))
+    if size > max_properties_bytes - SYSTEM_PROPERTIES_ROOM:
+        raise Refused(Code.MESSAGE_PROPERTIES_TOO_LARGE,
+                      f"the message's properties, keys and tag are {size} characters; allowed: "
+                      f"at most {max_properties_bytes - SYSTEM_PROPERTIES_ROOM} "
+                      f"(max_properties_size_bytes less {SYSTEM_PROPERTIES_ROOM} for the "
+                      "store's own)")
     return Incoming(message, msg_id, kind, group, deliver_at)
 
 

@@ -49,13 +49,16 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
-from ..message import TIMER_TOPIC, LocalTransactionState, MessageView, sharding_queue
+from ..message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
+                       sharding_queue)
 from ..transaction.check_views import CheckViews
 from ..transaction.producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
-from .convert import (Code, Incoming, MessageType, Refused, duration_ms, incoming, outgoing,
-                      set_duration_ms)
+from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
+                      check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
+from .handles import Signer, store_secret
+from .limits import HeldCalls, LogBudget
 
 log = logging.getLogger("store.proxy")
 
@@ -103,19 +106,31 @@ def store_error_code(exc: StoreError) -> int:
     return Code.INTERNAL_SERVER_ERROR
 
 
-def recall_handle(topic: str, msg_id: str, stored_queue_offset: int, member: int = 0) -> str:
+#: The longest recall or receipt handle read (what this server gives is far shorter).
+HANDLE_MAX_LENGTH = 512
+
+
+def recall_handle(signer: Signer, topic: str, msg_id: str, stored_queue_offset: int,
+                  member: int = 0) -> str:
     """The handle a client recalls a delay message with: its topic, id, where it waits (the
-    timer queue offset) and in which member of a group."""
-    text = f"rmq1 {topic} {msg_id} {stored_queue_offset} {member}"
-    return base64.urlsafe_b64encode(text.encode()).decode()
+    timer queue offset) and in which member of a group, signed (:mod:`.handles`)."""
+    text = f"rmq2 {topic} {msg_id} {stored_queue_offset} {member}"
+    return f"{base64.urlsafe_b64encode(text.encode()).decode()}.{signer.tag(text)}"
 
 
-def parse_recall_handle(text: str, members: int = 1) -> tuple[str, str, int, int]:
-    """``(topic, msg_id, stored queue offset, member)`` of a recall handle."""
+def parse_recall_handle(signer: Signer, text: str,
+                        members: int = 1) -> tuple[str, str, int, int]:
+    """``(topic, msg_id, stored queue offset, member)`` of a recall handle this server
+    signed; ``BAD_REQUEST`` for any other."""
     try:
-        prefix, topic, msg_id, index, member = \
-            base64.urlsafe_b64decode(text.encode()).decode().split(" ")
-        if prefix != "rmq1" or not 0 <= int(member) < members:
+        if len(text) > HANDLE_MAX_LENGTH:
+            raise ValueError
+        encoded, _, tag = text.partition(".")
+        plain = base64.urlsafe_b64decode(encoded.encode()).decode()
+        if not signer.valid(tag, plain):
+            raise ValueError
+        prefix, topic, msg_id, index, member = plain.split(" ")
+        if prefix != "rmq2" or not 0 <= int(member) < members:
             raise ValueError
         return topic, msg_id, int(index), int(member)
     except (ValueError, UnicodeError, binascii.Error):
@@ -128,12 +143,21 @@ class Session:
 
     client_id: str
     peer: str
+    account: Account = OPEN  # the account that opened the session: the client id's owner
     client_type: int = pb.ClientType.CLIENT_TYPE_UNSPECIFIED
     topics: frozenset[str] = frozenset()
     group: str | None = None
     fifo: bool = False
     outbox: queue.Queue = field(default_factory=queue.Queue)
     open: bool = True
+
+
+def _check_owner(session: Session, account: Account) -> None:
+    """``FORBIDDEN`` unless ``account`` opened ``session``: a client id belongs to the account
+    whose stream opened it (no other account can end it or take its check-backs)."""
+    if session.account.access_key != account.access_key:
+        raise Refused(Code.FORBIDDEN, f"client id {session.client_id[:80]!r} belongs to another "
+                                      "account")
 
 
 class _Closed:
@@ -151,8 +175,6 @@ class Member:
         self.groups = ConsumerGroups(store)
 
 
-def _member_handle(i: int, handle: str) -> str:
-    return f"{i}:{handle}"
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -166,7 +188,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """
 
     def __init__(self, stores, *, access: AccessControl | None = None,
-                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+                 address: tuple[str, int] = ("127.0.0.1", 0),
+                 held: HeldCalls | None = None) -> None:
         self.members = [Member(name, store) for name, store in stores]
         if not self.members:
             raise ValueError("an endpoint serves one store at least")
@@ -179,29 +202,40 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._sessions_lock = threading.Lock()
         self._arrived = threading.Condition()
         self._closing = threading.Event()
+        self.signer = Signer(store_secret(self.store.root))
+        self.held = held if held is not None else HeldCalls()
+        self.refusals = LogBudget(log)
 
     # -- plumbing -----------------------------------------------------------------------
     def _account(self, context) -> Account:
         if self.access is None:
             return OPEN
-        return self.access.account(dict(context.invocation_metadata()))
+        return self.access.account(dict(context.invocation_metadata()), self.store.now_ms())
 
     def _guard(self, context, method: str, respond, body):
         """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""
         try:
             return body()
         except Refused as exc:
-            log.warning("%s from %s refused (%s): %s", method, context.peer(),
-                        Code.Name(exc.code), exc.text)
+            self._refused(method, context, exc)
             return respond(status(exc.code, exc.text))
         except StoreError as exc:
             code = store_error_code(exc)
-            log.warning("%s from %s failed (%s): %s", method, context.peer(), Code.Name(code),
-                        exc)
+            self.refusals.warning("%s from %s failed (%s): %.300s", method, context.peer(),
+                                  Code.Name(code), exc)
             return respond(status(code, self._text(exc)))
         except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
             log.exception("%s from %s failed", method, context.peer())
             return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    def _refused(self, method: str, context, exc: Refused) -> None:
+        self.refusals.warning("%s from %s refused (%s): %.300s", method, context.peer(),
+                              Code.Name(exc.code), exc.text)
+
+    @staticmethod
+    def _client(context) -> str:
+        """Who a call is from, for the bounds per client: its client id, or its peer."""
+        return dict(context.invocation_metadata()).get("x-mq-client-id") or context.peer()
 
     def _text(self, exc: Exception) -> str:
         """An error's text for a client: the store's directory is not its business."""
@@ -265,7 +299,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def QueryRoute(self, request, context):
         def body():
             account = self._account(context)
-            topic = request.topic.name
+            topic = check_topic_name(request.topic.name)
             if not (account.admin or account.topics.get(topic, account.default_topic)):
                 raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
                                               f"on topic {topic!r}")
@@ -291,10 +325,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def NotifyClientTermination(self, request, context):
         def body():
-            self._account(context)
+            account = self._account(context)
             client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
             with self._sessions_lock:
-                session = self._sessions.pop(client_id, None)
+                session = self._sessions.get(client_id)
+                if session is not None:
+                    _check_owner(session, account)
+                    del self._sessions[client_id]
             if session is not None:
                 session.open = False
                 session.outbox.put(_Closed)
@@ -333,11 +370,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if which == "settings":
             s = command.settings
             session.client_type = s.client_type
+            # a session holds only the topics its account has the right to: the check-back
+            # of a topic goes to its publishers, never to whoever names it
             if s.HasField("publishing"):
-                session.topics = frozenset(r.name for r in s.publishing.topics)
+                session.topics = self._permitted(session, (r.name for r in s.publishing.topics),
+                                                 "PUB")
             if s.HasField("subscription"):
-                session.group = s.subscription.group.name or None
-                session.topics = frozenset(e.topic.name for e in s.subscription.subscriptions)
+                group = s.subscription.group.name
+                session.group = group if group and is_valid_topic_name(group) else None
+                session.topics = self._permitted(
+                    session, (e.topic.name for e in s.subscription.subscriptions), "SUB")
             session.outbox.put(self._settings_reply(session, s))
         elif which in ("thread_stack_trace", "verify_message_result"):
             log.info("client %s answered %s", session.client_id, which)
@@ -346,20 +388,31 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                         which)
 
     def Telemetry(self, request_iterator, context):
+        client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
         try:
-            self._account(context)
+            account = self._account(context)
+            check_client_id(client_id)
         except Refused as exc:
+            self._refused("Telemetry", context, exc)
             yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
-        client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
-        if not client_id:
-            yield rpc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED,
-                                                    "the x-mq-client-id header is missing"))
+        if not self.held.acquire(client_id):
+            text = (f"{self.held.total} telemetry streams and long polls are held (at most "
+                    f"{self.held.per_client} per client); open the stream again later")
+            self._refused("Telemetry", context, Refused(Code.TOO_MANY_REQUESTS, text))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
+        session = Session(client_id, context.peer(), account)
+        try:
+            with self._sessions_lock:
+                old = self._sessions.get(client_id)
+                if old is not None:
+                    _check_owner(old, account)
+                self._sessions[client_id] = session
+        except Refused as exc:
+            self.held.release(client_id)
+            self._refused("Telemetry", context, exc)
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
-        session = Session(client_id, context.peer())
-        with self._sessions_lock:
-            old = self._sessions.get(client_id)
-            self._sessions[client_id] = session
         if old is not None:
             old.open = False
             old.outbox.put(_Closed)
@@ -383,16 +436,31 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                     break
                 yield item
         finally:
+            self.held.release(client_id)
             session.open = False
             with self._sessions_lock:
                 if self._sessions.get(client_id) is session:
                     del self._sessions[client_id]
 
+    def _permitted(self, session: Session, topics, right: str) -> frozenset[str]:
+        """The ``topics`` a session's account may ``right`` (the others are left out, and
+        logged)."""
+        named = set(topics)
+        kept = frozenset(t for t in named
+                         if is_valid_topic_name(t) and self._may(session.account, t, right))
+        if kept != named:
+            self.refusals.warning(
+                "client %s (access key %r) named topics it may not %s; left out: %s",
+                session.client_id[:80], session.account.access_key, right,
+                sorted(t[:80] for t in named - kept)[:10])
+        return kept
+
     def producers_of(self, topic: str) -> list[Session]:
-        """The live producer sessions publishing ``topic``."""
+        """The live producer sessions publishing ``topic`` whose account may publish it."""
         with self._sessions_lock:
             return [s for s in self._sessions.values()
-                    if s.open and s.client_type == pb.ClientType.PRODUCER and topic in s.topics]
+                    if s.open and s.client_type == pb.ClientType.PRODUCER and topic in s.topics
+                    and self._may(s.account, topic, "PUB")]
 
     # -- sending ------------------------------------------------------------------------
     def _send_one(self, m: Incoming) -> rpc.SendResultEntry:
@@ -403,7 +471,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if m.kind == _DELAY:
             i, member = self._next()
             r = member.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
-            handle = (recall_handle(r.topic, r.msg_id, r.stored_queue_offset, i)
+            handle = (recall_handle(self.signer, r.topic, r.msg_id, r.stored_queue_offset, i)
                       if r.stored_topic == TIMER_TOPIC else "")
             return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
                                        offset=r.queue_offset, recall_handle=handle)
@@ -430,7 +498,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             cfg = self.store.config
             # every message is checked before any is stored: a bad one refuses the batch
             checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
-                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms)
+                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms,
+                                max_properties_bytes=cfg.max_properties_size_bytes)
                        for message in request.messages]
             entries = [self._send_one(m) for m in checked]
             self.wake_receivers()
@@ -441,18 +510,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def EndTransaction(self, request, context):
         def body():
             account = self._account(context)
-            account.check_topic(request.topic.name, "PUB")
             state = _STATE.get(request.resolution)
             if state is None:
                 raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
             tid = request.transaction_id or request.message_id
             if not tid:
                 raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
-            holder = next((m for m in self.members
-                           if m.store.known_transactions([tid])[0]), None)
-            if holder is None:
-                raise Refused(Code.INVALID_TRANSACTION_ID,
-                              f"transaction {tid!r} is not one of this store's")
+            holder, topic = self._transaction(tid)
+            # the right is checked on the topic the half message was sent to, not the one
+            # the request names
+            account.check_topic(topic, "PUB")
             holder.store.end_transactions(
                 [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
             if state is LocalTransactionState.COMMIT_MESSAGE:
@@ -461,10 +528,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return self._guard(context, "EndTransaction",
                            lambda s: rpc.EndTransactionResponse(status=s), body)
 
+    def _transaction(self, tid: str) -> tuple[Member, str]:
+        """The member holding transaction ``tid`` opened through this endpoint, and the
+        transaction's real topic; ``INVALID_TRANSACTION_ID`` for any other id."""
+        if len(tid) > HANDLE_MAX_LENGTH:
+            raise Refused(Code.INVALID_TRANSACTION_ID,
+                          f"transaction id of {len(tid)} characters is not one of this store's")
+        for m in self.members:
+            (origin,) = m.store.transaction_origins([tid])
+            if origin is not None and origin[1] == PRODUCER_GROUP:
+                return m, origin[0]
+        raise Refused(Code.INVALID_TRANSACTION_ID,
+                      f"transaction {tid[:80]!r} is not one sent through this endpoint")
+
     def RecallMessage(self, request, context):
         def body():
             account = self._account(context)
-            topic, msg_id, index, i = parse_recall_handle(request.recall_handle,
+            topic, msg_id, index, i = parse_recall_handle(self.signer, request.recall_handle,
                                                           len(self.members))
             if topic != request.topic.name:
                 raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
@@ -478,15 +558,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                            lambda s: rpc.RecallMessageResponse(status=s), body)
 
     # -- consuming ----------------------------------------------------------------------
-    def _consumer(self, context, group: str, topic: str) -> None:
+    def _consumer(self, context, group: str, topic: str) -> Account:
         account = self._account(context)
-        if not group:
-            raise Refused(Code.ILLEGAL_CONSUMER_GROUP, "the request names no consumer group")
+        check_group_name(group)
         account.check_group(group)
+        check_topic_name(topic)
         account.check_topic(topic, "SUB")
         if not self._exists(topic):
             raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
                                                 "(a send or a route query creates it)")
+        return account
 
     def QueryAssignment(self, request, context):
         def body():
@@ -505,8 +586,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             deliveries, invisible_ms = self._receive(request, context)
         except Refused as exc:
-            log.warning("ReceiveMessage from %s refused (%s): %s", context.peer(),
-                        Code.Name(exc.code), exc.text)
+            self._refused("ReceiveMessage", context, exc)
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
             return
         except StoreError as exc:
@@ -529,7 +609,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def _receive(self, request, context):
         group, topic = request.group.name, request.message_queue.topic.name
-        self._consumer(context, group, topic)
+        account = self._consumer(context, group, topic)
         batch = request.batch_size or RECEIVE_BATCH_MAX
         if batch < 1 or batch > RECEIVE_BATCH_MAX:
             raise Refused(Code.BAD_REQUEST, f"batch_size {batch}; allowed: 1 to "
@@ -552,17 +632,34 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                           "SQL92 filters are not supported here; allowed: TAG filters")
         tags = tag_filter(expr.expression)
         fifo = self._fifo(group)
-        deadline = time.monotonic() + polling / 1000
-        while True:
-            deliveries = self._receive_members(group, topic, batch, invisible, tags, fifo)
-            left = deadline - time.monotonic()
-            if deliveries or left <= 0 or not context.is_active() or self._closing.is_set():
-                return deliveries, invisible
-            with self._arrived:
-                self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+        deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
+        if deliveries or polling == 0:
+            return deliveries, invisible
+        client = self._client(context)
+        if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
+            return deliveries, invisible
+        try:
+            deadline = time.monotonic() + polling / 1000
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not context.is_active() or self._closing.is_set():
+                    return deliveries, invisible
+                with self._arrived:
+                    self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                deliveries = self._receive_members(account, group, topic, batch, invisible,
+                                                   tags, fifo)
+                if deliveries:
+                    return deliveries, invisible
+        finally:
+            self.held.release(client)
 
-    def _receive_members(self, group: str, topic: str, batch: int, invisible: int, tags,
-                         fifo: bool) -> list[Delivery]:
+    def _handle(self, account: Account, group: str, topic: str, i: int, inner: str) -> str:
+        """A receipt handle naming member ``i``, signed for the account, group and topic."""
+        text = f"{i}:{inner}"
+        return f"{text}:{self.signer.tag(text, account.access_key, group, topic)}"
+
+    def _receive_members(self, account: Account, group: str, topic: str, batch: int,
+                         invisible: int, tags, fifo: bool) -> list[Delivery]:
         """Up to ``batch`` hand-outs from the members, starting at the next one in turn;
         their handles name the member."""
         n = len(self.members)
@@ -574,18 +671,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             got = member.groups.receive(
                 group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
                 fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
-            out += [dataclasses.replace(d, handle=_member_handle(i, d.handle)) for d in got]
+            out += [dataclasses.replace(d, handle=self._handle(account, group, topic, i,
+                                                               d.handle)) for d in got]
             if len(out) >= batch:
                 break
         return out
 
-    def _held(self, text: str) -> tuple[Member, str]:
-        """The member a receipt handle names, and the member's own handle."""
-        i, sep, inner = text.partition(":")
-        if not sep or not i.isdigit() or int(i) >= len(self.members):
+    def _held(self, account: Account, group: str, topic: str,
+              text: str) -> tuple[int, Member, str]:
+        """The member a receipt handle names (its position and itself) and the member's own
+        handle; ``INVALID_RECEIPT_HANDLE`` unless this server gave it to ``account`` for
+        ``group`` and ``topic``."""
+        signed, _, tag = text.rpartition(":")
+        i, sep, inner = signed.partition(":")
+        if (len(text) > HANDLE_MAX_LENGTH or not sep or not i.isdigit()
+                or int(i) >= len(self.members)
+                or not self.signer.valid(tag, signed, account.access_key, group, topic)):
             raise Refused(Code.INVALID_RECEIPT_HANDLE,
-                          f"receipt handle {text[:80]!r} is not one this server gave")
-        return self.members[int(i)], inner
+                          f"receipt handle {text[:80]!r} is not one this server gave this "
+                          "account for this group and topic")
+        return int(i), self.members[int(i)], inner
 
     def _dead_letter(self, member: Member, group: str, view: MessageView) -> None:
         """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``), in
@@ -602,11 +707,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def AckMessage(self, request, context):
         def body():
             group, topic = request.group.name, request.topic.name
-            self._consumer(context, group, topic)
+            account = self._consumer(context, group, topic)
             entries = []
             for e in request.entries:
                 try:
-                    member, inner = self._held(e.receipt_handle)
+                    _, member, inner = self._held(account, group, topic, e.receipt_handle)
                     member.groups.ack(group, topic, inner)
                     st = status()
                 except Refused as exc:
@@ -625,24 +730,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def ChangeInvisibleDuration(self, request, context):
         def body():
             group, topic = request.group.name, request.topic.name
-            self._consumer(context, group, topic)
+            account = self._consumer(context, group, topic)
             invisible = duration_ms(request.invisible_duration)
             if not 0 <= invisible <= INVISIBLE_MAX_MS:
                 raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
                               f"invisible_duration {invisible} ms; allowed: 0 to "
                               f"{INVISIBLE_MAX_MS} ms")
-            member, inner = self._held(request.receipt_handle)
+            i, member, inner = self._held(account, group, topic, request.receipt_handle)
             handle = member.groups.change_invisible(group, topic, inner, invisible)
             return rpc.ChangeInvisibleDurationResponse(
-                status=status(), receipt_handle=_member_handle(self.members.index(member), handle))
+                status=status(), receipt_handle=self._handle(account, group, topic, i, handle))
         return self._guard(context, "ChangeInvisibleDuration",
                            lambda s: rpc.ChangeInvisibleDurationResponse(status=s), body)
 
     def ForwardMessageToDeadLetterQueue(self, request, context):
         def body():
             group, topic = request.group.name, request.topic.name
-            self._consumer(context, group, topic)
-            member, inner = self._held(request.receipt_handle)
+            account = self._consumer(context, group, topic)
+            _, member, inner = self._held(account, group, topic, request.receipt_handle)
             view = member.groups.view_of(group, topic, inner)
             if view is not None:
                 self._dead_letter(member, group, view)

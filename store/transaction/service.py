@@ -39,9 +39,10 @@ import numpy as np
 from ..files.crash_points import crash_point
 from ..config import StoreConfig
 from ..core.ports import StorePort
-from ..errors import TransactionStateError, UnknownMessageError
+from ..errors import StoreError, TransactionStateError, UnknownMessageError
 from ..files.fileio import read_json, write_json_atomic
-from ..message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView
+from ..message import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC,
+                       TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView)
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .ending import end_rows
 from .half import CHECK_GROUP, HALF_QUEUE_ID
@@ -156,6 +157,26 @@ class TransactionService:
     def end_transaction(self, transaction_id: str, state, *, from_check: bool = False) -> bool:
         """Commit or roll back one transaction; see :meth:`end_transactions`."""
         return self.end_transactions([(transaction_id, state)], from_check=from_check)[0]
+
+    def origins(self, transaction_ids) -> list[tuple[str, str] | None]:
+        """The real topic and producer group of each transaction, read from its half message
+        (``None`` for an id no half of this store carries, or one retention removed): what a
+        server authorizes the ending of a transaction by, rather than by the topic a request
+        names."""
+        ids = list(transaction_ids)
+        out: list[tuple[str, str] | None] = []
+        with self.store.write_lock():
+            index = self.index
+            index.refresh()
+            for row in index.rows_of(ids):
+                try:
+                    props = self.store.read_record(index.latest_clog(row)).properties \
+                        if row >= 0 else None
+                except (IndexError, StoreError):  # the half is gone (retention)
+                    props = None
+                out.append(None if props is None else (props.get(PROPERTY_REAL_TOPIC, ""),
+                                                       props.get(PROPERTY_PRODUCER_GROUP, "")))
+        return out
 
     def end_transactions(self, items: Iterable[tuple[str, object]], *,
                          from_check: bool = False) -> list[bool]:
