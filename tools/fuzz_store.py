@@ -17,6 +17,12 @@ again read-only, reopen.  Every case is judged on four counts:
 * ``unreadable``: the store could not be opened at all (allowed only for damage the store
   cannot read past: none of the files it writes, today).
 
+When the damaged file is not a CommitLog segment (so every record is intact), the delayed
+messages are judged by what is delivered, too: ``early`` (a message visible before it is
+due), ``undelivered`` and ``doubled`` (once all are due, each must be in its topic exactly
+once); never allowed.  The ``field`` damage makes one field of the timer checkpoint or of the
+delay levels' offsets wrong.
+
 Run ``python tools/fuzz_store.py --cases 300 --seed 1`` for a report; the test suite runs a
 bounded number of cases (``tests/store/test_fuzz_files.py``).
 """
@@ -51,7 +57,12 @@ CONFIG = StoreConfig(commitlog_file_size_bytes=64 * 1024, consume_queue_file_ent
                      timer_precision_ms=100, timer_wheel_slots=4096,
                      timer_roll_window_slots=1024, timer_log_file_size_bytes=16 * 1024)
 START_MS = 1_700_000_000_000
-MUTATIONS = ("flip", "truncate", "zero", "extend", "delete", "garbage")
+MUTATIONS = ("flip", "truncate", "zero", "extend", "delete", "garbage", "field")
+#: Bodies of the delayed messages the base store holds, pending or delivered already.
+DELAYED = tuple(b"%s-%d" % (k, i) for k in (b"level", b"timer") for i in range(30)) + tuple(
+    b"far-%d" % i for i in range(10))
+#: When the far-* messages are due (1 h after they were sent, at START_MS).
+FAR_DUE_MS = START_MS + 3_600_000
 USER_TOPICS = ("orders", "payments", "reminders")
 
 
@@ -169,6 +180,8 @@ def damage(path: str, kind: str, rng: random.Random) -> str:
         with open(path, "wb") as fh:
             fh.write(data)
         return f"replaced by {len(data)} garbage bytes"
+    if kind == "field":
+        return _damage_field(path, rng)
     if size == 0:
         return "empty, left as is"
     with open(path, "r+b") as fh:
@@ -191,6 +204,69 @@ def damage(path: str, kind: str, rng: random.Random) -> str:
     return desc
 
 
+def _damage_field(path: str, rng: random.Random) -> str:
+    """One field of a progress file made wrong: an 8-byte field of the timer checkpoint
+    zeroed or flipped, a delay level's offset in ``delayOffset.json`` moved past its queue
+    or made no number; other files get a range zeroed."""
+    name = os.path.basename(path)
+    if name == "timercheck":
+        with open(path, "r+b") as fh:
+            data = bytearray(fh.read())
+            field_no = rng.randrange(12)
+            flip = rng.random() < 0.5
+            for i in range(8 * field_no, 8 * field_no + 8):
+                data[i] = data[i] ^ 0xFF if flip else 0
+            fh.seek(0)
+            fh.write(data)
+        return f"timercheck field {field_no} {'flipped' if flip else 'zeroed'}"
+    if name.startswith("delayOffset.json"):
+        from store.files.broker_files import read_lenient_json, write_config
+
+        data = read_lenient_json(path)
+        if isinstance(data, dict) and isinstance(data.get("offsetTable"), dict):
+            level = rng.randrange(1, 19)
+            value = rng.choice((10**6, 2**62, "x", None))
+            data["offsetTable"][level] = value
+            write_config(path, data)
+            return f"delay level {level}'s offset set to {value!r}"
+    with open(path, "r+b") as fh:
+        data = bytearray(fh.read())
+        if not data:
+            return "empty, left as is"
+        start = _interesting_offset(data, rng)
+        data[start:start + 8] = bytes(len(data[start:start + 8]))
+        fh.seek(0)
+        fh.write(data)
+    return f"zeroed [{start}, {start + 8})"
+
+
+def _judge_delivery(copy: str, base_clock_ms: int, out: Outcome) -> None:
+    """Delayed messages judged by what is delivered: none of the far-* ones before they are
+    due, and once they all are, every delayed message in its topic exactly once."""
+    clock = Clock(base_clock_ms + 1_000)
+    for now in (base_clock_ms + 1_000, FAR_DUE_MS + 60_000):
+        clock.now = now
+        store = _guard(out, "open to deliver", MessageStore.open, copy, CONFIG, clock=clock,
+                       flush_service=False)
+        if store is None:
+            return
+        try:
+            for _ in range(3):
+                _guard(out, "deliver_due", store.deliver_due)
+            counts: Counter = Counter()
+            for q in (_guard(out, "queue_ids", store.queue_ids, "reminders") or []):
+                end = _guard(out, "max_offset", store.max_offset, "reminders", q) or 0
+                views = _guard(out, "pull", store.pull, "reminders", q, 0, end + 1) or []
+                counts.update(v.body for v in views)
+        finally:
+            _guard(out, "close", store.close)
+        if now < FAR_DUE_MS:
+            out.early += [f"{b!r} visible {FAR_DUE_MS - now} ms before it is due"
+                          for b in counts if b.startswith(b"far-")]
+    out.undelivered += [repr(b) for b in DELAYED if counts[b] == 0]
+    out.doubled += [f"{b!r} x{counts[b]}" for b in DELAYED if counts[b] > 1]
+
+
 def _interesting_offset(data: bytearray, rng: random.Random) -> int:
     """Mostly inside written data (non-zero bytes), sometimes anywhere."""
     if rng.random() < 0.85:
@@ -208,6 +284,9 @@ class Outcome:
     lost: list = field(default_factory=list)
     refused: list = field(default_factory=list)
     bad: list = field(default_factory=list)
+    early: list = field(default_factory=list)
+    undelivered: list = field(default_factory=list)
+    doubled: list = field(default_factory=list)
     unreadable: bool = False
 
 
@@ -329,6 +408,8 @@ def run_case(base: Base, work: str, rel: str, kind: str, rng: random.Random,
     for key in set(seen) - set(base.visible):
         if verify and seen[key] - sent:
             out.bad.append(f"{key}: served {sorted(seen[key])[:2]}, never sent")
+    if not rel.startswith("commitlog"):  # every record is intact: judge what is delivered
+        _judge_delivery(copy, base.clock_ms, out)
     return out
 
 
@@ -345,8 +426,9 @@ def fuzz(cases: int, seed: int, *, verify: bool = True, work: str | None = None,
         t0 = time.perf_counter()
         for n in range(cases):
             rel = rng.choice(files)
-            usable = [k for k in kinds if k != "garbage" or rel.endswith((".json", ".bak"))
-                      or rng.random() < 0.3] or list(kinds)
+            usable = [k for k in kinds if (k != "garbage" or rel.endswith((".json", ".bak"))
+                      or rng.random() < 0.3) and (k != "field" or "timercheck" in rel
+                                                  or "delayOffset" in rel)] or list(kinds)
             kind = rng.choice(usable)
             if os.environ.get("RMQ_FUZZ_TRACE"):
                 print(f"case {n}: {rel} {kind}", file=sys.stderr, flush=True)
@@ -354,7 +436,7 @@ def fuzz(cases: int, seed: int, *, verify: bool = True, work: str | None = None,
             counts["cases"] += 1
             counts[f"kind:{kind}"] += 1
             counts["typed errors"] += len(out.typed)
-            for name in ("raw", "lost", "refused", "bad"):
+            for name in ("raw", "lost", "refused", "bad", "early", "undelivered", "doubled"):
                 if getattr(out, name):
                     counts[f"cases with {name}"] += 1
                     problems.append((name, out.case, getattr(out, name)[:3]))
@@ -390,7 +472,8 @@ def main(argv=None) -> int:
             print("    " + str(d).replace("\n", "\n    "))
     print(json.dumps(report["counts"], indent=1, sort_keys=True))
     print(f"{report['seconds']:.1f} s")
-    bad = sum(report["counts"].get(f"cases with {n}", 0) for n in ("raw", "lost", "bad"))
+    bad = sum(report["counts"].get(f"cases with {n}", 0)
+              for n in ("raw", "lost", "bad", "early", "undelivered", "doubled"))
     return 1 if bad or report["counts"].get("cases unreadable") else 0
 
 

@@ -81,3 +81,34 @@ def test_the_fuzzer_sees_a_refused_message(tmp_path, monkeypatch):
     out = fuzz.run_case(base, str(tmp_path / "case"), "consumequeue/orders/1/" + "0" * 20,
                         "zero", random.Random(2), True)
     assert out.refused and not out.lost
+
+
+def test_damaged_progress_fields_are_judged_by_delivery(tmp_path):
+    """Fields of the timer checkpoint and the delay levels' offsets made wrong: every delayed
+    message delivered once, none early."""
+    report = _fuzzer().fuzz(12, 21, work=str(tmp_path), log=None, only="config/",
+                            kinds=("field",))
+    assert report["counts"]["kind:field"] == 12
+    _check(report)
+
+
+def test_the_delivery_judge_can_fail(tmp_path, monkeypatch):
+    """Delivering every delayed message twice is seen (the judge is not blind)."""
+    from store.message_store import MessageStore
+
+    fuzz = _fuzzer()
+    real = MessageStore.deliver_due
+
+    def twice(self, max_messages=None):
+        n = real(self, max_messages)
+        if n:
+            for q in self.queue_ids("reminders"):
+                end = self.max_offset("reminders", q)
+                views = self.pull("reminders", q, max(0, end - n), n)
+                self.producer("x").send_batch(
+                    [fuzz.Message("reminders", v.body) for v in views])
+        return n
+
+    monkeypatch.setattr(MessageStore, "deliver_due", twice)
+    report = fuzz.fuzz(2, 21, work=str(tmp_path), log=None, only="config/", kinds=("field",))
+    assert report["counts"].get("cases with doubled", 0) >= 1
