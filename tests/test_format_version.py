@@ -13,6 +13,7 @@ from conftest import FakeClock
 
 from store import LocalTransactionState, Message, MessageStore, StoreFormatError
 from store.core import format_version as fv
+from store.core.reading import _layout_crc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -98,9 +99,11 @@ def test_a_store_of_a_newer_format_is_refused_and_left_unchanged(tmp_path):
     with MessageStore.open(path) as store:
         store.producer("g").send(Message("t", b"x"))
     meta = os.path.join(path, "config", "store.json")
-    for name in (meta, meta + ".bak"):
+    for name in (meta, meta + ".bak"):  # as a newer rmq would write it, checksum included
         data = json.load(open(name))
         data["format_version"] = fv.FORMAT_VERSION + 1
+        data["layout_crc32"] = _layout_crc(data["layout"], data["store_id"],
+                                           data["format_version"])
         json.dump(data, open(name, "w"))
     before = {n: open(os.path.join(path, "config", n), "rb").read()
               for n in os.listdir(os.path.join(path, "config"))}

@@ -50,8 +50,14 @@ def system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _layout_crc(layout: dict) -> int:
-    return zlib.crc32(json.dumps(layout, sort_keys=True).encode("utf-8"))
+def _layout_crc(layout: dict, store_id: object = None, format_version: object = None) -> int:
+    """The checksum of ``config/store.json``: its layout and, when the file has them, its
+    store id and format version (a flipped digit there must not pass for another store or
+    a newer format: the ``.bak`` is read instead)."""
+    text = json.dumps(layout, sort_keys=True)
+    if store_id is not None or format_version is not None:
+        text += f"|{store_id}|{format_version}"
+    return zlib.crc32(text.encode("utf-8"))
 
 
 def _recorded_layout(data: object) -> bool:
@@ -60,7 +66,8 @@ def _recorded_layout(data: object) -> bool:
     if not (isinstance(data, dict) and isinstance(data.get("layout"), dict)):
         return False
     crc = data.get("layout_crc32")
-    if crc is not None and crc != _layout_crc(data["layout"]):
+    if crc is not None and crc != _layout_crc(data["layout"], data.get("store_id"),
+                                              data.get("format_version")):
         return False
     values = {k: v for k, v in data["layout"].items() if k in LAYOUT_FIELDS}
     if isinstance(values.get("timer_wheel_slots"), int):  # a roll window inside that wheel
@@ -75,9 +82,9 @@ def _recorded_layout(data: object) -> bool:
 def _record_layout(path: str, layout: dict, created_ms, store_id: str | None = None) -> None:
     """Write ``config/store.json`` and its ``.bak`` (the layout is read from either), with the
     store's id (:mod:`store.core.identity`; a new one when ``store_id`` is not one)."""
-    data = {"layout": layout, "layout_crc32": _layout_crc(layout), "created_ms": created_ms,
-            "store_id": store_id if is_store_id(store_id) else new_store_id(),
-            "format_version": FORMAT_VERSION}
+    store_id = store_id if is_store_id(store_id) else new_store_id()
+    data = {"layout": layout, "layout_crc32": _layout_crc(layout, store_id, FORMAT_VERSION),
+            "created_ms": created_ms, "store_id": store_id, "format_version": FORMAT_VERSION}
     write_json_atomic(path, data)
     write_json_atomic(path, data)  # the first copy becomes the .bak
 

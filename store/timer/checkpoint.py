@@ -146,7 +146,8 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
     timer topic's queue instead.
     """
     if state.store_tag not in (0, store_tag):
-        return "it belongs to another store (written by a process that had a removed store open)"
+        return ("it names another store (written by a process that had a removed store "
+                "open), or its store tag is damaged")
     if not 0 <= state.last_timer_queue_offset <= queue_end:
         return (f"its timer queue offset {state.last_timer_queue_offset} is not within the "
                 f"timer queue (0 to {queue_end})")

@@ -76,6 +76,10 @@ from .wheel import open_timer_files
 
 log = logging.getLogger("store")
 
+#: TimerLog units below the checkpointed end looked at by the open-time check of the
+#: checkpoint (:meth:`TimerService._log_contradicts`).
+_CHECKED_UNITS = 256
+
 _NO_END = 1 << 62
 _FLOW_CONTROL_OFF = 2**31 - 1
 
@@ -279,11 +283,15 @@ class TimerService:
             if len(entry):
                 enqueued_to = int(entry["offset"][0])
         end = disk.last_timer_log_flush_pos
-        if end >= UNIT_SIZE:
-            below = next(self.log.valid_units(end - UNIT_SIZE, end), None)
-            if below is not None and int(below[1]["offset_py"][-1]) > enqueued_to \
-                    and not below[1]["magic"][-1] & MAGIC_ROLL:
-                return (f"the TimerLog's last unit below its checkpointed end {end} is of a "
+        if end >= UNIT_SIZE:  # the newest units below the end that are no rolls
+            start = max(self.log.files.min_offset(), end - _CHECKED_UNITS * UNIT_SIZE)
+            start = end - (end - start) // UNIT_SIZE * UNIT_SIZE  # on a unit boundary
+            below = [u for _, u in self.log.valid_units(start, end)]
+            units = np.concatenate(below) if below else None
+            fresh = units["offset_py"][(units["magic"] & MAGIC_ROLL) == 0] \
+                if units is not None else ()
+            if len(fresh) and int(fresh.max()) > enqueued_to:
+                return (f"the TimerLog below its checkpointed end {end} holds a unit of a "
                         f"message the checkpointed queue offset {q} says was not enqueued yet")
         past = next(self.log.valid_units(end, end + UNIT_SIZE), None)
         if past is not None and not past[1]["magic"][0] & MAGIC_ROLL \

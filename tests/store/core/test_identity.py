@@ -16,6 +16,8 @@ from conftest import SMALL, FakeClock
 
 from store import Message, MessageStore, StoreReplacedError
 from store.core.identity import is_store_id, store_tag
+from store.core.reading import _layout_crc
+from store.files.broker_files import read_lenient_json, write_config
 from store.timer import checkpoint as ckpt
 
 
@@ -63,13 +65,20 @@ def test_a_store_of_an_older_version_gets_an_id_and_keeps_its_progress(tmp_path)
         p = os.path.join(path, "config", name)
         data = json.load(open(p))
         data.pop("store_id")
+        data.pop("format_version")
+        data["layout_crc32"] = _layout_crc(data["layout"])
         json.dump(data, open(p, "w"))
+    p = os.path.join(path, "config", "delayOffset.json")
+    data = read_lenient_json(p)
+    data.pop("storeId")
+    write_config(p, data)
     state = ckpt.load(os.path.join(path, "config", "timercheck"))
     state.store_tag = 0
     ckpt.save(os.path.join(path, "config", "timercheck"), state)
     clock.advance(3_000)
     with MessageStore.open(path, SMALL, clock=clock) as store:
         assert is_store_id(store.store_id)
+        assert store.format_version == 1
         assert store.deliver_due() == 2
         assert _bodies(store, "t") == [b"old-level", b"old-timer"]
         assert store.deliver_due() == 0

@@ -66,3 +66,26 @@ def test_a_damaged_field_never_loses_doubles_or_hurries_a_timer(tmp_path, field,
     assert early == 0
     assert delivered == N
 
+
+
+def test_a_zeroed_queue_offset_is_found_behind_rolled_units(tmp_path):
+    """The newest units below the checkpointed end are rolls (long delays re-put): the check
+    looks past them (the fuzzer found timer messages delivered twice here)."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        p = store.producer("g")
+        for i in range(5):
+            p.send(Message("t", b"short%d" % i), delay_ms=1_000 + 100 * i)
+        clock.advance(200)
+        store.deliver_due()
+        for i in range(5):  # past the SMALL wheel (409.6 s): their units are rolls
+            p.send(Message("t", b"long%d" % i), delay_ms=3_600_000)
+        clock.advance(3_000)
+        assert store.deliver_due() == 5
+    _damage(path, 8 * FIELDS.index("last_timer_queue_offset"))
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        store.deliver_due()
+        clock.advance(3_600_000)
+        for _ in range(3):
+            store.deliver_due()
+        assert _visible(store) == 10
