@@ -71,7 +71,9 @@ def test_the_reader_covers_every_public_write_method_of_the_store():
                  "register_system_topic",
                  "add_retention_listener", "add_retention_guard", "add_recovery_listener",
                  "pending_delayed_stats", "pending_transaction_stats", "pending_messages",
-                 "retention_plan"}
+                 "retention_plan", "transaction_origins",
+                 # a writable process's check that its store was not replaced under it
+                 "check_identity", "replaced_error"}
     missing = store_methods - reads - set(WRITE_METHODS) - core_only
     assert missing == set()
 

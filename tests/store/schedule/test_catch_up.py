@@ -228,8 +228,8 @@ def test_an_interval_below_the_floor_is_refused_by_the_cli(tmp_path):
     from rmq_cli.cli import main
 
     path = str(tmp_path / "s")
-    r = CliRunner().invoke(main, ["schedule", "add", "--store", path, "--key", "k", "--topic",
-                                  "t", "--body", "x", "--every-ms", "10"])
+    r = CliRunner().invoke(main, ["schedule", "add", "--store", path, "--create", "--key", "k",
+                                  "--topic", "t", "--body", "x", "--every-ms", "10"])
     assert r.exit_code != 0 and "every_ms=10 is below this store's floor of 1000 ms" in r.output
     r = CliRunner().invoke(main, ["schedule", "add", "--store", path, "--key", "k", "--topic",
                                   "t", "--body", "x", "--every-ms", "1000", "--catch-up", "skip",
