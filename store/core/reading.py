@@ -386,6 +386,12 @@ class ReadableStore:
         return follow_one(self, topic, start=start, poll_interval_s=poll_interval_s,
                           stop=stop, deliver_due=deliver_due)
 
+    def heal_queue(self, topic: str, queue_id: int) -> bool:
+        """Compare a queue with the CommitLog and rebuild it when the queue is what is
+        damaged (:mod:`store.core.queue_healing`); whether it was rebuilt (read again).  For
+        services that meet a damaged entry outside :meth:`pull` (due delivery)."""
+        return self._heal(topic, queue_id)
+
     def _heal(self, topic: str, queue_id: int) -> bool:
         """After a read met damage: rebuild the queue when it is what is damaged
         (:mod:`store.core.queue_healing`); whether it was (retry the read)."""

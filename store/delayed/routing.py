@@ -26,6 +26,7 @@ from ..core.ports import StorePort
 from ..errors import MessageTooLargeError
 from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
 from ..kernels.property_kernels import parse_int_ranges, scan_properties
+from ..formats.record_gather import gather_segments
 from ..kernels.record_kernels import ByteSlices
 
 #: Properties bytes a delivery (or roll) may add: ``__RMQ_DELIVER_MS``, the origin,
@@ -107,6 +108,36 @@ def origins_since(store: StorePort, start: int) -> np.ndarray:
     if len(origins) < 2:  # sorted, not hashed: they come nearly sorted already
         return origins
     return origins[np.concatenate(([True], origins[1:] != origins[:-1]))]
+
+
+def entries_without_record(store: StorePort, entries: np.ndarray,
+                           live: np.ndarray) -> np.ndarray:
+    """Which ``live`` queue entries point at no record of their size (bits flipped in the
+    queue file, or a record that is itself damaged): one header gather per segment."""
+    bad = live.copy()
+    rows = np.flatnonzero(live)
+    if len(rows):
+        for seg in gather_segments(store.commit_log, entries["offset"][rows].astype(np.int64)):
+            at = rows[seg.sel]
+            bad[at] = seg.headers["total_size"] != entries["size"][at]
+    return bad
+
+
+def rebuilt_after_holes(store: StorePort, topic: str, queue_id: int, entries: np.ndarray,
+                        start: int, suspect: np.ndarray, tried: set) -> bool:
+    """Rebuild a service's queue from the CommitLog when entries read from it (``entries``,
+    from queue offset ``start``) hold damage: ``suspect`` marks entries that point at no
+    record of the queue (an entry of size 0 inside the queue is a zeroed range: rmq writes
+    none).  Each suspect offset is tried once per process (``tried``), since a record that
+    is itself damaged stays so.  Returns whether the queue was rebuilt: read it again."""
+    at = np.flatnonzero(suspect)
+    if not len(at):
+        return False
+    key = (store.root, topic, queue_id, start + int(at[0]))
+    if key in tried:
+        return False
+    tried.add(key)
+    return store.heal_queue(topic, queue_id)
 
 
 def release_commitlog_pages(store: StorePort) -> None:

@@ -49,8 +49,10 @@ from ..message import (
 from .restore import restore
 from .routing import (
     check_headroom,
+    entries_without_record,
     origins_since,
     read_queue_entries,
+    rebuilt_after_holes,
     release_commitlog_pages,
     routed_properties,
 )
@@ -100,6 +102,8 @@ class ScheduleService:
         self.store = store
         self.levels = store.config.delay_levels_ms
         self.path = os.path.join(store.root, "config", "delayOffset.json")
+        #: Damaged queue entries a rebuild was tried for (delayed.routing.rebuilt_after_holes).
+        self._tried: set = set()
         if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
             with store.write_lock():
                 if read_lenient_json(self.path) is None:
@@ -266,7 +270,7 @@ class ScheduleService:
                         break
                     maxo = min(maxo, start + budget)
                     budget -= maxo - start
-                off, n = self._deliver_level(queue, start, maxo, now, done)
+                off, n = self._deliver_level(level, queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
             store.flush()  # the deliveries are durable before the offsets that claim them
@@ -275,7 +279,7 @@ class ScheduleService:
             release_commitlog_pages(store)
             return delivered
 
-    def _deliver_level(self, queue, start: int, maxo: int, now: int,
+    def _deliver_level(self, level: int, queue, start: int, maxo: int, now: int,
                        done: np.ndarray) -> tuple[int, int]:
         """Deliver the due head of one level's queue; return ``(next offset, delivered)``."""
         store = self.store
@@ -286,6 +290,12 @@ class ScheduleService:
             e = read_queue_entries(queue, off, min(maxo, off + SCHEDULE_CHUNK))
             if not len(e):
                 break
+            suspect = (e["size"] == 0) | entries_without_record(
+                store, e, live_mask(e, log.min_offset()))
+            if rebuilt_after_holes(store, SCHEDULE_TOPIC, level - 1, e, off, suspect,
+                                   self._tried):
+                queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)  # the rebuilt one
+                continue
             due = e["tags_code"] <= now
             k = len(e) if due.all() else int(np.argmin(due))
             if k == 0:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries
+from ..delayed.routing import read_queue_entries, rebuilt_after_holes
 from ..message import PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
 from ..kernels.property_kernels import parse_int_ranges, scan_properties
 from ..core.record_copies import tags_codes
@@ -59,10 +59,24 @@ class TimerEntries(NamedTuple):
     marker_keys: frozenset
 
 
+#: Damaged timer-queue entries a rebuild was tried for (delayed.routing.rebuilt_after_holes).
+_TRIED: set = set()
+
+
 def read_timer_entries(store: StorePort, start: int, end: int) -> TimerEntries:
-    """Entries ``[start, end)`` of the timer queue with their records' fire times and marks."""
-    e = read_queue_entries(store.consume_queue(TIMER_TOPIC, 0), start, end)
-    return TimerEntries(e, *record_fields(store, e, live_mask(e, store.commit_log.min_offset())))
+    """Entries ``[start, end)`` of the timer queue with their records' fire times and marks.
+
+    An entry that points at no timer record (zeroed, or bits flipped in the queue file) has
+    the queue compared with the CommitLog and rebuilt when it is what is damaged, then read
+    again: a damaged queue never drops a pending timer message."""
+    for _ in range(2):
+        e = read_queue_entries(store.consume_queue(TIMER_TOPIC, 0), start, end)
+        live = live_mask(e, store.commit_log.min_offset())
+        entries = TimerEntries(e, *record_fields(store, e, live))
+        suspect = (e["size"] == 0) | (live & ~entries.ok)
+        if not rebuilt_after_holes(store, TIMER_TOPIC, 0, e, start, suspect, _TRIED):
+            break
+    return entries
 
 
 def record_fields(store: StorePort, e: np.ndarray, rows: np.ndarray
