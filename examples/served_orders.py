@@ -10,6 +10,9 @@ Without arguments it starts a server of its own on a free loopback port.  Each o
 delayed "close if unpaid" message; a third of them are paid (transactional messages,
 committed) before their time-out; a streaming query reads time-outs and payments through
 ``rmq://`` and closes every unpaid order exactly once, never before its time-out.
+
+Run it any number of times against one server: each run reads from where the topics ended
+when it started (its own orders, payments and closings), and removes its checkpoint.
 """
 
 import json
@@ -51,7 +54,11 @@ def main(spark=None, url=None, token=None):
 
 
 def _run(spark, url, token, server):
+    from _session import offsets_now
+
     with connect(url, token=token) as remote:
+        start = offsets_now(remote, ["payments", "order_timeouts"])  # this run's come after
+        closings = offsets_now(remote, ["closed_orders"])
         orders = remote.producer("order-service")
         payments = remote.transaction_producer("pay-service", Payments())
         for i in range(ORDERS):
@@ -82,17 +89,18 @@ def _run(spark, url, token, server):
                 remote.producer("order-closer").send_batch(
                     [Message("closed_orders", oid.encode(), keys=oid) for oid in to_close])
 
-    query = (spark.readStream.format("rmq").option("subscribe", "payments,order_timeouts")
-             .option("startingOffsets", "earliest").option("token", token).load(url)
-             .writeStream.foreachBatch(handle)
-             .option("checkpointLocation", tempfile.mkdtemp(prefix="rmq-chk-"))
-             .trigger(processingTime="250 milliseconds").start())
     unpaid = {f"o-{i}" for i in range(ORDERS) if i % 3}
-    while set(closed) != unpaid and time.time() < started + 60:
-        time.sleep(0.2)
-    query.stop()
+    with tempfile.TemporaryDirectory(prefix="rmq-chk-") as checkpoint:
+        query = (spark.readStream.format("rmq").option("subscribe", "payments,order_timeouts")
+                 .option("startingOffsets", start).option("token", token).load(url)
+                 .writeStream.foreachBatch(handle).option("checkpointLocation", checkpoint)
+                 .trigger(processingTime="250 milliseconds").start())
+        while set(closed) != unpaid and time.time() < started + 60:
+            time.sleep(0.2)
+        query.stop()
     closed_rows = (spark.read.format("rmq").option("subscribe", "closed_orders")
-                   .option("token", token).load(url).select("body").collect())
+                   .option("startingOffsets", closings).option("token", token).load(url)
+                   .select("body").collect())
     result = {"closed": len(closed_rows), "distinct": len({bytes(r.body) for r in closed_rows}),
               "unpaid": len(unpaid), "early": len(early)}
     print(f"served at {url}: {result['closed']} unpaid orders closed once each, "
