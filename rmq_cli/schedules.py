@@ -35,7 +35,8 @@ def _when(ms, now: int) -> str:
               help="The store directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def schedules(store_path, as_json):
-    """The store's recurring schedules with their next fire times."""
+    """The store's recurring schedules: key, state (active, paused, ended), topic, cron or
+    interval, next fire time ('-' while paused or ended), fires so far."""
     store = _open(store_path)
     try:
         listed = store.schedules()
@@ -51,13 +52,14 @@ def schedules(store_path, as_json):
     for s in listed:
         when = s.cron + (f" ({s.tz})" if s.tz != "UTC" else "") if s.cron else \
             f"every {s.every_ms} ms"
-        click.echo(f"{s.key}  {s.state}  {s.topic}  {when}  next {_when(s.next_fire_ms, now)}"
-                   f"  fired {s.fires}")
+        # a paused schedule's next fire is not known until it is resumed (from then on)
+        upcoming = "-" if s.state == "paused" else _when(s.next_fire_ms, now)
+        click.echo(f"{s.key}  {s.state}  {s.topic}  {when}  next {upcoming}  fired {s.fires}")
 
 
 @click.group("schedule")
 def schedule() -> None:
-    """Add, remove, pause or resume a recurring schedule."""
+    """Add, remove, pause or resume a recurring schedule (rmq schedules lists them)."""
 
 
 @schedule.command("add")
@@ -92,8 +94,9 @@ def add(store_path, key, topic, body, tags, keys, cron, every_ms, tz, start_at_m
         store.close()
 
 
-def _change(verb: str, method: str):
-    @schedule.command(verb)
+def _change(verb: str, method: str, summary: str):
+    @schedule.command(verb, help=f"{summary}. Exit 1 if a key is unknown.",
+                      short_help=summary + ".")
     @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
                   help="The store directory.")
     @click.option("--key", "keys", required=True, multiple=True,
@@ -113,10 +116,12 @@ def _change(verb: str, method: str):
         if missing:
             raise SystemExit(1)
 
-    command.__doc__ = f"{verb.capitalize()} schedules by key (exit 1 if one is unknown)."
     return command
 
 
-remove = _change("remove", "remove_schedule")
-pause = _change("pause", "pause_schedule")
-resume = _change("resume", "resume_schedule")
+remove = _change("remove", "remove_schedule", "Delete schedules by key: they never fire again")
+pause = _change("pause", "pause_schedule",
+                "Stop schedules firing, keeping them and their fire counts, until resumed")
+resume = _change("resume", "resume_schedule",
+                 "Let paused schedules fire again, from their next fire time after now (the "
+                 "fires due while paused are skipped)")
