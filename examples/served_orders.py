@@ -6,6 +6,11 @@ Run on one machine::
     rmq serve --store /tmp/rmq-served --listen 127.0.0.1:7911 --token-file token.txt &
     python examples/served_orders.py rmq://127.0.0.1:7911 token.txt
 
+or, served over TLS (``--tls-cert cert.pem --tls-key key.pem``), with the certificate that
+signs the server's as a third argument::
+
+    python examples/served_orders.py rmqs://127.0.0.1:7911 token.txt cert.pem
+
 Without arguments it starts a server of its own on a free loopback port.  Each order gets a
 delayed "close if unpaid" message; a third of them are paid (transactional messages,
 committed) before their time-out; a streaming query reads time-outs and payments through
@@ -36,7 +41,7 @@ class Payments:
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-def main(spark=None, url=None, token=None):
+def main(spark=None, url=None, token=None, tls_root_certs=None):
     from _session import local_spark
 
     server = None
@@ -47,16 +52,20 @@ def main(spark=None, url=None, token=None):
         url = server.url
     spark = spark or local_spark()
     try:
-        return _run(spark, url, token, server)
+        return _run(spark, url, {"token": token, "tls_root_certs": tls_root_certs})
     finally:
         if server is not None:
             server.close()
 
 
-def _run(spark, url, token, server):
+def _run(spark, url, access):
+    """``access``: the keyword arguments of ``connect`` (token, TLS roots)."""
     from _session import offsets_now
 
-    with connect(url, token=token) as remote:
+    # the same, as the Spark source's options
+    options = {k: v for k, v in (("token", access["token"]),
+                                 ("tlsRootCerts", access["tls_root_certs"])) if v}
+    with connect(url, **access) as remote:
         start = offsets_now(remote, ["payments", "order_timeouts"])  # this run's come after
         closings = offsets_now(remote, ["closed_orders"])
         orders = remote.producer("order-service")
@@ -85,21 +94,21 @@ def _run(spark, url, token, server):
                 closed[oid] = 1
                 to_close.append(oid)
         if to_close:
-            with connect(url, token=token) as remote:
+            with connect(url, **access) as remote:
                 remote.producer("order-closer").send_batch(
                     [Message("closed_orders", oid.encode(), keys=oid) for oid in to_close])
 
     unpaid = {f"o-{i}" for i in range(ORDERS) if i % 3}
     with tempfile.TemporaryDirectory(prefix="rmq-chk-") as checkpoint:
         query = (spark.readStream.format("rmq").option("subscribe", "payments,order_timeouts")
-                 .option("startingOffsets", start).option("token", token).load(url)
+                 .option("startingOffsets", start).options(**options).load(url)
                  .writeStream.foreachBatch(handle).option("checkpointLocation", checkpoint)
                  .trigger(processingTime="250 milliseconds").start())
         while set(closed) != unpaid and time.time() < started + 60:
             time.sleep(0.2)
         query.stop()
     closed_rows = (spark.read.format("rmq").option("subscribe", "closed_orders")
-                   .option("startingOffsets", closings).option("token", token).load(url)
+                   .option("startingOffsets", closings).options(**options).load(url)
                    .select("body").collect())
     result = {"closed": len(closed_rows), "distinct": len({bytes(r.body) for r in closed_rows}),
               "unpaid": len(unpaid), "early": len(early)}
@@ -114,4 +123,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 2:
         with open(sys.argv[2]) as fh:
             token_arg = fh.readline().strip()
-    main(url=sys.argv[1] if len(sys.argv) > 1 else None, token=token_arg)
+    main(url=sys.argv[1] if len(sys.argv) > 1 else None, token=token_arg,
+         tls_root_certs=sys.argv[3] if len(sys.argv) > 3 else None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -71,13 +73,24 @@ def test_check_loop(spark, tmp_path):
 
 
 def test_served_orders_runs_twice_against_one_server(spark, tmp_path):
+    """As README's network block runs it: over TLS when openssl can make a certificate."""
     from store import StoreServer
 
-    server = StoreServer(str(tmp_path / "s"), listen="127.0.0.1:0", token="example-token")
+    tls, roots = None, None
+    if shutil.which("openssl"):
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                        "1", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key),
+                        "-out", str(cert)], check=True, capture_output=True)
+        tls, roots = (cert.read_bytes(), key.read_bytes()), str(cert)
+    server = StoreServer(str(tmp_path / "s"), listen="127.0.0.1:0", token="example-token",
+                         tls=tls)
     try:
         mod = _load("served_orders")
         for _ in range(2):
-            result = mod.main(spark=spark, url=server.url, token="example-token")
+            result = mod.main(spark=spark, url=server.url, token="example-token",
+                              tls_root_certs=roots)
             assert result == {"closed": 40, "distinct": 40, "unpaid": 40, "early": 0}
     finally:
         server.close()
