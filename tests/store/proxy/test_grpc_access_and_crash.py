@@ -1,9 +1,11 @@
-"""``rmq serve --grpc``: the ACL signature check, the non-loopback rule, and a SIGKILL
+"""``rmq serve --grpc``: the ACL signature check (a refusal logged with the client's
+address), the non-loopback rule, and a SIGKILL
 mid-send (a real ``rmq serve`` process, restarted) that loses no acknowledged message."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -194,3 +196,30 @@ def test_grpc_over_tls(tmp_path):
                                 timeout=5)
     finally:
         srv.close()
+
+
+def test_refused_calls_are_logged_with_the_client_address(acl_server, caplog):
+    caplog.set_level(logging.WARNING, logger="store.proxy")
+    admin = _producer(acl_server, "admin", "s3cret-admin", ("audit",))
+    admin.startup()  # the admin's first send creates the topic
+    try:
+        admin.send(_message("audit", b"by the admin"))
+    finally:
+        admin.shutdown()
+    p = _producer(acl_server, "orders-svc", "s3cret-orders", ("orders",))
+    p.startup()
+    try:
+        with pytest.raises(Exception, match="40300"):  # FORBIDDEN: no PUB right on audit
+            p.send(_message("audit", b"no"))
+    finally:
+        p.shutdown()
+    bad = _producer(acl_server, "orders-svc", "wrong-secret", ("orders",))
+    with pytest.raises(Exception):
+        bad.startup()  # UNAUTHORIZED
+        bad.send(_message("orders", b"no"))
+    refused = [r.getMessage() for r in caplog.records
+               if r.name.startswith("store.proxy") and "refused" in r.getMessage()]
+    assert any("FORBIDDEN" in line for line in refused), refused
+    assert any("UNAUTHORIZED" in line for line in refused), refused
+    assert all("127.0.0.1" in line for line in refused), refused
+    assert "s3cret-orders" not in caplog.text and "wrong-secret" not in caplog.text
