@@ -25,7 +25,8 @@ import sys
 import tempfile
 import time
 
-from store import LocalTransactionState, Message, StoreServer, connect
+from store import (AuthenticationError, LocalTransactionState, Message, RemoteError, StoreServer,
+                   connect)
 
 ORDERS = 60
 TIMEOUT_MS = 1500
@@ -58,6 +59,23 @@ def main(spark=None, url=None, token=None, tls_root_certs=None):
             server.close()
 
 
+def _wait_until_served(url, access, timeout_s=60.0):
+    """Wait for a server just started (``rmq serve ... &``) to answer; a wrong token fails
+    at once."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with connect(url, timeout_s=5, **access) as remote:
+                remote.topics()
+            return
+        except AuthenticationError:
+            raise
+        except RemoteError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _run(spark, url, access):
     """``access``: the keyword arguments of ``connect`` (token, TLS roots)."""
     from _session import offsets_now
@@ -65,6 +83,7 @@ def _run(spark, url, access):
     # the same, as the Spark source's options
     options = {k: v for k, v in (("token", access["token"]),
                                  ("tlsRootCerts", access["tls_root_certs"])) if v}
+    _wait_until_served(url, access)
     with connect(url, **access) as remote:
         start = offsets_now(remote, ["payments", "order_timeouts"])  # this run's come after
         closings = offsets_now(remote, ["closed_orders"])
