@@ -123,7 +123,7 @@ def _run(spark, url, access):
                  .option("startingOffsets", start).options(**options).load(url)
                  .writeStream.foreachBatch(handle).option("checkpointLocation", checkpoint)
                  .trigger(processingTime="250 milliseconds").start())
-        while set(closed) != unpaid and time.time() < started + 60 and query.isActive:
+        while set(closed) != unpaid and time.time() < started + 120 and query.isActive:
             time.sleep(0.2)
         failed = query.exception()  # a query that died says why, not what it left undone
         query.stop()
