@@ -25,8 +25,14 @@ import sys
 import tempfile
 import time
 
-from store import (AuthenticationError, LocalTransactionState, Message, RemoteError, StoreServer,
-                   connect)
+from store import (
+    AuthenticationError,
+    LocalTransactionState,
+    Message,
+    RemoteError,
+    StoreServer,
+    connect,
+)
 
 ORDERS = 60
 TIMEOUT_MS = 1500

@@ -288,9 +288,8 @@ class StoreServer:
             self._unlogged[0] += delivered
             self._unlogged[1] += 1
         self._log_deliveries()
-        if delivered:
-            if self._asks is not None:
-                self._asks.service.wake_receivers()
+        if delivered and self._asks is not None:
+            self._asks.service.wake_receivers()
         if (self.check_transactions or self._asks is not None) \
                 and time.monotonic() >= self._next_check:
             # the store's effective interval (a producer's recorded one, when set)
