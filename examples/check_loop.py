@@ -6,7 +6,8 @@ check-loop query reads ``view=transaction_checks`` (the transactions the store a
 joins them with the orders table and answers COMMIT (the order is paid) or ROLLBACK through
 ``action=end_transaction``.  Committed payments then appear in the ``payments`` topic.
 
-Run: ``PYTHONPATH=. python examples/check_loop.py``
+Run: ``PYTHONPATH=. python examples/check_loop.py [STORE]``; any number of times on one store
+(each run reads the payments committed after it started; its checkpoint is removed).
 """
 
 import os
@@ -33,13 +34,14 @@ def main(spark=None, store_path=None):
     os.environ["PYTHONPATH"] = os.pathsep.join(  # Spark's workers import store and rmq_source
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get(
             "PYTHONPATH", "")])
-    from _session import local_spark
+    from _session import local_spark, offsets_now
     from pyspark.sql import functions as F
 
     spark = spark or local_spark("rmq-check-loop")
     store_path = store_path or tempfile.mkdtemp(prefix="rmq-check-loop-")
     # a short immunity so the example does not wait RocketMQ's 6 s (recorded in the store)
     with MessageStore.open(store_path, StoreConfig(transaction_timeout_ms=500)) as store:
+        start = offsets_now(store, ["payments"])  # this run's payments come after
         payer = store.transaction_producer("pay-service", PaymentService())
         for n in range(20):
             payer.send_in_transaction(Message("payments", b'{"amount": 10}', keys=f"o-{n}"),
@@ -52,13 +54,15 @@ def main(spark=None, store_path=None):
     answers = (checks.withColumn("order_id", F.col("keys")[0]).join(orders, "order_id")
                .select("transaction_id",
                        F.when(F.col("paid"), "COMMIT").otherwise("ROLLBACK").alias("state")))
-    query = (answers.writeStream.format("rmq").option("action", "end_transaction")
-             .option("checkpointLocation", tempfile.mkdtemp(prefix="rmq-check-loop-chk-"))
-             .trigger(availableNow=True).start(store_path))
-    query.awaitTermination()
+    with tempfile.TemporaryDirectory(prefix="rmq-check-loop-chk-") as checkpoint:
+        query = (answers.writeStream.format("rmq").option("action", "end_transaction")
+                 .option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start(store_path))
+        query.awaitTermination()
     asked = sum(p["numInputRows"] for p in query.recentProgress)
 
-    paid = spark.read.format("rmq").option("subscribe", "payments").load(store_path)
+    paid = (spark.read.format("rmq").option("subscribe", "payments")
+            .option("startingOffsets", start).load(store_path))
     keys = sorted(r["keys"][0] for r in paid.select("keys").collect())
     print(f"check loop asked about {asked} transactions; committed payments: {keys}")
     expected = sorted(f"o-{n}" for n in range(20) if n % 2 == 0 or n % 3 != 0)
@@ -68,4 +72,4 @@ def main(spark=None, store_path=None):
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    main()
+    main(store_path=sys.argv[1] if len(sys.argv) > 1 else None)

@@ -6,10 +6,18 @@ Run on one machine::
     rmq serve --store /tmp/rmq-served --create --listen 127.0.0.1:7911 --token-file token.txt &
     python examples/served_orders.py rmq://127.0.0.1:7911 token.txt
 
+or, served over TLS (``--tls-cert cert.pem --tls-key key.pem``), with the certificate that
+signs the server's as a third argument::
+
+    python examples/served_orders.py rmqs://127.0.0.1:7911 token.txt cert.pem
+
 Without arguments it starts a server of its own on a free loopback port.  Each order gets a
 delayed "close if unpaid" message; a third of them are paid (transactional messages,
 committed) before their time-out; a streaming query reads time-outs and payments through
 ``rmq://`` and closes every unpaid order exactly once, never before its time-out.
+
+Run it any number of times against one server: each run reads from where the topics ended
+when it started (its own orders, payments and closings), and removes its checkpoint.
 """
 
 import json
@@ -17,7 +25,14 @@ import sys
 import tempfile
 import time
 
-from store import LocalTransactionState, Message, StoreServer, connect
+from store import (
+    AuthenticationError,
+    LocalTransactionState,
+    Message,
+    RemoteError,
+    StoreServer,
+    connect,
+)
 
 ORDERS = 60
 TIMEOUT_MS = 1500
@@ -33,7 +48,7 @@ class Payments:
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-def main(spark=None, url=None, token=None):
+def main(spark=None, url=None, token=None, tls_root_certs=None):
     from _session import local_spark
 
     server = None
@@ -44,14 +59,40 @@ def main(spark=None, url=None, token=None):
         url = server.url
     spark = spark or local_spark()
     try:
-        return _run(spark, url, token, server)
+        return _run(spark, url, {"token": token, "tls_root_certs": tls_root_certs})
     finally:
         if server is not None:
             server.close()
 
 
-def _run(spark, url, token, server):
-    with connect(url, token=token) as remote:
+def _wait_until_served(url, access, timeout_s=60.0):
+    """Wait for a server just started (``rmq serve ... &``) to answer; a wrong token fails
+    at once."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with connect(url, timeout_s=5, **access) as remote:
+                remote.topics()
+            return
+        except AuthenticationError:
+            raise
+        except RemoteError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _run(spark, url, access):
+    """``access``: the keyword arguments of ``connect`` (token, TLS roots)."""
+    from _session import offsets_now
+
+    # the same, as the Spark source's options
+    options = {k: v for k, v in (("token", access["token"]),
+                                 ("tlsRootCerts", access["tls_root_certs"])) if v}
+    _wait_until_served(url, access)
+    with connect(url, **access) as remote:
+        start = offsets_now(remote, ["payments", "order_timeouts"])  # this run's come after
+        closings = offsets_now(remote, ["closed_orders"])
         orders = remote.producer("order-service")
         payments = remote.transaction_producer("pay-service", Payments())
         for i in range(ORDERS):
@@ -78,21 +119,25 @@ def _run(spark, url, token, server):
                 closed[oid] = 1
                 to_close.append(oid)
         if to_close:
-            with connect(url, token=token) as remote:
+            with connect(url, **access) as remote:
                 remote.producer("order-closer").send_batch(
                     [Message("closed_orders", oid.encode(), keys=oid) for oid in to_close])
 
-    query = (spark.readStream.format("rmq").option("subscribe", "payments,order_timeouts")
-             .option("startingOffsets", "earliest").option("token", token).load(url)
-             .writeStream.foreachBatch(handle)
-             .option("checkpointLocation", tempfile.mkdtemp(prefix="rmq-chk-"))
-             .trigger(processingTime="250 milliseconds").start())
     unpaid = {f"o-{i}" for i in range(ORDERS) if i % 3}
-    while set(closed) != unpaid and time.time() < started + 60:
-        time.sleep(0.2)
-    query.stop()
+    with tempfile.TemporaryDirectory(prefix="rmq-chk-") as checkpoint:
+        query = (spark.readStream.format("rmq").option("subscribe", "payments,order_timeouts")
+                 .option("startingOffsets", start).options(**options).load(url)
+                 .writeStream.foreachBatch(handle).option("checkpointLocation", checkpoint)
+                 .trigger(processingTime="250 milliseconds").start())
+        while set(closed) != unpaid and time.time() < started + 120 and query.isActive:
+            time.sleep(0.2)
+        failed = query.exception()  # a query that died says why, not what it left undone
+        query.stop()
+    if failed is not None:
+        raise failed
     closed_rows = (spark.read.format("rmq").option("subscribe", "closed_orders")
-                   .option("token", token).load(url).select("body").collect())
+                   .option("startingOffsets", closings).options(**options).load(url)
+                   .select("body").collect())
     result = {"closed": len(closed_rows), "distinct": len({bytes(r.body) for r in closed_rows}),
               "unpaid": len(unpaid), "early": len(early)}
     print(f"served at {url}: {result['closed']} unpaid orders closed once each, "
@@ -106,4 +151,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 2:
         with open(sys.argv[2]) as fh:
             token_arg = fh.readline().strip()
-    main(url=sys.argv[1] if len(sys.argv) > 1 else None, token=token_arg)
+    main(url=sys.argv[1] if len(sys.argv) > 1 else None, token=token_arg,
+         tls_root_certs=sys.argv[3] if len(sys.argv) > 3 else None)

@@ -44,7 +44,8 @@ def _when(ms, now: int) -> str:
 @remote_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def schedules(store_path, token_file, token, as_json):
-    """The store's recurring schedules with their next fire times."""
+    """The store's recurring schedules: key, state (active, paused, ended), topic, cron or
+    interval, next fire time ('-' while paused or ended), fires so far, catch-up policy."""
     store = _open(store_path, token, token_file)
     try:
         listed = store.schedules()
@@ -62,13 +63,15 @@ def schedules(store_path, token_file, token, as_json):
             f"every {s.every_ms} ms"
         catch_up = s.catch_up + ("" if s.catch_up_window_ms is None
                                  else f" within {s.catch_up_window_ms} ms")
-        click.echo(f"{s.key}  {s.state}  {s.topic}  {when}  next {_when(s.next_fire_ms, now)}"
-                   f"  fired {s.fires}  catch-up {catch_up}")
+        # a paused schedule's next fire is not known until it is resumed (from then on)
+        upcoming = "-" if s.state == "paused" else _when(s.next_fire_ms, now)
+        click.echo(f"{s.key}  {s.state}  {s.topic}  {when}  next {upcoming}  fired {s.fires}"
+                   f"  catch-up {catch_up}")
 
 
 @click.group("schedule")
 def schedule() -> None:
-    """Add, remove, pause or resume a recurring schedule."""
+    """Add, remove, pause or resume a recurring schedule (rmq schedules lists them)."""
 
 
 @schedule.command("add")
@@ -110,8 +113,9 @@ def add(store_path, create, token_file, token, key, topic, body, tags, keys, cro
         store.close()
 
 
-def _change(verb: str, method: str):
-    @schedule.command(verb)
+def _change(verb: str, method: str, summary: str):
+    @schedule.command(verb, help=f"{summary}. Exit 1 if a key is unknown.",
+                      short_help=summary + ".")
     @click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
                   metavar="DIR|URL", help=_STORE_HELP)
     @remote_options
@@ -132,10 +136,12 @@ def _change(verb: str, method: str):
         if missing:
             raise SystemExit(1)
 
-    command.__doc__ = f"{verb.capitalize()} schedules by key (exit 1 if one is unknown)."
     return command
 
 
-remove = _change("remove", "remove_schedule")
-pause = _change("pause", "pause_schedule")
-resume = _change("resume", "resume_schedule")
+remove = _change("remove", "remove_schedule", "Delete schedules by key: they never fire again")
+pause = _change("pause", "pause_schedule",
+                "Stop schedules firing, keeping them and their fire counts, until resumed")
+resume = _change("resume", "resume_schedule",
+                 "Let paused schedules fire again, from their next fire time after now (the "
+                 "fires due while paused are skipped)")

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from rmq_cli.cli import main
-from store import MessageStore
+from store import Message, MessageStore
 
 
 def run(*args, code=0):
@@ -48,3 +48,25 @@ def test_bad_input_says_what_is_allowed(tmp_path):
             "x", code=1)
     assert "exactly one of cron" in r.output
     assert "no schedules" in run("schedules", "--store", path).output
+
+
+def test_a_paused_schedule_shows_no_next_fire_time(tmp_path):
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, clock=lambda: 1_700_000_000_000) as store:  # long ago
+        store.producer("g").schedule(Message("orders", b"x"), key="old", every_ms=60_000)
+        store.producer("g").schedule(Message("orders", b"y"), key="live", every_ms=60_000)
+        assert store.pause_schedule("old")
+    lines = {line.split()[0]: line for line in run("schedules", "--store", path).output
+             .splitlines()}
+    assert "paused" in lines["old"] and "next -  " in lines["old"]
+    assert "next -" not in lines["live"] and "active" in lines["live"]
+
+
+def test_schedule_help_describes_every_subcommand():
+    out = run("schedule", "--help").output
+    commands = out.split("Commands:", 1)[1].splitlines()
+    described = {line.split()[0]: line.split(None, 1)[1:] for line in commands
+                 if line.startswith("  ") and not line.startswith("    ")}
+    assert set(described) == {"add", "pause", "remove", "resume"}
+    assert all(text for text in described.values()), described
+    assert "skipped" in run("schedule", "resume", "--help").output

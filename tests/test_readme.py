@@ -36,3 +36,9 @@ def test_quick_start_runs_twice_as_written(tmp_path):
     assert out.count('{"id": 1}') >= 2 and '"close": true' not in out
     # the stream printed the order and the three reminders, once per run
     assert out.count("remind-0") == 2 and out.count("remind-2") == 2
+    # quiet: no progress bars, no WARN lines once the session is made (the JVM's own start-up
+    # line about native Hadoop libraries comes before the script can lower the level)
+    assert "[Stage " not in done.stderr, done.stderr[-2000:]
+    warnings = [line for line in done.stderr.splitlines()
+                if " WARN " in line and "NativeCodeLoader" not in line]
+    assert warnings == [], warnings

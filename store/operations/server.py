@@ -61,6 +61,9 @@ LOCK_FILE = os.path.join("config", "serve.lock")
 STATUS_FILE = os.path.join("config", "serve.json")
 #: Longest time between two status writes (ms).
 BEAT_MS = 1000
+#: Shortest time between two INFO lines about deliveries (store clock, ms): the steps'
+#: deliveries in between are summed into the next line; a step delivering nothing logs nothing.
+DELIVERY_LOG_MS = 1000
 
 
 @dataclass
@@ -182,6 +185,8 @@ class StoreServer:
         self._next_check = time.monotonic()  # the first round at once
         self._last_beat = 0.0
         self._warming_reported: bool | None = None
+        self._unlogged = [0, 0]  # messages delivered, steps that delivered: not logged yet
+        self._delivery_logged_ms: int | None = None
 
     @property
     def url(self) -> str | None:
@@ -253,6 +258,7 @@ class StoreServer:
                     break
                 self._stop.wait(self._sleep_s(end))
         finally:
+            self._log_deliveries(final=True)
             self.close()
         log.info("stopped %s: %d delivered in %d runs, %d segments deleted", self.path,
                  self.counters.delivered, self.counters.delivery_runs,
@@ -295,9 +301,11 @@ class StoreServer:
         c.last_run_ms = self.store.now_ms()
         c.last_run_delivered = delivered
         if delivered:
-            log.info("delivered %d due messages", delivered)
-            if self._asks is not None:
-                self._asks.service.wake_receivers()
+            self._unlogged[0] += delivered
+            self._unlogged[1] += 1
+        self._log_deliveries()
+        if delivered and self._asks is not None:
+            self._asks.service.wake_receivers()
         if (self.check_transactions or self._asks is not None) \
                 and time.monotonic() >= self._next_check:
             # the store's effective interval (a producer's recorded one, when set)
@@ -362,6 +370,18 @@ class StoreServer:
         if end is not None:
             wait = min(wait, max(0.0, end - time.monotonic()))
         return wait
+
+    def _log_deliveries(self, *, final: bool = False) -> None:
+        """One INFO line for the deliveries not logged yet, at most every
+        :data:`DELIVERY_LOG_MS` (``final``: now, when any)."""
+        delivered, steps = self._unlogged
+        now = self.store.now_ms()
+        last = self._delivery_logged_ms
+        if not delivered or (not final and last is not None and now - last < DELIVERY_LOG_MS):
+            return
+        log.info("delivered %d due message(s) in %d step(s)", delivered, steps)
+        self._unlogged = [0, 0]
+        self._delivery_logged_ms = now
 
     def _error(self, text: str) -> None:
         log.error("%s", text)

@@ -49,6 +49,22 @@ READ_CHUNK = 65536
 WIRE_VERSION = 1
 
 
+#: Calls refused for their token by their handler (:func:`_unless_quiet`), where the
+#: client's address is known; any other call is refused by the middleware itself.
+_HANDLED = frozenset({flight.FlightMethod.DO_GET, flight.FlightMethod.DO_PUT,
+                      flight.FlightMethod.DO_ACTION, flight.FlightMethod.DO_EXCHANGE})
+_TOKEN_REFUSED = "missing or wrong token; allowed: the server's token as 'Bearer <token>'"
+
+
+class _Refusal(flight.ServerMiddleware):
+    """A call without the right token (``why``: ``"no"`` or ``"wrong"``), which its handler
+    refuses before doing anything."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
+
+
 class _TokenCheck(flight.ServerMiddlewareFactory):
     """Refuses every call whose ``authorization`` header is not ``Bearer <token>``."""
 
@@ -58,29 +74,36 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
 
     def start_call(self, info, headers):
         given = headers.get("authorization") or headers.get("Authorization") or [""]
-        if not hmac.compare_digest(str(given[0]).encode(), self._expected):
-            log.warning("refused a %s call: %s token", info.method.name,
-                        "wrong" if given[0] else "no")
-            raise flight.FlightUnauthenticatedError(
-                "missing or wrong token; allowed: the server's token as 'Bearer <token>'")
-        return None
+        if hmac.compare_digest(str(given[0]).encode(), self._expected):
+            return None
+        why = "wrong" if given[0] else "no"
+        if info.method in _HANDLED:
+            return _Refusal(why)
+        log.warning("refused a %s call: %s token", info.method.name, why)
+        raise flight.FlightUnauthenticatedError(_TOKEN_REFUSED)
 
 
 def _unless_quiet(fn):
-    """Run a Flight handler; store errors and bad requests become typed Flight errors."""
+    """Run a Flight handler; store errors and bad requests become typed Flight errors.  A
+    call without the right token is refused first, naming the client's address."""
 
-    def handler(self, *args):
+    def handler(self, context, *args):
+        refusal = context.get_middleware("token")
+        if refusal is not None:
+            log.warning("refused a %s call from %s: %s token", fn.__name__, context.peer(),
+                        refusal.why)
+            raise flight.FlightUnauthenticatedError(_TOKEN_REFUSED)
         try:
-            return fn(self, *args)
+            return fn(self, context, *args)
         except (flight.FlightError, flight.FlightCancelledError):
             raise
         except InvalidRequest as exc:
-            log.warning("refused a request: %s", exc)
+            log.warning("refused a request from %s: %s", context.peer(), exc)
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
         except StoreError as exc:
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server
-            log.exception("request failed")
+            log.exception("request from %s failed", context.peer())
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
 
     handler.__name__ = fn.__name__

@@ -1,9 +1,11 @@
-"""``rmq serve --grpc``: the ACL signature check, the non-loopback rule, and a SIGKILL
+"""``rmq serve --grpc``: the ACL signature check (a refusal logged with the client's
+address), the non-loopback rule, and a SIGKILL
 mid-send (a real ``rmq serve`` process, restarted) that loses no acknowledged message."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -53,7 +55,8 @@ def _producer(srv, ak, sk, topics):
                                         request_timeout=5), topics)
 
 
-def test_acl_accepts_signed_calls_with_the_right_and_refuses_the_rest(acl_server):
+def test_acl_accepts_signed_calls_with_the_right_and_refuses_the_rest(acl_server, caplog):
+    caplog.set_level(logging.WARNING, logger="store.proxy")
     admin = _producer(acl_server, "admin", "s3cret-admin", ("audit",))
     admin.startup()
     try:
@@ -72,6 +75,12 @@ def test_acl_accepts_signed_calls_with_the_right_and_refuses_the_rest(acl_server
     with pytest.raises(Exception):
         bad.startup()  # the route query is refused: UNAUTHORIZED
         bad.send(_message("orders", b"no"))
+    refused = [r.getMessage() for r in caplog.records  # each naming the client's address
+               if r.name.startswith("store.proxy") and "refused" in r.getMessage()]
+    assert any("FORBIDDEN" in line for line in refused), refused
+    assert any("UNAUTHORIZED" in line for line in refused), refused
+    assert all("127.0.0.1" in line for line in refused), refused
+    assert "s3cret-orders" not in caplog.text and "wrong-secret" not in caplog.text
     reader = StoreReader.open(acl_server.path)
     try:
         assert reader.topics() == ["audit", "orders"]
@@ -194,3 +203,4 @@ def test_grpc_over_tls(tmp_path):
                                 timeout=5)
     finally:
         srv.close()
+
