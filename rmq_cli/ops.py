@@ -46,13 +46,16 @@ from .opening import keyed_by_store, open_writable_store, store_members
               help="PEM certificate chain: serve rmqs:// (TLS); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
               help="PEM private key of --tls-cert.")
+@click.option("--max-request-mib", type=click.IntRange(min=1), default=None,
+              help="Refuse a --listen table upload (DoPut, DoExchange) past this many MiB "
+                   "of Arrow buffers, as soon as it passes [default: 256].")
 @click.option("--duration-s", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
-          duration_s, log_level):
+          max_request_mib, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -71,6 +74,8 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
     config = StoreConfig().replace(**changes) if changes else None
     network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,
                                acl)
+    if max_request_mib is not None and network.get("listen") is not None:
+        network["max_request_bytes"] = max_request_mib * 1024 * 1024
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,

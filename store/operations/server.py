@@ -118,6 +118,10 @@ class StoreServer:
         transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.
     acl : str, optional
         The ACL file of the gRPC endpoint (:mod:`store.proxy.access`).
+    max_request_bytes : int, optional
+        Bound on one Flight ``DoPut`` / ``DoExchange`` request's Arrow buffers (default
+        256 MiB, :data:`store.remote.wire.MAX_MESSAGE_BYTES`; ``rmq serve
+        --max-request-mib``).
 
     Raises
     ------
@@ -129,7 +133,7 @@ class StoreServer:
                  clock=None, check_transactions: bool = False, listen: str | None = None,
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  insecure: bool = False, grpc: str | None = None,
-                 acl: str | None = None) -> None:
+                 acl: str | None = None, max_request_bytes: int | None = None) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
@@ -158,7 +162,10 @@ class StoreServer:
             if address is not None:
                 from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
 
-                self.service = StoreService(self.store, address, token=token, tls=tls)
+                limits = {} if max_request_bytes is None else {
+                    "max_request_bytes": max_request_bytes}
+                self.service = StoreService(self.store, address, token=token, tls=tls,
+                                            **limits)
             if grpc is not None:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 

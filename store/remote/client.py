@@ -38,7 +38,7 @@ from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
 from .address import DEFAULT_TIMEOUT_S, RemoteAddress, read_token
 from ..timer.keys import key_list
-from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
+from .wire import END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
 
 #: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
 SNAPSHOT_MAX_AGE_S = 0.5
@@ -140,6 +140,7 @@ class RemoteStore:
                 self._options())
             try:
                 writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
                 writer.done_writing()
                 answer = answers.read()
             finally:
@@ -156,6 +157,7 @@ class RemoteStore:
             try:
                 writer.begin(table.schema)
                 writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
                 writer.done_writing()
                 return reader.read_all()
             finally:

@@ -37,6 +37,7 @@ from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
+from .incoming import received_table
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields,
                    error_info, field, loads, unb64)
@@ -102,16 +103,21 @@ class StoreService(flight.FlightServerBase):
         The shared secret every request must carry.
     tls : (bytes, bytes), optional
         PEM certificate chain and private key (``rmqs://``).
+    max_request_bytes : int, optional
+        Bound on the Arrow buffers of one ``DoPut`` / ``DoExchange`` stream (refused as soon
+        as it passes it; default :data:`~store.remote.wire.MAX_MESSAGE_BYTES`).
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
-                 tls: tuple[bytes, bytes] | None = None) -> None:
+                 tls: tuple[bytes, bytes] | None = None,
+                 max_request_bytes: int = MAX_MESSAGE_BYTES) -> None:
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
         super().__init__(address.location, tls_certificates=[tls] if tls else [],
                          middleware=middleware)
         self.store = store
+        self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
         self._local = threading.local()
@@ -219,7 +225,7 @@ class StoreService(flight.FlightServerBase):
             raise InvalidRequest(f"unknown put op {op!r}; allowed: {list(PUTS)}")
         group = field(body, "group", str, op)
         topic = field(body, "topic", str, op, optional=True)
-        table = reader.read_all()
+        table = received_table(reader, context, op, self.max_request_bytes)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
@@ -239,7 +245,7 @@ class StoreService(flight.FlightServerBase):
                                  "'replace_table', 'schedule_table'")
         group = field(body, "group", str, op)
         topic = field(body, "topic", str, op, optional=True)
-        table = reader.read_all()
+        table = received_table(reader, context, op, self.max_request_bytes)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
         if op == "schedule_table":
