@@ -29,7 +29,8 @@ from pyarrow import flight
 
 from ..core.message_columns import projected_schema
 from ..errors import StoreError
-from ..message import Message
+from ..message import (Message, validate_delay_key, validate_group, validate_msg_id,
+                       validate_schedule_key, validate_sink_id, validate_topic)
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
                                        read_check_round_table, read_query_round,
                                        write_query_round)
@@ -165,7 +166,7 @@ class StoreService(flight.FlightServerBase):
         if op != "read":
             raise InvalidRequest(f"unknown ticket op {op!r}; allowed: 'read', 'query_round', "
                                  "'server_round'")
-        topic = field(body, "topic", str, what)
+        topic = _named(body, "topic", what, _any_topic)
         queue_id = field(body, "queue_id", int, what)
         start = field(body, "start", int, what)
         end = field(body, "end", int, what)
@@ -223,14 +224,14 @@ class StoreService(flight.FlightServerBase):
         op = field(body, "op", str, "put")
         if op not in PUTS:
             raise InvalidRequest(f"unknown put op {op!r}; allowed: {list(PUTS)}")
-        group = field(body, "group", str, op)
-        topic = field(body, "topic", str, op, optional=True)
+        group = _named(body, "group", op, validate_group)
+        topic = _named(body, "topic", op, validate_topic, optional=True)
         table = received_table(reader, context, op, self.max_request_bytes)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
             return
-        sink_id = field(body, "sink_id", str, op)
+        sink_id = _named(body, "sink_id", op, validate_sink_id)
         with self._write_lock:
             staged = self.store.sink(sink_id, group).stage(table, topic=topic)
         writer.write(pa.py_buffer(dumps({"transactions": staged})))
@@ -243,8 +244,8 @@ class StoreService(flight.FlightServerBase):
         if op not in ("send_table", "replace_table", "schedule_table"):
             raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
                                  "'replace_table', 'schedule_table'")
-        group = field(body, "group", str, op)
-        topic = field(body, "topic", str, op, optional=True)
+        group = _named(body, "group", op, validate_group)
+        topic = _named(body, "topic", op, validate_topic, optional=True)
         table = received_table(reader, context, op, self.max_request_bytes)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
@@ -282,14 +283,17 @@ class StoreService(flight.FlightServerBase):
         reader = self._reader()
         topics = {}
         for topic in reader.topics():
-            topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
-                             for q in reader.queue_ids(topic)]
+            try:
+                topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
+                                 for q in reader.queue_ids(topic)]
+            except StoreError as exc:  # one topic's damage never hides the others
+                log.warning("snapshot: skipped topic %.60r: %s", topic, exc)
         return {"topics": topics}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:
         what = "offset_for_timestamp"
         return {"offset": self._reader().offset_for_timestamp(
-            field(body, "topic", str, what), field(body, "queue_id", int, what),
+            _named(body, "topic", what, _any_topic), field(body, "queue_id", int, what),
             field(body, "timestamp_ms", int, what))}
 
     @staticmethod
@@ -311,29 +315,31 @@ class StoreService(flight.FlightServerBase):
         options = {k: field(body, k, int, "send", optional=True)
                    for k in ("delay_level", "delay_ms", "deliver_at_ms", "queue_id")}
         options["sharding_key"] = field(body, "sharding_key", str, "send", optional=True)
-        options["key"] = field(body, "key", str, "send", optional=True)
+        options["key"] = _named(body, "key", "send", validate_delay_key, optional=True)
         with self._write_lock:
-            result = self._producer(field(body, "group", str, "send")).send(message, **options)
+            result = self._producer(_named(body, "group", "send", validate_group)).send(
+                message, **options)
         return _result(result)
 
     def _action_send_batch(self, body: dict) -> dict:
         messages = field(body, "messages", list, "send_batch")
         batch = [self._message(m, "send_batch") for m in messages]
         with self._write_lock:
-            results = self._producer(field(body, "group", str, "send_batch")).send_batch(
+            results = self._producer(_named(body, "group", "send_batch", validate_group)
+                                     ).send_batch(
                 batch, queue_id=field(body, "queue_id", int, "send_batch", optional=True),
                 sharding_key=field(body, "sharding_key", str, "send_batch", optional=True))
         return {"results": [_result(r) for r in results]}
 
     def _action_cancel(self, body: dict) -> dict:
-        key = field(body, "key", str, "cancel", optional=True)
+        key = _named(body, "key", "cancel", validate_delay_key, optional=True)
         with self._write_lock:
-            producer = self._producer(field(body, "group", str, "cancel"))
+            producer = self._producer(_named(body, "group", "cancel", validate_group))
             if key is not None:
                 found = producer.cancel(key=key)
             else:
-                found = producer.cancel(field(body, "topic", str, "cancel"),
-                                        field(body, "msg_id", str, "cancel"))
+                found = producer.cancel(_named(body, "topic", "cancel", validate_topic),
+                                        _named(body, "msg_id", "cancel", validate_msg_id))
         return {"cancelled": bool(found)}
 
     def _keys(self, body: dict, what: str) -> list:
@@ -345,13 +351,15 @@ class StoreService(flight.FlightServerBase):
     def _action_cancel_keys(self, body: dict) -> dict:
         keys = self._keys(body, "cancel_keys")
         with self._write_lock:
-            found = self._producer(field(body, "group", str, "cancel_keys")).cancel_keys(keys)
+            found = self._producer(_named(body, "group", "cancel_keys", validate_group)
+                                   ).cancel_keys(keys)
         return {"cancelled": [bool(v) for v in found]}
 
     def _action_pending_keys(self, body: dict) -> dict:
         keys = self._keys(body, "pending_keys")
         with self._write_lock:
-            found = self._producer(field(body, "group", str, "pending_keys")).pending_keys(keys)
+            found = self._producer(_named(body, "group", "pending_keys", validate_group)
+                                   ).pending_keys(keys)
         return {"pending": [bool(v) for v in found]}
 
     def _action_schedule(self, body: dict) -> dict:
@@ -361,15 +369,15 @@ class StoreService(flight.FlightServerBase):
         options["cron"] = field(body, "cron", str, "schedule", optional=True)
         options["tz"] = field(body, "tz", str, "schedule", default="UTC")
         with self._write_lock:
-            info = self._producer(field(body, "group", str, "schedule")).schedule(
-                message, key=field(body, "key", str, "schedule"), **options)
+            info = self._producer(_named(body, "group", "schedule", validate_group)).schedule(
+                message, key=_named(body, "key", "schedule", validate_schedule_key), **options)
         return {"schedule": schedule_fields(info)}
 
     def _action_schedules(self, body: dict) -> dict:
         return {"schedules": [schedule_fields(i) for i in self.store.schedules()]}
 
     def _schedule_change(self, body: dict, what: str) -> dict:
-        key = field(body, "key", str, what)
+        key = _named(body, "key", what, validate_schedule_key)
         with self._write_lock:
             return {"changed": bool(getattr(self.store, what)(key))}
 
@@ -396,7 +404,7 @@ class StoreService(flight.FlightServerBase):
         return {"ended": [bool(e) for e in ended]}
 
     def _action_send_half(self, body: dict) -> dict:
-        group = field(body, "group", str, "send_half")
+        group = _named(body, "group", "send_half", validate_group)
         message = self._message(body.get("message"), "send_half")
         with self._write_lock:
             producer = self._half_producers.get(group)
@@ -409,8 +417,8 @@ class StoreService(flight.FlightServerBase):
         return out
 
     def _sink(self, body: dict, what: str):
-        return self.store.sink(field(body, "sink_id", str, what),
-                               field(body, "group", str, what, default="rmq-sink"))
+        return self.store.sink(_named(body, "sink_id", what, validate_sink_id),
+                               _named(body, "group", what, validate_group, default="rmq-sink"))
 
     def _action_sink_commit(self, body: dict) -> dict:
         txs = field(body, "transactions", list, "sink_commit")
@@ -441,7 +449,8 @@ class StoreService(flight.FlightServerBase):
 
     def _action_ensure_topic(self, body: dict) -> dict:
         with self._write_lock:
-            return {"queues": self.store.ensure_topic(field(body, "topic", str, "ensure_topic"))}
+            return {"queues": self.store.ensure_topic(
+                _named(body, "topic", "ensure_topic", validate_topic))}
 
     def _action_known_transactions(self, body: dict) -> dict:
         ids = field(body, "ids", list, "known_transactions")
@@ -476,6 +485,20 @@ class StoreService(flight.FlightServerBase):
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}
+
+
+def _any_topic(topic: str) -> str:
+    """A topic a read may name: a user topic or a system one."""
+    return validate_topic(topic, allow_system=True)
+
+
+def _named(body: dict, name: str, what: str, validator, *, optional: bool = False,
+           default=...):
+    """``body[name]``, a string checked by ``validator`` (one of :mod:`store.message`'s):
+    every name a request gives passes the store's rules before anything is looked up or
+    created by it."""
+    value = field(body, name, str, what, optional=optional, default=default)
+    return value if value is None else validator(value)
 
 
 def _result(result) -> dict:
