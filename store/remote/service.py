@@ -39,6 +39,7 @@ from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
 from .incoming import received_table
+from .reader_pool import ReaderPool
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields,
                    error_info, field, loads, unb64)
@@ -121,9 +122,7 @@ class StoreService(flight.FlightServerBase):
         self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
-        self._local = threading.local()
-        self._readers: list[StoreReader] = []
-        self._readers_lock = threading.Lock()
+        self._readers = ReaderPool(lambda: StoreReader.open(self.path))
         self._write_lock = threading.Lock()
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
@@ -133,14 +132,6 @@ class StoreService(flight.FlightServerBase):
         return self.address.url
 
     # ------------------------------------------------------------------ helpers
-    def _reader(self) -> StoreReader:
-        reader = getattr(self._local, "reader", None)
-        if reader is None:
-            reader = self._local.reader = StoreReader.open(self.path)
-            with self._readers_lock:
-                self._readers.append(reader)
-        return reader
-
     def _producer(self, group: str):
         found = self._producers.get(group)
         if found is None:
@@ -148,10 +139,7 @@ class StoreService(flight.FlightServerBase):
         return found
 
     def close_readers(self) -> None:
-        with self._readers_lock:
-            for reader in self._readers:
-                reader.close()
-            self._readers.clear()
+        self._readers.close()
 
     # ------------------------------------------------------------------ reads
     @_unless_quiet
@@ -178,27 +166,38 @@ class StoreService(flight.FlightServerBase):
             schema = projected_schema(columns)
         except ValueError as exc:
             raise InvalidRequest(f"read: {exc}") from None
-        reader = self._reader()
+        reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
 
         def read(lo: int, hi: int):
             return reader.read_arrow(topic, queue_id, lo, hi, tags=tags, columns=columns,
                                      verify_crc=verify_crc, skip_corrupt=skip_corrupt)
 
-        first = read(start, min(end, start + READ_CHUNK))
+        try:
+            first = read(start, min(end, start + READ_CHUNK))
+        except BaseException:
+            self._readers.give_back(reader)
+            raise
 
         def batches():
-            yield first
-            lo = start + READ_CHUNK
-            while lo < end:
-                try:
-                    batch = read(lo, min(end, lo + READ_CHUNK))
-                except StoreError as exc:
-                    raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
-                if batch.num_rows:
-                    yield batch
-                lo += READ_CHUNK
+            try:
+                yield None  # (primed below: a started generator runs its finally when dropped)
+                yield first
+                lo = start + READ_CHUNK
+                while lo < end:
+                    try:
+                        batch = read(lo, min(end, lo + READ_CHUNK))
+                    except StoreError as exc:
+                        raise flight.FlightServerError(str(exc),
+                                                       extra_info=error_info(exc)) from None
+                    if batch.num_rows:
+                        yield batch
+                    lo += READ_CHUNK
+            finally:
+                self._readers.give_back(reader)
 
-        return flight.GeneratorStream(schema, batches())
+        stream = batches()
+        next(stream)
+        return flight.GeneratorStream(schema, stream)
 
     def _round(self, body: dict, op: str):
         """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
@@ -275,26 +274,20 @@ class StoreService(flight.FlightServerBase):
         return [flight.Result(pa.py_buffer(dumps(handler(body))))]
 
     def _action_info(self, body: dict) -> dict:
-        reader = self._reader()
-        return {"version": WIRE_VERSION, "written_by_rmq": reader.written_by_rmq,
-                "url": self.url}
+        with self._readers.reader() as reader:
+            return {"version": WIRE_VERSION, "written_by_rmq": reader.written_by_rmq,
+                    "url": self.url}
 
     def _action_snapshot(self, body: dict) -> dict:
-        reader = self._reader()
-        topics = {}
-        for topic in reader.topics():
-            try:
-                topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
-                                 for q in reader.queue_ids(topic)]
-            except StoreError as exc:  # one topic's damage never hides the others
-                log.warning("snapshot: skipped topic %.60r: %s", topic, exc)
-        return {"topics": topics}
+        with self._readers.reader() as reader:
+            return {"topics": _queue_bounds(reader)}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:
         what = "offset_for_timestamp"
-        return {"offset": self._reader().offset_for_timestamp(
-            _named(body, "topic", what, _any_topic), field(body, "queue_id", int, what),
-            field(body, "timestamp_ms", int, what))}
+        topic = _named(body, "topic", what, _any_topic)
+        with self._readers.reader() as reader:
+            return {"offset": reader.offset_for_timestamp(
+                topic, field(body, "queue_id", int, what), field(body, "timestamp_ms", int, what))}
 
     @staticmethod
     def _message(body, what: str) -> Message:
@@ -485,6 +478,18 @@ class StoreService(flight.FlightServerBase):
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}
+
+
+def _queue_bounds(reader) -> dict:
+    """Every user topic with its queues' min and max offsets (the ``snapshot`` answer)."""
+    topics = {}
+    for topic in reader.topics():
+        try:
+            topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
+                             for q in reader.queue_ids(topic)]
+        except StoreError as exc:  # one topic's damage never hides the others
+            log.warning("snapshot: skipped topic %.60r: %s", topic, exc)
+    return topics
 
 
 def _any_topic(topic: str) -> str:

@@ -168,3 +168,120 @@ def test_a_local_table_with_crafted_offsets_never_reaches_a_kernel(tmp_path):
         assert store.topics() == []
     finally:
         store.close()
+
+
+def _fds(pid) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.slow
+def test_open_files_stay_flat_across_50_bursts_of_64_calls(server):
+    """Reads borrow a reader from a small pool: bursts of concurrent calls (new server
+    threads each time) leave no reader open behind them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, url, path = server
+    with connect(url, token=TOKEN, timeout_s=20) as remote:
+        remote.producer("g").send_table(pa.table({
+            "body": [b"x"] * 100, "queue_id": pa.array([i % 4 for i in range(100)], pa.int32())}),
+            topic="burst")
+
+    def call(i):
+        with connect(url, token=TOKEN, timeout_s=20) as remote:
+            if i % 2:
+                return remote.read_arrow("burst", i % 4, 0, 10).num_rows
+            remote.refresh()
+            return len(remote.topics())
+
+    counts = []
+    with ThreadPoolExecutor(64) as pool:
+        for burst in range(50):
+            list(pool.map(call, range(64)))
+            counts.append(_fds(proc.pid))
+    assert proc.poll() is None
+    warm = max(counts[:5])
+    assert max(counts[5:]) <= warm + 16, counts
+
+
+_HALFWAY_CLIENT = r"""
+import json, sys, time
+import pyarrow as pa
+from pyarrow import flight
+location, token, op = sys.argv[1:4]
+client = flight.connect(location)
+options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+command = flight.FlightDescriptor.for_command(json.dumps(
+    {"op": op, "group": "g", "sink_id": "half", "topic": "halfway"}).encode())
+batch = pa.record_batch({"body": pa.array([b"row-%d" % i for i in range(1000)])})
+if op == "send_table":
+    writer, _ = client.do_exchange(command, options)
+    writer.begin(batch.schema)
+else:
+    writer, _ = client.do_put(command, batch.schema, options)
+for _ in range(3):
+    writer.write_batch(batch)
+print("sent", flush=True)
+time.sleep(600)  # killed here: no end marker, no done_writing
+"""
+
+
+@pytest.mark.parametrize("op", ["send_table", "sink_stage"])
+def test_a_client_killed_mid_stream_stores_nothing(server, op):
+    proc, url, path = server
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    child = subprocess.Popen([sys.executable, "-c", _HALFWAY_CLIENT,
+                              RemoteAddress.parse(url).location, TOKEN, op],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"sent", child.stderr.read()
+        time.sleep(0.5)  # the batches are at the server
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    time.sleep(1.0)  # the server sees the stream end
+    alive(proc, url, path)
+    assert stored_bodies(url, "halfway") == []
+    with connect(url, token=TOKEN, timeout_s=20) as remote:
+        assert remote.sink("half").open_halves() == []
+
+
+def test_an_upload_past_the_bound_is_refused_before_it_is_all_sent(server):
+    """The server (bound: 8 MiB here) refuses a 64 MiB stream as soon as it passes the
+    bound; the client's writes fail long before the end, and the server's memory stays
+    flat."""
+    proc, url, path = server
+    client = client_of(url)
+
+    def rss_kib():
+        with open(f"/proc/{proc.pid}/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
+
+    with connect(url, token=TOKEN, timeout_s=20) as remote:  # the kernels loaded first
+        remote.producer("g").send_table(pa.table({"body": [b"w"] * 10}), topic="warm")
+    before, deadline = rss_kib(), time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the server's background warm-up is done
+        time.sleep(0.5)
+        now = rss_kib()
+        if abs(now - before) < 2048:
+            break
+        before = now
+    batch = pa.record_batch({"body": pa.array([b"z" * 1024] * 1024)})  # 1 MiB
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(json.dumps(
+        {"op": "send_table", "group": "g", "topic": "toolarge"}).encode()), options())
+    written = 0
+    with pytest.raises(flight.FlightError) as info:
+        writer.begin(batch.schema)
+        for _ in range(64):
+            writer.write_batch(batch)
+            written += 1
+        writer.write_metadata(json.dumps({END_OF_ROWS: 64 * 1024}).encode())
+        writer.done_writing()
+        reader.read_all()
+    assert written < 64 and "RequestTooLarge" in str(getattr(info.value, "extra_info", b""))
+    try:
+        writer.close()
+    except flight.FlightError:
+        pass
+    assert rss_kib() - before < 64 * 1024
+    alive(proc, url, path)
+    assert stored_bodies(url, "toolarge") == []
