@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from contextlib import contextmanager
 
 import pyarrow as pa
 from pyarrow import flight
@@ -39,6 +40,7 @@ from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
 from .incoming import received_table
+from .limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields,
@@ -62,11 +64,19 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
     def start_call(self, info, headers):
         given = headers.get("authorization") or headers.get("Authorization") or [""]
         if not hmac.compare_digest(str(given[0]).encode(), self._expected):
-            log.warning("refused a %s call: %s token", info.method.name,
-                        "wrong" if given[0] else "no")
+            _refused("refused a %s call: %s token", info.method.name,
+                     "wrong" if given[0] else "no")
             raise flight.FlightUnauthenticatedError(
                 "missing or wrong token; allowed: the server's token as 'Bearer <token>'")
         return None
+
+
+_REFUSED = RateLimitedLog(log)
+
+
+def _refused(message: str, *args) -> None:
+    """Log a refused call, at a bounded rate (:class:`.limits.RateLimitedLog`)."""
+    _REFUSED.warning(message, *args)
 
 
 def _unless_quiet(fn):
@@ -78,10 +88,15 @@ def _unless_quiet(fn):
         except (flight.FlightError, flight.FlightCancelledError):
             raise
         except InvalidRequest as exc:
-            log.warning("refused a request: %s", exc)
+            _refused("refused a request: %s", exc)
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
         except StoreError as exc:
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+        except MemoryError:  # one request too large for what is left: refuse it, keep serving
+            log.error("a request ran out of memory; refused")
+            raise flight.FlightServerError("the server ran out of memory for this request",
+                                           extra_info=error_info(StoreError("out of memory"))
+                                           ) from None
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server
             log.exception("request failed")
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
@@ -108,11 +123,14 @@ class StoreService(flight.FlightServerBase):
     max_request_bytes : int, optional
         Bound on the Arrow buffers of one ``DoPut`` / ``DoExchange`` stream (refused as soon
         as it passes it; default :data:`~store.remote.wire.MAX_MESSAGE_BYTES`).
+    stream_limits : StreamLimits, optional
+        Bounds on streams in progress, per client host and in all (:mod:`.limits`).
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
                  tls: tuple[bytes, bytes] | None = None,
-                 max_request_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_request_bytes: int = MAX_MESSAGE_BYTES,
+                 stream_limits: StreamLimits | None = None) -> None:
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
@@ -123,6 +141,10 @@ class StoreService(flight.FlightServerBase):
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
         self._readers = ReaderPool(lambda: StoreReader.open(self.path))
+        self._streams = stream_limits or StreamLimits()
+        if not address.loopback and tls is None:
+            log.warning("serving %s without TLS: tokens and messages travel in clear; give "
+                        "--tls-cert and --tls-key to serve rmqs://", self.address.url)
         self._write_lock = threading.Lock()
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
@@ -137,6 +159,15 @@ class StoreService(flight.FlightServerBase):
         if found is None:
             found = self._producers[group] = self.store.producer(group)
         return found
+
+    @contextmanager
+    def _stream(self, context, what: str):
+        """One counted stream of the caller's (see :mod:`.limits`)."""
+        release = self._streams.admit(context.peer(), what)
+        try:
+            yield
+        finally:
+            release()
 
     def close_readers(self) -> None:
         self._readers.close()
@@ -166,7 +197,12 @@ class StoreService(flight.FlightServerBase):
             schema = projected_schema(columns)
         except ValueError as exc:
             raise InvalidRequest(f"read: {exc}") from None
-        reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
+        release = self._streams.admit(context.peer(), "read")
+        try:
+            reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
+        except BaseException:
+            release()
+            raise
 
         def read(lo: int, hi: int):
             return reader.read_arrow(topic, queue_id, lo, hi, tags=tags, columns=columns,
@@ -176,6 +212,7 @@ class StoreService(flight.FlightServerBase):
             first = read(start, min(end, start + READ_CHUNK))
         except BaseException:
             self._readers.give_back(reader)
+            release()
             raise
 
         def batches():
@@ -194,6 +231,7 @@ class StoreService(flight.FlightServerBase):
                     lo += READ_CHUNK
             finally:
                 self._readers.give_back(reader)
+                release()
 
         stream = batches()
         next(stream)
@@ -225,7 +263,8 @@ class StoreService(flight.FlightServerBase):
             raise InvalidRequest(f"unknown put op {op!r}; allowed: {list(PUTS)}")
         group = _named(body, "group", op, validate_group)
         topic = _named(body, "topic", op, validate_topic, optional=True)
-        table = received_table(reader, context, op, self.max_request_bytes)
+        with self._stream(context, op):
+            table = received_table(reader, context, op, self.max_request_bytes)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
@@ -245,7 +284,8 @@ class StoreService(flight.FlightServerBase):
                                  "'replace_table', 'schedule_table'")
         group = _named(body, "group", op, validate_group)
         topic = _named(body, "topic", op, validate_topic, optional=True)
-        table = received_table(reader, context, op, self.max_request_bytes)
+        with self._stream(context, op):
+            table = received_table(reader, context, op, self.max_request_bytes)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
         if op == "schedule_table":

@@ -125,6 +125,11 @@ class IncompleteRequest(InvalidRequest):
     nothing of it was stored."""
 
 
+class Overloaded(StoreError):
+    """The server has as many streams in progress as it allows (of this client, or in all):
+    the call was not started; retry when one ends."""
+
+
 def field(body: dict, name: str, kind, what: str, *, default=..., optional: bool = False):
     """``body[name]`` checked to be a ``kind``; :class:`InvalidRequest` names what is wrong."""
     if not isinstance(body, dict):
@@ -153,7 +158,8 @@ def error_info(exc: BaseException) -> bytes:
 
 def _error_class(name: str) -> type[StoreError]:
     found = getattr(store_errors, name, None)
-    ours = {cls.__name__: cls for cls in (InvalidRequest, RequestTooLarge, IncompleteRequest)}
+    ours = {cls.__name__: cls for cls in (InvalidRequest, RequestTooLarge, IncompleteRequest,
+                                          Overloaded)}
     if name in ours:
         return ours[name]
     if isinstance(found, type) and issubclass(found, StoreError):
