@@ -38,7 +38,8 @@ from .opening import keyed_by_store, open_writable_store, store_members
                    "'.[grpc]').")
 @click.option("--acl", type=click.Path(dir_okay=False, exists=True), default=None,
               help="An ACL file (JSON accounts: accessKey, secretKey, topic and group "
-                   "permissions) the --grpc clients must sign with.")
+                   "permissions, admin) the --grpc clients sign with and the --listen "
+                   "clients give (account and secret).")
 @click.option("--insecure", is_flag=True,
               help="Serve a non-loopback --listen address without a token, or --grpc "
                    "without an ACL.")
@@ -98,7 +99,8 @@ def serve(store_path, delete_when, file_reserved_time_hours, disk_max_used_space
 def _member_network(network: dict, i: int) -> dict:
     """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0); the gRPC
     endpoint is the group's, one for all members (see :func:`_serve_group`)."""
-    network = {k: v for k, v in network.items() if k not in ("grpc", "acl")}
+    network = {k: v for k, v in network.items()  # (the accounts also guard --listen)
+               if k != "grpc" and (k != "acl" or network.get("listen") is not None)}
     if not network or network.get("listen") is None:
         return {}
     host, _, port = network["listen"].rpartition(":")
@@ -117,7 +119,9 @@ def _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_liste
     if grpc_listen is not None:
         extra = {"grpc": grpc_listen, "acl": acl}
     elif acl is not None:
-        raise click.UsageError("--acl needs --grpc")
+        if listen is None:
+            raise click.UsageError("--acl needs --listen or --grpc")
+        extra = {"acl": acl}
     if listen is None:
         if token_file:
             raise click.UsageError("--token-file needs --listen")

@@ -132,3 +132,8 @@ class RemoteError(StoreError):
 
 class AuthenticationError(RemoteError):
     """A served store refused a request: its token is missing or wrong (nothing was done)."""
+
+
+class AccessDeniedError(RemoteError, PermissionError):
+    """A served store refused a request its account has no right to (a topic it may not
+    publish to or read, an action for admins); nothing was done."""

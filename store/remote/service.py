@@ -30,6 +30,7 @@ from pyarrow import flight
 
 from ..core.message_columns import projected_schema
 from ..errors import StoreError
+from ..files.accounts import AccountRights
 from ..message import (Message, validate_delay_key, validate_group, validate_msg_id,
                        validate_schedule_key, validate_sink_id, validate_topic)
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
@@ -42,11 +43,17 @@ from .address import RemoteAddress
 from .incoming import received_table
 from .limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
+from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
+                     require_admin, row_topics)
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields,
                    error_info, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
+
+#: Actions only an admin account (or the server's token) may call (see :mod:`.rights`).
+ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_due",
+                           "known_transactions", "run_check_round", "drop_check_rounds"})
 
 #: Queue offsets read per batch of a ``DoGet`` (the Spark source's batch size).
 READ_CHUNK = 65536
@@ -97,7 +104,7 @@ def _unless_quiet(fn):
             raise flight.FlightServerError("the server ran out of memory for this request",
                                            extra_info=error_info(StoreError("out of memory"))
                                            ) from None
-        except Exception as exc:  # noqa: BLE001 - a bug must not end the server
+        except Exception as exc:
             log.exception("request failed")
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
 
@@ -125,15 +132,22 @@ class StoreService(flight.FlightServerBase):
         as it passes it; default :data:`~store.remote.wire.MAX_MESSAGE_BYTES`).
     stream_limits : StreamLimits, optional
         Bounds on streams in progress, per client host and in all (:mod:`.limits`).
+    accounts : list of AccountRights, optional
+        The accounts of an ACL file (:mod:`store.files.accounts`): each call is then made by
+        an account (or with ``token``, as an admin) and checked by what it touches
+        (:mod:`.rights`).
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
                  tls: tuple[bytes, bytes] | None = None,
                  max_request_bytes: int = MAX_MESSAGE_BYTES,
-                 stream_limits: StreamLimits | None = None) -> None:
+                 stream_limits: StreamLimits | None = None,
+                 accounts: list[AccountRights] | None = None) -> None:
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
+        if accounts:
+            middleware = {"access": AccountCheck(accounts, token, _refused)}
         super().__init__(address.location, tls_certificates=[tls] if tls else [],
                          middleware=middleware)
         self.store = store
@@ -142,6 +156,8 @@ class StoreService(flight.FlightServerBase):
         self.address = RemoteAddress(address.host, self.port, address.tls)
         self._readers = ReaderPool(lambda: StoreReader.open(self.path))
         self._streams = stream_limits or StreamLimits()
+        self._call = threading.local()  # the account of the action a thread answers
+        self._opened = OpenedTransactions()
         if not address.loopback and tls is None:
             log.warning("serving %s without TLS: tokens and messages travel in clear; give "
                         "--tls-cert and --tls-key to serve rmqs://", self.address.url)
@@ -181,11 +197,13 @@ class StoreService(flight.FlightServerBase):
         what = "read"
         op = field(body, "op", str, what)
         if op in ("query_round", "server_round"):
+            require_admin(caller_of(context), op)
             return self._round(body, op)
         if op != "read":
             raise InvalidRequest(f"unknown ticket op {op!r}; allowed: 'read', 'query_round', "
                                  "'server_round'")
         topic = _named(body, "topic", what, _any_topic)
+        require(caller_of(context), [topic], "SUB", what)
         queue_id = field(body, "queue_id", int, what)
         start = field(body, "start", int, what)
         end = field(body, "end", int, what)
@@ -265,11 +283,15 @@ class StoreService(flight.FlightServerBase):
         topic = _named(body, "topic", op, validate_topic, optional=True)
         with self._stream(context, op):
             table = received_table(reader, context, op, self.max_request_bytes)
+        account = caller_of(context)
+        if "key" in table.column_names:  # replaces pending messages by key, of any topic
+            require_admin(account, f"{op} with a key column")
+        require(account, row_topics(table, topic), "PUB", op)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
             return
-        sink_id = _named(body, "sink_id", op, validate_sink_id)
+        sink_id = own_sink_id(account, _named(body, "sink_id", op, validate_sink_id))
         with self._write_lock:
             staged = self.store.sink(sink_id, group).stage(table, topic=topic)
         writer.write(pa.py_buffer(dumps({"transactions": staged})))
@@ -286,6 +308,10 @@ class StoreService(flight.FlightServerBase):
         topic = _named(body, "topic", op, validate_topic, optional=True)
         with self._stream(context, op):
             table = received_table(reader, context, op, self.max_request_bytes)
+        account = caller_of(context)
+        if op == "replace_table":  # replaces pending messages by key, of any topic
+            require_admin(account, op)
+        require(account, row_topics(table, topic), "PUB", op)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
         if op == "schedule_table":
@@ -311,7 +337,14 @@ class StoreService(flight.FlightServerBase):
         body = loads(raw or b"{}", f"the body of action {name}")
         if not isinstance(body, dict):
             raise InvalidRequest(f"action {name}: the body must be a JSON object")
+        self._call.account = account = caller_of(context)
+        if name in ADMIN_ACTIONS:
+            require_admin(account, name)
         return [flight.Result(pa.py_buffer(dumps(handler(body))))]
+
+    def _account(self) -> AccountRights:
+        """The account of the action this thread answers."""
+        return self._call.account
 
     def _action_info(self, body: dict) -> dict:
         with self._readers.reader() as reader:
@@ -320,23 +353,27 @@ class StoreService(flight.FlightServerBase):
 
     def _action_snapshot(self, body: dict) -> dict:
         with self._readers.reader() as reader:
-            return {"topics": _queue_bounds(reader)}
+            bounds = _queue_bounds(reader)
+        account = self._account()
+        return {"topics": {t: q for t, q in bounds.items()
+                           if account.may(t, "SUB") or account.may(t, "PUB")}}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:
         what = "offset_for_timestamp"
         topic = _named(body, "topic", what, _any_topic)
+        require(self._account(), [topic], "SUB", what)
         with self._readers.reader() as reader:
             return {"offset": reader.offset_for_timestamp(
                 topic, field(body, "queue_id", int, what), field(body, "timestamp_ms", int, what))}
 
-    @staticmethod
-    def _message(body, what: str) -> Message:
+    def _message(self, body, what: str) -> Message:
         if not isinstance(body, dict):
             raise InvalidRequest(f"{what}: a message must be a JSON object")
         properties = field(body, "properties", dict, what, default={})
         keys = body.get("keys")
         if keys is not None and not isinstance(keys, (str, list)):
             raise InvalidRequest(f"{what}: field 'keys' must be a string or a list")
+        require(self._account(), [field(body, "topic", str, what)], "PUB", what)
         return Message(field(body, "topic", str, what), unb64(field(body, "body", str, what),
                                                               f"{what}: body"),
                        tags=field(body, "tags", str, what, optional=True),
@@ -349,6 +386,8 @@ class StoreService(flight.FlightServerBase):
                    for k in ("delay_level", "delay_ms", "deliver_at_ms", "queue_id")}
         options["sharding_key"] = field(body, "sharding_key", str, "send", optional=True)
         options["key"] = _named(body, "key", "send", validate_delay_key, optional=True)
+        if options["key"] is not None:  # a key names a pending message of any topic
+            require_admin(self._account(), "send with a key")
         with self._write_lock:
             result = self._producer(_named(body, "group", "send", validate_group)).send(
                 message, **options)
@@ -366,6 +405,11 @@ class StoreService(flight.FlightServerBase):
 
     def _action_cancel(self, body: dict) -> dict:
         key = _named(body, "key", "cancel", validate_delay_key, optional=True)
+        if key is not None:
+            require_admin(self._account(), "cancel by key")
+        else:
+            require(self._account(), [_named(body, "topic", "cancel", validate_topic)], "PUB",
+                    "cancel")
         with self._write_lock:
             producer = self._producer(_named(body, "group", "cancel", validate_group))
             if key is not None:
@@ -411,6 +455,10 @@ class StoreService(flight.FlightServerBase):
 
     def _schedule_change(self, body: dict, what: str) -> dict:
         key = _named(body, "key", what, validate_schedule_key)
+        account = self._account()
+        if not account.admin:
+            require(account, [i.topic for i in self.store.schedules() if i.key == key], "PUB",
+                    what)
         with self._write_lock:
             return {"changed": bool(getattr(self.store, what)(key))}
 
@@ -432,6 +480,7 @@ class StoreService(flight.FlightServerBase):
                 raise InvalidRequest("end_transactions: each item must be [transaction id, "
                                      "state]")
             pairs.append((item[0], item[1]))
+        self._opened.require_own(self._account(), [p[0] for p in pairs], "end_transactions")
         with self._write_lock:
             ended = self.store.end_transactions(pairs)
         return {"ended": [bool(e) for e in ended]}
@@ -445,12 +494,14 @@ class StoreService(flight.FlightServerBase):
                 producer = self._half_producers[group] = self.store.transaction_producer(
                     group, LeaveOpen())
             result = producer.send_in_transaction(message)
+        self._opened.opened(self._account(), result.transaction_id)
         out = _result(result)
         out["half_topic"] = result.half_topic
         return out
 
     def _sink(self, body: dict, what: str):
-        return self.store.sink(_named(body, "sink_id", what, validate_sink_id),
+        return self.store.sink(own_sink_id(self._account(),
+                                           _named(body, "sink_id", what, validate_sink_id)),
                                _named(body, "group", what, validate_group, default="rmq-sink"))
 
     def _action_sink_commit(self, body: dict) -> dict:
@@ -482,8 +533,9 @@ class StoreService(flight.FlightServerBase):
 
     def _action_ensure_topic(self, body: dict) -> dict:
         with self._write_lock:
-            return {"queues": self.store.ensure_topic(
-                _named(body, "topic", "ensure_topic", validate_topic))}
+            topic = _named(body, "topic", "ensure_topic", validate_topic)
+            require(self._account(), [topic], "PUB", "ensure_topic")
+            return {"queues": self.store.ensure_topic(topic)}
 
     def _action_known_transactions(self, body: dict) -> dict:
         ids = field(body, "ids", list, "known_transactions")
