@@ -44,8 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from store import Message, connect, server_status  # noqa: E402
-from store.remote.address import RemoteAddress  # noqa: E402
+from store import Message, connect, server_status
+from store.remote.address import RemoteAddress
 
 TOKEN = "fuzz-flight-token"
 #: Names a table column may have (the calls' own, and a few others).

@@ -12,8 +12,8 @@ progress (which gRPC's own thread pool bounds) plus :data:`KEEP_IDLE` readers.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from ..reader import StoreReader
 

@@ -104,8 +104,8 @@ def test_sinks_and_transactions_stay_with_the_account_that_opened_them(served):
 
 
 def test_spark_options_name_the_account_and_its_secret_as_they_name_the_token(tmp_path):
-    from rmq_source.options import parse_options
     from rmq_source.errors import InvalidOptionError
+    from rmq_source.options import parse_options
 
     secret_file = tmp_path / "secret"
     secret_file.write_text("writer-secret\n")

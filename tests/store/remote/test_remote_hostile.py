@@ -180,7 +180,7 @@ def test_open_files_stay_flat_across_50_bursts_of_64_calls(server):
     threads each time) leave no reader open behind them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    proc, url, path = server
+    proc, url, _ = server
     with connect(url, token=TOKEN, timeout_s=20) as remote:
         remote.producer("g").send_table(pa.table({
             "body": [b"x"] * 100, "queue_id": pa.array([i % 4 for i in range(100)], pa.int32())}),
