@@ -286,7 +286,7 @@ class StoreService(flight.FlightServerBase):
         account = caller_of(context)
         if "key" in table.column_names:  # replaces pending messages by key, of any topic
             require_admin(account, f"{op} with a key column")
-        require(account, row_topics(table, topic), "PUB", op)
+        require(account, lambda: row_topics(table, topic), "PUB", op)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
@@ -311,7 +311,7 @@ class StoreService(flight.FlightServerBase):
         account = caller_of(context)
         if op == "replace_table":  # replaces pending messages by key, of any topic
             require_admin(account, op)
-        require(account, row_topics(table, topic), "PUB", op)
+        require(account, lambda: row_topics(table, topic), "PUB", op)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
         if op == "schedule_table":
