@@ -44,7 +44,8 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
                    "'.[grpc]').")
 @click.option("--acl", type=click.Path(dir_okay=False, exists=True), default=None,
               help="An ACL file (JSON accounts: accessKey, secretKey, topic and group "
-                   "permissions) the --grpc clients must sign with.")
+                   "permissions, admin) the --grpc clients sign with and the --listen "
+                   "clients give (account and secret).")
 @click.option("--insecure", is_flag=True,
               help="Serve a non-loopback --listen address without a token, or --grpc "
                    "without an ACL.")
@@ -52,13 +53,16 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
               help="PEM certificate chain: serve rmqs:// (TLS); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None,
               help="PEM private key of --tls-cert.")
+@click.option("--max-request-mib", type=click.IntRange(min=1), default=None,
+              help="Refuse a --listen table upload (DoPut, DoExchange) past this many MiB "
+                   "of Arrow buffers, as soon as it passes [default: 256].")
 @click.option("--duration-s", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
-          duration_s, log_level):
+          max_request_mib, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -80,6 +84,8 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
     network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,
                                acl)
     require_store(store_path, create)
+    if max_request_mib is not None and network.get("listen") is not None:
+        network["max_request_bytes"] = max_request_mib * 1024 * 1024
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,
@@ -105,7 +111,8 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
 def _member_network(network: dict, i: int) -> dict:
     """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0); the gRPC
     endpoint is the group's, one for all members (see :func:`_serve_group`)."""
-    network = {k: v for k, v in network.items() if k not in ("grpc", "acl")}
+    network = {k: v for k, v in network.items()  # (the accounts also guard --listen)
+               if k != "grpc" and (k != "acl" or network.get("listen") is not None)}
     if not network or network.get("listen") is None:
         return {}
     host, _, port = network["listen"].rpartition(":")
@@ -124,7 +131,9 @@ def _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_liste
     if grpc_listen is not None:
         extra = {"grpc": grpc_listen, "acl": acl}
     elif acl is not None:
-        raise click.UsageError("--acl needs --grpc")
+        if listen is None:
+            raise click.UsageError("--acl needs --listen or --grpc")
+        extra = {"acl": acl}
     if listen is None:
         if token_file:
             raise click.UsageError("--token-file needs --listen")

@@ -28,9 +28,11 @@ OPTION_NAMES = {name.lower(): name for name in (
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
     "verifyCrc", "checkRounds", "token", "tokenFile", "tlsRootCerts", "timeoutMs",
+    "account", "secret", "secretFile",
 )}
 #: Options of an ``rmq://`` path (a served store), taken out of the option map at parse time.
-REMOTE_OPTION_NAMES = frozenset({"token", "tokenfile", "tlsrootcerts", "timeoutms"})
+REMOTE_OPTION_NAMES = frozenset({"token", "tokenfile", "tlsrootcerts", "timeoutms",
+                                 "account", "secret", "secretfile"})
 
 def _fail(name: str, value: object, problem: str, allowed: str) -> InvalidOptionError:
     return InvalidOptionError(f"option {OPTION_NAMES.get(name, name)}={value!r}: {problem}; "

@@ -77,6 +77,9 @@ class RemoteAccess:
     timeout_s: float = 60.0
     #: the served members' URLs when ``path`` is a store group spanning hosts
     members: tuple[str, ...] = ()
+    #: an account of the server's ACL file and its secret (instead of the token)
+    account: str | None = None
+    secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for path in (self.path, *self.members):
@@ -84,12 +87,13 @@ class RemoteAccess:
 
     def __reduce__(self):
         return RemoteAccess, (self.path, self.token, self.tls_root_certs, self.timeout_s,
-                              self.members)
+                              self.members, self.account, self.secret)
 
     def connect_options(self) -> dict:
         """Keyword arguments of :func:`store.connect`."""
         return {"token": self.token, "timeout_s": self.timeout_s,
-                "tls_root_certs": self.tls_root_certs}
+                "tls_root_certs": self.tls_root_certs, "account": self.account,
+                "secret": self.secret}
 
 
 def remote_access(path: str) -> RemoteAccess | None:
@@ -263,18 +267,21 @@ def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
     members = _served_members(path)
     if not is_remote(path) and not members:
         for key in given:
-            raise _fail(key, "***" if key == "token" else raw[key],
+            raise _fail(key, "***" if key in ("token", "secret") else raw[key],
                         "applies to a served store only",
                         "an rmq://HOST:PORT or rmqs://HOST:PORT path, or leave it out")
         return None
     from store import connect, read_token
 
     try:
-        for url in members or (path,):
-            connect(url).close()  # checks the URL; nothing is sent
         token = read_token(raw.get("token"), raw.get("tokenfile"))
+        secret = read_token(raw.get("secret"), raw.get("secretfile"))
+        account = raw.get("account")
+        for url in members or (path,):  # checks the URL and the credentials; nothing is sent
+            connect(url, token=token, account=account, secret=secret).close()
     except InvalidConfigError as exc:
-        raise InvalidOptionError(f"option path={path!r} or its token: {exc}") from None
+        raise InvalidOptionError(f"option path={path!r}, its token or its account: {exc}"
+                                 ) from None
     roots = raw.get("tlsrootcerts")
     timeout_s = 60.0
     if "timeoutms" in raw:
@@ -282,7 +289,7 @@ def _parse_remote(raw: Mapping[str, str], path: str) -> RemoteAccess | None:
                                "an integer >= 1 (milliseconds a call to the server may take)"
                                ) / 1000
     return RemoteAccess(path, token=token, tls_root_certs=roots, timeout_s=timeout_s,
-                        members=members)
+                        members=members, account=account, secret=secret)
 
 
 def _served_members(path: str) -> tuple[str, ...]:

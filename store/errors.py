@@ -147,3 +147,8 @@ class StoreReplacedError(StoreClosedError):
 class StoreFormatError(ConfigMismatchError):
     """The store's on-disk format version is one this rmq cannot read (newer than it, or
     older with no step forward): nothing was changed."""
+
+
+class AccessDeniedError(RemoteError, PermissionError):
+    """A served store refused a request its account has no right to (a topic it may not
+    publish to or read, an action for admins); nothing was done."""

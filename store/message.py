@@ -18,7 +18,8 @@ from .formats.codec import (
     TRANSACTION_TYPE_MASK,
     Record,
 )
-from .errors import InvalidMessageError, InvalidTopicError, MessageTooLargeError
+from .errors import (InvalidMessageError, InvalidScheduleError, InvalidTopicError,
+                     MessageTooLargeError)
 
 # --- property keys (RocketMQ MessageConst) -------------------------------------------------
 PROPERTY_KEYS = "KEYS"
@@ -126,7 +127,7 @@ def validate_topic(topic: object, *, allow_system: bool = False) -> str:
     ``allow_system``.  The character set keeps every topic inside the store directory.
     """
     if not isinstance(topic, str) or not topic.strip():
-        raise InvalidTopicError(f"topic {topic!r} must be a non-blank string")
+        raise InvalidTopicError(f"topic {_shown(topic)} must be a non-blank string")
     if len(topic) > TOPIC_MAX_LENGTH:
         raise InvalidTopicError(
             f"topic {topic[:40]!r}... is {len(topic)} characters; "
@@ -134,7 +135,7 @@ def validate_topic(topic: object, *, allow_system: bool = False) -> str:
         )
     if not _TOPIC_RE.match(topic):
         raise InvalidTopicError(
-            f"topic {topic!r} has characters outside the allowed set a-z A-Z 0-9 _ - % |"
+            f"topic {_shown(topic)} has characters outside the allowed set a-z A-Z 0-9 _ - % |"
         )
     if topic in (".", ".."):
         raise InvalidTopicError(f"topic {topic!r} is not allowed")
@@ -149,13 +150,69 @@ def validate_topic(topic: object, *, allow_system: bool = False) -> str:
 def validate_group(group: object) -> str:
     """Check a producer group name (same characters as topics, at most 120)."""
     if not isinstance(group, str) or not group.strip():
-        raise InvalidTopicError(f"producer group {group!r} must be a non-blank string")
+        raise InvalidTopicError(f"producer group {_shown(group)} must be a non-blank string")
     if len(group) > GROUP_MAX_LENGTH or not _TOPIC_RE.match(group):
         raise InvalidTopicError(
-            f"producer group {group!r}: allowed 1 to {GROUP_MAX_LENGTH} characters of "
+            f"producer group {_shown(group)}: allowed 1 to {GROUP_MAX_LENGTH} characters of "
             "a-z A-Z 0-9 _ - % |"
         )
     return group
+
+
+# Every name a caller gives the store (a topic, a group, a sink id, a message id, a delay
+# key, a schedule key) is checked by one of the validators here, on every path that creates
+# or names something: the local calls, the Flight and gRPC faces, the topic table itself.
+
+#: Longest sink id, in characters (Spark's default id is a checkpoint location).
+SINK_ID_MAX_LENGTH = 1024
+#: Longest delay key, in UTF-8 bytes.
+MAX_DELAY_KEY_BYTES = 1024
+#: Longest schedule key, in characters.
+SCHEDULE_KEY_MAX_LENGTH = 255
+#: C0 control characters and DEL: never in a name (NUL ends C strings; others break logs).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: at most 40 characters of a long string."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:40]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
+def validate_sink_id(sink_id: object) -> str:
+    """``sink_id`` when it can name a sink (1 to 1,024 characters, no control characters;
+    it names no file: the store keeps its hash); else :class:`InvalidMessageError`."""
+    if (not isinstance(sink_id, str) or not sink_id.strip()
+            or len(sink_id) > SINK_ID_MAX_LENGTH or _CONTROL_RE.search(sink_id)):
+        raise InvalidMessageError(
+            f"sink id {_shown(sink_id)}; allowed: a non-blank string of at most "
+            f"{SINK_ID_MAX_LENGTH} characters without control characters")
+    return sink_id
+
+
+def validate_delay_key(key: object) -> str:
+    """``key`` when it can name a pending message; else :class:`InvalidMessageError`."""
+    if not isinstance(key, str) or not key:
+        raise InvalidMessageError(f"key={_shown(key)}; allowed: a non-empty str")
+    if "\x00" in key or "\x01" in key or "\x02" in key:
+        raise InvalidMessageError(f"key={_shown(key)} holds \\x00, \\x01 or \\x02 (NUL, the "
+                                  "properties' separators); allowed: any other characters")
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > MAX_DELAY_KEY_BYTES:
+        raise InvalidMessageError(f"key of {size} bytes; allowed: at most "
+                                  f"{MAX_DELAY_KEY_BYTES} bytes of UTF-8")
+    return key
+
+
+def validate_schedule_key(key: object) -> str:
+    """``key`` when it can name a schedule; else :class:`InvalidScheduleError`."""
+    if (not isinstance(key, str) or not key or len(key) > SCHEDULE_KEY_MAX_LENGTH
+            or _CONTROL_RE.search(key)):
+        raise InvalidScheduleError(f"key={_shown(key)}; allowed: a non-empty str of at most "
+                                   f"{SCHEDULE_KEY_MAX_LENGTH} characters, no control "
+                                   "characters, naming the schedule")
+    return key
 
 
 def java_string_hash(text: str) -> int:

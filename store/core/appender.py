@@ -39,6 +39,7 @@ from ..formats.codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1
 from ..formats.crc import crc32
 from ..errors import InvalidMessageError, MessageTooLargeError
 from ..kernels.record_kernels import ByteColumn
+from ..message import is_valid_topic_name
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
 from .dispatch import QueueEntries, is_dispatched
@@ -330,8 +331,13 @@ class Appender:
 
     def _queue_ids_in_range(self, records: AssembledRecords) -> np.ndarray:
         """The records' queue ids, an id outside its topic's queues taken modulo their count
-        (missing topics are created)."""
-        counts = np.array([self.core.ensure_topic(t) for t in records.topics], dtype=np.int64)
+        (missing topics are created; a name no record uses and no topic can have, left in
+        the list by a damaged record dropped on the way, is not: the topic table refuses it)."""
+        used = np.zeros(len(records.topics), dtype=bool)
+        used[records.topic_ids] = True
+        counts = np.array([self.core.ensure_topic(t)
+                           if used[i] or is_valid_topic_name(t) else np.iinfo(np.int64).max
+                           for i, t in enumerate(records.topics)], dtype=np.int64)
         qids = records.queue_ids
         if int(qids.min()) < 0 or int(qids.max()) >= int(counts.min()):
             count = counts[records.topic_ids]

@@ -11,10 +11,13 @@ re-reads it when it changes.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from .broker_files import read_lenient_json, write_config
-from ..message import is_system_topic
+from ..message import is_system_topic, is_valid_topic_name, validate_topic
+
+log = logging.getLogger("store")
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -50,6 +53,7 @@ class TopicTable:
         self._from_dirs: dict[str, dict] = {}
         self._topics: dict[str, dict] = {}
         self._file_topics: dict[str, dict] = {}
+        self._unnamed: dict[str, object] = {}
         self._version: dict = {}
         #: Queues this process wrote that the file or the directories may not show yet.
         self._written: dict[str, int] = {}
@@ -77,7 +81,7 @@ class TopicTable:
                     ids = [int(q) for q in os.listdir(tdir) if q.isdigit()]
                 except (FileNotFoundError, NotADirectoryError):
                     continue
-                if ids:
+                if ids and is_valid_topic_name(topic):
                     found[topic] = _topic_config(topic, max(ids) + 1)
                     if topic not in self._file_topics:
                         stamp.append((st.st_mtime_ns, st.st_nlink))
@@ -131,7 +135,14 @@ class TopicTable:
             version = data.get("dataVersion")
             self._version = version if isinstance(version, dict) else {}
             self._file_topics = {k: v for k, v in table.items()
-                                 if isinstance(v, dict) and _queue_count_of(v) is not None}
+                                 if isinstance(v, dict) and _queue_count_of(v) is not None
+                                 and is_valid_topic_name(k)}
+            # a name no rmq would write (an older version's, a hand edit): kept in the file as
+            # it is, never served, so that the rest of the store still opens and reads
+            self._unnamed = {k: v for k, v in table.items() if not is_valid_topic_name(k)}
+            if self._unnamed:
+                log.warning("%s: skipped %d topic(s) whose name breaks the topic rules (first: "
+                            "%.60r)", self.path, len(self._unnamed), next(iter(self._unnamed)))
             self._stamp = stamp
         self._merge()
         return self._topics
@@ -170,7 +181,10 @@ class TopicTable:
         return sorted(self.reload())
 
     def create(self, topic: str, queue_count: int, now_ms: int) -> dict:
-        """Add a topic (caller holds the write lock) and persist the table."""
+        """Add a topic (caller holds the write lock) and persist the table; a name outside
+        the topic rules raises :class:`~store.errors.InvalidTopicError` (every path that
+        creates a topic ends here)."""
+        validate_topic(topic, allow_system=True)
         topics = dict(self.reload(force=True))
         if topic in topics:
             return topics[topic]
@@ -184,7 +198,8 @@ class TopicTable:
         counter = counter if isinstance(counter, int) and not isinstance(counter, bool) else 0
         version = {"stateVersion": 0, **self._version, "counter": counter + 1,
                    "timestamp": now_ms}
-        write_config(self.path, {"topicConfigTable": topics, "dataVersion": version})
+        write_config(self.path, {"topicConfigTable": {**self._unnamed, **topics},
+                                 "dataVersion": version})
         self._topics = self._file_topics = topics
         self._version = version
         self._stamp = self._file_stamp()
@@ -196,6 +211,8 @@ class TopicTable:
         topics = dict(self.reload(force=True))
         changed = []
         for topic, count in counts.items():
+            if not is_valid_topic_name(topic):
+                continue  # (recovery checks names read back; a table never takes a bad one)
             cfg = topics.get(topic)
             if cfg is None or (_queue_count_of(cfg) or 0) < count:
                 topics[topic] = _topic_config(topic, count)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..errors import InvalidMessageError
 from .jit import c_function, kernel_set
 
 CRC_POLY = 0xEDB88320
@@ -241,6 +242,40 @@ def one_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     return values
 
 
+def checked_offsets(offsets: np.ndarray, limit: int, what: str) -> np.ndarray:
+    """``offsets`` (an Arrow array's, ``n + 1`` of them) when they stay inside the ``limit``
+    bytes or entries they index: the first >= 0, never falling, the last <= ``limit``.
+
+    A compiled loop trusts the offsets it is handed; an array built by hand
+    (``pa.Array.from_buffers``) or read from a stream Arrow validated only cheaply may hold
+    any, and one past its buffer would read (or copy into a message) whatever memory follows.
+    One vectorised pass, no copy of the offsets.
+    """
+    if len(offsets) and (offsets[0] < 0 or offsets[-1] > limit
+                         or (len(offsets) > 1 and bool((offsets[1:] < offsets[:-1]).any()))):
+        raise InvalidMessageError(
+            f"{what}: Arrow offsets outside their buffer (first {int(offsets[0])}, last "
+            f"{int(offsets[-1])}, buffer {limit}) or falling; allowed: offsets rising from 0 "
+            "to at most the buffer's length (a valid Arrow array)")
+    return offsets
+
+
+def _check_buffers(arr: pa.Array) -> None:
+    """:func:`checked_offsets` of a (large) binary or string array's own buffers."""
+    buffers = arr.buffers()
+    if len(buffers) < 3 or buffers[1] is None:
+        return
+    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    item = 8 if wide else 4
+    n = len(arr) + arr.offset + 1
+    if buffers[1].size < n * item:
+        raise InvalidMessageError(f"a {arr.type} array of {len(arr)} rows has "
+                                  f"{buffers[1].size} bytes of offsets; allowed: {n * item}")
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if wide else np.int32,
+                            count=n)[arr.offset:]
+    checked_offsets(offsets, 0 if buffers[2] is None else buffers[2].size, f"a {arr.type} array")
+
+
 def _numpy_owned(data: np.ndarray) -> bool:
     """Whether ``data`` is, or views, an array that owns its memory (no outside buffer)."""
     while isinstance(data.base, np.ndarray):
@@ -289,6 +324,7 @@ class ByteColumn:
     @classmethod
     def from_arrow(cls, arr) -> ByteColumn:
         arr = one_array(arr)
+        _check_buffers(arr)  # before any Arrow kernel (cast, fill_null) copies by them
         if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
             arr = arr.cast(pa.large_binary() if pa.types.is_large_string(arr.type)
                            else pa.binary())

@@ -123,7 +123,12 @@ class StoreServer:
         transaction check rounds and asks the endpoint's producers about their open
         transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.
     acl : str, optional
-        The ACL file of the gRPC endpoint (:mod:`store.proxy.access`).
+        The accounts file (:mod:`store.files.accounts`) of the gRPC endpoint and of the
+        Flight service: per account a secret and per-topic rights (:mod:`store.remote.rights`).
+    max_request_bytes : int, optional
+        Bound on one Flight ``DoPut`` / ``DoExchange`` request's Arrow buffers (default
+        256 MiB, :data:`store.remote.wire.MAX_MESSAGE_BYTES`; ``rmq serve
+        --max-request-mib``).
 
     Raises
     ------
@@ -135,23 +140,23 @@ class StoreServer:
                  clock=None, check_transactions: bool = False, listen: str | None = None,
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  insecure: bool = False, grpc: str | None = None,
-                 acl: str | None = None) -> None:
+                 acl: str | None = None, max_request_bytes: int | None = None) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
         if grpc is not None:
             _check_grpc_access(grpc, acl, insecure)
-        if acl is not None and grpc is None:
-            raise InvalidConfigError("an ACL file is for the gRPC endpoint; allowed: acl "
-                                     "together with grpc")
+        if acl is not None and grpc is None and listen is None:
+            raise InvalidConfigError("an ACL file is for a network face; allowed: acl "
+                                     "together with listen or grpc")
         address = None
         if listen is not None:
             address = RemoteAddress.listen(listen, tls=tls is not None)
-            if not address.loopback and token is None and not insecure:
+            if not address.loopback and token is None and acl is None and not insecure:
                 raise InvalidConfigError(
                     f"listening on {listen} (not a loopback address) needs a token "
-                    "(--token-file FILE); allowed: a token, or --insecure to serve anyone who "
-                    "can reach the port")
+                    "(--token-file FILE) or accounts (--acl FILE); allowed: a token, accounts, "
+                    "or --insecure to serve anyone who can reach the port")
         # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
@@ -164,7 +169,14 @@ class StoreServer:
             if address is not None:
                 from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
 
-                self.service = StoreService(self.store, address, token=token, tls=tls)
+                limits = {} if max_request_bytes is None else {
+                    "max_request_bytes": max_request_bytes}
+                if acl is not None:  # the accounts file both faces read
+                    from ..files.accounts import read_accounts
+
+                    limits["accounts"] = read_accounts(acl)
+                self.service = StoreService(self.store, address, token=token, tls=tls,
+                                            **limits)
             if grpc is not None:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 

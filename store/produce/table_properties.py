@@ -18,7 +18,7 @@ from ..formats.codec import PROPERTIES_SEPARATOR, PROPERTY_SEPARATOR
 from ..message import RESERVED_PROPERTY_NAMES
 from ..kernels.property_join import UserPairs, distinct_strings
 from ..kernels.jit import kernel_set
-from ..kernels.record_kernels import ByteColumn, one_array
+from ..kernels.record_kernels import ByteColumn, checked_offsets, one_array
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:
@@ -59,7 +59,8 @@ def user_property_pairs(table: pa.Table) -> UserPairs | None:
                                                             for f in text):
         return None  # the per-row path names the row
     col = one_array(col)
-    offsets = col.offsets.to_numpy(zero_copy_only=False)  # int32, not widened: 16 MB less
+    offsets = checked_offsets(col.offsets.to_numpy(zero_copy_only=False),  # int32: 16 MB less
+                              len(col.keys), "column properties")
     starts = offsets[:-1]
     ends = offsets[1:]
     if col.null_count:  # a null map has no pairs, wherever its offsets point

@@ -30,47 +30,17 @@ from __future__ import annotations
 import calendar
 import hashlib
 import hmac
-import json
 import time
 from dataclasses import dataclass
 
 from ..errors import InvalidConfigError
+from ..files.accounts import AccountRights, read_accounts, read_signature_window
 from .convert import Code, Refused
-
-_PERMS = {"DENY": frozenset(), "PUB": frozenset({"PUB"}), "SUB": frozenset({"SUB"}),
-          "PUB|SUB": frozenset({"PUB", "SUB"}), "SUB|PUB": frozenset({"PUB", "SUB"})}
-
-
-def _perm(value: object, where: str) -> frozenset[str]:
-    if not isinstance(value, str) or value.replace(" ", "").upper() not in _PERMS:
-        raise InvalidConfigError(f"{where}: permission {value!r}; allowed: DENY, PUB, SUB, "
-                                 "PUB|SUB")
-    return _PERMS[value.replace(" ", "").upper()]
-
-
-def _perm_table(items: object, where: str) -> dict[str, frozenset[str]]:
-    if items is None:
-        return {}
-    if not isinstance(items, list):
-        raise InvalidConfigError(f"{where}: expected a list of 'name=PERM' strings")
-    out = {}
-    for item in items:
-        name, sep, perm = str(item).partition("=")
-        if not sep or not name.strip():
-            raise InvalidConfigError(f"{where}: {item!r}; allowed: 'name=PERM'")
-        out[name.strip()] = _perm(perm.strip(), where)
-    return out
 
 
 @dataclass(frozen=True)
-class Account:
-    access_key: str
-    secret_key: str
-    admin: bool
-    default_topic: frozenset[str]
-    topics: dict[str, frozenset[str]]
-    default_group: frozenset[str]
-    groups: dict[str, frozenset[str]]
+class Account(AccountRights):
+    """An account of the ACL file (:mod:`store.files.accounts`), refusing as gRPC does."""
 
     def check_topic(self, topic: str, right: str) -> None:
         """``FORBIDDEN`` unless the account may ``right`` (PUB or SUB) ``topic``."""
@@ -116,37 +86,9 @@ class AccessControl:
 
     @classmethod
     def load(cls, path: str) -> AccessControl:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise InvalidConfigError(f"cannot read the ACL file {path}: {exc}") from None
-        except ValueError as exc:
-            raise InvalidConfigError(f"the ACL file {path} is not JSON: {exc}") from None
-        items = data.get("accounts") if isinstance(data, dict) else None
-        window = data.get("signatureWindowSeconds", SIGNATURE_WINDOW_S) \
-            if isinstance(data, dict) else SIGNATURE_WINDOW_S
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise InvalidConfigError(f"the ACL file {path}: signatureWindowSeconds={window!r}; "
-                                     "allowed: an int of 1 or more")
-        if not isinstance(items, list) or not items:
-            raise InvalidConfigError(f"the ACL file {path} has no \"accounts\" list")
-        accounts = []
-        for i, a in enumerate(items):
-            where = f"{path}: accounts[{i}]"
-            if not isinstance(a, dict):
-                raise InvalidConfigError(f"{where}: expected an object")
-            ak, sk = a.get("accessKey"), a.get("secretKey")
-            if not isinstance(ak, str) or not ak or not isinstance(sk, str) or len(sk) < 6:
-                raise InvalidConfigError(f"{where}: accessKey (non-empty) and secretKey (6 "
-                                         "characters at least) are required")
-            accounts.append(Account(
-                ak, sk, bool(a.get("admin", False)),
-                _perm(a.get("defaultTopicPerm", "DENY"), where),
-                _perm_table(a.get("topicPerms"), where),
-                _perm(a.get("defaultGroupPerm", "SUB"), where),
-                _perm_table(a.get("groupPerms"), where)))
-        return cls(accounts, signature_window_s=window)
+        # the file's format: store.files.accounts (the Flight face reads it too)
+        return cls(read_accounts(path, Account),
+                   signature_window_s=read_signature_window(path, SIGNATURE_WINDOW_S))
 
     def account(self, metadata: dict[str, str], now_ms: int | None = None) -> Account:
         """The account that signed a call (its headers) within the signature window of

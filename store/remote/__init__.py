@@ -18,13 +18,18 @@ if typing.TYPE_CHECKING:
 
 def connect(url: str, *, token: str | None = None, token_file: str | None = None,
             timeout_s: float = DEFAULT_TIMEOUT_S,
-            tls_root_certs: str | os.PathLike | None = None) -> RemoteStore:
+            tls_root_certs: str | os.PathLike | None = None, account: str | None = None,
+            secret: str | None = None, secret_file: str | None = None) -> RemoteStore:
     """A handle on the store served at ``url`` (``rmq://HOST:PORT`` or ``rmqs://``).
 
     Parameters
     ----------
     token, token_file : str, optional
         The server's shared secret, or a file whose first line is it.
+    account, secret, secret_file : str, optional
+        An account of the server's ACL file (``rmq serve --listen ... --acl FILE``): its
+        access key and its secret key (or a file whose first line is it); instead of a
+        token.
     timeout_s : float
         Bound on each call; past it the call raises :class:`~store.errors.RemoteError`.
     tls_root_certs : path, optional
@@ -36,4 +41,5 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
     from .client import RemoteStore
 
     return RemoteStore(url, token=token, token_file=token_file, timeout_s=timeout_s,
-                       tls_root_certs=tls_root_certs)
+                       tls_root_certs=tls_root_certs, account=account, secret=secret,
+                       secret_file=secret_file)

@@ -8,6 +8,7 @@ same host and port.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -121,3 +122,22 @@ def read_token(token: str | None = None, token_file: str | os.PathLike | None = 
     if token is not None and not token.strip():
         raise InvalidConfigError("the token is empty; allowed: a non-empty shared secret")
     return token.strip() if token is not None else None
+
+
+def account_header(account: str | None, secret: str | None, token: str | None
+                   ) -> bytes | None:
+    """The ``authorization`` header a client sends: ``Bearer <token>``, or ``Basic
+    base64(<account>:<secret>)`` for an account of the server's ACL file; ``None`` for
+    neither.  :class:`InvalidConfigError` for an account without its secret (or the reverse)
+    or with a token too."""
+    if (account is None) != (secret is None):
+        raise InvalidConfigError("an account needs its secret (secret or secretFile) and a "
+                                 "secret its account; allowed: both or neither")
+    if account is None:
+        return None if token is None else f"Bearer {token}".encode()
+    if token is not None:
+        raise InvalidConfigError("give a token or an account, not both")
+    if not account or ":" in account:
+        raise InvalidConfigError(f"account {account!r}; allowed: a non-empty access key "
+                                 "without ':'")
+    return b"Basic " + base64.b64encode(f"{account}:{secret}".encode())

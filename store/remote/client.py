@@ -35,11 +35,11 @@ from ..errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTopicErr
 from ..message import LocalTransactionState, Message, MessageView, SendResult
 from ..produce.table_rows import as_table
 from ..sink.sink import SinkCommit
+from ..timer.keys import key_list
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
-from .address import DEFAULT_TIMEOUT_S, RemoteAddress, read_token
-from ..timer.keys import key_list
-from .wire import RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
+from .address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
+from .wire import END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
 
 #: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
 SNAPSHOT_MAX_AGE_S = 0.5
@@ -65,11 +65,14 @@ class RemoteStore:
 
     def __init__(self, url: str, *, token: str | None = None, token_file: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
-                 tls_root_certs: str | os.PathLike | None = None) -> None:
+                 tls_root_certs: str | os.PathLike | None = None, account: str | None = None,
+                 secret: str | None = None, secret_file: str | None = None) -> None:
         self.address = RemoteAddress.parse(url)
         self.root = self.address.url  # where a local store has its directory
         self.timeout_s = float(timeout_s)
         self._token = read_token(token, token_file)
+        self._credentials = account_header(account, read_token(secret, secret_file),
+                                           self._token)
         self._root_certs = None
         if tls_root_certs is not None:
             with open(tls_root_certs, "rb") as fh:
@@ -122,8 +125,7 @@ class RemoteStore:
         raise_remote(exc, self.address.url)
 
     def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
-        headers = [] if self._token is None else [
-            (b"authorization", f"Bearer {self._token}".encode())]
+        headers = [] if self._credentials is None else [(b"authorization", self._credentials)]
         return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=headers)
 
     def _action(self, name: str, body: dict | None = None) -> dict:
@@ -141,6 +143,7 @@ class RemoteStore:
                 self._options())
             try:
                 writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
                 writer.done_writing()
                 answer = answers.read()
             finally:
@@ -157,6 +160,7 @@ class RemoteStore:
             try:
                 writer.begin(table.schema)
                 writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
                 writer.done_writing()
                 return reader.read_all()
             finally:

@@ -23,13 +23,16 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from contextlib import contextmanager
 
 import pyarrow as pa
 from pyarrow import flight
 
 from ..core.message_columns import projected_schema
 from ..errors import StoreError
-from ..message import Message
+from ..files.accounts import AccountRights
+from ..message import (Message, validate_delay_key, validate_group, validate_msg_id,
+                       validate_schedule_key, validate_sink_id, validate_topic)
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
                                        read_check_round_table, read_query_round,
                                        write_query_round)
@@ -37,11 +40,20 @@ from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
 from .address import RemoteAddress
+from .incoming import received_table
+from .limits import RateLimitedLog, StreamLimits
+from .reader_pool import ReaderPool
+from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
+                     require_admin, row_topics)
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields,
                    error_info, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
+
+#: Actions only an admin account (or the server's token) may call (see :mod:`.rights`).
+ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_due",
+                           "known_transactions", "run_check_round", "drop_check_rounds"})
 
 #: Queue offsets read per batch of a ``DoGet`` (the Spark source's batch size).
 READ_CHUNK = 65536
@@ -79,8 +91,16 @@ class _TokenCheck(flight.ServerMiddlewareFactory):
         why = "wrong" if given[0] else "no"
         if info.method in _HANDLED:
             return _Refusal(why)
-        log.warning("refused a %s call: %s token", info.method.name, why)
+        _refused("refused a %s call: %s token", info.method.name, why)
         raise flight.FlightUnauthenticatedError(_TOKEN_REFUSED)
+
+
+_REFUSED = RateLimitedLog(log)
+
+
+def _refused(message: str, *args) -> None:
+    """Log a refused call, at a bounded rate (:class:`.limits.RateLimitedLog`)."""
+    _REFUSED.warning(message, *args)
 
 
 def _unless_quiet(fn):
@@ -90,18 +110,23 @@ def _unless_quiet(fn):
     def handler(self, context, *args):
         refusal = context.get_middleware("token")
         if refusal is not None:
-            log.warning("refused a %s call from %s: %s token", fn.__name__, context.peer(),
-                        refusal.why)
+            _refused("refused a %s call from %s: %s token", fn.__name__, context.peer(),
+                     refusal.why)
             raise flight.FlightUnauthenticatedError(_TOKEN_REFUSED)
         try:
             return fn(self, context, *args)
         except (flight.FlightError, flight.FlightCancelledError):
             raise
         except InvalidRequest as exc:
-            log.warning("refused a request from %s: %s", context.peer(), exc)
+            _refused("refused a request from %s: %s", context.peer(), exc)
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
         except StoreError as exc:
             raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+        except MemoryError:  # one request too large for what is left: refuse it, keep serving
+            log.error("a request from %s ran out of memory; refused", context.peer())
+            raise flight.FlightServerError("the server ran out of memory for this request",
+                                           extra_info=error_info(StoreError("out of memory"))
+                                           ) from None
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server
             log.exception("request from %s failed", context.peer())
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
@@ -125,21 +150,40 @@ class StoreService(flight.FlightServerBase):
         The shared secret every request must carry.
     tls : (bytes, bytes), optional
         PEM certificate chain and private key (``rmqs://``).
+    max_request_bytes : int, optional
+        Bound on the Arrow buffers of one ``DoPut`` / ``DoExchange`` stream (refused as soon
+        as it passes it; default :data:`~store.remote.wire.MAX_MESSAGE_BYTES`).
+    stream_limits : StreamLimits, optional
+        Bounds on streams in progress, per client host and in all (:mod:`.limits`).
+    accounts : list of AccountRights, optional
+        The accounts of an ACL file (:mod:`store.files.accounts`): each call is then made by
+        an account (or with ``token``, as an admin) and checked by what it touches
+        (:mod:`.rights`).
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
-                 tls: tuple[bytes, bytes] | None = None) -> None:
+                 tls: tuple[bytes, bytes] | None = None,
+                 max_request_bytes: int = MAX_MESSAGE_BYTES,
+                 stream_limits: StreamLimits | None = None,
+                 accounts: list[AccountRights] | None = None) -> None:
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
+        if accounts:
+            middleware = {"access": AccountCheck(accounts, token, _refused)}
         super().__init__(address.location, tls_certificates=[tls] if tls else [],
                          middleware=middleware)
         self.store = store
+        self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
-        self._local = threading.local()
-        self._readers: list[StoreReader] = []
-        self._readers_lock = threading.Lock()
+        self._readers = ReaderPool(lambda: StoreReader.open(self.path))
+        self._streams = stream_limits or StreamLimits()
+        self._call = threading.local()  # the account of the action a thread answers
+        self._opened = OpenedTransactions()
+        if not address.loopback and tls is None:
+            log.warning("serving %s without TLS: tokens and messages travel in clear; give "
+                        "--tls-cert and --tls-key to serve rmqs://", self.address.url)
         self._write_lock = threading.Lock()
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
@@ -149,25 +193,23 @@ class StoreService(flight.FlightServerBase):
         return self.address.url
 
     # ------------------------------------------------------------------ helpers
-    def _reader(self) -> StoreReader:
-        reader = getattr(self._local, "reader", None)
-        if reader is None:
-            reader = self._local.reader = StoreReader.open(self.path)
-            with self._readers_lock:
-                self._readers.append(reader)
-        return reader
-
     def _producer(self, group: str):
         found = self._producers.get(group)
         if found is None:
             found = self._producers[group] = self.store.producer(group)
         return found
 
+    @contextmanager
+    def _stream(self, context, what: str):
+        """One counted stream of the caller's (see :mod:`.limits`)."""
+        release = self._streams.admit(context.peer(), what)
+        try:
+            yield
+        finally:
+            release()
+
     def close_readers(self) -> None:
-        with self._readers_lock:
-            for reader in self._readers:
-                reader.close()
-            self._readers.clear()
+        self._readers.close()
 
     # ------------------------------------------------------------------ reads
     @_unless_quiet
@@ -178,11 +220,13 @@ class StoreService(flight.FlightServerBase):
         what = "read"
         op = field(body, "op", str, what)
         if op in ("query_round", "server_round"):
+            require_admin(caller_of(context), op)
             return self._round(body, op)
         if op != "read":
             raise InvalidRequest(f"unknown ticket op {op!r}; allowed: 'read', 'query_round', "
                                  "'server_round'")
-        topic = field(body, "topic", str, what)
+        topic = _named(body, "topic", what, _any_topic)
+        require(caller_of(context), [topic], "SUB", what)
         queue_id = field(body, "queue_id", int, what)
         start = field(body, "start", int, what)
         end = field(body, "end", int, what)
@@ -194,27 +238,45 @@ class StoreService(flight.FlightServerBase):
             schema = projected_schema(columns)
         except ValueError as exc:
             raise InvalidRequest(f"read: {exc}") from None
-        reader = self._reader()
+        release = self._streams.admit(context.peer(), "read")
+        try:
+            reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
+        except BaseException:
+            release()
+            raise
 
         def read(lo: int, hi: int):
             return reader.read_arrow(topic, queue_id, lo, hi, tags=tags, columns=columns,
                                      verify_crc=verify_crc, skip_corrupt=skip_corrupt)
 
-        first = read(start, min(end, start + READ_CHUNK))
+        try:
+            first = read(start, min(end, start + READ_CHUNK))
+        except BaseException:
+            self._readers.give_back(reader)
+            release()
+            raise
 
         def batches():
-            yield first
-            lo = start + READ_CHUNK
-            while lo < end:
-                try:
-                    batch = read(lo, min(end, lo + READ_CHUNK))
-                except StoreError as exc:
-                    raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
-                if batch.num_rows:
-                    yield batch
-                lo += READ_CHUNK
+            try:
+                yield None  # (primed below: a started generator runs its finally when dropped)
+                yield first
+                lo = start + READ_CHUNK
+                while lo < end:
+                    try:
+                        batch = read(lo, min(end, lo + READ_CHUNK))
+                    except StoreError as exc:
+                        raise flight.FlightServerError(str(exc),
+                                                       extra_info=error_info(exc)) from None
+                    if batch.num_rows:
+                        yield batch
+                    lo += READ_CHUNK
+            finally:
+                self._readers.give_back(reader)
+                release()
 
-        return flight.GeneratorStream(schema, batches())
+        stream = batches()
+        next(stream)
+        return flight.GeneratorStream(schema, stream)
 
     def _round(self, body: dict, op: str):
         """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
@@ -240,14 +302,19 @@ class StoreService(flight.FlightServerBase):
         op = field(body, "op", str, "put")
         if op not in PUTS:
             raise InvalidRequest(f"unknown put op {op!r}; allowed: {list(PUTS)}")
-        group = field(body, "group", str, op)
-        topic = field(body, "topic", str, op, optional=True)
-        table = reader.read_all()
+        group = _named(body, "group", op, validate_group)
+        topic = _named(body, "topic", op, validate_topic, optional=True)
+        with self._stream(context, op):
+            table = received_table(reader, context, op, self.max_request_bytes)
+        account = caller_of(context)
+        if "key" in table.column_names:  # replaces pending messages by key, of any topic
+            require_admin(account, f"{op} with a key column")
+        require(account, lambda: row_topics(table, topic), "PUB", op)
         if op == "check_table":  # a store group validates every share before any writes
             rows = prepare_rows(self.store, table, topic=topic)
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
             return
-        sink_id = field(body, "sink_id", str, op)
+        sink_id = own_sink_id(account, _named(body, "sink_id", op, validate_sink_id))
         with self._write_lock:
             staged = self.store.sink(sink_id, group).stage(table, topic=topic)
         writer.write(pa.py_buffer(dumps({"transactions": staged})))
@@ -260,9 +327,14 @@ class StoreService(flight.FlightServerBase):
         if op not in ("send_table", "replace_table", "schedule_table"):
             raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
                                  "'replace_table', 'schedule_table'")
-        group = field(body, "group", str, op)
-        topic = field(body, "topic", str, op, optional=True)
-        table = reader.read_all()
+        group = _named(body, "group", op, validate_group)
+        topic = _named(body, "topic", op, validate_topic, optional=True)
+        with self._stream(context, op):
+            table = received_table(reader, context, op, self.max_request_bytes)
+        account = caller_of(context)
+        if op == "replace_table":  # replaces pending messages by key, of any topic
+            require_admin(account, op)
+        require(account, lambda: row_topics(table, topic), "PUB", op)
         with self._write_lock:
             result = getattr(self._producer(group), op)(table, topic=topic)
         if op == "schedule_table":
@@ -288,35 +360,43 @@ class StoreService(flight.FlightServerBase):
         body = loads(raw or b"{}", f"the body of action {name}")
         if not isinstance(body, dict):
             raise InvalidRequest(f"action {name}: the body must be a JSON object")
+        self._call.account = account = caller_of(context)
+        if name in ADMIN_ACTIONS:
+            require_admin(account, name)
         return [flight.Result(pa.py_buffer(dumps(handler(body))))]
 
+    def _account(self) -> AccountRights:
+        """The account of the action this thread answers."""
+        return self._call.account
+
     def _action_info(self, body: dict) -> dict:
-        reader = self._reader()
-        return {"version": WIRE_VERSION, "written_by_rmq": reader.written_by_rmq,
-                "url": self.url}
+        with self._readers.reader() as reader:
+            return {"version": WIRE_VERSION, "written_by_rmq": reader.written_by_rmq,
+                    "url": self.url}
 
     def _action_snapshot(self, body: dict) -> dict:
-        reader = self._reader()
-        topics = {}
-        for topic in reader.topics():
-            topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
-                             for q in reader.queue_ids(topic)]
-        return {"topics": topics}
+        with self._readers.reader() as reader:
+            bounds = _queue_bounds(reader)
+        account = self._account()
+        return {"topics": {t: q for t, q in bounds.items()
+                           if account.may(t, "SUB") or account.may(t, "PUB")}}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:
         what = "offset_for_timestamp"
-        return {"offset": self._reader().offset_for_timestamp(
-            field(body, "topic", str, what), field(body, "queue_id", int, what),
-            field(body, "timestamp_ms", int, what))}
+        topic = _named(body, "topic", what, _any_topic)
+        require(self._account(), [topic], "SUB", what)
+        with self._readers.reader() as reader:
+            return {"offset": reader.offset_for_timestamp(
+                topic, field(body, "queue_id", int, what), field(body, "timestamp_ms", int, what))}
 
-    @staticmethod
-    def _message(body, what: str) -> Message:
+    def _message(self, body, what: str) -> Message:
         if not isinstance(body, dict):
             raise InvalidRequest(f"{what}: a message must be a JSON object")
         properties = field(body, "properties", dict, what, default={})
         keys = body.get("keys")
         if keys is not None and not isinstance(keys, (str, list)):
             raise InvalidRequest(f"{what}: field 'keys' must be a string or a list")
+        require(self._account(), [field(body, "topic", str, what)], "PUB", what)
         return Message(field(body, "topic", str, what), unb64(field(body, "body", str, what),
                                                               f"{what}: body"),
                        tags=field(body, "tags", str, what, optional=True),
@@ -328,29 +408,38 @@ class StoreService(flight.FlightServerBase):
         options = {k: field(body, k, int, "send", optional=True)
                    for k in ("delay_level", "delay_ms", "deliver_at_ms", "queue_id")}
         options["sharding_key"] = field(body, "sharding_key", str, "send", optional=True)
-        options["key"] = field(body, "key", str, "send", optional=True)
+        options["key"] = _named(body, "key", "send", validate_delay_key, optional=True)
+        if options["key"] is not None:  # a key names a pending message of any topic
+            require_admin(self._account(), "send with a key")
         with self._write_lock:
-            result = self._producer(field(body, "group", str, "send")).send(message, **options)
+            result = self._producer(_named(body, "group", "send", validate_group)).send(
+                message, **options)
         return _result(result)
 
     def _action_send_batch(self, body: dict) -> dict:
         messages = field(body, "messages", list, "send_batch")
         batch = [self._message(m, "send_batch") for m in messages]
         with self._write_lock:
-            results = self._producer(field(body, "group", str, "send_batch")).send_batch(
+            results = self._producer(_named(body, "group", "send_batch", validate_group)
+                                     ).send_batch(
                 batch, queue_id=field(body, "queue_id", int, "send_batch", optional=True),
                 sharding_key=field(body, "sharding_key", str, "send_batch", optional=True))
         return {"results": [_result(r) for r in results]}
 
     def _action_cancel(self, body: dict) -> dict:
-        key = field(body, "key", str, "cancel", optional=True)
+        key = _named(body, "key", "cancel", validate_delay_key, optional=True)
+        if key is not None:
+            require_admin(self._account(), "cancel by key")
+        else:
+            require(self._account(), [_named(body, "topic", "cancel", validate_topic)], "PUB",
+                    "cancel")
         with self._write_lock:
-            producer = self._producer(field(body, "group", str, "cancel"))
+            producer = self._producer(_named(body, "group", "cancel", validate_group))
             if key is not None:
                 found = producer.cancel(key=key)
             else:
-                found = producer.cancel(field(body, "topic", str, "cancel"),
-                                        field(body, "msg_id", str, "cancel"))
+                found = producer.cancel(_named(body, "topic", "cancel", validate_topic),
+                                        _named(body, "msg_id", "cancel", validate_msg_id))
         return {"cancelled": bool(found)}
 
     def _keys(self, body: dict, what: str) -> list:
@@ -362,13 +451,15 @@ class StoreService(flight.FlightServerBase):
     def _action_cancel_keys(self, body: dict) -> dict:
         keys = self._keys(body, "cancel_keys")
         with self._write_lock:
-            found = self._producer(field(body, "group", str, "cancel_keys")).cancel_keys(keys)
+            found = self._producer(_named(body, "group", "cancel_keys", validate_group)
+                                   ).cancel_keys(keys)
         return {"cancelled": [bool(v) for v in found]}
 
     def _action_pending_keys(self, body: dict) -> dict:
         keys = self._keys(body, "pending_keys")
         with self._write_lock:
-            found = self._producer(field(body, "group", str, "pending_keys")).pending_keys(keys)
+            found = self._producer(_named(body, "group", "pending_keys", validate_group)
+                                   ).pending_keys(keys)
         return {"pending": [bool(v) for v in found]}
 
     def _action_schedule(self, body: dict) -> dict:
@@ -380,15 +471,19 @@ class StoreService(flight.FlightServerBase):
         options["catch_up"] = field(body, "catch_up", str, "schedule", default="latest_once")
         options["tz"] = field(body, "tz", str, "schedule", default="UTC")
         with self._write_lock:
-            info = self._producer(field(body, "group", str, "schedule")).schedule(
-                message, key=field(body, "key", str, "schedule"), **options)
+            info = self._producer(_named(body, "group", "schedule", validate_group)).schedule(
+                message, key=_named(body, "key", "schedule", validate_schedule_key), **options)
         return {"schedule": schedule_fields(info)}
 
     def _action_schedules(self, body: dict) -> dict:
         return {"schedules": [schedule_fields(i) for i in self.store.schedules()]}
 
     def _schedule_change(self, body: dict, what: str) -> dict:
-        key = field(body, "key", str, what)
+        key = _named(body, "key", what, validate_schedule_key)
+        account = self._account()
+        if not account.admin:
+            require(account, [i.topic for i in self.store.schedules() if i.key == key], "PUB",
+                    what)
         with self._write_lock:
             return {"changed": bool(getattr(self.store, what)(key))}
 
@@ -410,12 +505,13 @@ class StoreService(flight.FlightServerBase):
                 raise InvalidRequest("end_transactions: each item must be [transaction id, "
                                      "state]")
             pairs.append((item[0], item[1]))
+        self._opened.require_own(self._account(), [p[0] for p in pairs], "end_transactions")
         with self._write_lock:
             ended = self.store.end_transactions(pairs)
         return {"ended": [bool(e) for e in ended]}
 
     def _action_send_half(self, body: dict) -> dict:
-        group = field(body, "group", str, "send_half")
+        group = _named(body, "group", "send_half", validate_group)
         message = self._message(body.get("message"), "send_half")
         with self._write_lock:
             producer = self._half_producers.get(group)
@@ -423,13 +519,15 @@ class StoreService(flight.FlightServerBase):
                 producer = self._half_producers[group] = self.store.transaction_producer(
                     group, LeaveOpen())
             result = producer.send_in_transaction(message)
+        self._opened.opened(self._account(), result.transaction_id)
         out = _result(result)
         out["half_topic"] = result.half_topic
         return out
 
     def _sink(self, body: dict, what: str):
-        return self.store.sink(field(body, "sink_id", str, what),
-                               field(body, "group", str, what, default="rmq-sink"))
+        return self.store.sink(own_sink_id(self._account(),
+                                           _named(body, "sink_id", what, validate_sink_id)),
+                               _named(body, "group", what, validate_group, default="rmq-sink"))
 
     def _action_sink_commit(self, body: dict) -> dict:
         txs = field(body, "transactions", list, "sink_commit")
@@ -460,7 +558,9 @@ class StoreService(flight.FlightServerBase):
 
     def _action_ensure_topic(self, body: dict) -> dict:
         with self._write_lock:
-            return {"queues": self.store.ensure_topic(field(body, "topic", str, "ensure_topic"))}
+            topic = _named(body, "topic", "ensure_topic", validate_topic)
+            require(self._account(), [topic], "PUB", "ensure_topic")
+            return {"queues": self.store.ensure_topic(topic)}
 
     def _action_known_transactions(self, body: dict) -> dict:
         ids = field(body, "ids", list, "known_transactions")
@@ -495,6 +595,32 @@ class StoreService(flight.FlightServerBase):
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}
+
+
+def _queue_bounds(reader) -> dict:
+    """Every user topic with its queues' min and max offsets (the ``snapshot`` answer)."""
+    topics = {}
+    for topic in reader.topics():
+        try:
+            topics[topic] = [[q, reader.min_offset(topic, q), reader.max_offset(topic, q)]
+                             for q in reader.queue_ids(topic)]
+        except StoreError as exc:  # one topic's damage never hides the others
+            log.warning("snapshot: skipped topic %.60r: %s", topic, exc)
+    return topics
+
+
+def _any_topic(topic: str) -> str:
+    """A topic a read may name: a user topic or a system one."""
+    return validate_topic(topic, allow_system=True)
+
+
+def _named(body: dict, name: str, what: str, validator, *, optional: bool = False,
+           default=...):
+    """``body[name]``, a string checked by ``validator`` (one of :mod:`store.message`'s):
+    every name a request gives passes the store's rules before anything is looked up or
+    created by it."""
+    value = field(body, name, str, what, optional=optional, default=default)
+    return value if value is None else validator(value)
 
 
 def _result(result) -> dict:

@@ -21,6 +21,11 @@ call            body (JSON unless said) -> answer
 ``DoAction``    :data:`ACTIONS`, each a JSON body -> one JSON result
 ==============  ======================================================================
 
+A table's stream (``DoPut``, ``DoExchange``) ends with an ``app_metadata`` message
+``{"end": rows}`` after its last batch: the server stores nothing of a stream without it (a
+client cut off half-way), and refuses one whose Arrow buffers pass its bound on a request
+(:data:`MAX_MESSAGE_BYTES` unless configured) as soon as they do.
+
 An error raised by the store on the server reaches the client as a Flight error whose
 ``extra_info`` is ``{"type": <StoreError subclass name>, "message": ...}``; the client raises
 that class again (:func:`raise_remote`), so a remote store fails as a local one does.  Bodies
@@ -74,8 +79,13 @@ RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offse
 #: DoPut operations.
 PUTS = ("sink_stage", "check_table")
 
-#: Largest request the server takes, bytes (a sink task hands over at most 16 MiB tables).
+#: Largest request the server takes, bytes (a sink task hands over at most 16 MiB tables):
+#: an action's JSON body, and by default the Arrow buffers of one ``DoPut`` / ``DoExchange``
+#: stream (``rmq serve --max-request-mib``).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: The key of the ``app_metadata`` message that ends a table's stream: ``{"end": rows}``.
+#: A stream without it (a client cut off half-way) stores nothing.
+END_OF_ROWS = "end"
 
 
 def dumps(value: Any) -> bytes:
@@ -106,6 +116,20 @@ class InvalidRequest(StoreError, ValueError):
     mistyped field (the server answers it as a typed error and keeps serving)."""
 
 
+class RequestTooLarge(InvalidRequest):
+    """A request larger than the server's bound on one request (refused as it arrives)."""
+
+
+class IncompleteRequest(InvalidRequest):
+    """A table stream that ended without its end marker: the client went away half-way;
+    nothing of it was stored."""
+
+
+class Overloaded(StoreError):
+    """The server has as many streams in progress as it allows (of this client, or in all):
+    the call was not started; retry when one ends."""
+
+
 def field(body: dict, name: str, kind, what: str, *, default=..., optional: bool = False):
     """``body[name]`` checked to be a ``kind``; :class:`InvalidRequest` names what is wrong."""
     if not isinstance(body, dict):
@@ -134,8 +158,10 @@ def error_info(exc: BaseException) -> bytes:
 
 def _error_class(name: str) -> type[StoreError]:
     found = getattr(store_errors, name, None)
-    if name == "InvalidRequest":
-        return InvalidRequest
+    ours = {cls.__name__: cls for cls in (InvalidRequest, RequestTooLarge, IncompleteRequest,
+                                          Overloaded)}
+    if name in ours:
+        return ours[name]
     if isinstance(found, type) and issubclass(found, StoreError):
         return found
     return StoreError

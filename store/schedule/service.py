@@ -64,7 +64,8 @@ from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
 from ..delayed.routing import properties_since
 from ..formats.codec import RecordSpec
-from ..message import PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue
+from ..message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
+                       validate_schedule_key)
 from .cron import CronExpression, next_every_fire_ms, time_zone
 
 #: The properties every fired copy carries (visible in the message's properties).
@@ -184,14 +185,6 @@ class ScheduleInfo:
         if self.next_fire_ms is None:
             return "ended"
         return "paused" if self.paused else "active"
-
-
-def validate_schedule_key(key: object) -> str:
-    """``key`` when it can name a schedule; else :class:`InvalidScheduleError`."""
-    if not isinstance(key, str) or not key or len(key) > 255:
-        raise InvalidScheduleError(f"key={key!r}; allowed: a non-empty str of at most 255 "
-                                   "characters naming the schedule")
-    return key
 
 
 def validate_schedule(key: object, cron: object, every_ms: object, tz: object,

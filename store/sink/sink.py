@@ -58,6 +58,7 @@ from ..message import (
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
     validate_group,
+    validate_sink_id,
 )
 from .format import (
     PROPERTY_SINK,
@@ -112,10 +113,8 @@ class Sink:
     """Stage and commit batches of rows for one sink id (see the module docstring)."""
 
     def __init__(self, store, sink_id: str, group: str = "rmq-sink") -> None:
-        if not isinstance(sink_id, str) or not sink_id:
-            raise InvalidMessageError(f"sink id {sink_id!r}; allowed: a non-empty string")
         self.store = store
-        self.sink_id = sink_id
+        self.sink_id = validate_sink_id(sink_id)
         self.group = validate_group(group)
 
     # ------------------------------------------------------------------ staging

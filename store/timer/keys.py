@@ -54,14 +54,14 @@ from ..message import (
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_UNIQ_KEY,
     TIMER_TOPIC,
+    MAX_DELAY_KEY_BYTES,
+    validate_delay_key,
 )
 from .key_table import FILE_NAME, DelayKeyTable
 from .timer_queue import RECALL_TAG
 
 log = logging.getLogger("store")
 
-#: Longest key, in UTF-8 bytes.
-MAX_DELAY_KEY_BYTES = 1024
 #: Most keys one keys-cancel record lists (its body stays well under the 4 MiB limit).
 CANCEL_RECORD_KEYS = 65_536
 #: Timer-queue entries read per step of a sync.
@@ -74,19 +74,6 @@ _K_KEY, _K_UNIQ, _K_DELIVER, _K_OUT, _K_CANCELLED = range(len(_NAMES))
 _U32 = struct.Struct(">I")
 #: Events of one record sort by ``record * _ROW + position in the record``.
 _ROW = 1 << 22
-
-
-def validate_delay_key(key: object) -> str:
-    """``key`` when it can name a pending message; else :class:`InvalidMessageError`."""
-    if not isinstance(key, str) or not key:
-        raise InvalidMessageError(f"key={key!r}; allowed: a non-empty str")
-    if "\x01" in key or "\x02" in key:
-        raise InvalidMessageError(f"key={key!r} holds \\x01 or \\x02 (the properties' "
-                                  "separators); allowed: any other characters")
-    if len(key.encode("utf-8", "surrogatepass")) > MAX_DELAY_KEY_BYTES:
-        raise InvalidMessageError(f"key of {len(key.encode('utf-8', 'surrogatepass'))} bytes; "
-                                  f"allowed: at most {MAX_DELAY_KEY_BYTES} bytes of UTF-8")
-    return key
 
 
 def fingerprints(data: np.ndarray, starts: np.ndarray, ends: np.ndarray
@@ -135,7 +122,7 @@ def checked_key_array(keys) -> pa.Array:
     lengths = pc.binary_length(keys)
     bad = pc.or_kleene(pc.or_kleene(pc.is_null(keys), pc.less(lengths, 1)),
                        pc.greater(lengths, MAX_DELAY_KEY_BYTES))
-    bad = pc.or_kleene(bad, pc.match_substring_regex(keys, "[\\x01\\x02]"))
+    bad = pc.or_kleene(bad, pc.match_substring_regex(keys, "[\\x00\\x01\\x02]"))
     bad = bad.fill_null(True).to_numpy(zero_copy_only=False)
     if bad.any():
         row = int(np.argmax(bad))

@@ -1,0 +1,38 @@
+"""The Flight fuzzer (tools/fuzz_flight.py) in the suite, bounded: malformed Arrow tables,
+garbage commands, tickets and actions against a running ``rmq serve --listen``; the server
+never dies, never answers with bytes it was not sent, and answers each with a typed error."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+_spec = importlib.util.spec_from_file_location(
+    "fuzz_flight", os.path.join(ROOT, "tools", "fuzz_flight.py"))
+fuzz_flight = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fuzz_flight)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    served = fuzz_flight.FlightTarget(str(tmp_path_factory.mktemp("fuzz-flight")))
+    yield served
+    served.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(case=fuzz_flight.cases)
+def test_the_server_holds_against_malformed_requests(target, case):
+    assert target.run(case) == []
+
+
+@pytest.mark.slow
+def test_after_the_fuzz_the_canary_is_stored_once_and_sends_work(target):
+    assert target.final_problems() == []
