@@ -178,7 +178,7 @@ class FlightTarget:
             fh.write(TOKEN + "\n")
         env = dict(os.environ, PYTHONPATH=ROOT)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", self.path, "--listen",
+            [sys.executable, "-m", "rmq_cli.cli", "serve", "--create", "--store", self.path, "--listen",
              "127.0.0.1:0", "--token-file", token_file, "--log-level", "ERROR",
              "--max-request-mib", "16"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

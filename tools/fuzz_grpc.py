@@ -274,7 +274,7 @@ def run(seconds: float, seed: int, log=print) -> dict:
     store_root = os.path.join(work, "store")
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rmq_cli.cli", "serve", "--store", store_root, "--grpc",
+        [sys.executable, "-m", "rmq_cli.cli", "serve", "--create", "--store", store_root, "--grpc",
          f"127.0.0.1:{port}", "--log-level", "ERROR"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": ROOT})

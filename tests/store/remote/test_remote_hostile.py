@@ -28,7 +28,7 @@ SECRET = b"HEAP-SECRET-" * 4  # bytes the bad offsets could reach if they were f
 
 def serve(path, token_file, *extra):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
+    proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--create", "--store", path,
                              "--listen", "127.0.0.1:0", "--token-file", str(token_file),
                              "--log-level", "WARNING", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
