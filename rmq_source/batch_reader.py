@@ -21,8 +21,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .delivery import deliver_due_once
 from .options import RmqOptions
-from .pushdown import RowFilter, narrow_ranges, push_filters
 from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
+from .pushdown import RowFilter, narrow_ranges, push_filters
 from .queues import (
     apply_data_loss,
     check_named_queues,

@@ -8,6 +8,7 @@ top-level columns.  The source takes (and Spark then no longer checks):
 * ``=`` and ``IN`` on ``tags``: read with the ConsumeQueue's tagsCode (the tag's Java hash)
   before any record is touched, then by the tag itself, like the ``tags`` option;
 * ``=`` and ``IN`` on ``msg_id`` and ``transaction_id``: checked on the decoded rows;
+* ``IS NOT NULL`` on a column never null, or on one another pushed filter checks;
 * ``<``, ``<=``, ``>``, ``>=`` and ``=`` on ``queue_offset`` (each queue's offset range is cut),
   ``commitlog_offset`` (cut by a binary search over the ConsumeQueue's CommitLog offsets),
   ``store_timestamp`` (cut by a binary search on store time, the store's
@@ -32,8 +33,9 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +59,9 @@ RANGE_COLUMNS = ("queue_offset", "commitlog_offset", "store_timestamp", "born_ti
 _TIMESTAMPS = frozenset({"store_timestamp", "born_timestamp", "deliver_timestamp"})
 #: what the planner already makes exact (the queues and offsets read; tags by read_arrow)
 _PLANNED = frozenset({"topic", "queue_id", "queue_offset", "tags"})
+#: columns of the record's header and place: never null
+_NEVER_NULL = frozenset({"topic", "queue_id", "queue_offset", "commitlog_offset",
+                         "store_timestamp", "born_timestamp"})
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MIN, _MAX = -(1 << 63), (1 << 63) - 1
 
@@ -164,6 +169,7 @@ def push_filters(filters: Iterable) -> tuple[RowFilter, list]:
         GreaterThan,
         GreaterThanOrEqual,
         In,
+        IsNotNull,
         LessThan,
         LessThanOrEqual,
     )
@@ -197,7 +203,10 @@ def push_filters(filters: Iterable) -> tuple[RowFilter, list]:
         rejected.append(f)
     pushed = RowFilter(tuple((c, tuple(sorted(v))) for c, v in sorted(sets.items())),
                        tuple((c, lo, hi) for c, (lo, hi) in sorted(ranges.items())))
-    return pushed, rejected
+    # IS NOT NULL holds for a column never null, or one a pushed filter already checks
+    implied = _NEVER_NULL | sets.keys() | ranges.keys()
+    return pushed, [f for f in rejected if not (
+        isinstance(f, IsNotNull) and len(f.attribute) == 1 and f.attribute[0] in implied)]
 
 
 # --------------------------------------------------------------------------- planning
@@ -222,12 +231,12 @@ def narrow_ranges(store, ranges: list, pushed: RowFilter) -> list:
         bounds = pushed.bounds("store_timestamp")
         if bounds is not None and start < end:
             # store times are whole milliseconds: [low µs, high µs] -> [ceil ms, floor ms]
-            start, end = _cut(start, end, bounds, lambda ms: _first_at_store_time(
-                store, r.topic, r.queue_id, ms), scale=1000)
+            start, end = _cut(start, end, bounds, partial(
+                _first_at_store_time, store, r.topic, r.queue_id), scale=1000)
         bounds = pushed.bounds("commitlog_offset")
         if bounds is not None and start < end:
-            start, end = _cut(start, end, bounds, lambda offset: _first_at_commitlog_offset(
-                store, r.topic, r.queue_id, start, end, offset), scale=1)
+            start, end = _cut(start, end, bounds, partial(
+                _first_at_commitlog_offset, store, r.topic, r.queue_id, start, end), scale=1)
         if start < end:
             out.append(type(r)(r.topic, r.queue_id, start, end))
     return out
@@ -300,7 +309,6 @@ def read_checked(read, start: int, end: int, pushed: RowFilter,
     probe = read(start, end, probe_columns)
     keep = pushed.mask(probe)
     passed = pc.sum(keep).as_py() or 0
-    wanted = probe.schema.names if columns is None else columns
     if columns is not None and set(columns) <= set(probe_columns):
         return [probe.filter(keep).select(list(columns))]
     if passed == 0:
@@ -310,7 +318,7 @@ def read_checked(read, start: int, end: int, pushed: RowFilter,
     if passed * PROBE_SHARE > probe.num_rows:
         whole = read(start, end, None if columns is None else tuple(dict.fromkeys(
             columns + pushed.checked_columns)))
-        return [pushed.apply(whole, None if columns is None else wanted)]
+        return [pushed.apply(whole, columns)]
     offsets = probe.column("queue_offset").filter(keep).to_numpy()
     runs = np.split(offsets, np.flatnonzero(np.diff(offsets) != 1) + 1)
     return [read(int(run[0]), int(run[-1]) + 1, columns) for run in runs]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import LocalTransactionState, Message, MessageStore
 from rmq_source.pushdown import PUSHDOWN_CONF
+from store import LocalTransactionState, Message, MessageStore
 
 pytestmark = pytest.mark.spark
 
@@ -123,7 +123,7 @@ def test_the_facts_cover_delayed_and_transactional_messages(facts):
 def test_pushed_filters_give_the_rows_of_the_same_query_without_pushdown(
         spark, pushdown_store, facts, data):
     where = " AND ".join(data.draw(st.lists(conditions(facts), min_size=1, max_size=4)))
-    pushed, plan = read(spark, pushdown_store, where, pushdown=True)
+    pushed, _ = read(spark, pushdown_store, where, pushdown=True)
     plain, _ = read(spark, pushdown_store, where, pushdown=False)
     assert pushed == plain, where
 
