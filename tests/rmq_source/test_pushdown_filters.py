@@ -18,9 +18,9 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from store import Message, MessageStore
 from rmq_source.partitions import QueueRange
 from rmq_source.pushdown import narrow_ranges, push_filters, read_checked
+from store import Message
 
 UTC = dt.timezone.utc
 
