@@ -7,17 +7,22 @@ messages, resolves ``startingOffsets``/``startingTimestamp`` and ``endingOffsets
 
 The path may be one store or a store group (:class:`store.StoreGroup`): a group is planned
 store by store (each partition reads one store) and its offsets options carry a store level.
+
+With Spark's filter pushdown on, the data source hands out :class:`RmqPushdownReader`, which
+takes the filters :mod:`rmq_source.pushdown` can answer exactly: planning then drops the
+queues and cuts the offset ranges they exclude, and the tasks check the rest row by row.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .delivery import deliver_due_once
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
+from .pushdown import RowFilter, narrow_ranges, push_filters
 from .queues import (
     apply_data_loss,
     check_named_queues,
@@ -40,6 +45,7 @@ class RmqBatchReader(DataSourceReader):
 
     def __init__(self, options: RmqOptions) -> None:
         self.options = options
+        self.pushed: RowFilter | None = None
 
     def plan_ranges(self) -> list[tuple[str, list[QueueRange]]]:
         """``[(store directory, offset ranges of its subscribed queues)]`` (driver side)."""
@@ -63,19 +69,36 @@ class RmqBatchReader(DataSourceReader):
                                          "startingOffsets")
                 ends = resolve_offsets(store, bounds, ending, opts.ending_timestamp_ms,
                                        "endingOffsets")
+                starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
+                ranges = [QueueRange(k[0], k[1], starts[k], max(starts[k], ends[k]))
+                          for k in sorted(bounds)]
+                if self.pushed is not None:
+                    ranges = narrow_ranges(store, ranges, self.pushed)
             finally:
                 store.close()
-            starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
-            planned.append((path, [QueueRange(k[0], k[1], starts[k], max(starts[k], ends[k]))
-                                   for k in sorted(bounds)]))
+            planned.append((path, ranges))
         check_subscribed_exist(opts, sorted(known))
         return planned
 
     def partitions(self) -> list[RmqPartition]:
         opts = self.options
-        return plan_member_partitions(self.plan_ranges(), tags=opts.tags,
+        tags = opts.tags
+        pushed_tags = None if self.pushed is None else self.pushed.values("tags")
+        if pushed_tags is not None:  # the subscription's tags and the query's: both hold
+            tags = tuple(t for t in tags if t in pushed_tags) if tags is not None else pushed_tags
+        return plan_member_partitions(self.plan_ranges(), tags=tags,
                                       fail_on_data_loss=opts.fail_on_data_loss,
-                                      columns=opts.columns, verify_crc=opts.verify_crc)
+                                      columns=opts.columns, verify_crc=opts.verify_crc,
+                                      row_filter=self.pushed)
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_partition(partition)
+
+
+class RmqPushdownReader(RmqBatchReader):
+    """The batch reader with filter pushdown (Spark's ``spark.sql.python.filterPushdown.enabled``
+    on): what :func:`rmq_source.pushdown.push_filters` takes is answered by the source."""
+
+    def pushFilters(self, filters: list) -> Iterable:
+        self.pushed, rejected = push_filters(filters)
+        return rejected

@@ -18,6 +18,9 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
   streaming-only; ``startingOffsets`` and ``startingTimestamp`` (and the two ending ones)
   exclude each other;
 * ``tags``: RocketMQ's expression, tags separated by ``||``; ``*`` (anywhere) means all;
+* ``pushFilters`` (batch): ``auto`` (default: filters are pushed when Spark's
+  ``spark.sql.python.filterPushdown.enabled`` is true), ``true`` (fail when it is not) or
+  ``false`` (never push; :mod:`rmq_source.pushdown`);
 * a writer without ``action`` is the exactly-once sink (:mod:`rmq_source.sink_writer`):
   options ``topic``, ``producerGroup``, ``guarantee`` (``exactly_once`` or
   ``at_least_once``) and ``sinkId``; ``action=end_transaction`` takes only ``path``.
@@ -52,7 +55,9 @@ DEFAULT_PRODUCER_GROUP = "rmq-spark-sink"
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 _WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid"})
 _READ_ONLY = frozenset(k for k in OPTION_NAMES if k != "path" and k not in _WRITE_ONLY)
-_BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp"})
+_BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp", "pushfilters"})
+#: option pushFilters: with Spark's pushdown conf (auto), demand it (true), or never (false)
+PUSH_FILTERS = ("auto", "true", "false")
 _STREAM_ONLY = frozenset({"maxoffsetspertrigger"})
 
 
@@ -130,6 +135,7 @@ class RmqOptions:
     sink_id: str | None = None
     streaming: bool | None = None
     columns: tuple[str, ...] | None = None
+    push_filters: str = "auto"
     raw: Mapping[str, str] = field(default_factory=dict)
     #: how to reach the store when ``path`` is an ``rmq://`` URL (``None`` for a directory)
     remote: RemoteAccess | None = None
@@ -417,6 +423,9 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
     if "maxoffsetspertrigger" in raw:
         max_per_trigger = _parse_int("maxoffsetspertrigger", raw["maxoffsetspertrigger"], 1,
                                      "an integer >= 1 (messages per micro-batch)")
+    push_filters = raw.get("pushfilters", "auto").strip().lower()
+    if push_filters not in PUSH_FILTERS:
+        raise _fail("pushfilters", raw["pushfilters"], "unknown value", ", ".join(PUSH_FILTERS))
     flags = {name: _parse_bool(name, raw[name]) if name in raw else default for name, default
              in (("failondataloss", True), ("deliverdue", True), ("verifycrc", False))}
     return RmqOptions(
@@ -424,4 +433,4 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
         starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
         ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
         fail_on_data_loss=flags["failondataloss"], deliver_due=flags["deliverdue"],
-        verify_crc=flags["verifycrc"], streaming=streaming, raw=raw)
+        verify_crc=flags["verifycrc"], push_filters=push_filters, streaming=streaming, raw=raw)

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import InputPartition
 from store import OffsetOutOfRangeError, keep_freed_heap
 
 from .errors import DataLossError
+from .pushdown import RowFilter, read_checked
 from .stores import open_reader
 
 #: rows in one yielded RecordBatch at most (Spark's default arrow batch size)
@@ -65,6 +66,8 @@ class RmqPartition(InputPartition):
         Check every body against its CRC (option ``verifyCrc``).  A record failing a check
         fails the task with a ``CorruptRecordError`` naming file and offset, or with
         ``failOnDataLoss=false`` is skipped.
+    row_filter : RowFilter or None
+        Pushed filters the rows are checked against (:mod:`rmq_source.pushdown`).
     """
 
     path: str
@@ -73,6 +76,7 @@ class RmqPartition(InputPartition):
     fail_on_data_loss: bool = True
     columns: tuple[str, ...] | None = None
     verify_crc: bool = False
+    row_filter: RowFilter | None = None
 
     @property
     def rows(self) -> int:
@@ -94,7 +98,8 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
                     fail_on_data_loss: bool, parallelism: int | None = None,
                     target_rows: int | None = None,
                     columns: tuple[str, ...] | None = None,
-                    verify_crc: bool = False) -> list[RmqPartition]:
+                    verify_crc: bool = False,
+                    row_filter: RowFilter | None = None) -> list[RmqPartition]:
     """Cut queue ranges into partitions of about ``target_rows`` offsets each.
 
     Parameters
@@ -103,7 +108,7 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
         The store directory.
     ranges : iterable of QueueRange
         Ranges to read; empty ones are dropped.
-    tags, fail_on_data_loss, columns, verify_crc :
+    tags, fail_on_data_loss, columns, verify_crc, row_filter :
         Copied into each partition.
     parallelism : int, optional
         Tasks that run at once (default: :func:`default_parallelism`); with ``target_rows``
@@ -127,6 +132,10 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
     # with the target fixed, even the pieces out: n partitions of total / n offsets each
     count = math.ceil(total / target_rows)
     size = math.ceil(total / count)
+    def partition(ranges: list[QueueRange]) -> RmqPartition:
+        return RmqPartition(path, tuple(ranges), tags, fail_on_data_loss, columns, verify_crc,
+                            row_filter)
+
     partitions: list[RmqPartition] = []
     current: list[QueueRange] = []
     room = size
@@ -138,12 +147,10 @@ def plan_partitions(path: str, ranges: Iterable[QueueRange], *, tags: tuple[str,
             start += take
             room -= take
             if room == 0:
-                partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss,
-                                               columns, verify_crc))
+                partitions.append(partition(current))
                 current, room = [], size
     if current:
-        partitions.append(RmqPartition(path, tuple(current), tags, fail_on_data_loss, columns,
-                                       verify_crc))
+        partitions.append(partition(current))
     return partitions
 
 
@@ -181,6 +188,18 @@ def read_partition(partition: InputPartition) -> Iterator:
     keep_freed_heap()  # a Spark Python worker mostly decodes: keep its freed heap for reuse
     store = open_reader(partition.path)
     streamed = getattr(store, "read_batches", None)  # a served store: one call per range
+    pushed = partition.row_filter
+    checked = () if pushed is None else pushed.checked_columns
+    read_columns = partition.columns if not checked or partition.columns is None else tuple(
+        dict.fromkeys(partition.columns + checked))
+
+    def chunk_reader(r: QueueRange):
+        def read(start: int, end: int, columns: tuple[str, ...] | None):
+            return store.read_arrow(r.topic, r.queue_id, start, end, tags=partition.tags,
+                                    columns=columns, verify_crc=partition.verify_crc,
+                                    skip_corrupt=not partition.fail_on_data_loss)
+        return read
+
     try:
         for r in partition.ranges:
             start = r.start
@@ -193,10 +212,12 @@ def read_partition(partition: InputPartition) -> Iterator:
                 began = False
                 try:
                     for batch in streamed(r.topic, r.queue_id, start, r.end,
-                                          tags=partition.tags, columns=partition.columns,
+                                          tags=partition.tags, columns=read_columns,
                                           verify_crc=partition.verify_crc,
                                           skip_corrupt=not partition.fail_on_data_loss):
                         began = True
+                        if checked:
+                            batch = pushed.apply(batch, partition.columns)
                         if batch.num_rows:
                             yield batch
                     continue
@@ -207,10 +228,9 @@ def read_partition(partition: InputPartition) -> Iterator:
             while start < r.end:
                 end = min(r.end, start + BATCH_ROWS)
                 try:
-                    batch = store.read_arrow(r.topic, r.queue_id, start, end,
-                                             tags=partition.tags, columns=partition.columns,
-                                             verify_crc=partition.verify_crc,
-                                             skip_corrupt=not partition.fail_on_data_loss)
+                    batches = read_checked(chunk_reader(r), start, end, pushed,
+                                           partition.columns) if checked else [
+                        chunk_reader(r)(start, end, partition.columns)]
                 except OffsetOutOfRangeError:
                     low = store.min_offset(r.topic, r.queue_id)
                     if start >= low:
@@ -220,8 +240,7 @@ def read_partition(partition: InputPartition) -> Iterator:
                             from None
                     start = low  # skip what retention removed
                     continue
-                if batch.num_rows:
-                    yield batch
+                yield from (batch for batch in batches if batch.num_rows)
                 start = end
     finally:
         store.close()

@@ -58,14 +58,19 @@ class RmqDataSource(DataSource):
         return MESSAGE_SPARK_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from .batch_reader import RmqBatchReader
+        from .batch_reader import RmqBatchReader, RmqPushdownReader
+        from .pushdown import check_push_option, spark_pushes_filters
 
         opts = self._options(streaming=False)
         if opts.view == "schedules":
             from .schedules_view import SchedulesReader
 
             return SchedulesReader(opts)
-        return RmqBatchReader(replace(opts, columns=_check_schema(schema)))
+        # a reader with pushFilters only when Spark pushes: else it refuses the reader
+        pushing = spark_pushes_filters()
+        check_push_option(opts.push_filters, pushing)
+        kind = RmqPushdownReader if pushing and opts.push_filters != "false" else RmqBatchReader
+        return kind(replace(opts, columns=_check_schema(schema)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options(streaming=True)
