@@ -38,6 +38,7 @@ from .arrow_decode import read_queue_batch
 from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
+from .key_index import KeyIndex
 from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
@@ -154,6 +155,8 @@ class ReadableStore:
                                     read_only=self.read_only)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"),
                                           writable=not self.read_only, legacy_layout=legacy)
+        self.key_index = KeyIndex(self.root, self.config, self.commit_log,
+                                  read_only=self.read_only)
         self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"),
                                       os.path.join(self.root, "consumequeue"))
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -215,6 +218,7 @@ class ReadableStore:
         self._closed = True
         for q in self._queues.values():
             q.close()
+        self.key_index.close()
         self.commit_log.close()
         self.checkpoint.close()
 
