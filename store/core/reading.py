@@ -436,6 +436,32 @@ class ReadableStore:
             raise CorruptRecordError(self.commit_log.files.find(where).path, where, problem)
         return views, False
 
+    def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
+                       end_ms: int | None = None, max: int = 64  # noqa: A002 - RocketMQ's maxNum
+                       ) -> list[MessageView]:
+        """Messages of ``topic`` by key and/or store time (RocketMQ's ``queryMessage``).
+
+        With ``key``: the messages carrying it (in ``KEYS`` or as their ``UNIQ_KEY``), found
+        through the message-key index, in CommitLog order; without: the messages stored in
+        ``[begin_ms, end_ms]`` (both inclusive, ``None``: open), in store-time order, each
+        queue binary-searched on store time.  At most ``max``.  Raises
+        :class:`~store.errors.KeyIndexUnavailableError` for a key on a store that keeps no
+        index (see :mod:`store.core.queries`).
+        """
+        from .queries import query_messages
+
+        return query_messages(self, topic, key, begin_ms, end_ms, max)
+
+    def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageView | None:
+        """The message of ``msg_id`` (RocketMQ's ``viewMessage``), ``None`` when no visible
+        record has it: an offset message id (``offset_message_id``: store host and CommitLog
+        offset) is decoded to its record; a unique key (``SendResult.msg_id``) is looked up
+        in the message-key index, under ``topic`` or every topic of the store (the copy in
+        a user topic wins for a delayed or transactional message stored twice)."""
+        from .queries import view_message
+
+        return view_message(self, msg_id, topic)
+
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""
         self._check_open()
