@@ -28,6 +28,8 @@ LAYOUT_FIELDS = (
     "timer_precision_ms",
     "timer_wheel_slots",
     "timer_log_file_size_bytes",
+    "max_hash_slot_num",
+    "max_index_num",
 )
 
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -128,8 +130,9 @@ class StoreConfig:
     max_index_num : int
         Entries of one index file (``maxIndexNum``), 20,000,000; a file is
         ``40 + 4 x slots + 20 x entries`` bytes (420,000,040 by default), preallocated sparse.
-        A file of another size is not this store's index: a writable open sets it aside and
-        rebuilds the index from the CommitLog.
+        Both are recorded in ``config/store.json`` when a store is created (readers size the
+        files by them); a file of another size is not this store's index: a writable open
+        sets it aside and rebuilds the index from the CommitLog.
     """
 
     commitlog_file_size_bytes: int = GIB

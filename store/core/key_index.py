@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ..config import StoreConfig
+from ..errors import DiskFullError
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
 from ..files.index_file import IndexFile, file_name, is_index_name, java_hash_text
@@ -114,6 +115,15 @@ class KeyIndex:
         Stops at an invalid record (recovery decides about those)."""
         if not self.enabled or end <= begin:
             return
+        try:
+            self._index_range(begin, end)
+        except DiskFullError as exc:
+            # the records are written: a send must not fail for its index.  This process
+            # stops indexing; the next writable open indexes what the index misses.
+            log.warning("the message-key index stops in this process: %s", exc)
+            self.enabled = False
+
+    def _index_range(self, begin: int, end: int) -> None:
         newest = self._writable_newest()
         skip = newest.end_phy_offset
         if skip < 0 and len(self._order) > 1:

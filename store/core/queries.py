@@ -15,15 +15,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..errors import CorruptRecordError, InvalidMessageError, KeyIndexUnavailableError
 from ..formats.codec import Record
 from ..formats.message_id import decode_offset_message_id
 from ..message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageView, is_system_topic, record_view
 
-if TYPE_CHECKING:
-    from .reading import ReadableStore
+#: What the queries read: a :class:`~store.core.reading.ReadableStore` (not imported: the
+#: store's methods import this module).
+ReadableStore = object
 
 _FOREVER = (1 << 63) - 1
 

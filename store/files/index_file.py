@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 from ..formats.layout import layout
+from .fileio import allocate
 
 HEADER_FIELDS = (
     ("begin_timestamp", ">i8"),  # beginTimestamp
@@ -78,6 +79,9 @@ ENTRY_DTYPE = _ENTRY.dtype
 _SLOT_HEAD = _SLOT.struct
 _COUNT_AT = _HEADER.offsets["index_count"]
 _MAX_TIME_DIFF = (1 << 31) - 1
+
+#: Entries' blocks are reserved this many bytes at a time, ahead of the entries written.
+_RESERVE_STEP = 1 << 20
 
 #: How a file name is made from its creation time (RocketMQ's ``yyyyMMddHHmmssSSS``).
 NAME_LENGTH = 17
@@ -152,9 +156,25 @@ class IndexFile:
             length = min(actual, size)
             self._mm = (mmap.mmap(fd, length, access=mmap.ACCESS_READ if read_only
                                   else mmap.ACCESS_WRITE) if length >= HEADER_SIZE else None)
+            self._fd = None if read_only else os.dup(fd)
         finally:
             os.close(fd)
         self.size = size
+        #: where the blocks reserved for writing end (writes through a mapping into a hole
+        #: of a full filesystem would be a SIGBUS: blocks are reserved first, as the
+        #: CommitLog's are); the header and slots at once, entries ahead of each put
+        self._reserved = 0
+        if not read_only and actual == size:
+            self._reserve(HEADER_SIZE + SLOT_SIZE * self.slot_count)
+
+    def _reserve(self, end: int) -> None:
+        """Reserve the file's blocks up to ``end`` (rounded up a step);
+        :class:`~store.errors.DiskFullError` when the disk has no room."""
+        if end <= self._reserved or self._fd is None:
+            return
+        target = min(self.size, -(-end // _RESERVE_STEP) * _RESERVE_STEP)
+        allocate(self._fd, target - self._reserved, self.path, offset=self._reserved)
+        self._reserved = target
 
     # -- structure ------------------------------------------------------------------------------
     def problem(self) -> str | None:
@@ -244,6 +264,7 @@ class IndexFile:
         out["phy_offset"] = phys
         out["time_diff"] = np.clip((stamps - begin_ts) // 1000, 0, _MAX_TIME_DIFF)
         out["prev_index"] = prev
+        self._reserve(HEADER_SIZE + SLOT_SIZE * self.slot_count + ENTRY_SIZE * (count + k))
         self._entries()[count:count + k] = out  # entries, then slots, then the header
         ends = np.ones(k, dtype=bool)
         ends[:-1] = starts[1:]
@@ -321,3 +342,6 @@ class IndexFile:
             except BufferError:  # a NumPy view still alive: the mapping goes with it
                 pass
             self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
