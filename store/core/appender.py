@@ -421,7 +421,7 @@ class Appender:
         self.core.commit_log.write(offset, record)
         self._sync()
         self.core.dispatcher.dispatch_one(key, queue_offset, offset, size, tags_code)
-        self.core.dispatcher.dispatch_keys(offset, offset + size)
+        self.core.dispatcher.dispatch_keys_one(topic, properties, offset, now)
         self._advance(offset + size, now)
         self.queue_next[key] = queue_offset + 1
         return _new_tuple(SingleAppend, (qid, queue_offset, offset, now))

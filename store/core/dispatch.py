@@ -130,6 +130,12 @@ class Dispatcher:
         if self._key_index is not None and self._key_index.enabled:
             self._key_index.index_range(begin, end)
 
+    def dispatch_keys_one(self, topic: str, properties: bytes, offset: int,
+                          store_timestamp_ms: int) -> None:
+        """:meth:`dispatch_keys` of one plain record (the single send's way)."""
+        if self._key_index is not None and self._key_index.enabled:
+            self._key_index.index_one(topic, properties, offset, store_timestamp_ms)
+
     def forget(self, key: tuple[str, int]) -> None:
         """Drop the queue object kept for ``key`` (the store replaced it: a rebuilt queue)."""
         self._written.pop(key, None)

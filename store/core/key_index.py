@@ -39,6 +39,26 @@ log = logging.getLogger("store.core.key_index")
 _ROWS = 1 << 16
 
 
+def record_key_hashes(topic: str, properties: bytes) -> list[int]:
+    """The keyHashes a record of ``topic`` with these encoded properties is indexed under,
+    in the kernel's order (:mod:`store.kernels.key_kernels`): ``UNIQ_KEY``, then each
+    non-empty part of ``KEYS`` (the last non-empty value of each name counts)."""
+    uniq = keys = b""
+    for pair in properties.split(b"\x02"):
+        name, sep, value = pair.partition(b"\x01")
+        if sep and value:
+            if name == b"UNIQ_KEY":
+                uniq = value
+            elif name == b"KEYS":
+                keys = value
+    prefix = topic + "#"
+    hashes = [java_hash_text(prefix + uniq.decode("utf-8", "replace"))] if uniq else []
+    for part in keys.split(b" ") if keys else ():
+        if part:
+            hashes.append(java_hash_text(prefix + part.decode("utf-8", "replace")))
+    return hashes
+
+
 class KeyIndex:
     """The ``index/`` directory of one open store (see the module docstring).
 
@@ -66,6 +86,7 @@ class KeyIndex:
         self._files: dict[str, IndexFile] = {}
         self._order: list[str] = []  # names, oldest first
         self._listed = -1.0
+        self._current: IndexFile | None = None
         self._rows = np.empty((3, max(_ROWS, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
 
     # -- the files -----------------------------------------------------------------------------
@@ -81,6 +102,7 @@ class KeyIndex:
                            if is_index_name(n))
             for gone in set(self._files) - set(names):
                 self._files.pop(gone).close()
+                self._current = None
             for name in names:
                 if name not in self._files:
                     self._files[name] = IndexFile(os.path.join(self.directory, name),
@@ -103,10 +125,18 @@ class KeyIndex:
         return f
 
     def _writable_newest(self) -> IndexFile:
+        """The file appends go to: kept between appends (other writers only ever start a
+        new file when this one is full, so the directory is listed again only then)."""
+        current = self._current
+        if current is not None and current._mm is not None and not current.is_full():
+            return current
         files = self._refresh()
         if files and not files[-1].is_full() and files[-1].name == self._order[-1]:
-            return files[-1]
-        return self._new_file()
+            current = files[-1]
+        else:
+            current = self._new_file()
+        self._current = current
+        return current
 
     # -- writing -------------------------------------------------------------------------------
     def index_range(self, begin: int, end: int) -> None:
@@ -150,6 +180,24 @@ class KeyIndex:
                 return
             offset = segment.end
 
+    def index_one(self, topic: str, properties: bytes, offset: int, store_timestamp_ms: int
+                  ) -> None:
+        """Index one plain record just written at ``offset`` (a single send's way: its
+        properties parsed and its keys hashed in Python, a few ``struct`` writes; the same
+        entries :meth:`index_range` makes)."""
+        if not self.enabled:
+            return
+        hashes = record_key_hashes(topic, properties)
+        if not hashes:
+            return
+        try:
+            newest = self._writable_newest()
+            if offset > newest.end_phy_offset:
+                self._put(hashes, [offset] * len(hashes), [store_timestamp_ms] * len(hashes))
+        except DiskFullError as exc:
+            log.warning("the message-key index stops in this process: %s", exc)
+            self.enabled = False
+
     def _put(self, hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
         done = 0
         while done < len(hashes):
@@ -182,6 +230,7 @@ class KeyIndex:
             f.close()
             moved.append(move_aside(f.path))
         self._order = []
+        self._current = None
         self._refresh(force=True)
         return moved
 
@@ -232,3 +281,4 @@ class KeyIndex:
             f.close()
         self._files.clear()
         self._order = []
+        self._current = None

@@ -30,11 +30,16 @@ _tag_value = FunctionType(tag_value_loop.__code__, globals(), "_tag_value")
 
 _UNIQ_KEY = np.frombuffer(b"UNIQ_KEY", dtype=np.uint8)
 _KEYS = np.frombuffer(b"KEYS", dtype=np.uint8)
-_AT = np.array([FIELD_OFFSET[name] for name in ("body_length", "sys_flag", "store_timestamp")],
-               dtype=np.int64)
 #: Rows one record can need at most: its UNIQ_KEY and a KEYS of one-character parts in a
 #: properties block of at most 32,767 bytes.
 MAX_ROWS_PER_RECORD = 1 + 32768 // 2
+#: The kernel's constants: rows per record, the transaction type mask and ROLLBACK, the two
+#: magic codes, the fixed record size, the header size, then where body length, sys flag
+#: and store time sit in a record.
+_CONSTS = np.array([MAX_ROWS_PER_RECORD, TRANSACTION_TYPE_MASK, TRANSACTION_ROLLBACK_TYPE,
+                    MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE]
+                   + [FIELD_OFFSET[name] for name in ("body_length", "sys_flag",
+                                                      "store_timestamp")], dtype=np.int64)
 
 
 def _hash_utf8(buf, a, b, h):
@@ -74,13 +79,17 @@ def _key_hash(h):
     return np.int64(h)
 
 
-def _record_keys(buf, pos, limit, out_hash, out_pos, out_time, uniq_name, keys_name, per_record,
-                 type_mask, rollback, magic_v1, magic_blank, fixed, header, at):
+def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
     """Rows of the records from ``pos`` (see the module doc) until ``limit``, an invalid
-    record or a blank; returns ``(rows, end position, stop)``, stop as in scan_kernels
-    (2: ``limit`` reached or no room left for another record's rows)."""
+    record or a blank, into ``out`` (keyHash, position, store time); returns ``(rows, end
+    position, stop)``, stop as in scan_kernels (2: ``limit`` reached or no room left for
+    another record's rows).  ``consts``: see :data:`_CONSTS` (one array: a call with few
+    arguments costs less to dispatch)."""
+    per_record, type_mask, rollback = consts[0], consts[1], consts[2]
+    magic_v1, magic_blank, fixed, header = consts[3], consts[4], consts[5], consts[6]
+    at = consts[7:]
     count = 0
-    cap = len(out_hash)
+    cap = out.shape[1]
     while True:
         if pos >= limit or cap - count < per_record:
             return count, pos, 2
@@ -102,9 +111,9 @@ def _record_keys(buf, pos, limit, out_hash, out_pos, out_time, uniq_name, keys_n
             pend = ppos + 2 + ((np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1]))
             a, b = _tag_value(buf, ppos + 2, pend, uniq_name)
             if a >= 0:
-                out_hash[count] = _key_hash(_hash_utf8(buf, a, b, prefix))
-                out_pos[count] = pos
-                out_time[count] = stamp
+                out[0, count] = _key_hash(_hash_utf8(buf, a, b, prefix))
+                out[1, count] = pos
+                out[2, count] = stamp
                 count += 1
             a, b = _tag_value(buf, ppos + 2, pend, keys_name)
             while a >= 0 and a < b:
@@ -112,9 +121,9 @@ def _record_keys(buf, pos, limit, out_hash, out_pos, out_time, uniq_name, keys_n
                 while e < b and buf[e] != 32:
                     e += 1
                 if e > a:
-                    out_hash[count] = _key_hash(_hash_utf8(buf, a, e, prefix))
-                    out_pos[count] = pos
-                    out_time[count] = stamp
+                    out[0, count] = _key_hash(_hash_utf8(buf, a, e, prefix))
+                    out[1, count] = pos
+                    out[2, count] = stamp
                     count += 1
                 a = e + 1
         pos += total
@@ -135,8 +144,6 @@ def record_keys(buf: np.ndarray, pos: int, limit: int, out: np.ndarray
     the walk stopped (a record boundary) and ``stop`` why (scan_kernels' ``STOP_*``).
     """
     work = min(out.shape[1], (int(limit) - int(pos)) // FIXED_SIZE + 1)
-    count, end, stop = _KERNELS(work)["_record_keys"](
-        buf, int(pos), int(limit), out[0], out[1], out[2], _UNIQ_KEY, _KEYS,
-        MAX_ROWS_PER_RECORD, TRANSACTION_TYPE_MASK, TRANSACTION_ROLLBACK_TYPE,
-        MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE, _AT)
+    count, end, stop = _KERNELS(work)["_record_keys"](buf, int(pos), int(limit), out,
+                                                      _UNIQ_KEY, _KEYS, _CONSTS)
     return out[:, :count], int(end), int(stop)

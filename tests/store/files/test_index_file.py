@@ -216,3 +216,44 @@ def test_index_off_writes_no_file_and_refuses_key_queries(tmp_path):
         assert [v.msg_id for v in store.query_messages("T")] == [r.msg_id]
     with MessageStore.open(path, SMALL) as store:  # turned on: built from the CommitLog
         assert [v.msg_id for v in store.query_messages("T", key="k")] == [r.msg_id]
+
+
+def test_single_puts_write_the_bytes_of_one_batch_put(tmp_path):
+    rng = np.random.default_rng(3)
+    hashes = rng.integers(0, 64, 300)  # few slots: long chains
+    phys = np.arange(300, dtype=np.int64) * 100
+    stamps = 1_700_000_000_000 + np.arange(300, dtype=np.int64) * 700
+    one = IndexFile(str(tmp_path / "one"), 16, 400, create=True)
+    batch = IndexFile(str(tmp_path / "batch"), 16, 400, create=True)
+    for i in range(300):
+        assert one.put(hashes[i:i + 1], phys[i:i + 1], stamps[i:i + 1]) == 1
+    assert batch.put(hashes, phys, stamps) == 300
+    assert one._mm[:] == batch._mm[:]
+    for h in range(64):
+        assert one.lookup(h, 1000) == sorted(phys[hashes == h].tolist(), reverse=True)
+    assert batch.put(hashes, phys + 10**6, stamps) == 99  # 400 entries: entry 0 and 399 used
+    assert batch.is_full() and batch.put(hashes, phys, stamps) == 0
+    one.close()
+    batch.close()
+
+
+@pytest.mark.parametrize("properties", [
+    b"UNIQ_KEY\x01ABC\x02KEYS\x01a b  c\x02TAGS\x01t",
+    b"KEYS\x01\xd0\xba\xd0\xbb\xd1\x8e\xd1\x87 \xf0\x9f\x98\x80\x02UNIQ_KEY\x01U1",
+    b"TAGS\x01x\x02KEYS\x01\x02UNIQ_KEY\x01",
+    b"KEYS\x01one\x02KEYS\x01two three",
+])
+def test_a_single_sends_keys_are_the_kernels(tmp_path, properties):
+    """The single send's Python path and the compiled walk give the same keyHashes."""
+    from store.core.key_index import record_key_hashes
+    from store.formats.codec import RecordSpec, encode_record, split_properties
+    from store.kernels.key_kernels import record_keys
+
+    spec = RecordSpec("top#ic", b"body", split_properties(properties.decode("utf-8")))
+    record = encode_record(spec, queue_id=0, queue_offset=0, physical_offset=0,
+                           store_timestamp_ms=1_700_000_000_000,
+                           properties_bytes=properties)
+    rows, end, _ = record_keys(np.frombuffer(record, dtype=np.uint8), 0, len(record),
+                               np.empty((3, 1 << 15), dtype=np.int64))
+    assert end == len(record)
+    assert rows[0].tolist() == record_key_hashes("top#ic", properties)
