@@ -30,7 +30,8 @@ from ..config import StoreConfig
 from ..errors import DiskFullError
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
-from ..files.index_file import IndexFile, file_name, is_index_name, java_hash_text
+from ..files.index_file import (IndexFile, file_name, is_index_name, java_hash_continue,
+                                java_hash_text, key_hash_of_unsigned)
 from ..kernels.key_kernels import MAX_ROWS_PER_RECORD, record_keys
 
 log = logging.getLogger("store.core.key_index")
@@ -51,12 +52,22 @@ def record_key_hashes(topic: str, properties: bytes) -> list[int]:
                 uniq = value
             elif name == b"KEYS":
                 keys = value
-    prefix = topic + "#"
-    hashes = [java_hash_text(prefix + uniq.decode("utf-8", "replace"))] if uniq else []
+    prefix = _PREFIX_HASHES.get(topic)
+    if prefix is None:
+        prefix = java_hash_continue(0, topic + "#")
+        if len(_PREFIX_HASHES) < 4096:
+            _PREFIX_HASHES[topic] = prefix
+    hashes = [key_hash_of_unsigned(java_hash_continue(prefix, uniq.decode("utf-8", "replace")))
+              ] if uniq else []
     for part in keys.split(b" ") if keys else ():
         if part:
-            hashes.append(java_hash_text(prefix + part.decode("utf-8", "replace")))
+            hashes.append(key_hash_of_unsigned(
+                java_hash_continue(prefix, part.decode("utf-8", "replace"))))
     return hashes
+
+
+#: ``topic -> hash state of "topic#"`` (bounded)
+_PREFIX_HASHES: dict[str, int] = {}
 
 
 class KeyIndex:
