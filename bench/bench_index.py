@@ -32,10 +32,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
+import numpy as np
+import pyarrow as pa
 
-from store import Message, MessageStore, StoreConfig  # noqa: E402
+from store import Message, MessageStore, StoreConfig
 
 BODY = bytes(range(100))
 

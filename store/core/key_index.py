@@ -30,8 +30,14 @@ from ..config import StoreConfig
 from ..errors import DiskFullError
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
-from ..files.index_file import (IndexFile, file_name, is_index_name, java_hash_continue,
-                                java_hash_text, key_hash_of_unsigned)
+from ..files.index_file import (
+    IndexFile,
+    file_name,
+    is_index_name,
+    java_hash_continue,
+    java_hash_text,
+    key_hash_of_unsigned,
+)
 from ..kernels.key_kernels import MAX_ROWS_PER_RECORD, record_keys
 
 log = logging.getLogger("store.core.key_index")

@@ -64,7 +64,7 @@ def _records_at(store: ReadableStore, offsets: list[int]) -> list[Record]:
 
 def query_messages(store: ReadableStore, topic: str, key: str | None = None,
                    begin_ms: int | None = None, end_ms: int | None = None,
-                   max: int = 64) -> list[MessageView]:  # noqa: A002 - RocketMQ's maxNum
+                   max: int = 64) -> list[MessageView]:
     """See :meth:`~store.core.reading.ReadableStore.query_messages`."""
     store._check_open()
     if isinstance(max, bool) or not isinstance(max, int) or max <= 0:
@@ -90,7 +90,7 @@ def query_messages(store: ReadableStore, topic: str, key: str | None = None,
 
 
 def _by_time(store: ReadableStore, topic: str, begin: int, end: int,
-             max: int) -> list[MessageView]:  # noqa: A002
+             max: int) -> list[MessageView]:
     """The first ``max`` messages of ``topic`` stored in ``[begin, end]``, in store-time
     order, each queue binary-searched on store time."""
     views: list[MessageView] = []

@@ -437,7 +437,7 @@ class ReadableStore:
         return views, False
 
     def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
-                       end_ms: int | None = None, max: int = 64  # noqa: A002 - RocketMQ's maxNum
+                       end_ms: int | None = None, max: int = 64
                        ) -> list[MessageView]:
         """Messages of ``topic`` by key and/or store time (RocketMQ's ``queryMessage``).
 

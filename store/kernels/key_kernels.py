@@ -16,9 +16,15 @@ from types import FunctionType
 
 import numpy as np
 
-from ..formats.codec import (BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE,
-                             MESSAGE_MAGIC_CODE_V1, TRANSACTION_ROLLBACK_TYPE,
-                             TRANSACTION_TYPE_MASK)
+from ..formats.codec import (
+    BLANK_MAGIC_CODE,
+    FIELD_OFFSET,
+    FIXED_SIZE,
+    HEADER_SIZE,
+    MESSAGE_MAGIC_CODE_V1,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+)
 from .index_kernels import _tag_value as tag_value_loop
 from .jit import kernel_set
 from .property_kernels import next_pair_loop

@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from rmq_cli.cli import main
 from store import InvalidMessageError, Message, MessageStore, StoreReader
 from store.formats.message_id import decode_offset_message_id, offset_message_id
-from rmq_cli.cli import main
 from tests.conftest import SMALL, FakeClock
 
 
@@ -74,7 +74,7 @@ def test_query_by_time_uses_store_time_across_queues(filled, read_only):
 
 
 def test_view_message_by_unique_key_and_by_offset_id(filled):
-    path, clock, results = filled
+    path, _, results = filled
     with StoreReader.open(path) as reader:
         assert reader.view_message(results[7].msg_id).body == b"o7"
         assert reader.view_message(results[7].msg_id, topic="other") is None
@@ -100,7 +100,7 @@ def test_view_message_of_a_delayed_message_is_the_delivered_copy(tmp_path):
 
 
 def test_cli_query_by_key_id_and_time(filled):
-    path, clock, results = filled
+    path, _, results = filled
     runner = CliRunner()
     out = runner.invoke(main, ["query", "--store", path, "--topic", "orders", "--key", "order-1",
                                "--format", "json"])

@@ -16,9 +16,21 @@ from hypothesis import strategies as st
 from store import KeyIndexUnavailableError, Message, MessageStore, StoreConfig, StoreReader
 from store.core.key_index import KeyIndex
 from store.files.commit_log import CommitLog
-from store.files.index_file import (ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, HEADER_DTYPE,
-                                    HEADER_SIZE, SLOT_DTYPE, SLOT_SIZE, IndexFile, file_name,
-                                    file_size, is_index_name, java_hash_text)
+from store.files.index_file import (
+    ENTRY,
+    ENTRY_DTYPE,
+    ENTRY_SIZE,
+    HEADER,
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    SLOT_DTYPE,
+    SLOT_SIZE,
+    IndexFile,
+    file_name,
+    file_size,
+    is_index_name,
+    java_hash_text,
+)
 from store.message import java_string_hash
 from tests.conftest import SMALL, FakeClock
 
@@ -152,10 +164,9 @@ def test_index_against_a_dict_model(tmp_path_factory, steps):
                         model.setdefault((topic, k), []).append(r.msg_id)
                     model.setdefault((topic, r.msg_id), []).append(r.msg_id)
             elif kind == "rollback":  # an atomic group that fails: its records are cut
-                with pytest.raises(RuntimeError):
-                    with store.atomic_append():
-                        store.producer("g").send(Message(topic, b"gone", keys=keys or None))
-                        raise RuntimeError("abandon")
+                with pytest.raises(RuntimeError), store.atomic_append():
+                    store.producer("g").send(Message(topic, b"gone", keys=keys or None))
+                    raise RuntimeError("abandon")
             else:
                 store.close()
                 store = MessageStore.open(path, SMALL, clock=clock)
