@@ -126,6 +126,13 @@ class KeyIndex:
                                                   self.slot_count, self.entry_count,
                                                   read_only=self.read_only)
             self._order = names
+        for name in self._order:
+            if self._files[name].actual_size != self._files[name].size:
+                # a file another process is creating (not yet sized), or of the wrong size
+                self._files[name].close()
+                self._files[name] = IndexFile(os.path.join(self.directory, name),
+                                              self.slot_count, self.entry_count,
+                                              read_only=self.read_only)
         return [f for n in self._order if (f := self._files[n]).problem() is None]
 
     def _new_file(self) -> IndexFile:

@@ -331,7 +331,7 @@ class IndexFile:
         how many entries were dropped.  Recovery's step after a crash."""
         if self.index_count <= 1:
             return 0
-        entries = self.entries().copy()
+        entries = self.entries()  # (put reads each entry before writing its place)
         keep = int(np.searchsorted(entries["phy_offset"], log_end, side="left"))
         kept = entries[:keep]
         begin_ts, end_ts = self.header()[:2]
