@@ -28,6 +28,9 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
               help="Keep CommitLog segments at least this long [default: 72].")
 @click.option("--disk-max-used-space-ratio", type=click.IntRange(1, 100), default=None,
               help="Disk use (%) above which retention runs at any hour [default: 75].")
+@click.option("--message-index/--no-message-index", default=None,
+              help="Keep RocketMQ's message-key index for queries by key (rmq query --key); "
+                   "off by default: it costs sends (docs/api.md).")
 @click.option("--check-transactions", is_flag=True,
               help="Run the transaction check rounds here and publish their questions; "
                    "resolvers (a Spark view=transaction_checks query with "
@@ -61,7 +64,7 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
+          message_index, check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
           max_request_mib, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
@@ -78,7 +81,8 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     changes = {k: v for k, v in (("delete_when", delete_when),
                                  ("file_reserved_time_hours", file_reserved_time_hours),
-                                 ("disk_max_used_space_ratio", disk_max_used_space_ratio))
+                                 ("disk_max_used_space_ratio", disk_max_used_space_ratio),
+                                 ("message_index_enable", message_index))
                if v is not None}
     config = StoreConfig().replace(**changes) if changes else None
     network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,

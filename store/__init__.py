@@ -47,6 +47,7 @@ from .errors import (
                      TransactionStateError,
                      UnknownMessageError,
                      UnknownTopicError,
+                     KeyIndexUnavailableError,
 )
 from .message import (
                      LocalTransactionState,
@@ -86,7 +87,7 @@ __all__ = [
     "StoreClosedError", "StoreConfig", "StoreError", "StoreFormatError", "StoreNotFoundError",
     "StoreReader", "StoreReplacedError", "StoreServer",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
-    "UnknownMessageError", "UnknownTopicError", "is_system_topic", "java_string_hash",
+    "UnknownMessageError", "UnknownTopicError", "KeyIndexUnavailableError", "is_system_topic", "java_string_hash",
     "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",
     "keep_freed_heap", "warm_up",
     "validate_topic",

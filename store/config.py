@@ -28,6 +28,8 @@ LAYOUT_FIELDS = (
     "timer_precision_ms",
     "timer_wheel_slots",
     "timer_log_file_size_bytes",
+    "max_hash_slot_num",
+    "max_index_num",
 )
 
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -119,6 +121,21 @@ class StoreConfig:
         lock between them, 1 ms (not a RocketMQ setting: its broker is the one writer); a process
         that finds the lock taken waits at most about this long.  0 gives the lock back
         after every append.
+    message_index_enable : bool
+        Keep RocketMQ's message-key index (``index/``, ``messageIndexEnable``): every
+        record's ``UNIQ_KEY`` and ``KEYS``, for :meth:`~store.MessageStore.query_messages`
+        by key and :meth:`~store.MessageStore.view_message` by unique key.  False by default
+        (RocketMQ's is True): the index is built on the send path today and costs single
+        sends and ``send_table`` 1.4-1.9x (``bench/bench_index.py``); turned on later, the
+        next writable open builds it from the CommitLog.
+    max_hash_slot_num : int
+        Hash slots of one index file (``maxHashSlotNum``), 5,000,000.
+    max_index_num : int
+        Entries of one index file (``maxIndexNum``), 20,000,000; a file is
+        ``40 + 4 x slots + 20 x entries`` bytes (420,000,040 by default), preallocated sparse.
+        Both are recorded in ``config/store.json`` when a store is created (readers size the
+        files by them); a file of another size is not this store's index: a writable open
+        sets it aside and rebuilds the index from the CommitLog.
     """
 
     commitlog_file_size_bytes: int = GIB
@@ -146,6 +163,9 @@ class StoreConfig:
     schedule_min_interval_ms: int = 1000
     append_lock_lease_ms: int = 1
     strict_layout: bool = False
+    message_index_enable: bool = False
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
 
     def __post_init__(self) -> None:
         ints = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.type == "int"}
@@ -159,7 +179,7 @@ class StoreConfig:
             "timer_roll_window_slots", "timer_max_delay_ms", "timer_log_file_size_bytes",
             "timer_congest_num_each_slot", "transaction_timeout_ms", "transaction_check_max",
             "transaction_check_interval_ms", "clean_resource_interval_ms",
-            "schedule_min_interval_ms",
+            "schedule_min_interval_ms", "max_hash_slot_num",
         )
         for name in _positive:
             if ints[name] <= 0:
@@ -196,6 +216,10 @@ class StoreConfig:
                 f"timer_log_file_size_bytes={self.timer_log_file_size_bytes}; allowed: >= 1024"
             )
         parse_delay_levels(self.message_delay_level)
+        if not 2 <= self.max_index_num <= 2**31 - 1:
+            raise InvalidConfigError(
+                f"max_index_num={self.max_index_num}; allowed: 2 to 2**31 - 1 (entry 0 is "
+                "never used)")
         if not 0 <= self.append_lock_lease_ms <= 1000:
             raise InvalidConfigError(
                 f"append_lock_lease_ms={self.append_lock_lease_ms}; allowed: 0 (no lease) to "

@@ -79,6 +79,11 @@ class OffsetOutOfRangeError(StoreError, LookupError):
     """A requested queue offset was removed by retention or lies beyond the queue's end."""
 
 
+class KeyIndexUnavailableError(StoreError, LookupError):
+    """A query by key on a store without a message-key index (``message_index_enable`` was
+    off when its messages were written, and no ``index/`` file holds them)."""
+
+
 class UnknownTopicError(StoreError, LookupError):
     """A topic or queue id that the store does not hold."""
 

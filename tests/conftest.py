@@ -42,7 +42,9 @@ class FakeClock:
 SMALL = StoreConfig(commitlog_file_size_bytes=64 * 1024, consume_queue_file_entries=1000,
                     timer_precision_ms=100, timer_wheel_slots=4096, timer_roll_window_slots=1024,
                     timer_log_file_size_bytes=64 * 1024,
-                    schedule_min_interval_ms=100)  # tests fire schedules every 100 ms
+                    schedule_min_interval_ms=100,  # tests fire schedules every 100 ms
+                    max_hash_slot_num=512, max_index_num=2048,  # index files of 43 KB
+                    message_index_enable=True)  # (off by default: tests keep it exercised)
 
 
 @pytest.fixture

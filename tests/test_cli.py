@@ -214,7 +214,7 @@ def test_serve_grpc_options_are_checked(runner, tmp_path):
     acl = tmp_path / "acl.json"
     acl.write_text('{"accounts": [{"accessKey": "a", "secretKey": "secret"}]}')
     r = runner.invoke(main, ["serve", "--store", path, "--acl", str(acl)])
-    assert r.exit_code == 2 and "--acl needs --grpc" in r.output
+    assert r.exit_code == 2 and "--acl needs --listen or --grpc" in r.output
     r = runner.invoke(main, ["serve", "--store", path, "--insecure"])
     assert r.exit_code == 2 and "need --listen or --grpc" in r.output
     r = runner.invoke(main, ["serve", "--store", path, "--create", "--grpc", "0.0.0.0:0",

@@ -427,6 +427,7 @@ class Appender:
         self.core.commit_log.write(offset, record)
         self._sync()
         self.core.dispatcher.dispatch_one(key, queue_offset, offset, size, tags_code)
+        self.core.dispatcher.dispatch_keys_one(topic, properties, offset, now)
         self._advance(offset + size, now)
         self.queue_next[key] = queue_offset + 1
         return _new_tuple(SingleAppend, (qid, queue_offset, offset, now))
@@ -442,10 +443,12 @@ class Appender:
         Crash safety: mark the append, write, sync (SYNC_FLUSH), index, then publish.
         """
         self._begin()
+        begin = self.write_offset
         for off, data in chunks:
             self.core.commit_log.write(off, data)
         self._sync()
         self.core.dispatcher.dispatch(entries)
+        self.core.dispatcher.dispatch_keys(begin, end)
         self._advance(end, now)
 
     def _begin(self) -> None:

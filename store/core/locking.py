@@ -162,6 +162,7 @@ class AppendLocking:
         cuts an append that never completed."""
         self._recover(offset, limit=offset)
         self._catch_up(force=True)
+        self.key_index.cut(self.appender.write_offset)
 
     def placement_chain(self, count: int, queues: Iterable[tuple[str, int]]) -> PlacementChain:
         """A :class:`~store.core.placement_chain.PlacementChain` for the ``count`` chunks of

@@ -38,6 +38,7 @@ from .arrow_decode import read_queue_batch
 from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
+from .key_index import KeyIndex
 from .record_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
@@ -161,6 +162,8 @@ class ReadableStore:
                                     read_only=self.read_only)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"),
                                           writable=not self.read_only, legacy_layout=legacy)
+        self.key_index = KeyIndex(self.root, self.config, self.commit_log,
+                                  read_only=self.read_only)
         self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"),
                                       os.path.join(self.root, "consumequeue"))
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -222,6 +225,7 @@ class ReadableStore:
         self._closed = True
         for q in self._queues.values():
             q.close()
+        self.key_index.close()
         self.commit_log.close()
         self.checkpoint.close()
 
@@ -444,6 +448,32 @@ class ReadableStore:
                 raise CorruptRecordError(queue.directory, offset + i, problem)
             raise CorruptRecordError(self.commit_log.files.find(where).path, where, problem)
         return views, False
+
+    def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
+                       end_ms: int | None = None, max: int = 64
+                       ) -> list[MessageView]:
+        """Messages of ``topic`` by key and/or store time (RocketMQ's ``queryMessage``).
+
+        With ``key``: the messages carrying it (in ``KEYS`` or as their ``UNIQ_KEY``), found
+        through the message-key index, in CommitLog order; without: the messages stored in
+        ``[begin_ms, end_ms]`` (both inclusive, ``None``: open), in store-time order, each
+        queue binary-searched on store time.  At most ``max``.  Raises
+        :class:`~store.errors.KeyIndexUnavailableError` for a key on a store that keeps no
+        index (see :mod:`store.core.queries`).
+        """
+        from .queries import query_messages
+
+        return query_messages(self, topic, key, begin_ms, end_ms, max)
+
+    def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageView | None:
+        """The message of ``msg_id`` (RocketMQ's ``viewMessage``), ``None`` when no visible
+        record has it: an offset message id (``offset_message_id``: store host and CommitLog
+        offset) is decoded to its record; a unique key (``SendResult.msg_id``) is looked up
+        in the message-key index, under ``topic`` or every topic of the store (the copy in
+        a user topic wins for a delayed or transactional message stored twice)."""
+        from .queries import view_message
+
+        return view_message(self, msg_id, topic)
 
     def queue_entries(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """ConsumeQueue entries ``[start, end)`` (fields ``offset``, ``size``, ``tags_code``)."""

@@ -103,7 +103,7 @@ class StoreCore(AppendLocking, ReadableStore):
         #: process whose cores are busy already (the rmq sink's Spark tasks do).
         self.encode_threads = THREADS
         self.dispatcher = Dispatcher(self.consume_queue, lambda topic, queue_id: (
-            self.topic_table.queue_written(topic, queue_id, self.now_ms())))
+            self.topic_table.queue_written(topic, queue_id, self.now_ms())), self.key_index)
         self.appender = Appender(self)
         self._retention_listeners: list[RetentionListener] = []
         self._retention_guards: list[RetentionGuard] = []
@@ -179,6 +179,9 @@ class StoreCore(AppendLocking, ReadableStore):
             if sole and check_at_open(self, self._recovery_listeners):
                 self.recovered = True  # damaged segments or lost queue entries repaired
             self._catch_up(force=True)
+            if sole:  # the index after recovery: set aside when damaged, cut, caught up
+                self.key_index.open_check(self.appender.write_offset,
+                                          crashed=crashed or self.recovered)
         if sole:
             fcntl.flock(self._open_lock_fd, fcntl.LOCK_SH)  # downgrade: others may join now
 
@@ -243,6 +246,7 @@ class StoreCore(AppendLocking, ReadableStore):
         with self._write_locked(catch_up=False):
             self._close_services()
             self.flusher.flush()
+            self.key_index.flush()
             write_queue_table(self)
             in_progress = self.checkpoint.get("write_in_progress") != -1
         if try_flock(self._open_lock_fd, fcntl.LOCK_EX) and not in_progress:

@@ -39,7 +39,8 @@ from ..timer.keys import key_list
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
 from .address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
-from .wire import END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, raise_remote, schedule_info
+from .wire import (END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, message_view, raise_remote,
+                   schedule_info)
 
 #: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
 SNAPSHOT_MAX_AGE_S = 0.5
@@ -229,6 +230,22 @@ class RemoteStore:
         return int(self._action("offset_for_timestamp", {
             "topic": topic, "queue_id": int(queue_id),
             "timestamp_ms": int(timestamp_ms)})["offset"])
+
+    def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
+                       end_ms: int | None = None, max: int = 64) -> list[MessageView]:
+        """Messages by key or store time, answered by the server as
+        :meth:`MessageStore.query_messages <store.MessageStore.query_messages>` (only they
+        cross the network; ``max`` at most 10,000)."""
+        answer = self._action("query_messages", {"topic": topic, "key": key,
+                                                 "begin_ms": begin_ms, "end_ms": end_ms,
+                                                 "max": max})
+        return [message_view(fields) for fields in answer["messages"]]
+
+    def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageView | None:
+        """One message by id, as :meth:`MessageStore.view_message
+        <store.MessageStore.view_message>`; ``None`` when the store has none."""
+        fields = self._action("view_message", {"msg_id": msg_id, "topic": topic})["message"]
+        return None if fields is None else message_view(fields)
 
     # ------------------------------------------------------------------ reading
     def read_batches(self, topic: str, queue_id: int, start: int, end: int, *,

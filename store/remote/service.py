@@ -46,7 +46,7 @@ from .reader_pool import ReaderPool
 from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
                      require_admin, row_topics)
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
-                   schedule_fields,
+                   schedule_fields, MAX_QUERY_MESSAGES, view_fields,
                    error_info, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
@@ -380,6 +380,25 @@ class StoreService(flight.FlightServerBase):
         account = self._account()
         return {"topics": {t: q for t, q in bounds.items()
                            if account.may(t, "SUB") or account.may(t, "PUB")}}
+
+    def _action_query_messages(self, body: dict) -> dict:
+        what = "query_messages"
+        limit = field(body, "max", int, what, default=64)
+        if not 1 <= limit <= MAX_QUERY_MESSAGES:
+            raise InvalidRequest(f"{what}: max={limit}; allowed: 1 to {MAX_QUERY_MESSAGES}")
+        with self._readers.reader() as reader:
+            views = reader.query_messages(
+                field(body, "topic", str, what), key=field(body, "key", str, what, optional=True),
+                begin_ms=field(body, "begin_ms", int, what, optional=True),
+                end_ms=field(body, "end_ms", int, what, optional=True), max=limit)
+        return {"messages": [view_fields(v) for v in views]}
+
+    def _action_view_message(self, body: dict) -> dict:
+        what = "view_message"
+        with self._readers.reader() as reader:
+            view = reader.view_message(field(body, "msg_id", str, what),
+                                       topic=field(body, "topic", str, what, optional=True))
+        return {"message": None if view is None else view_fields(view)}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:
         what = "offset_for_timestamp"

@@ -71,7 +71,12 @@ ACTIONS = {
     "run_check_round": "a check-loop query's round: bookkeeping, its questions kept here",
     "drop_check_rounds": "delete a check-loop query's rounds up to a number",
     "last_check_round": "the newest round the server published (--check-transactions)",
+    "query_messages": "messages by key or store time (MessageStore.query_messages)",
+    "view_message": "one message by id (MessageStore.view_message)",
 }
+#: The most messages one ``query_messages`` answer carries (what a client can make the
+#: server hold).
+MAX_QUERY_MESSAGES = 10_000
 #: The :class:`~store.SendResult` fields an answer carries.
 RESULT_FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "commitlog_offset",
                  "deliver_at_ms", "transaction_id", "stored_topic", "stored_queue_id",
@@ -201,6 +206,27 @@ def raise_remote(exc: BaseException, address: str) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def view_fields(view) -> dict:
+    """A :class:`~store.MessageView` as a JSON object (the body in base64)."""
+    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(view)}
+    fields["body"] = b64(view.body)
+    fields["keys"] = list(view.keys)
+    fields["properties"] = dict(view.properties)
+    fields["system_properties"] = dict(view.system_properties)
+    return fields
+
+
+def message_view(fields: dict):
+    """The :class:`~store.MessageView` of :func:`view_fields`."""
+    from ..message import MessageView
+
+    names = {f.name for f in dataclasses.fields(MessageView)}
+    values = {k: v for k, v in fields.items() if k in names}
+    values["body"] = unb64(values["body"], "a message's body")
+    values["keys"] = tuple(values["keys"])
+    return MessageView(**values)
 
 
 def schedule_fields(info) -> dict:
