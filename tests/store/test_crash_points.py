@@ -220,8 +220,8 @@ def test_a_run_left_by_a_kill_redone_in_bounded_steps_delivers_each_once(tmp_pat
                 p.send(Message(topic, b"m%02d" % i), delay_level=1)
     script = BOUNDED_CHILD.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
     env = dict(os.environ, RMQ_CRASH_AT="delivery.append:after:1")
-    done = subprocess.run([sys.executable, "-c", script, path, str(T0 + 2_000)], env=env, check=False,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script, path, str(T0 + 2_000)], env=env,
+                          check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == -9, done.stderr[-3000:]
     with MessageStore.open(path, small_config, clock=lambda: T0 + 20_000) as store:
         assert len(_views(store, topic)) == (10 if topic == "timer" else 20)  # kept
