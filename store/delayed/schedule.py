@@ -258,23 +258,30 @@ class ScheduleService:
             if not work and progress.mark < 0:
                 return 0
             done = np.empty(0, np.int64)
-            if progress.mark < 0:
+            redo = progress.mark >= 0  # a run that died: redone, skipping what it delivered
+            if not redo:
                 progress.mark = confirmed
                 self._save(progress)  # durable before anything is appended
             else:
                 done = origins_since(store, progress.mark)
+            stopped = False  # the budget ended this run before the due heads were all read
             delivered = 0
             for level, queue, start, maxo in work:
                 if budget is not None:
                     if budget <= 0:
+                        stopped = True
                         break
+                    stopped = stopped or start + budget < maxo
                     maxo = min(maxo, start + budget)
                     budget -= maxo - start
                 off, n = self._deliver_level(level, queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
             store.flush()  # the deliveries are durable before the offsets that claim them
-            progress.mark = -1
+            if not (redo and stopped):
+                # (a redo the budget stopped keeps the dead run's mark: that run may have
+                # delivered entries past where this one stopped, and the next must skip them)
+                progress.mark = -1
             self._save(progress)
             release_commitlog_pages(store)
             return delivered

@@ -256,6 +256,7 @@ class TimerService:
         :func:`~store.timer.checkpoint.foreign_or_impossible`), or ``None``."""
         store = self.store
         confirmed = store.confirmed_offset()
+        self.log.files.refresh()  # another process may have added TimerLog files
         last = self.log.files.last_file()
         queue = store.consume_queue(TIMER_TOPIC, 0)
         problem = ckpt.foreign_or_impossible(
@@ -381,7 +382,8 @@ class TimerService:
         work = st.copy()
         if self.firing.split_slot is not None and self.firing.split_slot[0] != st.counter:
             self.firing.split_slot = None  # another process (or a failed run) saved since
-        if work.deliver_mark < 0:
+        redo = work.deliver_mark >= 0  # a run that died: redone, skipping what it delivered
+        if not redo:
             work.deliver_mark = store.confirmed_offset()
             self._save(work)  # the mark is durable before anything is appended
             done = np.empty(0, np.int64)
@@ -405,7 +407,11 @@ class TimerService:
             store.flush()
             self.log.flush()
             self.wheel.flush()
-            work.deliver_mark = -1
+            # A redo stopped by its budget keeps the dead run's mark: that run may have
+            # delivered entries and slots past where this one stopped, and the next run
+            # must skip them too (with a fresh mark it would deliver them again).
+            if not (redo and budget is not None and handled >= budget):
+                work.deliver_mark = -1
             self._save(work)
             if self.firing.split_slot is not None:
                 self.firing.split_slot = (work.counter, *self.firing.split_slot[1:])

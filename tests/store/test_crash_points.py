@@ -189,3 +189,45 @@ def test_a_kill_at_every_crash_point(tmp_path, small_config, point, when):
                                    "delay_levels.offset_save", "schedules.fire_append"])
 def test_a_kill_at_a_later_pass_of_a_busy_point(tmp_path, small_config, point):
     assert _crash_and_check(tmp_path, small_config, f"{point}:after:3")
+
+
+BOUNDED_CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    from conftest import SMALL
+    from store import MessageStore
+
+    store = MessageStore.open(sys.argv[1], SMALL, clock=lambda: int(sys.argv[2]))
+    store.deliver_due()
+""")
+
+
+@pytest.mark.parametrize("topic", ["timer", "levels"])
+def test_a_run_left_by_a_kill_redone_in_bounded_steps_delivers_each_once(tmp_path, small_config,
+                                                                         topic):
+    """A run killed after its deliveries were appended, before its progress was saved, is
+    redone by bounded calls (as a restarted server's first ones, before its compiled loops
+    are in): the messages the dead run delivered past the first step's reach are skipped by
+    every later step too, not only by the first."""
+    path = str(tmp_path / "store")
+    with MessageStore.open(path, small_config, clock=lambda: T0) as store:
+        p = store.producer("g")
+        for i in range(20):
+            if topic == "timer":  # the dead run delivers the even ones, placed the odd ones
+                p.send(Message(topic, b"m%02d" % i), delay_ms=1_000 if i % 2 == 0 else 10_000)
+            else:
+                p.send(Message(topic, b"m%02d" % i), delay_level=1)
+    script = BOUNDED_CHILD.format(root=ROOT, tests=os.path.join(ROOT, "tests"))
+    env = dict(os.environ, RMQ_CRASH_AT="delivery.append:after:1")
+    done = subprocess.run([sys.executable, "-c", script, path, str(T0 + 2_000)], env=env,
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == -9, done.stderr[-3000:]
+    with MessageStore.open(path, small_config, clock=lambda: T0 + 20_000) as store:
+        assert len(_views(store, topic)) == (10 if topic == "timer" else 20)  # kept
+        for _ in range(20):
+            store.deliver_due(max_messages=3)
+        store.deliver_due()
+        seen = collections.Counter(v.body for v in _views(store, topic))
+    assert seen == collections.Counter(b"m%02d" % i for i in range(20)), \
+        {b: n for b, n in seen.items() if n != 1}

@@ -89,3 +89,26 @@ def test_a_zeroed_queue_offset_is_found_behind_rolled_units(tmp_path):
         for _ in range(3):
             store.deliver_due()
         assert _visible(store) == 10
+
+
+def test_another_process_grown_timer_log_is_no_damage(tmp_path, caplog):
+    """A process that opened the store earlier does not take a TimerLog end in a file
+    another process added since for damage (it would rebuild the timer)."""
+    path = str(tmp_path / "s")
+    clock = FakeClock()
+    first = MessageStore.open(path, SMALL, clock=clock)
+    second = MessageStore.open(path, SMALL, clock=clock)  # its TimerLog file list: one file
+    try:
+        per_file = SMALL.timer_log_file_size_bytes // 52
+        p = first.producer("g")
+        for i in range(per_file + 50):
+            p.send(Message("t", b"m%d" % i), delay_ms=60_000)
+        first.deliver_due()  # placed: the TimerLog goes on in a second file
+        want = first.timer.state()
+        assert want.last_timer_log_flush_pos > SMALL.timer_log_file_size_bytes
+        with caplog.at_level("WARNING", logger="store"):
+            assert second.timer.state() == want  # no rebuild
+        assert "rebuilt" not in caplog.text
+    finally:
+        second.close()
+        first.close()
