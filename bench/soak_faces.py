@@ -51,7 +51,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,9 @@ from collections import Counter, defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from bench_grpc import free_port, wait_port
 
 T_FLIGHT = "soak-flight"
 T_SINK = "soak-sink"
@@ -128,12 +130,22 @@ def quiet() -> None:
     logging.getLogger("rocketmq").setLevel(logging.CRITICAL)
 
 
-def guarded(fn, log: Log, errors: Counter, name: str) -> None:
+def guarded(fn, errors: Counter, name: str) -> None:
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 -- a refused or failed call: counted, the client goes on
         errors[f"{name}: {type(exc).__name__}"] += 1
         time.sleep(0.2)
+
+
+def until_stopped(stop, pace: Pace, fn, errors: Counter, name: str, close) -> None:
+    """``fn`` at the pace until ``stop`` is set, then ``close``."""
+    try:
+        while not stop.is_set():
+            guarded(fn, errors, name)
+            pace()
+    finally:
+        close()
 
 
 # --------------------------------------------------------------------------- Flight clients
@@ -159,7 +171,7 @@ def flight_producer(cfg: dict, worker: str, inc: int, stop) -> None:
 
         i = 0
         while not stop.is_set():
-            guarded(send if i % 2 else send_table, log, errors, "flight")
+            guarded(send if i % 2 else send_table, errors, "flight")
             i += 1
             pace()
     log.stats(cfg["run"], errors=dict(errors))
@@ -191,7 +203,7 @@ def flight_reader(cfg: dict, worker: str, inc: int, stop) -> None:
 
         i = 0
         while not stop.is_set():
-            guarded(follow if i % 4 == 3 else pull, log, errors, "reader")
+            guarded(follow if i % 4 == 3 else pull, errors, "reader")
             i += 1
             pace()
     log.stats(cfg["run"], errors=dict(errors), rows=dict(rows))
@@ -233,7 +245,7 @@ def flight_sink(cfg: dict, worker: str, inc: int, stop, rows_per_stage: int = 10
 
         i = 0
         while not stop.is_set():
-            guarded(big_table if vanishing and i % 2 else one_batch, log, errors, "sink")
+            guarded(big_table if vanishing and i % 2 else one_batch, errors, "sink")
             i += 1
             pace()
     log.stats(cfg["run"], errors=dict(errors))
@@ -266,12 +278,7 @@ def grpc_producer(cfg: dict, worker: str, inc: int, stop) -> None:
         producer.send(m)
         log.acked(span, "send_delayed" if delayed else "send")
 
-    try:
-        while not stop.is_set():
-            guarded(send, log, errors, "grpc-producer")
-            pace()
-    finally:
-        producer.shutdown()
+    until_stopped(stop, pace, send, errors, "grpc-producer", producer.shutdown)
     log.stats(cfg["run"], errors=dict(errors))
 
 
@@ -295,12 +302,7 @@ def grpc_consumer(cfg: dict, worker: str, inc: int, stop) -> None:
             consumer.ack(m)
             log.ops["ack"] += 1
 
-    try:
-        while not stop.is_set():
-            guarded(receive, log, errors, "grpc-consumer")
-            pace()
-    finally:
-        consumer.shutdown()
+    until_stopped(stop, pace, receive, errors, "grpc-consumer", consumer.shutdown)
     log.stats(cfg["run"], errors=dict(errors), received=len(seen),
               received_again=sum(1 for c in seen.values() if c > 1))
 
@@ -326,25 +328,6 @@ def child(kind: str, cfg: dict, worker: str, inc: int, stop) -> None:
 
 
 # --------------------------------------------------------------------------- the server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit("server never listened")
-
-
 def fd_kinds(pid: int, top: int = 6) -> dict:
     """The most frequent targets of the open files (a leak shows which file it keeps)."""
     kinds: Counter = Counter()
