@@ -644,7 +644,11 @@ def main() -> int:
         summary["resources"] = {"warm": warm, "end": end, "ratio_end_to_warm": ratios,
                                 "max_during": {k: max(s[k] for s in samples)
                                                for k in keys} if samples else {},
-                                "samples": len(samples)}
+                                "samples": len(samples),
+                                # minute into the run: heap MiB, threads, open files
+                                "series": [[round((x["t"] - samples[0]["t"] + warmup) / 60, 1),
+                                            x["rss_anon_kib"] // 1024, x["threads"], x["fds"]]
+                                           for x in samples]}
     finally:
         stop.set()
         for p in procs:
