@@ -126,3 +126,29 @@ def test_the_quick_start_keeps_a_served_store(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _bodies(path, "keep") == []  # no server: a fresh store
+
+
+def test_a_failed_write_in_a_delivery_step_does_not_stop_the_server(tmp_path, monkeypatch):
+    """Out of open files for a moment (EMFILE): the step is logged and retried, the server
+    goes on (the soak test saw one such error end rmq serve)."""
+    import errno
+
+    from store import Message, StoreServer
+
+    path = str(tmp_path / "store")
+    with MessageStore.open(path) as store:
+        store.producer("g").send(Message("t", b"x"), delay_ms=1_000)
+    server = StoreServer(path)
+    real, calls = server.store.deliver_due, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server.store, "deliver_due", flaky)
+    counters = server.run(duration_s=3.5)
+    assert counters.replaced is None
+    assert any("Too many open files" in e for e in counters.errors)
+    assert len(calls) >= 2 and counters.delivered == 1

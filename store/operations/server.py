@@ -260,7 +260,11 @@ class StoreServer:
                     # a store removed in the middle of a step fails one of its writes first
                     problem = self.store.identity.problem()
                     if not isinstance(exc, StoreReplacedError) and problem is None:
-                        raise
+                        # out of open files, a full disk for a moment: the step is redone
+                        # from its mark next time; one failed write must not stop the server
+                        self._error(f"delivery step failed, retried at the next step: {exc}")
+                        self._stop.wait(self._sleep_s(end))
+                        continue
                     if problem is not None and not isinstance(exc, StoreReplacedError):
                         exc = self.store.replaced_error(problem)
                     self.counters.replaced = str(exc)  # nothing more to serve: stop
