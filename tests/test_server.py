@@ -88,15 +88,35 @@ def test_serve_delivers_on_time_with_no_reader(tmp_path):
     proc = _serve(path)
     try:
         _wait_attached(path, proc)
+        floor, done = [], threading.Event()
+
+        def scheduling_floor() -> None:
+            """How late this machine wakes a sleeper at each precision tick, meanwhile: the
+            server cannot be more punctual than the scheduler lets any process be."""
+            while not done.is_set():
+                now = time.time()
+                tick = (int(now * 1000) // P + 1) * P / 1000
+                time.sleep(tick - now)
+                floor.append((time.time() - tick) * 1000)
+
+        watcher = threading.Thread(target=scheduling_floor, daemon=True)
+        watcher.start()
         with MessageStore.open(path, SMALL) as store:  # this process never delivers
             _send(store, 5_000, 5_000, np.random.default_rng(1))
             _wait_for(store, {"timeouts": 5_000, "reminders": 5_000}, 30)
             views = _views(store, "timeouts") + _views(store, "reminders")
+        done.set()
+        watcher.join()
         late = np.array([v.store_timestamp_ms - v.deliver_timestamp_ms for v in views])
-        print("lateness p50/p99/max ms:", np.percentile(late, [50, 99, 100]).tolist())
+        slack = float(np.percentile(floor, 99)) if floor else 0.0
+        print("lateness p50/p99/max ms:", np.percentile(late, [50, 99, 100]).tolist(),
+              "scheduling floor p99 ms:", slack)
         assert len(views) == 10_000 and len({v.msg_id for v in views}) == 10_000
         assert late.min() >= 0  # never early
-        assert np.percentile(late, 99) <= P + 100, np.percentile(late, [50, 99, 100])
+        # within a precision and 100 ms of its due time, plus what the machine's scheduler
+        # cost a sleeper in the same seconds (0-5 ms on a quiet machine)
+        assert np.percentile(late, 99) <= P + 100 + slack, (np.percentile(late, [50, 99, 100]),
+                                                             slack)
         status = server_status(path)
         assert status["attached"] and status["delivered"] == 10_000
     finally:
