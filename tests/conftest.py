@@ -39,6 +39,19 @@ class FakeClock:
             self._now = ms
 
 
+def load_tool(name: str):
+    """The script ``tools/<name>.py`` as a module (registered in ``sys.modules``, since its
+    dataclasses look their module up); tests of the fuzzers and generators use it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools",
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 SMALL = StoreConfig(commitlog_file_size_bytes=64 * 1024, consume_queue_file_entries=1000,
                     timer_precision_ms=100, timer_wheel_slots=4096, timer_roll_window_slots=1024,
                     timer_log_file_size_bytes=64 * 1024,

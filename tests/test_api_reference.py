@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+
+from conftest import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "gen_api_reference", os.path.join(ROOT, "tools", "gen_api_reference.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("gen_api_reference")
 
 
 def test_reference_is_up_to_date():

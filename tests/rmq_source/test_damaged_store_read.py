@@ -8,14 +8,13 @@ Damaged copies come from the file fuzzer (tools/fuzz_store.py); each is read wit
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import re
 import shutil
-import sys
 
 import pytest
+from conftest import load_tool
 
 pytestmark = pytest.mark.spark
 
@@ -25,12 +24,7 @@ RAW = re.compile(r"^(UnicodeDecodeError|UnicodeEncodeError|AttributeError|OSErro
 
 
 def _fuzzer():
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_store", os.path.join(ROOT, "tools", "fuzz_store.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("fuzz_store")
 
 
 @pytest.fixture(scope="module")

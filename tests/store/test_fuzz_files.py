@@ -4,23 +4,18 @@ serve no damaged body with verification on, and never make the store unopenable.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+from conftest import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _fuzzer():
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_store", os.path.join(ROOT, "tools", "fuzz_store.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("fuzz_store")
 
 
 def _check(report):

@@ -5,9 +5,7 @@ bounded text (never the store's directory), and nothing is stored that no reques
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 
 import pytest
@@ -19,6 +17,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from store import StoreConfig, StoreServer  # noqa: E402
+from conftest import load_tool
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -27,12 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def _fuzzer():
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_grpc", os.path.join(ROOT, "tools", "fuzz_grpc.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("fuzz_grpc")
 
 
 fuzz = _fuzzer()

@@ -4,18 +4,15 @@ never dies, never answers with bytes it was not sent, and answers each with a ty
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from conftest import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
-_spec = importlib.util.spec_from_file_location(
-    "fuzz_flight", os.path.join(ROOT, "tools", "fuzz_flight.py"))
-fuzz_flight = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_flight)
+fuzz_flight = load_tool("fuzz_flight")
 
 
 @pytest.fixture(scope="module")
