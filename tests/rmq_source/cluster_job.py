@@ -13,8 +13,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def main() -> None:
-    work = sys.argv[1]
+def session(app: str):
+    """The shared ``local-cluster[2,1,1024]`` session of the cluster jobs."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -22,13 +22,25 @@ def main() -> None:
     sys.path.insert(0, ROOT)
     from pyspark.sql import SparkSession
 
-    from store import StoreGroup
-
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("rmq-cluster")
+    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName(app)
              .config("spark.ui.enabled", "false")
              .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main() -> None:
+    spark = session("rmq-cluster")
+    out = run(spark, sys.argv[1])
+    spark.stop()
+    print(json.dumps(out), flush=True)
+
+
+def run(spark, work: str) -> dict:
+    """The sink and the source on a store group of directories under ``work``."""
+    from store import StoreGroup
+
     out: dict = {}
     group = os.path.join(work, "group")
     StoreGroup.create(group, 2).close()
@@ -68,8 +80,7 @@ def main() -> None:
                             for name, s in g.stores()}
     with StoreGroup.open(mirror) as g:
         out["open_halves"] = sum(s.pending_transaction_stats()["pending"] for _, s in g.stores())
-    spark.stop()
-    print(json.dumps(out), flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
 ``rmq://`` URLs. Spark is given the group's directory (only ``group.json``) and the token;
 the served stores' directories are named nowhere in its configuration.
 
+The same cluster first runs ``cluster_job.run`` (a group of local directories that every
+executor shares); its figures are under ``"local"``.
+
 Run as ``python cluster_remote_job.py WORKDIR``; prints one JSON line with what it saw.
 """
 
@@ -61,13 +64,9 @@ def main() -> None:
 
 
 def run(work: str, servers: dict) -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    sys.path.insert(0, ROOT)
-    from pyspark.sql import SparkSession
+    import cluster_job  # beside this file: the session and the local-directory group's part
 
+    sys.path.insert(0, ROOT)
     from store import StoreGroup, connect
 
     token_file = os.path.join(work, "token")
@@ -81,11 +80,11 @@ def run(work: str, servers: dict) -> None:
     StoreGroup.create(group, ["a", "b"], paths=urls, remote={"token": TOKEN}).close()
     out: dict = {"group_files": sorted(os.listdir(group))}
 
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("rmq-remote")
-             .config("spark.ui.enabled", "false")
-             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = cluster_job.session("rmq-cluster")
+    # first the group of local directories that every executor shares (one cluster start
+    # serves both: it takes most of a minute on two cores)
+    os.makedirs(os.path.join(work, "local"))
+    out["local"] = cluster_job.run(spark, os.path.join(work, "local"))
 
     def bodies(topic):
         rows = (spark.read.format("rmq").option("subscribe", topic).option("token", TOKEN)

@@ -1,5 +1,6 @@
 """The source and the sink on a store group under ``local-cluster[2,1,1024]``: separate
-executor JVMs and Python workers, the stores on a directory they all share."""
+executor JVMs and Python workers; the stores on a directory they all share, then served by two
+``rmq serve`` processes on two loopback addresses."""
 
 from __future__ import annotations
 
@@ -13,12 +14,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_group_source_and_sink_on_a_local_cluster(tmp_path):
-    job = os.path.join(os.path.dirname(__file__), "cluster_job.py")
-    proc = subprocess.run([sys.executable, job, str(tmp_path)], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+def _check_local_group(out: dict) -> None:
+    """The group of local directories (``cluster_job.run``)."""
     assert out["executors"] == 2 and out["worker_pids"] >= 2
     expected = sorted(f"order-{i}" for i in range(4000))
     assert sorted(out["orders"]) == expected  # each row once, delayed rows delivered
@@ -27,16 +24,19 @@ def test_group_source_and_sink_on_a_local_cluster(tmp_path):
     assert out["open_halves"] == 0
 
 
-def test_a_group_served_on_two_hosts_under_a_local_cluster(tmp_path):
-    """Executors reach two `rmq serve --listen` servers (127.0.0.1, 127.0.0.2) through a group
-    of rmq:// members, given only group.json and the token: the sink with delayed rows (none
-    early), a replayed micro-batch, batch and stream reads, a server SIGKILLed and restarted
-    under a running stream; every row once."""
+def test_group_source_and_sink_on_a_local_cluster_local_and_served(tmp_path):
+    """One cluster start for both (it costs most of a minute on two cores).  First a group of
+    local directories every executor shares: the batch sink, a stream through the sink into a
+    second group, each row once.  Then executors reach two `rmq serve --listen` servers
+    (127.0.0.1, 127.0.0.2) through a group of rmq:// members, given only group.json and the
+    token: the sink with delayed rows (none early), a replayed micro-batch, batch and stream
+    reads, a server SIGKILLed and restarted under a running stream; every row once."""
     job = os.path.join(os.path.dirname(__file__), "cluster_remote_job.py")
     proc = subprocess.run([sys.executable, job, str(tmp_path)], capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    _check_local_group(out["local"])
     assert out["group_files"] == ["group.json"] and out["executors"] == 2
     first = sorted(f"order-{i}" for i in range(4000))
     if out["visible_checked_after_s"] < 20:  # (later, some may be due already)
