@@ -43,6 +43,9 @@ from .errors import (
                      StoreFormatError,
                      StoreNotFoundError,
                      StoreReplacedError,
+                     NotLeaderError,
+                     ReplicaDivergedError,
+                     ReplicationError,
                      TimerFlowControlError,
                      TransactionStateError,
                      UnknownMessageError,
@@ -93,4 +96,5 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
+    "NotLeaderError", "ReplicaDivergedError", "ReplicationError",
 ]

@@ -1,0 +1,126 @@
+"""One served store as a member of a replica set: its role, its epoch, and what it refuses.
+
+:class:`Replica` is what :class:`~store.operations.server.StoreServer` holds when it is given
+a replica-set file (:mod:`.replica_set`):
+
+* the **leader** takes writes and runs the store's services (delivery of delayed messages,
+  recurring schedules, transaction check rounds, retention), and answers its followers'
+  ``replicate`` requests (:mod:`.log_stream`), noting how far each has come;
+* a **follower** copies the leader's CommitLog (:class:`.follower.Follower`), serves reads of
+  what it holds, runs none of those services, and refuses every write with
+  :class:`~store.errors.NotLeaderError` naming the leader.
+
+The role and the epoch are recorded in ``config/replication.json`` (written atomically at
+start: ``role``, ``epoch``, ``leader``, ``self``, ``replicas``), so ``rmq stats`` shows them for
+a stopped store too.  The epoch starts at 1 and grows by one whenever a start finds another
+leader recorded than the file names (step 1 of replication: the leader is chosen by the
+file; an epoch file with each term's start offset comes with promotion).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from ..errors import NotLeaderError
+from ..files.fileio import atomic_write
+from .follower import Follower
+from .replica_set import ReplicaSet
+
+STATE_FILE = os.path.join("config", "replication.json")
+#: Actions a follower answers (reads); every other call is a write, refused.
+READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_messages",
+                          "view_message", "schedules", "known_transactions",
+                          "last_check_round", "flush"})
+#: Followers a leader keeps note of (the most recently seen).
+MAX_NOTED_FOLLOWERS = 64
+
+
+def read_state(root: str) -> dict | None:
+    """The recorded ``config/replication.json`` of the store at ``root`` (``None``: none, or
+    unreadable)."""
+    try:
+        with open(os.path.join(root, STATE_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Replica:
+    """``store`` (an open :class:`~store.MessageStore`) as the member ``me`` (a URL) of
+    ``replica_set``; ``credentials``: what a follower presents to its leader (``token`` or
+    ``account`` with ``secret_file``, as :class:`~store.remote.client.RemoteStore` takes)."""
+
+    def __init__(self, store, replica_set: ReplicaSet, me: str, **credentials) -> None:
+        self.store = store
+        self.replica_set = replica_set
+        self.me = me
+        self.leader = replica_set.leader
+        self.role = "leader" if me == self.leader else "follower"
+        recorded = read_state(store.root) or {}
+        epoch = recorded.get("epoch")
+        epoch = epoch if isinstance(epoch, int) and epoch >= 1 else 1
+        if recorded.get("leader") not in (None, self.leader):
+            epoch += 1
+        self.epoch = epoch
+        atomic_write(os.path.join(store.root, STATE_FILE), json.dumps(
+            {"role": self.role, "epoch": epoch, "leader": self.leader, "self": me,
+             "replicas": list(replica_set.replicas)}, sort_keys=True).encode())
+        self._credentials = credentials
+        self.follower: Follower | None = None
+        self._asked: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def is_follower(self) -> bool:
+        return self.role == "follower"
+
+    def start(self) -> None:
+        """Start copying the leader (a follower; a leader has nothing to start)."""
+        if self.is_follower and self.follower is None:
+            from ..remote.client import RemoteStore
+
+            self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials))
+            self.follower.start()
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+
+    def check_write(self, what: str) -> None:
+        """Refuse a write on a follower (:class:`NotLeaderError` naming the leader)."""
+        if self.is_follower:
+            raise NotLeaderError(f"{what}: {self.me} is a follower of its replica set and "
+                                 f"takes no writes; allowed: writes to the leader {self.leader}")
+
+    def check_action(self, name: str) -> None:
+        if name not in READ_ACTIONS:
+            self.check_write(name)
+
+    def follower_asked(self, peer: str, offset: int) -> None:
+        """A follower at ``peer`` asked for the log from ``offset`` (its end)."""
+        with self._lock:
+            self._asked[peer] = (offset, time.monotonic())
+            if len(self._asked) > MAX_NOTED_FOLLOWERS:
+                oldest = min(self._asked, key=lambda p: self._asked[p][1])
+                del self._asked[oldest]
+
+    def status(self) -> dict:
+        """``role``, ``epoch``, ``leader``, ``self``, ``lag_bytes`` and ``lag_messages``
+        (a leader's: 0; a follower's: see :mod:`.follower`), and for a leader its followers'
+        last requests."""
+        out = {"role": self.role, "epoch": self.epoch, "leader": self.leader, "self": self.me}
+        if self.follower is not None:
+            out.update(self.follower.status())
+            return out
+        end = self.store.confirmed_offset()
+        now = time.monotonic()
+        with self._lock:
+            asked = dict(self._asked)
+        out.update(lag_bytes=0, lag_messages=0, end=end, followers=[
+            {"peer": peer, "end": offset, "lag_bytes": max(0, end - offset),
+             "seen_s_ago": round(now - seen, 3)} for peer, (offset, seen) in sorted(asked.items())])
+        return out
