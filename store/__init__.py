@@ -69,6 +69,7 @@ from .message_store import MessageStore
 from .reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
+from .replication.replica import replication_status
 from .remote import connect
 from .remote.address import is_remote, read_token
 from .schedule.cron import CronExpression
@@ -96,5 +97,5 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
-    "NotLeaderError", "ReplicaDivergedError", "ReplicationError",
+    "NotLeaderError", "ReplicaDivergedError", "ReplicationError", "replication_status",
 ]

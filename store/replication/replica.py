@@ -124,3 +124,20 @@ class Replica:
             {"peer": peer, "end": offset, "lag_bytes": max(0, end - offset),
              "seen_s_ago": round(now - seen, 3)} for peer, (offset, seen) in sorted(asked.items())])
         return out
+
+
+def replication_status(root: str, server: dict | None) -> dict | None:
+    """What ``rmq stats`` shows of a replica-set member: the recorded role, epoch and leader
+    (``config/replication.json``) and, while a server runs it (``server``: what
+    :func:`~store.server_status` read), its live figures (``lag_bytes``, ``lag_messages``,
+    ``state``, ...); stopped, ``lag_bytes`` and ``lag_messages`` are ``None``.  ``None`` for
+    a store that was never a member."""
+    state = read_state(root)
+    if state is None:
+        return None
+    out = {"role": state.get("role"), "epoch": state.get("epoch"), "leader": state.get("leader"),
+           "self": state.get("self"), "running": False, "lag_bytes": None, "lag_messages": None}
+    live = (server or {}).get("replication") if (server or {}).get("attached") else None
+    if isinstance(live, dict):
+        out.update(live, running=True)
+    return out
