@@ -13,10 +13,9 @@ import time
 
 import pyarrow as pa
 import pytest
+from test_replica_set import commitlog_bytes, free_port, replica_file
 
 from store import LocalTransactionState, Message, NotLeaderError, connect, server_status
-
-from test_replica_set import commitlog_bytes, free_port, replica_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -97,9 +96,9 @@ def test_two_rmq_serve_processes_replicate_and_the_follower_catches_up(tmp_path)
                 return b"delayed" in bodies
 
             wait_for("the delivery is replicated", delivered, procs["b"])
-            with connect(f"rmq://127.0.0.1:{ports[1]}", token=TOKEN) as follower:
-                with pytest.raises(NotLeaderError, match=str(ports[0])):
-                    follower.producer("g").send(Message("orders", b"refused"))
+            with connect(f"rmq://127.0.0.1:{ports[1]}", token=TOKEN) as follower, \
+                    pytest.raises(NotLeaderError, match=str(ports[0])):
+                follower.producer("g").send(Message("orders", b"refused"))
             live = stats_json(b)
             assert live["role"] == "follower" and live["epoch"] == 1 and live["running"]
             assert live["lag_bytes"] is not None

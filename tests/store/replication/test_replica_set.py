@@ -13,10 +13,9 @@ import pyarrow as pa
 import pytest
 from pyarrow import flight
 
-from store import (LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer,
-                   connect)
+from store import LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer, connect
 from store.errors import AccessDeniedError, InvalidConfigError
-from store.remote.wire import InvalidRequest, dumps
+from store.remote.wire import dumps
 from store.replication.replica import read_state
 from store.replication.replica_set import ReplicaSet
 
@@ -56,9 +55,11 @@ def replica_file(tmp_path, ports, **more) -> str:
 def commitlog_bytes(root: str, end: int) -> bytes:
     """The CommitLog of the store at ``root`` up to ``end``, segments joined."""
     d = os.path.join(root, "commitlog")
-    data = b"".join(open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))
-                    if n.isdigit())
-    return data[:end]
+    parts = []
+    for name in sorted(n for n in os.listdir(d) if n.isdigit()):
+        with open(os.path.join(d, name), "rb") as fh:
+            parts.append(fh.read())
+    return b"".join(parts)[:end]
 
 
 def caught_up(leader: StoreServer, follower: StoreServer, timeout_s: float = 30) -> int:
@@ -101,8 +102,9 @@ def test_every_kind_of_send_reaches_the_follower_byte_for_byte(pair):
                for i in range(30)]
         ids += [r.msg_id for r in p.send_batch([Message("orders", b"batch-%d" % i)
                                                 for i in range(40)], queue_id=1)]
-        table = p.send_table(pa.table({"body": [b"x" * 700 + b"%d" % i for i in range(3000)],
-                                       "tags": ["t%d" % (i % 3) for i in range(3000)]}),
+        table = p.send_table(pa.table({"body": [b"x" * 700 + str(i).encode()
+                                                for i in range(3000)],
+                                       "tags": [f"t{i % 3}" for i in range(3000)]}),
                              topic="bulk")
         ids += table.column("msg_id").to_pylist()
         p.send(Message("orders", b"later"), delay_ms=5_000)
@@ -225,9 +227,9 @@ def test_the_replication_right_is_needed_under_an_acl(tmp_path):
         server.store.producer("g").send(Message("t", b"x"))
         ask = {"tail_crc": 0, "file_size": SMALL["commitlog_file_size_bytes"],
                "max_bytes": 1 << 20, "wait_ms": 0}
-        with connect(server.url, account="reader", secret="reader-secret") as reader:
-            with pytest.raises(AccessDeniedError, match="replication right"):
-                list(reader.log_chunks(0, **ask))
+        with connect(server.url, account="reader", secret="reader-secret") as reader, \
+                pytest.raises(AccessDeniedError, match="replication right"):
+            list(reader.log_chunks(0, **ask))
         with connect(server.url, account="replicator", secret="replicator-secret") as ok:
             batches = list(ok.log_chunks(0, **ask))
         assert sum(len(b.column("data")[0].as_py()) for b in batches) == \
