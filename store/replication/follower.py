@@ -101,10 +101,19 @@ class Follower:
         file_size = store.commit_log.file_size
         while not self._stop.is_set():
             offset = store.confirmed_offset()
-            for batch in self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
-                                                file_size=file_size, max_bytes=REQUEST_BYTES,
-                                                wait_ms=WAIT_MS):
-                self._apply(batch)
+            answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
+                                                 file_size=file_size, max_bytes=REQUEST_BYTES,
+                                                 wait_ms=WAIT_MS))
+            first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
+            if first is not None and _has_data(first):
+                # one answer is one atomic group: readers see it whole, as the leader's
+                # readers saw each of its appends (it ends at a confirmed end of the leader's)
+                with store.atomic_append():
+                    self._apply(first)
+                    for batch in answer:
+                        self._apply(batch)
+            elif first is not None:
+                self._apply(first)
             self.state, self.error = "following", None
             self.last_contact_ms = store.now_ms()
             self._count_lag_messages()
@@ -142,3 +151,8 @@ class Follower:
                     mine = 0
                 behind += max(0, leader.max_offset(topic, queue_id) - mine)
         self.lag_messages = behind
+
+
+def _has_data(batch) -> bool:
+    """Whether a batch of the answer carries log bytes (a chunk ending past its start)."""
+    return batch.num_rows > 0 and batch.column("end")[0].as_py() > batch.column("offset")[0].as_py()

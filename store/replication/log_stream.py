@@ -15,6 +15,12 @@ up to ``wait_ms`` for an append (a long poll, checking its confirmed end every
 :data:`POLL_S`); the last batch always tells the leader's confirmed end, an empty chunk
 when nothing more was there.  The follower then asks again from its new end.
 
+An answer ends at a confirmed end of the leader's (the one it had when the answer began,
+or a later one), never inside an append, unless ``max_bytes`` came first: the follower
+appends each answer as one atomic group, so its readers see the leader's atomic groups
+(a sink commit, a transaction end) whole, but for an answer cut by its bound (a follower
+more than ``max_bytes`` behind).
+
 Every field is checked before the log is read (:class:`~store.remote.wire.InvalidRequest`
 names it); a follower whose log is not a prefix of the leader's is refused
 (:class:`~store.errors.ReplicaDivergedError`).
@@ -91,6 +97,7 @@ def answer(reader, request: dict, first: LogChunk):
     while True:
         yield chunk_batch(chunk)
         sent += len(chunk.data)
-        if not chunk.data or sent >= request["max_bytes"] or chunk.end >= chunk.leader_end:
-            return
+        if not chunk.data or sent >= request["max_bytes"] or chunk.end >= min(
+                chunk.leader_end, first.leader_end):
+            return  # (at a confirmed end, unless the bound came first: see the module doc)
         chunk = read_chunk(reader, chunk.end, min(CHUNK_BYTES, request["max_bytes"] - sent))
