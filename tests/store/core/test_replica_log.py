@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore
-from store.core.replica_log import append_chunk, check_chunk, read_chunk, tail_crc
+from store.core.replica_log import append_chunk, read_chunk, tail_crc
 from store.errors import ReplicaDivergedError, ReplicationError
 from store.formats.codec import FIELD_OFFSET, HEADER_SIZE
 
