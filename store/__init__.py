@@ -44,6 +44,7 @@ from .errors import (
                      StoreNotFoundError,
                      StoreReplacedError,
                      NotLeaderError,
+                     ReplicaBehindError,
                      ReplicaDivergedError,
                      ReplicationError,
                      TimerFlowControlError,
@@ -69,6 +70,7 @@ from .message_store import MessageStore
 from .reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
+from .operations.promotion import promote_replica
 from .replication.replica import replication_status
 from .remote import connect
 from .remote.address import is_remote, read_token
@@ -97,5 +99,6 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
-    "NotLeaderError", "ReplicaDivergedError", "ReplicationError", "replication_status",
+    "NotLeaderError", "ReplicaBehindError", "ReplicaDivergedError", "ReplicationError",
+    "replication_status", "promote_replica",
 ]

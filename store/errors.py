@@ -173,3 +173,8 @@ class ReplicaDivergedError(ReplicationError):
 class NotLeaderError(StoreError):
     """A write was sent to a follower of a replica set: only the leader takes writes (the
     message names it)."""
+
+
+class ReplicaBehindError(ReplicationError):
+    """A follower asked to become leader holds less than its leader acknowledged (as far as
+    it last heard): promoting it would lose acknowledged messages (``--force`` does)."""

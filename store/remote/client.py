@@ -280,6 +280,11 @@ class RemoteStore:
         except flight.FlightError as exc:
             self._failed(exc)
 
+    def replica_epochs(self) -> dict:
+        """The served replica's ``epoch`` and terms (``epochs``: ``[epoch, start offset]``
+        pairs, :mod:`store.files.epoch_file`); the replication right is needed."""
+        return self._action("epochs")
+
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
                    verify_crc: bool = False, skip_corrupt: bool = False) -> pa.RecordBatch:

@@ -28,7 +28,8 @@ Two ways in, both over the ``authorization`` header:
   replace_table), schedules, check
   rounds, deliver_due, flush,
   known_transactions
-  replicate (``DoGet``: CommitLog bytes)  the account's ``replicate`` right, or admin
+  replicate (``DoGet``: CommitLog bytes), the account's ``replicate`` right, or admin
+  epochs
   ======================================  ==============================================
 
 A call without rights is refused with :class:`~store.errors.AccessDeniedError` before

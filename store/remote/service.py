@@ -666,6 +666,12 @@ class StoreService(flight.FlightServerBase):
     def _action_last_check_round(self, body: dict) -> dict:
         return {"round": last_check_round(self.path)}
 
+    def _action_epochs(self, body: dict) -> dict:
+        require_replication(self._account(), "epochs")
+        if self.replica is None:
+            return {"epoch": None, "epochs": []}
+        return self.replica.epochs_answer()
+
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}

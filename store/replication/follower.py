@@ -41,9 +41,10 @@ class Follower:
     """Copies ``leader`` (a :class:`~store.remote.client.RemoteStore`) into ``store`` (an
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, store, leader) -> None:
+    def __init__(self, store, leader, on_epochs=None) -> None:
         self.store = store
         self.leader = leader
+        self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
         self.state = "starting"
         self.error: str | None = None
         self.leader_end: int | None = None
@@ -99,6 +100,8 @@ class Follower:
     def _follow(self) -> None:
         store = self.store
         file_size = store.commit_log.file_size
+        if self._on_epochs is not None:
+            self._on_epochs(self.leader.replica_epochs())
         while not self._stop.is_set():
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),

@@ -13,8 +13,10 @@ a replica-set file (:mod:`.replica_set`):
 The role and the epoch are recorded in ``config/replication.json`` (written atomically at
 start: ``role``, ``epoch``, ``leader``, ``self``, ``replicas``), so ``rmq stats`` shows them for
 a stopped store too.  The epoch starts at 1 and grows by one whenever a start finds another
-leader recorded than the file names (step 1 of replication: the leader is chosen by the
-file; an epoch file with each term's start offset comes with promotion).
+leader recorded than the file names; ``rmq promote`` (:mod:`store.operations.promotion`)
+starts a new one.  A leader records each term it starts, with the CommitLog offset it starts
+at, in its epoch file (:mod:`store.files.epoch_file`); a follower keeps a copy of its
+leader's (asked with ``epochs`` at each connection).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import os
 import threading
 import time
 
-from ..errors import NotLeaderError
+from ..errors import InvalidConfigError, NotLeaderError, StoreError
+from ..files.epoch_file import read_epochs, with_term, write_epochs
 from ..files.fileio import atomic_write
 from .follower import Follower
 from .replica_set import ReplicaSet
@@ -33,7 +36,7 @@ STATE_FILE = os.path.join("config", "replication.json")
 #: Actions a follower answers (reads); every other call is a write, refused.
 READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_messages",
                           "view_message", "schedules", "known_transactions",
-                          "last_check_round", "flush"})
+                          "last_check_round", "flush", "epochs"})
 #: Followers a leader keeps note of (the most recently seen).
 MAX_NOTED_FOLLOWERS = 64
 
@@ -61,18 +64,51 @@ class Replica:
         self.leader = replica_set.leader
         self.role = "leader" if me == self.leader else "follower"
         recorded = read_state(store.root) or {}
+        if recorded.get("promoted") and recorded.get("leader") == me and self.leader != me:
+            raise InvalidConfigError(
+                f"{me} was promoted to leader (epoch {recorded.get('epoch')}), but the "
+                f"replica-set file {replica_set.path} names {self.leader}; allowed: the file's "
+                f"\"leader\" set to {me} on every replica (or the other leader promoted)")
         epoch = recorded.get("epoch")
         epoch = epoch if isinstance(epoch, int) and epoch >= 1 else 1
         if recorded.get("leader") not in (None, self.leader):
             epoch += 1
+        terms = read_epochs(store.root)
+        if self.role == "leader":  # its term starts where its log ends (the first: at 0)
+            epoch = max(epoch, terms[-1][0] if terms else 1)
+            if not terms or terms[-1][0] < epoch:
+                write_epochs(store.root, with_term(
+                    terms, epoch, store.confirmed_offset() if terms else 0))
         self.epoch = epoch
-        atomic_write(os.path.join(store.root, STATE_FILE), json.dumps(
-            {"role": self.role, "epoch": epoch, "leader": self.leader, "self": me,
-             "replicas": list(replica_set.replicas)}, sort_keys=True).encode())
+        self._promoted = bool(recorded.get("promoted")) and self.role == "leader"
+        self._write_state()
         self._credentials = credentials
         self.follower: Follower | None = None
         self._asked: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
+
+    def _write_state(self) -> None:
+        state = {"role": self.role, "epoch": self.epoch, "leader": self.leader,
+                 "self": self.me, "replicas": list(self.replica_set.replicas)}
+        if self._promoted:
+            state["promoted"] = True
+        atomic_write(os.path.join(self.store.root, STATE_FILE),
+                     json.dumps(state, sort_keys=True).encode())
+
+    def leader_epochs(self, answer: dict) -> None:
+        """Keep the leader's terms (its ``epochs`` answer) as this follower's: its epoch
+        file and recorded epoch."""
+        terms = [tuple(t) for t in answer.get("epochs") or []]
+        if terms:
+            write_epochs(self.store.root, terms)
+        epoch = answer.get("epoch")
+        if isinstance(epoch, int) and epoch != self.epoch:
+            self.epoch = epoch
+            self._write_state()
+
+    def epochs_answer(self) -> dict:
+        """What a follower asking ``epochs`` gets: this replica's epoch and terms."""
+        return {"epoch": self.epoch, "epochs": [list(t) for t in read_epochs(self.store.root)]}
 
     @property
     def is_follower(self) -> bool:
@@ -83,7 +119,8 @@ class Replica:
         if self.is_follower and self.follower is None:
             from ..remote.client import RemoteStore
 
-            self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials))
+            self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
+                                     on_epochs=self.leader_epochs)
             self.follower.start()
 
     def stop(self) -> None:
@@ -136,7 +173,13 @@ def replication_status(root: str, server: dict | None) -> dict | None:
     if state is None:
         return None
     out = {"role": state.get("role"), "epoch": state.get("epoch"), "leader": state.get("leader"),
-           "self": state.get("self"), "running": False, "lag_bytes": None, "lag_messages": None}
+           "self": state.get("self"), "running": False, "lag_bytes": None, "lag_messages": None,
+           "promoted": bool(state.get("promoted"))}
+    try:
+        out["epochs"] = [list(t) for t in read_epochs(root)]
+    except StoreError as exc:  # a damaged epoch file is shown, not fatal to stats
+        out["epochs"] = None
+        out["epochs_error"] = str(exc)
     live = (server or {}).get("replication") if (server or {}).get("attached") else None
     if isinstance(live, dict):
         out.update(live, running=True)
