@@ -172,6 +172,10 @@ class StoreServer:
                                          "allowed: replica_set together with listen")
             members = ReplicaSet.read(replica_set)
             me = members.member(address)
+            if grpc is not None and me != members.leader:  # (its sends would bypass the
+                raise InvalidConfigError(                    # follower's refusal)
+                    f"{me} follows {members.leader}: a follower serves no RocketMQ gRPC "
+                    "endpoint; allowed: --grpc on the leader")
         # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)

@@ -305,6 +305,11 @@ def test_the_replica_set_file_is_checked(tmp_path):
         StoreServer(str(tmp_path / "s"), listen="127.0.0.1:0", replica_set=rs)
     with pytest.raises(InvalidConfigError, match="listen"):
         StoreServer(str(tmp_path / "s"), replica_set=rs)
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports)
+    with pytest.raises(InvalidConfigError, match="no RocketMQ gRPC"):
+        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
+                    grpc="127.0.0.1:0")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")
