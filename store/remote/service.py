@@ -627,6 +627,8 @@ class StoreService(flight.FlightServerBase):
         return {"batches": {str(k): v for k, v in done.items()}}
 
     def _action_deliver_due(self, body: dict) -> dict:
+        if self.replica is not None and self.replica.is_follower:
+            return {"delivered": 0}  # the leader delivers; its deliveries are copied here
         return {"delivered": self.store.deliver_due(
             field(body, "max_messages", int, "deliver_due", optional=True))}
 

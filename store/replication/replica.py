@@ -33,10 +33,12 @@ from .follower import Follower
 from .replica_set import ReplicaSet
 
 STATE_FILE = os.path.join("config", "replication.json")
-#: Actions a follower answers (reads); every other call is a write, refused.
+#: Actions a follower answers (reads; ``deliver_due`` delivers nothing there, as its leader
+#: delivers, so that readers asking for delivery, Spark's ``deliverDue`` and ``rmq tail``,
+#: read a follower as they read any store); every other call is a write, refused.
 READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_messages",
                           "view_message", "schedules", "known_transactions",
-                          "last_check_round", "flush", "epochs"})
+                          "last_check_round", "flush", "epochs", "deliver_due"})
 #: Followers a leader keeps note of (the most recently seen).
 MAX_NOTED_FOLLOWERS = 64
 

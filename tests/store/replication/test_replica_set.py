@@ -123,6 +123,9 @@ def test_every_kind_of_send_reaches_the_follower_byte_for_byte(pair):
         assert remote.query_messages("orders", key="k7")[0].body == b"one-7"
         got = remote.read_arrow("bulk", 0, 0, remote.max_offset("bulk", 0))
         assert got.num_rows == leader.store.max_offset("bulk", 0)
+        followed = remote.follow("orders", start="earliest", deliver_due=True,
+                                 poll_interval_s=0.01)  # as rmq tail follows it
+        assert next(followed).topic == "orders"
     status = follower.replica.status()
     assert status["role"] == "follower" and status["lag_bytes"] == 0
     assert status["state"] == "following" and status["epoch"] == 1
@@ -136,11 +139,11 @@ def test_a_follower_refuses_writes_naming_the_leader_and_serves_reads(pair):
                      lambda: p.send_batch([Message("t", b"x")]),
                      lambda: p.send_table(pa.table({"body": [b"x"]}), topic="t"),
                      lambda: remote.sink("s").stage(pa.table({"body": [b"x"]}), topic="t"),
-                     lambda: remote.deliver_due(),
                      lambda: remote.ensure_topic("t")):
             with pytest.raises(NotLeaderError, match=leader.url):
                 call()
         assert remote.topics() == []  # reads are answered
+        assert remote.deliver_due() == 0  # the leader delivers: readers asking get nothing
     assert follower.store.confirmed_offset() == 0
 
 
