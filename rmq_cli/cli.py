@@ -404,8 +404,9 @@ def demo(store_path, orders, timeout_s, remind_s, quiet):
 from .ops import cancel, lag, pending, retention, serve  # noqa: E402  (operating a store)
 from .schedules import schedule, schedules  # noqa: E402  (recurring schedules)
 from .query import query  # noqa: E402  (messages by key, id or time)
+from .replicas import promote  # noqa: E402  (replica sets)
 
-for _command in (serve, lag, retention, cancel, pending, schedules, schedule, query):
+for _command in (serve, lag, retention, cancel, pending, schedules, schedule, query, promote):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -59,13 +59,18 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 @click.option("--max-request-mib", type=click.IntRange(min=1), default=None,
               help="Refuse a --listen table upload (DoPut, DoExchange) past this many MiB "
                    "of Arrow buffers, as soon as it passes [default: 256].")
+@click.option("--replica-set", "replica_set", type=click.Path(dir_okay=False, exists=True),
+              default=None,
+              help="Serve this store as one replica of the replica set this JSON file lists "
+                   "(the one whose URL is --listen): the leader takes writes, a follower "
+                   "copies its CommitLog (docs/operations.md).")
 @click.option("--duration-s", type=click.FloatRange(min=0), default=None,
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           message_index, check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
-          max_request_mib, duration_s, log_level):
+          max_request_mib, replica_set, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -90,6 +95,11 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
     require_store(store_path, create)
     if max_request_mib is not None and network.get("listen") is not None:
         network["max_request_bytes"] = max_request_mib * 1024 * 1024
+    if replica_set is not None:
+        if is_store_group(store_path):
+            raise click.UsageError("--replica-set serves one store; a store group's members "
+                                   "are served one by one")
+        network["replica_set"] = replica_set
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,

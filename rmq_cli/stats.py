@@ -6,7 +6,7 @@ import datetime as _dt
 
 import click
 
-from store import is_system_topic, server_status
+from store import is_system_topic, replication_status, server_status
 
 
 def _topics(store, names) -> list[dict]:
@@ -55,6 +55,8 @@ def collect_stats(store, *, include_system: bool = False) -> dict:
         "transactions": None if read_only else store.pending_transaction_stats(),
         "disk_bytes": store.disk_usage_bytes(),
         "retention": None if read_only else _retention(store, now),
+        # a replica set's member: role, epoch, leader; lag while a server runs it
+        "replication": replication_status(store.root, server),
     }
 
 
@@ -134,6 +136,12 @@ def render_stats(data: dict) -> None:
         console.print(f"server: none attached; due delivery {behind} ms behind (delayed "
                       "messages move when a reader delivers them: run `rmq serve --store "
                       f"{data['store']}` to deliver on time)")
+    rep = data.get("replication")
+    if rep:
+        lag = (f"{rep['lag_bytes']} bytes, {rep['lag_messages']} messages behind"
+               if rep.get("running") else "lag shown while it is served")
+        console.print(f"replica set: {rep['role']} (epoch {rep['epoch']}), leader "
+                      f"{rep['leader']}; {lag}")
     ret = data.get("retention")
     if ret:
         console.print(f"retention: disk {ret['disk_used_percent']}% used (runs at any hour above "

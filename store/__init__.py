@@ -43,6 +43,10 @@ from .errors import (
                      StoreFormatError,
                      StoreNotFoundError,
                      StoreReplacedError,
+                     NotLeaderError,
+                     ReplicaBehindError,
+                     ReplicaDivergedError,
+                     ReplicationError,
                      TimerFlowControlError,
                      TransactionStateError,
                      UnknownMessageError,
@@ -66,6 +70,8 @@ from .message_store import MessageStore
 from .reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
+from .operations.promotion import promote_replica
+from .replication.replica import replication_status
 from .remote import connect
 from .remote.address import is_remote, read_token
 from .schedule.cron import CronExpression
@@ -93,4 +99,6 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
+    "NotLeaderError", "ReplicaBehindError", "ReplicaDivergedError", "ReplicationError",
+    "replication_status", "promote_replica",
 ]

@@ -157,3 +157,24 @@ class StoreFormatError(ConfigMismatchError):
 class AccessDeniedError(RemoteError, PermissionError):
     """A served store refused a request its account has no right to (a topic it may not
     publish to or read, an action for admins); nothing was done."""
+
+
+class ReplicationError(StoreError):
+    """A replica could not copy the CommitLog from its leader, or a leader refused to send
+    it: different segment sizes, an offset its log no longer holds, bytes that fail the
+    record checks (the message says which)."""
+
+
+class ReplicaDivergedError(ReplicationError):
+    """A follower's CommitLog is not a prefix of its leader's (its end lies past the
+    leader's, inside a record, or its last bytes differ): it refuses to follow."""
+
+
+class NotLeaderError(StoreError):
+    """A write was sent to a follower of a replica set: only the leader takes writes (the
+    message names it)."""
+
+
+class ReplicaBehindError(ReplicationError):
+    """A follower asked to become leader holds less than its leader acknowledged (as far as
+    it last heard): promoting it would lose acknowledged messages (``--force`` does)."""

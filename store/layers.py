@@ -15,7 +15,8 @@ layer  name        folders
 2      services    ``delayed/``, ``timer/``, ``transaction/``, ``schedule/``: they see only
                    the port
 3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``,
-                   ``proxy/``; the root's MessageStore and StoreReader: what users call
+                   ``proxy/``, ``replication/``; the root's MessageStore and StoreReader:
+                   what users call
 =====  ==========  ============================================================================
 
 ``rmq_source`` (the Spark data source) sits above all of them and may use only the names in
@@ -44,6 +45,7 @@ FOLDERS: dict[str, int] = {
     "operations": FACADE,
     "remote": FACADE,
     "proxy": FACADE,
+    "replication": FACADE,
 }
 
 #: Modules whose layer is not their folder's: the root's, and the on-disk structures that a

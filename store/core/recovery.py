@@ -117,6 +117,18 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
         np.concatenate(flags) if flags else np.empty(0, np.int64), last_ts, cut)
 
 
+def index_entries(store: CoreParts, raw: np.ndarray, index: RecordIndex, absolute: np.ndarray
+                  ) -> tuple[dict[tuple[str, int], np.ndarray], int]:
+    """The queue entries of the indexed records of one run of valid records (``index`` of
+    ``raw``, the records at CommitLog offsets ``absolute``), by queue, as :func:`scan_entries`
+    collects them, and how many entries were dropped as implausible: the records a
+    follower receives from its leader (:mod:`store.core.replica_log`) are dispatched as a
+    recovery scan's are."""
+    rows: dict[tuple[str, int], list[np.ndarray]] = {}
+    _collect_rows(store, raw, index, absolute, rows)
+    return _plausible_rows(store, {key: np.concatenate(parts) for key, parts in rows.items()})
+
+
 #: No topic rmq creates has more queues (StoreConfig.default_queue_count's limit).
 MAX_QUEUE_ID = 1024
 

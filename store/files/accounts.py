@@ -7,10 +7,13 @@ The file is JSON, with the names of RocketMQ's ``plain_acl.yml``::
     {"accounts": [
       {"accessKey": "orders-service", "secretKey": "...",
        "defaultTopicPerm": "DENY", "topicPerms": ["orders=PUB", "payments=PUB|SUB"],
-       "defaultGroupPerm": "SUB", "groupPerms": ["billing=SUB"], "admin": false}
+       "defaultGroupPerm": "SUB", "groupPerms": ["billing=SUB"], "admin": false,
+       "replicate": false}
     ]}
 
-A permission is ``DENY``, ``PUB``, ``SUB`` or ``PUB|SUB``; ``admin`` grants everything.
+A permission is ``DENY``, ``PUB``, ``SUB`` or ``PUB|SUB``; ``admin`` grants everything;
+``replicate`` lets the account copy the whole CommitLog (every topic's bytes): a follower of a
+replica set (``rmq serve --replica-set``) connects to its leader with such an account.
 Defaults: ``defaultTopicPerm`` ``DENY``, ``defaultGroupPerm`` ``SUB``.  A secret key has 6
 characters at least; access keys are unique.
 """
@@ -58,6 +61,8 @@ class AccountRights:
     topics: dict[str, frozenset[str]]
     default_group: frozenset[str]
     groups: dict[str, frozenset[str]]
+    #: may copy the whole CommitLog (a replica set's follower; admins may too)
+    replicate: bool = False
 
     def may(self, topic: str, right: str) -> bool:
         """Whether the account may ``right`` (``PUB`` or ``SUB``) ``topic``."""
@@ -66,6 +71,12 @@ class AccountRights:
     def may_consume(self, group: str) -> bool:
         """Whether the account may consume as ``group``."""
         return self.admin or "SUB" in self.groups.get(group, self.default_group)
+
+
+def _flag(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidConfigError(f"{where}: {value!r}; allowed: true or false")
+    return value
 
 
 def _read(path: str) -> object:
@@ -113,5 +124,6 @@ def read_accounts(path: str, make=AccountRights) -> list:
             _perm(a.get("defaultTopicPerm", "DENY"), where),
             _perm_table(a.get("topicPerms"), where),
             _perm(a.get("defaultGroupPerm", "SUB"), where),
-            _perm_table(a.get("groupPerms"), where)))
+            _perm_table(a.get("groupPerms"), where),
+            replicate=_flag(a.get("replicate", False), f"{where}: replicate")))
     return accounts

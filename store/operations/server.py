@@ -129,6 +129,11 @@ class StoreServer:
         Bound on one Flight ``DoPut`` / ``DoExchange`` request's Arrow buffers (default
         256 MiB, :data:`store.remote.wire.MAX_MESSAGE_BYTES`; ``rmq serve
         --max-request-mib``).
+    replica_set : str, optional
+        A replica-set file (:mod:`store.replication.replica_set`; ``rmq serve
+        --replica-set``): serve this store as the member whose URL ``listen`` is.  A
+        follower copies the leader's CommitLog, refuses writes, and runs no delivery,
+        check rounds or retention (:mod:`store.replication.replica`).
 
     Raises
     ------
@@ -140,7 +145,8 @@ class StoreServer:
                  clock=None, check_transactions: bool = False, listen: str | None = None,
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  insecure: bool = False, grpc: str | None = None,
-                 acl: str | None = None, max_request_bytes: int | None = None) -> None:
+                 acl: str | None = None, max_request_bytes: int | None = None,
+                 replica_set: str | None = None) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
@@ -157,6 +163,19 @@ class StoreServer:
                     f"listening on {listen} (not a loopback address) needs a token "
                     "(--token-file FILE) or accounts (--acl FILE); allowed: a token, accounts, "
                     "or --insecure to serve anyone who can reach the port")
+        members = None
+        if replica_set is not None:
+            from ..replication.replica_set import ReplicaSet
+
+            if address is None:
+                raise InvalidConfigError("a replica set's member is known by its address; "
+                                         "allowed: replica_set together with listen")
+            members = ReplicaSet.read(replica_set)
+            me = members.member(address)
+            if grpc is not None and me != members.leader:  # (its sends would bypass the
+                raise InvalidConfigError(                    # follower's refusal)
+                    f"{me} follows {members.leader}: a follower serves no RocketMQ gRPC "
+                    "endpoint; allowed: --grpc on the leader")
         # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
@@ -182,6 +201,14 @@ class StoreServer:
 
                 self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls)
             self._asks = self.endpoint
+            self.replica = None
+            if members is not None:
+                from ..replication.replica import Replica
+
+                credentials = ({"account": members.account, "secret_file": members.secret_file}
+                               if members.account is not None else {"token": token})
+                self.replica = self.service.replica = Replica(self.store, members, me,
+                                                              **credentials)
         except BaseException:
             if self.service is not None:
                 self.service.shutdown()
@@ -199,6 +226,8 @@ class StoreServer:
         self._warming_reported: bool | None = None
         self._unlogged = [0, 0]  # messages delivered, steps that delivered: not logged yet
         self._delivery_logged_ms: int | None = None
+        if self.replica is not None:
+            self.replica.start()
 
     @property
     def url(self) -> str | None:
@@ -288,6 +317,8 @@ class StoreServer:
         try:
             if self._asks is not None:  # (a group's shared endpoint: the first member to stop
                 self._asks.close()      # ends it) ends the streams, saves the consumer offsets
+            if self.replica is not None:
+                self.replica.stop()
             if self.service is not None:
                 self.service.shutdown()  # waits for the calls in progress
                 self.service.close_readers()
@@ -305,6 +336,11 @@ class StoreServer:
         next step tries again); it never ends the server.
         """
         c = self.counters
+        if self.replica is not None and self.replica.is_follower:
+            # only the leader's services run: a follower gets their work from its log
+            if time.monotonic() - self._last_beat >= BEAT_MS / 1000:
+                self._write_status(running=True)
+            return 0
         delivered = 0
         try:
             delivered = self.store.deliver_due()
@@ -417,7 +453,8 @@ class StoreServer:
                 "retention_runs": c.retention_runs, "segments_deleted": c.segments_deleted,
                 "check_rounds": c.check_rounds, "checks_published": c.checks_published,
                 "precision_ms": self.precision, "errors": c.errors, "listen": self.url,
-                "grpc": self.grpc_endpoint}
+                "grpc": self.grpc_endpoint,
+                "replication": None if self.replica is None else self.replica.status()}
         try:
             atomic_write(os.path.join(self.path, STATUS_FILE),
                          json.dumps(data, sort_keys=True).encode("utf-8"), sync=False)

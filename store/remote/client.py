@@ -264,6 +264,27 @@ class RemoteStore:
         except flight.FlightError as exc:
             self._failed(exc)
 
+    def log_chunks(self, start: int, *, tail_crc: int, file_size: int, max_bytes: int,
+                   wait_ms: int):
+        """The served store's CommitLog from offset ``start`` as batches of whole records, for
+        a replica set's follower (:mod:`store.replication.log_stream`); the account needs
+        the replication right."""
+        ticket = {"op": "replicate", "from": int(start), "tail_crc": int(tail_crc),
+                  "file_size": int(file_size), "max_bytes": int(max_bytes),
+                  "wait_ms": int(wait_ms)}
+        try:
+            stream = self._connection().do_get(
+                flight.Ticket(dumps(ticket)), self._options(self.timeout_s + wait_ms / 1000))
+            for chunk in stream:
+                yield chunk.data
+        except flight.FlightError as exc:
+            self._failed(exc)
+
+    def replica_epochs(self) -> dict:
+        """The served replica's ``epoch`` and terms (``epochs``: ``[epoch, start offset]``
+        pairs, :mod:`store.files.epoch_file`); the replication right is needed."""
+        return self._action("epochs")
+
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
                    verify_crc: bool = False, skip_corrupt: bool = False) -> pa.RecordBatch:

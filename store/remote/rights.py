@@ -28,6 +28,8 @@ Two ways in, both over the ``authorization`` header:
   replace_table), schedules, check
   rounds, deliver_due, flush,
   known_transactions
+  replicate (``DoGet``: CommitLog bytes), the account's ``replicate`` right, or admin
+  epochs
   ======================================  ==============================================
 
 A call without rights is refused with :class:`~store.errors.AccessDeniedError` before
@@ -125,6 +127,14 @@ def require_admin(account: AccountRights, what: str) -> None:
     if not account.admin:
         raise AccessDeniedError(f"{what}: account {account.access_key!r} is no admin; "
                                 "allowed: admin accounts (or the server's token)")
+
+
+def require_replication(account: AccountRights, what: str) -> None:
+    """Refuse unless ``account`` may copy the whole CommitLog (a replica set's follower)."""
+    if not (account.admin or account.replicate):
+        raise AccessDeniedError(f"{what}: account {account.access_key!r} has no replication "
+                                "right; allowed: accounts with \"replicate\": true in the ACL "
+                                "file, admins (or the server's token)")
 
 
 def row_topics(table: pa.Table, topic: str | None) -> list[str]:

@@ -44,7 +44,8 @@ from .incoming import received_table
 from .limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
 from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
-                     require_admin, row_topics)
+                     require_admin, require_replication, row_topics)
+from ..replication.log_stream import CHUNK_SCHEMA, answer, first_chunk, parse_request
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields, MAX_QUERY_MESSAGES, view_fields,
                    error_info, field, loads, unb64)
@@ -187,6 +188,10 @@ class StoreService(flight.FlightServerBase):
         self._write_lock = threading.Lock()
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
+        #: The replica-set member this store is (:mod:`store.replication.replica`): a
+        #: follower refuses writes; ``None`` outside a replica set.
+        self.replica = None
+        self._closing = threading.Event()
 
     @property
     def url(self) -> str:
@@ -211,6 +216,16 @@ class StoreService(flight.FlightServerBase):
     def close_readers(self) -> None:
         self._readers.close()
 
+    def shutdown(self) -> None:
+        """Stop serving: waiting replication requests answer at once, then the calls in
+        progress are waited for."""
+        self._closing.set()
+        super().shutdown()
+
+    def _check_write(self, what: str) -> None:
+        if self.replica is not None:
+            self.replica.check_write(what)
+
     # ------------------------------------------------------------------ reads
     @_unless_quiet
     def do_get(self, context, ticket):
@@ -222,9 +237,11 @@ class StoreService(flight.FlightServerBase):
         if op in ("query_round", "server_round"):
             require_admin(caller_of(context), op)
             return self._round(body, op)
+        if op == "replicate":
+            return self._replicate(context, body)
         if op != "read":
             raise InvalidRequest(f"unknown ticket op {op!r}; allowed: 'read', 'query_round', "
-                                 "'server_round'")
+                                 "'server_round', 'replicate'")
         topic = _named(body, "topic", what, _any_topic)
         require(caller_of(context), [topic], "SUB", what)
         queue_id = field(body, "queue_id", int, what)
@@ -278,6 +295,40 @@ class StoreService(flight.FlightServerBase):
         next(stream)
         return flight.GeneratorStream(schema, stream)
 
+    def _replicate(self, context, body: dict):
+        """The CommitLog from a follower's end (:mod:`store.replication.log_stream`): whole
+        records, checked against the follower's tail first, waiting for appends."""
+        require_replication(caller_of(context), "replicate")
+        request = parse_request(body)
+        if self.replica is not None:
+            self.replica.follower_asked(context.peer(), request["from"])
+        release = self._streams.admit(context.peer(), "replicate")
+        try:
+            reader = self._readers.borrow()
+        except BaseException:
+            release()
+            raise
+        try:
+            first = first_chunk(reader, request, self._closing.is_set)
+        except BaseException:
+            self._readers.give_back(reader)
+            release()
+            raise
+
+        def batches():
+            try:
+                yield None  # (primed below: a started generator runs its finally when dropped)
+                yield from answer(reader, request, first)
+            except StoreError as exc:
+                raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+            finally:
+                self._readers.give_back(reader)
+                release()
+
+        stream = batches()
+        next(stream)
+        return flight.GeneratorStream(CHUNK_SCHEMA, stream)
+
     def _round(self, body: dict, op: str):
         """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
         one the server published; no rows once it was deleted or pruned."""
@@ -302,6 +353,7 @@ class StoreService(flight.FlightServerBase):
         op = field(body, "op", str, "put")
         if op not in PUTS:
             raise InvalidRequest(f"unknown put op {op!r}; allowed: {list(PUTS)}")
+        self._check_write(op)
         group = _named(body, "group", op, validate_group)
         topic = _named(body, "topic", op, validate_topic, optional=True)
         with self._stream(context, op):
@@ -327,6 +379,7 @@ class StoreService(flight.FlightServerBase):
         if op not in ("send_table", "replace_table", "schedule_table"):
             raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
                                  "'replace_table', 'schedule_table'")
+        self._check_write(op)
         group = _named(body, "group", op, validate_group)
         topic = _named(body, "topic", op, validate_topic, optional=True)
         with self._stream(context, op):
@@ -361,6 +414,8 @@ class StoreService(flight.FlightServerBase):
         if not isinstance(body, dict):
             raise InvalidRequest(f"action {name}: the body must be a JSON object")
         self._call.account = account = caller_of(context)
+        if self.replica is not None:
+            self.replica.check_action(name)
         if name in ADMIN_ACTIONS:
             require_admin(account, name)
         return [flight.Result(pa.py_buffer(dumps(handler(body))))]
@@ -572,6 +627,8 @@ class StoreService(flight.FlightServerBase):
         return {"batches": {str(k): v for k, v in done.items()}}
 
     def _action_deliver_due(self, body: dict) -> dict:
+        if self.replica is not None and self.replica.is_follower:
+            return {"delivered": 0}  # the leader delivers; its deliveries are copied here
         return {"delivered": self.store.deliver_due(
             field(body, "max_messages", int, "deliver_due", optional=True))}
 
@@ -610,6 +667,12 @@ class StoreService(flight.FlightServerBase):
 
     def _action_last_check_round(self, body: dict) -> dict:
         return {"round": last_check_round(self.path)}
+
+    def _action_epochs(self, body: dict) -> dict:
+        require_replication(self._account(), "epochs")
+        if self.replica is None:
+            return {"epoch": None, "epochs": []}
+        return self.replica.epochs_answer()
 
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()

@@ -73,6 +73,7 @@ ACTIONS = {
     "last_check_round": "the newest round the server published (--check-transactions)",
     "query_messages": "messages by key or store time (MessageStore.query_messages)",
     "view_message": "one message by id (MessageStore.view_message)",
+    "epochs": "a replica's epoch and its terms' start offsets (replication right)",
 }
 #: The most messages one ``query_messages`` answer carries (what a client can make the
 #: server hold).

@@ -1,0 +1,159 @@
+"""A replica set on loopback: how fast an asynchronous follower copies its leader, and what
+the follower costs the leader's ``send_table``.
+
+Run::
+
+    PYTHONPATH=. python bench/bench_replication.py [--messages N] [--table-rows R]
+
+Three ``rmq serve`` processes in one temporary directory, each in a process of its own (as
+in production): a lone served store (the baseline), then a leader and its follower
+(``--replica-set``).  This process sends N messages (100-byte bodies, a tag) with
+``connect(url).producer(g).send_table`` in tables of R rows to the baseline, then to the
+leader, while a thread samples the leader's and the follower's confirmed CommitLog ends
+(read-only opens of their directories) every 5 ms.  Reported:
+
+* ``send_table`` msgs/s to the lone store and to the leader, and their ratio (the
+  follower's cost to the leader's writers; asynchronous: a send never waits for it);
+* the follower's copy rate (msgs/s from the first send to the moment it holds all N);
+* the lag: bytes behind the leader, p50 / p99 / max over the samples, and how long after
+  the last acknowledged send the follower held everything.
+
+Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np
+import pyarrow as pa
+
+from store import StoreReader, connect, server_status
+
+ENV = dict(os.environ, PYTHONPATH=ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(path: str, port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
+                             "--create", "--listen", f"127.0.0.1:{port}", "--log-level",
+                             "WARNING", *extra], env=ENV, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        status = server_status(path)
+        if status and status.get("attached") and status.get("pid") == proc.pid \
+                and status.get("running"):
+            return proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"rmq serve for {path} did not start")
+        time.sleep(0.05)
+
+
+def tables(n: int, rows: int):
+    body = np.frombuffer(b"x" * 100, dtype=np.uint8)
+    for start in range(0, n, rows):
+        k = min(rows, n - start)
+        offsets = np.arange(k + 1, dtype=np.int32) * 100
+        bodies = pa.Array.from_buffers(pa.binary(), k, [None, pa.py_buffer(offsets),
+                                                         pa.py_buffer(np.tile(body, k))])
+        yield pa.table({"body": bodies, "tags": pa.array(["t"] * k)})
+
+
+def send_all(url: str, n: int, rows: int) -> float:
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        start = time.perf_counter()
+        for t in tables(n, rows):
+            p.send_table(t, topic="bench")
+        return time.perf_counter() - start
+
+
+def confirmed(reader: StoreReader) -> int:
+    return reader.confirmed_offset()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--table-rows", type=int, default=100_000)
+    args = ap.parse_args()
+    n, rows = args.messages, args.table_rows
+    tmp = tempfile.mkdtemp(prefix="rmq-bench-replication-")
+    procs = []
+    try:
+        base_port, lead_port, follow_port = free_port(), free_port(), free_port()
+        procs.append(serve(os.path.join(tmp, "alone"), base_port))
+        alone_s = send_all(f"rmq://127.0.0.1:{base_port}", n, rows)
+
+        rs = os.path.join(tmp, "replicas.json")
+        with open(rs, "w") as fh:
+            json.dump({"replicas": [f"rmq://127.0.0.1:{lead_port}",
+                                    f"rmq://127.0.0.1:{follow_port}"]}, fh)
+        a, b = os.path.join(tmp, "leader"), os.path.join(tmp, "follower")
+        procs.append(serve(a, lead_port, "--replica-set", rs))
+        procs.append(serve(b, follow_port, "--replica-set", rs))
+        leader_reader, follower_reader = StoreReader.open(a), StoreReader.open(b)
+        samples: list[int] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                samples.append(confirmed(leader_reader) - confirmed(follower_reader))
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        t0 = time.perf_counter()
+        leader_s = send_all(f"rmq://127.0.0.1:{lead_port}", n, rows)
+        acked = time.perf_counter()
+        end = confirmed(leader_reader)
+        while confirmed(follower_reader) < end:
+            time.sleep(0.001)
+        held = time.perf_counter()
+        done.set()
+        sampler.join()
+        lag = np.array(samples or [0], dtype=np.int64)
+        print(f"messages {n:,} (100-byte bodies) in tables of {rows:,}; CommitLog "
+              f"{end / 1e6:.0f} MB")
+        print(f"send_table to a lone served store : {n / alone_s:12,.0f} msgs/s")
+        print(f"send_table to a leader (1 follower): {n / leader_s:12,.0f} msgs/s  "
+              f"ratio {alone_s / leader_s:.2f}x")
+        print(f"follower holds all N after        : {held - t0:.2f} s from the first send "
+              f"({n / (held - t0):,.0f} msgs/s copied), {1000 * (held - acked):.0f} ms after "
+              "the last acknowledged send")
+        print(f"lag behind the leader (bytes)     : p50 {np.percentile(lag, 50):,.0f}  "
+              f"p99 {np.percentile(lag, 99):,.0f}  max {lag.max():,}  "
+              f"({len(lag)} samples every 5 ms)")
+        leader_reader.close()
+        follower_reader.close()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``rmq promote --store DIR``: make a stopped follower of a replica set its leader, by hand.
+
+A promotion starts a new term: the epoch after every one the replica knows, starting at its
+CommitLog end, recorded in its epoch file (:mod:`store.files.epoch_file`) and in
+``config/replication.json`` (``role`` ``leader``, ``promoted``).  It is refused
+(:class:`~store.errors.ReplicaBehindError`) when the replica holds less than its leader had
+acknowledged as far as it last heard (the leader's confirmed end its server recorded in
+``config/serve.json``, written every second and when it stops), or when it never heard
+from its leader; ``force=True`` promotes anyway and says how many bytes are given up.
+
+The server must be stopped (its lock free): stop it, promote, set the replica-set file's
+``"leader"`` to this replica on every replica, and start the servers again.  A promoted
+replica refuses to start with a file that names another leader, so that two replicas never
+both take writes because of a file left unchanged.  The old leader, started with the new
+file, follows the new one when its log is a prefix of it, and says it diverged otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import InvalidConfigError, ReplicaBehindError, StoreError
+from ..files.epoch_file import read_epochs, with_term, write_epochs
+from ..files.fileio import atomic_write
+from ..reader import StoreReader
+from ..replication.replica import STATE_FILE, read_state
+from .server import server_status
+
+
+def promote_replica(path: str | os.PathLike, *, force: bool = False) -> dict:
+    """Make the stopped follower at ``path`` the leader of a new term (see the module
+    docstring).  Returns ``epoch``, ``start_offset`` (its CommitLog end), ``leader_end``
+    (the old leader's end as last heard, ``None``: never), ``lost_bytes`` and ``forced``."""
+    path = os.path.abspath(os.fspath(path))
+    status = server_status(path) or {}
+    if status.get("attached"):
+        raise StoreError(f"a server runs for {path} (pid {status.get('pid')}); allowed: "
+                         "promote a stopped replica (stop it, promote, start it again)")
+    state = read_state(path)
+    if state is None:
+        raise InvalidConfigError(f"{path} is no replica set's member (no {STATE_FILE}); "
+                                 "allowed: a store served with --replica-set once")
+    if state.get("role") == "leader":
+        raise StoreError(f"{path} leads its replica set already (epoch {state.get('epoch')})")
+    with StoreReader.open(path) as reader:
+        end = reader.confirmed_offset()
+    heard = status.get("replication") if isinstance(status.get("replication"), dict) else {}
+    leader_end = heard.get("leader_end")
+    lost = None if leader_end is None else max(0, int(leader_end) - end)
+    if not force and (leader_end is None or lost):
+        why = (f"it never heard from its leader {state.get('leader')}" if leader_end is None
+               else f"it holds the CommitLog up to {end}, its leader {state.get('leader')} "
+                    f"had acknowledged up to {leader_end} ({lost} bytes would be lost)")
+        raise ReplicaBehindError(f"cannot promote {path}: {why}; allowed: a follower that "
+                                 "holds everything its leader acknowledged, or force=True "
+                                 "(rmq promote --force) to give the rest up")
+    terms = read_epochs(path)
+    epoch = max([int(state.get("epoch") or 1)] + [e for e, _ in terms]) + 1
+    write_epochs(path, with_term(terms, epoch, end))
+    state.update(role="leader", epoch=epoch, previous_leader=state.get("leader"),
+                 leader=state.get("self"), promoted=True)
+    atomic_write(os.path.join(path, STATE_FILE), json.dumps(state, sort_keys=True).encode())
+    return {"epoch": epoch, "start_offset": end, "leader_end": leader_end,
+            "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}

@@ -1,0 +1,161 @@
+"""A follower: copies its leader's CommitLog as it grows, byte for byte, and builds its own
+queues and indexes from it.
+
+:class:`Follower` runs one thread beside a served store (``rmq serve --replica-set``): it asks
+the leader for the CommitLog from its own end (:mod:`.log_stream`), appends each chunk with
+:func:`~store.core.replica_log.append_chunk` (checked as recovery checks the log, then
+dispatched through the store's one dispatch path), and asks again.  After a restart it goes
+on from its own end.  A leader that cannot be reached is asked again every
+:data:`RETRY_S`; a leader that says this log is not a prefix of its own stops the follower
+for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason): cutting the tail
+back is not done here.
+
+**Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
+answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
+leader holds past this store's queue ends, from the leader's queue snapshot (one call at
+most every :data:`LAG_MESSAGES_S`, none while ``lag_bytes`` is 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..core.replica_log import append_chunk, tail_crc
+from ..errors import ReplicaDivergedError, StoreError
+
+log = logging.getLogger("store.replication")
+
+#: Seconds between attempts to reach an unreachable leader.
+RETRY_S = 0.2
+#: How long the leader may wait for an append before answering (ms): the long poll.
+WAIT_MS = 500
+#: Bytes asked for per request.
+REQUEST_BYTES = 64 << 20
+#: Seconds between two counts of ``lag_messages``.
+LAG_MESSAGES_S = 1.0
+
+
+class Follower:
+    """Copies ``leader`` (a :class:`~store.remote.client.RemoteStore`) into ``store`` (an
+    open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
+
+    def __init__(self, store, leader, on_epochs=None) -> None:
+        self.store = store
+        self.leader = leader
+        self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
+        self.state = "starting"
+        self.error: str | None = None
+        self.leader_end: int | None = None
+        self.lag_messages: int | None = None
+        self.last_contact_ms: int | None = None
+        self.chunks = 0
+        self._lag_counted = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rmq-follower", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop after the request in progress (the leader answers within :data:`WAIT_MS`)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self.leader.close()
+
+    # ------------------------------------------------------------------ status
+    def lag_bytes(self) -> int | None:
+        if self.leader_end is None:
+            return None
+        return max(0, self.leader_end - self.store.confirmed_offset())
+
+    def status(self) -> dict:
+        return {"state": self.state, "error": self.error, "leader_end": self.leader_end,
+                "end": self.store.confirmed_offset(), "lag_bytes": self.lag_bytes(),
+                "lag_messages": self.lag_messages, "last_contact_ms": self.last_contact_ms,
+                "chunks": self.chunks}
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except ReplicaDivergedError as exc:
+                self.state, self.error = "diverged", str(exc)
+                log.error("stopped following %s: %s", self.leader.address.url, exc)
+                return
+            except StoreError as exc:
+                if self.state != "unreachable" or self.error != str(exc):
+                    log.warning("following %s: %s; retrying", self.leader.address.url, exc)
+                self.state, self.error = "unreachable", str(exc)
+                self._stop.wait(RETRY_S)
+            except Exception as exc:  # a bug must not end the server: logged, retried
+                log.exception("follower failed; retrying")
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+                self._stop.wait(RETRY_S * 5)
+
+    def _follow(self) -> None:
+        store = self.store
+        file_size = store.commit_log.file_size
+        if self._on_epochs is not None:
+            self._on_epochs(self.leader.replica_epochs())
+        while not self._stop.is_set():
+            offset = store.confirmed_offset()
+            answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
+                                                 file_size=file_size, max_bytes=REQUEST_BYTES,
+                                                 wait_ms=WAIT_MS))
+            first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
+            if first is not None and _has_data(first):
+                # one answer is one atomic group: readers see it whole, as the leader's
+                # readers saw each of its appends (it ends at a confirmed end of the leader's)
+                with store.atomic_append():
+                    self._apply(first)
+                    for batch in answer:
+                        self._apply(batch)
+            elif first is not None:
+                self._apply(first)
+            self.state, self.error = "following", None
+            self.last_contact_ms = store.now_ms()
+            self._count_lag_messages()
+
+    def _apply(self, batch) -> None:
+        offsets = batch.column("offset").to_pylist()  # (one row per chunk: a few per call)
+        ends = batch.column("end").to_pylist()
+        data = batch.column("data")
+        for i, offset in enumerate(offsets):
+            chunk = data[i].as_buffer()
+            if chunk is not None and chunk.size:
+                done = append_chunk(self.store, offset, chunk.to_pybytes())
+                if done.end != ends[i]:
+                    raise ReplicaDivergedError(
+                        f"the chunk at CommitLog offset {offset} ends at {done.end} here, at "
+                        f"{ends[i]} on the leader")
+                self.chunks += 1
+        self.leader_end = int(batch.column("leader_end")[batch.num_rows - 1].as_py())
+
+    def _count_lag_messages(self) -> None:
+        if not self.lag_bytes():
+            self.lag_messages = 0
+            return
+        now = time.monotonic()
+        if now - self._lag_counted < LAG_MESSAGES_S:
+            return
+        self._lag_counted = now
+        leader, behind = self.leader, 0
+        leader.refresh()
+        for topic in leader.topics():
+            for queue_id in leader.queue_ids(topic):
+                try:
+                    mine = self.store.max_offset(topic, queue_id)
+                except StoreError:  # a queue this replica has not seen yet
+                    mine = 0
+                behind += max(0, leader.max_offset(topic, queue_id) - mine)
+        self.lag_messages = behind
+
+
+def _has_data(batch) -> bool:
+    """Whether a batch of the answer carries log bytes (a chunk ending past its start)."""
+    return batch.num_rows > 0 and batch.column("end")[0].as_py() > batch.column("offset")[0].as_py()

@@ -1,0 +1,132 @@
+"""The replica-set file (``rmq serve --replica-set FILE``): which served stores hold copies of
+one CommitLog, and which of them leads.
+
+JSON::
+
+    {"replicas": ["rmq://10.0.0.1:7911", "rmq://10.0.0.2:7911"],
+     "leader": "rmq://10.0.0.1:7911",
+     "witness": "rmq://10.0.0.3:7911",
+     "min_insync_replicas": 1,
+     "account": "replicator", "secret_file": "/etc/rmq/replicator.secret"}
+
+* ``replicas`` (required): each replica's URL (``rmq://`` or ``rmqs://``, one host and a
+  port each), each once.
+* ``leader`` (optional): the replica that takes writes; **the first of** ``replicas`` when
+  not given.  Chosen statically: this file decides until it is changed (or ``rmq promote``).
+* ``witness`` (optional): a URL, accepted and checked but not used yet (elections come later).
+* ``min_insync_replicas`` (optional, default 1): replication is asynchronous; only 1 is
+  taken (a leader that acknowledged sends without the copies a larger value promises would
+  break it silently).
+* ``account`` and ``secret_file`` (optional, together): the credentials a follower presents
+  to its leader when the leader checks accounts (``--acl``; the account needs
+  ``"replicate": true``).  Without them a follower presents the server's token
+  (``--token-file``), when it has one.
+
+A server recognises itself by its ``--listen`` address: the replica whose host and port are
+the same; a wildcard host (``0.0.0.0``, ``::``) matches the one replica with its port.
+Every mistake is an :class:`~store.errors.InvalidConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..errors import InvalidConfigError
+from ..remote.address import RemoteAddress
+
+#: The fields a replica-set file may have.
+FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file")
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSet:
+    """A parsed replica-set file (see the module docstring); URLs in their normal form."""
+
+    path: str
+    replicas: tuple[str, ...]
+    leader: str
+    witness: str | None
+    min_insync_replicas: int
+    account: str | None
+    secret_file: str | None
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> ReplicaSet:
+        """The replica set of the file at ``path``; :class:`InvalidConfigError` says what is
+        wrong."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except OSError as exc:
+            raise InvalidConfigError(f"cannot read the replica-set file {path}: {exc}") from None
+        except ValueError as exc:
+            raise InvalidConfigError(f"the replica-set file {path} is not JSON: {exc}") from None
+        return cls.of(data, path)
+
+    @classmethod
+    def of(cls, data: object, path: str = "<replica set>") -> ReplicaSet:
+        """The replica set of a decoded file's ``data``."""
+        if not isinstance(data, dict):
+            raise InvalidConfigError(f"the replica-set file {path}: expected a JSON object")
+        unknown = sorted(set(data) - set(FIELDS))
+        if unknown:
+            raise InvalidConfigError(f"the replica-set file {path}: unknown field(s) {unknown}; "
+                                     f"allowed: {list(FIELDS)}")
+        replicas = data.get("replicas")
+        if not isinstance(replicas, list) or not replicas:
+            raise InvalidConfigError(f"the replica-set file {path}: \"replicas\" must be a "
+                                     "non-empty list of rmq:// URLs")
+        urls = tuple(_url(u, f"{path}: replicas") for u in replicas)
+        if len(set(urls)) != len(urls):
+            raise InvalidConfigError(f"the replica-set file {path}: a replica is listed twice "
+                                     f"({list(urls)}); allowed: each once")
+        leader = data.get("leader")
+        leader = urls[0] if leader is None else _url(leader, f"{path}: leader")
+        if leader not in urls:
+            raise InvalidConfigError(f"the replica-set file {path}: leader {leader} is not one "
+                                     f"of the replicas {list(urls)}")
+        witness = data.get("witness")
+        witness = None if witness is None else _url(witness, f"{path}: witness")
+        if witness in urls:
+            raise InvalidConfigError(f"the replica-set file {path}: the witness {witness} is "
+                                     "also a replica; allowed: a server of its own")
+        insync = data.get("min_insync_replicas", 1)
+        if not isinstance(insync, int) or isinstance(insync, bool) or insync != 1:
+            raise InvalidConfigError(
+                f"the replica-set file {path}: min_insync_replicas={insync!r}; allowed: 1 "
+                "(replication is asynchronous in this version: acknowledging a send before "
+                "the copies a larger value promises would break that promise)")
+        account, secret_file = data.get("account"), data.get("secret_file")
+        if (account is None) != (secret_file is None) or not all(
+                v is None or (isinstance(v, str) and v) for v in (account, secret_file)):
+            raise InvalidConfigError(f"the replica-set file {path}: \"account\" and "
+                                     "\"secret_file\" go together, each a non-empty string")
+        return cls(path, urls, leader, witness, insync, account, secret_file)
+
+    def member(self, listen: RemoteAddress) -> str:
+        """The URL of the replica that a server listening on ``listen`` is."""
+        exact = [u for u in self.replicas if _same(RemoteAddress.parse(u), listen, False)]
+        found = exact or [u for u in self.replicas
+                          if _same(RemoteAddress.parse(u), listen, True)]
+        if len(found) != 1:
+            raise InvalidConfigError(
+                f"the replica-set file {self.path}: no single replica is {listen.host}:"
+                f"{listen.port} (--listen); allowed: one of {list(self.replicas)}, with the "
+                "same host and port (a wildcard host matches the one replica with its port)")
+        return found[0]
+
+
+def _url(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidConfigError(f"{where}: {value!r}; allowed: an rmq:// URL")
+    return RemoteAddress.parse(value).url
+
+
+def _same(replica: RemoteAddress, listen: RemoteAddress, wildcard: bool) -> bool:
+    if replica.port != listen.port:
+        return False
+    return listen.host in _WILDCARDS if wildcard else replica.host == listen.host
