@@ -208,6 +208,44 @@ class IndexFile:
                     f"{begin_ts} / endTimestamp {end_ts}: a begin after its end")
         return None
 
+    def verify(self, log_end: int) -> str | None:
+        """Why the file's slots or entries cannot be trusted (``None``: they can), past what
+        :meth:`problem` checks: every slot head within the entries written, every entry's
+        keyHash non-negative, its ``prevIndex`` an earlier entry, its record offsets in
+        CommitLog order, inside the header's range and before ``log_end``.  ``rmq repair``'s
+        check (it reads the whole file)."""
+        problem = self.problem()
+        if problem is not None:
+            return problem
+        count = self.index_count
+        slots = self._slots()
+        bad = np.flatnonzero((slots < 0) | (slots >= count))
+        if len(bad):
+            return (f"slot {int(bad[0])} points at entry {int(slots[bad[0]])}; allowed: 0 to "
+                    f"{count - 1} (indexCount {count})")
+        entries = self.entries()
+        if not len(entries):
+            return None
+        numbers = np.arange(1, count, dtype=np.int64)
+        begin_phy, end_phy = self.header()[2:4]
+        phys = entries["phy_offset"].astype(np.int64)
+        checks = (
+            ("keyHash", entries["key_hash"] < 0, "a non-negative int"),
+            ("prevIndex", (entries["prev_index"] < 0) | (entries["prev_index"] >= numbers),
+             "0 or an earlier entry's number"),
+            ("phyOffset", (phys < begin_phy) | (phys > end_phy) | (phys >= log_end),
+             f"{begin_phy} to {end_phy} (the header's range), below the log end {log_end}"),
+            ("timeDiff", entries["time_diff"] < 0, "a non-negative int"),
+        )
+        for field, wrong, allowed in checks:
+            at = np.flatnonzero(wrong)
+            if len(at):
+                return f"entry {int(at[0]) + 1} has {field} {entries[field][at[0]]}; allowed: {allowed}"
+        if len(phys) > 1 and (np.diff(phys) < 0).any():
+            at = int(np.flatnonzero(np.diff(phys) < 0)[0]) + 2
+            return f"entry {at} has a phyOffset before the previous entry's; allowed: ascending"
+        return None
+
     def header(self) -> tuple[int, int, int, int, int, int]:
         """``(begin_timestamp, end_timestamp, begin_phy_offset, end_phy_offset,
         hash_slot_count, index_count)``, read from the mapping (another process may write)."""

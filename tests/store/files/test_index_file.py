@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from store import KeyIndexUnavailableError, Message, MessageStore, StoreConfig, StoreReader
 from store.core.key_index import KeyIndex
+from store.files.checkpoint import StoreCheckpoint
 from store.files.commit_log import CommitLog
 from store.files.index_file import (
     ENTRY,
@@ -88,7 +89,7 @@ def test_our_index_of_a_rocketmq_commitlog_is_rocketmqs_byte_for_byte(rocketmq_r
                        5_000_000, 20_000_000, read_only=True)
     log = CommitLog(os.path.join(rocketmq_root, name, "commitlog"), 262_144, read_only=True)
     ours_index = KeyIndex(str(tmp_path), StoreConfig(message_index_enable=True), log,
-                          read_only=False)
+                          StoreCheckpoint(str(tmp_path / "checkpoint")), read_only=False)
     try:
         ours_index.index_range(0, meta["max_phy_offset"])
         (ours,) = ours_index._refresh()
@@ -193,6 +194,7 @@ def test_entries_past_a_cut_log_end_are_dropped_and_chains_rebuilt(tmp_path):
         kept = [p.send(Message("T", b"x", keys="k")) for _ in range(5)]
         end = store.confirmed_offset()
         [p.send(Message("T", b"y", keys="k")) for _ in range(3)]
+        store.key_index.build(store.confirmed_offset())
         (f,) = store.key_index._refresh()
         assert f.rechain(end) == 6  # three records, two keys each (UNIQ_KEY and k)
         assert sorted(store.key_index.lookup("T", "k", 64)) == [r.commitlog_offset
