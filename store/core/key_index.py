@@ -343,8 +343,10 @@ class KeyIndex:
                                 "rebuilt from the CommitLog", self._files[name].path, problem)
                 self._set_aside()
             self._cut(log_end, rechain_newest=crashed)
-            if crashed:  # the files may hold less than the offset says (a reboot)
-                self._set_indexed_to(min(self.indexed_to(), max(self._last_entry(), 0)))
+            last = self._last_entry()
+            if self.enabled and (crashed or last < 0):
+                # the files may hold less than the offset says (a reboot), or be gone
+                self._set_indexed_to(min(self.indexed_to(), max(last, 0)))
         if self.enabled:
             self.build(log_end)
 
@@ -409,8 +411,8 @@ class KeyIndex:
 
     def rebuild(self, log_end: int) -> tuple[list[str], bool]:
         """``rmq repair``'s step: check every file (:meth:`IndexFile.verify`); when one fails,
-        or the log holds records but the index has no file, set the index aside and build it
-        again from the CommitLog; otherwise index what it misses.  Returns the names set
+        or the log holds records but the index (on, or built once) has no file, set the
+        index aside and build it again from the CommitLog; otherwise index what it misses.  Returns the names set
         aside and whether the index was rebuilt."""
         with self._building():
             self._refresh(force=True)
@@ -419,7 +421,9 @@ class KeyIndex:
             for name, problem in problems:
                 log.warning("index file %s is damaged (%s): rebuilt from the CommitLog",
                             self._files[name].path, problem)
-            missing = not self._order and log_end > self.commit_log.min_offset()
+            # (missing: the index is on, or was built once, and has no file)
+            missing = ((self.enabled or self.indexed_to() > 0) and not self._order
+                       and log_end > self.commit_log.min_offset())
             moved = self._set_aside() if problems else []
             if missing:
                 self._set_indexed_to(0)

@@ -452,6 +452,15 @@ class StoreCore(AppendLocking, ReadableStore):
             write_queue_table(self)
             return result
 
+    def rebuild_key_index(self) -> tuple[list[str], bool]:
+        """Check the message-key index file by file and rebuild it from the CommitLog when
+        one is damaged, or when it is missing (``rmq repair``; see
+        :meth:`~store.core.key_index.KeyIndex.rebuild`).  Returns the names the damaged
+        files were set aside as (never deleted) and whether the index was rebuilt."""
+        self._check_writable()
+        with self.write_lock():
+            return self.key_index.rebuild(self.confirmed_offset())
+
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
 

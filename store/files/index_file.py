@@ -230,17 +230,19 @@ class IndexFile:
         begin_phy, end_phy = self.header()[2:4]
         phys = entries["phy_offset"].astype(np.int64)
         checks = (
-            ("keyHash", entries["key_hash"] < 0, "a non-negative int"),
-            ("prevIndex", (entries["prev_index"] < 0) | (entries["prev_index"] >= numbers),
+            ("keyHash", "key_hash", entries["key_hash"] < 0, "a non-negative int"),
+            ("prevIndex", "prev_index",
+             (entries["prev_index"] < 0) | (entries["prev_index"] >= numbers),
              "0 or an earlier entry's number"),
-            ("phyOffset", (phys < begin_phy) | (phys > end_phy) | (phys >= log_end),
+            ("phyOffset", "phy_offset", (phys < begin_phy) | (phys > end_phy) | (phys >= log_end),
              f"{begin_phy} to {end_phy} (the header's range), below the log end {log_end}"),
-            ("timeDiff", entries["time_diff"] < 0, "a non-negative int"),
+            ("timeDiff", "time_diff", entries["time_diff"] < 0, "a non-negative int"),
         )
-        for field, wrong, allowed in checks:
+        for label, field, wrong, allowed in checks:
             at = np.flatnonzero(wrong)
             if len(at):
-                return f"entry {int(at[0]) + 1} has {field} {entries[field][at[0]]}; allowed: {allowed}"
+                return (f"entry {int(at[0]) + 1} has {label} {int(entries[field][at[0]])}; "
+                        f"allowed: {allowed}")
         if len(phys) > 1 and (np.diff(phys) < 0).any():
             at = int(np.flatnonzero(np.diff(phys) < 0)[0]) + 2
             return f"entry {at} has a phyOffset before the previous entry's; allowed: ascending"
