@@ -24,7 +24,7 @@ Layout (big-endian i64 fields).  Bytes 0..39 are RocketMQ's ``StoreCheckpoint`` 
 Every process maps the file shared, so a field written by one is seen by all at once; each
 field is an aligned 8-byte store.
 
-**Trust.** rmq's own fields (40..63) mean something only when rmq wrote them: the file then
+**Trust.** rmq's own fields (40..63 and 72..79) mean something only when rmq wrote them: the file then
 carries :data:`LAYOUT_MAGIC` at byte 64.  A checkpoint without it is either an rmq store of an
 earlier layout (a full 4096-byte file in a directory with ``config/store.json`` whose fields
 read like rmq's: a positive ``write_generation`` and ordered offsets; they are trusted and the
