@@ -290,13 +290,18 @@ class KeyIndex:
         offset = begin
         while offset < end:
             segment = self.commit_log.files.find(offset)
-            if segment is None:
+            try:
+                buf = None if segment is None else np.frombuffer(segment.buffer(),
+                                                                 dtype=np.uint8)
+            except FileNotFoundError:  # being deleted by retention in another thread
+                self.commit_log.files.refresh()
+                buf = None
+            if buf is None:
                 low = self.commit_log.min_offset()
                 if low > offset:  # retention deleted it meanwhile: nothing there to index
                     offset = low
                     continue
                 return offset
-            buf = np.frombuffer(segment.buffer(), dtype=np.uint8)
             pos, limit = offset - segment.start, min(end, segment.end) - segment.start
             while True:
                 got, pos, stop = record_keys(buf, pos, limit, rows)
