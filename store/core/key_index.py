@@ -51,7 +51,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -535,7 +535,7 @@ class KeyIndexService:
                             or index.indexed_to() == before:
                         break  # at the end; or another builder is at work, or a bad record
                 failed = False
-            except Exception:  # noqa: BLE001 - the thread must live; the next open heals
+            except Exception:  # the thread must live; the next open heals
                 if not failed:
                     log.exception("building the message-key index failed; retrying")
                 failed = True

@@ -187,7 +187,7 @@ def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, 
         if prev == 0:
             fresh += 1
         diff = (stamps[i] - begin_ts) // 1000
-        diff = 0 if diff < 0 else (max_diff if diff > max_diff else diff)
+        diff = min(max(diff, 0), max_diff)
         e = entry_base + 20 * n
         _put_be(buf, e, hashes[i], 4)
         _put_be(buf, e + 4, phys[i], 8)
