@@ -11,7 +11,7 @@ keyHashes, and :meth:`~store.files.index_file.IndexFile.put` chains the whole ba
 the newest file with NumPy (a new file, named by the time, when it fills).
 
 Who builds: every writing process runs a :class:`KeyIndexService` thread that calls
-:meth:`KeyIndex.build` every few milliseconds; a build holds this process's build lock and
+:meth:`KeyIndex.build` every 20 ms; a build holds this process's build lock and
 an exclusive ``flock`` on the store's ``index.lock``, so one process at a time indexes, and
 it indexes every process's appends.  Nothing is indexed twice or skipped: the start is read
 under the lock, and records at or below the newest file's last entry are skipped (a builder
@@ -33,7 +33,7 @@ also see what was acknowledged but is not indexed yet: :meth:`KeyIndex.find` add
 records of the not yet indexed tail (``index_phy_offset`` to the confirmed end), walked by
 the same kernel in the querying process without writing anything.  So a query never waits
 for the builder (which may be another process, or none: a reader of a store whose writers
-stopped), and the tail it walks is what the builder has not reached, a few milliseconds of
+stopped), and the tail it walks is what the builder has not reached, some tens of ms of
 sends while a writer runs.
 
 Retention (:meth:`KeyIndex.delete_expired`): a file, the newest excepted, whose last entry
