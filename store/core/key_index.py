@@ -457,8 +457,12 @@ class KeyIndex:
 
     def tail(self, end: int) -> np.ndarray:
         """Key rows (keyHash, record offset, store time; shape ``(3, n)``) of the records
-        not indexed yet, from ``index_phy_offset`` to ``end``, walked without writing."""
-        start = max(self.indexed_to(), self.commit_log.min_offset())
+        not indexed yet, from ``index_phy_offset`` to ``end``, walked without writing.  A
+        checkpoint rmq did not write (a RocketMQ broker's store, read as it is) has no such
+        offset: its index is taken to reach its newest entry's record."""
+        reached = (self.indexed_to() if self.checkpoint.trusted
+                   else max(self._last_entry(), 0))
+        start = max(reached, self.commit_log.min_offset())
         parts: list[np.ndarray] = []
         rows = np.empty((3, max(1 << 12, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
 
