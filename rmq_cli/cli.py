@@ -209,7 +209,9 @@ def repair(store_path: str) -> None:
     """Rebuild every ConsumeQueue and the topic table from the CommitLog.
 
     For queue files that were deleted, truncated, zeroed or overwritten (messages missing
-    although the CommitLog holds them).  Damaged files are renamed to *.damaged, never
+    although the CommitLog holds them).  The message-key index is checked file by file
+    (header, slots, entries) and rebuilt from the CommitLog when one is damaged or it is
+    missing.  Damaged files are renamed to *.damaged, never
     deleted; no CommitLog record is removed.  Run it while nothing else uses the store.
     """
     refuse_url(store_path, "rmq repair", "run `rmq repair --store DIR` on the server's host, "
@@ -221,11 +223,14 @@ def repair(store_path: str) -> None:
         result = store.rebuild_queues(progress)
         if progress is not None:
             click.echo("", err=True)
+        index_aside, index_rebuilt = store.rebuild_key_index()
     finally:
         store.close()
     click.echo(f"rebuilt {result.queues} queue(s): {result.entries} entries from "
                f"{result.records} records (CommitLog valid to {result.end_offset})")
-    for name in result.set_aside:
+    if index_rebuilt:
+        click.echo("rebuilt the message-key index from the CommitLog")
+    for name in [*result.set_aside, *index_aside]:
         click.echo(f"set aside damaged file as {name}")
     if result.topics_widened:
         click.echo(f"topic table updated: {', '.join(result.topics_widened)}")

@@ -66,7 +66,9 @@ class MessageStore(StoreCore):
         clock : callable, optional
             Returns "now" in epoch ms; tests pass a controllable one.
         flush_service : bool
-            Run the background flush thread (every ``flush_interval_commitlog_ms``).
+            Run the background threads: the flush (every ``flush_interval_commitlog_ms``)
+            and the message-key index builder (without it the index is built at open and
+            close, and queries walk what it misses).
         read_only : bool
             Open an existing store for reading only (what Spark executors do): returns a
             :class:`~store.reader.StoreReader` (no marker, no recovery, no flush thread, no

@@ -400,7 +400,7 @@ class Appender:
         self._plain_topics.clear()
 
     def append_one(self, one: OneRecord) -> SingleAppend:
-        """Place, pack, write and index a record of :meth:`prepare_one` (lock held): one
+        """Place, pack, write and dispatch a record of :meth:`prepare_one` (lock held): one
         ``struct.pack`` of the whole record, one write (two when the segment's rest must
         become a blank first), one ConsumeQueue entry."""
         (topic, topic_bytes, body, properties, layout, size, body_crc, tags_code, flag,
@@ -427,7 +427,6 @@ class Appender:
         self.core.commit_log.write(offset, record)
         self._sync()
         self.core.dispatcher.dispatch_one(key, queue_offset, offset, size, tags_code)
-        self.core.dispatcher.dispatch_keys_one(topic, properties, offset, now)
         self._advance(offset + size, now)
         self.queue_next[key] = queue_offset + 1
         return _new_tuple(SingleAppend, (qid, queue_offset, offset, now))
@@ -440,15 +439,14 @@ class Appender:
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
         next is taken), each inside one segment; ``entries`` are the queue entries (see
         :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
-        Crash safety: mark the append, write, sync (SYNC_FLUSH), index, then publish.
+        Crash safety: mark the append, write, sync (SYNC_FLUSH), write the queue entries, then
+        publish (the message-key index follows behind: :mod:`store.core.key_index`).
         """
         self._begin()
-        begin = self.write_offset
         for off, data in chunks:
             self.core.commit_log.write(off, data)
         self._sync()
         self.core.dispatcher.dispatch(entries)
-        self.core.dispatcher.dispatch_keys(begin, end)
         self._advance(end, now)
 
     def _begin(self) -> None:

@@ -2,9 +2,10 @@
 
 Every path that puts records into the CommitLog (a send, a batch, a restore of delayed
 messages, a transaction commit, recovery's rescan) hands the records' queue entries to
-:meth:`Dispatcher.dispatch`, which writes them to the ConsumeQueues.  A new derived index is
-one more step of the dispatcher, not a change to every append path: the message-key index
-(:meth:`Dispatcher.dispatch_keys`) is one, given the CommitLog range of each append.
+:meth:`Dispatcher.dispatch`, which writes them to the ConsumeQueues.  A new derived index that
+a send must see at once is one more step of the dispatcher, not a change to every append
+path.  The message-key index is not one: it is built behind the sends, from the CommitLog
+(:mod:`store.core.key_index`), as RocketMQ's reput thread feeds its IndexService.
 
 The ConsumeQueue ``tagsCode`` of a record is the Java hash of its tag, unless its topic is a
 system topic whose service registered another rule (:meth:`Dispatcher.register_system_topic`).
@@ -20,7 +21,6 @@ import numpy as np
 
 from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
 from ..files.consume_queue import ConsumeQueue
-from .key_index import KeyIndex
 from ..message import PROPERTY_TAGS, java_string_hash
 
 #: ``rule(properties, store_timestamp_ms) -> tagsCode`` of a system topic's queue entries
@@ -46,8 +46,6 @@ class Dispatcher:
     ----------
     consume_queue : callable
         ``consume_queue(topic, queue_id) -> ConsumeQueue`` of the store.
-    key_index : KeyIndex, optional
-        The store's message-key index (:meth:`dispatch_keys` feeds it).
     queue_written : callable, optional
         ``queue_written(topic, queue_id)``, called once per user queue (not a service's
         system queue) before its first entries are written: the store lists it in its topic
@@ -55,10 +53,8 @@ class Dispatcher:
     """
 
     def __init__(self, consume_queue: Callable[[str, int], ConsumeQueue],
-                 queue_written: Callable[[str, int], None] | None = None,
-                 key_index: KeyIndex | None = None) -> None:
+                 queue_written: Callable[[str, int], None] | None = None) -> None:
         self._consume_queue = consume_queue
-        self._key_index = key_index
         self._queue_written = queue_written
         self._noted: set[tuple[str, int]] = set()
         #: The ConsumeQueue object of each queue written (the store keeps one per queue for
@@ -122,19 +118,6 @@ class Dispatcher:
         for (topic, queue_id), (first, offsets, sizes, codes) in entries.items():
             self._note((topic, queue_id))
             self._consume_queue(topic, queue_id).put(first, offsets, sizes, codes)
-
-    def dispatch_keys(self, begin: int, end: int) -> None:
-        """Index the keys of the records just written from ``begin`` to ``end`` (every
-        record but ROLLBACK ones, PREPARED ones included: RocketMQ's IndexService rule; see
-        :mod:`store.core.key_index`)."""
-        if self._key_index is not None and self._key_index.enabled:
-            self._key_index.index_range(begin, end)
-
-    def dispatch_keys_one(self, topic: str, properties: bytes, offset: int,
-                          store_timestamp_ms: int) -> None:
-        """:meth:`dispatch_keys` of one plain record (the single send's way)."""
-        if self._key_index is not None and self._key_index.enabled:
-            self._key_index.index_one(topic, properties, offset, store_timestamp_ms)
 
     def forget(self, key: tuple[str, int]) -> None:
         """Drop the queue object kept for ``key`` (the store replaced it: a rebuilt queue)."""

@@ -1,33 +1,63 @@
 """The message-key index of a store: RocketMQ's IndexService over the ``index/`` files.
 
-The index is derived from the CommitLog like the ConsumeQueues.  The dispatcher hands it the
-CommitLog range every append wrote (:meth:`KeyIndex.index_range`); the compiled walk of
+The index is derived from the CommitLog like the ConsumeQueues, but behind the sends rather
+than inside them (RocketMQ feeds its IndexService from the reput thread, not the put path):
+an append writes its records and their ConsumeQueue entries and returns; the key index
+catches up in batches.  :meth:`KeyIndex.build` indexes the records between the persisted
+``index_phy_offset`` of the checkpoint (everything below it is indexed) and the confirmed
+CommitLog end, then moves that offset.  The compiled walk of
 :mod:`store.kernels.key_kernels` reads each record's ``UNIQ_KEY`` and ``KEYS`` and their
 keyHashes, and :meth:`~store.files.index_file.IndexFile.put` chains the whole batch into
 the newest file with NumPy (a new file, named by the time, when it fills).
+
+Who builds: every writing process runs a :class:`KeyIndexService` thread that calls
+:meth:`KeyIndex.build` every 20 ms; a build holds this process's build lock and
+an exclusive ``flock`` on the store's ``index.lock``, so one process at a time indexes, and
+it indexes every process's appends.  Nothing is indexed twice or skipped: the start is read
+under the lock, and records at or below the newest file's last entry are skipped (a builder
+that died after writing entries but before moving ``index_phy_offset``).  A clean close
+builds to the end.
 
 At a writable open (:meth:`KeyIndex.open_check`): a file that cannot be this index's (a wrong
 size for the configured slots and entries, a header no writer leaves) is set aside
 (``<name>.damaged-<n>``) with the rest of the index, which is rebuilt from the CommitLog;
 after a crash, or when recovery cut the log, the files holding entries at or past the log end
-are rechained without them; then whatever the log holds past the index's last record is
-indexed (a crash between an append and its index, or an index turned on late).  A
-RocketMQ-written store's files are used as they are, and appended to while they have room.
+are rechained without them and ``index_phy_offset`` is brought back to the index's last
+record; then whatever the log holds past it is indexed (a crash between an append and its
+index, or an index turned on late).  A RocketMQ-written store's files are used as they are,
+and appended to while they have room.
 
 Lookups (:meth:`KeyIndex.lookup`) read the files newest first, as RocketMQ does, and work on
-a read-only store too (the files mapped read-only; a damaged one is skipped).
+a read-only store too (the files mapped read-only; a damaged one is skipped).  A query must
+also see what was acknowledged but is not indexed yet: :meth:`KeyIndex.find` adds the
+records of the not yet indexed tail (``index_phy_offset`` to the confirmed end), walked by
+the same kernel in the querying process without writing anything.  So a query never waits
+for the builder (which may be another process, or none: a reader of a store whose writers
+stopped), and the tail it walks is what the builder has not reached, some tens of ms of
+sends while a writer runs.
+
+Retention (:meth:`KeyIndex.delete_expired`): a file, the newest excepted, whose last entry
+lies below the oldest CommitLog segment kept is deleted with the segments.  ``rmq repair``
+(:meth:`KeyIndex.rebuild`) checks every file's header, slots and entries
+(:meth:`~store.files.index_file.IndexFile.verify`) and rebuilds the whole index from the
+CommitLog when one fails or the index is missing.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import threading
 import time
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from ..config import StoreConfig
 from ..errors import DiskFullError
+from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
 from ..files.index_file import (
@@ -44,6 +74,13 @@ log = logging.getLogger("store.core.key_index")
 
 #: Rows of key hashes one walk of the CommitLog gathers before they go into the files.
 _ROWS = 1 << 16
+#: The builder thread looks for new records this often (RocketMQ's reput thread: 1 ms; a pass
+#: here has a fixed cost of a few hundred µs of Python, so a few passes a second less).
+BUILD_INTERVAL_S = 0.02
+#: CommitLog bytes one pass of the builder thread indexes at most (then the locks are let go).
+BUILD_STEP_BYTES = 64 << 20
+#: The lock file of the builders (in the store directory).
+LOCK_FILE = "index.lock"
 
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
@@ -87,12 +124,15 @@ class KeyIndex:
         ``message_index_enable``, ``max_hash_slot_num``, ``max_index_num``.
     commit_log : CommitLog
         The records indexed.
+    checkpoint : StoreCheckpoint
+        Where ``index_phy_offset`` is kept (shared by every process).
     read_only : bool
         Only look up (a :class:`~store.StoreReader`).
     """
 
-    def __init__(self, root: str, config: StoreConfig, commit_log: CommitLog, *,
-                 read_only: bool) -> None:
+    def __init__(self, root: str, config: StoreConfig, commit_log: CommitLog,
+                 checkpoint: StoreCheckpoint, *, read_only: bool) -> None:
+        self.root = root
         self.directory = os.path.join(root, "index")
         self.slot_count = config.max_hash_slot_num
         self.entry_count = config.max_index_num
@@ -100,11 +140,15 @@ class KeyIndex:
         self.enabled = bool(config.message_index_enable) and not read_only
         self.read_only = read_only
         self.commit_log = commit_log
+        self.checkpoint = checkpoint
         self._files: dict[str, IndexFile] = {}
         self._order: list[str] = []  # names, oldest first
         self._listed = -1.0
         self._current: IndexFile | None = None
         self._rows = np.empty((3, max(_ROWS, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
+        #: one builder per process at a time (the ``flock`` serialises processes)
+        self._thread_lock = threading.Lock()
+        self._lock_fd: int | None = None
 
     # -- the files -----------------------------------------------------------------------------
     def _refresh(self, force: bool = False) -> list[IndexFile]:
@@ -149,8 +193,9 @@ class KeyIndex:
         return f
 
     def _writable_newest(self) -> IndexFile:
-        """The file appends go to: kept between appends (other writers only ever start a
-        new file when this one is full, so the directory is listed again only then)."""
+        """The file entries go to: kept between builds (another process's builder only ever
+        starts a new file when this one is full, so the directory is listed again only
+        then)."""
         current = self._current
         if current is not None and current._mm is not None and not current.is_full():
             return current
@@ -162,65 +207,125 @@ class KeyIndex:
         self._current = current
         return current
 
-    # -- writing -------------------------------------------------------------------------------
-    def index_range(self, begin: int, end: int) -> None:
-        """Index the records of the CommitLog from ``begin`` (a record's start) to ``end``;
-        records at or below the index's last one are skipped (so indexing again is harmless).
-        Stops at an invalid record (recovery decides about those)."""
-        if not self.enabled or end <= begin:
+    def _last_entry(self) -> int:
+        """CommitLog offset of the newest entry's record (-1: no entry)."""
+        files = self._refresh()
+        ends = [f.end_phy_offset for f in files if f.end_phy_offset >= 0]
+        return ends[-1] if ends else -1
+
+    # -- progress and the builders' lock -------------------------------------------------------
+    def indexed_to(self) -> int:
+        """Every record below this CommitLog offset is indexed (``index_phy_offset``)."""
+        return self.checkpoint.get("index_phy_offset")
+
+    def _set_indexed_to(self, offset: int) -> None:
+        self.checkpoint.set("index_phy_offset", offset)
+
+    @contextmanager
+    def _building(self, wait: bool = True) -> Iterator[bool]:
+        """Hold the build lock of this process and the ``flock`` of the store's builders;
+        yields False (holding nothing) when ``wait`` is False and another builder has it."""
+        if not self._thread_lock.acquire(blocking=wait):
+            yield False
             return
         try:
-            self._index_range(begin, end)
-        except DiskFullError as exc:
-            # the records are written: a send must not fail for its index.  This process
-            # stops indexing; the next writable open indexes what the index misses.
-            log.warning("the message-key index stops in this process: %s", exc)
-            self.enabled = False
+            if self._lock_fd is None:
+                self._lock_fd = os.open(os.path.join(self.root, LOCK_FILE),
+                                        os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                held = True
+            except BlockingIOError:
+                held = False
+            try:
+                yield held
+            finally:
+                if held:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
 
-    def _index_range(self, begin: int, end: int) -> None:
-        newest = self._writable_newest()
-        skip = newest.end_phy_offset
-        if skip < 0 and len(self._order) > 1:
-            older = self._files[self._order[-2]]
-            skip = older.end_phy_offset
+    # -- writing -------------------------------------------------------------------------------
+    def build(self, end: int, *, wait: bool = True, max_bytes: int | None = None) -> bool:
+        """Index the records from ``index_phy_offset`` to ``end`` (at most ``max_bytes`` of
+        the CommitLog) and move ``index_phy_offset``; returns whether it reached ``end``.
+        ``wait``: wait for another builder (else return False at once).  Stops at an invalid
+        record (recovery decides about those)."""
+        if not self.enabled or self.read_only:
+            return True
+        if self.indexed_to() >= end:
+            return True
+        with self._building(wait) as held:
+            if not held:
+                return False
+            start = max(self.indexed_to(), self.commit_log.min_offset())
+            stop = end if max_bytes is None else min(end, start + max_bytes)
+            if start >= stop:
+                return start >= end
+            try:
+                reached = self._index_range(start, stop)
+            except DiskFullError as exc:
+                # the records are written: a send never fails for its index.  This process
+                # stops indexing; a query walks what the index misses, and the next
+                # writable open indexes it.
+                log.warning("the message-key index stops in this process: %s", exc)
+                self.enabled = False
+                return False
+            if reached > self.indexed_to():
+                self._set_indexed_to(reached)
+            return reached >= end
+
+    def index_range(self, begin: int, end: int) -> int:
+        """Index the records of the CommitLog from ``begin`` (a record's start) to ``end``
+        without the progress offset (records at or below the index's last one are skipped,
+        so indexing again is harmless); returns where it stopped."""
+        with self._building():
+            return self._index_range(begin, end)
+
+    def _walk(self, begin: int, end: int, sink: Callable[[np.ndarray, np.ndarray, np.ndarray],
+                                                           None], rows: np.ndarray) -> int:
+        """Hand ``sink(key hashes, record offsets, store times)`` the key rows of the records
+        from ``begin`` (a record's start) to ``end``, in batches gathered in ``rows`` (see
+        :func:`~store.kernels.key_kernels.record_keys`); returns the offset the walk reached
+        (``end``, or an invalid record's)."""
         offset = begin
         while offset < end:
             segment = self.commit_log.files.find(offset)
-            if segment is None:
-                return
-            buf = np.frombuffer(segment.buffer(), dtype=np.uint8)
+            try:
+                buf = None if segment is None else np.frombuffer(segment.buffer(),
+                                                                 dtype=np.uint8)
+            except FileNotFoundError:  # being deleted by retention in another thread
+                self.commit_log.files.refresh()
+                buf = None
+            if buf is None:
+                low = self.commit_log.min_offset()
+                if low > offset:  # retention deleted it meanwhile: nothing there to index
+                    offset = low
+                    continue
+                return offset
             pos, limit = offset - segment.start, min(end, segment.end) - segment.start
             while True:
-                rows, pos, stop = record_keys(buf, pos, limit, self._rows)
-                if rows.shape[1]:
-                    phys = rows[1] + segment.start
-                    keep = phys > skip
-                    if not keep.all():
-                        rows, phys = rows[:, keep], phys[keep]
-                    self._put(rows[0], phys, rows[2])
+                got, pos, stop = record_keys(buf, pos, limit, rows)
+                if got.shape[1]:
+                    sink(got[0], got[1] + segment.start, got[2])
                 if stop != 2 or pos >= limit:
                     break
             if stop == 0:
-                return
-            offset = segment.end
+                return segment.start + pos
+            offset = segment.end if stop == 1 else segment.start + pos
+        return offset
 
-    def index_one(self, topic: str, properties: bytes, offset: int, store_timestamp_ms: int
-                  ) -> None:
-        """Index one plain record just written at ``offset`` (a single send's way: its
-        properties parsed and its keys hashed in Python, a few ``struct`` writes; the same
-        entries :meth:`index_range` makes)."""
-        if not self.enabled:
-            return
-        hashes = record_key_hashes(topic, properties)
-        if not hashes:
-            return
-        try:
-            newest = self._writable_newest()
-            if offset > newest.end_phy_offset:
-                self._put(hashes, [offset] * len(hashes), [store_timestamp_ms] * len(hashes))
-        except DiskFullError as exc:
-            log.warning("the message-key index stops in this process: %s", exc)
-            self.enabled = False
+    def _index_range(self, begin: int, end: int) -> int:
+        skip = self._writable_newest().end_phy_offset
+        if skip < 0 and len(self._order) > 1:
+            skip = self._files[self._order[-2]].end_phy_offset
+
+        def put(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
+            keep = phys > skip
+            if not keep.all():
+                hashes, phys, stamps = hashes[keep], phys[keep], stamps[keep]
+            self._put(hashes, phys, stamps)
+        return self._walk(begin, end, put, self._rows)
 
     def _put(self, hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
         done = 0
@@ -230,24 +335,34 @@ class KeyIndex:
     def open_check(self, log_end: int, *, crashed: bool) -> None:
         """The writable open's steps (see the module docstring): set a damaged index aside
         and rebuild it, drop entries past ``log_end`` (``crashed``: rechain the newest file
-        whatever its end, a torn write may have left slot heads behind), index what the log
-        holds past the index."""
+        whatever its end, a torn write may have left slot heads behind, and index again
+        from its last record), index what the log holds past the index."""
         if self.read_only:
             return
-        self._refresh(force=True)
-        damaged = [(n, p) for n in self._order if (p := self._files[n].problem()) is not None]
-        if damaged:
-            for name, problem in damaged:
-                log.warning("index file %s is damaged (%s): the index is set aside and "
-                            "rebuilt from the CommitLog", self._files[name].path, problem)
-            self.set_aside()
-        self.cut(log_end, rechain_newest=crashed)
+        with self._building():
+            self._refresh(force=True)
+            damaged = [(n, p) for n in self._order
+                       if (p := self._files[n].problem()) is not None]
+            if damaged:
+                for name, problem in damaged:
+                    log.warning("index file %s is damaged (%s): the index is set aside and "
+                                "rebuilt from the CommitLog", self._files[name].path, problem)
+                self._set_aside()
+            self._cut(log_end, rechain_newest=crashed)
+            last = self._last_entry()
+            if self.enabled and (crashed or last < 0):
+                # the files may hold less than the offset says (a reboot), or be gone
+                self._set_indexed_to(min(self.indexed_to(), max(last, 0)))
         if self.enabled:
-            self.catch_up(log_end)
+            self.build(log_end)
 
     def set_aside(self) -> list[str]:
         """Move every index file aside (``<name>.damaged-<n>``, never deleted); returns the
-        new names.  The index starts again empty (:meth:`catch_up` rebuilds it)."""
+        new names.  The index starts again empty (:meth:`build` rebuilds it)."""
+        with self._building():
+            return self._set_aside()
+
+    def _set_aside(self) -> list[str]:
         moved = []
         for name in list(self._order):
             f = self._files.pop(name)
@@ -256,26 +371,74 @@ class KeyIndex:
         self._order = []
         self._current = None
         self._refresh(force=True)
+        self._set_indexed_to(0)
         return moved
 
     def cut(self, log_end: int, *, rechain_newest: bool = False) -> int:
         """Drop the entries whose record starts at or past ``log_end`` (a cut tail);
         ``rechain_newest``: rebuild the newest file's chains even when none is dropped.
         Returns the entries dropped."""
+        with self._building():
+            return self._cut(log_end, rechain_newest=rechain_newest)
+
+    def _cut(self, log_end: int, *, rechain_newest: bool = False) -> int:
         dropped = 0
         files = self._refresh()
         for i, f in enumerate(files):
             if f.end_phy_offset >= log_end or (rechain_newest and i == len(files) - 1):
                 dropped += f.rechain(log_end)
+        if not self.read_only and self.indexed_to() > log_end:
+            self._set_indexed_to(log_end)
         return dropped
 
-    def catch_up(self, log_end: int) -> None:
-        """Index the records between the index's last one and ``log_end``."""
-        files = self._refresh()
-        ends = [f.end_phy_offset for f in files if f.end_phy_offset >= 0]
-        start = max(ends[-1] if ends else 0, self.commit_log.min_offset())
-        if start < log_end:
-            self.index_range(start, log_end)
+    # -- retention and repair ------------------------------------------------------------------
+    def delete_expired(self, commitlog_min: int) -> list[str]:
+        """Delete the files (never the newest) whose last entry's record lies below
+        ``commitlog_min``, the oldest CommitLog offset kept (retention's listener); returns
+        their names."""
+        if self.read_only:
+            return []
+        deleted = []
+        with self._building():
+            self._refresh(force=True)
+            for name in self._order[:-1]:
+                f = self._files[name]
+                if f.problem() is None and f.end_phy_offset < commitlog_min:
+                    self._files.pop(name).close()
+                    try:
+                        os.unlink(f.path)
+                    except FileNotFoundError:
+                        pass
+                    deleted.append(name)
+            if deleted:
+                self._current = None
+                self._refresh(force=True)
+        return deleted
+
+    def rebuild(self, log_end: int) -> tuple[list[str], bool]:
+        """``rmq repair``'s step: check every file (:meth:`IndexFile.verify`); when one fails,
+        or the log holds records but the index (on, or built once) has no file, set the
+        index aside and build it again from the CommitLog; otherwise index what it misses.  Returns the names set
+        aside and whether the index was rebuilt."""
+        with self._building():
+            self._refresh(force=True)
+            problems = [(n, p) for n in self._order
+                        if (p := self._files[n].problem() or self._files[n].verify(log_end))]
+            for name, problem in problems:
+                log.warning("index file %s is damaged (%s): rebuilt from the CommitLog",
+                            self._files[name].path, problem)
+            # (missing: the index is on, or was built once, and has no file)
+            missing = ((self.enabled or self.indexed_to() > 0) and not self._order
+                       and log_end > self.commit_log.min_offset())
+            moved = self._set_aside() if problems else []
+            if missing:
+                self._set_indexed_to(0)
+        enabled, self.enabled = self.enabled, True
+        try:
+            self.build(log_end)
+        finally:
+            self.enabled = enabled
+        return moved, bool(problems or missing)
 
     # -- reading -------------------------------------------------------------------------------
     def lookup(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
@@ -292,6 +455,33 @@ class KeyIndex:
                 found.extend(f.lookup(key_hash, max_results - len(found), begin_ms, end_ms))
         return found
 
+    def tail(self, end: int) -> np.ndarray:
+        """Key rows (keyHash, record offset, store time; shape ``(3, n)``) of the records
+        not indexed yet, from ``index_phy_offset`` to ``end``, walked without writing.  A
+        checkpoint rmq did not write (a RocketMQ broker's store, read as it is) has no such
+        offset: its index is taken to reach its newest entry's record."""
+        reached = (self.indexed_to() if self.checkpoint.trusted
+                   else max(self._last_entry(), 0))
+        start = max(reached, self.commit_log.min_offset())
+        parts: list[np.ndarray] = []
+        rows = np.empty((3, max(1 << 12, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
+
+        def keep(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
+            parts.append(np.stack([hashes, phys, stamps]))
+        if start < end:  # (own rows: the builder thread may be using the index's)
+            self._walk(start, end, keep, rows)
+        return np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
+
+    def find(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
+             end_ms: int = (1 << 63) - 1, *, tail: np.ndarray) -> list[int]:
+        """:meth:`lookup` and the offsets of ``tail`` (:meth:`tail`) under ``topic#key``
+        stored in the time range (newest first, each once)."""
+        key_hash = java_hash_text(f"{topic}#{key}")
+        hit = (tail[0] == key_hash) & (tail[2] >= begin_ms) & (tail[2] <= end_ms)
+        recent = tail[1][hit][::-1].tolist()
+        older = self.lookup(topic, key, max_results, begin_ms, end_ms)
+        return list(dict.fromkeys(recent + older))
+
     def has_files(self) -> bool:
         """Whether the store has index files (written by rmq or RocketMQ)."""
         return bool(self._refresh())
@@ -306,3 +496,57 @@ class KeyIndex:
         self._files.clear()
         self._order = []
         self._current = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+class KeyIndexService:
+    """The builder thread of a writing process (RocketMQ's reput thread, for the index):
+    every :data:`BUILD_INTERVAL_S` it indexes what was confirmed since, in passes of at most
+    :data:`BUILD_STEP_BYTES`, skipping a round when another process's builder is at work.
+
+    Parameters
+    ----------
+    index : KeyIndex
+        The index built.
+    confirmed : callable
+        ``confirmed() -> int``: the CommitLog end appends confirmed (every process's).
+    """
+
+    def __init__(self, index: KeyIndex, confirmed: Callable[[], int],
+                 interval_s: float = BUILD_INTERVAL_S) -> None:
+        self.index = index
+        self.confirmed = confirmed
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None and self.index.enabled:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="rmq-key-index",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        failed = False
+        index = self.index
+        while not self._stop.wait(self.interval_s):
+            try:
+                while not self._stop.is_set() and index.enabled:
+                    before = index.indexed_to()
+                    if index.build(self.confirmed(), wait=False, max_bytes=BUILD_STEP_BYTES) \
+                            or index.indexed_to() == before:
+                        break  # at the end; or another builder is at work, or a bad record
+                failed = False
+            except Exception:  # the thread must live; the next open heals
+                if not failed:
+                    log.exception("building the message-key index failed; retrying")
+                failed = True
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None

@@ -2,7 +2,10 @@
 ``queryMessage`` and ``viewMessage``).
 
 * By key (:func:`query_messages` with ``key``): the message-key index
-  (:mod:`store.core.key_index`) gives the CommitLog offsets of ``topic#key``; each record is
+  (:mod:`store.core.key_index`) gives the CommitLog offsets of ``topic#key``, and the walk
+  of the records it has not reached yet (built behind the sends, it may lag them by a few
+  milliseconds) those of the newest ones, so that a query sees every message acknowledged
+  before it began, without waiting for the index's builder; each record is
   read and kept when it really carries the key (``KEYS`` or ``UNIQ_KEY``: the index stores
   32-bit hashes only) in that topic, stored in the time range and visible (before the
   confirmed offset, not removed by retention).
@@ -82,11 +85,11 @@ def query_messages(store: ReadableStore, topic: str, key: str | None = None,
             f"store {store.root} keeps no message-key index (message_index_enable=False and "
             "no index/ files); open it with message_index_enable=True (the index is then "
             "built from the CommitLog) or query by time only")
-    offsets = index.lookup(topic, key, max, begin, end)
+    offsets = index.find(topic, key, max, begin, end, tail=index.tail(store.confirmed_offset()))
     views = [record_view(rec) for rec in _records_at(store, offsets)
              if rec.topic == topic and begin <= rec.store_timestamp_ms <= end
              and _carries(rec, key)]
-    return views[:max]
+    return views[-max:]  # the newest, as RocketMQ's (which reads the newest files first)
 
 
 def _by_time(store: ReadableStore, topic: str, begin: int, end: int,
@@ -123,8 +126,9 @@ def view_message(store: ReadableStore, msg_id: str, topic: str | None = None
             return record_view(records[0])
     topics = [topic] if topic is not None else store.topics(include_system=True)
     found: list[Record] = []
+    tail = store.key_index.tail(store.confirmed_offset())
     for name in topics:
-        offsets = store.key_index.lookup(name, msg_id, 64)
+        offsets = store.key_index.find(name, msg_id, 64, tail=tail)
         found.extend(rec for rec in _records_at(store, offsets)
                      if rec.topic == name and rec.properties.get(PROPERTY_UNIQ_KEY) == msg_id)
     if not found:

@@ -162,7 +162,7 @@ class ReadableStore:
                                     read_only=self.read_only)
         self.checkpoint = StoreCheckpoint(os.path.join(self.root, "checkpoint"),
                                           writable=not self.read_only, legacy_layout=legacy)
-        self.key_index = KeyIndex(self.root, self.config, self.commit_log,
+        self.key_index = KeyIndex(self.root, self.config, self.commit_log, self.checkpoint,
                                   read_only=self.read_only)
         self.topic_table = TopicTable(os.path.join(self.root, "config", "topics.json"),
                                       os.path.join(self.root, "consumequeue"))

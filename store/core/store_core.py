@@ -43,6 +43,7 @@ from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, En
 from .appender import Appender
 from .dispatch import Dispatcher
 from .flushing import FlushService
+from .key_index import KeyIndexService
 from .identity import DirectoryIdentity
 from .integrity import check_at_open, write_queue_table
 from .lock_lease import LockLease
@@ -103,15 +104,18 @@ class StoreCore(AppendLocking, ReadableStore):
         #: process whose cores are busy already (the rmq sink's Spark tasks do).
         self.encode_threads = THREADS
         self.dispatcher = Dispatcher(self.consume_queue, lambda topic, queue_id: (
-            self.topic_table.queue_written(topic, queue_id, self.now_ms())), self.key_index)
+            self.topic_table.queue_written(topic, queue_id, self.now_ms())))
         self.appender = Appender(self)
-        self._retention_listeners: list[RetentionListener] = []
+        # the index files older than the CommitLog kept go with it (RocketMQ's rule)
+        self._retention_listeners: list[RetentionListener] = [self.key_index.delete_expired]
         self._retention_guards: list[RetentionGuard] = []
         self._recovery_listeners: list[RecoveryListener] = []
         self.recovered = False
         self.flusher = FlushService(self.root, self.commit_log, self.checkpoint,
                                     lambda: self._queues.values(),
                                     self.config.flush_interval_commitlog_ms)
+        #: builds the message-key index behind the appends (:mod:`store.core.key_index`)
+        self.key_indexer = KeyIndexService(self.key_index, self.confirmed_offset)
 
     # ------------------------------------------------------------------ hooks
     def register_system_topic(self, topic: str, queue_count: int,
@@ -144,6 +148,7 @@ class StoreCore(AppendLocking, ReadableStore):
         self._started = True
         if flush_service:  # in SYNC_FLUSH too: it makes queues durable and bounds recovery
             self.flusher.start()
+            self.key_indexer.start()
 
     def _join_and_recover(self) -> None:
         # Am I the only process with the store open?  Then an ``abort`` marker is a crash.
@@ -233,6 +238,7 @@ class StoreCore(AppendLocking, ReadableStore):
             self._release()
             return
         self.flusher.stop()
+        self.key_indexer.stop()
         if self.replaced is None:
             self.replaced = self.identity.problem()
         if self.replaced is not None:  # write nothing into whatever is at the path now
@@ -245,6 +251,7 @@ class StoreCore(AppendLocking, ReadableStore):
             return
         with self._write_locked(catch_up=False):
             self._close_services()
+            self.key_index.build(self.confirmed_offset())  # a clean close leaves none behind
             self.flusher.flush()
             self.key_index.flush()
             write_queue_table(self)
@@ -444,6 +451,15 @@ class StoreCore(AppendLocking, ReadableStore):
             result = rebuild_queues(self, progress)
             write_queue_table(self)
             return result
+
+    def rebuild_key_index(self) -> tuple[list[str], bool]:
+        """Check the message-key index file by file and rebuild it from the CommitLog when
+        one is damaged, or when it is missing (``rmq repair``; see
+        :meth:`~store.core.key_index.KeyIndex.rebuild`).  Returns the names the damaged
+        files were set aside as (never deleted) and whether the index was rebuilt."""
+        self._check_writable()
+        with self.write_lock():
+            return self.key_index.rebuild(self.confirmed_offset())
 
     def clean_expired_files(self, *, force: bool = False) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.

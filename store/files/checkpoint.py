@@ -16,11 +16,15 @@ Layout (big-endian i64 fields).  Bytes 0..39 are RocketMQ's ``StoreCheckpoint`` 
     56   8     last_append_offset     rmq: where the last append began; a clean open re-checks
                                       the records from there on
     64   8     layout_version         rmq: :data:`LAYOUT_MAGIC`: rmq wrote the fields above
+    72   8     index_phy_offset       rmq: the message-key index holds every record below
+                                      this CommitLog offset (a record boundary; 0 in a store
+                                      of an earlier layout: the index is walked from the
+                                      start, records already in it are skipped)
 
 Every process maps the file shared, so a field written by one is seen by all at once; each
 field is an aligned 8-byte store.
 
-**Trust.** rmq's own fields (40..63) mean something only when rmq wrote them: the file then
+**Trust.** rmq's own fields (40..63 and 72..79) mean something only when rmq wrote them: the file then
 carries :data:`LAYOUT_MAGIC` at byte 64.  A checkpoint without it is either an rmq store of an
 earlier layout (a full 4096-byte file in a directory with ``config/store.json`` whose fields
 read like rmq's: a positive ``write_generation`` and ordered offsets; they are trusted and the
@@ -51,6 +55,7 @@ CHECKPOINT_FIELDS = (
     "write_generation",
     "last_append_offset",
     "layout_version",
+    "index_phy_offset",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FIELD = struct.Struct(">q")
@@ -70,7 +75,7 @@ _pack_field = CHECKPOINT_FIELD.pack_into
 _unpack_field = CHECKPOINT_FIELD.unpack_from
 #: rmq's own fields and what they mean when the file cannot be trusted.
 _UNTRUSTED_DEFAULTS = {"write_in_progress": -1, "write_generation": 0, "last_append_offset": -1,
-                       "layout_version": 0}
+                       "layout_version": 0, "index_phy_offset": 0}
 
 
 class StoreCheckpoint:

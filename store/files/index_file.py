@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 from ..formats.layout import layout
+from ..kernels.key_kernels import chain_entries
 from .fileio import allocate
 
 HEADER_FIELDS = (
@@ -208,6 +209,46 @@ class IndexFile:
                     f"{begin_ts} / endTimestamp {end_ts}: a begin after its end")
         return None
 
+    def verify(self, log_end: int) -> str | None:
+        """Why the file's slots or entries cannot be trusted (``None``: they can), past what
+        :meth:`problem` checks: every slot head within the entries written, every entry's
+        keyHash non-negative, its ``prevIndex`` an earlier entry, its record offsets in
+        CommitLog order, inside the header's range and before ``log_end``.  ``rmq repair``'s
+        check (it reads the whole file)."""
+        problem = self.problem()
+        if problem is not None:
+            return problem
+        count = self.index_count
+        slots = self._slots()
+        bad = np.flatnonzero((slots < 0) | (slots >= count))
+        if len(bad):
+            return (f"slot {int(bad[0])} points at entry {int(slots[bad[0]])}; allowed: 0 to "
+                    f"{count - 1} (indexCount {count})")
+        entries = self.entries()
+        if not len(entries):
+            return None
+        numbers = np.arange(1, count, dtype=np.int64)
+        begin_phy, end_phy = self.header()[2:4]
+        phys = entries["phy_offset"].astype(np.int64)
+        checks = (
+            ("keyHash", "key_hash", entries["key_hash"] < 0, "a non-negative int"),
+            ("prevIndex", "prev_index",
+             (entries["prev_index"] < 0) | (entries["prev_index"] >= numbers),
+             "0 or an earlier entry's number"),
+            ("phyOffset", "phy_offset", (phys < begin_phy) | (phys > end_phy) | (phys >= log_end),
+             f"{begin_phy} to {end_phy} (the header's range), below the log end {log_end}"),
+            ("timeDiff", "time_diff", entries["time_diff"] < 0, "a non-negative int"),
+        )
+        for label, field, wrong, allowed in checks:
+            at = np.flatnonzero(wrong)
+            if len(at):
+                return (f"entry {int(at[0]) + 1} has {label} {int(entries[field][at[0]])}; "
+                        f"allowed: {allowed}")
+        if len(phys) > 1 and (np.diff(phys) < 0).any():
+            at = int(np.flatnonzero(np.diff(phys) < 0)[0]) + 2
+            return f"entry {at} has a phyOffset before the previous entry's; allowed: ascending"
+        return None
+
     def header(self) -> tuple[int, int, int, int, int, int]:
         """``(begin_timestamp, end_timestamp, begin_phy_offset, end_phy_offset,
         hash_slot_count, index_count)``, read from the mapping (another process may write)."""
@@ -245,10 +286,10 @@ class IndexFile:
     def put(self, key_hashes: np.ndarray, phy_offsets: np.ndarray,
             store_timestamps: np.ndarray) -> int:
         """Add entries (keyHash, record offset, record store time), in CommitLog order, as
-        many as fit; returns how many were added.  The chains are built with NumPy: the
-        entries of a batch are grouped by slot, each one's ``prevIndex`` is the one before
-        it in its slot (the first one's, the slot's head), and each slot's head becomes its
-        last one."""
+        many as fit; returns how many were added.  The chains are built by a compiled loop
+        (:func:`~store.kernels.key_kernels.chain_entries`, which runs without the GIL: the
+        builder thread leaves the sending thread free): each entry's ``prevIndex`` is its
+        slot's head, which then becomes it."""
         count = self.index_count
         k = min(len(key_hashes), self.entry_count - count)
         if k <= 0:
@@ -264,31 +305,11 @@ class IndexFile:
         begin_ts, _, begin_phy, _, slots_used, _ = self.header()
         if count <= 1:  # the file's first entry sets its begin (its timeDiff is 0)
             begin_ts, begin_phy = int(stamps[0]), int(phys[0])
-        numbers = np.arange(count, count + k, dtype=np.int64)
-        slot_of = hashes % self.slot_count
-        order = np.argsort(slot_of, kind="stable")
-        sorted_slots = slot_of[order]
-        starts = np.ones(k, dtype=bool)
-        starts[1:] = sorted_slots[1:] != sorted_slots[:-1]
-        slots = self._slots()
-        heads = slots[sorted_slots[starts]].astype(np.int64)
-        heads[(heads < 0) | (heads > count)] = 0  # past indexCount: a torn write's, ignored
-        prev_sorted = np.empty(k, dtype=np.int64)
-        prev_sorted[1:] = numbers[order][:-1]
-        prev_sorted[starts] = heads
-        prev = np.empty(k, dtype=np.int64)
-        prev[order] = prev_sorted
-        out = np.empty(k, dtype=ENTRY_DTYPE)
-        out["key_hash"] = hashes
-        out["phy_offset"] = phys
-        out["time_diff"] = np.clip((stamps - begin_ts) // 1000, 0, _MAX_TIME_DIFF)
-        out["prev_index"] = prev
-        self._entries()[count:count + k] = out  # entries, then slots, then the header
-        ends = np.ones(k, dtype=bool)
-        ends[:-1] = starts[1:]
-        slots[sorted_slots[ends]] = numbers[order][ends]
+        fresh = chain_entries(np.frombuffer(self._mm, dtype=np.uint8), HEADER_SIZE,
+                              HEADER_SIZE + SLOT_SIZE * self.slot_count, self.slot_count,
+                              count, hashes, phys, stamps, begin_ts, _MAX_TIME_DIFF)
         HEADER.pack_into(self._mm, 0, begin_ts, int(stamps[-1]), begin_phy, int(phys[-1]),
-                         slots_used + int(np.count_nonzero(heads == 0)), count + k)
+                         slots_used + fresh, count + k)  # the header last
         return k
 
     def _put_few(self, count: int, k: int, key_hashes, phy_offsets, store_timestamps) -> int:
@@ -363,21 +384,23 @@ class IndexFile:
             return []
         entry_base = HEADER_SIZE + SLOT_SIZE * self.slot_count
         n = _SLOT_HEAD.unpack_from(mm, HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_count))[0]
-        if n <= 0 or n > count:
-            return []
         found: list[int] = []
         steps = 0
-        while steps < count:  # a chain of a damaged file could loop: bounded by its size
-            steps += 1
+        # a head at or past indexCount is a put in progress (its entries are written before
+        # the heads, the header last) or a torn one's: its entries are passed over, not
+        # returned, and the chain followed down to the published ones
+        while 0 < n < self.entry_count and steps < self.entry_count:
+            steps += 1  # a chain of a damaged file could loop: bounded by its size
             h, phy, diff, prev = ENTRY.unpack_from(mm, entry_base + ENTRY_SIZE * n)
-            stamp = begin_ts + diff * 1000
-            if stamp < begin_ms:
-                break
-            if h == key_hash and stamp <= end_ms:
-                found.append(phy)
-                if len(found) >= max_results:
+            if n < count:
+                stamp = begin_ts + diff * 1000
+                if stamp < begin_ms:
                     break
-            if prev <= 0 or prev > count or prev == n:
+                if h == key_hash and stamp <= end_ms:
+                    found.append(phy)
+                    if len(found) >= max_results:
+                        break
+            if prev >= n:  # chains run to older entries (its own number: the end)
                 break
             n = prev
         return found

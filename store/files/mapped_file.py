@@ -351,7 +351,15 @@ class MappedFileQueue:
     def flush(self, from_offset: int = 0) -> None:
         for f in self._files:
             if f.end > from_offset:
-                f.flush()
+                try:
+                    f.flush()
+                except FileNotFoundError:
+                    # retention deleted it meanwhile (the flush thread takes no lock; the
+                    # lock waits for a deletion under way to finish): a deleted segment
+                    # needs no flush; any other missing one is an error
+                    with self._lock:
+                        if f in self._files:
+                            raise
         self.sync_directory()
 
     def sync_directory(self) -> None:

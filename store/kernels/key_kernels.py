@@ -25,14 +25,12 @@ from ..formats.codec import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from .index_kernels import _tag_value as tag_value_loop
 from .jit import kernel_set
 from .property_kernels import next_pair_loop
 from .scan_kernels import i32_loop, record_size_loop
 
 _i32, _next_pair = i32_loop, next_pair_loop
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
-_tag_value = FunctionType(tag_value_loop.__code__, globals(), "_tag_value")
 
 _UNIQ_KEY = np.frombuffer(b"UNIQ_KEY", dtype=np.uint8)
 _KEYS = np.frombuffer(b"KEYS", dtype=np.uint8)
@@ -76,6 +74,36 @@ def _hash_utf8(buf, a, b, h):
     return h
 
 
+def _two_values(data, p, end, name1, name2):
+    """:func:`~store.kernels.index_kernels._tag_value` of two names in one pass over the
+    properties ``data[p:end]``: ``(a1, b1, a2, b2)``, -1 where a name has no value."""
+    a1 = b1 = a2 = b2 = np.int64(-1)
+    len1, len2 = len(name1), len(name2)
+    while p < end:
+        q, v1 = _next_pair(data, p, end)
+        if q >= end:
+            break
+        if v1 > q + 1:
+            if q - p == len1:
+                same = True
+                for j in range(len1):
+                    if data[p + j] != name1[j]:
+                        same = False
+                        break
+                if same:
+                    a1, b1 = q + 1, v1
+            if q - p == len2:
+                same = True
+                for j in range(len2):
+                    if data[p + j] != name2[j]:
+                        same = False
+                        break
+                if same:
+                    a2, b2 = q + 1, v1
+        p = v1 + 1
+    return a1, b1, a2, b2
+
+
 def _key_hash(h):
     """RocketMQ's keyHash of an unsigned 32-bit hash: abs of the signed value, MIN_VALUE 0."""
     if h >= 0x80000000:
@@ -115,13 +143,13 @@ def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
                 prefix = (prefix * 31 + np.int64(buf[j])) & 0xFFFFFFFF
             prefix = (prefix * 31 + 35) & 0xFFFFFFFF  # '#'
             pend = ppos + 2 + ((np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1]))
-            a, b = _tag_value(buf, ppos + 2, pend, uniq_name)
+            a, b, a2, b2 = _two_values(buf, ppos + 2, pend, uniq_name, keys_name)
             if a >= 0:
                 out[0, count] = _key_hash(_hash_utf8(buf, a, b, prefix))
                 out[1, count] = pos
                 out[2, count] = stamp
                 count += 1
-            a, b = _tag_value(buf, ppos + 2, pend, keys_name)
+            a, b = a2, b2
             while a >= 0 and a < b:
                 e = a
                 while e < b and buf[e] != 32:
@@ -135,9 +163,57 @@ def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
         pos += total
 
 
-_KERNELS = kernel_set(globals(), helpers=("_i32", "_next_pair", "_record_size", "_tag_value",
-                                        "_hash_utf8", "_key_hash"),
-                    kernels=("_record_keys",))
+def _put_be(buf, p, v, width):
+    """Write ``v`` big-endian in ``width`` bytes at ``p``."""
+    for j in range(width):
+        buf[p + j] = (v >> (8 * (width - 1 - j))) & 0xFF
+
+
+def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, stamps,
+                   begin_ts, max_diff):
+    """Write the entries ``count, count + 1, ...`` of an index file mapped as ``buf`` and
+    chain each into its slot (see :func:`chain_entries`); returns how many slots were empty."""
+    k = hashes.shape[0]
+    for i in range(k):  # a head past indexCount is a torn write's: the slot is empty
+        at = slot_base + 4 * (hashes[i] % slot_count)
+        head = _i32(buf, at)
+        if head < 0 or head > count:
+            _put_be(buf, at, 0, 4)
+    fresh = 0
+    for i in range(k):
+        n = count + i
+        at = slot_base + 4 * (hashes[i] % slot_count)
+        prev = _i32(buf, at)
+        if prev == 0:
+            fresh += 1
+        diff = (stamps[i] - begin_ts) // 1000
+        diff = min(max(diff, 0), max_diff)
+        e = entry_base + 20 * n
+        _put_be(buf, e, hashes[i], 4)
+        _put_be(buf, e + 4, phys[i], 8)
+        _put_be(buf, e + 12, diff, 4)
+        _put_be(buf, e + 16, prev, 4)
+        _put_be(buf, at, n, 4)  # after its entry: a head never points at an unwritten one
+    return fresh
+
+
+_KERNELS = kernel_set(globals(), helpers=("_i32", "_next_pair", "_record_size", "_two_values",
+                                        "_hash_utf8", "_key_hash", "_put_be"),
+                    kernels=("_record_keys", "_chain_entries"))
+
+
+def chain_entries(buf: np.ndarray, slot_base: int, entry_base: int, slot_count: int,
+                  count: int, hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray,
+                  begin_ts: int, max_diff: int) -> int:
+    """RocketMQ's IndexFile put of a batch, compiled: entry ``count + i`` gets keyHash
+    ``hashes[i]``, ``phys[i]``, the whole seconds from ``begin_ts`` to ``stamps[i]`` (within
+    0..``max_diff``) and, as ``prevIndex``, its slot's head, which then becomes it.  ``buf``:
+    the file as writable uint8 (big-endian fields at ``slot_base`` and ``entry_base``).
+    Returns how many entries found their slot empty (``hashSlotCount`` grows by that)."""
+    return int(_KERNELS(len(hashes))["_chain_entries"](
+        buf, int(slot_base), int(entry_base), int(slot_count), int(count),
+        np.ascontiguousarray(hashes, dtype=np.int64), np.ascontiguousarray(phys, dtype=np.int64),
+        np.ascontiguousarray(stamps, dtype=np.int64), int(begin_ts), int(max_diff)))
 
 
 def record_keys(buf: np.ndarray, pos: int, limit: int, out: np.ndarray

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from store import KeyIndexUnavailableError, Message, MessageStore, StoreConfig, StoreReader
 from store.core.key_index import KeyIndex
+from store.files.checkpoint import StoreCheckpoint
 from store.files.commit_log import CommitLog
 from store.files.index_file import (
     ENTRY,
@@ -76,6 +77,11 @@ def test_lookups_equal_rocketmqs_answers_key_by_key(rocketmq_root, name):
         for line in keys:
             got = sorted(reader.key_index.lookup(line["topic"], line["key"], 64))
             assert got == line["phys_offsets"], line
+        # the tail a query walks starts at the broker's newest entry (its checkpoint has no
+        # rmq progress offset): it adds nothing the index lacks, and not the whole log
+        last = max(f.end_phy_offset for f in reader.key_index._refresh())
+        tail = reader.key_index.tail(reader.confirmed_offset())
+        assert not tail.shape[1] or tail[1].min() >= last
     finally:
         reader.close()
 
@@ -88,7 +94,7 @@ def test_our_index_of_a_rocketmq_commitlog_is_rocketmqs_byte_for_byte(rocketmq_r
                        5_000_000, 20_000_000, read_only=True)
     log = CommitLog(os.path.join(rocketmq_root, name, "commitlog"), 262_144, read_only=True)
     ours_index = KeyIndex(str(tmp_path), StoreConfig(message_index_enable=True), log,
-                          read_only=False)
+                          StoreCheckpoint(str(tmp_path / "checkpoint")), read_only=False)
     try:
         ours_index.index_range(0, meta["max_phy_offset"])
         (ours,) = ours_index._refresh()
@@ -128,6 +134,8 @@ _STEP = st.one_of(
     st.tuples(st.just("batch"), _TOPICS, st.lists(_KEYS, min_size=1, max_size=40)),
     st.tuples(st.just("reopen"), st.just(""), st.just([])),
     st.tuples(st.just("rollback"), _TOPICS, _KEYS),
+    # the builder's pass over at most 200 bytes per "x" (none: to the end)
+    st.tuples(st.just("build"), st.just(""), st.lists(st.just("x"), max_size=30)),
 )
 
 
@@ -138,6 +146,19 @@ def _check(store, model: dict) -> None:
     for ids in model.values():
         for msg_id in ids[:2]:
             assert store.view_message(msg_id).msg_id == msg_id
+    # built to the end, the files hold each key row of the log once: none twice or skipped
+    index = store.key_index
+    index.build(store.confirmed_offset())
+    assert sum(f.index_count - 1 for f in index._refresh()) == _log_rows(store)
+
+
+def _log_rows(store) -> int:
+    """The key rows of every record of the log (the kernel's walk, from the start)."""
+    rows = np.empty((3, 1 << 16), dtype=np.int64)
+    counted = [0]
+    store.key_index._walk(store.commit_log.min_offset(), store.confirmed_offset(),
+                          lambda h, p, t: counted.__setitem__(0, counted[0] + len(h)), rows)
+    return counted[0]
 
 
 @pytest.mark.slow
@@ -148,7 +169,8 @@ def test_index_against_a_dict_model(tmp_path_factory, steps):
     path = str(tmp_path_factory.mktemp("model") / "store")
     clock = FakeClock()
     model: dict[tuple[str, str], list[str]] = {}
-    store = MessageStore.open(path, SMALL, clock=clock)
+    # no builder thread: the steps decide how far the index is built (the rest is the tail)
+    store = MessageStore.open(path, SMALL, clock=clock, flush_service=False)
     try:
         for kind, topic, keys in steps:
             clock.advance(1500)
@@ -168,9 +190,11 @@ def test_index_against_a_dict_model(tmp_path_factory, steps):
                 with pytest.raises(RuntimeError), store.atomic_append():
                     store.producer("g").send(Message(topic, b"gone", keys=keys or None))
                     raise RuntimeError("abandon")
+            elif kind == "build":
+                store.key_index.build(store.confirmed_offset(), max_bytes=200 * len(keys) or None)
             else:
                 store.close()
-                store = MessageStore.open(path, SMALL, clock=clock)
+                store = MessageStore.open(path, SMALL, clock=clock, flush_service=False)
             for ids in model.values():  # duplicates of a key within one record count once
                 ids[:] = list(dict.fromkeys(ids))
         _check(store, model)
@@ -193,6 +217,7 @@ def test_entries_past_a_cut_log_end_are_dropped_and_chains_rebuilt(tmp_path):
         kept = [p.send(Message("T", b"x", keys="k")) for _ in range(5)]
         end = store.confirmed_offset()
         [p.send(Message("T", b"y", keys="k")) for _ in range(3)]
+        store.key_index.build(store.confirmed_offset())
         (f,) = store.key_index._refresh()
         assert f.rechain(end) == 6  # three records, two keys each (UNIQ_KEY and k)
         assert sorted(store.key_index.lookup("T", "k", 64)) == [r.commitlog_offset
