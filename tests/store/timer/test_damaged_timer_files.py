@@ -14,6 +14,7 @@ import pytest
 from conftest import SMALL, FakeClock
 
 from store import Message, MessageStore
+from store.timer import validation
 from store.timer.validation import timer_files_problem
 
 #: delays of the pending messages (ms): near slots, far slots, past the wheel (rolled)
@@ -69,7 +70,8 @@ def _deliver_all(root, now, due) -> None:
 
 
 def _flip(path, rng, lo=0, hi=None, bits=3):
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as fh:
+        data = bytearray(fh.read())
     hi = len(data.rstrip(b"\0")) if hi is None else hi
     where = []
     for _ in range(bits):
@@ -103,13 +105,15 @@ def test_flipped_wheel_bytes_lose_nothing(template, tmp_path, seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_flipped_timer_log_bytes_lose_nothing(template, tmp_path, seed):
+def test_flipped_timer_log_bytes_lose_nothing(template, tmp_path, seed, monkeypatch):
+    if seed % 2:
+        monkeypatch.setattr(validation, "CHECK_CHUNK", 5)
     root, now, due = template
     copy = str(tmp_path / "s")
     shutil.copytree(root, copy)
     rng = random.Random(100 + seed)
     directory = os.path.join(copy, "timerlog")
-    name = os.path.join(directory, sorted(os.listdir(directory))[-1])
+    name = os.path.join(directory, max(os.listdir(directory)))
     _flip(name, rng, bits=1 + seed % 3)
     _deliver_all(copy, now, due)
 
@@ -119,10 +123,12 @@ def test_damage_is_copied_aside_and_reported(template, tmp_path, caplog):
     copy = str(tmp_path / "s")
     shutil.copytree(root, copy)
     wheel = os.path.join(copy, "timerwheel")
-    data = bytearray(open(wheel, "rb").read())
+    with open(wheel, "rb") as fh:
+        data = bytearray(fh.read())
     at = _live_slot_bytes(copy)[-1]
     data[at + 16:at + 24] = bytes(8)  # the lastPos of a live slot zeroed
-    open(wheel, "wb").write(data)
+    with open(wheel, "wb") as fh:
+        fh.write(data)
     with caplog.at_level("WARNING", logger="store"):
         MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
     assert "timer files are damaged" in caplog.text
@@ -131,7 +137,11 @@ def test_damage_is_copied_aside_and_reported(template, tmp_path, caplog):
     _deliver_all(copy, now, due)
 
 
-def test_an_undamaged_store_is_not_rebuilt(template, tmp_path, caplog):
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_an_undamaged_store_is_not_rebuilt(template, tmp_path, caplog, monkeypatch, chunk):
+    """Read in chunks of 7 units too: slots whose units span chunks are tallied right."""
+    if chunk is not None:
+        monkeypatch.setattr(validation, "CHECK_CHUNK", chunk)
     root, now, due = template
     copy = str(tmp_path / "s")
     shutil.copytree(root, copy)
