@@ -19,20 +19,35 @@ future" (a clock that went backwards) is not treated as due now, since nothing m
 early; and there is no 1 s first delay or 100 ms polling, since the caller decides when to run.
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
-"dataVersion": {...}, "deliverMark": -1, "storeId": "<the store's id>"}`` written atomically
-in fastjson's text, as RocketMQ writes it (:mod:`store.files.broker_files`: integer keys
-unquoted, other fields kept); it is read leniently.  A file that names another store, or whose
-mark or offsets point past the CommitLog or their queues, is not used: the progress is
+"dataVersion": {...}, "deliverMark": -1, "storeId": "<the store's id>", "savedAt": <the
+CommitLog's end when saved>, "seal": "<crc32 of the offsets, savedAt and storeId>"}`` written
+atomically in fastjson's text, as RocketMQ writes it (:mod:`store.files.broker_files`: integer
+keys unquoted, other fields kept); it is read leniently.  A file that names another store, or
+whose mark or offsets point past the CommitLog or their queues, is not used: the progress is
 rebuilt from the queues (from their first entries, with a mark, as for a lost file).  A run saves
 ``deliverMark`` before appending and clears it with the new offsets, so a run that died in
 between is redone without delivering anything twice.
+
+The file is derived and never trusted blindly: only the version this process saved itself
+(same inode, time and size) is used as it is.  Any other (another process's, a restored
+backup, a stale ``.bak``, an edited or damaged file) is checked against the CommitLog before a
+run delivers from it: every delivered copy carries its source's CommitLog offset
+(``__RMQ_DELAY_ORIGIN``), so the run collects the origins of the records appended since the
+file was saved (``savedAt``, when its seal holds) or, for a file whose seal is broken or that
+has none, since the oldest source the file calls undelivered, and skips those sources, as a
+run that died is redone (:func:`~store.delayed.routing.origins_since`).  A set-back offset
+therefore delivers nothing twice and heals with the run's save.  The normal path costs one
+``stat`` per run; another process's file costs one compiled scan of what was appended since
+that process saved.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import zlib
 
 import numpy as np
 
@@ -93,6 +108,26 @@ class _Progress:
     offsets: dict[int, int]
     mark: int = -1
     counter: int = 0
+    #: the CommitLog's end when the file was saved (-1: unknown, or the seal is broken)
+    saved_at: int = -1
+    #: the file is the version this process saved last (no check against the CommitLog)
+    trusted: bool = False
+
+
+def _seal(offsets: dict[int, int], saved_at: int, store_id: object) -> str:
+    """The check value of a saved progress: crc32 of its offsets, ``savedAt`` and store id."""
+    text = json.dumps([sorted((int(k), int(v)) for k, v in offsets.items()), saved_at,
+                       store_id], separators=(",", ":"))
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What identifies one version of the file (any replace or edit changes it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 class ScheduleService:
@@ -104,6 +139,8 @@ class ScheduleService:
         self.path = os.path.join(store.root, "config", "delayOffset.json")
         #: Damaged queue entries a rebuild was tried for (delayed.routing.rebuilt_after_holes).
         self._tried: set = set()
+        #: the stamp of the file this process saved last (see :meth:`_load`)
+        self._saved_stamp: tuple[int, int, int] | None = None
         if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
             with store.write_lock():
                 if read_lenient_json(self.path) is None:
@@ -130,19 +167,26 @@ class ScheduleService:
     # ------------------------------------------------------------------ progress
     def _load(self) -> _Progress:
         """Read ``delayOffset.json`` (the caller holds the write lock)."""
+        trusted = self._saved_stamp is not None and _stamp(self.path) == self._saved_stamp
         data = read_lenient_json(self.path)
         if not isinstance(data, dict) or not isinstance(data.get("offsetTable"), dict):
             return self._lost()
         offsets = {}
+        damaged = False
         for key, value in data["offsetTable"].items():
             try:
                 offsets[int(key)] = int(value)
             except (TypeError, ValueError):
-                continue
+                damaged = True
         version = data.get("dataVersion") or {}
         progress = _Progress(offsets, _int_or(data.get("deliverMark"), -1),
                              _int_or(version.get("counter"), 0)
                              if isinstance(version, dict) else 0)
+        saved_at = _int_or(data.get("savedAt"), -1)
+        if not damaged and data.get("seal") == _seal(offsets, saved_at,
+                                                     data.get("storeId")):
+            progress.saved_at = saved_at
+        progress.trusted = trusted and progress.saved_at >= 0
         if data.get("storeId") not in (None, self.store.store_id):
             log.warning("%s belongs to another store (%s; this one is %s): the delay levels' "
                         "progress is rebuilt from their queues", self.path,
@@ -202,14 +246,19 @@ class ScheduleService:
 
     def _save(self, progress: _Progress) -> None:
         progress.counter += 1
+        offsets = {int(k): int(v) for k, v in sorted(progress.offsets.items())}
+        saved_at = self.store.confirmed_offset()
         crash_point("delay_levels.offset_save", "before")
         write_config(self.path, {
-            "offsetTable": {int(k): v for k, v in sorted(progress.offsets.items())},
+            "offsetTable": offsets,
             "dataVersion": {"counter": progress.counter, "stateVersion": 0,
                             "timestamp": self.store.now_ms()},
             "deliverMark": progress.mark,
             "storeId": self.store.store_id,
+            "savedAt": saved_at,
+            "seal": _seal(offsets, saved_at, self.store.store_id),
         })
+        self._saved_stamp = _stamp(self.path)
         crash_point("delay_levels.offset_save", "after")
 
     def retention_floor(self) -> int | None:
@@ -259,6 +308,12 @@ class ScheduleService:
                 return 0
             done = np.empty(0, np.int64)
             redo = progress.mark >= 0  # a run that died: redone, skipping what it delivered
+            since = None if progress.trusted else self._unverified_since(progress, work,
+                                                                          confirmed)
+            if since is not None:  # a file not ours: checked against the CommitLog first
+                progress.mark = since if progress.mark < 0 else min(progress.mark, since)
+                self._save(progress)  # a run that dies now is redone from the same start
+                redo = True
             if not redo:
                 progress.mark = confirmed
                 self._save(progress)  # durable before anything is appended
@@ -285,6 +340,27 @@ class ScheduleService:
             self._save(progress)
             release_commitlog_pages(store)
             return delivered
+
+    def _unverified_since(self, progress: _Progress, work: list, confirmed: int) -> int | None:
+        """Where the delivered copies a file not saved by this process may not know of
+        begin (``None``: nowhere, nothing of it is due).
+
+        A sealed file saved at ``savedAt`` knows of every copy appended before it; copies
+        appended since are what a restored backup, a stale ``.bak`` or another process's
+        newer runs leave out.  Without a valid seal (edited, damaged, written before seals,
+        or by RocketMQ) nothing the file says is taken: the copies of any due source may lie
+        anywhere after the oldest one, where the origins are collected from.
+        """
+        if 0 <= progress.saved_at <= confirmed:
+            return progress.saved_at if progress.saved_at < confirmed else None
+        starts = [int(read_queue_entries(queue, start, start + 1)["offset"][0])
+                  for _, queue, start, _ in work]
+        if not starts:
+            return None
+        log.warning("%s: its seal does not hold (edited, damaged or written before seals): "
+                    "the delay levels' offsets are checked against the CommitLog",
+                    self.path)
+        return max(min(starts), self.store.commit_log.min_offset())
 
     def _deliver_level(self, level: int, queue, start: int, maxo: int, now: int,
                        done: np.ndarray) -> tuple[int, int]:

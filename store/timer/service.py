@@ -72,6 +72,7 @@ from .placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
+from .validation import copy_aside, timer_files_problem
 from .wheel import open_timer_files
 
 log = logging.getLogger("store")
@@ -244,12 +245,26 @@ class TimerService:
             disk = self._rebuild(disk)
         elif self._state is not None and disk.counter == self._state.counter:
             return self._state  # unchanged since we saved or loaded it
-        if self._state is None and disk.deliver_mark < 0:
-            # first look in this process: slots pointing past the log are corrupt
+        if self._state is None:
+            # first look in this process: slots pointing past the log are corrupt (or were
+            # being updated by a run that died, which its redo repairs the same way), and
+            # damage inside the files is looked for before they are used
             repair_wheel(self.wheel, self.log, disk, self.shape)
+            problem = timer_files_problem(self.store, self.wheel, self.log, disk)
+            if problem is not None:
+                disk = self._rebuild_damaged(disk, problem)
             self.wheel.release_memory()
         self._state = disk
         return disk
+
+    def _rebuild_damaged(self, disk: TimerCheckpoint, problem: str) -> TimerCheckpoint:
+        """Set the damaged wheel and TimerLog aside (copies) and rebuild the timer from the
+        timer topic's queue (:meth:`_rebuild`: nothing delivered is delivered again)."""
+        root = self.store.root
+        kept = [copy_aside(os.path.join(root, name)) for name in ("timerwheel", "timerlog")]
+        log.warning("the timer files are damaged (%s); copied to %s and rebuilt from the "
+                    "timer topic's queue", problem, ", ".join(kept))
+        return self._rebuild(disk)
 
     def _checkpoint_problem(self, disk: TimerCheckpoint) -> str | None:
         """Why a checkpoint read from disk cannot be this store's (see

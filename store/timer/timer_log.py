@@ -248,8 +248,9 @@ class TimerLog:
         units = out.view(CHAIN_DTYPE).reshape(n)
         return units["position"], units
 
-    def valid_units(self, start: int, end: int):
-        """Yield ``(positions, units)`` arrays of the valid units in ``[start, end)`` per file.
+    def valid_units(self, start: int, end: int, most: int | None = None):
+        """Yield ``(positions, units)`` arrays of the valid units in ``[start, end)`` per file
+        (at most ``most`` units at a time when given).
 
         Stops at the first invalid unit (used to rebuild the wheel from the log).
         """
@@ -260,6 +261,8 @@ class TimerLog:
                 return
             k = (pos - f.start) // UNIT_SIZE
             stop = min(len(arr), -(-(end - f.start) // UNIT_SIZE))
+            if most is not None and stop - k > most:
+                stop = k + most
             chunk = arr[k:stop]
             ok = (chunk["size"] == UNIT_SIZE) & ((chunk["magic"] & ~_MAGIC_MASK) == 0) & (
                 (chunk["magic"] & MAGIC_DEFAULT) != 0)
@@ -269,7 +272,7 @@ class TimerLog:
                        chunk[:n].astype(NATIVE_UNIT_DTYPE))
             if n < len(chunk):
                 return
-            pos = f.end
+            pos = f.end if stop == len(arr) else f.start + stop * UNIT_SIZE
 
     # -- maintenance ------------------------------------------------------------------------
     def truncate(self, end: int) -> None:

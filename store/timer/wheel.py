@@ -165,6 +165,12 @@ class TimerWheel:
             self._slots["time"] > 0)
         return self._slots["time"][live].astype(np.int64)
 
+    def live_slot_count(self, from_ms: int) -> int:
+        """How many slots hold units (``lastPos`` set) with a time at or after ``from_ms``,
+        wherever they sit (a slot at the wrong index counts too: it is damage)."""
+        keep = (self._slots["time"] >= from_ms // self.precision) & (self._slots["last_pos"] >= 0)
+        return int(np.count_nonzero(keep))
+
     def live_first_pos(self, from_ms: int) -> int | None:
         """The lowest ``first_pos`` of the non-empty slots at or after ``from_ms``."""
         t = self._slots["time"]

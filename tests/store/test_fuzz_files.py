@@ -87,6 +87,43 @@ def test_damaged_progress_fields_are_judged_by_delivery(tmp_path):
     _check(report)
 
 
+def test_damaged_timer_files_are_judged_by_delivery(tmp_path):
+    """Bits flipped and ranges zeroed inside the timer wheel and the TimerLog: judged by what
+    is delivered (every delayed message once, none early), as every other file is."""
+    fuzz = _fuzzer()
+    assert not hasattr(fuzz, "DELIVERY_UNCHECKED")
+    report = fuzz.fuzz(10, 31, work=str(tmp_path), log=None, only="timer",
+                       kinds=("flip", "zero"))
+    assert report["counts"]["cases"] == 10
+    _check(report)
+
+
+def test_the_delivery_judge_sees_lost_timer_messages(tmp_path, monkeypatch):
+    """A store that does not check its timer files loses the timer messages a damaged slot
+    names, and the fuzzer says so."""
+    from store.timer import service
+
+    fuzz = _fuzzer()
+    monkeypatch.setattr(service, "timer_files_problem", lambda *args: None)
+    base = fuzz.build_base(str(tmp_path / "base"))
+    wheel = os.path.join(base.path, "timerwheel")
+    import numpy as np
+
+    from store.timer.wheel import SLOT_DTYPE
+
+    slots = np.fromfile(wheel, dtype=SLOT_DTYPE)
+    live = np.flatnonzero((slots["last_pos"] >= 0) & (slots["time"] >= slots["time"].max()))
+    with open(wheel, "rb") as fh:
+        data = bytearray(fh.read())
+    at = int(live[0]) * SLOT_DTYPE.itemsize
+    data[at + 16:at + 24] = bytes(8)  # the far-* slot's lastPos zeroed: its chain is lost
+    with open(wheel, "wb") as fh:
+        fh.write(data)
+    out = fuzz.Outcome("timerwheel: a live slot's lastPos zeroed")
+    fuzz._judge_delivery(base.path, base.clock_ms, out)
+    assert out.undelivered
+
+
 def test_the_delivery_judge_can_fail(tmp_path, monkeypatch):
     """Delivering every delayed message twice is seen (the judge is not blind)."""
     from store.message_store import MessageStore

@@ -1,0 +1,197 @@
+"""Checking the timer's own files (``timerwheel``, ``timerlog``) against each other and the
+CommitLog, once per process before they are used.
+
+The wheel and the TimerLog are derived from the timer topic's records; damage inside them
+(bits flipped, a range zeroed) would otherwise lose or hurry the timer messages they name,
+since a slot is only ever read through its pointers.  :func:`timer_files_problem` checks,
+with NumPy over the mapped files (no Python step per unit or slot):
+
+* the TimerLog from its first file to the checkpointed end holds only valid units (size 52,
+  magic bits within DEFAULT | ROLL | DELETE, DEFAULT set), with no file missing between;
+* the units not fired yet (slot time at or after the read time) and the live slots (time at
+  or after the read time, lastPos set) describe the same slots: each such slot is found at
+  its index, its lastPos is its newest unit and its firstPos its oldest, its ``num`` is the
+  units minus the cancel markers, and every unit's ``prevPos`` is the slot's previous unit
+  (-1 for the first: the chain links point backwards);
+* each such unit names a real timer record: ``offsetPy`` and ``sizePy`` point at a record of
+  that size in the CommitLog holding ``TIMER_OUT_MS``, a cancel marker exactly when the unit
+  is one, and a fire time that matches its slot (the slot itself for a unit placed at its
+  time, a later one for a rolled unit).
+
+A unit whose record is gone to retention is not checked against it.  Any failure names the
+first thing found; the timer service then sets both files aside (copies, never deleted) and
+rebuilds the timer from the timer topic's queue (see :mod:`store.timer.service`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from ..core.ports import StorePort
+from ..delayed.routing import release_commitlog_pages
+from ..files.consume_queue import ENTRY_DTYPE
+from .checkpoint import TimerCheckpoint
+from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
+from .timer_queue import record_fields
+from .wheel import TimerWheel
+
+_PENDING = [("position", np.int64), ("slot_time", np.int64), ("magic", np.int64),
+            ("prev_pos", np.int64), ("offset_py", np.int64), ("size_py", np.int64)]
+#: TimerLog units checked per step (bounds the memory the check takes).
+CHECK_CHUNK = 1 << 16
+
+
+def _pending(positions: np.ndarray, units: np.ndarray, read_time: int) -> np.ndarray:
+    """The units whose slot time is at or after ``read_time`` (not fired yet)."""
+    slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
+    keep = slot_time >= read_time
+    part = np.empty(int(keep.sum()), dtype=_PENDING)
+    part["position"] = positions[keep]
+    part["slot_time"] = slot_time[keep]
+    for name in ("magic", "prev_pos", "offset_py", "size_py"):
+        part[name] = units[name][keep]
+    return part
+
+
+class _SlotTally:
+    """What the pending units say of each slot they fill, built a chunk at a time in log
+    order: slot time, first and last position, units minus markers, and whether the slot's
+    first units are in TimerLog files retention removed.  Its size is the live slots'."""
+
+    def __init__(self, log_min: int) -> None:
+        self.log_min = log_min
+        self.time = np.empty(0, np.int64)
+        self.first = np.empty(0, np.int64)
+        self.last = np.empty(0, np.int64)
+        self.num = np.empty(0, np.int64)
+        self.cut = np.empty(0, bool)
+
+    def add(self, units: np.ndarray) -> str | None:
+        """Take a chunk of pending units (in position order); why their chains are broken."""
+        if not len(units):
+            return None
+        units = units[np.argsort(units["slot_time"], kind="stable")]
+        times, positions, prev = units["slot_time"], units["position"], units["prev_pos"]
+        uniq, first_idx, counts = np.unique(times, return_index=True, return_counts=True)
+        last_idx = first_idx + counts - 1
+        at = np.searchsorted(self.time, uniq)
+        known = at < len(self.time)
+        known[known] = self.time[at[known]] == uniq[known]
+        # each unit points at the previous unit of its slot: within the chunk, the one before
+        # it; the first of a slot at the slot's last unit so far (-1 for a new slot, or a
+        # unit in files retention removed)
+        expected = np.empty(len(units), dtype=np.int64)
+        expected[1:] = positions[:-1]
+        expected[first_idx] = np.where(known, self.last[np.minimum(at, len(self.last) - 1)]
+                                       if len(self.last) else -1, -1)
+        cut = np.zeros(len(units), dtype=bool)
+        cut[first_idx] = ~known & (prev[first_idx] >= 0) & (prev[first_idx] < self.log_min)
+        wrong = (prev != expected) & ~cut
+        if wrong.any():
+            return (f"the TimerLog unit at {int(positions[np.argmax(wrong)])} does not point "
+                    "at the previous unit of its slot")
+        delta = np.where((units["magic"] & MAGIC_DELETE) != 0, -1, 1)
+        sums = np.add.reduceat(delta, first_idx)
+        k = at[known]
+        self.last[k] = positions[last_idx[known]]
+        self.num[k] += sums[known]
+        new = ~known
+        if new.any():
+            merged = np.concatenate((self.time, uniq[new]))
+            order = np.argsort(merged, kind="stable")
+            self.time = merged[order]
+            self.first = np.concatenate((self.first, positions[first_idx[new]]))[order]
+            self.last = np.concatenate((self.last, positions[last_idx[new]]))[order]
+            self.num = np.concatenate((self.num, sums[new]))[order]
+            self.cut = np.concatenate((self.cut, cut[first_idx[new]]))[order]
+        return None
+
+    def against(self, wheel: TimerWheel, read_time: int) -> str | None:
+        """Whether the wheel's live slots are not exactly the tallied ones."""
+        valid, first, last, num = wheel.lookup(self.time)
+        bad = ~valid | (last != self.last) | (~self.cut & ((first != self.first)
+                                                           | (num != self.num)))
+        if bad.any():
+            i = int(np.argmax(bad))
+            return (f"the wheel slot of {int(self.time[i])} ms does not match the TimerLog "
+                    f"(slot firstPos {int(first[i])}, lastPos {int(last[i])}, num "
+                    f"{int(num[i])}; the units say {int(self.first[i])}, {int(self.last[i])}, "
+                    f"{int(self.num[i])})")
+        live = wheel.live_slot_count(read_time)
+        if live != len(self.time):
+            return (f"the wheel has {live} live slots but the TimerLog's pending units fill "
+                    f"{len(self.time)}")
+        return None
+
+
+def _records_problem(store: StorePort, units: np.ndarray) -> str | None:
+    """Whether a pending unit names no timer record of its size and slot."""
+    log = store.commit_log
+    offsets = units["offset_py"]
+    present = offsets >= log.min_offset()
+    past = present & (offsets + units["size_py"] > store.confirmed_offset())
+    if past.any():
+        return (f"the TimerLog unit at {int(units['position'][np.argmax(past)])} points past "
+                "the CommitLog's end")
+    if not present.any():
+        return None
+    e = np.zeros(len(units), dtype=ENTRY_DTYPE.newbyteorder("="))
+    e["offset"] = offsets
+    e["size"] = units["size_py"]
+    fire, marker, ok, _ = record_fields(store, e, present)
+    roll = (units["magic"] & MAGIC_ROLL) != 0
+    slot = units["slot_time"]
+    fits = ok & (marker == ((units["magic"] & MAGIC_DELETE) != 0)) & np.where(
+        roll, fire >= slot, fire <= slot)
+    bad = present & ~fits
+    if bad.any():
+        i = int(np.argmax(bad))
+        return (f"the TimerLog unit at {int(units['position'][i])} names no timer record of "
+                f"its slot (CommitLog offset {int(offsets[i])}, size {int(units['size_py'][i])})")
+    return None
+
+
+def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
+                        state: TimerCheckpoint) -> str | None:
+    """Why the wheel and the TimerLog cannot be what ``state`` (a checkpoint that passed its
+    own checks) says, or ``None`` (see the module docstring).  Reads the TimerLog still on
+    disk a chunk at a time; the caller releases the mapped pages."""
+    end = state.last_timer_log_flush_pos
+    files = log.files.refresh()
+    log_min = files[0].start if files else end
+    if (end % log.file_size) % UNIT_SIZE:
+        return f"the checkpointed TimerLog end {end} is not on a unit boundary"
+    read_time = state.last_read_time_ms
+    tally = _SlotTally(log_min)
+    seen = 0
+    for positions, units in log.valid_units(log_min, end, CHECK_CHUNK):
+        seen += len(units)
+        pending = _pending(positions, units, read_time)
+        problem = tally.add(pending) or _records_problem(store, pending)
+        if problem is not None:
+            return problem
+        release_commitlog_pages(store)
+    size = log.file_size
+    expected = sum(min(log.per_file, (end - s) // UNIT_SIZE) for s in range(log_min, end, size))
+    if seen < expected:
+        return (f"the TimerLog holds no valid unit at or after unit {seen} of the "
+                f"{expected} from {log_min} to its checkpointed end {end}")
+    return tally.against(wheel, read_time)
+
+
+def copy_aside(path: str) -> str:
+    """Copy a damaged file or directory to ``<path>.damaged-<n>`` (the first free ``n``) and
+    return its name: the original stays where it is, for processes that have it mapped, and
+    is rebuilt in place."""
+    n = 1
+    while os.path.exists(f"{path}.damaged-{n}"):
+        n += 1
+    target = f"{path}.damaged-{n}"
+    if os.path.isdir(path):
+        shutil.copytree(path, target)
+    elif os.path.exists(path):
+        shutil.copyfile(path, target)
+    return target

@@ -1,0 +1,151 @@
+"""Damage inside the timer wheel (``timerwheel``) or the TimerLog (``timerlog/``) is found
+when the store opens (the files checked against each other and the CommitLog): the damaged
+files are copied aside and the timer rebuilt from its queue, so every timer message is
+delivered once and never early."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import shutil
+
+import pytest
+from conftest import SMALL, FakeClock
+
+from store import Message, MessageStore
+from store.timer import validation
+from store.timer.validation import timer_files_problem
+
+#: delays of the pending messages (ms): near slots, far slots, past the wheel (rolled)
+DELAYS = (1_500, 2_300, 7_000, 30_000, 200_000, 600_000)
+N = 60
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A store with timer messages delivered already, pending in many slots, rolled, one
+    cancelled; returns (path, clock time, {body: due ms}, cancelled body)."""
+    root = str(tmp_path_factory.mktemp("timer-damage") / "s")
+    clock = FakeClock()
+    due = {}
+    with MessageStore.open(root, SMALL, clock=clock) as s:
+        p = s.producer("g")
+        for i in range(20):
+            body = b"done-%d" % i
+            p.send(Message("t", body), delay_ms=300 + 10 * i)
+            due[body] = clock() + 300 + 10 * i
+        clock.advance(1_000)
+        s.deliver_due()  # those fired: the wheel holds fired slots as well
+        for i in range(N):
+            body = b"m-%d" % i
+            delay = DELAYS[i % len(DELAYS)] + 37 * i
+            p.send(Message("t", body), delay_ms=delay)
+            due[body] = clock() + delay
+        gone = p.send(Message("t", b"cancelled"), delay_ms=9_000)
+        assert p.cancel("t", gone.msg_id)
+        clock.advance(200)
+        s.deliver_due()  # every pending one placed in the wheel (rolls included)
+        assert timer_files_problem(s, s.timer.wheel, s.timer.log, s.timer.state()) is None
+    return root, clock(), due
+
+
+def _deliver_all(root, now, due) -> None:
+    clock = FakeClock(now)
+    with MessageStore.open(root, SMALL, clock=clock) as s:
+        end = max(due.values()) + 5_000
+        while clock() < end:
+            s.deliver_due()
+            clock.advance(997)
+        s.deliver_due()
+        counts = collections.Counter()
+        for q in s.queue_ids("t"):
+            for v in s.pull("t", q, 0, 10_000):
+                counts[v.body] += 1
+                assert v.store_timestamp_ms >= due[v.body], f"{v.body!r} early"
+    assert b"cancelled" not in counts
+    lost = sorted(b for b in due if counts[b] == 0)
+    doubled = sorted(b for b, c in counts.items() if c > 1)
+    assert not lost and not doubled, f"lost {lost[:5]}, doubled {doubled[:5]}"
+
+
+def _flip(path, rng, lo=0, hi=None, bits=3):
+    with open(path, "rb") as fh:
+        data = bytearray(fh.read())
+    hi = len(data.rstrip(b"\0")) if hi is None else hi
+    where = []
+    for _ in range(bits):
+        i = rng.randrange(lo, hi)
+        data[i] ^= 1 << rng.randrange(8)
+        where.append(i)
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return where
+
+
+def _live_slot_bytes(root) -> list[int]:
+    """Byte offsets of the wheel's slots holding units (flips there matter)."""
+    import numpy as np
+
+    from store.timer.wheel import SLOT_DTYPE
+
+    slots = np.fromfile(os.path.join(root, "timerwheel"), dtype=SLOT_DTYPE)
+    return (np.flatnonzero(slots["last_pos"] >= 0) * SLOT_DTYPE.itemsize).tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_flipped_wheel_bytes_lose_nothing(template, tmp_path, seed):
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    rng = random.Random(seed)
+    start = rng.choice(_live_slot_bytes(copy)[-40:])  # a slot still to fire, mostly
+    _flip(os.path.join(copy, "timerwheel"), rng, start, start + 28, bits=1 + seed % 3)
+    _deliver_all(copy, now, due)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_flipped_timer_log_bytes_lose_nothing(template, tmp_path, seed, monkeypatch):
+    if seed % 2:
+        monkeypatch.setattr(validation, "CHECK_CHUNK", 5)
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    rng = random.Random(100 + seed)
+    directory = os.path.join(copy, "timerlog")
+    name = os.path.join(directory, max(os.listdir(directory)))
+    _flip(name, rng, bits=1 + seed % 3)
+    _deliver_all(copy, now, due)
+
+
+def test_damage_is_copied_aside_and_reported(template, tmp_path, caplog):
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    wheel = os.path.join(copy, "timerwheel")
+    with open(wheel, "rb") as fh:
+        data = bytearray(fh.read())
+    at = _live_slot_bytes(copy)[-1]
+    data[at + 16:at + 24] = bytes(8)  # the lastPos of a live slot zeroed
+    with open(wheel, "wb") as fh:
+        fh.write(data)
+    with caplog.at_level("WARNING", logger="store"):
+        MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert "timer files are damaged" in caplog.text
+    assert os.path.exists(wheel + ".damaged-1") and os.path.isdir(
+        os.path.join(copy, "timerlog.damaged-1"))
+    _deliver_all(copy, now, due)
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_an_undamaged_store_is_not_rebuilt(template, tmp_path, caplog, monkeypatch, chunk):
+    """Read in chunks of 7 units too: slots whose units span chunks are tallied right."""
+    if chunk is not None:
+        monkeypatch.setattr(validation, "CHECK_CHUNK", chunk)
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    with caplog.at_level("WARNING", logger="store"):
+        _deliver_all(copy, now, due)
+    assert "rebuilt" not in caplog.text
+    assert not os.path.exists(os.path.join(copy, "timerwheel.damaged-1"))
