@@ -144,7 +144,9 @@ class MessageStore(StoreCore):
                 min(jit.FALLBACK_MAX_WORK, max_messages - delivered)
             done = self._deliver_due(step)
             delivered += done
-            if done < step or (max_messages is not None and delivered >= max_messages):
+            # a step may deliver fewer than it may (the timer's budgeted run stops at a slot
+            # or a roll step) with more still due: only an empty step says none is left
+            if not done or (max_messages is not None and delivered >= max_messages):
                 return delivered
         return delivered + self._deliver_due(
             None if max_messages is None else max_messages - delivered)
