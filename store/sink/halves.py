@@ -3,8 +3,8 @@
 Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 
 * **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
-  commit will write (routed as :func:`~store.produce.table_producer.append_prepared` routes them,
-  CRCs computed), with a zero magic code, by the compiled record kernel straight into the
+  commit will write (encoded by the producer's
+  :meth:`~store.produce.table_producer.TableChunk.encode`, routed, CRCs computed), with a zero magic code, by the compiled record kernel straight into the
   half's framed body (a small big-endian head with each record's topic, queue, tagsCode
   and size, then the records): the half's bytes are written once, then appended.
 * **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
@@ -15,7 +15,6 @@ Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 
 from __future__ import annotations
 
-from contextlib import closing
 from typing import NamedTuple
 
 import numpy as np
@@ -34,16 +33,13 @@ from ..formats.codec import (
     decode_properties,
     encode_properties,
 )
-from ..core.append_types import AssembledRecords, EncodedRecords, Presumed
-from ..core.pipeline import prepared_in_order
+from ..core.append_types import AssembledRecords, EncodedRecords
 from ..message import TRANS_HALF_TOPIC
 from ..formats.crc import crc32
 from ..errors import CorruptRecordError, MessageTooLargeError
 from ..kernels.record_kernels import ByteColumn, complete_staged, one_array
 from .format import STAGED_MAGIC, framed_head
-from ..produce.table_producer import (CHUNK_ROWS, assemble_rows, queues_for_chunk,
-                                     round_robin_queues)
-from ..produce.table_rows import PreparedRows
+from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: the body's head).
@@ -55,19 +51,20 @@ _STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction
                       dtype=np.int64)
 
 
-def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
-                properties: dict[str, str]) -> AssembledRecords:
-    """One sink half holding the records of ``rows``, ready for :meth:`append_encoded`; needs
-    no lock.
+def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
+    """One sink half holding the records of ``chunk`` (a
+    :class:`~store.produce.table_producer.TableChunk` of prepared rows), ready for
+    :meth:`append_encoded`; needs no lock.
 
     The records are those the commit writes (routed, CRCs computed, zero magic
     code), but assembled by the record kernel straight into the half's framed body
     (:mod:`store.sink.format`): no Arrow stream or second record copies them.  The half is
-    born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
+    born at the rows' ``born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
     ``properties``; :class:`MessageTooLargeError` if it would exceed the largest record.
     """
     topic = TRANS_HALF_TOPIC.encode("ascii")
     props = encode_properties(properties)
+    rows = chunk.rows
     keep = _kept_queues(rows)
     half: list = []
 
@@ -85,8 +82,7 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
         half.append((data, at + total))
         return data[HEADER_SIZE + at:HEADER_SIZE + at + total]
 
-    assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC,
-                  allocate=allocate)
+    chunk.encode(sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC, allocate=allocate)
     data, body_len = half[0]
     header = _half_header(rows.born_ms, body_len)
     header["total_size"] = len(data)
@@ -120,7 +116,7 @@ def _half_header(born_ms: int, body_len: int) -> np.ndarray:
     return header
 
 
-def _kept_queues(rows: PreparedRows) -> np.ndarray:
+def _kept_queues(rows) -> np.ndarray:
     """Rows whose staged queue the commit keeps (delayed rows, rows that asked for one);
     the others take the commit's round robin."""
     keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
@@ -129,32 +125,17 @@ def _kept_queues(rows: PreparedRows) -> np.ndarray:
     return keep
 
 
-
-
-class StagedChunk(NamedTuple):
-    """Records ``lo:hi`` of a commit, copied out of their halves and completed: record ``i``
-    is ``data[starts[i]:starts[i] + sizes[i]]``; ``presumed``: the placement their four
-    placement fields were written for, if any."""
-
-    lo: int
-    hi: int
-    data: np.ndarray
-    starts: np.ndarray
-    sizes: np.ndarray
-    presumed: Presumed | None
-
-
 def append_staged(store, group: list) -> int:
     """Commit the staged records of several halves (``(table, half offset)`` pairs,
     STAGED_RECORDS_SCHEMA) at once; return how many.
 
-    In chunks of :data:`~store.produce.table_producer.CHUNK_ROWS` records, each copied out of the
-    halves into a buffer of its own, checked and completed by one compiled pass
-    (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then the magic
-    code and PREPAREDTRANSACTIONOFFSET) on either of two threads
-    (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
-    append on this one, in order.  Raises :class:`CorruptRecordError` when a staged record
-    fails the checks (the caller's atomic group then drops everything of the commit).
+    In the producer's chunks (:func:`~store.produce.table_producer.append_table_chunks`), each
+    copied out of the halves into a buffer of its own, checked and completed by one compiled
+    pass (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then
+    the magic code and PREPAREDTRANSACTIONOFFSET) on either of two threads, and placed by the
+    core's columnar append on the caller's, in order.  Raises :class:`CorruptRecordError`
+    when a staged record fails the checks (the caller's atomic group then drops everything
+    of the commit).
     """
     topics: dict[str, int] = {}
     datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
@@ -183,26 +164,11 @@ def append_staged(store, group: list) -> int:
     code = np.concatenate(codes)
     names = list(topics)
     total = int(first[-1])
-    chunks = -(-total // CHUNK_ROWS)
     now = store.now_ms()  # every record of the commit is stored at its start
-    # one topic, no queue kept: each chunk takes the next queue of its round robin, known now,
-    # so that each chunk's placement is presumed while it is copied (as send_table's)
-    round_robin = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
-    chunk_queue = chain = None
-    if round_robin:
-        chunk_queue = round_robin_queues(store, names[0], chunks)
-        chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
+    placement = StagedPlacement(names, topic_id, queue_id)
 
-    def prepare(k: int) -> StagedChunk:  # reads the halves, writes only its own buffer
-        try:
-            return copied(k)
-        finally:
-            if chain is not None:
-                chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
-
-    def copied(k: int) -> StagedChunk:
-        lo = k * CHUNK_ROWS
-        hi = min(total, lo + CHUNK_ROWS)
+    def make(chunk) -> tuple[AssembledRecords, None]:  # reads the halves, writes its own buffer
+        lo, hi = chunk.lo, chunk.hi
         sizes = size[lo:hi]
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         nbytes = int(starts[-1] + sizes[-1])
@@ -230,22 +196,24 @@ def append_staged(store, group: list) -> int:
                 store.commit_log.directory, int(prepared[lo + bad]),
                 f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
                 "field or magic code; its batch cannot commit")
-        presumed = (None if chain is None else chain.presume_assembled(
-            k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
-        return StagedChunk(lo, hi, buf, starts, sizes, presumed)
+        return AssembledRecords(
+            data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=topic_id[lo:hi],
+            queue_ids=chunk.queue_ids, tags_codes=code[lo:hi], dispatched=True,
+            store_timestamp_ms=now), None
 
-    with closing(prepared_in_order(chunks, prepare, threads=store.encode_threads)) as ready:
-        for k, chunk in enumerate(ready):
-            lo, hi = chunk.lo, chunk.hi
-            tids = topic_id[lo:hi]
-            # -1: the next queue of the topic's round robin, one per chunk (as send_table)
-            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if round_robin
-                    else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
-            store.append_assembled(AssembledRecords(
-                data=chunk.data, starts=chunk.starts, sizes=chunk.sizes, topics=names,
-                topic_ids=tids, queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
-                store_timestamp_ms=now, presumed=chunk.presumed))
+    # one topic, no queue kept: each chunk takes the next queue of its round robin, known
+    # before it is copied, so that its placement is presumed while copied (as send_table's)
+    append_table_chunks(store, placement, make, presume=True)
     return total
+
+
+class StagedPlacement(NamedTuple):
+    """What the producer needs to place a commit's staged records (one row per record):
+    their topics, and the queue each kept (-1: its topic's round robin)."""
+
+    topic_names: list[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
 
 
 def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
@@ -289,7 +257,7 @@ def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
         tags_codes=np.array([code], np.int64)))
 
 
-def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
+def half_bounds(rows, store) -> list[tuple[int, int]]:
     """Row ranges of the halves: each holds at most ``HALF_FILL`` of the message size limit
     (or of half a CommitLog segment, when smaller); a single larger row gets a half of its
     own."""

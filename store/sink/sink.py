@@ -38,13 +38,11 @@ rolls back the halves of the other one's batch in progress, whose commit then fa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..formats.batch_encoding import paused_gc
-from ..core.pipeline import prepared_in_order
 from ..formats.codec import (
     RecordSpec,
 )
@@ -82,9 +80,7 @@ from .halves import (
     half_bounds,
     half_view,
 )
-from ..produce.table_producer import chunk_queues
-from ..produce.table_keys import keyed_table
-from ..produce.table_rows import PreparedRows, as_table, prepare_rows
+from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
 from ..transaction.op import op_specs
 
@@ -122,39 +118,27 @@ class Sink:
         """Validate and stage rows (a table as for ``send_table``, or for ``replace_table``
         with a ``key`` column: each row replaces its key's pending message when the batch
         commits); return the halves' ids."""
-        with paused_gc():
-            table = as_table(data)
-            if "key" in table.column_names:
-                table = keyed_table(table, self.store.now_ms())
-                self.store.timer.keys.ensure()
-            return self.stage_prepared(prepare_rows(self.store, table, topic=topic))
+        return self._stage(data, topic)
 
-    def stage_prepared(self, rows: PreparedRows) -> list[str]:
+    def stage_prepared(self, rows) -> list[str]:
         """Stage rows already validated by :func:`~store.produce.table_rows.prepare_rows` (a store
         group validates every member's share before any member writes)."""
-        if not len(rows):
-            return []
+        return self._stage(rows, None)
+
+    def _stage(self, rows, topic: str | None) -> list[str]:
+        """Each half one chunk of the producer's: its rows encoded into the half (queues
+        chosen in order, on this thread: a delayed row's routing names its real queue; topics
+        are created by the commit: a batch that never commits leaves none)."""
         store = self.store
-        bounds = half_bounds(rows, store)
-        # queues in order, on this thread: a delayed row's routing names its real queue
-        # (topics are created by the commit: a batch that never commits leaves none)
-        queues = [chunk_queues(store, rows.slice(lo, hi), create=False) for lo, hi in bounds]
 
-        def prepare(k: int):  # on either of two threads (see store.core.pipeline)
-            lo, hi = bounds[k]
-            part = rows.slice(lo, hi)
-            props = self._half_properties(part)
-            return props[PROPERTY_TRANSACTION_ID], framed_half(store, part, queues[k], props)
+        def make(chunk):  # on either of two threads (see store.core.pipeline)
+            props = self._half_properties(chunk.rows)
+            return framed_half(store, chunk, props), props[PROPERTY_TRANSACTION_ID]
 
-        staged = []
-        encoded = prepared_in_order(len(bounds), prepare, threads=store.encode_threads)
-        with paused_gc(), closing(encoded) as halves:
-            for tx, records in halves:
-                store.append_assembled(records)
-                staged.append(tx)
-        return staged
+        return append_table_chunks(store, rows, make, topic=topic, create_topics=False,
+                                   bounds=lambda prepared: half_bounds(prepared, store))
 
-    def _half_properties(self, part: PreparedRows) -> dict[str, str]:
+    def _half_properties(self, part) -> dict[str, str]:
         """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
         return {PROPERTY_TRANSACTION_ID: new_transaction_id(self.sink_id),
                 PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
