@@ -10,12 +10,24 @@ the next run of this process (see :meth:`TimerService.deliver_due
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..core.ports import StorePort
 from ..delayed.restore import restore
 from ..errors import CorruptRecordError
-from ..message import PROPERTY_TIMER_DEL_UNIQKEY
+from ..message import (
+    PROPERTY_DELAY_KEY,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_DEQUEUE_MS,
+    PROPERTY_TIMER_ENQUEUE_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_ROLL_TIMES,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+)
 from .checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, TimerLog
 from .wheel import TimerWheel
@@ -24,6 +36,65 @@ from .wheel import TimerWheel
 DIRECT_ENQUEUE_MS = 9223372036854775807
 #: Units delivered per step.
 DEQUEUE_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class TimerDelivery:
+    """What the timer hands to :func:`~store.delayed.restore.restore` for fired units:
+    ``enqueue_ms`` per record (TIMER_ENQUEUE_MS; negative: delivered straight from the queue,
+    :data:`DIRECT_ENQUEUE_MS`), ``roll`` (re-put to the timer topic, TIMER_ROLL_TIMES + 1),
+    the precision (a record without TIMER_DELIVER_MS is due at TIMER_OUT_MS + it) and the
+    store's delay keys (synced by the caller; a keyed message its key no longer names is
+    superseded), or ``None``."""
+
+    enqueue_ms: np.ndarray
+    roll: np.ndarray
+    precision_ms: int
+    keys: object = None
+
+    reads = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_DELAY_KEY)
+    sets = (PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_ROLL_TIMES)
+    requeue_topic = TIMER_TOPIC
+
+    def part(self, rows: slice) -> TimerDelivery:
+        return TimerDelivery(np.asarray(self.enqueue_ms[rows], dtype=np.int64),
+                             np.asarray(self.roll[rows], dtype=bool), self.precision_ms,
+                             self.keys)
+
+    def requeued(self, n: int) -> np.ndarray:
+        return self.roll
+
+    def due_ms(self, pairs, now: int) -> np.ndarray:
+        deliver_ms, deliver_ok = pairs.ints(PROPERTY_TIMER_DELIVER_MS)
+        out_ms, out_ok = pairs.ints(PROPERTY_TIMER_OUT_MS)
+        return np.where(deliver_ok, deliver_ms,
+                        np.where(out_ok, out_ms + self.precision_ms, now))
+
+    def set_values(self, pairs, now: int, requeued: np.ndarray):
+        n = len(requeued)
+        values = np.zeros((len(self.sets), n), dtype=np.int64)
+        present = np.zeros((len(self.sets), n), dtype=bool)
+        values[0] = now  # TIMER_DEQUEUE_MS
+        values[1] = np.where(self.enqueue_ms < 0, DIRECT_ENQUEUE_MS, self.enqueue_ms)
+        present[0] = present[1] = True
+        if requeued.any():
+            times, times_ok = pairs.ints(PROPERTY_TIMER_ROLL_TIMES)
+            values[2] = np.where(times_ok, times, 0) + 1
+            present[2] = requeued
+        return values, present
+
+    def superseded(self, pairs, keep: np.ndarray) -> np.ndarray | None:
+        if self.keys is None:
+            return None
+        has_key, key_start, key_end = pairs.ranges(PROPERTY_DELAY_KEY)
+        keyed = np.flatnonzero(keep & has_key)
+        if not len(keyed):
+            return None
+        _, id_start, id_end = pairs.ranges(PROPERTY_UNIQ_KEY)
+        out = np.zeros(len(keep), dtype=bool)
+        out[keyed[self.keys.superseded(pairs.data, key_start[keyed], key_end[keyed],
+                                       id_start[keyed], id_end[keyed])]] = True
+        return out
 
 
 class SlotFiring:
@@ -131,11 +202,11 @@ class SlotFiring:
         enqueue = units["enqueue_time"].astype(np.int64)
         if direct:
             enqueue = np.full(len(units), -1, dtype=np.int64)
-        result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
-                         enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
-                         delete_keys=delete_keys, timer_precision_ms=self.precision,
-                         keys=self.keys if self.keys is not None and self.keys.active() else None,
-                         direct_enqueue_ms=DIRECT_ENQUEUE_MS)
+        delivery = TimerDelivery(
+            enqueue, (units["magic"] & MAGIC_ROLL) != 0, self.precision,
+            self.keys if self.keys is not None and self.keys.active() else None)
+        result = restore(self.store, units["offset_py"].astype(np.int64), delivery, now=now,
+                         delete_keys=delete_keys)
         return result.delivered, result.rolled
 
 
