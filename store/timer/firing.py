@@ -11,6 +11,7 @@ the next run of this process (see :meth:`TimerService.deliver_due
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -97,6 +98,25 @@ class TimerDelivery:
         return out
 
 
+class SplitSlot(NamedTuple):
+    """The units of a slot a bounded run split, kept for the next run of this process."""
+
+    #: counter of the checkpoint this process saved last (-1: not saved yet)
+    counter: int
+    #: the slot's time
+    slot_time: int
+    #: its last unit (the head of its TimerLog chain)
+    last: int
+    #: the TimerLog end the units were walked to
+    log_end: int
+    #: the slot's units, in append order
+    units: np.ndarray
+
+    def holds(self, slot_time: int, last: int, log_end: int) -> bool:
+        """Whether these are the units of that slot, walked to that TimerLog end."""
+        return (self.slot_time, self.last, self.log_end) == (slot_time, last, log_end)
+
+
 class SlotFiring:
     """Fires due slots of one store's wheel (the dequeue half of the timer service)."""
 
@@ -106,9 +126,8 @@ class SlotFiring:
         self.wheel = wheel
         self.log = log
         self.precision = precision_ms
-        # the units of a slot a bounded run split, for the next run: (counter of the
-        # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
-        self.split_slot: tuple | None = None
+        #: the units of a slot a bounded run split, for the next run
+        self.split_slot: SplitSlot | None = None
         #: the store's delay keys (:class:`store.timer.keys.DelayKeys`), set by the service
         self.keys = None
 
@@ -139,8 +158,8 @@ class SlotFiring:
         for slot_time in self.wheel.due_slots(read_time, floor_now).tolist():
             _first, last, num = self.wheel.get(slot_time)
             split = self.split_slot
-            if split is not None and split[1:4] == (slot_time, last, log_end):
-                units = split[4]  # walked by the run that split this slot
+            if split is not None and split.holds(slot_time, last, log_end):
+                units = split.units  # walked by the run that split this slot
             else:
                 _positions, units = self.log.walk_chain(last, log_end, num)
                 units = units[::-1]  # append order
@@ -154,7 +173,7 @@ class SlotFiring:
                 self._marker_keys_of(units, delete_keys)
                 rest = rest[:budget - handled]
                 stop_at = (slot_time, skip + len(rest))
-                self.split_slot = (-1, slot_time, last, log_end, units)
+                self.split_slot = SplitSlot(-1, slot_time, last, log_end, units)
             parts.append(self._drop_done(rest, done))
             pending += len(rest)
             handled += len(rest)
