@@ -3,9 +3,9 @@
 Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 
 * **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
-  commit will write (encoded by the producer's
-  :meth:`~store.produce.table_producer.TableChunk.encode`, routed, CRCs computed), with a zero magic code, by the compiled record kernel straight into the
-  half's framed body (a small big-endian head with each record's topic, queue, tagsCode
+  commit will write (by the producer's :meth:`~store.produce.table_producer.TableChunk.encode`:
+  routed, CRCs computed), with a zero magic code, by the compiled record kernel straight
+  into the half's framed body (a small big-endian head with each record's topic, queue, tagsCode
   and size, then the records): the half's bytes are written once, then appended.
 * **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
   CommitLog segment, their body CRCs checked, and their records copied out, given their
@@ -137,6 +137,45 @@ def append_staged(store, group: list) -> int:
     when a staged record fails the checks (the caller's atomic group then drops everything
     of the commit).
     """
+    staged = _staged_records(group)
+    if staged is None:
+        return 0
+    now = store.now_ms()  # every record of the commit is stored at its start
+
+    def make(chunk) -> tuple[AssembledRecords, None]:  # reads the halves, writes its own buffer
+        lo, hi = chunk.lo, chunk.hi
+        buf, starts, sizes = _completed_copy(store, staged, lo, hi)
+        return AssembledRecords(
+            data=buf, starts=starts, sizes=sizes, topics=staged.topic_names,
+            topic_ids=staged.topic_ids[lo:hi], queue_ids=chunk.queue_ids,
+            tags_codes=staged.tags_codes[lo:hi], dispatched=True, store_timestamp_ms=now), None
+
+    # one topic, no queue kept: each chunk takes the next queue of its round robin, known
+    # before it is copied, so that its placement is presumed while copied (as send_table's)
+    append_table_chunks(store, staged, make, presume=True)
+    return len(staged.sizes)
+
+
+class StagedRecords(NamedTuple):
+    """The staged records of a commit's halves, one row per record: the first six fields
+    are what the producer places them by and what their records say of them."""
+
+    topic_names: list[str]
+    #: each record's topic, its real queue (-1: its topic's round robin) and its tagsCode
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    tags_codes: np.ndarray
+    #: each record's size and the CommitLog offset of its half (its PREPAREDTRANSACTIONOFFSET)
+    sizes: np.ndarray
+    prepared: np.ndarray
+    #: per half: its records' bytes, their offsets in them, and its first record's row
+    datas: list
+    offsets: list
+    first: np.ndarray
+
+
+def _staged_records(group: list) -> StagedRecords | None:
+    """The records of the halves of ``group`` as columns (``None``: no record at all)."""
     topics: dict[str, int] = {}
     datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
     for table, clog in group:
@@ -155,65 +194,50 @@ def append_staged(store, group: list) -> int:
         codes.append(table.column("tags_code").to_numpy())
         halves.append(clog)
     if not datas:
-        return 0
+        return None
     counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
-    first = np.concatenate(([0], np.cumsum(counts)))  # first record of each half
-    size = np.concatenate([np.diff(o) for o in offsets])
-    prepared = np.repeat(np.array(halves, dtype=np.int64), counts)
-    topic_id, queue_id = np.concatenate(topic_ids), np.concatenate(queue_ids)
-    code = np.concatenate(codes)
-    names = list(topics)
-    total = int(first[-1])
-    now = store.now_ms()  # every record of the commit is stored at its start
-    placement = StagedPlacement(names, topic_id, queue_id)
-
-    def make(chunk) -> tuple[AssembledRecords, None]:  # reads the halves, writes its own buffer
-        lo, hi = chunk.lo, chunk.hi
-        sizes = size[lo:hi]
-        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        nbytes = int(starts[-1] + sizes[-1])
-        buf = np.empty(nbytes, dtype=np.uint8)
-        pos = 0
-        for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(counts)):
-            a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
-            if a >= b:
-                break
-            o = offsets[h]
-            src = datas[h][o[a - first[h]]:o[b - first[h]]]
-            if pos + len(src) > nbytes:
-                break
-            buf[pos:pos + len(src)] = src
-            pos += len(src)
-        if pos != nbytes:  # offsets past their buffer: a half written wrongly
-            raise CorruptRecordError(
-                store.commit_log.directory, int(prepared[lo]),
-                f"sink half whose staged records hold {pos} bytes where their offsets say "
-                f"{nbytes}; its batch cannot commit")
-        bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
-                              MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
-        if bad >= 0:
-            raise CorruptRecordError(
-                store.commit_log.directory, int(prepared[lo + bad]),
-                f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
-                "field or magic code; its batch cannot commit")
-        return AssembledRecords(
-            data=buf, starts=starts, sizes=sizes, topics=names, topic_ids=topic_id[lo:hi],
-            queue_ids=chunk.queue_ids, tags_codes=code[lo:hi], dispatched=True,
-            store_timestamp_ms=now), None
-
-    # one topic, no queue kept: each chunk takes the next queue of its round robin, known
-    # before it is copied, so that its placement is presumed while copied (as send_table's)
-    append_table_chunks(store, placement, make, presume=True)
-    return total
+    return StagedRecords(
+        topic_names=list(topics), topic_ids=np.concatenate(topic_ids),
+        queue_ids=np.concatenate(queue_ids), tags_codes=np.concatenate(codes),
+        sizes=np.concatenate([np.diff(o) for o in offsets]),
+        prepared=np.repeat(np.array(halves, dtype=np.int64), counts),
+        datas=datas, offsets=offsets, first=np.concatenate(([0], np.cumsum(counts))))
 
 
-class StagedPlacement(NamedTuple):
-    """What the producer needs to place a commit's staged records (one row per record):
-    their topics, and the queue each kept (-1: its topic's round robin)."""
-
-    topic_names: list[str]
-    topic_ids: np.ndarray
-    queue_ids: np.ndarray
+def _completed_copy(store, staged: StagedRecords, lo: int, hi: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Records ``lo:hi`` copied out of their halves into a buffer of their own, checked and
+    completed (:func:`~store.kernels.record_kernels.complete_staged`): ``(data, starts,
+    sizes)``; :class:`CorruptRecordError` for a half written wrongly."""
+    first, offsets, prepared = staged.first, staged.offsets, staged.prepared
+    sizes = staged.sizes[lo:hi]
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    nbytes = int(starts[-1] + sizes[-1])
+    buf = np.empty(nbytes, dtype=np.uint8)
+    pos = 0
+    for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(offsets)):
+        a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
+        if a >= b:
+            break
+        o = offsets[h]
+        src = staged.datas[h][o[a - first[h]]:o[b - first[h]]]
+        if pos + len(src) > nbytes:
+            break
+        buf[pos:pos + len(src)] = src
+        pos += len(src)
+    if pos != nbytes:  # offsets past their buffer: a half written wrongly
+        raise CorruptRecordError(
+            store.commit_log.directory, int(prepared[lo]),
+            f"sink half whose staged records hold {pos} bytes where their offsets say "
+            f"{nbytes}; its batch cannot commit")
+    bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
+                          MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
+    if bad >= 0:
+        raise CorruptRecordError(
+            store.commit_log.directory, int(prepared[lo + bad]),
+            f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
+            "field or magic code; its batch cannot commit")
+    return buf, starts, sizes
 
 
 def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
