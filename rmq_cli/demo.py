@@ -257,62 +257,9 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
     stop = threading.Event()
     producer = None
     try:
-        from pyspark.sql import functions as F
-
-        # the orders table the check loop joins against: did the customer really pay?
-        table = spark.createDataFrame(
-            [(oid, outcome == "unknown_paid") for oid, outcome in outcomes.items()
-             if outcome.startswith("unknown")] + [(WARMUP, True)], "order_id string, paid boolean")
-        checks = (spark.readStream.format("rmq").option("view", "transaction_checks")
-                  .load(path))
-        decisions = (checks.withColumn("order_id", F.col("keys")[0])
-                     .join(table, "order_id", "left")
-                     .select("transaction_id",
-                             F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
-                             .otherwise("UNKNOWN").alias("state")))
-
-        queries.append(
-            decisions.writeStream.format("rmq").option("action", "end_transaction")
-            .option("checkpointLocation", os.path.join(tmp, "chk-checks"))
-            .trigger(processingTime="500 milliseconds").start(path))
-        # each order's time-out, scheduled through the exactly-once sink
-        new_orders = (spark.readStream.format("rmq").option("subscribe", ORDERS)
-                      .option("startingOffsets", "earliest").load(path))
-        queries.append(
-            new_orders.select(F.lit(TIMEOUTS).alias("topic"), "body",
-                              F.lit("close_if_unpaid").alias("tags"), "keys",
-                              F.lit(timeout_ms).cast("long").alias("delay_ms"))
-            .writeStream.format("rmq").queryName("scheduler")
-            .option("checkpointLocation", os.path.join(tmp, "chk-scheduler"))
-            .trigger(processingTime="250 milliseconds").start(path))
-        stream = (spark.readStream.format("rmq")
-                  .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS},{REMINDERS}")
-                  .option("startingOffsets", "earliest").load(path))
-        queries.append(
-            stream.writeStream.foreachBatch(_pipeline_batch(state, path, remind_ms))
-            .option("checkpointLocation", os.path.join(tmp, "chk-pipeline"))
-            .trigger(processingTime="250 milliseconds").start())
-
-        # Warm up: one order and one UNKNOW payment go through both queries before the
-        # orders flow, so Spark's cold start does not count as lateness.
-        from store import Message
-
+        _start_queries(queries, spark, path, tmp, outcomes, state, timeout_ms, remind_ms)
         console.print("warming up the three streaming queries ...")
-        store.producer("order-service").send(Message(ORDERS, b"{}", keys=WARMUP))
-        store.transaction_producer("pay-service", _PaymentListener({})).send_in_transaction(
-            Message(PAYMENTS, b"{}", keys=WARMUP), arg=WARMUP)
-        warm_deadline = time.time() + 120
-        def scheduled() -> int:
-            return sum(p.get("numInputRows", 0) for p in queries[1].recentProgress)
-
-        while ({ORDERS, PAYMENTS} - state.warm or not scheduled()) \
-                and time.time() < warm_deadline:
-            for q in queries:
-                if q.exception() is not None:
-                    raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
-            time.sleep(0.2)
-        if {ORDERS, PAYMENTS} - state.warm or not scheduled():
-            raise RuntimeError("the streaming queries did not start within 120 s")
+        _warm_up(store, state, queries)
         console.print(f"queries ready after {time.time() - started:.1f} s; producing orders")
         started = time.time()
         rate = max(50.0, orders / 15.0)  # produce for about 15 s
@@ -325,25 +272,8 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
                    Live(_render(progress, state, store, orders, started), console=console,
                         refresh_per_second=4, transient=False))
         with live_cm as live:
-            while time.time() < deadline:
-                for q in queries:
-                    if q.exception() is not None:
-                        raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
-                progress["checks"] = sum(p.get("numInputRows", 0)
-                                         for p in queries[0].recentProgress)
-                live.update(_render(progress, state, store, orders, started))
-                with state.lock:
-                    done = len(state.timeouts_seen) >= orders and not producer.is_alive() \
-                        and not state.reminding
-                if done:
-                    break
-                time.sleep(0.25)
-            # reminders stop once removed: anything still firing shows in this wait
-            quiet_until = time.time() + 2 * remind_s + 1
-            while time.time() < quiet_until:
-                live.update(_render(progress, state, store, orders, started))
-                time.sleep(0.25)
-            live.update(_render(progress, state, store, orders, started))
+            _watch(live, queries, producer, progress, state, store, orders, started, deadline,
+                   remind_s)
         stop.set()
         producer.join(timeout=10)
         elapsed = time.time() - started
@@ -362,6 +292,97 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)  # checkpoints; a --store DIR lies outside
     return ok
+
+
+def _start_queries(queries: list, spark, path: str, tmp: str, outcomes: dict,
+                   state: DemoState, timeout_ms: int, remind_ms: int) -> None:
+    """Start the demo's three streaming queries into ``queries`` (each as it starts, so that
+    the caller stops the started ones whatever happens): the check loop's answers, each
+    order's time-out scheduled through the exactly-once sink, and the pipeline."""
+    from pyspark.sql import functions as F
+
+    # the orders table the check loop joins against: did the customer really pay?
+    table = spark.createDataFrame(
+        [(oid, outcome == "unknown_paid") for oid, outcome in outcomes.items()
+         if outcome.startswith("unknown")] + [(WARMUP, True)], "order_id string, paid boolean")
+    checks = (spark.readStream.format("rmq").option("view", "transaction_checks")
+              .load(path))
+    decisions = (checks.withColumn("order_id", F.col("keys")[0])
+                 .join(table, "order_id", "left")
+                 .select("transaction_id",
+                         F.when(F.col("paid"), "COMMIT").when(~F.col("paid"), "ROLLBACK")
+                         .otherwise("UNKNOWN").alias("state")))
+
+    queries.append(
+        decisions.writeStream.format("rmq").option("action", "end_transaction")
+        .option("checkpointLocation", os.path.join(tmp, "chk-checks"))
+        .trigger(processingTime="500 milliseconds").start(path))
+    # each order's time-out, scheduled through the exactly-once sink
+    new_orders = (spark.readStream.format("rmq").option("subscribe", ORDERS)
+                  .option("startingOffsets", "earliest").load(path))
+    queries.append(
+        new_orders.select(F.lit(TIMEOUTS).alias("topic"), "body",
+                          F.lit("close_if_unpaid").alias("tags"), "keys",
+                          F.lit(timeout_ms).cast("long").alias("delay_ms"))
+        .writeStream.format("rmq").queryName("scheduler")
+        .option("checkpointLocation", os.path.join(tmp, "chk-scheduler"))
+        .trigger(processingTime="250 milliseconds").start(path))
+    stream = (spark.readStream.format("rmq")
+              .option("subscribe", f"{ORDERS},{PAYMENTS},{TIMEOUTS},{REMINDERS}")
+              .option("startingOffsets", "earliest").load(path))
+    queries.append(
+        stream.writeStream.foreachBatch(_pipeline_batch(state, path, remind_ms))
+        .option("checkpointLocation", os.path.join(tmp, "chk-pipeline"))
+        .trigger(processingTime="250 milliseconds").start())
+
+
+def _raise_if_failed(queries: list) -> None:
+    for q in queries:
+        if q.exception() is not None:
+            raise RuntimeError(f"query {q.name or q.id} failed: {q.exception()}")
+
+
+def _warm_up(store, state: DemoState, queries: list) -> None:
+    """One order and one UNKNOWN payment go through the queries before the orders flow, so
+    Spark's cold start does not count as lateness."""
+    from store import Message
+
+    store.producer("order-service").send(Message(ORDERS, b"{}", keys=WARMUP))
+    store.transaction_producer("pay-service", _PaymentListener({})).send_in_transaction(
+        Message(PAYMENTS, b"{}", keys=WARMUP), arg=WARMUP)
+    warm_deadline = time.time() + 120
+
+    def scheduled() -> int:
+        return sum(p.get("numInputRows", 0) for p in queries[1].recentProgress)
+
+    while ({ORDERS, PAYMENTS} - state.warm or not scheduled()) \
+            and time.time() < warm_deadline:
+        _raise_if_failed(queries)
+        time.sleep(0.2)
+    if {ORDERS, PAYMENTS} - state.warm or not scheduled():
+        raise RuntimeError("the streaming queries did not start within 120 s")
+
+
+def _watch(live, queries: list, producer, progress: dict, state: DemoState, store,
+           orders: int, started: float, deadline: float, remind_s: float) -> None:
+    """Show the counts until every time-out surfaced (or ``deadline``), then a little longer:
+    reminders stop once removed, and anything still firing shows in this wait."""
+    while time.time() < deadline:
+        _raise_if_failed(queries)
+        progress["checks"] = sum(p.get("numInputRows", 0)
+                                 for p in queries[0].recentProgress)
+        live.update(_render(progress, state, store, orders, started))
+        with state.lock:
+            done = len(state.timeouts_seen) >= orders and not producer.is_alive() \
+                and not state.reminding
+        if done:
+            break
+        time.sleep(0.25)
+    quiet_until = time.time() + 2 * remind_s + 1
+    while time.time() < quiet_until:
+        live.update(_render(progress, state, store, orders, started))
+        time.sleep(0.25)
+    live.update(_render(progress, state, store, orders, started))
 
 
 def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed: float,

@@ -311,8 +311,36 @@ def _served_members(path: str) -> tuple[str, ...]:
 
 
 def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
-    """Options of a reader (see :func:`parse_options`)."""
+    """Options of a reader (see :func:`parse_options`); each group checked in turn, so the
+    first wrong option is the one reported."""
+    view = _checked_view(raw, streaming)
+    subscribe, subscribe_pattern = _subscription(raw, view)
+    tags = parse_tags(raw["tags"]) if "tags" in raw else None
+    starting, ending = _offset_range(raw, streaming)
+    starting_ts, ending_ts = _timestamps(raw)
+    _check_offsets(raw, view, streaming is False, starting, ending, subscribe,
+                   subscribe_pattern)
 
+    max_per_trigger = None
+    if "maxoffsetspertrigger" in raw:
+        max_per_trigger = _parse_int("maxoffsetspertrigger", raw["maxoffsetspertrigger"], 1,
+                                     "an integer >= 1 (messages per micro-batch)")
+    push_filters = raw.get("pushfilters", "auto").strip().lower()
+    if push_filters not in PUSH_FILTERS:
+        raise _fail("pushfilters", raw["pushfilters"], "unknown value", ", ".join(PUSH_FILTERS))
+    flags = {name: _parse_bool(name, raw[name]) if name in raw else default for name, default
+             in (("failondataloss", True), ("deliverdue", True), ("verifycrc", False))}
+    return RmqOptions(
+        path=path, view=view, subscribe=subscribe, subscribe_pattern=subscribe_pattern, tags=tags,
+        starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
+        ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
+        fail_on_data_loss=flags["failondataloss"], deliver_due=flags["deliverdue"],
+        verify_crc=flags["verifycrc"], push_filters=push_filters, streaming=streaming, raw=raw)
+
+
+def _checked_view(raw: Mapping[str, str], streaming: bool | None) -> str:
+    """The view; an option that does not apply to it, to this kind of query or to reading
+    is refused."""
     for key in sorted(_WRITE_ONLY & raw.keys()):
         raise _fail(key, raw[key], "applies to writing only",
                     "leave it out of spark.read / spark.readStream")
@@ -342,7 +370,12 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
     elif "checkrounds" in raw:
         raise _fail("checkrounds", raw["checkrounds"], "applies to view=transaction_checks only",
                     "leave it out of view=messages")
+    return view
 
+
+def _subscription(raw: Mapping[str, str], view: str
+                  ) -> tuple[tuple[str, ...] | None, str | None]:
+    """``(subscribe, subscribePattern)``: exactly one for view=messages, at most one else."""
     subscribe = subscribe_pattern = None
     if "subscribe" in raw and "subscribepattern" in raw:
         raise InvalidOptionError(
@@ -367,9 +400,12 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
         raise InvalidOptionError(
             "neither subscribe nor subscribePattern is given; allowed: exactly one of them, "
             "e.g. .option('subscribe', 'orders,payments')")
+    return subscribe, subscribe_pattern
 
-    tags = parse_tags(raw["tags"]) if "tags" in raw else None
 
+def _offset_range(raw: Mapping[str, str], streaming: bool | None
+                  ) -> tuple[OffsetSpec, OffsetSpec]:
+    """``(startingOffsets, endingOffsets)`` with their defaults."""
     batch = streaming is False
     starting_default = OffsetSpec(LATEST if streaming else EARLIEST)
     starting = starting_default
@@ -380,6 +416,11 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
     if "endingoffsets" in raw:
         ending = parse_offset_spec("endingoffsets", raw["endingoffsets"],
                                    allow_earliest=False, allow_latest=True)
+    return starting, ending
+
+
+def _timestamps(raw: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """``(startingTimestamp, endingTimestamp)``, each instead of its side's offsets."""
     ts_allowed = "epoch milliseconds (an integer >= 0)"
     starting_ts = ending_ts = None
     for side in ("starting", "ending"):
@@ -398,7 +439,12 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
     if starting_ts is not None and ending_ts is not None and ending_ts < starting_ts:
         raise _fail("endingtimestamp", raw["endingtimestamp"],
                     f"before startingTimestamp={starting_ts}", f"a time >= {starting_ts}")
+    return starting_ts, ending_ts
 
+
+def _check_offsets(raw: Mapping[str, str], view: str, batch: bool, starting: OffsetSpec,
+                   ending: OffsetSpec, subscribe, subscribe_pattern) -> None:
+    """Offsets name subscribed topics only; a batch query's end is not before its start."""
     for spec_name, spec in (("startingoffsets", starting), ("endingoffsets", ending)):
         for topic in sorted(spec.topics()):
             matched = (topic in subscribe if subscribe is not None
@@ -418,19 +464,3 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
                     raise _fail("endingoffsets", raw["endingoffsets"],
                                 f"offset {end} of {topic}/{queue_id} is before its starting "
                                 f"offset {start}", f"an offset >= {start}")
-
-    max_per_trigger = None
-    if "maxoffsetspertrigger" in raw:
-        max_per_trigger = _parse_int("maxoffsetspertrigger", raw["maxoffsetspertrigger"], 1,
-                                     "an integer >= 1 (messages per micro-batch)")
-    push_filters = raw.get("pushfilters", "auto").strip().lower()
-    if push_filters not in PUSH_FILTERS:
-        raise _fail("pushfilters", raw["pushfilters"], "unknown value", ", ".join(PUSH_FILTERS))
-    flags = {name: _parse_bool(name, raw[name]) if name in raw else default for name, default
-             in (("failondataloss", True), ("deliverdue", True), ("verifycrc", False))}
-    return RmqOptions(
-        path=path, view=view, subscribe=subscribe, subscribe_pattern=subscribe_pattern, tags=tags,
-        starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
-        ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=flags["failondataloss"], deliver_due=flags["deliverdue"],
-        verify_crc=flags["verifycrc"], push_filters=push_filters, streaming=streaming, raw=raw)

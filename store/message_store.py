@@ -192,10 +192,8 @@ class MessageStore(StoreCore):
         ids = list(transaction_ids)
         if not ids:
             return []
-        index = self.transactions.index
         with self.write_lock():
-            index.refresh()
-            return [int(r) >= 0 for r in index.rows_of(ids)]
+            return self.transactions.known(ids)
 
     def transaction_origins(self, transaction_ids) -> list[tuple[str, str] | None]:
         """``(real topic, producer group)`` of each transaction id's half message, ``None``

@@ -15,7 +15,6 @@ multi-record write, so the records found this way are exactly the deliveries tha
 
 from __future__ import annotations
 
-import mmap
 import os
 
 import numpy as np
@@ -147,13 +146,7 @@ def release_commitlog_pages(store: StorePort) -> None:
     windows (hundreds of KiB per record here), so after a delivery run the pages are handed
     back; otherwise resident memory would grow with every record ever delivered.
     """
-    for f in store.commit_log.files.files:
-        m = getattr(f, "_map", None)
-        if m is not None:
-            try:
-                m.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError, AttributeError):
-                pass
+    store.commit_log.files.release_pages()
 
 
 _NATIVE_ENTRY_DTYPE = ENTRY_DTYPE.newbyteorder("=")

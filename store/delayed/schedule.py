@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -74,6 +75,34 @@ from .routing import (
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class LevelDelivery:
+    """What the delay levels hand to :func:`~store.delayed.restore.restore`: each record's
+    due time (its tagsCode); no pair of their own, nothing re-put, nothing superseded."""
+
+    due: np.ndarray
+
+    reads = sets = ()
+    requeue_topic = None
+
+    def part(self, rows: slice) -> LevelDelivery:
+        return LevelDelivery(np.asarray(self.due[rows], dtype=np.int64))
+
+    def requeued(self, n: int) -> np.ndarray:
+        return np.zeros(n, dtype=bool)
+
+    def due_ms(self, pairs, now: int) -> np.ndarray:
+        return self.due
+
+    def set_values(self, pairs, now: int, requeued: np.ndarray):
+        n = len(self.due)
+        return np.zeros((0, n), dtype=np.int64), np.zeros((0, n), dtype=bool)
+
+    def superseded(self, pairs, keep: np.ndarray) -> None:
+        return None
+
 def _int_or(value: object, default: int) -> int:
     """``value`` as an int, or ``default`` when it is missing or not a number."""
     try:
@@ -387,8 +416,8 @@ class ScheduleService:
             live = live_mask(head, log.min_offset())
             if len(done):
                 live &= ~np.isin(head["offset"], done)
-            result = restore(store, head["offset"][live].astype(np.int64), now=now,
-                             due_ms=head["tags_code"][live].astype(np.int64))
+            result = restore(store, head["offset"][live].astype(np.int64),
+                             LevelDelivery(head["tags_code"][live].astype(np.int64)), now=now)
             delivered += result.delivered
             off += k
             if k < len(e):

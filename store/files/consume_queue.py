@@ -31,11 +31,7 @@ ENTRY_FIELDS = (
     ("size", ">i4"),  # sizePy
     ("tags_code", ">i8"),  # tagsCode
 )
-_ENTRY = layout(ENTRY_FIELDS)
-ENTRY = _ENTRY.struct
-ENTRY_SIZE = ENTRY.size  # 20
-ENTRY_DTYPE = _ENTRY.dtype
-assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+ENTRY, ENTRY_SIZE, ENTRY_DTYPE = layout(ENTRY_FIELDS).exports()  # 20 bytes
 #: sizePy of a filler unit: a placeholder in front of a queue that starts past entry 0.
 FILLER_SIZE = 0x7FFFFFFF
 

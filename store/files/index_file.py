@@ -69,15 +69,9 @@ ENTRY_FIELDS = (
     ("prev_index", ">i4"),  # prevIndex
 )
 _HEADER, _SLOT, _ENTRY = layout(HEADER_FIELDS), layout(SLOT_FIELDS), layout(ENTRY_FIELDS)
-HEADER = _HEADER.struct
-HEADER_SIZE = HEADER.size  # 40
-HEADER_DTYPE = _HEADER.dtype
-SLOT_SIZE = _SLOT.struct.size  # 4
-SLOT_DTYPE = _SLOT.dtype
-ENTRY = _ENTRY.struct
-ENTRY_SIZE = ENTRY.size  # 20
-ENTRY_DTYPE = _ENTRY.dtype
-_SLOT_HEAD = _SLOT.struct
+HEADER, HEADER_SIZE, HEADER_DTYPE = _HEADER.exports()  # 40 bytes
+_SLOT_HEAD, SLOT_SIZE, SLOT_DTYPE = _SLOT.exports()  # 4 bytes
+ENTRY, ENTRY_SIZE, ENTRY_DTYPE = _ENTRY.exports()  # 20 bytes
 _COUNT_AT = _HEADER.offsets["index_count"]
 _MAX_TIME_DIFF = (1 << 31) - 1
 

@@ -42,6 +42,19 @@ def segment_name(start: int) -> str:
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
+def release_pages(mappings) -> None:
+    """Drop this process's resident pages of each of ``mappings`` (``mmap`` objects; ``None``
+    passed over): the data stays in the file and the page cache.  A mapping that cannot
+    (closed, no ``madvise`` here) is passed over too."""
+    for m in mappings:
+        if m is None:
+            continue
+        try:
+            m.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 class MappedFile:
     """One segment: ``path`` holds bytes ``[start, start + size)`` of the log."""
 
@@ -280,6 +293,11 @@ class MappedFileQueue:
     @property
     def files(self) -> list[MappedFile]:
         return self._files
+
+    def release_pages(self) -> None:
+        """Drop this process's resident pages of every segment's mapping (see
+        :func:`release_pages`)."""
+        release_pages([getattr(f, "_map", None) for f in self._files])
 
     def min_offset(self) -> int:
         """The start of the first segment (0 when there is none)."""

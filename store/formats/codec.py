@@ -67,13 +67,11 @@ HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("body_length", ">i4"),  # BODYLENGTH
 )
 _HEADER = layout(HEADER_FIELDS)
-RECORD_HEADER = _HEADER.struct
-HEADER_DTYPE = _HEADER.dtype
+RECORD_HEADER, HEADER_SIZE, HEADER_DTYPE = _HEADER.exports()  # 88 bytes
 TOPIC_LENGTH = struct.Struct(">B")
 PROPERTIES_LENGTH = struct.Struct(">h")
 BLANK = struct.Struct(">ii")  # TOTALSIZE (bytes left in the segment), BLANK_MAGIC_CODE
 
-HEADER_SIZE = RECORD_HEADER.size  # 88
 #: Byte offset of each header field inside a record.
 FIELD_OFFSET = _HEADER.offsets
 _HEADER_VOID = np.dtype(f"V{HEADER_SIZE}")

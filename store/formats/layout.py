@@ -25,6 +25,11 @@ class Layout(NamedTuple):
     dtype: np.dtype
     offsets: dict[str, int]
 
+    def exports(self) -> tuple[struct.Struct, int, np.dtype]:
+        """``(struct, size, dtype)``: what a format module publishes of a layout (as ``X``,
+        ``X_SIZE``, ``X_DTYPE``); both sizes agree (:func:`layout` checks)."""
+        return self.struct, self.struct.size, self.dtype
+
 
 def layout(fields: tuple[tuple[str, str], ...]) -> Layout:
     """Build a big-endian :class:`Layout` from ``(name, type)`` pairs (see the module docstring)."""

@@ -56,6 +56,70 @@ def _copy(dst, w, src, a, b, mc):
             dst[w + j] = src[a + j]
 
 
+def _copy_bodies(seg, body_start, body_end, body_data, body_offsets, mc):
+    """Copy body ``i`` (``seg[body_start[i]:body_end[i]]``) after the ones before it into
+    ``body_data``, its end into ``body_offsets[i + 1]``."""
+    w = 0
+    body_offsets[0] = 0
+    po = body_data.ctypes.data
+    ps = seg.ctypes.data
+    for i in range(len(body_start)):
+        a = body_start[i]
+        b = body_end[i]
+        if b > a:
+            mc(po + w, ps + a, b - a)
+        w += b - a
+        body_offsets[i + 1] = w
+
+
+def _system_name(seg, p, q, table_data, table_offsets, by_length):
+    """The system name ``seg[p:q]`` is (its position in the table: by length, then bytes),
+    or -1."""
+    length = q - p
+    if length < len(by_length) - 1:
+        for k in range(by_length[length], by_length[length + 1]):
+            t0 = table_offsets[k]
+            j = 0
+            while j < length and seg[p + j] == table_data[t0 + j]:
+                j += 1
+            if j == length:
+                return k
+    return -1
+
+
+def _decimal_ms(seg, a, b):
+    """``seg[a:b]`` as a decimal of at most :data:`_MAX_MS_DIGITS` digits, or -1 for
+    anything else."""
+    if b - a > _MAX_MS_DIGITS:
+        return -1
+    ms = 0
+    for j in range(a, b):
+        d = int(seg[j]) - 48
+        if d < 0 or d > 9:
+            return -1
+        ms = ms * 10 + d
+    return ms
+
+
+def _split_keys(seg, a, b, keys_data, keys_offsets, wk, pieces, mc):
+    """Append the pieces of ``seg[a:b]`` between spaces (empty ones dropped) to the keys
+    column written up to byte ``wk`` and piece ``pieces``; return both, moved on."""
+    j = a
+    while j < b:
+        while j < b and seg[j] == 32:
+            j += 1
+        if j == b:
+            break
+        k0 = j
+        while j < b and seg[j] != 32:
+            j += 1
+        _copy(keys_data, wk, seg, k0, j, mc)
+        wk += j - k0
+        pieces += 1
+        keys_offsets[pieces] = wk
+    return wk, pieces
+
+
 def _gather_messages(seg, body_start, body_end, props_start, props_end, is_commit,
                      table_data, table_offsets, table_codes, by_length, parse,
                      body_data, body_offsets,
@@ -72,17 +136,7 @@ def _gather_messages(seg, body_start, body_end, props_start, props_end, is_commi
     system names, dropped).  ``counts`` receives (keys pieces, user pairs).
     """
     n = len(body_start)
-    w = 0
-    body_offsets[0] = 0
-    po = body_data.ctypes.data
-    ps = seg.ctypes.data
-    for i in range(n):
-        a = body_start[i]
-        b = body_end[i]
-        if b > a:
-            mc(po + w, ps + a, b - a)
-        w += b - a
-        body_offsets[i + 1] = w
+    _copy_bodies(seg, body_start, body_end, body_data, body_offsets, mc)
     if not parse:
         return -1
     wu = 0
@@ -127,17 +181,7 @@ def _gather_messages(seg, body_start, body_end, props_start, props_end, is_commi
                     q = s2
                 s2 += 1
             if q > p and q < s2 - 1:  # a pair: name [p, q), value [q + 1, s2)
-                code = -1  # the system name it is (by length, then bytes), or -1
-                length = q - p
-                if length < len(by_length) - 1:
-                    for k in range(by_length[length], by_length[length + 1]):
-                        t0 = table_offsets[k]
-                        j = 0
-                        while j < length and seg[p + j] == table_data[t0 + j]:
-                            j += 1
-                        if j == length:
-                            code = k
-                            break
+                code = _system_name(seg, p, q, table_data, table_offsets, by_length)
                 if code < 0:
                     _copy(map_key_data, wmk, seg, p, q, mc)
                     wmk += q - p
@@ -182,29 +226,12 @@ def _gather_messages(seg, body_start, body_end, props_start, props_end, is_commi
         deliver_valid[i] = ds >= 0
         deliver_us[i] = 0
         if ds >= 0:
-            if de - ds > _MAX_MS_DIGITS:  # (a sign, spaces: the reference path decides)
+            ms = _decimal_ms(seg, ds, de)
+            if ms < 0:  # (a sign, spaces, too many digits: the reference path decides)
                 return i
-            ms = 0
-            for j in range(ds, de):
-                d = int(seg[j]) - 48
-                if d < 0 or d > 9:
-                    return i
-                ms = ms * 10 + d
             deliver_us[i] = ms * 1000
-        if ks >= 0:  # pieces between spaces, empty ones dropped
-            j = ks
-            while j < ke:
-                while j < ke and seg[j] == 32:
-                    j += 1
-                if j == ke:
-                    break
-                k0 = j
-                while j < ke and seg[j] != 32:
-                    j += 1
-                _copy(keys_data, wk, seg, k0, j, mc)
-                wk += j - k0
-                pieces += 1
-                keys_offsets[pieces] = wk
+        if ks >= 0:
+            wk, pieces = _split_keys(seg, ks, ke, keys_data, keys_offsets, wk, pieces, mc)
         keys_lists[i + 1] = pieces
     counts[0] = pieces
     counts[1] = pairs
@@ -275,7 +302,8 @@ def _check_records(seg, pos, sizes, phys, queue_id, queue_offsets, topic, at, ma
     return -1
 
 
-_KERNELS = kernel_set(globals(), helpers=("_copy", "_be", "_be64"),
+_KERNELS = kernel_set(globals(), helpers=("_copy", "_copy_bodies", "_system_name",
+                                          "_decimal_ms", "_split_keys", "_be", "_be64"),
                       kernels=("_gather_messages", "_check_records"))
 
 

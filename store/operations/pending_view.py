@@ -139,10 +139,8 @@ def _levels(store, limit: int) -> list[dict]:
 def _transactions(store, limit: int) -> list[dict]:
     if not limit:
         return []
-    index = store.transactions.index
-    index.refresh()
     out = []
-    for tx, born, offset in index.oldest_open(limit):
+    for tx, born, offset in store.transactions.oldest_open(limit):
         try:
             p = store.read_record(offset).properties
         except CorruptRecordError:

@@ -37,7 +37,9 @@ its offset is known once delivered), ``commitlog_offset`` (of the stored record)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import closing
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -67,6 +69,7 @@ from ..message import (
 )
 from ..kernels.property_kernels import format_int_pairs
 from ..kernels.record_kernels import ByteColumn, ByteSlices
+from .table_keys import keyed_table
 from .table_rows import COLUMNS, PreparedRows, as_table, prepare_rows
 
 #: Rows per chunk at most: the rows of one topic in one chunk go to one queue (a RocketMQ
@@ -146,15 +149,110 @@ def append_prepared(store: StorePort, rows: PreparedRows, *, sys_flag: int = 0,
     }, schema=RESULT_SCHEMA)
 
 
-def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
-                  sys_flag: int = 0, magic: int = MESSAGE_MAGIC_CODE_V1,
-                  allocate: Allocate | None = None) -> AssembledRecords:
-    """The records of ``rows`` as :func:`append_prepared` would write them (delayed rows
-    routed, ``real_qid`` their real queues), assembled but not placed: the exactly-once
-    sink stages them so that its commit only places them (:mod:`store.sink.halves`).
-    ``magic``: their MAGICCODE (the sink stages them with a zero one); ``allocate``: where
-    they are assembled (see :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
-    return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate, magic)[0]
+@dataclass(frozen=True, slots=True)
+class TableChunk:
+    """Chunk ``index`` of :func:`append_table_chunks`, rows ``lo:hi``, as the caller's ``make``
+    sees it (on either of two threads): ``rows``, the chunk's prepared rows (``None`` when
+    only placement columns were given); each row goes to ``queue_ids[i]`` (the queue its
+    topic takes for the chunk, or the one it kept; ``None`` when chosen only as the chunk is
+    appended)."""
+
+    store: StorePort
+    rows: PreparedRows | None
+    index: int
+    lo: int
+    hi: int
+    queue_ids: np.ndarray | None
+
+    def encode(self, *, sys_flag: int = 0, magic: int = MESSAGE_MAGIC_CODE_V1,
+               allocate: Allocate | None = None) -> AssembledRecords:
+        """The chunk's records as :func:`append_prepared` would write them (delayed rows
+        routed to their real queues), assembled but not placed.  ``magic``: their MAGICCODE
+        (the sink stages them with a zero one); ``allocate``: where they are assembled (see
+        :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
+        return _encode_chunk(self.store, self.rows, self.queue_ids, sys_flag, None, allocate,
+                             magic)[0]
+
+
+def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tuple], *,
+                        topic: str | None = None, bounds: Callable | None = None,
+                        create_topics: bool = True, presume: bool = False) -> list:
+    """Encode and append rows in chunks, one append each; return what ``make`` said of each
+    chunk.  The door of the exactly-once sink (:mod:`store.sink`) to the producer.
+
+    ``rows``: a table as for :func:`send_table` (validated here: with a ``key`` column, as
+    ``replace_table`` takes it), prepared rows, or only their placement columns (a named
+    tuple of ``topic_names``, ``topic_ids`` and ``queue_ids``, one per row, -1: the round
+    robin).
+    ``bounds(rows)``: the rows ``(lo, hi)`` of each chunk (default: :data:`CHUNK_ROWS` rows).
+    ``make(chunk)`` returns ``(records, result)`` for each :class:`TableChunk` on either of two
+    threads (:func:`~store.core.pipeline.prepared_in_order`), and this one appends the
+    records in order.  Each chunk's rows take the next queue of their topic's round robin (as
+    a RocketMQ batch) or the queue they kept: chosen for every chunk first, in order, when
+    ``create_topics`` is false (missing topics are then only counted) or when ``presume``
+    places chunks of one topic that keep no queue by a
+    :class:`~store.core.placement_chain.PlacementChain` as soon as they are made (``make``
+    then assembles records of one queue, stored at their ``store_timestamp_ms``); else as
+    each chunk is appended (its records' ``queue_ids`` are then set there), creating missing
+    topics.
+    """
+    with paused_gc():
+        if not isinstance(rows, (PreparedRows, tuple)):  # a table, not yet validated
+            rows = _validated(store, rows, topic)
+        n = len(rows.topic_ids)
+        if n == 0:
+            return []
+        cuts = (bounds(rows) if bounds is not None
+                else [(lo, min(n, lo + CHUNK_ROWS)) for lo in range(0, n, CHUNK_ROWS)])
+        names, kept = rows.topic_names, rows.queue_ids
+
+        def queues(lo: int, hi: int) -> np.ndarray:
+            return queues_for_chunk(store, names, rows.topic_ids[lo:hi],
+                                    None if kept is None else kept[lo:hi], create=create_topics)
+
+        one_queue = len(names) == 1 and (kept is None or bool((kept < 0).all()))
+        chain = first = None
+        if presume and one_queue and len(cuts) > 1:
+            first = [queues(lo, hi) for lo, hi in cuts]
+            chain = store.placement_chain(len(cuts), sorted({(names[0], int(q[0]))
+                                                             for q in first}))
+        elif not create_topics:
+            first = [queues(lo, hi) for lo, hi in cuts]
+
+        prepared = isinstance(rows, PreparedRows)
+
+        def prepare(k: int):  # reads the rows, writes only its own buffer
+            lo, hi = cuts[k]
+            try:
+                records, result = make(TableChunk(store, rows.slice(lo, hi) if prepared else None,
+                                                  k, lo, hi, None if first is None else first[k]))
+                if chain is not None:  # the placement, written while the records are cached
+                    records = replace(records, presumed=chain.presume_assembled(
+                        k, records.data, records.starts, records.sizes,
+                        (names[0], int(first[k][0])), records.store_timestamp_ms))
+                return records, result
+            finally:
+                if chain is not None:
+                    chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
+
+        results = []
+        with closing(prepared_in_order(len(cuts), prepare, threads=store.encode_threads)) as made:
+            for k, (records, result) in enumerate(made):
+                if first is None:  # chosen as the chunk is appended (its topic created then)
+                    records = replace(records, queue_ids=queues(*cuts[k]))
+                store.append_assembled(records)
+                results.append(result)
+        return results
+
+
+def _validated(store: StorePort, data, topic: str | None) -> PreparedRows:
+    """``data`` validated as :func:`send_table` does, or as ``replace_table`` does when it has
+    a ``key`` column (each row then replaces its key's pending message)."""
+    table = as_table(data)
+    if "key" in table.column_names:
+        table = keyed_table(table, store.now_ms())
+        store.timer.keys.ensure()
+    return prepare_rows(store, table, topic=topic)
 
 
 def _chunk_bounds(rows: PreparedRows, chunk_rows: int) -> list[tuple[int, int]]:
@@ -335,6 +433,6 @@ _ROUTING_PAIRS = (PROPERTY_REAL_QUEUE_ID, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TI
                   PROPERTY_TIMER_DELIVER_MS)
 
 
-__all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "append_prepared",
-           "as_table", "assemble_rows", "chunk_queues", "prepare_rows", "queues_for_chunk",
-           "round_robin_queues", "send_table"]
+__all__ = ["CHUNK_ROWS", "COLUMNS", "RESULT_SCHEMA", "PreparedRows", "TableChunk",
+           "append_prepared", "append_table_chunks", "as_table", "chunk_queues", "prepare_rows",
+           "queues_for_chunk", "round_robin_queues", "send_table"]

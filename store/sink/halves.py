@@ -3,9 +3,9 @@
 Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 
 * **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
-  commit will write (routed as :func:`~store.produce.table_producer.append_prepared` routes them,
-  CRCs computed), with a zero magic code, by the compiled record kernel straight into the
-  half's framed body (a small big-endian head with each record's topic, queue, tagsCode
+  commit will write (by the producer's :meth:`~store.produce.table_producer.TableChunk.encode`:
+  routed, CRCs computed), with a zero magic code, by the compiled record kernel straight
+  into the half's framed body (a small big-endian head with each record's topic, queue, tagsCode
   and size, then the records): the half's bytes are written once, then appended.
 * **Commit** (:func:`append_staged`): the halves are read back as views of the mapped
   CommitLog segment, their body CRCs checked, and their records copied out, given their
@@ -15,7 +15,6 @@ Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
 
 from __future__ import annotations
 
-from contextlib import closing
 from typing import NamedTuple
 
 import numpy as np
@@ -34,16 +33,13 @@ from ..formats.codec import (
     decode_properties,
     encode_properties,
 )
-from ..core.append_types import AssembledRecords, EncodedRecords, Presumed
-from ..core.pipeline import prepared_in_order
+from ..core.append_types import AssembledRecords, EncodedRecords
 from ..message import TRANS_HALF_TOPIC
 from ..formats.crc import crc32
 from ..errors import CorruptRecordError, MessageTooLargeError
 from ..kernels.record_kernels import ByteColumn, complete_staged, one_array
 from .format import STAGED_MAGIC, framed_head
-from ..produce.table_producer import (CHUNK_ROWS, assemble_rows, queues_for_chunk,
-                                     round_robin_queues)
-from ..produce.table_rows import PreparedRows
+from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
 
 #: Part of ``max_message_size_bytes`` a half's rows may fill (the rest: the body's head).
@@ -55,19 +51,20 @@ _STAGED_AT = np.array([FIELD_OFFSET["magic"], FIELD_OFFSET["prepared_transaction
                       dtype=np.int64)
 
 
-def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
-                properties: dict[str, str]) -> AssembledRecords:
-    """One sink half holding the records of ``rows``, ready for :meth:`append_encoded`; needs
-    no lock.
+def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
+    """One sink half holding the records of ``chunk`` (a
+    :class:`~store.produce.table_producer.TableChunk` of prepared rows), ready for
+    :meth:`append_encoded`; needs no lock.
 
     The records are those the commit writes (routed, CRCs computed, zero magic
     code), but assembled by the record kernel straight into the half's framed body
     (:mod:`store.sink.format`): no Arrow stream or second record copies them.  The half is
-    born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
+    born at the rows' ``born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
     ``properties``; :class:`MessageTooLargeError` if it would exceed the largest record.
     """
     topic = TRANS_HALF_TOPIC.encode("ascii")
     props = encode_properties(properties)
+    rows = chunk.rows
     keep = _kept_queues(rows)
     half: list = []
 
@@ -85,8 +82,7 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
         half.append((data, at + total))
         return data[HEADER_SIZE + at:HEADER_SIZE + at + total]
 
-    assemble_rows(store, rows, real_qid, sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC,
-                  allocate=allocate)
+    chunk.encode(sys_flag=TRANSACTION_COMMIT_TYPE, magic=STAGED_MAGIC, allocate=allocate)
     data, body_len = half[0]
     header = _half_header(rows.born_ms, body_len)
     header["total_size"] = len(data)
@@ -120,7 +116,7 @@ def _half_header(born_ms: int, body_len: int) -> np.ndarray:
     return header
 
 
-def _kept_queues(rows: PreparedRows) -> np.ndarray:
+def _kept_queues(rows) -> np.ndarray:
     """Rows whose staged queue the commit keeps (delayed rows, rows that asked for one);
     the others take the commit's round robin."""
     keep = (rows.levels > 0) | (rows.deliver_ms >= 0)
@@ -129,33 +125,57 @@ def _kept_queues(rows: PreparedRows) -> np.ndarray:
     return keep
 
 
-
-
-class StagedChunk(NamedTuple):
-    """Records ``lo:hi`` of a commit, copied out of their halves and completed: record ``i``
-    is ``data[starts[i]:starts[i] + sizes[i]]``; ``presumed``: the placement their four
-    placement fields were written for, if any."""
-
-    lo: int
-    hi: int
-    data: np.ndarray
-    starts: np.ndarray
-    sizes: np.ndarray
-    presumed: Presumed | None
-
-
 def append_staged(store, group: list) -> int:
     """Commit the staged records of several halves (``(table, half offset)`` pairs,
     STAGED_RECORDS_SCHEMA) at once; return how many.
 
-    In chunks of :data:`~store.produce.table_producer.CHUNK_ROWS` records, each copied out of the
-    halves into a buffer of its own, checked and completed by one compiled pass
-    (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then the magic
-    code and PREPAREDTRANSACTIONOFFSET) on either of two threads
-    (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
-    append on this one, in order.  Raises :class:`CorruptRecordError` when a staged record
-    fails the checks (the caller's atomic group then drops everything of the commit).
+    In the producer's chunks (:func:`~store.produce.table_producer.append_table_chunks`), each
+    copied out of the halves into a buffer of its own, checked and completed by one compiled
+    pass (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then
+    the magic code and PREPAREDTRANSACTIONOFFSET) on either of two threads, and placed by the
+    core's columnar append on the caller's, in order.  Raises :class:`CorruptRecordError`
+    when a staged record fails the checks (the caller's atomic group then drops everything
+    of the commit).
     """
+    staged = _staged_records(group)
+    if staged is None:
+        return 0
+    now = store.now_ms()  # every record of the commit is stored at its start
+
+    def make(chunk) -> tuple[AssembledRecords, None]:  # reads the halves, writes its own buffer
+        lo, hi = chunk.lo, chunk.hi
+        buf, starts, sizes = _completed_copy(store, staged, lo, hi)
+        return AssembledRecords(
+            data=buf, starts=starts, sizes=sizes, topics=staged.topic_names,
+            topic_ids=staged.topic_ids[lo:hi], queue_ids=chunk.queue_ids,
+            tags_codes=staged.tags_codes[lo:hi], dispatched=True, store_timestamp_ms=now), None
+
+    # one topic, no queue kept: each chunk takes the next queue of its round robin, known
+    # before it is copied, so that its placement is presumed while copied (as send_table's)
+    append_table_chunks(store, staged, make, presume=True)
+    return len(staged.sizes)
+
+
+class StagedRecords(NamedTuple):
+    """The staged records of a commit's halves, one row per record: the first six fields
+    are what the producer places them by and what their records say of them."""
+
+    topic_names: list[str]
+    #: each record's topic, its real queue (-1: its topic's round robin) and its tagsCode
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    tags_codes: np.ndarray
+    #: each record's size and the CommitLog offset of its half (its PREPAREDTRANSACTIONOFFSET)
+    sizes: np.ndarray
+    prepared: np.ndarray
+    #: per half: its records' bytes, their offsets in them, and its first record's row
+    datas: list
+    offsets: list
+    first: np.ndarray
+
+
+def _staged_records(group: list) -> StagedRecords | None:
+    """The records of the halves of ``group`` as columns (``None``: no record at all)."""
     topics: dict[str, int] = {}
     datas, offsets, topic_ids, queue_ids, codes, halves = [], [], [], [], [], []
     for table, clog in group:
@@ -174,78 +194,50 @@ def append_staged(store, group: list) -> int:
         codes.append(table.column("tags_code").to_numpy())
         halves.append(clog)
     if not datas:
-        return 0
+        return None
     counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
-    first = np.concatenate(([0], np.cumsum(counts)))  # first record of each half
-    size = np.concatenate([np.diff(o) for o in offsets])
-    prepared = np.repeat(np.array(halves, dtype=np.int64), counts)
-    topic_id, queue_id = np.concatenate(topic_ids), np.concatenate(queue_ids)
-    code = np.concatenate(codes)
-    names = list(topics)
-    total = int(first[-1])
-    chunks = -(-total // CHUNK_ROWS)
-    now = store.now_ms()  # every record of the commit is stored at its start
-    # one topic, no queue kept: each chunk takes the next queue of its round robin, known now,
-    # so that each chunk's placement is presumed while it is copied (as send_table's)
-    round_robin = len(names) == 1 and chunks > 1 and bool((queue_id < 0).all())
-    chunk_queue = chain = None
-    if round_robin:
-        chunk_queue = round_robin_queues(store, names[0], chunks)
-        chain = store.placement_chain(chunks, sorted({(names[0], q) for q in chunk_queue}))
+    return StagedRecords(
+        topic_names=list(topics), topic_ids=np.concatenate(topic_ids),
+        queue_ids=np.concatenate(queue_ids), tags_codes=np.concatenate(codes),
+        sizes=np.concatenate([np.diff(o) for o in offsets]),
+        prepared=np.repeat(np.array(halves, dtype=np.int64), counts),
+        datas=datas, offsets=offsets, first=np.concatenate(([0], np.cumsum(counts))))
 
-    def prepare(k: int) -> StagedChunk:  # reads the halves, writes only its own buffer
-        try:
-            return copied(k)
-        finally:
-            if chain is not None:
-                chain.release(k)  # (a chunk that failed: the chunks after it are not presumed)
 
-    def copied(k: int) -> StagedChunk:
-        lo = k * CHUNK_ROWS
-        hi = min(total, lo + CHUNK_ROWS)
-        sizes = size[lo:hi]
-        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        nbytes = int(starts[-1] + sizes[-1])
-        buf = np.empty(nbytes, dtype=np.uint8)
-        pos = 0
-        for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(counts)):
-            a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
-            if a >= b:
-                break
-            o = offsets[h]
-            src = datas[h][o[a - first[h]]:o[b - first[h]]]
-            if pos + len(src) > nbytes:
-                break
-            buf[pos:pos + len(src)] = src
-            pos += len(src)
-        if pos != nbytes:  # offsets past their buffer: a half written wrongly
-            raise CorruptRecordError(
-                store.commit_log.directory, int(prepared[lo]),
-                f"sink half whose staged records hold {pos} bytes where their offsets say "
-                f"{nbytes}; its batch cannot commit")
-        bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
-                              MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
-        if bad >= 0:
-            raise CorruptRecordError(
-                store.commit_log.directory, int(prepared[lo + bad]),
-                f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
-                "field or magic code; its batch cannot commit")
-        presumed = (None if chain is None else chain.presume_assembled(
-            k, buf, starts, sizes, (names[0], chunk_queue[k]), now))
-        return StagedChunk(lo, hi, buf, starts, sizes, presumed)
-
-    with closing(prepared_in_order(chunks, prepare, threads=store.encode_threads)) as ready:
-        for k, chunk in enumerate(ready):
-            lo, hi = chunk.lo, chunk.hi
-            tids = topic_id[lo:hi]
-            # -1: the next queue of the topic's round robin, one per chunk (as send_table)
-            qids = (np.full(hi - lo, chunk_queue[k], np.int64) if round_robin
-                    else queues_for_chunk(store, names, tids, queue_id[lo:hi]))
-            store.append_assembled(AssembledRecords(
-                data=chunk.data, starts=chunk.starts, sizes=chunk.sizes, topics=names,
-                topic_ids=tids, queue_ids=qids, tags_codes=code[lo:hi], dispatched=True,
-                store_timestamp_ms=now, presumed=chunk.presumed))
-    return total
+def _completed_copy(store, staged: StagedRecords, lo: int, hi: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Records ``lo:hi`` copied out of their halves into a buffer of their own, checked and
+    completed (:func:`~store.kernels.record_kernels.complete_staged`): ``(data, starts,
+    sizes)``; :class:`CorruptRecordError` for a half written wrongly."""
+    first, offsets, prepared = staged.first, staged.offsets, staged.prepared
+    sizes = staged.sizes[lo:hi]
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    nbytes = int(starts[-1] + sizes[-1])
+    buf = np.empty(nbytes, dtype=np.uint8)
+    pos = 0
+    for h in range(int(np.searchsorted(first, lo, "right")) - 1, len(offsets)):
+        a, b = max(lo, int(first[h])), min(hi, int(first[h + 1]))
+        if a >= b:
+            break
+        o = offsets[h]
+        src = staged.datas[h][o[a - first[h]]:o[b - first[h]]]
+        if pos + len(src) > nbytes:
+            break
+        buf[pos:pos + len(src)] = src
+        pos += len(src)
+    if pos != nbytes:  # offsets past their buffer: a half written wrongly
+        raise CorruptRecordError(
+            store.commit_log.directory, int(prepared[lo]),
+            f"sink half whose staged records hold {pos} bytes where their offsets say "
+            f"{nbytes}; its batch cannot commit")
+    bad = complete_staged(buf, starts, sizes, prepared[lo:hi], STAGED_MAGIC,
+                          MESSAGE_MAGIC_CODE_V1, _STAGED_AT, FIXED_SIZE)
+    if bad >= 0:
+        raise CorruptRecordError(
+            store.commit_log.directory, int(prepared[lo + bad]),
+            f"sink half whose staged record of {int(sizes[bad])} bytes has a wrong size "
+            "field or magic code; its batch cannot commit")
+    return buf, starts, sizes
 
 
 def half_view(store, offset: int) -> tuple[dict, memoryview, int]:
@@ -289,7 +281,7 @@ def assemble_half(store, spec: RecordSpec) -> AssembledRecords:
         tags_codes=np.array([code], np.int64)))
 
 
-def half_bounds(rows: PreparedRows, store) -> list[tuple[int, int]]:
+def half_bounds(rows, store) -> list[tuple[int, int]]:
     """Row ranges of the halves: each holds at most ``HALF_FILL`` of the message size limit
     (or of half a CommitLog segment, when smaller); a single larger row gets a half of its
     own."""

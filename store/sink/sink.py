@@ -38,13 +38,11 @@ rolls back the halves of the other one's batch in progress, whose commit then fa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..formats.batch_encoding import paused_gc
-from ..core.pipeline import prepared_in_order
 from ..formats.codec import (
     RecordSpec,
 )
@@ -82,9 +80,7 @@ from .halves import (
     half_bounds,
     half_view,
 )
-from ..produce.table_producer import chunk_queues
-from ..produce.table_keys import keyed_table
-from ..produce.table_rows import PreparedRows, as_table, prepare_rows
+from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
 from ..transaction.op import op_specs
 
@@ -122,39 +118,27 @@ class Sink:
         """Validate and stage rows (a table as for ``send_table``, or for ``replace_table``
         with a ``key`` column: each row replaces its key's pending message when the batch
         commits); return the halves' ids."""
-        with paused_gc():
-            table = as_table(data)
-            if "key" in table.column_names:
-                table = keyed_table(table, self.store.now_ms())
-                self.store.timer.keys.ensure()
-            return self.stage_prepared(prepare_rows(self.store, table, topic=topic))
+        return self._stage(data, topic)
 
-    def stage_prepared(self, rows: PreparedRows) -> list[str]:
+    def stage_prepared(self, rows) -> list[str]:
         """Stage rows already validated by :func:`~store.produce.table_rows.prepare_rows` (a store
         group validates every member's share before any member writes)."""
-        if not len(rows):
-            return []
+        return self._stage(rows, None)
+
+    def _stage(self, rows, topic: str | None) -> list[str]:
+        """Each half one chunk of the producer's: its rows encoded into the half (queues
+        chosen in order, on this thread: a delayed row's routing names its real queue; topics
+        are created by the commit: a batch that never commits leaves none)."""
         store = self.store
-        bounds = half_bounds(rows, store)
-        # queues in order, on this thread: a delayed row's routing names its real queue
-        # (topics are created by the commit: a batch that never commits leaves none)
-        queues = [chunk_queues(store, rows.slice(lo, hi), create=False) for lo, hi in bounds]
 
-        def prepare(k: int):  # on either of two threads (see store.core.pipeline)
-            lo, hi = bounds[k]
-            part = rows.slice(lo, hi)
-            props = self._half_properties(part)
-            return props[PROPERTY_TRANSACTION_ID], framed_half(store, part, queues[k], props)
+        def make(chunk):  # on either of two threads (see store.core.pipeline)
+            props = self._half_properties(chunk.rows)
+            return framed_half(store, chunk, props), props[PROPERTY_TRANSACTION_ID]
 
-        staged = []
-        encoded = prepared_in_order(len(bounds), prepare, threads=store.encode_threads)
-        with paused_gc(), closing(encoded) as halves:
-            for tx, records in halves:
-                store.append_assembled(records)
-                staged.append(tx)
-        return staged
+        return append_table_chunks(store, rows, make, topic=topic, create_topics=False,
+                                   bounds=lambda prepared: half_bounds(prepared, store))
 
-    def _half_properties(self, part: PreparedRows) -> dict[str, str]:
+    def _half_properties(self, part) -> dict[str, str]:
         """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
         return {PROPERTY_TRANSACTION_ID: new_transaction_id(self.sink_id),
                 PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
@@ -177,10 +161,9 @@ class Sink:
             raise InvalidMessageError(f"batch id {batch_id!r}; allowed: an int >= 0")
         listed = list(dict.fromkeys(transactions))
         store = self.store
-        index = store.transactions.index
+        transactions = store.transactions
         with paused_gc(), store.atomic_append():
-            index.refresh()
-            open_rows = self._open_rows(index)
+            open_rows = self._open_rows(transactions)
             marker = self._marker(batch_id)
             replayed = marker is not None
             if replayed:
@@ -207,25 +190,24 @@ class Sink:
             rows = 0
             if not replayed:
                 store.append([self._marker_spec(batch_id, listed, now)])
-            rows += self._commit_halves(index, [open_rows[tx] for tx in commit])
+            rows += self._commit_halves(transactions, [open_rows[tx] for tx in commit])
             ended = [open_rows[tx] for tx in commit + rollback]
-            self._end_halves(index, ended, now)
+            self._end_halves(transactions, ended, now)
         if ended:
-            index.mark_ended(ended)
+            transactions.mark_ended(ended)
         return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
                           replayed=replayed)
 
     def abort(self) -> int:
         """Roll back every open half of this sink (a failed batch); return how many."""
         store = self.store
-        index = store.transactions.index
+        transactions = store.transactions
         with store.write_lock():
-            index.refresh()
-            open_rows = self._open_rows(index)
+            open_rows = self._open_rows(transactions)
             if not open_rows:
                 return 0
-            self._end_halves(index, list(open_rows.values()), store.now_ms())
-            index.mark_ended(list(open_rows.values()))
+            self._end_halves(transactions, list(open_rows.values()), store.now_ms())
+            transactions.mark_ended(list(open_rows.values()))
         return len(open_rows)
 
     def committed_batches(self) -> dict[int, dict]:
@@ -234,27 +216,19 @@ class Sink:
 
     def open_halves(self) -> list[str]:
         """Transaction ids of this sink's halves that are still open."""
-        index = self.store.transactions.index
-        index.refresh()
-        return list(self._open_rows(index))
+        return list(self._open_rows(self.store.transactions))
 
     # ------------------------------------------------------------------ internals
-    def _end_halves(self, index, rows: list[int], now: int) -> None:
+    def _end_halves(self, transactions, rows: list[int], now: int) -> None:
         """Append the op messages ending the halves of index ``rows`` (their newest copies);
         the caller holds the write lock and marks the rows ended once the append landed."""
         if rows:
-            offsets = sorted(int(index.row_latest.data[r]) for r in rows)
+            offsets = sorted(transactions.latest_half_offsets(rows))
             self.store.append(op_specs(offsets, now, HALF_QUEUE_ID), batch=True)
 
-    def _open_rows(self, index) -> dict[str, int]:
-        n = index.rows
-        if n == 0:
-            return {}
-        keys = index.row_key.data[:n].view(np.uint8).reshape(n, 32)
-        prefix = np.frombuffer(transaction_prefix(self.sink_id), np.uint8)
-        mine = (keys[:, :len(prefix)] == prefix).all(axis=1)
-        mine &= index.open_rows()
-        return {index.transaction_id(int(r)): int(r) for r in np.flatnonzero(mine)}
+    def _open_rows(self, transactions) -> dict[str, int]:
+        """This sink's open halves: transaction id -> index row (the index read first)."""
+        return transactions.open_rows_with_prefix(transaction_prefix(self.sink_id))
 
     def _marker_spec(self, batch_id: int, transactions: list[str], now: int) -> RecordSpec:
         key = sink_key(self.sink_id)
@@ -298,18 +272,18 @@ class Sink:
     def _listed_by_markers(self) -> set[str]:
         return {tx for m in self._markers(None) for tx in m["transactions"]}
 
-    def _commit_halves(self, index, rows: list[int]) -> int:
+    def _commit_halves(self, transactions, rows: list[int]) -> int:
         """Append the rows of the halves ``rows`` (index rows) in their real topics, as
         COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
         store = self.store
         total, group, count = 0, [], 0
         for row in rows:
-            clog = index.latest_clog(row)
+            clog = transactions.latest_clog(row)
             props, body, _ = half_view(store, clog)
             if props.get(PROPERTY_SINK) != self.sink_id:
                 raise SinkCommitError(
-                    f"transaction {index.transaction_id(row)} at CommitLog offset {clog} is "
-                    f"not a half of sink {self.sink_id!r}")
+                    f"transaction {transactions.transaction_id(row)} at CommitLog offset "
+                    f"{clog} is not a half of sink {self.sink_id!r}")
             table = decode_staged(body, store.commit_log.directory, clog)
             group.append((table, clog))
             count += table.num_rows
@@ -340,11 +314,10 @@ def _finish_listed(sink: Sink, listed: set[str]) -> None:
     """Commit the open halves of ``sink`` that a marker lists (nothing else changes); the
     caller (the check round) holds the write lock, so ``listed`` is current."""
     store = sink.store
-    index = store.transactions.index
+    transactions = store.transactions
     with store.atomic_append():
-        index.refresh()
-        open_rows = sink._open_rows(index)
+        open_rows = sink._open_rows(transactions)
         rows = [row for tx, row in open_rows.items() if tx in listed]
-        sink._commit_halves(index, rows)
-        sink._end_halves(index, rows, store.now_ms())
-    index.mark_ended(rows)
+        sink._commit_halves(transactions, rows)
+        sink._end_halves(transactions, rows, store.now_ms())
+    transactions.mark_ended(rows)

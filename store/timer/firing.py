@@ -10,12 +10,25 @@ the next run of this process (see :meth:`TimerService.deliver_due
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
 from ..core.ports import StorePort
 from ..delayed.restore import restore
 from ..errors import CorruptRecordError
-from ..message import PROPERTY_TIMER_DEL_UNIQKEY
+from ..message import (
+    PROPERTY_DELAY_KEY,
+    PROPERTY_TIMER_DEL_UNIQKEY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_DEQUEUE_MS,
+    PROPERTY_TIMER_ENQUEUE_MS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_TIMER_ROLL_TIMES,
+    PROPERTY_UNIQ_KEY,
+    TIMER_TOPIC,
+)
 from .checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, TimerLog
 from .wheel import TimerWheel
@@ -24,6 +37,84 @@ from .wheel import TimerWheel
 DIRECT_ENQUEUE_MS = 9223372036854775807
 #: Units delivered per step.
 DEQUEUE_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class TimerDelivery:
+    """What the timer hands to :func:`~store.delayed.restore.restore` for fired units:
+    ``enqueue_ms`` per record (TIMER_ENQUEUE_MS; negative: delivered straight from the queue,
+    :data:`DIRECT_ENQUEUE_MS`), ``roll`` (re-put to the timer topic, TIMER_ROLL_TIMES + 1),
+    the precision (a record without TIMER_DELIVER_MS is due at TIMER_OUT_MS + it) and the
+    store's delay keys (synced by the caller; a keyed message its key no longer names is
+    superseded), or ``None``."""
+
+    enqueue_ms: np.ndarray
+    roll: np.ndarray
+    precision_ms: int
+    keys: object = None
+
+    reads = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_OUT_MS, PROPERTY_DELAY_KEY)
+    sets = (PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_ROLL_TIMES)
+    requeue_topic = TIMER_TOPIC
+
+    def part(self, rows: slice) -> TimerDelivery:
+        return TimerDelivery(np.asarray(self.enqueue_ms[rows], dtype=np.int64),
+                             np.asarray(self.roll[rows], dtype=bool), self.precision_ms,
+                             self.keys)
+
+    def requeued(self, n: int) -> np.ndarray:
+        return self.roll
+
+    def due_ms(self, pairs, now: int) -> np.ndarray:
+        deliver_ms, deliver_ok = pairs.ints(PROPERTY_TIMER_DELIVER_MS)
+        out_ms, out_ok = pairs.ints(PROPERTY_TIMER_OUT_MS)
+        return np.where(deliver_ok, deliver_ms,
+                        np.where(out_ok, out_ms + self.precision_ms, now))
+
+    def set_values(self, pairs, now: int, requeued: np.ndarray):
+        n = len(requeued)
+        values = np.zeros((len(self.sets), n), dtype=np.int64)
+        present = np.zeros((len(self.sets), n), dtype=bool)
+        values[0] = now  # TIMER_DEQUEUE_MS
+        values[1] = np.where(self.enqueue_ms < 0, DIRECT_ENQUEUE_MS, self.enqueue_ms)
+        present[0] = present[1] = True
+        if requeued.any():
+            times, times_ok = pairs.ints(PROPERTY_TIMER_ROLL_TIMES)
+            values[2] = np.where(times_ok, times, 0) + 1
+            present[2] = requeued
+        return values, present
+
+    def superseded(self, pairs, keep: np.ndarray) -> np.ndarray | None:
+        if self.keys is None:
+            return None
+        has_key, key_start, key_end = pairs.ranges(PROPERTY_DELAY_KEY)
+        keyed = np.flatnonzero(keep & has_key)
+        if not len(keyed):
+            return None
+        _, id_start, id_end = pairs.ranges(PROPERTY_UNIQ_KEY)
+        out = np.zeros(len(keep), dtype=bool)
+        out[keyed[self.keys.superseded(pairs.data, key_start[keyed], key_end[keyed],
+                                       id_start[keyed], id_end[keyed])]] = True
+        return out
+
+
+class SplitSlot(NamedTuple):
+    """The units of a slot a bounded run split, kept for the next run of this process."""
+
+    #: counter of the checkpoint this process saved last (-1: not saved yet)
+    counter: int
+    #: the slot's time
+    slot_time: int
+    #: its last unit (the head of its TimerLog chain)
+    last: int
+    #: the TimerLog end the units were walked to
+    log_end: int
+    #: the slot's units, in append order
+    units: np.ndarray
+
+    def holds(self, slot_time: int, last: int, log_end: int) -> bool:
+        """Whether these are the units of that slot, walked to that TimerLog end."""
+        return (self.slot_time, self.last, self.log_end) == (slot_time, last, log_end)
 
 
 class SlotFiring:
@@ -35,9 +126,8 @@ class SlotFiring:
         self.wheel = wheel
         self.log = log
         self.precision = precision_ms
-        # the units of a slot a bounded run split, for the next run: (counter of the
-        # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
-        self.split_slot: tuple | None = None
+        #: the units of a slot a bounded run split, for the next run
+        self.split_slot: SplitSlot | None = None
         #: the store's delay keys (:class:`store.timer.keys.DelayKeys`), set by the service
         self.keys = None
 
@@ -68,8 +158,8 @@ class SlotFiring:
         for slot_time in self.wheel.due_slots(read_time, floor_now).tolist():
             _first, last, num = self.wheel.get(slot_time)
             split = self.split_slot
-            if split is not None and split[1:4] == (slot_time, last, log_end):
-                units = split[4]  # walked by the run that split this slot
+            if split is not None and split.holds(slot_time, last, log_end):
+                units = split.units  # walked by the run that split this slot
             else:
                 _positions, units = self.log.walk_chain(last, log_end, num)
                 units = units[::-1]  # append order
@@ -83,7 +173,7 @@ class SlotFiring:
                 self._marker_keys_of(units, delete_keys)
                 rest = rest[:budget - handled]
                 stop_at = (slot_time, skip + len(rest))
-                self.split_slot = (-1, slot_time, last, log_end, units)
+                self.split_slot = SplitSlot(-1, slot_time, last, log_end, units)
             parts.append(self._drop_done(rest, done))
             pending += len(rest)
             handled += len(rest)
@@ -131,11 +221,11 @@ class SlotFiring:
         enqueue = units["enqueue_time"].astype(np.int64)
         if direct:
             enqueue = np.full(len(units), -1, dtype=np.int64)
-        result = restore(self.store, units["offset_py"].astype(np.int64), now=now,
-                         enqueue_ms=enqueue, roll=(units["magic"] & MAGIC_ROLL) != 0,
-                         delete_keys=delete_keys, timer_precision_ms=self.precision,
-                         keys=self.keys if self.keys is not None and self.keys.active() else None,
-                         direct_enqueue_ms=DIRECT_ENQUEUE_MS)
+        delivery = TimerDelivery(
+            enqueue, (units["magic"] & MAGIC_ROLL) != 0, self.precision,
+            self.keys if self.keys is not None and self.keys.active() else None)
+        result = restore(self.store, units["offset_py"].astype(np.int64), delivery, now=now,
+                         delete_keys=delete_keys)
         return result.delivered, result.rolled
 
 

@@ -57,6 +57,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..files.fileio import allocate, fsync_dir
+from ..files.mapped_file import release_pages
 from ..formats.layout import layout
 
 MAGIC = 0x524D514B45595331  # "RMQKEYS1"
@@ -68,9 +69,7 @@ HEADER_FIELDS = (
     ("generation", ">i8"),
     ("reserved", "V24"),
 )
-_HEADER = layout(HEADER_FIELDS)
-HEADER = _HEADER.struct
-HEADER_SIZE = HEADER.size  # 64
+HEADER, HEADER_SIZE, HEADER_DTYPE = layout(HEADER_FIELDS).exports()  # 64 bytes
 
 SLOT_FIELDS = (
     ("key_hash", ">i8"),
@@ -79,9 +78,7 @@ SLOT_FIELDS = (
     ("fire_ms", ">i8"),
     ("queue_offset", ">i8"),
 )
-_SLOT = layout(SLOT_FIELDS)
-SLOT_SIZE = _SLOT.struct.size  # 40
-SLOT_DTYPE = _SLOT.dtype
+SLOT, SLOT_SIZE, SLOT_DTYPE = layout(SLOT_FIELDS).exports()  # 40 bytes
 
 #: Capacity of a new table.
 MIN_CAPACITY = 1 << 12
@@ -148,11 +145,7 @@ class DelayKeyTable:
     def release_memory(self) -> None:
         """Drop this process's resident pages of the mapping (the data stays in the file
         and the page cache): the table costs no process memory between uses."""
-        if self._mm is not None:
-            try:
-                self._mm.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError, AttributeError):
-                pass
+        release_pages([self._mm])
 
     def close(self) -> None:
         """Unmap the file (the arrays handed out before become invalid)."""

@@ -395,7 +395,7 @@ class TimerService:
     def _run(self, st: TimerCheckpoint, now: int, budget: int | None = None) -> int:
         store = self.store
         work = st.copy()
-        if self.firing.split_slot is not None and self.firing.split_slot[0] != st.counter:
+        if self.firing.split_slot is not None and self.firing.split_slot.counter != st.counter:
             self.firing.split_slot = None  # another process (or a failed run) saved since
         redo = work.deliver_mark >= 0  # a run that died: redone, skipping what it delivered
         if not redo:
@@ -429,7 +429,7 @@ class TimerService:
                 work.deliver_mark = -1
             self._save(work)
             if self.firing.split_slot is not None:
-                self.firing.split_slot = (work.counter, *self.firing.split_slot[1:])
+                self.firing.split_slot = self.firing.split_slot._replace(counter=work.counter)
         except BaseException:
             self._state = None  # the next run reloads the file (mark set) and redoes this one
             self.firing.split_slot = None

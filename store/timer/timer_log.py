@@ -28,7 +28,6 @@ slots pointing past it are rebuilt from the units below it (:mod:`store.timer.se
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 
@@ -50,11 +49,7 @@ UNIT_FIELDS = (
     ("topic_hash", ">i4"),  # topicHash
     ("reserved", ">i8"),  # reserved
 )
-_UNIT = layout(UNIT_FIELDS)
-UNIT = _UNIT.struct
-UNIT_SIZE = UNIT.size  # 52
-UNIT_DTYPE = _UNIT.dtype
-assert UNIT_DTYPE.itemsize == UNIT_SIZE
+UNIT, UNIT_SIZE, UNIT_DTYPE = layout(UNIT_FIELDS).exports()  # 52 bytes
 NATIVE_UNIT_DTYPE = UNIT_DTYPE.newbyteorder("=")
 
 BLANK = struct.Struct(
@@ -303,13 +298,7 @@ class TimerLog:
 
     def release_memory(self) -> None:
         """Drop this process's resident pages of the log mappings (data stays on disk)."""
-        for f in self.files.files:
-            m = f._map
-            if m is not None and hasattr(m, "madvise"):
-                try:
-                    m.madvise(mmap.MADV_DONTNEED)
-                except (OSError, ValueError):
-                    pass
+        self.files.release_pages()
 
     def disk_bytes(self) -> int:
         """Bytes the TimerLog segments take on disk."""

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..files.fileio import allocate, move_aside
+from ..files.mapped_file import release_pages
 from ..formats.layout import layout
 from .timer_log import TimerLog
 
@@ -45,11 +46,7 @@ SLOT_FIELDS = (
     ("num", ">i4"),  # num
     ("magic", ">i4"),  # magic (unused)
 )
-_SLOT = layout(SLOT_FIELDS)
-SLOT = _SLOT.struct
-SLOT_SIZE = SLOT.size  # 32
-SLOT_DTYPE = _SLOT.dtype
-assert SLOT_DTYPE.itemsize == SLOT_SIZE
+SLOT, SLOT_SIZE, SLOT_DTYPE = layout(SLOT_FIELDS).exports()  # 32 bytes
 
 
 class TimerWheel:
@@ -212,10 +209,7 @@ class TimerWheel:
 
     def release_memory(self) -> None:
         """Drop this process's resident pages of the mapping (the data stays in the file)."""
-        try:
-            self._map.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError, AttributeError):
-            pass
+        release_pages([self._map])
 
     def close(self) -> None:
         self._slots = None  # type: ignore[assignment]

@@ -159,9 +159,9 @@ def run_bookkeeping(service: CheckState, *, max_checks: int | None = None,
     saved_half, saved_op = service.load_progress()
     half_offset = max(saved_half, half_min)
     op_offset = max(saved_op, op_min)
-    half_end = index.half_scanned
+    half_end = index.half_end
     qoffs, _ = index.window(half_offset, half_end)
-    clogs = index.half_clog.data[qoffs - index.base] if len(qoffs) else qoffs
+    clogs = index.half_clogs(qoffs) if len(qoffs) else qoffs
     segment = clogs // store.config.commitlog_file_size_bytes
 
     new_half = half_end

@@ -63,8 +63,8 @@ def end_rows(store: StorePort, index: TransactionIndex, txs: list[str], states: 
     """
     if not len(rows):
         return
-    latest = index.row_latest.data[rows]
-    clogs = index.half_clog.data[latest - index.base]
+    latest = index.latest_half_offsets(rows)
+    clogs = index.latest_clogs(rows)
     segment = clogs // store.config.commitlog_file_size_bytes
     bounds = np.flatnonzero(segment[1:] != segment[:-1]) + 1
     runs = zip(np.concatenate(([0], bounds)).tolist(),

@@ -141,6 +141,46 @@ class TransactionIndex:
         """CommitLog offset of the newest half copy of ``row``."""
         return int(self.half_clog.data[int(self.row_latest.data[row]) - self.base])
 
+    def latest_clogs(self, rows) -> np.ndarray:
+        """CommitLog offsets of the newest half copies of ``rows`` (an array of rows)."""
+        return self.half_clog.data[self.row_latest.data[rows] - self.base]
+
+    def latest_half_offsets(self, rows) -> np.ndarray:
+        """Half queue offsets of the newest half copies of ``rows`` (an array of rows): what
+        an op message ending them names."""
+        return self.row_latest.data[rows]
+
+    @property
+    def half_end(self) -> int:
+        """The half queue offset the index has read up to."""
+        return self.half_scanned
+
+    def half_clogs(self, half_offsets: np.ndarray) -> np.ndarray:
+        """CommitLog offsets of the halves at ``half_offsets`` (read by the index)."""
+        return self.half_clog.data[half_offsets - self.base]
+
+    def open_rows_with_prefix(self, prefix: bytes) -> np.ndarray:
+        """Rows of open transactions whose id starts with ``prefix`` (ASCII)."""
+        n = self.rows
+        if n == 0:
+            return np.empty(0, np.int64)
+        keys = self.row_key.data[:n].view(np.uint8).reshape(n, _KEY_WIDTH)
+        mine = (keys[:, :len(prefix)] == np.frombuffer(prefix, np.uint8)).all(axis=1)
+        return np.flatnonzero(mine & self.open_rows())
+
+    def oldest_open_clog(self) -> int | None:
+        """The CommitLog offset of the oldest open half message (its newest copy), or
+        ``None``."""
+        n = self.rows
+        if n == 0:
+            return None
+        open_rows = self.open_rows()
+        if not open_rows.any():
+            return None
+        latest = self.row_latest.data[:n][open_rows] - self.base
+        latest = latest[(latest >= 0) & (latest < self.half_clog.n)]
+        return int(self.half_clog.data[latest].min()) if len(latest) else None
+
     def _lookup(self, keys: np.ndarray) -> np.ndarray:
         rows = np.full(len(keys), -1, np.int64)
         if len(self._sorted_keys):

@@ -133,7 +133,7 @@ def repair_noted_commits(store: StorePort, index: TransactionIndex) -> int:
             if row < 0 or index.ended(row) or row in rows:
                 continue
             rows.append(row)
-            halves.append(int(index.row_latest.data[row]))
+            halves.append(int(index.latest_half_offsets(row)))
         if halves:
             store.append(op_specs(halves, store.now_ms(), HALF_QUEUE_ID), batch=True)
             index.mark_ended(rows)

@@ -340,15 +340,7 @@ class TransactionService:
         """The CommitLog offset of the oldest open half message (its newest copy)."""
         index = self.index
         index.refresh()
-        n = index.rows
-        if n == 0:
-            return None
-        open_rows = index.open_rows()
-        if not open_rows.any():
-            return None
-        latest = index.row_latest.data[:n][open_rows] - index.base
-        latest = latest[(latest >= 0) & (latest < index.half_clog.n)]
-        return int(index.half_clog.data[latest].min()) if len(latest) else None
+        return index.oldest_open_clog()
 
     def is_ended(self, transaction_ids: Sequence[str]) -> list[bool]:
         """Whether each transaction has ended (per the op queue); unknown ids give False."""
@@ -359,6 +351,45 @@ class TransactionService:
             row = index.row_of(tx)
             out.append(bool(row >= 0 and index.ended(row)))
         return out
+
+    def known(self, transaction_ids: Sequence[str]) -> list[bool]:
+        """Whether the index holds a half of each transaction id (ended or not)."""
+        index = self.index
+        index.refresh()
+        return [int(r) >= 0 for r in index.rows_of(transaction_ids)]
+
+    def oldest_open(self, limit: int) -> list[tuple[str, int, int]]:
+        """``(transaction id, born ms, CommitLog offset of its newest half copy)`` of the
+        ``limit`` oldest open transactions."""
+        index = self.index
+        index.refresh()
+        return index.oldest_open(limit)
+
+    # ------------------------------------------------------------------ the sink's halves
+    def open_rows_with_prefix(self, prefix: bytes) -> dict[str, int]:
+        """Open transactions whose id starts with ``prefix``: id -> index row (the index
+        read up to the queues' end first)."""
+        index = self.index
+        index.refresh()
+        return {index.transaction_id(r): r
+                for r in index.open_rows_with_prefix(prefix).tolist()}
+
+    def latest_clog(self, row: int) -> int:
+        """CommitLog offset of the newest half copy of index row ``row``."""
+        return self.index.latest_clog(row)
+
+    def latest_half_offsets(self, rows: Sequence[int]) -> list[int]:
+        """Half queue offsets of the newest half copies of index ``rows`` (what an op
+        ending them names)."""
+        return self.index.latest_half_offsets(np.array(rows, np.int64)).tolist()
+
+    def transaction_id(self, row: int) -> str:
+        """The transaction id of index row ``row``."""
+        return self.index.transaction_id(row)
+
+    def mark_ended(self, rows) -> None:
+        """Record that the transactions of index ``rows`` ended (their ops landed)."""
+        self.index.mark_ended(rows)
 
     def on_retention(self, commitlog_min: int) -> None:
         """Nothing to delete: the index skips records retention removed when it reads them."""
