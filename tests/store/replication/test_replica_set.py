@@ -83,7 +83,7 @@ def pair(tmp_path):
     """A leader (its clock a fake one) and a follower, each a StoreServer whose loop is not
     run (steps are called by hand)."""
     ports = free_port(), free_port()
-    rs = replica_file(tmp_path, ports, witness="rmq://127.0.0.1:1")
+    rs = replica_file(tmp_path, ports)  # (no witness: the leader is static, the first)
     clock = Clock()
     leader = StoreServer(str(tmp_path / "a"), SMALL, clock=clock,
                          listen=f"127.0.0.1:{ports[0]}", replica_set=rs)
