@@ -23,6 +23,7 @@ from store import (
     NotLeaderError,
     RemoteError,
     SendOutcomeUnknownError,
+    StoreGroup,
     connect,
     server_status,
 )
@@ -183,6 +184,21 @@ def test_the_leader_killed_mid_burst_is_replaced_and_the_client_follows(tmp_path
                 again.producer("g").send(Message("orders", b"refused"))
             p.send(Message("orders", b"after-rejoin"), queue_id=0)
         assert b"after-rejoin" in bodies(new, "orders")
+        # the URL of both replicas works wherever a URL does: rmq tail, a store group's member
+        tail = subprocess.run(
+            [sys.executable, "-m", "rmq_cli.cli", "tail", "--store", cluster.url, "--topic",
+             "orders", "--from", "earliest", "--no-follow", "--no-deliver-due", "--format",
+             "json", "--max-messages", "5"], env=ENV, capture_output=True, timeout=120,
+            check=False)
+        assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 5, tail.stderr
+        group = StoreGroup.create(str(tmp_path / "group"), ["replicated", "local"],
+                                  paths=[cluster.url, str(tmp_path / "local")])
+        try:
+            sent = group.producer("g").send_batch([Message("grouped", b"g%d" % i)
+                                                   for i in range(20)])
+            assert {r.store_name for r in sent} <= {"replicated", "local"}
+        finally:
+            group.close()
     finally:
         cluster.close()
 
