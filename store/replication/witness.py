@@ -64,14 +64,23 @@ class Witness:
     def status(self) -> dict:
         return {"self": self.me, **self.voter.status()}
 
+    def start(self) -> Witness:
+        """Start voting (in threads); :meth:`close` ends it."""
+        self.voter.start()
+        return self
+
+    def close(self) -> None:
+        """Stop voting and answering."""
+        self.voter.stop()
+        self._server.shutdown()
+
     def run(self, duration_s: float | None = None) -> None:
         """Vote until :meth:`stop` (or for ``duration_s`` seconds)."""
-        self.voter.start()
+        self.start()
         try:
             self._stop.wait(duration_s)
         finally:
-            self.voter.stop()
-            self._server.shutdown()
+            self.close()
 
     def stop(self) -> None:
         self._stop.set()
