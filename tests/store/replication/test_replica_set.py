@@ -314,6 +314,10 @@ def test_the_replica_set_file_is_checked(tmp_path):
     with pytest.raises(InvalidConfigError, match="no RocketMQ gRPC"):
         StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
                     grpc="127.0.0.1:0")
+    elected = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1")
+    with pytest.raises(InvalidConfigError, match="elected replica set"):  # not even the first
+        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=elected,
+                    grpc="127.0.0.1:0")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")
