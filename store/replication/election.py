@@ -203,10 +203,10 @@ class Voter:
             except StoreError as exc:
                 log.info("election: %s not reachable (%s)", url, exc)
                 continue
+            epoch, end = int(position.get("epoch") or 0), int(position.get("end") or 0)
+            top = max(top, epoch, int(position.get("elected_epoch") or 0))  # (epochs once)
             if position.get("state") == "diverged":
                 continue
-            epoch, end = int(position.get("epoch") or 0), int(position.get("end") or 0)
-            top = max(top, epoch, int(position.get("elected_epoch") or 0))
             seen.append(((epoch, end, -rank), url))
         if not seen:
             return None, top

@@ -60,8 +60,10 @@ class Replica:
     ``replica_set``; ``credentials``: what a follower presents to its leader (``token`` or
     ``account`` with ``secret_file``, as :class:`~store.remote.client.RemoteStore` takes)."""
 
-    def __init__(self, store, replica_set: ReplicaSet, me: str, **credentials) -> None:
+    def __init__(self, store, replica_set: ReplicaSet, me: str, *, clock=time.monotonic,
+                 **credentials) -> None:
         self.store = store
+        self.clock = clock  # monotonic seconds: the lease's clock
         self.replica_set = replica_set
         self.me = me
         self.elected = replica_set.elected
@@ -147,7 +149,7 @@ class Replica:
         """Whether this replica takes writes now: the leader, and (elected) within its
         lease."""
         return self.role == "leader" and (
-            not self.elected or time.monotonic() < self.lease_until)
+            not self.elected or self.clock() < self.lease_until)
 
     @property
     def is_follower(self) -> bool:
@@ -160,7 +162,8 @@ class Replica:
             from .election import Voter
 
             self.voter = Voter(self.replica_set, self.me, replica=self, probe=self._probe,
-                               journal_dir=os.path.join(self.store.root, "config", "raft"))
+                               journal_dir=os.path.join(self.store.root, "config", "raft"),
+                               clock=self.clock)
             self.voter.start()
         elif self.role == "follower" and self.follower is None:
             self.follow()
