@@ -79,13 +79,17 @@ def _state_class():
     class LeaderState(SyncObj):
         """The replicated state: the data leader's URL and epoch (see the module doc)."""
 
+        #: the replicated state (instance attributes once set: pysyncobj saves those set after
+        #: its __init__ and restores them from its dump file in its first tick, which may
+        #: run before this __init__ returns: so no default is assigned there)
+        leader: str | None = None
+        epoch = 0
+
         def __init__(self, me: str, others: list[str], conf, on_change) -> None:
             # (attributes set before SyncObj's __init__ are local, not replicated)
             self.on_change = on_change
             self.confirmed_at = 0.0  # when this voter applied the last set_leader/renew
             super().__init__(me, others, conf)
-            self.leader: str | None = None
-            self.epoch = 0
 
         @replicated
         def set_leader(self, url: str, epoch: int) -> bool:

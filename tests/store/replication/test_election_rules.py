@@ -66,3 +66,44 @@ def test_a_leader_takes_writes_only_within_its_lease(tmp_path):
         with pytest.raises(NotLeaderError, match="127.0.0.2"):
             replica.check_write("send")
         assert replica.epoch == 2 and replica.leader == URLS[1]
+
+
+def test_the_replicated_leader_survives_a_restart_of_its_voter(tmp_path):
+    """A voter restarted finds the leader and epoch in its dump file and journal (a voter
+    that forgot them would, as Raft leader, depose the leader at once)."""
+    import socket
+    import time
+
+    from store.replication.election import _state_class, raft_conf
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        me = f"127.0.0.1:{s.getsockname()[1]}"
+    state = _state_class()
+
+    def node():
+        return state(me, [], raft_conf(1.0, str(tmp_path), me), lambda: None)
+
+    first = node()
+    try:
+        deadline = time.monotonic() + 20
+        while not first._isLeader():
+            assert time.monotonic() < deadline, "a single voter never led"
+            time.sleep(0.02)
+        assert first.set_leader(URLS[1], 3, sync=True, timeout=10)
+        first.forceLogCompaction()
+        while not (tmp_path / "dump").exists():
+            assert time.monotonic() < deadline, "no dump written"
+            time.sleep(0.02)
+    finally:
+        first.destroy()
+    time.sleep(0.5)
+    again = node()
+    try:
+        deadline = time.monotonic() + 20
+        while not again.isReady():  # (the dump is loaded, the journal applied, in its ticks)
+            assert time.monotonic() < deadline, "the voter never got ready"
+            time.sleep(0.02)
+        assert (again.leader, again.epoch) == (URLS[1], 3)
+    finally:
+        again.destroy()
