@@ -18,8 +18,11 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 
 # --------------------------------------------------------------------------- serve
 @click.command()
-@click.option("--store", "store_path", required=True, type=click.Path(file_okay=False),
-              help="The store directory, or a store group's (a server per store).")
+@click.option("--store", "store_path", required=False, type=click.Path(file_okay=False),
+              help="The store directory, or a store group's (a server per store); needed "
+                   "but with --witness (then: where the witness keeps its votes).")
+@click.option("--witness", is_flag=True,
+              help="Serve the witness of --replica-set (a voter holding no data) on --listen.")
 @click.option("--create", is_flag=True,
               help="Make a new store at --store when none is there (else that is an error).")
 @click.option("--delete-when", default=None,
@@ -68,7 +71,7 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
               help="Stop after this many seconds (default: until SIGTERM or Ctrl-C).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
-def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
+def serve(store_path, witness, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           message_index, check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
           max_request_mib, replica_set, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
@@ -81,9 +84,14 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
 
     from store import StoreConfig, StoreError, StoreServer, is_store_group
 
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if witness:
+        _serve_witness(store_path, listen, replica_set, token_file, duration_s)
+        return
+    if store_path is None:
+        raise click.UsageError("--store DIR is needed (but with --witness)")
     refuse_url(store_path, "rmq serve", "serve a store directory on its own host: rmq serve "
                "--store DIR --listen HOST:PORT")
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     changes = {k: v for k, v in (("delete_when", delete_when),
                                  ("file_reserved_time_hours", file_reserved_time_hours),
                                  ("disk_max_used_space_ratio", disk_max_used_space_ratio),
@@ -122,6 +130,27 @@ def serve(store_path, create, delete_when, file_reserved_time_hours, disk_max_us
     _serve_group(store_path, config, check_transactions, duration_s, network)
 
 
+def _serve_witness(state_dir, listen, replica_set, token_file, duration_s) -> None:
+    """``rmq serve --witness``: vote in the replica set's elections, holding no data."""
+    import signal
+
+    from store import StoreError, Witness, read_token
+
+    if listen is None or replica_set is None:
+        raise click.UsageError("--witness needs --listen HOST:PORT and --replica-set FILE")
+    try:
+        token = read_token(token_file=token_file) if token_file else None
+        witness = Witness(replica_set, listen, token=token, state_dir=state_dir)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: witness.stop())
+    click.echo(f"rmq serve: witness {witness.me} of {replica_set} (pid {os.getpid()}); "
+               "SIGTERM or Ctrl-C stops", err=True)
+    witness.run(duration_s)
+    click.echo("rmq serve: witness stopped", err=True)
+
+
 def _member_network(network: dict, i: int) -> dict:
     """The network settings of a group's member ``i``: ``PORT + i`` (0 stays 0); the gRPC
     endpoint is the group's, one for all members (see :func:`_serve_group`)."""
@@ -138,8 +167,7 @@ def _member_network(network: dict, i: int) -> dict:
 def _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen=None,
                      acl=None) -> dict:
     """The network settings of ``rmq serve`` as :class:`store.StoreServer` arguments."""
-    from store import InvalidConfigError
-    from store import read_token
+    from store import InvalidConfigError, read_token
 
     extra = {}
     if grpc_listen is not None:

@@ -45,6 +45,7 @@ from .errors import (
                      StoreReplacedError,
                      NotLeaderError,
                      ReplicaBehindError,
+                     SendOutcomeUnknownError,
                      ReplicaDivergedError,
                      ReplicationError,
                      TimerFlowControlError,
@@ -72,6 +73,7 @@ from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .operations.promotion import promote_replica
 from .replication.replica import replication_status
+from .replication.witness import Witness
 from .remote import connect
 from .remote.address import is_remote, read_token
 from .schedule.cron import CronExpression
@@ -99,6 +101,6 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
-    "NotLeaderError", "ReplicaBehindError", "ReplicaDivergedError", "ReplicationError",
-    "replication_status", "promote_replica",
+    "NotLeaderError", "SendOutcomeUnknownError", "ReplicaBehindError", "ReplicaDivergedError", "ReplicationError",
+    "replication_status", "promote_replica", "Witness",
 ]

@@ -175,6 +175,12 @@ class NotLeaderError(StoreError):
     message names it)."""
 
 
+class SendOutcomeUnknownError(RemoteError):
+    """The connection to a replica set's leader broke during a send that is not safe to
+    repeat: it may or may not be stored (the message says how to find out); the client
+    does not send it again by itself."""
+
+
 class ReplicaBehindError(ReplicationError):
     """A follower asked to become leader holds less than its leader acknowledged (as far as
     it last heard): promoting it would lose acknowledged messages (``--force`` does)."""

@@ -176,6 +176,11 @@ class StoreServer:
                 raise InvalidConfigError(                    # follower's refusal)
                     f"{me} follows {members.leader}: a follower serves no RocketMQ gRPC "
                     "endpoint; allowed: --grpc on the leader")
+            if grpc is not None and members.elected:  # (any replica may become a follower)
+                raise InvalidConfigError(
+                    f"{me} is a replica of an elected replica set (it has a witness): no "
+                    "replica serves a RocketMQ gRPC endpoint yet; allowed: --grpc without a "
+                    "witness, on the leader")
         # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)

@@ -19,8 +19,11 @@ if typing.TYPE_CHECKING:
 def connect(url: str, *, token: str | None = None, token_file: str | None = None,
             timeout_s: float = DEFAULT_TIMEOUT_S,
             tls_root_certs: str | os.PathLike | None = None, account: str | None = None,
-            secret: str | None = None, secret_file: str | None = None) -> RemoteStore:
-    """A handle on the store served at ``url`` (``rmq://HOST:PORT`` or ``rmqs://``).
+            secret: str | None = None, secret_file: str | None = None,
+            failover_timeout_s: float | None = None) -> RemoteStore:
+    """A handle on the store served at ``url`` (``rmq://HOST:PORT`` or ``rmqs://``), or on
+    the replica set whose replicas it names (``rmq://h1:7911,h2:7911``): writes go to its
+    leader, found and found again after a failover (:mod:`store.remote.failover`).
 
     Parameters
     ----------
@@ -35,6 +38,8 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
     tls_root_certs : path, optional
         PEM file of the certificates that sign the server's (``rmqs://``; default: the
         system's roots).
+    failover_timeout_s : float, optional
+        A replica set: how long a call may take to find the leader again (default 15).
 
     Nothing is sent until the first call; use it as a context manager or call ``close()``.
     """
@@ -42,4 +47,5 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
 
     return RemoteStore(url, token=token, token_file=token_file, timeout_s=timeout_s,
                        tls_root_certs=tls_root_certs, account=account, secret=secret,
-                       secret_file=secret_file)
+                       secret_file=secret_file, **({} if failover_timeout_s is None else {
+                           "failover_timeout_s": failover_timeout_s}))

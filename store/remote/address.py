@@ -1,7 +1,10 @@
 """Addresses of served stores: ``rmq://HOST:PORT`` (plain) and ``rmqs://HOST:PORT`` (TLS).
 
 A URL names a server only: no path, query, user or password (a token never travels in a
-URL, where logs and Spark plans would show it).  ``HOST`` may be a name, an IPv4 address or
+URL, where logs and Spark plans would show it).  A URL may name the replicas of one replica
+set, comma-separated (``rmq://h1:7911,h2:7911``, as Kafka's bootstrap servers):
+:func:`parse_replicas` splits it, and the client finds their leader
+(:mod:`store.remote.client`).  ``HOST`` may be a name, an IPv4 address or
 a bracketed IPv6 address.  The Flight location is ``grpc+tcp://`` or ``grpc+tls://`` of the
 same host and port.
 """
@@ -46,10 +49,8 @@ class RemoteAddress:
         parts = urlsplit(url)
         if "," in parts.netloc:
             raise InvalidConfigError(
-                f"{url!r} names several servers; a URL names one served store; for stores "
-                f"on several hosts make a store group whose members are their URLs "
-                f"(StoreGroup.create(path, paths=[...]), docs/groups-and-clusters.md); "
-                f"{_ALLOWED}")
+                f"{url!r} names several servers; here one served store is needed (the "
+                f"replicas of a replica set go to connect()); {_ALLOWED}")
         try:
             port = parts.port
         except ValueError:
@@ -99,6 +100,28 @@ class RemoteAddress:
 
     def __str__(self) -> str:
         return self.url
+
+
+def parse_replicas(url: str) -> tuple[RemoteAddress, ...]:
+    """The servers a URL names: one, or the replicas of a replica set
+    (``rmq://h1:7911,h2:7911``; each host may carry its port, all share the scheme).
+    :class:`InvalidConfigError` for a malformed one or a server named twice."""
+    if not is_remote(url):
+        raise InvalidConfigError(f"{url!r} is no store URL; {_ALLOWED}")
+    scheme, _, rest = url.partition("://")
+    hosts = rest.rstrip("/").split(",")
+    if len(hosts) == 1:
+        return (RemoteAddress.parse(url),)
+    found = tuple(RemoteAddress.parse(f"{scheme}://{h.strip()}") for h in hosts)
+    if len(set(found)) != len(found):
+        raise InvalidConfigError(f"{url!r} names a server twice; allowed: each replica once")
+    return found
+
+
+def replicas_url(addresses) -> str:
+    """The normal form of a URL naming ``addresses`` (one, or a replica set's)."""
+    first = addresses[0].url
+    return ",".join([first] + [a.url.partition("://")[2] for a in addresses[1:]])
 
 
 def read_token(token: str | None = None, token_file: str | os.PathLike | None = None

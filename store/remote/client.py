@@ -38,7 +38,9 @@ from ..sink.sink import SinkCommit
 from ..timer.keys import key_list
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
-from .address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
+from .address import (DEFAULT_TIMEOUT_S, RemoteAddress, account_header, parse_replicas,
+                      read_token, replicas_url)
+from .failover import FAILOVER_TIMEOUT_S, may_repeat, with_failover
 from .wire import (END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, message_view, raise_remote,
                    schedule_info)
 
@@ -67,10 +69,15 @@ class RemoteStore:
     def __init__(self, url: str, *, token: str | None = None, token_file: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S,
                  tls_root_certs: str | os.PathLike | None = None, account: str | None = None,
-                 secret: str | None = None, secret_file: str | None = None) -> None:
-        self.address = RemoteAddress.parse(url)
-        self.root = self.address.url  # where a local store has its directory
+                 secret: str | None = None, secret_file: str | None = None,
+                 failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+        #: the servers the URL names: one, or a replica set's replicas (:mod:`.failover`)
+        self.addresses = parse_replicas(url)
+        self.address = self.addresses[0]  # the one called
+        self.root = replicas_url(self.addresses)  # where a local store has its directory
         self.timeout_s = float(timeout_s)
+        self.failover_timeout_s = float(failover_timeout_s)
+        self._leader_unknown = len(self.addresses) > 1
         self._token = read_token(token, token_file)
         self._credentials = account_header(account, read_token(secret, secret_file),
                                            self._token)
@@ -88,7 +95,7 @@ class RemoteStore:
 
     # ------------------------------------------------------------------ plumbing
     def __repr__(self) -> str:
-        return f"RemoteStore({self.address.url!r})"  # never the token
+        return f"RemoteStore({self.root!r})"  # never the token
 
     def __enter__(self) -> RemoteStore:
         return self
@@ -129,15 +136,35 @@ class RemoteStore:
         headers = [] if self._credentials is None else [(b"authorization", self._credentials)]
         return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=headers)
 
+    def _point(self, address: RemoteAddress) -> None:
+        """Call ``address`` from now on (a replica set's leader, :mod:`.failover`)."""
+        if address != self.address:
+            self.close()
+            self.address = address
+
+    def _replicated(self, op: str, call, body: dict | None = None):
+        """``call()``, through :func:`~.failover.with_failover` when the URL names several
+        replicas."""
+        if len(self.addresses) == 1:
+            return call()
+        return with_failover(self, op, call, may_repeat(op, body))
+
     def _action(self, name: str, body: dict | None = None) -> dict:
+        return self._replicated(name, lambda: self._action_once(name, body), body)
+
+    def _action_once(self, name: str, body: dict | None = None, *,
+                     timeout_s: float | None = None) -> dict:
         try:
             results = list(self._connection().do_action(
-                flight.Action(name, dumps(body or {})), self._options()))
+                flight.Action(name, dumps(body or {})), self._options(timeout_s)))
         except flight.FlightError as exc:
             self._failed(exc)
         return loads(results[0].body.to_pybytes(), f"the answer of {name}")
 
     def _put(self, command: dict, table: pa.Table) -> bytes:
+        return self._replicated(command["op"], lambda: self._put_once(command, table))
+
+    def _put_once(self, command: dict, table: pa.Table) -> bytes:
         try:
             writer, answers = self._connection().do_put(
                 flight.FlightDescriptor.for_command(dumps(command)), table.schema,
@@ -155,6 +182,9 @@ class RemoteStore:
 
     def _exchange(self, command: dict, table: pa.Table) -> pa.Table:
         """A table in, a table out (``DoExchange``): ``send_table`` and its results."""
+        return self._replicated(command["op"], lambda: self._exchange_once(command, table))
+
+    def _exchange_once(self, command: dict, table: pa.Table) -> pa.Table:
         try:
             writer, reader = self._connection().do_exchange(
                 flight.FlightDescriptor.for_command(dumps(command)), self._options())
@@ -257,10 +287,25 @@ class RemoteStore:
                   "end": int(end), "tags": None if tags is None else list(tags),
                   "columns": None if columns is None else list(columns),
                   "verify_crc": bool(verify_crc), "skip_corrupt": bool(skip_corrupt)}
+        def first():  # (a replica set: the stream is opened again until it starts)
+            try:
+                stream = self._connection().do_get(flight.Ticket(dumps(ticket)),
+                                                   self._options())
+                return stream, stream.read_chunk()
+            except StopIteration:
+                return None, None
+            except flight.FlightError as exc:
+                self._failed(exc)
+
+        stream, chunk = self._replicated("read", first)
+        if stream is None:
+            return
         try:
-            stream = self._connection().do_get(flight.Ticket(dumps(ticket)), self._options())
-            for chunk in stream:
+            while True:
                 yield chunk.data
+                chunk = stream.read_chunk()
+        except StopIteration:
+            return
         except flight.FlightError as exc:
             self._failed(exc)
 

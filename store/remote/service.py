@@ -674,6 +674,11 @@ class StoreService(flight.FlightServerBase):
             return {"epoch": None, "epochs": []}
         return self.replica.epochs_answer()
 
+    def _action_leader(self, body: dict) -> dict:
+        if self.replica is None:  # a store served alone leads itself
+            return {"leader": self.url, "epoch": None, "self": self.url, "leading": True}
+        return self.replica.leader_answer()
+
     def _action_flush(self, body: dict) -> dict:
         self.store.flush()
         return {}

@@ -38,7 +38,8 @@ STATE_FILE = os.path.join("config", "replication.json")
 #: read a follower as they read any store); every other call is a write, refused.
 READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_messages",
                           "view_message", "schedules", "known_transactions",
-                          "last_check_round", "flush", "epochs", "deliver_due"})
+                          "last_check_round", "flush", "epochs", "deliver_due",
+                          "leader"})
 #: Followers a leader keeps note of (the most recently seen).
 MAX_NOTED_FOLLOWERS = 64
 
@@ -59,13 +60,38 @@ class Replica:
     ``replica_set``; ``credentials``: what a follower presents to its leader (``token`` or
     ``account`` with ``secret_file``, as :class:`~store.remote.client.RemoteStore` takes)."""
 
-    def __init__(self, store, replica_set: ReplicaSet, me: str, **credentials) -> None:
+    def __init__(self, store, replica_set: ReplicaSet, me: str, *, clock=time.monotonic,
+                 **credentials) -> None:
         self.store = store
+        self.clock = clock  # monotonic seconds: the lease's clock
         self.replica_set = replica_set
         self.me = me
+        self.elected = replica_set.elected
+        #: while elected: acknowledge writes until this monotonic time (:mod:`.election`)
+        self.lease_until = 0.0
+        self.voter = None
+        recorded = read_state(store.root) or {}
+        if self.elected:  # a follower of nobody until the voters name the leader
+            self._init_elected(recorded)
+        else:
+            self._init_static(recorded)
+        self._write_state()
+        self._credentials = credentials
+        self.follower: Follower | None = None
+        self._asked: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def _init_elected(self, recorded: dict) -> None:
+        self.leader = None
+        self.role = "follower"
+        epoch = recorded.get("epoch")
+        self.epoch = epoch if isinstance(epoch, int) and epoch >= 1 else 1
+        self._promoted = False
+
+    def _init_static(self, recorded: dict) -> None:
+        replica_set, me, store = self.replica_set, self.me, self.store
         self.leader = replica_set.leader
         self.role = "leader" if me == self.leader else "follower"
-        recorded = read_state(store.root) or {}
         if recorded.get("promoted") and recorded.get("leader") == me and self.leader != me:
             raise InvalidConfigError(
                 f"{me} was promoted to leader (epoch {recorded.get('epoch')}), but the "
@@ -83,11 +109,6 @@ class Replica:
                     terms, epoch, store.confirmed_offset() if terms else 0))
         self.epoch = epoch
         self._promoted = bool(recorded.get("promoted")) and self.role == "leader"
-        self._write_state()
-        self._credentials = credentials
-        self.follower: Follower | None = None
-        self._asked: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
 
     def _write_state(self) -> None:
         state = {"role": self.role, "epoch": self.epoch, "leader": self.leader,
@@ -109,31 +130,78 @@ class Replica:
             self._write_state()
 
     def epochs_answer(self) -> dict:
-        """What a follower asking ``epochs`` gets: this replica's epoch and terms."""
-        return {"epoch": self.epoch, "epochs": [list(t) for t in read_epochs(self.store.root)]}
+        """What a follower asking ``epochs`` gets: this replica's epoch and terms; and what
+        an election asks (:mod:`.election`): its CommitLog ``end``, the epoch of its last
+        term (``last_epoch``), its follower ``state``."""
+        terms = read_epochs(self.store.root)
+        return {"epoch": self.epoch, "epochs": [list(t) for t in terms],
+                "end": self.store.confirmed_offset(),
+                "last_epoch": terms[-1][0] if terms else 0,
+                "state": None if self.follower is None else self.follower.state,
+                "elected_epoch": None if self.voter is None else self.voter.raft.epoch}
+
+    def leader_answer(self) -> dict:
+        """Who leads, as this replica knows (the ``leader`` action clients ask)."""
+        return {"leader": self.leader, "epoch": self.epoch, "self": self.me,
+                "leading": self.leading()}
+
+    def leading(self) -> bool:
+        """Whether this replica takes writes now: the leader, and (elected) within its
+        lease."""
+        return self.role == "leader" and (
+            not self.elected or self.clock() < self.lease_until)
 
     @property
     def is_follower(self) -> bool:
-        return self.role == "follower"
+        return not self.leading()
 
     def start(self) -> None:
-        """Start copying the leader (a follower; a leader has nothing to start)."""
-        if self.is_follower and self.follower is None:
-            from ..remote.client import RemoteStore
+        """Start copying the leader (a follower; a leader has nothing to start); elected,
+        start voting (:mod:`.election`), which makes it leader or follower."""
+        if self.elected:
+            from .election import Voter
 
-            self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
-                                     on_epochs=self.leader_epochs)
-            self.follower.start()
+            self.voter = Voter(self.replica_set, self.me, replica=self, probe=self._probe,
+                               journal_dir=os.path.join(self.store.root, "config", "raft"),
+                               clock=self.clock)
+            self.voter.start()
+        elif self.role == "follower" and self.follower is None:
+            self.follow()
+
+    def follow(self) -> None:
+        """Start copying :attr:`leader` (the role-change door, :mod:`.role_change`)."""
+        from ..remote.client import RemoteStore
+
+        self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
+                                 on_epochs=self.leader_epochs)
+        self.follower.start()
+
+    def _probe(self, url: str) -> dict:
+        """The position of replica ``url`` for an election (itself: without a call)."""
+        if url == self.me:
+            answer = self.epochs_answer()
+            return {**answer, "epoch": answer["last_epoch"]}
+        return probe_replica(url, self._credentials)
 
     def stop(self) -> None:
+        if self.voter is not None:
+            self.voter.stop()
         if self.follower is not None:
             self.follower.stop()
 
     def check_write(self, what: str) -> None:
-        """Refuse a write on a follower (:class:`NotLeaderError` naming the leader)."""
-        if self.is_follower:
-            raise NotLeaderError(f"{what}: {self.me} is a follower of its replica set and "
-                                 f"takes no writes; allowed: writes to the leader {self.leader}")
+        """Refuse a write unless leading (:class:`NotLeaderError` naming the leader)."""
+        if self.leading():
+            return
+        if self.role == "leader":
+            raise NotLeaderError(f"{what}: {self.me} lost its lease as leader of its replica "
+                                 "set (the voters did not renew it in time) and takes no "
+                                 "writes; allowed: writes to the newly elected leader")
+        if self.leader is None:
+            raise NotLeaderError(f"{what}: {self.me} is a replica of a set with no elected "
+                                 "leader yet; allowed: writes to the leader, once elected")
+        raise NotLeaderError(f"{what}: {self.me} is a follower of its replica set and "
+                             f"takes no writes; allowed: writes to the leader {self.leader}")
 
     def check_action(self, name: str) -> None:
         if name not in READ_ACTIONS:
@@ -152,6 +220,8 @@ class Replica:
         (a leader's: 0; a follower's: see :mod:`.follower`), and for a leader its followers'
         last requests."""
         out = {"role": self.role, "epoch": self.epoch, "leader": self.leader, "self": self.me}
+        if self.voter is not None:
+            out.update(self.voter.status(), leading=self.leading())
         if self.follower is not None:
             out.update(self.follower.status())
             return out
@@ -163,6 +233,18 @@ class Replica:
             {"peer": peer, "end": offset, "lag_bytes": max(0, end - offset),
              "seen_s_ago": round(now - seen, 3)} for peer, (offset, seen) in sorted(asked.items())])
         return out
+
+
+def probe_replica(url: str, credentials: dict) -> dict:
+    """Replica ``url``'s position for an election: its ``epochs`` answer with ``epoch`` the
+    epoch of its last term, within :data:`~store.replication.election.PROBE_TIMEOUT_S` (a
+    :class:`StoreError` otherwise)."""
+    from ..remote.client import RemoteStore
+    from .election import PROBE_TIMEOUT_S
+
+    with RemoteStore(url, timeout_s=PROBE_TIMEOUT_S, **credentials) as remote:
+        answer = remote.replica_epochs()
+    return {**answer, "epoch": answer.get("last_epoch", 0)}
 
 
 def replication_status(root: str, server: dict | None) -> dict | None:

@@ -13,7 +13,16 @@ JSON::
   port each), each once.
 * ``leader`` (optional): the replica that takes writes; **the first of** ``replicas`` when
   not given.  Chosen statically: this file decides until it is changed (or ``rmq promote``).
-* ``witness`` (optional): a URL, accepted and checked but not used yet (elections come later).
+* ``witness`` (optional): the URL of a voter that holds no data (``rmq serve --witness``).
+  With a witness the set **elects its leader on its own** (:mod:`.election`): ``leader`` is
+  then only the first choice when no replica holds data yet; without one the leader is
+  static.
+* ``raft`` (optional, with a witness): ``{URL: "HOST:PORT"}``, the address of each voter's
+  Raft port (the replicas' and the witness's); a voter left out uses its URL's host and
+  port + 1.
+* ``election_timeout_ms`` (optional, default 1500, with a witness): the lease of a leader: it
+  acknowledges writes only while a renewal of its lease committed by the voters is younger
+  than this; a leader silent for longer is replaced (:mod:`.election`).
 * ``min_insync_replicas`` (optional, default 1): replication is asynchronous; only 1 is
   taken (a leader that acknowledged sends without the copies a larger value promises would
   break it silently).
@@ -37,7 +46,11 @@ from ..errors import InvalidConfigError
 from ..remote.address import RemoteAddress
 
 #: The fields a replica-set file may have.
-FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file")
+FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file",
+          "raft", "election_timeout_ms")
+#: Default lease of an elected leader (ms) and its bounds.
+ELECTION_TIMEOUT_MS = 1500
+MIN_ELECTION_TIMEOUT_MS, MAX_ELECTION_TIMEOUT_MS = 300, 60_000
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -52,6 +65,27 @@ class ReplicaSet:
     min_insync_replicas: int
     account: str | None
     secret_file: str | None
+    raft: tuple[tuple[str, str], ...] = ()
+    election_timeout_ms: int = ELECTION_TIMEOUT_MS
+
+    @property
+    def elected(self) -> bool:
+        """Whether the set elects its leader (it has a witness) rather than naming it."""
+        return self.witness is not None
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        """The URLs of the voters: the replicas, then the witness."""
+        return self.replicas + ((self.witness,) if self.witness is not None else ())
+
+    def raft_address(self, url: str) -> str:
+        """``HOST:PORT`` of the Raft port of voter ``url`` (see the module docstring)."""
+        given = dict(self.raft).get(url)
+        if given is not None:
+            return given
+        address = RemoteAddress.parse(url)
+        host = f"[{address.host}]" if ":" in address.host else address.host
+        return f"{host}:{address.port + 1}"
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> ReplicaSet:
@@ -105,18 +139,39 @@ class ReplicaSet:
                 v is None or (isinstance(v, str) and v) for v in (account, secret_file)):
             raise InvalidConfigError(f"the replica-set file {path}: \"account\" and "
                                      "\"secret_file\" go together, each a non-empty string")
-        return cls(path, urls, leader, witness, insync, account, secret_file)
-
-    def member(self, listen: RemoteAddress) -> str:
-        """The URL of the replica that a server listening on ``listen`` is."""
-        exact = [u for u in self.replicas if _same(RemoteAddress.parse(u), listen, False)]
-        found = exact or [u for u in self.replicas
-                          if _same(RemoteAddress.parse(u), listen, True)]
-        if len(found) != 1:
+        raft = data.get("raft", {})
+        voters = urls + ((witness,) if witness is not None else ())
+        if not isinstance(raft, dict) or not all(isinstance(v, str) for v in raft.values()):
+            raise InvalidConfigError(f"the replica-set file {path}: \"raft\" must map voter "
+                                     "URLs to \"HOST:PORT\" strings")
+        raft = {_url(k, f"{path}: raft"): v for k, v in raft.items()}
+        for url, spec in raft.items():
+            if url not in voters:
+                raise InvalidConfigError(f"the replica-set file {path}: raft names {url}, "
+                                         f"which is no voter; allowed: one of {list(voters)}")
+            RemoteAddress.listen(spec)  # (raises on a malformed HOST:PORT)
+        timeout = data.get("election_timeout_ms", ELECTION_TIMEOUT_MS)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not (
+                MIN_ELECTION_TIMEOUT_MS <= timeout <= MAX_ELECTION_TIMEOUT_MS):
             raise InvalidConfigError(
-                f"the replica-set file {self.path}: no single replica is {listen.host}:"
-                f"{listen.port} (--listen); allowed: one of {list(self.replicas)}, with the "
-                "same host and port (a wildcard host matches the one replica with its port)")
+                f"the replica-set file {path}: election_timeout_ms={timeout!r}; allowed: an "
+                f"int from {MIN_ELECTION_TIMEOUT_MS} to {MAX_ELECTION_TIMEOUT_MS}")
+        return cls(path, urls, leader, witness, insync, account, secret_file,
+                   tuple(sorted(raft.items())), timeout)
+
+    def member(self, listen: RemoteAddress, *, witness: bool = False) -> str:
+        """The URL of the replica (``witness``: of the witness) that a server listening on
+        ``listen`` is."""
+        among = (() if self.witness is None else (self.witness,)) if witness else self.replicas
+        exact = [u for u in among if _same(RemoteAddress.parse(u), listen, False)]
+        found = exact or [u for u in among if _same(RemoteAddress.parse(u), listen, True)]
+        if len(found) != 1:
+            what = "the witness" if witness else "no single replica"
+            raise InvalidConfigError(
+                f"the replica-set file {self.path}: {what} is {listen.host}:{listen.port} "
+                f"(--listen); allowed: {'the witness' if witness else 'one of'} "
+                f"{list(among)}, with the same host and port (a wildcard host matches the one "
+                "with its port)")
         return found[0]
 
 

@@ -15,6 +15,7 @@ from pyarrow import flight
 
 from store import LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer, connect
 from store.errors import AccessDeniedError, InvalidConfigError
+from store.remote.address import RemoteAddress
 from store.remote.wire import dumps
 from store.replication.replica import read_state
 from store.replication.replica_set import ReplicaSet
@@ -82,7 +83,7 @@ def pair(tmp_path):
     """A leader (its clock a fake one) and a follower, each a StoreServer whose loop is not
     run (steps are called by hand)."""
     ports = free_port(), free_port()
-    rs = replica_file(tmp_path, ports, witness="rmq://127.0.0.1:1")
+    rs = replica_file(tmp_path, ports)  # (no witness: the leader is static, the first)
     clock = Clock()
     leader = StoreServer(str(tmp_path / "a"), SMALL, clock=clock,
                          listen=f"127.0.0.1:{ports[0]}", replica_set=rs)
@@ -313,6 +314,10 @@ def test_the_replica_set_file_is_checked(tmp_path):
     with pytest.raises(InvalidConfigError, match="no RocketMQ gRPC"):
         StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
                     grpc="127.0.0.1:0")
+    elected = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1")
+    with pytest.raises(InvalidConfigError, match="elected replica set"):  # not even the first
+        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=elected,
+                    grpc="127.0.0.1:0")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")
@@ -333,3 +338,22 @@ def test_role_and_epoch_are_recorded_for_a_stopped_store(tmp_path):
     server.close()
     state = read_state(str(tmp_path / "a"))
     assert state["role"] == "leader" and state["epoch"] == 2  # another leader: a new term
+
+
+def test_the_election_fields_of_a_replica_set_file():
+    urls = ["rmq://127.0.0.1:7911", "rmq://127.0.0.2:7911", "rmq://127.0.0.3:7911"]
+    plain = ReplicaSet.of({"replicas": urls[:2]})
+    assert not plain.elected
+    rs = ReplicaSet.of({"replicas": urls[:2], "witness": urls[2],
+                        "raft": {urls[0]: "127.0.0.1:9000"}, "election_timeout_ms": 800})
+    assert rs.elected and rs.voters == tuple(urls) and rs.election_timeout_ms == 800
+    assert rs.raft_address(urls[0]) == "127.0.0.1:9000"
+    assert rs.raft_address(urls[1]) == "127.0.0.2:7912"  # port + 1 when not given
+    assert rs.member(RemoteAddress.listen("127.0.0.3:7911"), witness=True) == urls[2]
+    for bad, why in [({"raft": {"rmq://127.0.0.9:1": "h:1"}}, "no voter"),
+                     ({"raft": {urls[0]: "nohostport"}}, "HOST:PORT"),
+                     ({"raft": ["x"]}, "raft"),
+                     ({"election_timeout_ms": 10}, "election_timeout_ms"),
+                     ({"election_timeout_ms": True}, "election_timeout_ms")]:
+        with pytest.raises(InvalidConfigError, match=why):
+            ReplicaSet.of({"replicas": urls[:2], "witness": urls[2], **bad})
