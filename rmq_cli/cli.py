@@ -178,7 +178,7 @@ def doctor() -> None:
     from rmq_source.setup_check import check_spark
     from store import warm_up
 
-    # numba's cache filled here, so that no first run after an install compiles (store.kernels.jit)
+    # numba's cache filled here, so that no first run after an install compiles (store.base.jit)
     click.echo(f"compiled loops ready in {warm_up():.1f} s")
 
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -14,12 +14,12 @@ Example
 
 from .operations.check_rounds import (drop_query_rounds, last_check_round, read_check_round_table,
                                       read_query_round, write_query_round)
-from .formats.codec import Record, RecordSpec
-from .config import StoreConfig
+from .formats.record_codec import Record, RecordSpec
+from .base.config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
 from .core.arrow_decode import MESSAGE_SCHEMA, keep_freed_heap
 from .core.reading import system_clock
-from .errors import (
+from .base.errors import (
                      ConfigMismatchError,
                      CorruptRecordError,
                      DiskFullError,
@@ -49,7 +49,7 @@ from .errors import (
                      UnknownTopicError,
                      KeyIndexUnavailableError,
 )
-from .message import (
+from .formats.message import (
                      LocalTransactionState,
                      Message,
                      MessageView,
@@ -61,13 +61,13 @@ from .message import (
                      validate_topic,
 )
 from .group.store_group import GroupProducer, GroupSink, StoreGroup
-from .group.layout import is_group as is_store_group
+from .files.group_file import is_group as is_store_group
 from .message_store import MessageStore
 from .reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .remote import connect
-from .remote.address import is_remote, read_token
+from .base.remote_address import is_remote, read_token
 from .schedule.cron import CronExpression
 from .schedule.rows import ScheduleTableResult
 from .schedule.service import ScheduleInfo

@@ -5,7 +5,7 @@ path, reading, recovery, retention) with the three services built on it, as Rock
 ``BrokerController`` builds its services outside the store and hands them the store's
 interface:
 
-* :class:`~store.delayed.schedule.ScheduleService`: the 4.x delay levels;
+* :class:`~store.delayed.schedule.DelayLevelService`: the 4.x delay levels;
 * :class:`~store.timer.service.TimerService`: the 5.x timer wheel;
 * :class:`~store.transaction.service.TransactionService`: half messages and the check loop.
 
@@ -22,14 +22,14 @@ import os
 from typing import Mapping
 
 from .operations.check_rounds import last_check_round, read_check_round
-from .kernels import jit
-from .config import StoreConfig
+from .base import jit
+from .base.config import StoreConfig
 from .core.reading import Clock
 from .core.retention import retention_plan
 from .core.store_core import StoreCore
-from .delayed.schedule import ScheduleService, register_schedule_topic
-from .errors import InvalidGroupError
-from .group.layout import is_group
+from .delayed.schedule import DelayLevelService, register_schedule_topic
+from .base.errors import InvalidGroupError
+from .files.group_file import is_group
 from .operations.pending_view import pending_messages
 from .produce.producer import Producer
 from .reader import StoreReader
@@ -70,7 +70,7 @@ class MessageStore(StoreCore):
         read_only : bool
             Open an existing store for reading only (what Spark executors do): returns a
             :class:`~store.reader.StoreReader` (no marker, no recovery, no flush thread, no
-            writes; every write method raises :class:`~store.errors.ReadOnlyStoreError`).
+            writes; every write method raises :class:`~store.base.errors.ReadOnlyStoreError`).
         """
         if is_group(path) and not os.path.isdir(os.path.join(os.fspath(path), "commitlog")):
             raise InvalidGroupError(
@@ -90,7 +90,7 @@ class MessageStore(StoreCore):
         register_sink_topic(self)
         self.start(flush_service=flush_service)
         try:
-            self.schedule = ScheduleService(self)
+            self.schedule = DelayLevelService(self)
             self.recurring = ScheduleBook(self)
             self.timer = TimerService(self)
             self.transactions = TransactionService(self)
@@ -135,7 +135,7 @@ class MessageStore(StoreCore):
         """
         self._check_writable()
         delivered = 0
-        # Until this process has the compiled loops (store.kernels.jit), steps small enough for their
+        # Until this process has the compiled loops (store.base.jit), steps small enough for their
         # Python versions: the first due messages never wait for numba's import or compile.
         while not jit.ready():
             step = jit.FALLBACK_MAX_WORK if max_messages is None else \

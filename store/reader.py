@@ -4,7 +4,7 @@ A reader takes no lock, writes no marker, runs no recovery and no flush thread, 
 writes a byte of the store's files.  It reads exactly what a writable store reads (see
 :class:`~store.core.reading.ReadableStore`): only records up to the confirmed offset.  Every
 write method of :class:`~store.MessageStore` exists here too and raises
-:class:`~store.errors.ReadOnlyStoreError` naming the operation, so code written for a store
+:class:`~store.base.errors.ReadOnlyStoreError` naming the operation, so code written for a store
 fails with a clear typed error rather than an ``AttributeError``.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from typing import Mapping, NoReturn
 
-from .config import StoreConfig
+from .base.config import StoreConfig
 from .core.reading import Clock, ReadableStore, layout_from_files
-from .errors import ReadOnlyStoreError, StoreNotFoundError
+from .base.errors import ReadOnlyStoreError, StoreNotFoundError
 from .schedule.service import ScheduleInfo, read_schedules
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.

@@ -1,4 +1,4 @@
-"""The shape of the code: imports go down the layers of ``store.layers``, and no cycle exists.
+"""The shape of the code: imports go down the layers of ``store.base.layers``, and no cycle exists.
 
 Every import is counted: module level, under ``TYPE_CHECKING``, and inside functions.  So a
 type-only back edge or a function-local import cannot hide a cycle.  ``rmq_source`` may use
@@ -13,7 +13,7 @@ import os
 import pytest
 
 import store
-from store.layers import LAYERS
+from store.base.layers import LAYERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("store", "rmq_source", "rmq_cli", "pyspark_rmq")

@@ -7,7 +7,7 @@ Readers never look past the confirmed offset.
 
 Three ways in, one way down (:meth:`Appender.commit`):
 
-* :meth:`Appender.append`: :class:`~store.formats.codec.RecordSpec` objects, any topics (sends, ops,
+* :meth:`Appender.append`: :class:`~store.formats.record_codec.RecordSpec` objects, any topics (sends, ops,
   transaction commits, timer rolls);
 * :meth:`Appender.append_encoded`: records given as columns (headers as one NumPy array,
   bodies and properties as byte pieces) for any topics and queues: the vectorised path of
@@ -33,13 +33,13 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..formats import codec
-from ..formats.codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
+from ..formats import record_codec as codec
+from ..formats.record_codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
                              RecordSpec, encode_blank, whole_record_layout)
-from ..formats.crc import crc32
-from ..errors import InvalidMessageError, MessageTooLargeError
-from ..kernels.record_kernels import ByteColumn
-from ..message import is_valid_topic_name
+from ..base.crc import crc32
+from ..base.errors import InvalidMessageError, MessageTooLargeError
+from ..formats.byte_columns import ByteColumn
+from ..formats.message import is_valid_topic_name
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
 from .dispatch import QueueEntries, is_dispatched

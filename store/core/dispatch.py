@@ -18,10 +18,11 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.record_codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE,
+                                    TRANSACTION_TYPE_MASK)
 from ..files.consume_queue import ConsumeQueue
 from .key_index import KeyIndex
-from ..message import PROPERTY_TAGS, java_string_hash
+from ..formats.message import PROPERTY_TAGS, java_string_hash
 
 #: ``rule(properties, store_timestamp_ms) -> tagsCode`` of a system topic's queue entries
 #: (``None``: use the tag hash).

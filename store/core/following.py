@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Sequence
 
-from ..errors import InvalidConfigError, UnknownTopicError
-from ..message import MessageView
+from ..base.errors import InvalidConfigError, UnknownTopicError
+from ..formats.message import MessageView
 
 #: Where a follower starts in the queues that exist when it starts.
 STARTS = ("latest", "earliest")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import DiskFullError
+from ..base.errors import DiskFullError
 from ..files.fileio import read_json, write_json_atomic
 from .ports import CoreParts
 from .recovery import recover_tail

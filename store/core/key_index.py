@@ -2,7 +2,7 @@
 
 The index is derived from the CommitLog like the ConsumeQueues.  The dispatcher hands it the
 CommitLog range every append wrote (:meth:`KeyIndex.index_range`); the compiled walk of
-:mod:`store.kernels.key_kernels` reads each record's ``UNIQ_KEY`` and ``KEYS`` and their
+:mod:`store.kernels.key_walk` reads each record's ``UNIQ_KEY`` and ``KEYS`` and their
 keyHashes, and :meth:`~store.files.index_file.IndexFile.put` chains the whole batch into
 the newest file with NumPy (a new file, named by the time, when it fills).
 
@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from ..config import StoreConfig
-from ..errors import DiskFullError
+from ..base.config import StoreConfig
+from ..base.errors import DiskFullError
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
 from ..files.index_file import (
@@ -38,7 +38,7 @@ from ..files.index_file import (
     java_hash_text,
     key_hash_of_unsigned,
 )
-from ..kernels.key_kernels import MAX_ROWS_PER_RECORD, record_keys
+from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
 
 log = logging.getLogger("store.core.key_index")
 
@@ -48,7 +48,7 @@ _ROWS = 1 << 16
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
     """The keyHashes a record of ``topic`` with these encoded properties is indexed under,
-    in the kernel's order (:mod:`store.kernels.key_kernels`): ``UNIQ_KEY``, then each
+    in the kernel's order (:mod:`store.kernels.key_walk`): ``UNIQ_KEY``, then each
     non-empty part of ``KEYS`` (the last non-empty value of each name counts)."""
     uniq = keys = b""
     for pair in properties.split(b"\x02"):

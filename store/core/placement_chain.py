@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from ..files.commit_log import CommitLog
-from ..kernels.record_kernels import patch_placed_fields
+from ..kernels.record_assembly import patch_placed_fields
 from .append_types import EncodedRecords, Presumed
 from .dispatch import is_dispatched
 from .record_writes import PLACED_AT, place_batch

@@ -28,9 +28,9 @@ from .dispatch import Dispatcher, TagsCodeRule
 
 if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
     from ..files.checkpoint import StoreCheckpoint
-    from ..formats.codec import Record, RecordSpec
+    from ..formats.record_codec import Record, RecordSpec
     from ..files.commit_log import CommitLog
-    from ..config import StoreConfig
+    from ..base.config import StoreConfig
     from ..files.consume_queue import ConsumeQueue
     from ..formats.message_id import MessageIdGenerator
     from ..files.topics import TopicTable

@@ -5,8 +5,8 @@ total size, physical offset, queue id and queue offset in the header equal what 
 and its position say (a flipped or zeroed queue entry would otherwise serve another
 message).  The body CRC is only checked on request (``verify_crc``): RocketMQ's BODYCRC,
 CRC32 of the body masked to 31 bits, recomputed by a compiled loop over the mapped segment
-(:func:`~store.kernels.scan_kernels.body_crcs`).  A record failing a check is a
-:class:`~store.errors.CorruptRecordError` naming the segment file and the record's CommitLog
+(:func:`~store.kernels.segment_walk.body_crcs`).  A record failing a check is a
+:class:`~store.base.errors.CorruptRecordError` naming the segment file and the record's CommitLog
 offset; :func:`intact_mask` instead says which entries pass, for reads that skip damage.
 """
 
@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.codec import FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, Record, body_crc, gather_headers
+from ..formats.record_codec import (FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, Record,
+                                    body_crc, gather_headers)
 from ..files.commit_log import CommitLog
-from ..errors import CorruptRecordError
-from ..kernels.scan_kernels import body_crcs
+from ..base.errors import CorruptRecordError
+from ..kernels.segment_walk import body_crcs
 
 
 def header_matches(header: np.ndarray, sizes: np.ndarray, phys: np.ndarray, queue_id: int,
                    queue_offsets: np.ndarray) -> np.ndarray:
-    """Which gathered record headers (:func:`~store.formats.codec.gather_headers`) describe the
+    """Which gathered record headers (:func:`~store.formats.record_codec.gather_headers`) describe the
     records their queue entries name: magic, total size, physical offset, queue id and
     offset, and a body length that fits."""
     body_len = header["body_length"].astype(np.int64)

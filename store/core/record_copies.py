@@ -2,7 +2,7 @@
 
 Services that move records between topics (the restore of delayed messages, the transaction
 check loop's put-back copies and discards, the commit of a half message) never decode and
-re-encode a record: they gather the sources (:class:`~store.formats.record_gather.SourceRecords`),
+re-encode a record: they gather the sources (:class:`~store.files.record_gather.SourceRecords`),
 rewrite headers and properties with NumPy and the property kernels, and hand the result to
 the core's columnar append.  Two steps are the same for all of them:
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.codec import decode_properties
+from ..formats.record_codec import decode_properties
 from .ports import StorePort
-from ..kernels.property_kernels import distinct_values
-from ..kernels.record_kernels import ByteColumn, ByteSlices
+from ..kernels.property_scan import distinct_values
+from ..formats.byte_columns import ByteColumn, ByteSlices
 
 _SEPARATOR = np.array([2], dtype=np.uint8)
 
@@ -31,7 +31,7 @@ def tags_codes(store: StorePort, props: ByteColumn | ByteSlices, rows: np.ndarra
     """tagsCodes of the copies in ``rows`` (a bool mask; other rows get 0).
 
     ``has_tag`` / ``tag_start`` / ``tag_end``: each row's TAGS value in ``props.data`` (as
-    :func:`~store.kernels.property_kernels.scan_properties` finds it); ``topics[topic_ids[i]]`` is
+    :func:`~store.kernels.property_scan.scan_properties` finds it); ``topics[topic_ids[i]]`` is
     the destination topic of row ``i``.
     """
     n = len(rows)

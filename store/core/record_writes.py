@@ -3,7 +3,7 @@
 :func:`place_batch` applies RocketMQ's placement rule to a batch of record sizes (a record
 needs its length plus 8 bytes left in its segment, else an 8-byte blank closes the segment;
 a batch that fits a segment moves to the next one whole).  :func:`assemble_unplaced` encodes
-records given as columns with the compiled record kernel (:mod:`store.kernels.record_kernels`)
+records given as columns with the compiled record kernel (:mod:`store.kernels.record_assembly`)
 before any lock is taken; once placed, :func:`patch_placed` writes the four fields the
 placement decides into those bytes and :func:`placed_writes` yields the CommitLog writes.
 Used by :class:`~store.core.appender.Appender`.
@@ -16,16 +16,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..formats import codec
+from ..formats import record_codec as codec
 from ..files.commit_log import CommitLog
-from ..formats.crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
-from ..kernels.record_kernels import (
-    ByteColumn,
-    assemble_records,
-    empty_column,
-    memcpy_function,
-    patch_placed_fields,
-)
+from ..base.crc import HARDWARE_CRC, LARGE_BODY_BYTES, crc32, crc_function
+from ..formats.byte_columns import ByteColumn, empty_column
+from ..kernels.record_assembly import assemble_records, memcpy_function, patch_placed_fields
 from .append_types import AssembledRecords, EncodedRecords, Presumed
 
 #: ``allocate(records, sizes) -> buffer`` for :func:`assemble_unplaced`.
@@ -55,7 +50,7 @@ def assemble_unplaced(records: EncodedRecords, sizes: np.ndarray, dispatched: bo
                       allocate: Allocate | None = None,
                       presumed: Presumed | None = None) -> AssembledRecords:
     """Every record of ``records`` encoded back to back in one buffer, by the compiled
-    :func:`~store.kernels.record_kernels.assemble_records` (body CRCs included), with the fields
+    :func:`~store.kernels.record_assembly.assemble_records` (body CRCs included), with the fields
     only the append knows left for it to write (:func:`patch_placed`).
 
     ``allocate(records, sizes)``, when given, returns that buffer: a writable uint8 array of

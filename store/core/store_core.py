@@ -33,9 +33,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..files.abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
-from ..formats.codec import LOCALHOST, RecordSpec
-from ..config import StoreConfig
-from ..errors import InvalidMessageError, StoreNotFoundError, StoreReplacedError
+from ..formats.record_codec import LOCALHOST, RecordSpec
+from ..base.config import StoreConfig
+from ..base.errors import InvalidMessageError, StoreNotFoundError, StoreReplacedError
 from ..formats.message_id import MessageIdGenerator
 from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
@@ -217,7 +217,7 @@ class StoreCore(AppendLocking, ReadableStore):
             "acknowledged by the old store are in its files only if they were kept)")
 
     def check_identity(self) -> None:
-        """Raise :class:`~store.errors.StoreReplacedError` when the store directory was
+        """Raise :class:`~store.base.errors.StoreReplacedError` when the store directory was
         removed or replaced since this process opened it (one ``stat``)."""
         if self.replaced is not None:
             raise self.replaced_error(self.replaced)
@@ -357,7 +357,7 @@ class StoreCore(AppendLocking, ReadableStore):
             rule of its own goes through :meth:`append`).
         bodies, properties : sequence of bytes, or ByteColumn
             The validated bodies and each record's encoded properties string (either as a
-            :class:`~store.kernels.record_kernels.ByteColumn`: its bytes are used as they are).
+            :class:`~store.formats.byte_columns.ByteColumn`: its bytes are used as they are).
         tags : sequence of str or None, optional
             Each record's tag, for the ConsumeQueue tagsCode.
         flags : int or sequence of int

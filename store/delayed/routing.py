@@ -20,14 +20,14 @@ import os
 
 import numpy as np
 
-from ..formats.codec import HEADER_SIZE, encode_properties, gather_headers
+from ..formats.record_codec import HEADER_SIZE, encode_properties, gather_headers
 from ..files.consume_queue import ENTRY_DTYPE, ENTRY_SIZE
 from ..core.ports import StorePort
-from ..errors import MessageTooLargeError
-from ..message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
-from ..kernels.property_kernels import parse_int_ranges, scan_properties
-from ..formats.record_gather import gather_segments
-from ..kernels.record_kernels import ByteSlices
+from ..base.errors import MessageTooLargeError
+from ..formats.message import PROPERTY_DELAY_ORIGIN, PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC
+from ..kernels.property_scan import parse_int_ranges, scan_properties
+from ..files.record_gather import gather_segments
+from ..formats.byte_columns import ByteSlices
 
 #: Properties bytes a delivery (or roll) may add: ``__RMQ_DELIVER_MS``, the origin,
 #: ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS``, ``TIMER_ROLL_TIMES``.

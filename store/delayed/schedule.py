@@ -1,12 +1,12 @@
 """4.x delay levels (RocketMQ's ScheduleMessageService), driven by ``store.deliver_due()``.
 
-Send (:meth:`ScheduleService.rewrite`): a message sent with ``delay_level=L`` is stored in
+Send (:meth:`DelayLevelService.rewrite`): a message sent with ``delay_level=L`` is stored in
 ``SCHEDULE_TOPIC_XXXX`` queue ``L - 1`` (a level above the table is clamped to the last one)
 with ``DELAY``, ``REAL_TOPIC`` and ``REAL_QID``; the store indexes it with
 tagsCode = store time + the level's delay, its due time.  Each level's queue is therefore in
 due-time order.
 
-Delivery (:meth:`ScheduleService.deliver_due`): for each level, the entries from the saved
+Delivery (:meth:`DelayLevelService.deliver_due`): for each level, the entries from the saved
 offset on whose tagsCode is at or before now are restored to their real topic and queue, many
 records per append, with ``__RMQ_DELIVER_MS`` = the due time and the origin (see
 :mod:`store.delayed.routing`); delivery stops at the first entry not yet due.  The restored
@@ -38,11 +38,11 @@ import numpy as np
 
 from ..files.crash_points import crash_point
 from ..files.broker_files import read_lenient_json, write_config
-from ..formats.codec import RecordSpec
+from ..formats.record_codec import RecordSpec
 from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
-from ..errors import InvalidDelayError
-from ..message import (
+from ..base.errors import InvalidDelayError
+from ..formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
@@ -95,7 +95,7 @@ class _Progress:
     counter: int = 0
 
 
-class ScheduleService:
+class DelayLevelService:
     """Delivery of the 4.x delay levels of one store (see the module docstring)."""
 
     def __init__(self, store: StorePort) -> None:

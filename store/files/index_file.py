@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from ..formats.layout import layout
+from ..formats.binary_layout import layout
 from .fileio import allocate
 
 HEADER_FIELDS = (
@@ -183,7 +183,7 @@ class IndexFile:
 
     def _reserve(self, end: int) -> None:
         """Reserve the file's blocks up to ``end`` (rounded up a step);
-        :class:`~store.errors.DiskFullError` when the disk has no room."""
+        :class:`~store.base.errors.DiskFullError` when the disk has no room."""
         if end <= self._reserved or self._fd is None:
             return
         target = min(self.size, -(-end // _RESERVE_STEP) * _RESERVE_STEP)

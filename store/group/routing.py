@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InvalidMessageError
-from ..message import java_string_hash
-from ..kernels.record_kernels import one_array
-from ..kernels.scan_kernels import body_crcs
+from ..base.errors import InvalidMessageError
+from ..formats.message import java_string_hash
+from ..formats.byte_columns import one_array
+from ..kernels.segment_walk import body_crcs
 from ..produce.table_queues import sharding_hashes
 
 

@@ -3,7 +3,7 @@
 One store has one CommitLog and one append lock, like one RocketMQ broker: every writer in
 every process queues behind it.  A :class:`StoreGroup` is several member stores (each with
 its own CommitLog, lock, timer and transaction state), named like brokers and listed in
-``group.json`` (:mod:`store.group.layout`).  A topic of the group has the queues of every
+``group.json`` (:mod:`store.files.group_file`).  A topic of the group has the queues of every
 member; what happens where:
 
 * **sending** (:class:`GroupProducer`): a message goes to one member (round robin over the
@@ -38,19 +38,19 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from ..config import StoreConfig
+from ..base.config import StoreConfig
 from ..core.following import follow_members
 from ..core.reading import Clock
-from ..errors import InvalidGroupError, UnknownMessageError
-from .layout import GroupLayout, is_group, read_group, write_group
+from ..base.errors import InvalidGroupError, UnknownMessageError
+from ..files.group_file import GroupLayout, is_group, read_group, write_group
 from .routing import route_rows
 from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
-from ..message import validate_topic
+from ..formats.message import validate_topic
 from ..message_store import MessageStore
 from ..reader import StoreReader
 from ..remote import connect
-from ..remote.address import is_remote
-from ..kernels.record_kernels import one_array
+from ..base.remote_address import is_remote
+from ..formats.byte_columns import one_array
 from ..produce.table_rows import as_table, prepare_rows
 from ..schedule.service import validate_schedule_key
 from ..timer.keys import key_owners

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..errors import InvalidGroupError, InvalidMessageError
-from ..message import Message, SendResult, sharding_queue
+from ..base.errors import InvalidGroupError, InvalidMessageError
+from ..formats.message import Message, SendResult, sharding_queue
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
 from ..produce.table_keys import checked_key_column

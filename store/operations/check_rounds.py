@@ -20,7 +20,7 @@ import re
 
 import pyarrow as pa
 
-from ..errors import InvalidConfigError
+from ..base.errors import InvalidConfigError
 from ..files.fileio import atomic_write
 from ..transaction.check import TransactionCheckView
 

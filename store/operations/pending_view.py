@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..delayed.routing import read_queue_entries
-from ..errors import CorruptRecordError
-from ..message import (
+from ..base.errors import CorruptRecordError
+from ..formats.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,

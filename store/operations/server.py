@@ -48,12 +48,12 @@ import time
 from dataclasses import dataclass, field
 
 from .check_rounds import publish_check_round
-from ..config import StoreConfig
-from ..errors import InvalidConfigError, StoreError, StoreReplacedError
+from ..base.config import StoreConfig
+from ..base.errors import InvalidConfigError, StoreError, StoreReplacedError
 from ..files.fileio import atomic_write
 from ..message_store import MessageStore
 from .warm_up import warm_up
-from ..remote.address import RemoteAddress
+from ..base.remote_address import RemoteAddress
 
 log = logging.getLogger("store.operations.server")
 
@@ -157,7 +157,7 @@ class StoreServer:
                     f"listening on {listen} (not a loopback address) needs a token "
                     "(--token-file FILE) or accounts (--acl FILE); allowed: a token, accounts, "
                     "or --insecure to serve anyone who can reach the port")
-        # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
+        # the compiled loops load while the store opens and recovers (store.base.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)

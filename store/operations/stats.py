@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..delayed.schedule import ScheduleService
+from ..delayed.schedule import DelayLevelService
 from ..timer.service import TimerService
 
 #: RocketMQ's timer distribution buckets (seconds ahead of now), plus "overdue" and "later".
@@ -19,7 +19,7 @@ def _label(seconds: int) -> str:
     return f"{seconds // 3600} h"
 
 
-def pending_delayed_stats(now: int, schedule: ScheduleService, timer: TimerService) -> dict:
+def pending_delayed_stats(now: int, schedule: DelayLevelService, timer: TimerService) -> dict:
     """Pending delay-level and timer messages, with counts per due-time bucket.
 
     Returns ``{"pending", "schedule_pending", "timer_pending", "next_due_ms", "by_due"}`` where

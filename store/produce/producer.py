@@ -10,12 +10,14 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..formats.batch_encoding import normalized_columns, paused_gc, properties_column, validated_columns
-from ..formats.codec import RecordSpec
+from ..formats.batch_encoding import (normalized_columns, paused_gc, properties_column,
+                                      validated_columns)
+from ..formats.record_codec import RecordSpec
 from ..core.ports import StorePort
-from ..delayed.schedule import ScheduleService, deliver_time
-from ..errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
-from ..message import (
+from ..delayed.schedule import DelayLevelService, deliver_time
+from ..base.errors import (InvalidBatchError, InvalidDelayError, InvalidMessageError,
+                           MessageTooLargeError)
+from ..formats.message import (
     validate_msg_id,
     PROPERTY_DELAY_KEY,
     PROPERTY_KEYS,
@@ -50,7 +52,7 @@ class ProducerStore(StorePort, Protocol):
     """What a producer uses of its store: the core's port, the two delay services and the
     recurring schedules."""
 
-    schedule: ScheduleService
+    schedule: DelayLevelService
     timer: TimerService
     recurring: ScheduleBook
 
@@ -349,8 +351,8 @@ class Producer:
 
         Fires happen when ``deliver_due()`` runs (``rmq serve``, a streaming query), never
         early, each exactly once across crashes.  Raises
-        :class:`~store.errors.InvalidScheduleError` for a bad key, expression, interval,
-        time zone, bound or policy (:class:`~store.errors.ScheduleIntervalError` for an
+        :class:`~store.base.errors.InvalidScheduleError` for a bad key, expression, interval,
+        time zone, bound or policy (:class:`~store.base.errors.ScheduleIntervalError` for an
         ``every_ms`` below ``StoreConfig.schedule_min_interval_ms``), and what :meth:`send`
         raises for a bad message.
         """

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..formats.codec import (
+from ..formats.record_codec import (
     LOCALHOST,
     MESSAGE_MAGIC_CODE_V1,
     PROPERTIES_SEPARATOR,
@@ -55,8 +55,8 @@ from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
 from ..core.record_writes import Allocate, batch_template
 from ..delayed.routing import DELIVERY_HEADROOM
-from ..errors import MessageTooLargeError
-from ..message import (
+from ..base.errors import MessageTooLargeError
+from ..formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -65,8 +65,8 @@ from ..message import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
 )
-from ..kernels.property_kernels import format_int_pairs
-from ..kernels.record_kernels import ByteColumn, ByteSlices
+from ..kernels.property_scan import format_int_pairs
+from ..formats.byte_columns import ByteColumn, ByteSlices
 from .table_rows import COLUMNS, PreparedRows, as_table, prepare_rows
 
 #: Rows per chunk at most: the rows of one topic in one chunk go to one queue (a RocketMQ

@@ -22,8 +22,8 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import InvalidConfigError
-from ..remote.address import RemoteAddress
+from ..base.errors import InvalidConfigError
+from ..base.remote_address import RemoteAddress
 from .limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
 
 log = logging.getLogger("store.proxy")

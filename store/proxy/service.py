@@ -46,10 +46,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from ..errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
+from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
                       MessageTooLargeError, StoreError, TimerFlowControlError,
                       TransactionStateError, UnknownTopicError)
-from ..message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
+from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
                        sharding_queue)
 from ..transaction.check_views import CheckViews
 from ..transaction.producer import LeaveOpen
@@ -695,7 +695,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def _dead_letter(self, member: Member, group: str, view: MessageView) -> None:
         """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``), in
         the member that held it."""
-        from ..message import Message
+        from ..formats.message import Message
 
         member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
                                    keys=list(view.keys) or None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import typing
 
-from .address import DEFAULT_TIMEOUT_S
+from ..base.remote_address import DEFAULT_TIMEOUT_S
 
 if typing.TYPE_CHECKING:
     from .client import RemoteStore
@@ -31,7 +31,7 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
         access key and its secret key (or a file whose first line is it); instead of a
         token.
     timeout_s : float
-        Bound on each call; past it the call raises :class:`~store.errors.RemoteError`.
+        Bound on each call; past it the call raises :class:`~store.base.errors.RemoteError`.
     tls_root_certs : path, optional
         PEM file of the certificates that sign the server's (``rmqs://``; default: the
         system's roots).

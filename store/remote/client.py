@@ -7,8 +7,8 @@
 ``sink``, ``end_transaction(s)``, ``deliver_due``, ``flush``), with the same results and the
 same typed errors: the server raises, the client raises the same class again.  A server that
 cannot be reached, or does not answer within ``timeout_s``, raises
-:class:`~store.errors.RemoteError` naming the address; a wrong token
-:class:`~store.errors.AuthenticationError`.
+:class:`~store.base.errors.RemoteError` naming the address; a wrong token
+:class:`~store.base.errors.AuthenticationError`.
 
 The Flight client (gRPC underneath) is made at the first call, in the process making it, and
 again after a ``fork`` (gRPC is not fork-safe; PySpark forks its Python workers), so a
@@ -31,14 +31,14 @@ from pyarrow import flight
 
 from ..core.following import follow_one
 from ..core.message_columns import empty_batch, message_views, projected_schema
-from ..errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTopicError
-from ..message import LocalTransactionState, Message, MessageView, SendResult
+from ..base.errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTopicError
+from ..formats.message import LocalTransactionState, Message, MessageView, SendResult
 from ..produce.table_rows import as_table
 from ..sink.sink import SinkCommit
 from ..timer.keys import key_list
 from ..transaction.check import parse_state
 from ..transaction.producer import TransactionSendResult
-from .address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
+from ..base.remote_address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
 from .wire import (END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, message_view, raise_remote,
                    schedule_info)
 

@@ -29,9 +29,9 @@ import pyarrow as pa
 from pyarrow import flight
 
 from ..core.message_columns import projected_schema
-from ..errors import StoreError
+from ..base.errors import StoreError
 from ..files.accounts import AccountRights
-from ..message import (Message, validate_delay_key, validate_group, validate_msg_id,
+from ..formats.message import (Message, validate_delay_key, validate_group, validate_msg_id,
                        validate_schedule_key, validate_sink_id, validate_topic)
 from ..operations.check_rounds import (drop_query_rounds, last_check_round,
                                        read_check_round_table, read_query_round,
@@ -39,7 +39,7 @@ from ..operations.check_rounds import (drop_query_rounds, last_check_round,
 from ..produce.table_rows import prepare_rows
 from ..reader import StoreReader
 from ..transaction.producer import LeaveOpen
-from .address import RemoteAddress
+from ..base.remote_address import RemoteAddress
 from .incoming import received_table
 from .limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
@@ -635,7 +635,7 @@ def _any_topic(topic: str) -> str:
 
 def _named(body: dict, name: str, what: str, validator, *, optional: bool = False,
            default=...):
-    """``body[name]``, a string checked by ``validator`` (one of :mod:`store.message`'s):
+    """``body[name]``, a string checked by ``validator`` (one of :mod:`store.formats.message`'s):
     every name a request gives passes the store's rules before anything is looked up or
     created by it."""
     value = field(body, name, str, what, optional=optional, default=default)

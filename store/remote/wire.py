@@ -40,8 +40,8 @@ import base64
 import json
 from typing import Any
 
-from .. import errors as store_errors
-from ..errors import RemoteError, StoreError
+from ..base import errors as store_errors
+from ..base.errors import RemoteError, StoreError
 
 #: DoAction types and what each does (``list_actions`` shows them).
 ACTIONS = {
@@ -220,7 +220,7 @@ def view_fields(view) -> dict:
 
 def message_view(fields: dict):
     """The :class:`~store.MessageView` of :func:`view_fields`."""
-    from ..message import MessageView
+    from ..formats.message import MessageView
 
     names = {f.name for f in dataclasses.fields(MessageView)}
     values = {k: v for k, v in fields.items() if k in names}

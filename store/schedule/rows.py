@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ..errors import InvalidScheduleError
-from ..message import Message
+from ..base.errors import InvalidScheduleError
+from ..formats.message import Message
 
 COLUMNS = ("key", "topic", "body", "tags", "keys", "properties", "cron", "every_ms", "tz",
            "start_at_ms", "end_at_ms", "max_fires", "catch_up", "catch_up_window_ms")

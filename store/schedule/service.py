@@ -59,12 +59,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..errors import InvalidScheduleError, ScheduleIntervalError
+from ..base.errors import InvalidScheduleError, ScheduleIntervalError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
 from ..delayed.routing import properties_since
-from ..formats.codec import RecordSpec
-from ..message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
+from ..formats.record_codec import RecordSpec
+from ..formats.message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
                        validate_schedule_key)
 from .cron import CronExpression, next_every_fire_ms, time_zone
 

@@ -6,7 +6,7 @@ many rows, invisible until the batch commits.  On commit one *marker* record nam
 and the halves it committed, in the same atomic group as the committed rows and the op
 messages that end the halves.
 
-Sink half (a CommitLog record, layout :mod:`store.formats.codec`)::
+Sink half (a CommitLog record, layout :mod:`store.formats.record_codec`)::
 
     field / property        value
     body                    the staged records, framed (below)
@@ -51,7 +51,7 @@ STAGED_RECORDS_SCHEMA (one row per message: the record the commit writes, alread
     queue_id      int32                     its queue; -1: the commit's round robin
     tags_code     int64                     its ConsumeQueue tagsCode
     record        binary                    the whole CommitLog record (layout
-                                            :mod:`store.formats.codec`): sys flag COMMIT, born time
+                                            :mod:`store.formats.record_codec`): sys flag COMMIT, born time
                                             of the half, body CRC set; MAGICCODE is 0
                                             (STAGED_MAGIC) so that no scan of the CommitLog
                                             can take it for a record; the commit sets the
@@ -81,14 +81,12 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-from ..errors import CorruptRecordError
+from ..base.errors import CorruptRecordError
+from ..formats.message import PROPERTY_SINK, SINK_TX_PREFIX
 
 SINK_COMMIT_TOPIC = "rmq_sys_sink_commit"
-PROPERTY_SINK = "__RMQ_SINK"
 PROPERTY_SINK_ROWS = "__RMQ_SINK_ROWS"
 PROPERTY_SINK_BATCH = "__RMQ_SINK_BATCH"
-#: Transaction ids of sink halves start with this, then the sink key.
-SINK_TX_PREFIX = "SINK"
 SINK_KEY_HEX = 12
 
 STAGED_RECORDS_SCHEMA = pa.schema([

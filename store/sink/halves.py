@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     FIELD_OFFSET,
     FIXED_SIZE,
     HEADER_DTYPE,
@@ -36,10 +36,11 @@ from ..formats.codec import (
 )
 from ..core.append_types import AssembledRecords, EncodedRecords, Presumed
 from ..core.pipeline import prepared_in_order
-from ..message import TRANS_HALF_TOPIC
-from ..formats.crc import crc32
-from ..errors import CorruptRecordError, MessageTooLargeError
-from ..kernels.record_kernels import ByteColumn, complete_staged, one_array
+from ..formats.message import TRANS_HALF_TOPIC
+from ..base.crc import crc32
+from ..base.errors import CorruptRecordError, MessageTooLargeError
+from ..formats.byte_columns import ByteColumn, one_array
+from ..kernels.record_assembly import complete_staged
 from .format import STAGED_MAGIC, framed_head
 from ..produce.table_producer import (CHUNK_ROWS, assemble_rows, queues_for_chunk,
                                      round_robin_queues)
@@ -150,7 +151,7 @@ def append_staged(store, group: list) -> int:
 
     In chunks of :data:`~store.produce.table_producer.CHUNK_ROWS` records, each copied out of the
     halves into a buffer of its own, checked and completed by one compiled pass
-    (:func:`~store.kernels.record_kernels.complete_staged`: size field, staged magic; then the magic
+    (:func:`~store.kernels.record_assembly.complete_staged`: size field, staged magic; then the magic
     code and PREPAREDTRANSACTIONOFFSET) on either of two threads
     (:func:`~store.core.pipeline.prepared_in_order`), and placed by the core's columnar
     append on this one, in order.  Raises :class:`CorruptRecordError` when a staged record

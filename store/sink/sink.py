@@ -45,11 +45,11 @@ import numpy as np
 
 from ..formats.batch_encoding import paused_gc
 from ..core.pipeline import prepared_in_order
-from ..formats.codec import (
+from ..formats.record_codec import (
     RecordSpec,
 )
-from ..errors import CorruptRecordError, InvalidMessageError, SinkCommitError
-from ..message import (
+from ..base.errors import CorruptRecordError, InvalidMessageError, SinkCommitError
+from ..formats.message import (
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
@@ -60,22 +60,10 @@ from ..message import (
     validate_group,
     validate_sink_id,
 )
-from .format import (
-    PROPERTY_SINK,
-    PROPERTY_SINK_BATCH,
-    PROPERTY_SINK_ROWS,
-    SINK_COMMIT_TOPIC,
-    decode_marker,
-    decode_staged,
-    encode_marker,
-    is_sink_transaction,
-    marker_code,
-    marker_tags_code,
-    new_transaction_id,
-    sink_code,
-    sink_key,
-    transaction_prefix,
-)
+from ..formats.message import PROPERTY_SINK
+from .format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC, decode_marker,
+                     decode_staged, encode_marker, is_sink_transaction, marker_code,
+                     marker_tags_code, new_transaction_id, sink_code, sink_key, transaction_prefix)
 from .halves import (
     append_staged,
     framed_half,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..errors import ConfigMismatchError
+from ..base.errors import ConfigMismatchError
 from ..files.fileio import atomic_write
 
 CHECKPOINT_FIELDS = (
@@ -108,7 +108,7 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
     (``live_ticks``: slot time / precision of every non-empty slot) must lie after 2000 and
     less than one wheel turn past its read time, and the read time must be a multiple of
     ``precision_ms`` (a precision off by a factor of 2 or more fails one of these).  Raises
-    :class:`~store.errors.ConfigMismatchError` otherwise: rebuilding the wheel instead would
+    :class:`~store.base.errors.ConfigMismatchError` otherwise: rebuilding the wheel instead would
     deliver again what the broker already delivered.
     """
     read = state.last_read_time_ms

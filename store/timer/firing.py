@@ -14,8 +14,8 @@ import numpy as np
 
 from ..core.ports import StorePort
 from ..delayed.restore import restore
-from ..errors import CorruptRecordError
-from ..message import PROPERTY_TIMER_DEL_UNIQKEY
+from ..base.errors import CorruptRecordError
+from ..formats.message import PROPERTY_TIMER_DEL_UNIQKEY
 from .checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, TimerLog
 from .wheel import TimerWheel

@@ -55,9 +55,9 @@ import os
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..base.errors import CorruptRecordError
 from ..files.fileio import allocate, fsync_dir
-from ..formats.layout import layout
+from ..formats.binary_layout import layout
 
 MAGIC = 0x524D514B45595331  # "RMQKEYS1"
 HEADER_FIELDS = (

@@ -36,14 +36,14 @@ import pyarrow.compute as pc
 from ..files.crash_points import crash_point
 from ..core.ports import StorePort
 from ..delayed.routing import origins_since, read_queue_entries
-from ..errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
+from ..base.errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
 from ..files.fileio import move_aside
-from ..formats.codec import RecordSpec
-from ..formats.record_gather import SourceRecords
-from ..kernels.property_kernels import hash_ranges, parse_int_ranges, scan_properties
-from ..kernels.record_kernels import ByteColumn
-from ..kernels.scan_kernels import body_crcs
-from ..message import (
+from ..formats.record_codec import RecordSpec
+from ..files.record_gather import SourceRecords
+from ..kernels.property_scan import hash_ranges, parse_int_ranges, scan_properties
+from ..formats.byte_columns import ByteColumn
+from ..kernels.segment_walk import body_crcs
+from ..formats.message import (
     PROPERTY_DELAY_KEY,
     PROPERTY_DELAY_KEYS_CANCELLED,
     PROPERTY_REAL_QUEUE_ID,

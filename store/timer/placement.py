@@ -16,7 +16,7 @@ import numpy as np
 
 from ..files.crash_points import crash_point
 from ..core.ports import StorePort
-from ..message import TIMER_TOPIC
+from ..formats.message import TIMER_TOPIC
 from .checkpoint import TimerCheckpoint
 from .firing import SlotFiring
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog

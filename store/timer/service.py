@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..formats.codec import RecordSpec
+from ..formats.record_codec import RecordSpec
 from ..core.identity import store_tag
 from ..core.ports import StorePort
 from ..delayed.routing import (
@@ -58,8 +58,8 @@ from ..delayed.routing import (
     release_commitlog_pages,
     routed_properties,
 )
-from ..errors import InvalidMessageError, TimerFlowControlError
-from ..message import (
+from ..base.errors import InvalidMessageError, TimerFlowControlError
+from ..formats.message import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
     TIMER_TOPIC,
@@ -150,7 +150,7 @@ class TimerService:
         """Turn a message due at ``deliver_ms`` (in the future) into a timer-topic record.
 
         Returns the rewritten spec and ``deliver_ms``.  Raises
-        :class:`~store.errors.TimerFlowControlError` when per-slot flow control
+        :class:`~store.base.errors.TimerFlowControlError` when per-slot flow control
         (``timer_congest_num_each_slot``) refuses it.
         """
         out = self.fire_time(deliver_ms)
@@ -164,7 +164,7 @@ class TimerService:
 
     def fire_time(self, deliver_ms: int) -> int:
         """The slot time (``TIMER_OUT_MS``) of a message due at ``deliver_ms``, after per-slot
-        flow control (:class:`~store.errors.TimerFlowControlError` when it refuses)."""
+        flow control (:class:`~store.base.errors.TimerFlowControlError` when it refuses)."""
         out = round_fire_time(deliver_ms, self.precision)
         if self.congest < _FLOW_CONTROL_OFF:
             self._check_congestion(out)

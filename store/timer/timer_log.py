@@ -34,10 +34,10 @@ import struct
 
 import numpy as np
 
-from ..formats.codec import BLANK_MAGIC_CODE
-from ..formats.layout import layout
+from ..formats.record_codec import BLANK_MAGIC_CODE
+from ..formats.binary_layout import layout
 from ..files.mapped_file import MappedFileQueue
-from ..kernels.jit import kernel_set
+from ..base.jit import kernel_set
 
 UNIT_FIELDS = (
     ("size", ">i4"),  # size, 52

@@ -28,11 +28,12 @@ import numpy as np
 from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
 from ..delayed.routing import read_queue_entries, rebuilt_after_holes
-from ..message import PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
-from ..kernels.property_kernels import parse_int_ranges, scan_properties
+from ..formats.message import (PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS,
+                               TIMER_TOPIC)
+from ..kernels.property_scan import parse_int_ranges, scan_properties
 from ..core.record_copies import tags_codes
-from ..formats.record_gather import gather_segments
-from ..kernels.record_kernels import ByteSlices
+from ..files.record_gather import gather_segments
+from ..formats.byte_columns import ByteSlices
 
 #: The tag of a cancel (recall) marker, RocketMQ's.
 RECALL_TAG = "_RECALL_TAG_"

@@ -40,8 +40,8 @@ from typing import Protocol
 import numpy as np
 
 from ..core.ports import StorePort
-from ..errors import TransactionStateError
-from ..message import LocalTransactionState
+from ..base.errors import TransactionStateError
+from ..formats.message import LocalTransactionState
 from .check_round import ChunkChecks, Rules, walk_chunk
 from .check_views import CheckViews, TransactionCheckView, check_view
 from .index import TransactionIndex

@@ -3,7 +3,7 @@ append their put-back copies and discards in one columnar append.
 
 :func:`walk_chunk` takes a run of open half offsets (all in one CommitLog segment) and:
 
-1. gathers the half records in place (:class:`~store.formats.record_gather.SourceRecords`) and
+1. gathers the half records in place (:class:`~store.files.record_gather.SourceRecords`) and
    locates, in one compiled pass over their properties, ``TRANSACTION_CHECK_TIMES``,
    ``TRAN_PREPARED_QUEUE_OFFSET``, ``CHECK_IMMUNITY_TIME_IN_SECONDS``, ``TAGS``, the sink
    mark and the routing pairs the views need;
@@ -30,7 +30,7 @@ import pyarrow as pa
 from ..files.crash_points import crash_point
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
-from ..message import (
+from ..formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
@@ -43,7 +43,7 @@ from ..message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
 )
-from ..kernels.property_kernels import (
+from ..kernels.property_scan import (
     distinct_values,
     format_int_pairs,
     parse_int_ranges,
@@ -52,8 +52,8 @@ from ..kernels.property_kernels import (
     take_rows,
 )
 from ..core.record_copies import closing_separators, tags_codes
-from ..formats.record_gather import SourceRecords
-from ..sink.format import PROPERTY_SINK, SINK_TX_PREFIX
+from ..files.record_gather import SourceRecords
+from ..formats.message import PROPERTY_SINK, SINK_TX_PREFIX
 
 #: What each half offset of the walk comes to.
 SKIP, DISCARD, STOP, IMMUNE, CHECK = range(5)

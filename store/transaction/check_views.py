@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.arrow_properties import arrow_of, string_array
-from ..formats.codec import Record
+from ..formats.record_codec import Record
 from ..core.arrow_decode import read_queue_batch
 from ..core.message_columns import MESSAGE_SCHEMA
 from ..core.ports import StorePort
-from ..message import (
+from ..formats.message import (
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,

@@ -19,26 +19,26 @@ from __future__ import annotations
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.record_codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
-from ..errors import (
+from ..base.errors import (
     CorruptRecordError,
     InvalidMessageError,
     TransactionStateError,
     UnknownMessageError,
 )
-from ..message import (
+from ..formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     is_valid_topic_name,
 )
-from ..kernels.property_kernels import distinct_values, parse_int_ranges, scan_properties, take_rows
+from ..kernels.property_scan import distinct_values, parse_int_ranges, scan_properties, take_rows
 from ..core.record_copies import tags_codes
-from ..formats.record_gather import SourceRecords
-from ..sink.format import PROPERTY_SINK
+from ..files.record_gather import SourceRecords
+from ..formats.message import PROPERTY_SINK
 from .half import HALF_QUEUE_ID
 from .index import TransactionIndex
 from .op import op_specs

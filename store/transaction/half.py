@@ -1,6 +1,6 @@
 """Half messages: how a transactional message is stored before its outcome is known.
 
-A half message is an ordinary CommitLog record (layout: :mod:`store.formats.codec`) in
+A half message is an ordinary CommitLog record (layout: :mod:`store.formats.record_codec`) in
 ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 whose properties remember where it really goes::
 
     property                          value
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..formats.codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
-from ..errors import InvalidMessageError
-from ..message import (
+from ..formats.record_codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
+from ..base.errors import InvalidMessageError
+from ..formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,

@@ -28,8 +28,8 @@ import numpy as np
 
 from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
-from ..errors import StoreError
-from ..message import (
+from ..base.errors import StoreError
+from ..formats.message import (
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..files.crash_points import crash_point
-from ..errors import InvalidDelayError, TransactionStateError
-from ..message import (TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult,
+from ..base.errors import InvalidDelayError, TransactionStateError
+from ..formats.message import (TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult,
                        validate_msg_id)
 from ..produce.producer import Producer, ProducerStore
 from .check import parse_state

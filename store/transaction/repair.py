@@ -27,11 +27,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.record_codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.ports import RecoveryScan, StorePort
-from ..errors import StoreError
+from ..base.errors import StoreError
 from ..files.fileio import read_json, write_json_atomic
-from ..message import TRANS_HALF_TOPIC
+from ..formats.message import TRANS_HALF_TOPIC
 from .half import HALF_QUEUE_ID, transaction_id_of
 from .index import TransactionIndex
 from .op import op_specs

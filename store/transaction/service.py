@@ -37,11 +37,11 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..config import StoreConfig
+from ..base.config import StoreConfig
 from ..core.ports import StorePort
-from ..errors import StoreError, TransactionStateError, UnknownMessageError
+from ..base.errors import StoreError, TransactionStateError, UnknownMessageError
 from ..files.fileio import read_json, write_json_atomic
-from ..message import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC,
+from ..formats.message import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC,
                        TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView)
 from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .ending import end_rows

@@ -9,7 +9,7 @@ from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, Message, MessageStore
 from store.delayed.schedule import deliver_time, read_lenient_json
-from store.message import SCHEDULE_TOPIC
+from store.formats.message import SCHEDULE_TOPIC
 
 
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):
@@ -148,7 +148,7 @@ def test_lost_progress_file_redelivers_nothing(store_path, clock, small_config):
 
 
 def test_real_topic_of_the_half_topic_is_dropped(store, clock):
-    from store.formats.codec import RecordSpec
+    from store.formats.record_codec import RecordSpec
 
     spec = RecordSpec(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x", properties={"UNIQ_KEY": "A"})
     spec, _ = store.schedule.rewrite(spec, 1)

@@ -202,7 +202,7 @@ def test_a_signature_older_than_the_window_is_refused(acl_server, age_s, code):
 def test_the_signature_window_is_set_in_the_acl_file(tmp_path):
     import json
 
-    from store.errors import InvalidConfigError
+    from store.base.errors import InvalidConfigError
     from store.proxy.access import AccessControl
     from store.proxy.convert import Refused
     from tests.store.proxy.signing import ACCOUNTS

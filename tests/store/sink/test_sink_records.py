@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from store import CorruptRecordError, MessageStore, SinkCommitError
-from store.formats.codec import HEADER_SIZE, TRANSACTION_COMMIT_TYPE, RecordSpec
-from store.message import (
+from store.formats.record_codec import HEADER_SIZE, TRANSACTION_COMMIT_TYPE, RecordSpec
+from store.formats.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -23,13 +23,8 @@ from store.message import (
     PROPERTY_TRANSACTION_PREPARED,
     TRANS_HALF_TOPIC,
 )
-from store.sink.format import (
-    PROPERTY_SINK,
-    PROPERTY_SINK_ROWS,
-    decode_staged,
-    framed_head,
-    new_transaction_id,
-)
+from store.formats.message import PROPERTY_SINK
+from store.sink.format import PROPERTY_SINK_ROWS, decode_staged, framed_head, new_transaction_id
 from store.sink.halves import assemble_half, half_view
 from store.transaction.half import HALF_QUEUE_ID
 
@@ -217,7 +212,7 @@ def test_topics_are_created_by_the_commit_not_by_staging(tmp_path, small_config,
 
 def _raw(store, offset):
     """The record's bytes with the fields its placement decides zeroed."""
-    from store.formats.codec import FIELD_OFFSET
+    from store.formats.record_codec import FIELD_OFFSET
 
     buf, pos, _ = store.commit_log.buffer_at(offset)
     size = int.from_bytes(bytes(buf[pos:pos + 4]), "big")

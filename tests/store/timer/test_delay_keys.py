@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
-from store.errors import InvalidBatchError
-from store.message import PROPERTY_DELAY_KEY
+from store.base.errors import InvalidBatchError
+from store.formats.message import PROPERTY_DELAY_KEY
 from store.timer.key_table import MIN_CAPACITY, find_slots, place_new
 from tests.conftest import SMALL
 

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from store.formats.codec import BLANK_MAGIC_CODE
-from store.errors import CorruptRecordError
+from store.formats.record_codec import BLANK_MAGIC_CODE
+from store.base.errors import CorruptRecordError
 from store.timer import checkpoint as ckpt
 from store.timer.checkpoint import CHECKPOINT_FILE_SIZE, CHECKPOINT_LAYOUT, TimerCheckpoint
 from store.timer.service import round_fire_time

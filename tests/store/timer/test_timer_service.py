@@ -7,10 +7,10 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
-from store.formats.codec import encode_record
+from store.formats.record_codec import encode_record
 from store.core.retention import delete_expired_segments
-from store.errors import TimerFlowControlError
-from store.message import TIMER_TOPIC, java_string_hash
+from store.base.errors import TimerFlowControlError
+from store.formats.message import TIMER_TOPIC, java_string_hash
 from store.timer import checkpoint as ckpt
 
 P = 100  # the SMALL config's timer precision

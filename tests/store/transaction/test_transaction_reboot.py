@@ -14,7 +14,7 @@ import pytest
 from conftest import SMALL
 
 from store import LocalTransactionState, Message, MessageStore
-from store.message import TRANS_OP_HALF_TOPIC
+from store.formats.message import TRANS_OP_HALF_TOPIC
 from store.transaction import service as service_module
 from store.transaction.repair import note_kept_commits, repair_path
 

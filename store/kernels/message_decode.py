@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.codec import FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
-from .jit import FALLBACK_MAX_WORK, kernel_set
-from .record_kernels import memcpy_function
+from ..formats.record_codec import FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
+from ..base.jit import FALLBACK_MAX_WORK, kernel_set
+from .record_assembly import memcpy_function
 
 #: Codes of the names with a column of their own (positions in the system-name table).
 UNIQ, TAGS, KEYS, DELIVER, TRANSACTION = range(5)

@@ -1,7 +1,7 @@
 """A compiled walk over the records of a CommitLog segment: the vectorised recovery scan.
 
 :func:`walk_records` validates records one after another from a position of a mapped segment
-with exactly the checks of :func:`store.formats.codec.check_record` (magic, sizes adding up, the
+with exactly the checks of :func:`store.formats.record_codec.check_record` (magic, sizes adding up, the
 topic, the last byte, and the body CRC when asked), in a numba loop instead of Python:
 recovery and the queue rebuild scan a GiB of CommitLog in about a second instead of minutes.
 It stops at the first record that fails a check, at an end-of-segment blank, or when the
@@ -9,7 +9,7 @@ output arrays are full; the caller then decodes the valid records' headers, topi
 properties as whole columns (:mod:`store.core.recovery`).  :func:`body_crcs` computes the
 body CRCs of many records at once (reads with ``verify_crc``).
 
-Record layout (big-endian, :mod:`store.formats.codec`)::
+Record layout (big-endian, :mod:`store.formats.record_codec`)::
 
     offset              field
     0                   TOTALSIZE (i32), MAGICCODE (i32), BODYCRC (i32), ... (HEADER_SIZE)
@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     BLANK_MAGIC_CODE,
     FIELD_OFFSET,
     FIXED_SIZE,
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE_V1,
 )
-from ..formats.crc import crc_function
-from .jit import kernel_set
-from .record_kernels import crc32_call
+from ..base.crc import crc_function
+from ..base.jit import kernel_set
+from .record_assembly import crc32_call
 
 #: How :func:`walk_records` stopped.
 STOP_INVALID, STOP_BLANK, STOP_FULL = 0, 1, 2

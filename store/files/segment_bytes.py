@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..files.fileio import allocate, fsync_dir, move_aside
+from .fileio import allocate, fsync_dir, move_aside
 
 _ZERO_CHUNK = 4 * 1024 * 1024
 

@@ -11,14 +11,14 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Protocol
 
-from .formats.codec import (
+from .record_codec import (
     PROPERTIES_SEPARATOR,
     PROPERTY_SEPARATOR,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_TYPE_MASK,
     Record,
 )
-from .errors import (InvalidMessageError, InvalidScheduleError, InvalidTopicError,
+from ..base.errors import (InvalidMessageError, InvalidScheduleError, InvalidTopicError,
                      MessageTooLargeError)
 
 # --- property keys (RocketMQ MessageConst) -------------------------------------------------
@@ -52,6 +52,10 @@ PROPERTY_DELAY_ORIGIN = "__RMQ_DELAY_ORIGIN"
 PROPERTY_DELAY_KEY = "RMQ_DELAY_KEY"
 #: On a keys-cancel record (never delivered): how many keys its body cancels.
 PROPERTY_DELAY_KEYS_CANCELLED = "__RMQ_DELAY_KEYS_CANCELLED"
+#: The sink half a record belongs to (its sink key; :mod:`store.sink.format`).
+PROPERTY_SINK = "__RMQ_SINK"
+#: Transaction ids of sink halves start with this, then the sink key.
+SINK_TX_PREFIX = "SINK"
 
 #: Names users may not set (RocketMQ's reserved set, minus the keys its client allows).
 RESERVED_PROPERTY_NAMES = frozenset(

@@ -6,7 +6,7 @@ transaction index reads half and op records through it (:mod:`store.transaction.
 
 :class:`SourceRecords`, used by the restore of delayed messages, builds on it: bodies and
 properties of one segment's records as byte slices of its mapping, ready for the property
-kernels (:mod:`store.kernels.property_kernels`) and the record kernel.
+kernels (:mod:`store.kernels.property_scan`) and the record kernel.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .codec import FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, gather_headers
-from ..files.commit_log import CommitLog
-from ..kernels.record_kernels import ByteSlices
+from ..formats.record_codec import (FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1,
+                                    gather_headers)
+from .commit_log import CommitLog
+from ..formats.byte_columns import ByteSlices
 
 
 class SegmentRecords(NamedTuple):

@@ -114,7 +114,7 @@ class StoreConfig:
     schedule_min_interval_ms : int
         The shortest ``every_ms`` a recurring schedule may have, 1000 ms (not a RocketMQ
         setting: its schedules are rmq's own); a shorter one is refused with
-        :class:`~store.errors.ScheduleIntervalError`.  Checked when a schedule is added, so
+        :class:`~store.base.errors.ScheduleIntervalError`.  Checked when a schedule is added, so
         schedules a store already holds keep firing.
     append_lock_lease_ms : int
         How long a process that sends single messages in a loop may keep the store's append

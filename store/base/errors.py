@@ -13,7 +13,7 @@ class StoreError(Exception):
 
 
 class InvalidConfigError(StoreError, ValueError):
-    """A :class:`~store.config.StoreConfig` field is missing, unknown or out of range."""
+    """A :class:`~store.base.config.StoreConfig` field is missing, unknown or out of range."""
 
 
 class ConfigMismatchError(StoreError):

@@ -1,7 +1,7 @@
 """Compiled loops over the properties of whole batches of records (no Python per record).
 
-A record's properties are ``name 0x01 value 0x02`` pairs (:mod:`store.formats.codec`).  The kernels
-here work on a :class:`~store.kernels.record_kernels.ByteColumn` of properties strings (row ``i`` is
+A record's properties are ``name 0x01 value 0x02`` pairs (:mod:`store.formats.record_codec`).  The kernels
+here work on a :class:`~store.formats.byte_columns.ByteColumn` of properties strings (row ``i`` is
 ``data[offsets[i]:offsets[i + 1]]``):
 
 * :func:`scan_properties` finds the values of a few names in every row in one pass;
@@ -13,15 +13,15 @@ here work on a :class:`~store.kernels.record_kernels.ByteColumn` of properties s
 :func:`distinct_values` groups located values by hash and checks every row against its
 group's first row byte by byte, so a hash collision can never merge two values.
 
-The loops are JIT-compiled with numba on first use (see :mod:`store.kernels.record_kernels`).
+The loops are JIT-compiled with numba on first use (see :mod:`store.kernels.record_assembly`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .jit import kernel_set
-from .record_kernels import ByteColumn, ByteSlices
+from ..base.jit import kernel_set
+from ..formats.byte_columns import ByteColumn, ByteSlices
 
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)

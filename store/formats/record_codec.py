@@ -38,9 +38,9 @@ from typing import AnyStr, Mapping
 
 import numpy as np
 
-from .crc import crc32
-from ..errors import CorruptRecordError
-from .layout import layout
+from ..base.crc import crc32
+from ..base.errors import CorruptRecordError
+from .binary_layout import layout
 
 MESSAGE_MAGIC_CODE_V1 = -626843481  # 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB (topics longer than 127; never written here)

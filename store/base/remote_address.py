@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..errors import InvalidConfigError
+from .errors import InvalidConfigError
 
 #: Default bound on one call of a client (connect, read, write), seconds.
 DEFAULT_TIMEOUT_S = 60.0

@@ -51,10 +51,10 @@ FOLDERS: dict[str, int] = {
 #: and TimerLog), which lower layers read.
 EXCEPTIONS: dict[str, int] = {
     "store": FACADE,
-    "store.errors": FORMATS,
-    "store.config": FORMATS,
-    "store.message": FORMATS,
-    "store.layers": FORMATS,
+    "store.base.errors": FORMATS,
+    "store.base.config": FORMATS,
+    "store.formats.message": FORMATS,
+    "store.base.layers": FORMATS,
     "store.message_store": FACADE,
     "store.reader": FACADE,
     "store.timer": FORMATS,
@@ -66,8 +66,8 @@ EXCEPTIONS: dict[str, int] = {
     "store.transaction.op": FORMATS,
     "store.transaction.producer": FACADE,
     "store.sink.format": FORMATS,
-    "store.group.layout": FORMATS,
-    "store.remote.address": FORMATS,
+    "store.files.group_file": FORMATS,
+    "store.base.remote_address": FORMATS,
 }
 
 

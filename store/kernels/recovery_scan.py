@@ -1,7 +1,7 @@
 """A compiled walk that indexes the records of a CommitLog segment: the recovery scan's columns.
 
 :func:`index_records` walks records from a position of a mapped segment with the structural
-checks of :func:`~store.kernels.scan_kernels.walk_records` (magic, sizes adding up, topic, last byte)
+checks of :func:`~store.kernels.segment_walk.walk_records` (magic, sizes adding up, topic, last byte)
 and, in the same pass over the bytes, reads what the ConsumeQueue entry of each record needs:
 queue id and offset, sys flag, store time, the topic and the ``TAGS`` property, each distinct
 topic and tag numbered with a small table (no Python object per record), and the body CRC
@@ -9,7 +9,7 @@ checked (most of a recovery's work).  It stops where the checking walk stops, or
 first record that starts at or after ``stop_at``, so that two threads can walk two halves
 of a range (:func:`store.core.recovery.checked_walk`).
 
-Fields read from each record (big-endian, :mod:`store.formats.codec`)::
+Fields read from each record (big-endian, :mod:`store.formats.record_codec`)::
 
     field              where
     TOTALSIZE          0 (i32)
@@ -31,18 +31,18 @@ from types import FunctionType
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     BLANK_MAGIC_CODE,
     FIELD_OFFSET,
     FIXED_SIZE,
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE_V1,
 )
-from .property_kernels import distinct_values, next_pair_loop
-from ..formats.crc import crc_function
-from .jit import kernel_set
-from .record_kernels import crc32_call
-from .scan_kernels import i32_loop, record_size_loop
+from .property_scan import distinct_values, next_pair_loop
+from ..base.crc import crc_function
+from ..base.jit import kernel_set
+from .record_assembly import crc32_call
+from .segment_walk import i32_loop, record_size_loop
 
 #: Distinct topics (and tags) one walk numbers in its table; more fall back to hashing.
 TABLE_SIZE = 32
@@ -85,7 +85,7 @@ def _table_id(data, a, b, table, state):
 
 def _tag_value(data, p, end, key):
     """Start and end of the last non-empty value named ``key`` in the properties
-    ``data[p:end]`` (-1, -1 when none), parsed as :func:`~store.kernels.property_kernels.scan_properties`
+    ``data[p:end]`` (-1, -1 when none), parsed as :func:`~store.kernels.property_scan.scan_properties`
     parses them."""
     found_a = np.int64(-1)
     found_b = np.int64(-1)
@@ -200,9 +200,9 @@ def index_records(buf: np.ndarray, pos: int, limit: int, *, stop_at: int | None 
     """Index the records of ``buf`` (a segment as uint8) from ``pos`` up to ``limit`` that
     pass every check (the body CRC only with ``check_crc``).
 
-    Returns ``(index, end, stop)`` as :func:`~store.kernels.scan_kernels.walk_records` returns
+    Returns ``(index, end, stop)`` as :func:`~store.kernels.segment_walk.walk_records` returns
     ``(positions, sizes, end, stop)``; reaching ``stop_at`` (or ``max_records``) is
-    :data:`~store.kernels.scan_kernels.STOP_FULL`.  ``out``: an int64 array of at least
+    :data:`~store.kernels.segment_walk.STOP_FULL`.  ``out``: an int64 array of at least
     ``(INDEX_COLUMNS, max_records)`` to write the columns into (the index then views it).
     """
     rows = max(1, int(max_records))

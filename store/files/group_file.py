@@ -32,9 +32,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import InvalidGroupError
-from ..files.fileio import read_json, write_json_atomic
-from ..remote.address import is_remote
+from ..base.errors import InvalidGroupError
+from .fileio import read_json, write_json_atomic
+from ..base.remote_address import is_remote
 
 GROUP_FILE = "group.json"
 GROUP_FORMAT = "rmq-store-group"

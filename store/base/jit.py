@@ -1,6 +1,6 @@
 """The compiled loops' loader: numba is imported here, in the background, never on a latency path.
 
-Every kernel module (:mod:`store.kernels.record_kernels`, :mod:`store.kernels.scan_kernels`, ...) writes its
+Every kernel module (:mod:`store.kernels.record_assembly`, :mod:`store.kernels.segment_walk`, ...) writes its
 loops as plain Python over NumPy arrays and registers them with :func:`kernel_set`.  A call
 site asks the set for its loops with the work the call will do (records, rows or entries) and
 gets, per call:
@@ -37,7 +37,7 @@ from types import FunctionType
 
 import numpy as np
 
-log = logging.getLogger("store.kernels.jit")
+log = logging.getLogger("store.base.jit")
 
 #: Largest work (records, rows, entries) a call runs as Python while its compiled loop is
 #: not loaded yet: about 0.2 s of Python at most on the development machine (see docs/benchmarks.md).

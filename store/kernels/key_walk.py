@@ -1,7 +1,7 @@
 """A compiled walk that reads the index keys of CommitLog records: the key index's dispatch.
 
 :func:`record_keys` walks the records of a mapped segment from a position (the structural
-checks of :func:`~store.kernels.scan_kernels.walk_records`, no CRC: the records were just
+checks of :func:`~store.kernels.segment_walk.walk_records`, no CRC: the records were just
 written, or checked by recovery) and, for each record that is not a ROLLBACK transaction
 record, gives one row per key RocketMQ's IndexService indexes, in its order: the
 ``UNIQ_KEY`` property, then each non-empty part of ``KEYS`` split on single spaces.  A row
@@ -16,7 +16,7 @@ from types import FunctionType
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     BLANK_MAGIC_CODE,
     FIELD_OFFSET,
     FIXED_SIZE,
@@ -25,10 +25,10 @@ from ..formats.codec import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from .index_kernels import _tag_value as tag_value_loop
-from .jit import kernel_set
-from .property_kernels import next_pair_loop
-from .scan_kernels import i32_loop, record_size_loop
+from .recovery_scan import _tag_value as tag_value_loop
+from ..base.jit import kernel_set
+from .property_scan import next_pair_loop
+from .segment_walk import i32_loop, record_size_loop
 
 _i32, _next_pair = i32_loop, next_pair_loop
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
