@@ -12,8 +12,9 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .operations.check_rounds import (drop_query_rounds, last_check_round, read_check_round_table,
-                                      read_query_round, write_query_round)
+from .transaction.published_checks import (drop_query_rounds, last_check_round,
+                                           read_check_round_table, read_query_round,
+                                           write_query_round)
 from .formats.record_codec import Record, RecordSpec
 from .base.config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
@@ -62,15 +63,15 @@ from .formats.message import (
 )
 from .group.store_group import GroupProducer, GroupSink, StoreGroup
 from .files.group_file import is_group as is_store_group
-from .message_store import MessageStore
-from .reader import StoreReader
+from .facade.message_store import MessageStore
+from .facade.store_reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .remote import connect
 from .base.remote_address import is_remote, read_token
 from .schedule.cron import CronExpression
-from .schedule.rows import ScheduleTableResult
-from .schedule.service import ScheduleInfo
+from .schedule.schedule_table import ScheduleTableResult
+from .schedule.schedule_book import ScheduleInfo
 from .sink.sink import Sink, SinkCommit
 
 __all__ = [

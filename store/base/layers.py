@@ -1,22 +1,34 @@
-"""The layers of the ``store`` package: a module's layer is its folder's, but for a few.
+"""The floors of the ``store`` package: every module's floor is its folder's.
 
-Imports only go down (a module may import modules of its own layer or of lower ones), type-only
-imports included; ``tests/test_layers.py`` checks every import of ``store`` and ``rmq_source``
-against :data:`LAYERS`, and that no import cycle exists at all.  A new folder must be placed
-in :data:`FOLDERS`; a new module in a folder takes the folder's layer.
+A module may import its own folder and the folders on lower floors, never a folder above it
+nor a folder beside it on its own floor; type-only and function-local imports count as well.
+``tests/test_layers.py`` checks every import of ``store`` and ``rmq_source`` against
+:data:`LAYERS`, and that no import cycle exists at all.  A new module goes into a folder and
+takes its floor; a new folder must be placed in :data:`FLOORS`.  The root holds one module,
+the package's face (``store/__init__.py``: what users import), above every floor.
 
-=====  ==========  ============================================================================
-layer  name        folders
-=====  ==========  ============================================================================
-0      formats     ``formats/`` (bytes), ``files/`` (on-disk structures), ``kernels/``
-                   (compiled loops); the root's errors, config, message
-1      core        ``core/``: StoreCore: opening, locks, the Appender, the one dispatch path,
-                   reading, Arrow decoding, recovery, retention; the port services use
-2      services    ``delayed/``, ``timer/``, ``transaction/``, ``schedule/``: they see only
-                   the port
-3      facade      ``produce/``, ``sink/``, ``group/``, ``operations/``, ``remote/``,
-                   ``proxy/``; the root's MessageStore and StoreReader: what users call
-=====  ==========  ============================================================================
+=====  ==================================  ====================================================
+floor  folders                             what lives there
+=====  ==================================  ====================================================
+0      ``base/``                           typed errors, settings, this table, the JIT
+                                           machinery, CRC32, the addresses of served stores
+1      ``formats/``                        bytes, no file opened: the record codec, binary
+                                           layouts, message ids, byte columns, batch
+                                           encoding, Arrow properties; the message vocabulary
+2      ``kernels/``                        the compiled loops over whole batches
+3      ``files/``                          what opens files: one module per on-disk structure
+4      ``core/``                           StoreCore: locks, the append, the one dispatch
+                                           path, reading, recovery, retention; the port
+5      ``delayed/``                        what the delay levels and the timer share, and the
+                                           delay levels
+6      ``timer/``, ``schedule/``,          the timer wheel, recurring schedules,
+       ``transaction/``                    transactional messages (each beside the others)
+7      ``produce/``                        producers: single sends, tables, transactions
+8      ``sink/``                           the exactly-once sink
+9      ``facade/``                         MessageStore and StoreReader: what users open
+10     ``remote/``, ``proxy/``             the Arrow Flight face and the gRPC face
+11     ``group/``, ``operations/``         store groups; the server and the warm-up
+=====  ==================================  ====================================================
 
 ``rmq_source`` (the Spark data source) sits above all of them and may use only the names in
 ``store.__all__``.
@@ -26,64 +38,51 @@ from __future__ import annotations
 
 import os
 
-FORMATS, CORE, SERVICES, FACADE = 0, 1, 2, 3
+#: The folders (subpackages of ``store``), bottom floor first; folders on one floor stand
+#: side by side and do not import each other.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("base",),
+    ("formats",),
+    ("kernels",),
+    ("files",),
+    ("core",),
+    ("delayed",),
+    ("timer", "schedule", "transaction"),
+    ("produce",),
+    ("sink",),
+    ("facade",),
+    ("remote", "proxy"),
+    ("group", "operations"),
+)
 
-#: Folder (a subpackage of ``store``) -> layer of its modules.
-FOLDERS: dict[str, int] = {
-    "formats": FORMATS,
-    "files": FORMATS,
-    "kernels": FORMATS,
-    "core": CORE,
-    "delayed": SERVICES,
-    "timer": SERVICES,
-    "transaction": SERVICES,
-    "schedule": SERVICES,
-    "produce": FACADE,
-    "sink": FACADE,
-    "group": FACADE,
-    "operations": FACADE,
-    "remote": FACADE,
-    "proxy": FACADE,
-}
+#: Folder -> its floor.
+FOLDERS: dict[str, int] = {folder: floor for floor, folders in enumerate(FLOORS)
+                           for folder in folders}
 
-#: Modules whose layer is not their folder's: the root's, and the on-disk structures that a
-#: service's folder keeps beside the service (as RocketMQ's ``store/timer/`` holds TimerWheel
-#: and TimerLog), which lower layers read.
-EXCEPTIONS: dict[str, int] = {
-    "store": FACADE,
-    "store.base.errors": FORMATS,
-    "store.base.config": FORMATS,
-    "store.formats.message": FORMATS,
-    "store.base.layers": FORMATS,
-    "store.message_store": FACADE,
-    "store.reader": FACADE,
-    "store.timer": FORMATS,
-    "store.timer.wheel": FORMATS,
-    "store.timer.timer_log": FORMATS,
-    "store.timer.checkpoint": FORMATS,
-    "store.transaction": FORMATS,
-    "store.transaction.half": FORMATS,
-    "store.transaction.op": FORMATS,
-    "store.transaction.producer": FACADE,
-    "store.sink.format": FORMATS,
-    "store.files.group_file": FORMATS,
-    "store.base.remote_address": FORMATS,
-}
+#: The floor of the root's one module, the package face ``store``: above every folder.
+TOP = len(FLOORS)
+
+
+def folder_of(module: str) -> str:
+    """The folder of ``module`` (a dotted name under ``store``); ``""`` for the package face;
+    ``KeyError`` for a module of the root or of a folder not placed in :data:`FLOORS`."""
+    parts = module.split(".")
+    if parts == ["store"]:
+        return ""
+    if len(parts) < 2 or parts[1] not in FOLDERS:
+        raise KeyError(f"{module}: a module of the root or of a folder not in FLOORS "
+                       "(put it in a folder; place a new folder in FLOORS)")
+    return parts[1]
 
 
 def layer_of(module: str) -> int:
-    """The layer of ``module`` (a dotted name under ``store``); ``KeyError`` for a module of
-    the root or of a folder not placed here."""
-    if module in EXCEPTIONS:
-        return EXCEPTIONS[module]
-    parts = module.split(".")
-    if len(parts) < 2 or (len(parts) == 2 and parts[1] not in FOLDERS):
-        raise KeyError(f"{module}: a module of the root needs its layer in EXCEPTIONS")
-    return FOLDERS[parts[1]]
+    """The floor of ``module`` (a dotted name under ``store``), by :func:`folder_of`."""
+    folder = folder_of(module)
+    return TOP if folder == "" else FOLDERS[folder]
 
 
 def _modules() -> list[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = []
     for dirpath, _, files in os.walk(here):
         rel = os.path.relpath(dirpath, here)
@@ -94,7 +93,7 @@ def _modules() -> list[str]:
     return out
 
 
-#: Module name -> layer, for every module of the package (a package's ``__init__`` under the
+#: Module name -> floor, for every module of the package (a package's ``__init__`` under the
 #: package name); a module no rule places is missing, which the layer test reports.
 LAYERS: dict[str, int] = {}
 for _module in _modules():

@@ -12,7 +12,7 @@ from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..base.config import StoreConfig
 from ..files.consume_queue import ConsumeQueue
-from .dispatch import Dispatcher
+from .queue_dispatch import Dispatcher
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 Order of one append, for crash safety: mark ``write_in_progress``, write the records (one
 ``pwrite`` per segment), ``fsync`` when SYNC_FLUSH, dispatch the queue entries (the one
-:class:`~store.core.dispatch.Dispatcher`), publish ``confirm_phy_offset``, clear the mark.
+:class:`~store.core.queue_dispatch.Dispatcher`), publish ``confirm_phy_offset``, clear the mark.
 Readers never look past the confirmed offset.
 
 Three ways in, one way down (:meth:`Appender.commit`):
@@ -42,9 +42,9 @@ from ..formats.byte_columns import ByteColumn
 from ..formats.message import is_valid_topic_name
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
-from .dispatch import QueueEntries, is_dispatched
+from .queue_dispatch import QueueEntries, is_dispatched
 from .queue_groups import QueueGroups
-from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
+from .write_placement import (Allocate, assemble_unplaced, batch_template, patch_placed,
                             place_batch, placed_writes)
 
 _new_tuple = tuple.__new__  # a NamedTuple without its __new__'s keyword handling
@@ -439,7 +439,7 @@ class Appender:
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
         next is taken), each inside one segment; ``entries`` are the queue entries (see
-        :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
+        :data:`~store.core.queue_dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
         Crash safety: mark the append, write, sync (SYNC_FLUSH), index, then publish.
         """
         self._begin()

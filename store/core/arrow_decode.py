@@ -10,7 +10,7 @@ without a per-message Python loop:
    index over a stride-1 ``V88`` view of the segment's ``mmap`` and read through
    :data:`store.formats.record_codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
    and PROPERTIESLENGTH behind each body.  Every length is checked against the entry (and,
-   asked to, each body against its CRC: :mod:`store.core.record_checks`).
+   asked to, each body against its CRC: :mod:`store.core.read_checks`).
 3. Bodies and properties are cut out by Arrow: one ``BinaryArray`` over the segment bytes
    whose offsets walk ``body, gap, properties, gap`` for every record, so a ``take`` of every
    other element copies the bodies (in C++, one pass per segment).
@@ -65,7 +65,7 @@ from .message_columns import (
     property_columns,
     repeat_string,
 )
-from .record_checks import blank_holes, check_body_crcs, header_matches, intact_mask
+from .read_checks import blank_holes, check_body_crcs, header_matches, intact_mask
 
 
 class QueueSource(Protocol):
@@ -138,7 +138,7 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         ``properties``, ``deliver_timestamp``, ``transaction_id`` no properties string is
         parsed at all.
     verify_crc : bool
-        Check every body against its record's BODYCRC (:mod:`store.core.record_checks`).
+        Check every body against its record's BODYCRC (:mod:`store.core.read_checks`).
     skip_corrupt : bool
         Drop, rather than raise for, entries whose record fails the checks (header against
         entry, blank entries, the CRC with ``verify_crc``): Spark's ``failOnDataLoss=false``.

@@ -1,7 +1,7 @@
 """Reading a store: queues, pull, offsets by time, Arrow batches.
 
 :class:`ReadableStore` is what a writable :class:`~store.core.store_core.StoreCore` and a
-read-only :class:`~store.reader.StoreReader` share: the store's files and every read.  It
+read-only :class:`~store.facade.store_reader.StoreReader` share: the store's files and every read.  It
 takes no lock: it reads ``confirm_phy_offset`` first and never looks at bytes past it, so it
 never sees a partly written record.
 """
@@ -39,7 +39,7 @@ from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
 from .key_index import KeyIndex
-from .record_checks import record_entry_problem
+from .read_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
 Clock = Callable[[], int]

@@ -15,7 +15,7 @@ checkpoint's confirmed end, or followed by a segment that begins with a valid re
 skipped (:meth:`~store.files.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
 not rescan anything.
 
-Records are re-dispatched through the store's one :class:`~store.core.dispatch.Dispatcher`.
+Records are re-dispatched through the store's one :class:`~store.core.queue_dispatch.Dispatcher`.
 A scan without a limit (after a reboot, or on a clean open) may keep part of an append: the
 recovery listeners the services registered are told what was kept (a
 :class:`~store.core.ports.RecoveryScan`) before the recovered end is published; the
@@ -69,7 +69,7 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
     """Validate records from ``start`` (magic, size, CRC) up to the torn tail (or ``limit``;
     damage before ``resync_until`` is skipped) and collect the queue entry of every indexed
     record, as the dispatcher would write it.  Shared by recovery and the queue rebuild
-    (:mod:`store.core.repair`).
+    (:mod:`store.core.queue_rebuild`).
 
     ``progress(offset)``, when given, is called with the CommitLog offset reached after each
     run of records.

@@ -41,7 +41,7 @@ from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
                            EncodedRecords, Presume, SingleAppend)
 from .appender import Appender
-from .dispatch import Dispatcher
+from .queue_dispatch import Dispatcher
 from .flushing import FlushService
 from .identity import DirectoryIdentity
 from .integrity import check_at_open, write_queue_table
@@ -49,7 +49,7 @@ from .lock_lease import LockLease
 from .locking import AppendLocking
 from .pipeline import THREADS
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
-from .record_writes import Allocate
+from .write_placement import Allocate
 from .reading import Clock, ReadableStore, ensure_store_id
 from .recovery_start import (
     crash_limit,
@@ -57,7 +57,7 @@ from .recovery_start import (
     recover_without_checkpoint,
     verify_tail,
 )
-from .repair import RebuildResult, rebuild_queues
+from .queue_rebuild import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
 
 
@@ -411,7 +411,7 @@ class StoreCore(AppendLocking, ReadableStore):
         chunk of a large append while this one is written (:meth:`append_assembled` takes
         the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
         ``allocate(records, sizes)`` returns the buffer the records are encoded into (see
-        :func:`~store.core.record_writes.assemble_unplaced`); ``presume``: see
+        :func:`~store.core.write_placement.assemble_unplaced`); ``presume``: see
         :meth:`placement_chain`.
         """
         if not len(records.headers):
@@ -437,7 +437,7 @@ class StoreCore(AppendLocking, ReadableStore):
     # ------------------------------------------------------------------ retention
     def rebuild_queues(self, progress=None) -> RebuildResult:
         """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``;
-        :mod:`store.core.repair`, with its ``progress``): nothing is deleted, no record removed.
+        :mod:`store.core.queue_rebuild`, with its ``progress``): nothing is deleted, no record removed.
         Best run while no other process uses the store (its readers see queues empty a moment)."""
         self._check_writable()
         with self.write_lock():

@@ -64,7 +64,7 @@ from ..kernels.property_scan import (
     strip_pairs,
     take_rows,
 )
-from ..core.record_copies import closing_separators, tags_codes
+from ..core.topic_copies import closing_separators, tags_codes
 from ..files.record_gather import SourceRecords
 from ..formats.byte_columns import ByteColumn
 
@@ -124,7 +124,7 @@ def restore(store: StorePort, offsets: np.ndarray, *, now: int,
     delete_keys : set of str
         ``"{topic}+{msg_id}"`` of cancelled messages.
     keys : DelayKeys, optional
-        Timer only: the store's delay keys (:class:`store.timer.keys.DelayKeys`, synced by
+        Timer only: the store's delay keys (:class:`store.timer.delay_keys.DelayKeys`, synced by
         the caller); a keyed message its key no longer names is skipped.
     """
     delivered = rolled = 0

@@ -52,7 +52,7 @@ PROPERTY_DELAY_ORIGIN = "__RMQ_DELAY_ORIGIN"
 PROPERTY_DELAY_KEY = "RMQ_DELAY_KEY"
 #: On a keys-cancel record (never delivered): how many keys its body cancels.
 PROPERTY_DELAY_KEYS_CANCELLED = "__RMQ_DELAY_KEYS_CANCELLED"
-#: The sink half a record belongs to (its sink key; :mod:`store.sink.format`).
+#: The sink half a record belongs to (its sink key; :mod:`store.sink.staged_format`).
 PROPERTY_SINK = "__RMQ_SINK"
 #: Transaction ids of sink halves start with this, then the sink key.
 SINK_TX_PREFIX = "SINK"

@@ -8,7 +8,7 @@ member; what happens where:
 
 * **sending** (:class:`GroupProducer`): a message goes to one member (round robin over the
   members, a member named with ``store=``, or the member owning its sharding key's queue,
-  see :mod:`store.group.routing`); a table is split by member and every member's share is
+  see :mod:`store.group.member_routing`); a table is split by member and every member's share is
   validated before any member writes;
 * **delayed and transactional messages** wait, are delivered and are checked inside the
   member that holds them (:meth:`StoreGroup.deliver_due`, :meth:`StoreGroup.check_transactions`
@@ -43,18 +43,18 @@ from ..core.following import follow_members
 from ..core.reading import Clock
 from ..base.errors import InvalidGroupError, UnknownMessageError
 from ..files.group_file import GroupLayout, is_group, read_group, write_group
-from .routing import route_rows
+from .member_routing import route_rows
 from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
 from ..formats.message import validate_topic
-from ..message_store import MessageStore
-from ..reader import StoreReader
+from ..facade.message_store import MessageStore
+from ..facade.store_reader import StoreReader
 from ..remote import connect
 from ..base.remote_address import is_remote
 from ..formats.byte_columns import one_array
 from ..produce.table_rows import as_table, prepare_rows
-from ..schedule.service import validate_schedule_key
-from ..timer.keys import key_owners
-from ..transaction.check import CheckResult
+from ..schedule.schedule_book import validate_schedule_key
+from ..timer.delay_keys import key_owners
+from ..transaction.check_loop import CheckResult
 
 
 class StoreGroup:
@@ -212,7 +212,7 @@ class StoreGroup:
 
     def key_owner(self, key: str) -> int:
         """The position of the member that owns a delay key or a schedule key: its sends,
-        cancels and schedule live there (see :func:`store.timer.keys.key_owners`)."""
+        cancels and schedule live there (see :func:`store.timer.delay_keys.key_owners`)."""
         return int(key_owners([key], len(self._stores))[0])
 
     def next_member(self) -> int:

@@ -118,7 +118,7 @@ def _patch_placed(data, starts, queue_ids, queue_offsets, offsets, store_timesta
 
 
 def _complete_staged(data, starts, sizes, prepared, staged_magic, magic, at, min_size):
-    """Check and complete records staged by the sink (:mod:`store.sink.halves`): record
+    """Check and complete records staged by the sink (:mod:`store.sink.staging`): record
     ``i`` at ``starts[i]`` must hold ``sizes[i]`` in TOTALSIZE and ``staged_magic`` in
     MAGICCODE; it gets ``magic`` and PREPAREDTRANSACTIONOFFSET ``prepared[i]`` (``at``: the
     byte offsets of MAGICCODE and PREPAREDTRANSACTIONOFFSET).  Returns the first record

@@ -27,7 +27,7 @@ from ..base.config import MIB, StoreConfig
 from ..files.abort_marker import MARKER_FILE, write_marker
 from ..base import jit
 from ..formats.message import Message
-from ..message_store import MessageStore
+from ..facade.message_store import MessageStore
 
 log = logging.getLogger("store.operations.warm_up")
 

@@ -14,7 +14,7 @@ from ..formats.batch_encoding import (normalized_columns, paused_gc, properties_
                                       validated_columns)
 from ..formats.record_codec import RecordSpec
 from ..core.ports import StorePort
-from ..delayed.schedule import DelayLevelService, deliver_time
+from ..delayed.delay_levels import DelayLevelService, deliver_time
 from ..base.errors import (InvalidBatchError, InvalidDelayError, InvalidMessageError,
                            MessageTooLargeError)
 from ..formats.message import (
@@ -35,10 +35,10 @@ from .single_send import send_now, send_timer
 from .table_keys import keyed_table
 from .table_producer import send_table
 from .table_rows import as_table
-from ..schedule.rows import ScheduleTableResult, schedule_rows
-from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
-from ..timer.keys import key_column, key_list, validate_delay_key
-from ..timer.service import TimerService
+from ..schedule.schedule_table import ScheduleTableResult, schedule_rows
+from ..schedule.schedule_book import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
+from ..timer.delay_keys import key_column, key_list, validate_delay_key
+from ..timer.timer_service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
@@ -339,7 +339,7 @@ class Producer:
             nothing delivered) sends: ``"latest_once"`` (the default) one copy at the latest
             of them, carrying the property ``RMQ_SCHEDULE_FIRES`` = how many it stands for;
             ``"all"`` a copy for each; ``"skip"`` none.  Later fires keep the phase.  See
-            :mod:`store.schedule.service`.
+            :mod:`store.schedule.schedule_book`.
         catch_up_window_ms : int, optional
             Due times older than this (ms before the step) are dropped, under any policy;
             ``None`` (the default): none is too old.
@@ -384,7 +384,7 @@ class Producer:
 
         Every row is checked before anything changes; the book is written once.  A row
         identical to the schedule under its key changes nothing (its progress is kept), so
-        applying a table again is harmless.  See :mod:`store.schedule.rows`.
+        applying a table again is harmless.  See :mod:`store.schedule.schedule_table`.
         """
         adds, removes = schedule_rows(as_table(data), topic)
         schedules = [self._schedule_of(a.pop("message"), **a) for a in adds]

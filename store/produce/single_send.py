@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from ..formats.batch_encoding import user_properties_text
-from ..delayed.routing import check_headroom
+from ..delayed.delivery import check_headroom
 from ..formats.record_codec import PROPERTIES_SEPARATOR as END, PROPERTY_SEPARATOR as SEP
 from ..formats.message import (
     PROPERTY_DELAY_KEY,

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ..base.errors import InvalidBatchError, InvalidDelayError
 from ..formats.message import PROPERTY_DELAY_KEY
-from ..timer.keys import checked_key_array
+from ..timer.delay_keys import checked_key_array
 from .table_rows import _epoch_ms_ceil
 
 

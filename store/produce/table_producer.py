@@ -53,8 +53,8 @@ from ..formats.record_codec import (
 from ..core.append_types import AssembledRecords, EncodedRecords, Presume
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
-from ..core.record_writes import Allocate, batch_template
-from ..delayed.routing import DELIVERY_HEADROOM
+from ..core.write_placement import Allocate, batch_template
+from ..delayed.delivery import DELIVERY_HEADROOM
 from ..base.errors import MessageTooLargeError
 from ..formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -151,7 +151,7 @@ def assemble_rows(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, *,
                   allocate: Allocate | None = None) -> AssembledRecords:
     """The records of ``rows`` as :func:`append_prepared` would write them (delayed rows
     routed, ``real_qid`` their real queues), assembled but not placed: the exactly-once
-    sink stages them so that its commit only places them (:mod:`store.sink.halves`).
+    sink stages them so that its commit only places them (:mod:`store.sink.staging`).
     ``magic``: their MAGICCODE (the sink stages them with a zero one); ``allocate``: where
     they are assembled (see :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
     return _encode_chunk(store, rows, real_qid, sys_flag, None, allocate, magic)[0]
@@ -313,7 +313,7 @@ def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarr
 
     Level rows get ``REAL_TOPIC``, ``REAL_QID`` and ``DELAY``; timer rows ``REAL_TOPIC``,
     ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, see
-    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.  (Level
+    :func:`store.timer.timer_service.round_fire_time`) and ``TIMER_DELIVER_MS``.  (Level
     rows' tagsCode is their due time; timer rows keep the tag hash, as in RocketMQ 5.)
     """
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from ..delayed.routing import DELIVERY_HEADROOM
+from ..delayed.delivery import DELIVERY_HEADROOM
 from ..base.errors import InvalidTopicError
 from ..formats.message import (
     GROUP_MAX_LENGTH,

@@ -13,7 +13,7 @@ import typing
 from ..base.remote_address import DEFAULT_TIMEOUT_S
 
 if typing.TYPE_CHECKING:
-    from .client import RemoteStore
+    from .flight_client import RemoteStore
 
 
 def connect(url: str, *, token: str | None = None, token_file: str | None = None,
@@ -38,7 +38,7 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
 
     Nothing is sent until the first call; use it as a context manager or call ``close()``.
     """
-    from .client import RemoteStore
+    from .flight_client import RemoteStore
 
     return RemoteStore(url, token=token, token_file=token_file, timeout_s=timeout_s,
                        tls_root_certs=tls_root_certs, account=account, secret=secret,

@@ -1,4 +1,4 @@
-"""What travels between :mod:`store.remote.client` and :mod:`store.remote.service`.
+"""What travels between :mod:`store.remote.flight_client` and :mod:`store.remote.flight_service`.
 
 The transport is Arrow Flight (gRPC); nothing here is a protocol of its own, only the names
 and bodies of the Flight calls the two sides agree on:
@@ -230,13 +230,13 @@ def message_view(fields: dict):
 
 
 def schedule_fields(info) -> dict:
-    """A :class:`~store.schedule.service.ScheduleInfo` as a JSON object."""
+    """A :class:`~store.schedule.schedule_book.ScheduleInfo` as a JSON object."""
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
 def schedule_info(fields: dict):
-    """The :class:`~store.schedule.service.ScheduleInfo` of :func:`schedule_fields`."""
-    from ..schedule.service import ScheduleInfo
+    """The :class:`~store.schedule.schedule_book.ScheduleInfo` of :func:`schedule_fields`."""
+    from ..schedule.schedule_book import ScheduleInfo
 
     names = {f.name for f in dataclasses.fields(ScheduleInfo)}
     return ScheduleInfo(**{k: v for k, v in fields.items() if k in names})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..formats.record_codec import Record, RecordSpec
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries
+from ..delayed.delivery import read_queue_entries
 from ..base.errors import CorruptRecordError, UnknownTopicError
 from ..formats.message import (
     PROPERTY_REAL_QUEUE_ID,

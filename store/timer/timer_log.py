@@ -21,9 +21,9 @@ Unit layout (52 bytes, big-endian)::
 File end: when fewer than 52 + 16 bytes remain, a 16-byte blank is written (i32 bytes left,
 i64 0, i32 0xCBD43194 -- the CommitLog's BLANK magic) and the next unit starts the next file.
 
-Recovery: the timer checkpoint (:mod:`store.timer.checkpoint`) records how far the log is
+Recovery: the timer checkpoint (:mod:`store.timer.timer_checkpoint`) records how far the log is
 valid; everything past it is zeroed on the next run (:meth:`TimerLog.truncate`), and wheel
-slots pointing past it are rebuilt from the units below it (:mod:`store.timer.service`).
+slots pointing past it are rebuilt from the units below it (:mod:`store.timer.timer_service`).
 """
 
 from __future__ import annotations

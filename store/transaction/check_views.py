@@ -1,7 +1,7 @@
 """The transactions a check round asks about: a lazy sequence of views, or one Arrow batch.
 
 A round appends a put-back copy of every half message it asks about
-(:mod:`store.transaction.check_round`) and keeps only columns: where each copy landed, its
+(:mod:`store.transaction.check_chunks`) and keeps only columns: where each copy landed, its
 check count, real topic and queue, producer group.  :class:`CheckViews` turns them into
 
 * :class:`TransactionCheckView` objects, one at a time and only when asked for (a resolver

@@ -15,7 +15,7 @@ A half message is an ordinary CommitLog record (layout: :mod:`store.formats.reco
 SYSFLAG keeps the transaction bits at NOT (0), as RocketMQ's broker resets them, so the half
 topic's ConsumeQueue indexes every half message.  The check loop never changes a record: it
 re-appends copies (put-back) with new properties; the newest copy of a transaction is the one
-that counts.  ``__transactionId__`` is written first so :mod:`store.transaction.index` can read
+that counts.  ``__transactionId__`` is written first so :mod:`store.transaction.transaction_index` can read
 transaction ids at a fixed place with NumPy instead of decoding every record.
 
 Commit turns the (newest) half into a record of the real topic with SYSFLAG transaction type

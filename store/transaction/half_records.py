@@ -2,7 +2,7 @@
 
 Half messages carry their transaction id as the first property (``__transactionId__``, 32
 characters); :func:`gather_records` reads it, with born and store times, for many records at
-once, for the :class:`~store.transaction.index.TransactionIndex`.
+once, for the :class:`~store.transaction.transaction_index.TransactionIndex`.
 """
 
 from __future__ import annotations

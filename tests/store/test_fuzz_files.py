@@ -89,7 +89,7 @@ def test_damaged_progress_fields_are_judged_by_delivery(tmp_path):
 
 def test_the_delivery_judge_can_fail(tmp_path, monkeypatch):
     """Delivering every delayed message twice is seen (the judge is not blind)."""
-    from store.message_store import MessageStore
+    from store.facade.message_store import MessageStore
 
     fuzz = _fuzzer()
     real = MessageStore.deliver_due

@@ -6,7 +6,7 @@ import pytest
 
 from store import Message, MessageStore
 from store.delayed import restore as bulk
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 
 def _all(store, topic):

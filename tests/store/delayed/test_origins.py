@@ -11,7 +11,7 @@ import pytest
 
 from store import Message, MessageStore
 from store.formats.record_codec import FIELD_OFFSET, HEADER_SIZE
-from store.delayed.routing import origins_since
+from store.delayed.delivery import origins_since
 from store.formats.message import PROPERTY_DELAY_ORIGIN
 
 _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"

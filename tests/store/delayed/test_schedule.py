@@ -8,7 +8,7 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, Message, MessageStore
-from store.delayed.schedule import deliver_time, read_lenient_json
+from store.delayed.delay_levels import deliver_time, read_lenient_json
 from store.formats.message import SCHEDULE_TOPIC
 
 

@@ -86,7 +86,7 @@ def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_con
     """Without isal the kernels take the compiled loop (and large bodies zlib first):
     records still carry zlib's CRC, the verifying walk accepts them, and the walk's own CRCs
     are zlib's."""
-    from store.core import record_writes
+    from store.core import write_placement as record_writes
 
     monkeypatch.setattr(crc_module, "_function", [crc_module.loop_function()])
     monkeypatch.setattr(record_writes, "HARDWARE_CRC", False)  # large bodies: zlib first

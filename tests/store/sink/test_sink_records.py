@@ -1,6 +1,6 @@
 """The sink stages records, not rows: what its commit writes, and what it refuses to write.
 
-A half's body holds the records its commit writes (:mod:`store.sink.halves`), already
+A half's body holds the records its commit writes (:mod:`store.sink.staging`), already
 encoded at stage time, with a zero magic code.  These tests hold the committed records to
 ``send_table``'s for the same rows, field by field; show that a half damaged after staging
 never commits and that its staged records are never taken for records by a scan of the
@@ -24,8 +24,9 @@ from store.formats.message import (
     TRANS_HALF_TOPIC,
 )
 from store.formats.message import PROPERTY_SINK
-from store.sink.format import PROPERTY_SINK_ROWS, decode_staged, framed_head, new_transaction_id
-from store.sink.halves import assemble_half, half_view
+from store.sink.staged_format import (PROPERTY_SINK_ROWS, decode_staged, framed_head,
+                                      new_transaction_id)
+from store.sink.staging import assemble_half, half_view
 from store.transaction.half import HALF_QUEUE_ID
 
 PROPS = pa.map_(pa.string(), pa.string())
@@ -241,7 +242,7 @@ def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, c
 
 
 def _framed(records: list[bytes], topics=("orders", "pay")):
-    from store.sink.format import framed_head
+    from store.sink.staged_format import framed_head
 
     n = len(records)
     prefix, at = framed_head(list(topics), np.arange(n) % len(topics), np.full(n, -1),

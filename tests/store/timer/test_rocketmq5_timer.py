@@ -20,7 +20,7 @@ from queue_reading import visible  # noqa: E402  (tests/ helper)
 from store import Message, MessageStore, StoreReader
 from store.base.errors import ConfigMismatchError
 from store.formats.message import TIMER_TOPIC
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 
 def _strip_rmq_fields(path: str) -> None:

@@ -11,7 +11,7 @@ from store.formats.record_codec import encode_record
 from store.core.retention import delete_expired_segments
 from store.base.errors import TimerFlowControlError
 from store.formats.message import TIMER_TOPIC, java_string_hash
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 P = 100  # the SMALL config's timer precision
 

@@ -1,7 +1,7 @@
 """The columnar check round and end_transactions against a per-record model of RocketMQ's rules.
 
 The model below is the check round as it was written before it became columnar: one decoded
-record at a time, in walk order, with RocketMQ's rules (see store.transaction.check).  The
+record at a time, in walk order, with RocketMQ's rules (see store.transaction.check_loop).  The
 store's round must decide every half offset the same way, append copies with the same
 topics and properties, stop at the same offset and ask about the same transactions.
 """
@@ -16,7 +16,7 @@ from conftest import SMALL, FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import store.transaction.check as check_module
+import store.transaction.check_loop as check_module
 from store import (
     InvalidMessageError,
     MessageStore,

@@ -1,6 +1,6 @@
 """Sink halves as records: staging rows as records, appending halves, committing them.
 
-Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.format`).
+Helpers of :mod:`store.sink.sink` (format: :mod:`store.sink.staged_format`).
 
 * **Stage** (:func:`framed_half`): the rows of a half are encoded as the very records the
   commit will write (routed as :func:`~store.produce.table_producer.append_prepared` routes them,
@@ -41,7 +41,7 @@ from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
 from ..formats.byte_columns import ByteColumn, one_array
 from ..kernels.record_assembly import complete_staged
-from .format import STAGED_MAGIC, framed_head
+from .staged_format import STAGED_MAGIC, framed_head
 from ..produce.table_producer import (CHUNK_ROWS, assemble_rows, queues_for_chunk,
                                      round_robin_queues)
 from ..produce.table_rows import PreparedRows
@@ -63,7 +63,7 @@ def framed_half(store, rows: PreparedRows, real_qid: np.ndarray,
 
     The records are those the commit writes (routed, CRCs computed, zero magic
     code), but assembled by the record kernel straight into the half's framed body
-    (:mod:`store.sink.format`): no Arrow stream or second record copies them.  The half is
+    (:mod:`store.sink.staged_format`): no Arrow stream or second record copies them.  The half is
     born at ``rows.born_ms``, in queue :data:`HALF_QUEUE_ID` of the half topic, with
     ``properties``; :class:`MessageTooLargeError` if it would exceed the largest record.
     """

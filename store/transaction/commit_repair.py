@@ -1,6 +1,6 @@
 """Commit records whose op message a reboot lost, and the op messages that repair them.
 
-:meth:`~store.transaction.service.TransactionService.end_transactions` writes a commit record
+:meth:`~store.transaction.transaction_service.TransactionService.end_transactions` writes a commit record
 and its op message in one append, so after a plain crash both are kept or both are dropped.
 After a machine *reboot* recovery keeps every valid record past the last durable point
 (:mod:`store.recovery`), so an append torn between the commit record and its op keeps the
@@ -33,7 +33,7 @@ from ..base.errors import StoreError
 from ..files.fileio import read_json, write_json_atomic
 from ..formats.message import TRANS_HALF_TOPIC
 from .half import HALF_QUEUE_ID, transaction_id_of
-from .index import TransactionIndex
+from .transaction_index import TransactionIndex
 from .op import op_specs
 
 FILE_NAME = "transactionRepair.json"

@@ -4,7 +4,7 @@ A timer message sent with a key (``producer.send(message, delay_ms=..., key=K)``
 ``producer.replace_table``) replaces the one sent before with the same key; a cancel by key
 (``producer.cancel(key=K)``) leaves the key naming nothing.  The table maps each key to the
 message id it names now; the timer's delivery drops every keyed message whose id is not the
-one its key names (:mod:`store.timer.keys`).  The table is derived: the keyed records and the
+one its key names (:mod:`store.timer.delay_keys`).  The table is derived: the keyed records and the
 cancel records in the timer topic's ConsumeQueue are the truth, and the table says up to which
 queue offset it has applied them.
 
@@ -134,7 +134,7 @@ class DelayKeyTable:
             raise CorruptRecordError(
                 self.path, 0, f"not a timerkeys file of this version (magic {magic:#x}, "
                 f"capacity {capacity}, {st.st_size} bytes); allowed: the layout of "
-                "store.timer.key_table (it is rebuilt from the timer topic)")
+                "store.timer.delay_key_table (it is rebuilt from the timer topic)")
         self._mm = mm
         self._ino = (st.st_ino, st.st_size)
         self.slots = np.frombuffer(mm, dtype=SLOT_DTYPE, offset=HEADER_SIZE, count=capacity)

@@ -52,13 +52,13 @@ from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicE
 from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
                        sharding_queue)
 from ..transaction.check_views import CheckViews
-from ..transaction.producer import LeaveOpen
+from ..produce.transaction_producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
 from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
                       check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
 from .handles import Signer, store_secret
-from .limits import HeldCalls, LogBudget
+from .grpc_limits import HeldCalls, LogBudget
 
 log = logging.getLogger("store.proxy")
 

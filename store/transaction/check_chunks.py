@@ -7,7 +7,7 @@ append their put-back copies and discards in one columnar append.
    locates, in one compiled pass over their properties, ``TRANSACTION_CHECK_TIMES``,
    ``TRAN_PREPARED_QUEUE_OFFSET``, ``CHECK_IMMUNITY_TIME_IN_SECONDS``, ``TAGS``, the sink
    mark and the routing pairs the views need;
-2. decides every record with NumPy, by the rules of :mod:`store.transaction.check` (the
+2. decides every record with NumPy, by the rules of :mod:`store.transaction.check_loop` (the
    first record that stops the walk, or that the ``max_checks`` budget does not reach, cuts
    the chunk there);
 3. appends the copies before the cut: discards to ``TRANS_CHECK_MAX_TIME_TOPIC`` unchanged,
@@ -51,7 +51,7 @@ from ..kernels.property_scan import (
     strip_pairs,
     take_rows,
 )
-from ..core.record_copies import closing_separators, tags_codes
+from ..core.topic_copies import closing_separators, tags_codes
 from ..files.record_gather import SourceRecords
 from ..formats.message import PROPERTY_SINK, SINK_TX_PREFIX
 
@@ -71,7 +71,7 @@ _SINK_PREFIX = np.frombuffer(SINK_TX_PREFIX.encode("ascii"), dtype=np.uint8)
 
 @dataclass(frozen=True, slots=True)
 class Rules:
-    """The round's time and settings (see :func:`~store.transaction.check.run_bookkeeping`)."""
+    """The round's time and settings (see :func:`~store.transaction.check_loop.run_bookkeeping`)."""
 
     started_ms: int
     timeout_ms: int

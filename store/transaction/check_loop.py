@@ -42,9 +42,9 @@ import numpy as np
 from ..core.ports import StorePort
 from ..base.errors import TransactionStateError
 from ..formats.message import LocalTransactionState
-from .check_round import ChunkChecks, Rules, walk_chunk
+from .check_chunks import ChunkChecks, Rules, walk_chunk
 from .check_views import CheckViews, TransactionCheckView, check_view
-from .index import TransactionIndex
+from .transaction_index import TransactionIndex
 
 __all__ = ["MAX_PROCESS_TIME_MS", "WALK_CHUNK", "CheckPlan", "CheckResult", "CheckState",
            "CheckViews", "TransactionCheckView", "check_view", "parse_state",
@@ -142,7 +142,7 @@ def run_bookkeeping(service: CheckState, *, max_checks: int | None = None,
                     max_process_ms: int = MAX_PROCESS_TIME_MS) -> CheckPlan:
     """Steps 1 to 4 of the round (see the module docstring); the caller holds the write lock.
 
-    The open half offsets are walked in chunks (:func:`~store.transaction.check_round.
+    The open half offsets are walked in chunks (:func:`~store.transaction.check_chunks.
     walk_chunk`, at most :data:`WALK_CHUNK` records of one CommitLog segment each), each
     decided and written as columns; the time limit is looked at between chunks.
     """

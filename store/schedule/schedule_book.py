@@ -62,7 +62,7 @@ from ..files.crash_points import crash_point
 from ..base.errors import InvalidScheduleError, ScheduleIntervalError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
-from ..delayed.routing import properties_since
+from ..delayed.delivery import properties_since
 from ..formats.record_codec import RecordSpec
 from ..formats.message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
                        validate_schedule_key)

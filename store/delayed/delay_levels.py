@@ -9,7 +9,7 @@ due-time order.
 Delivery (:meth:`DelayLevelService.deliver_due`): for each level, the entries from the saved
 offset on whose tagsCode is at or before now are restored to their real topic and queue, many
 records per append, with ``__RMQ_DELIVER_MS`` = the due time and the origin (see
-:mod:`store.delayed.routing`); delivery stops at the first entry not yet due.  The restored
+:mod:`store.delayed.delivery`); delivery stops at the first entry not yet due.  The restored
 record keeps the stored properties (``DELAY``, ``REAL_TOPIC``, ``REAL_QID`` included, as
 RocketMQ's does; users never see system properties).  A record gone to retention is skipped,
 and one whose real topic is the transaction half topic is dropped, as in RocketMQ.
@@ -47,7 +47,7 @@ from ..formats.message import (
     SCHEDULE_TOPIC,
 )
 from .restore import restore
-from .routing import (
+from .delivery import (
     check_headroom,
     entries_without_record,
     origins_since,

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from ..base.errors import InvalidConfigError
 from ..files.fileio import atomic_write
-from ..transaction.check import TransactionCheckView
+from .check_loop import TransactionCheckView
 
 #: Where published check rounds go, under the store root.
 ROUNDS_DIR = os.path.join("transaction_checks", "server")

@@ -19,10 +19,10 @@ from ..files.crash_points import crash_point
 from ..base.errors import InvalidDelayError, TransactionStateError
 from ..formats.message import (TRANS_HALF_TOPIC, LocalTransactionState, Message, SendResult,
                        validate_msg_id)
-from ..produce.producer import Producer, ProducerStore
-from .check import parse_state
-from .half import check_transactional_properties, half_spec
-from .service import TransactionService
+from .producer import Producer, ProducerStore
+from ..transaction.check_loop import parse_state
+from ..transaction.half import check_transactional_properties, half_spec
+from ..transaction.transaction_service import TransactionService
 
 
 class TransactionProducerStore(ProducerStore, Protocol):

@@ -5,15 +5,15 @@ path, reading, recovery, retention) with the three services built on it, as Rock
 ``BrokerController`` builds its services outside the store and hands them the store's
 interface:
 
-* :class:`~store.delayed.schedule.DelayLevelService`: the 4.x delay levels;
-* :class:`~store.timer.service.TimerService`: the 5.x timer wheel;
-* :class:`~store.transaction.service.TransactionService`: half messages and the check loop.
+* :class:`~store.delayed.delay_levels.DelayLevelService`: the 4.x delay levels;
+* :class:`~store.timer.timer_service.TimerService`: the 5.x timer wheel;
+* :class:`~store.transaction.transaction_service.TransactionService`: half messages and the check loop.
 
 Each service sees only the core's narrow port (:class:`~store.core.ports.StorePort`) and makes
 itself known through its hooks: the services' system topics (with their tagsCode rules) and the
 transaction recovery listener are registered before recovery runs, retention listeners once the
 services exist.  :meth:`MessageStore.open` with ``read_only=True`` returns a
-:class:`~store.reader.StoreReader` instead.
+:class:`~store.facade.store_reader.StoreReader` instead.
 """
 
 from __future__ import annotations
@@ -21,26 +21,26 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from .operations.check_rounds import last_check_round, read_check_round
-from .base import jit
-from .base.config import StoreConfig
-from .core.reading import Clock
-from .core.retention import retention_plan
-from .core.store_core import StoreCore
-from .delayed.schedule import DelayLevelService, register_schedule_topic
-from .base.errors import InvalidGroupError
-from .files.group_file import is_group
-from .operations.pending_view import pending_messages
-from .produce.producer import Producer
-from .reader import StoreReader
-from .schedule.service import ScheduleBook, ScheduleInfo
-from .sink.sink import Sink, register_sink_topic, settle_check_views
-from .operations.stats import pending_delayed_stats
-from .timer.service import TimerService, register_timer_topic
-from .transaction.check import CheckResult
-from .transaction.producer import TransactionProducer
-from .transaction.repair import register_transaction_recovery
-from .transaction.service import TransactionService
+from ..transaction.published_checks import last_check_round, read_check_round
+from ..base import jit
+from ..base.config import StoreConfig
+from ..core.reading import Clock
+from ..core.retention import retention_plan
+from ..core.store_core import StoreCore
+from ..delayed.delay_levels import DelayLevelService, register_schedule_topic
+from ..base.errors import InvalidGroupError
+from ..files.group_file import is_group
+from .pending_view import pending_messages
+from ..produce.producer import Producer
+from .store_reader import StoreReader
+from ..schedule.schedule_book import ScheduleBook, ScheduleInfo
+from ..sink.sink import Sink, register_sink_topic, settle_check_views
+from .pending_stats import pending_delayed_stats
+from ..timer.timer_service import TimerService, register_timer_topic
+from ..transaction.check_loop import CheckResult
+from ..produce.transaction_producer import TransactionProducer
+from ..transaction.commit_repair import register_transaction_recovery
+from ..transaction.transaction_service import TransactionService
 
 
 class MessageStore(StoreCore):
@@ -69,7 +69,7 @@ class MessageStore(StoreCore):
             Run the background flush thread (every ``flush_interval_commitlog_ms``).
         read_only : bool
             Open an existing store for reading only (what Spark executors do): returns a
-            :class:`~store.reader.StoreReader` (no marker, no recovery, no flush thread, no
+            :class:`~store.facade.store_reader.StoreReader` (no marker, no recovery, no flush thread, no
             writes; every write method raises :class:`~store.base.errors.ReadOnlyStoreError`).
         """
         if is_group(path) and not os.path.isdir(os.path.join(os.fspath(path), "commitlog")):
@@ -215,14 +215,14 @@ class MessageStore(StoreCore):
         """Run one round of the transaction check loop with ``resolve(view) -> state``.
 
         Without ``resolve`` the listeners of this process's transaction producers are asked.
-        Returns a :class:`~store.transaction.check.CheckResult` (counts of the round).
+        Returns a :class:`~store.transaction.check_loop.CheckResult` (counts of the round).
         """
         self._check_writable()
         return self.transactions.check(resolve)
 
     def answer_check_rounds(self, resolve=None, *, after: int = 0) -> tuple[int, CheckResult]:
         """Answer the check rounds a server published after round ``after`` (``rmq serve
-        --check-transactions``, :mod:`store.operations.check_rounds`), with ``resolve(view)`` or this
+        --check-transactions``, :mod:`store.transaction.published_checks`), with ``resolve(view)`` or this
         process's listeners, without running a round here.  Returns the newest round
         answered (give it as ``after`` next time) and the counts."""
         self._check_writable()
@@ -233,7 +233,7 @@ class MessageStore(StoreCore):
     def prepare_transaction_checks(self, *, max_checks: int | None = None):
         """The bookkeeping half of a check round, for a resolver outside this process.
 
-        Returns the :class:`~store.transaction.check.CheckPlan` whose ``checks`` are the half
+        Returns the :class:`~store.transaction.check_loop.CheckPlan` whose ``checks`` are the half
         messages to ask about: a sequence of views, built one by one when accessed, and
         ``checks.to_arrow()`` gives them all as one Arrow batch decoded as columns (what the
         Spark ``transaction_checks`` view reads).
@@ -245,7 +245,7 @@ class MessageStore(StoreCore):
     def pending_delayed_stats(self) -> dict:
         """Pending delayed messages: total, per kind, next due time and counts by due time.
 
-        See :func:`store.operations.stats.pending_delayed_stats` for the shape.
+        See :func:`store.facade.pending_stats.pending_delayed_stats` for the shape.
         """
         self._check_open()
         return pending_delayed_stats(self.now_ms(), self.schedule, self.timer)
@@ -258,7 +258,7 @@ class MessageStore(StoreCore):
     def pending_messages(self, limit: int = 20) -> dict:
         """The next delayed messages due and the oldest open transactions, at most ``limit``
         of each (``rmq pending``): ``{"timer", "delay_levels", "transactions"}``, see
-        :func:`store.operations.pending_view.pending_messages`."""
+        :func:`store.facade.pending_view.pending_messages`."""
         self._check_open()
         return pending_messages(self, limit)
 

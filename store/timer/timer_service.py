@@ -18,7 +18,7 @@ Flow (RocketMQ's five timer threads, run synchronously under the store's write l
 3. **Dequeue**: every slot T with ``T + P <= now`` is read, newest unit first through
    ``prevPos``; cancel markers in the slot drop their targets; the rest are restored to their
    real topic and queue with ``__RMQ_DELIVER_MS`` = the time asked for, ``TIMER_ENQUEUE_MS``,
-   ``TIMER_DEQUEUE_MS`` and the origin (see :mod:`store.delayed.routing`), many records per
+   ``TIMER_DEQUEUE_MS`` and the origin (see :mod:`store.delayed.delivery`), many records per
    append (:mod:`.firing`).
 
 Never early: slot T fires only once ``now >= T + P``, and rounding puts T + P at or after the
@@ -51,7 +51,7 @@ from ..files.crash_points import crash_point
 from ..formats.record_codec import RecordSpec
 from ..core.identity import store_tag
 from ..core.ports import StorePort
-from ..delayed.routing import (
+from ..delayed.delivery import (
     check_headroom,
     origins_since,
     read_queue_entries,
@@ -64,11 +64,11 @@ from ..formats.message import (
     PROPERTY_TIMER_OUT_MS,
     TIMER_TOPIC,
 )
-from . import checkpoint as ckpt
-from .checkpoint import TimerCheckpoint
-from .firing import SlotFiring
-from .keys import DelayKeys
-from .placement import WheelShape, enqueue, repair_wheel
+from . import timer_checkpoint as ckpt
+from .timer_checkpoint import TimerCheckpoint
+from .slot_firing import SlotFiring
+from .delay_keys import DelayKeys
+from .wheel_placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
@@ -253,7 +253,7 @@ class TimerService:
 
     def _checkpoint_problem(self, disk: TimerCheckpoint) -> str | None:
         """Why a checkpoint read from disk cannot be this store's (see
-        :func:`~store.timer.checkpoint.foreign_or_impossible`), or ``None``."""
+        :func:`~store.timer.timer_checkpoint.foreign_or_impossible`), or ``None``."""
         store = self.store
         confirmed = store.confirmed_offset()
         self.log.files.refresh()  # another process may have added TimerLog files

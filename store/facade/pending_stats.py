@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..delayed.schedule import DelayLevelService
-from ..timer.service import TimerService
+from ..delayed.delay_levels import DelayLevelService
+from ..timer.timer_service import TimerService
 
 #: RocketMQ's timer distribution buckets (seconds ahead of now), plus "overdue" and "later".
 DUE_BUCKETS_S = (5, 60, 300, 900, 3600, 14400, 28800, 86400)

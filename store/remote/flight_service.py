@@ -33,15 +33,15 @@ from ..base.errors import StoreError
 from ..files.accounts import AccountRights
 from ..formats.message import (Message, validate_delay_key, validate_group, validate_msg_id,
                        validate_schedule_key, validate_sink_id, validate_topic)
-from ..operations.check_rounds import (drop_query_rounds, last_check_round,
+from ..transaction.published_checks import (drop_query_rounds, last_check_round,
                                        read_check_round_table, read_query_round,
                                        write_query_round)
 from ..produce.table_rows import prepare_rows
-from ..reader import StoreReader
-from ..transaction.producer import LeaveOpen
+from ..facade.store_reader import StoreReader
+from ..produce.transaction_producer import LeaveOpen
 from ..base.remote_address import RemoteAddress
 from .incoming import received_table
-from .limits import RateLimitedLog, StreamLimits
+from .flight_limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
 from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
                      require_admin, row_topics)

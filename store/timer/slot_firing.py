@@ -5,7 +5,7 @@ append order; cancel markers in the slot drop their targets; the rest are restor
 real topic and queue (:mod:`store.delayed.restore`), or re-put to the timer topic when rolled.
 A bounded run may stop inside a slot: :attr:`SlotFiring.split_slot` keeps the walked units for
 the next run of this process (see :meth:`TimerService.deliver_due
-<store.timer.service.TimerService.deliver_due>`).
+<store.timer.timer_service.TimerService.deliver_due>`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..core.ports import StorePort
 from ..delayed.restore import restore
 from ..base.errors import CorruptRecordError
 from ..formats.message import PROPERTY_TIMER_DEL_UNIQKEY
-from .checkpoint import TimerCheckpoint
+from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, TimerLog
 from .wheel import TimerWheel
 
@@ -38,7 +38,7 @@ class SlotFiring:
         # the units of a slot a bounded run split, for the next run: (counter of the
         # checkpoint this process saved last, slot time, its last unit, TimerLog end, units)
         self.split_slot: tuple | None = None
-        #: the store's delay keys (:class:`store.timer.keys.DelayKeys`), set by the service
+        #: the store's delay keys (:class:`store.timer.delay_keys.DelayKeys`), set by the service
         self.keys = None
 
     def read_props(self, offset: int) -> dict[str, str]:

@@ -7,7 +7,7 @@ cancel marker (so the timer and RocketMQ pass over it) whose body lists the keys
 and whose property ``__RMQ_DELAY_KEYS_CANCELLED`` says so.  Keys are one namespace per store.
 
 Nothing is looked up or rewritten at send time: the timer topic's ConsumeQueue, in its
-order, is the truth.  :class:`DelayKeys` keeps the :class:`~store.timer.key_table.
+order, is the truth.  :class:`DelayKeys` keeps the :class:`~store.timer.delay_key_table.
 DelayKeyTable` (key -> the hash of the id of the message it names now, and that message's
 fire time) up to date by applying the keyed and keys-cancel records appended since it last
 looked (:meth:`DelayKeys.sync`), and the timer's delivery, holding the write lock, syncs it
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from ..files.crash_points import crash_point
 from ..core.ports import StorePort
-from ..delayed.routing import origins_since, read_queue_entries
+from ..delayed.delivery import origins_since, read_queue_entries
 from ..base.errors import CorruptRecordError, InvalidMessageError, UnknownTopicError
 from ..files.fileio import move_aside
 from ..formats.record_codec import RecordSpec
@@ -57,7 +57,7 @@ from ..formats.message import (
     MAX_DELAY_KEY_BYTES,
     validate_delay_key,
 )
-from .key_table import FILE_NAME, DelayKeyTable
+from .delay_key_table import FILE_NAME, DelayKeyTable
 from .timer_queue import RECALL_TAG
 
 log = logging.getLogger("store")
@@ -78,7 +78,7 @@ _ROW = 1 << 22
 
 def fingerprints(data: np.ndarray, starts: np.ndarray, ends: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``(key_hash, key_check)`` of the byte ranges (see :mod:`store.timer.key_table`)."""
+    """``(key_hash, key_check)`` of the byte ranges (see :mod:`store.timer.delay_key_table`)."""
     h = hash_ranges(data, starts, ends).view(np.int64)
     h = np.where(h == 0, 1, h)
     check = (body_crcs(data, starts, ends) << 32) | (np.asarray(ends) - np.asarray(starts))

@@ -11,7 +11,7 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     40   8     dataVersion.timestamp   ms of the last save
     48   8     dataVersion.counter     +1 per save
     56   8     deliverMark             ours: CommitLog offset where an unfinished delivery run
-                                       began, -1 when none (see store.timer.service)
+                                       began, -1 when none (see store.timer.timer_service)
     64   8     precisionMs             ours: timer_precision_ms the wheel was built with
     72   8     wheelSlots              ours: timer_wheel_slots the wheel was built with
     80   8     slotDone                ours: units of the slot at lastReadTimeMs already

@@ -35,9 +35,9 @@ from ..base.errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTop
 from ..formats.message import LocalTransactionState, Message, MessageView, SendResult
 from ..produce.table_rows import as_table
 from ..sink.sink import SinkCommit
-from ..timer.keys import key_list
-from ..transaction.check import parse_state
-from ..transaction.producer import TransactionSendResult
+from ..timer.delay_keys import key_list
+from ..transaction.check_loop import parse_state
+from ..produce.transaction_producer import TransactionSendResult
 from ..base.remote_address import DEFAULT_TIMEOUT_S, RemoteAddress, account_header, read_token
 from .wire import (END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, message_view, raise_remote,
                    schedule_info)
@@ -461,7 +461,7 @@ class RemoteProducer:
 
     def schedule_table(self, data, *, topic: str | None = None):
         """As ``Producer.schedule_table``, applied by the served store."""
-        from ..schedule.rows import ScheduleTableResult
+        from ..schedule.schedule_table import ScheduleTableResult
 
         out = self.store._exchange({"op": "schedule_table", "group": self.group,
                                     "topic": topic}, as_table(data)).to_pylist()[0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..delayed.routing import read_queue_entries
+from ..delayed.delivery import read_queue_entries
 from ..base.errors import CorruptRecordError
 from ..formats.message import (
     PROPERTY_PRODUCER_GROUP,

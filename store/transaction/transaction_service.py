@@ -15,16 +15,16 @@ Files (JSON written atomically: temp file, fsync, rename, previous copy kept as 
                                     store with the defaults (a Spark query, the CLI) uses them
     config/transactionIndex.npz     snapshot of the transaction index (derived; optional)
     config/transactionRepair.json   commit records a reboot's recovery kept, maybe without
-                                    their op message (:mod:`store.transaction.repair`);
+                                    their op message (:mod:`store.transaction.commit_repair`);
                                     repaired and removed when the service starts
 
 Whether a transaction has ended is read from the op queue (through
-:class:`~store.transaction.index.TransactionIndex`), never from memory alone: each decision
+:class:`~store.transaction.transaction_index.TransactionIndex`), never from memory alone: each decision
 refreshes the index while holding the store's write lock, then appends.  A commit and its op
 message go in one append, which the store keeps or drops whole after a crash, so every
 process and every restart agrees, and no transaction reaches its real topic twice.  The one
 exception, a reboot that tears that append after the commit record, is repaired when the
-service starts (:mod:`store.transaction.repair`): the missing op is written before anyone
+service starts (:mod:`store.transaction.commit_repair`): the missing op is written before anyone
 decides anything.
 """
 
@@ -43,11 +43,11 @@ from ..base.errors import StoreError, TransactionStateError, UnknownMessageError
 from ..files.fileio import read_json, write_json_atomic
 from ..formats.message import (PROPERTY_PRODUCER_GROUP, PROPERTY_REAL_TOPIC, TRANS_HALF_TOPIC,
                        TRANS_OP_HALF_TOPIC, LocalTransactionState, MessageView)
-from .check import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
+from .check_loop import MAX_PROCESS_TIME_MS, CheckPlan, CheckResult, parse_state, run_bookkeeping
 from .ending import end_rows
 from .half import CHECK_GROUP, HALF_QUEUE_ID
-from .index import TransactionIndex
-from .repair import has_note, repair_noted_commits
+from .transaction_index import TransactionIndex
+from .commit_repair import has_note, repair_noted_commits
 
 SETTINGS = ("transaction_timeout_ms", "transaction_check_max", "transaction_check_interval_ms")
 HALF_KEY = f"{TRANS_HALF_TOPIC}@{CHECK_GROUP}"
@@ -189,7 +189,7 @@ class TransactionService:
         Parameters
         ----------
         items : iterable of (transaction_id, state)
-            States as :func:`~store.transaction.check.parse_state` accepts them.
+            States as :func:`~store.transaction.check_loop.parse_state` accepts them.
         from_check : bool
             The answers come from the check loop.  A late answer that does not (the
             producer's own, or a direct call) is refused for a half with a custom

@@ -17,8 +17,8 @@ import numpy as np
 from ..files.crash_points import crash_point
 from ..core.ports import StorePort
 from ..formats.message import TIMER_TOPIC
-from .checkpoint import TimerCheckpoint
-from .firing import SlotFiring
+from .timer_checkpoint import TimerCheckpoint
+from .slot_firing import SlotFiring
 from .timer_log import MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL, UNIT_DTYPE, UNIT_SIZE, TimerLog
 from .timer_queue import marker_keys, read_timer_entries
 from .wheel import TimerWheel
