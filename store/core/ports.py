@@ -26,7 +26,7 @@ import numpy as np
 
 from .queue_dispatch import Dispatcher, TagsCodeRule
 
-if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
+if TYPE_CHECKING:  # pragma: no cover - type-only imports (this floor and below)
     from ..files.checkpoint import StoreCheckpoint
     from ..formats.record_codec import Record, RecordSpec
     from ..files.commit_log import CommitLog

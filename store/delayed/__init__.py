@@ -1,4 +1,4 @@
-"""Delayed messages (layer 2): what the 4.x delay levels and the 5.x timer wheel share.
+"""Delayed messages (``delayed/``): what the 4.x delay levels and the 5.x timer wheel share.
 
 * :mod:`~store.delayed.delivery`: the real topic and queue a delayed message is routed to, the
   delivery headroom, the origins that make delivery exactly-once across crashes;

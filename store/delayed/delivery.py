@@ -1,4 +1,4 @@
-"""What the schedule (delay levels) and the timer share: moving records to their real topics.
+"""What the delay levels and the timer share: moving records to their real topics.
 
 Exactly-once across crashes
 ---------------------------

@@ -1,4 +1,4 @@
-"""MessageStore: the store's public face (layer 3): the core, the services and their factories.
+"""MessageStore: the store's public face (``facade/``): the core, the services and their factories.
 
 A :class:`MessageStore` is a :class:`~store.core.store_core.StoreCore` (the files, the append
 path, reading, recovery, retention) with the three services built on it, as RocketMQ's
@@ -90,7 +90,7 @@ class MessageStore(StoreCore):
         register_sink_topic(self)
         self.start(flush_service=flush_service)
         try:
-            self.schedule = DelayLevelService(self)
+            self.delay_levels = DelayLevelService(self)
             self.recurring = ScheduleBook(self)
             self.timer = TimerService(self)
             self.transactions = TransactionService(self)
@@ -98,12 +98,12 @@ class MessageStore(StoreCore):
         except BaseException:
             self.close()
             raise
-        for service in (self.schedule, self.timer, self.transactions):
+        for service in (self.delay_levels, self.timer, self.transactions):
             self.add_retention_listener(service.on_retention)
             self.add_retention_guard(service.retention_floor)
 
     def _close_services(self) -> None:
-        for name in ("timer", "schedule", "transactions"):
+        for name in ("timer", "delay_levels", "transactions"):
             service = getattr(self, name, None)
             if service is not None:
                 service.close()
@@ -149,9 +149,9 @@ class MessageStore(StoreCore):
 
     def _deliver_due(self, max_messages: int | None) -> int:
         if max_messages is None:
-            return (self.schedule.deliver_due() + self.timer.deliver_due()
+            return (self.delay_levels.deliver_due() + self.timer.deliver_due()
                     + self.recurring.fire_due())
-        delivered = self.schedule.deliver_due(max_messages)
+        delivered = self.delay_levels.deliver_due(max_messages)
         if delivered >= max_messages:
             return delivered
         delivered += self.timer.deliver_due(max_messages - delivered)
@@ -248,7 +248,7 @@ class MessageStore(StoreCore):
         See :func:`store.facade.pending_stats.pending_delayed_stats` for the shape.
         """
         self._check_open()
-        return pending_delayed_stats(self.now_ms(), self.schedule, self.timer)
+        return pending_delayed_stats(self.now_ms(), self.delay_levels, self.timer)
 
     def pending_transaction_stats(self) -> dict:
         """Open transactions (``pending``) and the oldest one's born time (``oldest_born_ms``)."""

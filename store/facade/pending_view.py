@@ -7,7 +7,7 @@ first, at most ``limit`` of each kind:
   the records a range at a time) and the wheel's live slots from the read time on, walked in
   time order until ``limit`` units are found; cancelled ones (a marker in the slot) are left
   out; a rolled message shows its real due time;
-* **delay-level** messages: each level's queue from the schedule's progress offset (a level's
+* **delay-level** messages: each level's queue from the delay levels' progress offset (a level's
   queue is in due order);
 * **open transactions**: the oldest by born time, with their producer group and check count.
 
@@ -120,7 +120,7 @@ def _timer(store, limit: int) -> list[dict]:
 def _levels(store, limit: int) -> list[dict]:
     if not limit or SCHEDULE_TOPIC not in store.topics(include_system=True):
         return []
-    progress = store.schedule.offsets()
+    progress = store.delay_levels.offsets()
     found = []
     for q in store.queue_ids(SCHEDULE_TOPIC):
         start = max(progress.get(q + 1, 0), store.min_offset(SCHEDULE_TOPIC, q))

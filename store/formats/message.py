@@ -45,7 +45,7 @@ PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 #: Our own: the ms at which a delayed message was due (kept on the delivered record).
 PROPERTY_DELIVER_MS = "__RMQ_DELIVER_MS"
 #: Our own: CommitLog offset of the system-topic record a delivered (or rolled) record came
-#: from; lets the schedule and timer services re-derive delivery progress after a crash.
+#: from; lets the delay-level and timer services re-derive delivery progress after a crash.
 PROPERTY_DELAY_ORIGIN = "__RMQ_DELAY_ORIGIN"
 #: The delay key of a keyed timer message (``producer.send(..., key=K)``): it replaces the
 #: pending message sent before with the same key, and its delivered copy keeps it.

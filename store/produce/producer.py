@@ -200,7 +200,7 @@ class Producer:
             spec = dataclasses.replace(spec, queue_id=queue)
         due = None
         if level is not None:
-            spec, due = self.store.schedule.rewrite(spec, level)
+            spec, due = self.store.delay_levels.rewrite(spec, level)
         elif deliver_ms is not None:
             spec, due = self.store.timer.rewrite(spec, deliver_ms)
         r = self.store.append([spec])[0]
@@ -324,7 +324,7 @@ class Producer:
             and it keeps its next fire and count, so adding a schedule again is harmless.
         cron : str, optional
             Five cron fields or a macro (``"0 9 * * *"``, ``"@hourly"``), in time zone ``tz``;
-            see :class:`~store.schedule.cron.CronExpression` for daylight saving.
+            see :class:`~store.delay_levels.cron.CronExpression` for daylight saving.
         every_ms : int, optional
             A fixed interval: fires at ``start_at_ms + k * every_ms`` (from now +
             ``every_ms`` without ``start_at_ms``).  Exactly one of ``cron`` and ``every_ms``.
@@ -339,7 +339,7 @@ class Producer:
             nothing delivered) sends: ``"latest_once"`` (the default) one copy at the latest
             of them, carrying the property ``RMQ_SCHEDULE_FIRES`` = how many it stands for;
             ``"all"`` a copy for each; ``"skip"`` none.  Later fires keep the phase.  See
-            :mod:`store.schedule.schedule_book`.
+            :mod:`store.delay_levels.schedule_book`.
         catch_up_window_ms : int, optional
             Due times older than this (ms before the step) are dropped, under any policy;
             ``None`` (the default): none is too old.
@@ -384,7 +384,7 @@ class Producer:
 
         Every row is checked before anything changes; the book is written once.  A row
         identical to the schedule under its key changes nothing (its progress is kept), so
-        applying a table again is harmless.  See :mod:`store.schedule.schedule_table`.
+        applying a table again is harmless.  See :mod:`store.delay_levels.schedule_table`.
         """
         adds, removes = schedule_rows(as_table(data), topic)
         schedules = [self._schedule_of(a.pop("message"), **a) for a in adds]

@@ -11,7 +11,7 @@ with their properties string built directly, in the order the general path
 * timer: the same, then ``REAL_TOPIC``, ``REAL_QID``, ``TIMER_OUT_MS``,
   ``TIMER_DELIVER_MS``; the record goes to queue 0 of ``rmq_sys_wheel_timer``.
 
-Delay levels (their queue entries carry the due time, a rule of the schedule service) and
+Delay levels (their queue entries carry the due time, a rule of the delay-level service) and
 subclasses of :class:`~store.formats.message.Message` keep the general path.
 ``tests/store/core/test_single_append.py`` compares the bytes of both ways.
 """

@@ -57,7 +57,7 @@ def test_bounded_runs_deliver_each_message_once_and_in_order(tmp_path, clock, sm
     assert len(bodies) == len(set(bodies)) == 339 and cancelled not in bodies
     for v in _all(bounded, "t") + _all(bounded, "lv"):
         assert v.store_timestamp_ms >= v.deliver_timestamp_ms  # never early
-    assert bounded.timer.pending_count() == 0 and bounded.schedule.pending_count() == 0
+    assert bounded.timer.pending_count() == 0 and bounded.delay_levels.pending_count() == 0
     ref.close()
     bounded.close()
 

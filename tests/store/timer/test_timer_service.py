@@ -375,7 +375,7 @@ def test_pending_due_times_for_stats(store, clock):
     due, num = store.timer.pending_due_ms()
     assert int(num.sum()) == 3
     assert sorted(zip(due.tolist(), num.tolist())) == [(a.deliver_at_ms, 2), (clock() + 90_000, 1)]
-    assert store.schedule.pending_due_ms().tolist() == [level.deliver_at_ms]
+    assert store.delay_levels.pending_due_ms().tolist() == [level.deliver_at_ms]
     stats = store.pending_delayed_stats()
     assert (stats["pending"], stats["timer_pending"], stats["schedule_pending"]) == (4, 3, 1)
 
