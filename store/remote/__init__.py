@@ -1,8 +1,9 @@
 """A store served over the network: Arrow Flight (``rmq serve --listen``, ``rmq://`` URLs).
 
-``address`` parses URLs and tokens, ``wire`` names the Flight calls both sides use,
-``service`` answers them beside ``rmq serve``'s loop, ``client`` makes them.  ``pyarrow.flight``
-(gRPC) is imported only by ``service`` and ``client``, when a store is served or connected to.
+``wire`` names the Flight calls both sides use, ``flight_service`` answers them beside ``rmq
+serve``'s loop, ``flight_client`` makes them (the URLs and tokens: ``store.base.remote_address``).
+``pyarrow.flight`` (gRPC) is imported only by ``flight_service`` and ``flight_client``, when a
+store is served or connected to.
 """
 
 from __future__ import annotations
