@@ -108,7 +108,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print machine-readable JSON instead of tables.")
 @click.option("--system", is_flag=True,
-              help="Also list system topics (schedule, timer, transactions).")
+              help="Also list system topics (delay levels, timer, transactions).")
 @click.option("--verify", is_flag=True,
               help="Also check every CommitLog record (structure and body CRC); exit 1 when "
                    "one is damaged.")
