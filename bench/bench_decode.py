@@ -10,7 +10,7 @@ segments (``send_batch`` in chunks of 10,000, so queues take turns by chunk), th
 * ``vectorised``  :func:`store.arrow_decode.read_queue_batch` over every queue in
   65,536-row chunks (what the Spark source yields), all ``N`` rows;
 * ``numpy ref``   the same by the NumPy reference path (the compiled record checks and
-  gather of :mod:`store.kernels.decode_kernels` switched off);
+  gather of :mod:`store.kernels.message_decode` switched off);
 * ``vec+crc``     the same with ``verify_crc=True`` (every body's CRC recomputed);
 * ``verify log``  ``store.verify_commitlog()`` (``rmq stats --verify``) over the whole log;
 * ``pull``        the per-record baseline: ``store.pull`` (``decode_record`` and

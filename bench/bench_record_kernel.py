@@ -10,7 +10,7 @@ In one run, over chunks of ``--rows`` records (``send_table``'s chunk size by de
 
 * **plain copy** (the baseline): ``numpy.ndarray.copy`` of a buffer as large as the chunk's
   records, the least any assembly can cost;
-* **assemble**: :func:`store.kernels.record_kernels.assemble_records` writing every record (header,
+* **assemble**: :func:`store.kernels.record_assembly.assemble_records` writing every record (header,
   body, topic, properties) with the body CRCs computed, and again with the CRCs given;
 * with ``--baseline-code DIR`` (a checkout of an earlier commit, e.g. a ``git worktree``),
   the same kernel of that code, in a child process, for a before/after ratio.
@@ -37,9 +37,10 @@ def measure(root: str, rows: int, body_bytes: int, repeat: int) -> dict:
     sys.path.insert(0, root)
     import numpy as np
 
-    from store.formats import codec
-    from store.formats.crc import crc_function
-    from store.kernels.record_kernels import ByteColumn, assemble_records, memcpy_function
+    from store.formats import record_codec as codec
+    from store.base.crc import crc_function
+    from store.formats.byte_columns import ByteColumn
+    from store.kernels.record_assembly import assemble_records, memcpy_function
 
     rng = np.random.default_rng(7)
 

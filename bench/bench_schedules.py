@@ -79,7 +79,7 @@ def main() -> None:
             # what the book keeps in memory, read afresh (as another process would)
             import tracemalloc
 
-            from store.schedule.service import ScheduleBook
+            from store.schedule.schedule_book import ScheduleBook
 
             tracemalloc.start()
             fresh = ScheduleBook(store)

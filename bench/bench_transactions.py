@@ -45,8 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from store import MessageStore, StoreConfig
-from store.formats.codec import RecordSpec
-from store.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from store.formats.record_codec import RecordSpec
+from store.formats.message import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from store.transaction.half import half_spec
 from store.transaction.op import parse_op_body
 

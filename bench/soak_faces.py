@@ -370,7 +370,7 @@ def serve_patched(argv: list[str]) -> None:
     Flight worker thread sees fresh each time, so each call opens a reader the service keeps
     for ever).  A diagnostic only (``--patch-reader-cache``): it shows what else a soak finds
     once that leak is out of the way; the stock server is what the soak measures."""
-    from store.remote import service
+    from store.remote import flight_service as service
 
     def _reader(self):
         readers = self.__dict__.setdefault("_soak_readers", {})

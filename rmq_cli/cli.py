@@ -108,7 +108,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print machine-readable JSON instead of tables.")
 @click.option("--system", is_flag=True,
-              help="Also list system topics (schedule, timer, transactions).")
+              help="Also list system topics (delay levels, timer, transactions).")
 @click.option("--verify", is_flag=True,
               help="Also check every CommitLog record (structure and body CRC); exit 1 when "
                    "one is damaged.")
@@ -178,7 +178,7 @@ def doctor() -> None:
     from rmq_source.setup_check import check_spark
     from store import warm_up
 
-    # numba's cache filled here, so that no first run after an install compiles (store.kernels.jit)
+    # numba's cache filled here, so that no first run after an install compiles (store.base.jit)
     click.echo(f"compiled loops ready in {warm_up():.1f} s")
 
     warnings.filterwarnings("ignore", category=FutureWarning)

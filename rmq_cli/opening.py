@@ -104,7 +104,7 @@ def check_no_token(path: str, token: str | None, token_file: str | None) -> None
 def open_target(path: str, token: str | None = None, token_file: str | None = None, *,
                 create: bool | None = None, why: str | None = "rmq only reads it"):
     """The store ``--store`` names, for a command that also works on a served store: a
-    :class:`store.remote.client.RemoteStore` for an ``rmq://`` / ``rmqs://`` URL (its token
+    :class:`store.remote.flight_client.RemoteStore` for an ``rmq://`` / ``rmqs://`` URL (its token
     from ``token`` or ``token_file``), else :func:`open_writable_store`'s (``why`` None:
     :func:`open_store`'s, for a command that only reads)."""
     from store import InvalidConfigError, connect, is_remote

@@ -127,7 +127,7 @@ def deliver_due_kept_open(path: str, max_messages: int | None = TRIGGER_DELIVERY
                 _foreign_paths.add(path)
                 return 0
             step = max_messages or TRIGGER_DELIVERY_MESSAGES
-            warm_up(background=True)  # numba loaded beside the first triggers (store.kernels.jit)
+            warm_up(background=True)  # numba loaded beside the first triggers (store.base.jit)
             deliverer = _deliverers[path] = _Deliverer(_open_writable(path), step)
     if max_messages is not None:
         return deliverer.trigger()

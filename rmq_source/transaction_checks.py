@@ -2,7 +2,7 @@
 
 Each trigger runs one round of the store's check loop (RocketMQ's check round: put-back
 copies, discards after ``transaction_check_max`` checks, saved progress; see
-:mod:`store.transaction.check`), and the micro-batch holds the transactions the round asks
+:mod:`store.transaction.check_loop`), and the micro-batch holds the transactions the round asks
 about.  Answer them by writing rows of ``transaction_id`` and ``state`` with
 ``.writeStream.format("rmq").option("action", "end_transaction")``
 (:mod:`rmq_source.writer`); a transaction not answered stays open and is asked about again
@@ -123,7 +123,7 @@ def close_kept_open(path: str) -> None:
 def rows_to_batch(views: Sequence) -> pa.RecordBatch:
     """Check views as Arrow rows: a round's ``plan.checks`` decoded as columns by the store
     (its ``to_arrow()``), or any sequence of
-    :class:`store.transaction.check.TransactionCheckView` one by one."""
+    :class:`store.transaction.check_loop.TransactionCheckView` one by one."""
     if hasattr(views, "to_arrow"):
         batch = views.to_arrow()
         return pa.RecordBatch.from_arrays(

@@ -12,14 +12,15 @@ Example
 ...     store.pull("orders", r.queue_id, r.queue_offset)
 """
 
-from .operations.check_rounds import (drop_query_rounds, last_check_round, read_check_round_table,
-                                      read_query_round, write_query_round)
-from .formats.codec import Record, RecordSpec
-from .config import StoreConfig
+from .transaction.published_checks import (drop_query_rounds, last_check_round,
+                                           read_check_round_table, read_query_round,
+                                           write_query_round)
+from .formats.record_codec import Record, RecordSpec
+from .base.config import StoreConfig
 from .core.append_types import AppendResult, BatchAppendResult
 from .core.arrow_decode import MESSAGE_SCHEMA, keep_freed_heap
 from .core.reading import system_clock
-from .errors import (
+from .base.errors import (
                      ConfigMismatchError,
                      CorruptRecordError,
                      DiskFullError,
@@ -54,7 +55,7 @@ from .errors import (
                      UnknownTopicError,
                      KeyIndexUnavailableError,
 )
-from .message import (
+from .formats.message import (
                      LocalTransactionState,
                      Message,
                      MessageView,
@@ -66,19 +67,19 @@ from .message import (
                      validate_topic,
 )
 from .group.store_group import GroupProducer, GroupSink, StoreGroup
-from .group.layout import is_group as is_store_group
-from .message_store import MessageStore
-from .reader import StoreReader
+from .files.group_file import is_group as is_store_group
+from .facade.message_store import MessageStore
+from .facade.store_reader import StoreReader
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .operations.promotion import promote_replica
 from .replication.replica import replication_status
 from .replication.witness import Witness
 from .remote import connect
-from .remote.address import is_remote, read_token
+from .base.remote_address import is_remote, read_token
 from .schedule.cron import CronExpression
-from .schedule.rows import ScheduleTableResult
-from .schedule.service import ScheduleInfo
+from .schedule.schedule_table import ScheduleTableResult
+from .schedule.schedule_book import ScheduleInfo
 from .sink.sink import Sink, SinkCommit
 
 __all__ = [

@@ -15,7 +15,7 @@ requests:
 * garbage actions (unknown types, random bodies).
 
 Each answer is judged: the server process is alive; an error is a Flight error, and one
-the server raised carries a typed ``extra_info`` (a :class:`~store.errors.StoreError`
+the server raised carries a typed ``extra_info`` (a :class:`~store.base.errors.StoreError`
 subclass name); no answer or error text holds the canary (bytes the request did not send).
 At the end, the canary is stored once and nothing else holds it, and a plain send works.
 
@@ -45,7 +45,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from store import Message, connect, server_status
-from store.remote.address import RemoteAddress
+from store.base.remote_address import RemoteAddress
 
 TOKEN = "fuzz-flight-token"
 #: Names a table column may have (the calls' own, and a few others).

@@ -201,7 +201,7 @@ def stored_problems(store_root: str, sent: list[bytes]) -> list[tuple[str, str]]
     """A stored body that no request carried, a topic of a name the rules refuse, or a
     store that no longer reads."""
     from store import StoreReader
-    from store.message import is_valid_topic_name
+    from store.formats.message import is_valid_topic_name
 
     blob = b"\0".join(sent)
     out = []

@@ -7,7 +7,7 @@ appended, garbage or other-shaped JSON, deleted) and uses the copy as a user wou
 pull every queue, read every queue as Arrow, deliver what is due, run a check round, read it
 again read-only, reopen.  Every case is judged on four counts:
 
-* ``raw``: an exception that is not a :class:`~store.errors.StoreError` (never allowed);
+* ``raw``: an exception that is not a :class:`~store.base.errors.StoreError` (never allowed);
 * ``lost``: a message whose CommitLog record is intact in the damaged copy, that no read
   returned and no typed error reported (never allowed);
 * ``refused``: a message whose CommitLog record is intact that every read refused with a

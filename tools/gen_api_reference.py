@@ -74,7 +74,7 @@ def generate() -> str:
     import store
     from store.produce.producer import Producer
     from store.sink.sink import Sink
-    from store.transaction.producer import TransactionProducer
+    from store.produce.transaction_producer import TransactionProducer
 
     errors, classes, functions, values = [], [], [], []
     for name in sorted(store.__all__):

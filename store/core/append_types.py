@@ -10,9 +10,9 @@ import numpy as np
 
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
-from ..config import StoreConfig
+from ..base.config import StoreConfig
 from ..files.consume_queue import ConsumeQueue
-from .dispatch import Dispatcher
+from .queue_dispatch import Dispatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class BatchAppendResult:
 class EncodedRecords:
     """Records as columns, for :meth:`Appender.append_encoded`.
 
-    ``headers`` (:data:`store.formats.codec.HEADER_DTYPE`) holds every field the caller decides
+    ``headers`` (:data:`store.formats.record_codec.HEADER_DTYPE`) holds every field the caller decides
     (magic, body CRC and length, flag, sys flag, born time and host, reconsume times,
     prepared offset); assembling sets the size in place, and the append writes queue id,
     queue offset, physical offset and store time into the assembled bytes (see
@@ -143,7 +143,7 @@ class OneRecord(NamedTuple):
     topic_bytes: bytes
     body: bytes
     properties: bytes
-    layout: struct.Struct  # the whole record (:func:`~store.formats.codec.whole_record_layout`)
+    layout: struct.Struct  # the whole record (:func:`~store.formats.record_codec.whole_record_layout`)
     size: int
     body_crc: int
     tags_code: int

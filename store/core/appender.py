@@ -2,12 +2,12 @@
 
 Order of one append, for crash safety: mark ``write_in_progress``, write the records (one
 ``pwrite`` per segment), ``fsync`` when SYNC_FLUSH, dispatch the queue entries (the one
-:class:`~store.core.dispatch.Dispatcher`), publish ``confirm_phy_offset``, clear the mark.
+:class:`~store.core.queue_dispatch.Dispatcher`), publish ``confirm_phy_offset``, clear the mark.
 Readers never look past the confirmed offset.
 
 Three ways in, one way down (:meth:`Appender.commit`):
 
-* :meth:`Appender.append`: :class:`~store.formats.codec.RecordSpec` objects, any topics (sends, ops,
+* :meth:`Appender.append`: :class:`~store.formats.record_codec.RecordSpec` objects, any topics (sends, ops,
   transaction commits, timer rolls);
 * :meth:`Appender.append_encoded`: records given as columns (headers as one NumPy array,
   bodies and properties as byte pieces) for any topics and queues: the vectorised path of
@@ -33,18 +33,18 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..formats import codec
-from ..formats.codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
+from ..formats import record_codec as codec
+from ..formats.record_codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
                              RecordSpec, encode_blank, whole_record_layout)
-from ..formats.crc import crc32
-from ..errors import InvalidMessageError, MessageTooLargeError
-from ..kernels.record_kernels import ByteColumn
-from ..message import is_valid_topic_name
+from ..base.crc import crc32
+from ..base.errors import InvalidMessageError, MessageTooLargeError
+from ..formats.byte_columns import ByteColumn
+from ..formats.message import is_valid_topic_name
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
                            EncodedAppend, EncodedRecords, OneRecord, Presume, SingleAppend)
-from .dispatch import QueueEntries, is_dispatched
+from .queue_dispatch import QueueEntries, is_dispatched
 from .queue_groups import QueueGroups
-from .record_writes import (Allocate, assemble_unplaced, batch_template, patch_placed,
+from .write_placement import (Allocate, assemble_unplaced, batch_template, patch_placed,
                             place_batch, placed_writes)
 
 _new_tuple = tuple.__new__  # a NamedTuple without its __new__'s keyword handling
@@ -438,7 +438,7 @@ class Appender:
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
         next is taken), each inside one segment; ``entries`` are the queue entries (see
-        :data:`~store.core.dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
+        :data:`~store.core.queue_dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
         Crash safety: mark the append, write, sync (SYNC_FLUSH), write the queue entries, then
         publish (the message-key index follows behind: :mod:`store.core.key_index`).
         """

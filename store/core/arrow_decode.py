@@ -1,6 +1,6 @@
 """Vectorised decoding of a queue range into a ``pyarrow.RecordBatch`` (the Spark rows).
 
-Reads CommitLog records (layout: :mod:`store.formats.codec`) through their ConsumeQueue entries
+Reads CommitLog records (layout: :mod:`store.formats.record_codec`) through their ConsumeQueue entries
 without a per-message Python loop:
 
 1. ConsumeQueue entries ``[start, end)`` arrive as one NumPy array (offset, size, tagsCode);
@@ -8,9 +8,9 @@ without a per-message Python loop:
 2. Per CommitLog segment, in steps of about :data:`_SCAN_BYTES` (so that each pass finds the
    records still in the CPU cache), the 88-byte headers are gathered with one NumPy fancy
    index over a stride-1 ``V88`` view of the segment's ``mmap`` and read through
-   :data:`store.formats.codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
+   :data:`store.formats.record_codec.HEADER_DTYPE` (big-endian); a second gather reads TOPICLENGTH, TOPIC
    and PROPERTIESLENGTH behind each body.  Every length is checked against the entry (and,
-   asked to, each body against its CRC: :mod:`store.core.record_checks`).
+   asked to, each body against its CRC: :mod:`store.core.read_checks`).
 3. Bodies and properties are cut out by Arrow: one ``BinaryArray`` over the segment bytes
    whose offsets walk ``body, gap, properties, gap`` for every record, so a ``take`` of every
    other element copies the bodies (in C++, one pass per segment).
@@ -20,7 +20,7 @@ without a per-message Python loop:
    system names are dropped, the rest form the map.  One ``take`` copies every value the
    string columns and the map need.
 
-Column semantics equal :func:`store.message.record_view`.  A repeated property name: the
+Column semantics equal :func:`store.formats.message.record_view`.  A repeated property name: the
 scalar columns take the last value (as ``dict`` does), the map keeps both (never written).
 """
 
@@ -41,7 +41,7 @@ from ..formats.arrow_properties import (
     arrow_of,
     string_array,
 )
-from ..formats.codec import (
+from ..formats.record_codec import (
     FIXED_SIZE,
     HEADER_SIZE,
     PROPERTIES_LENGTH,
@@ -52,9 +52,9 @@ from ..formats.codec import (
 )
 from ..files.commit_log import CommitLog
 from ..files.consume_queue import FILLER_SIZE, ConsumeQueue
-from ..errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
-from ..message import java_string_hash
-from ..kernels.decode_kernels import NameTable, check_records, gather_messages
+from ..base.errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
+from ..formats.message import java_string_hash
+from ..kernels.message_decode import NameTable, check_records, gather_messages
 from .message_columns import (
     MESSAGE_SCHEMA,
     PROPERTY_COLUMNS,
@@ -65,7 +65,7 @@ from .message_columns import (
     property_columns,
     repeat_string,
 )
-from .record_checks import blank_holes, check_body_crcs, header_matches, intact_mask
+from .read_checks import blank_holes, check_body_crcs, header_matches, intact_mask
 
 
 class QueueSource(Protocol):
@@ -138,7 +138,7 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         ``properties``, ``deliver_timestamp``, ``transaction_id`` no properties string is
         parsed at all.
     verify_crc : bool
-        Check every body against its record's BODYCRC (:mod:`store.core.record_checks`).
+        Check every body against its record's BODYCRC (:mod:`store.core.read_checks`).
     skip_corrupt : bool
         Drop, rather than raise for, entries whose record fails the checks (header against
         entry, blank entries, the CRC with ``verify_crc``): Spark's ``failOnDataLoss=false``.
@@ -393,7 +393,7 @@ def _scan(f, mm, pos, sizes, phys, topic: bytes, fields, body_end, topic_len,
 
 def _gather(mm, body_start: np.ndarray, body_end: np.ndarray, props_start: np.ndarray,
             props_end: np.ndarray, sys_flag: np.ndarray, want_props: bool):
-    """Bodies and property columns by the compiled gather (:mod:`store.kernels.decode_kernels`);
+    """Bodies and property columns by the compiled gather (:mod:`store.kernels.message_decode`);
     ``None`` when it leaves the block to the reference path (a ``__RMQ_DELIVER_MS`` it does
     not parse, a string column that is not UTF-8)."""
     n = len(body_start)

@@ -3,7 +3,7 @@
 :class:`FlushService` runs beside appends (``fdatasync`` needs no append lock) and, when
 started, in a background thread every ``flush_interval_commitlog_ms``; the checkpoint's
 ``flushed_phy_offset`` only moves forward, and only after the data below it is on disk.  A
-background failure is kept and raised (as :class:`~store.errors.FlushError`) by the store's
+background failure is kept and raised (as :class:`~store.base.errors.FlushError`) by the store's
 next write or ``flush()``.
 """
 

@@ -4,7 +4,7 @@ One loop serves a local store (``MessageStore.follow``, ``StoreReader.follow``),
 one (``connect(url).follow``), the stores of a group (``StoreGroup.follow``) and ``rmq
 tail``.  It needs only what all of them offer: ``queue_ids``, ``min_offset``, ``max_offset``,
 ``pull`` and, when asked to deliver due messages, ``deliver_due``.  A served store answers
-queue bounds from a snapshot (:mod:`store.remote.client`); the loop asks for a fresh one
+queue bounds from a snapshot (:mod:`store.remote.flight_client`); the loop asks for a fresh one
 (``refresh``) once per round.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Sequence
 
-from ..errors import InvalidConfigError, UnknownTopicError
-from ..message import MessageView
+from ..base.errors import InvalidConfigError, UnknownTopicError
+from ..formats.message import MessageView
 
 #: Where a follower starts in the queues that exist when it starts.
 STARTS = ("latest", "earliest")

@@ -7,7 +7,7 @@ files).  A store without the field was written before the version was recorded; 
 have the layout of version 1 (fields added since, such as the store id, are read as absent).
 
 * A store whose version is **newer** than this rmq's :data:`FORMAT_VERSION` is refused with
-  :class:`~store.errors.StoreFormatError`, by writable and read-only opens alike: this rmq
+  :class:`~store.base.errors.StoreFormatError`, by writable and read-only opens alike: this rmq
   cannot know what the newer files mean, and guessing could deliver a message twice or lose
   one.
 * A store whose version is **older** is moved forward by the steps in :data:`MIGRATIONS` at
@@ -23,7 +23,7 @@ import os
 import shutil
 from typing import Callable
 
-from ..errors import StoreFormatError
+from ..base.errors import StoreFormatError
 
 log = logging.getLogger("store")
 
@@ -50,7 +50,7 @@ def recorded_version(recorded: dict | None) -> int:
 
 
 def check_readable(root: str, version: int) -> None:
-    """Raise :class:`~store.errors.StoreFormatError` for a store newer than this rmq."""
+    """Raise :class:`~store.base.errors.StoreFormatError` for a store newer than this rmq."""
     if version > FORMAT_VERSION:
         raise StoreFormatError(
             f"store {root} has on-disk format version {version}; this rmq reads format "

@@ -16,7 +16,7 @@ another store's CommitLog.  Two things guard against that:
   path holds now (one ``stat`` call); the append lock checks it each time it
   takes the file lock, so a process notices a removed or replaced store at its next append,
   delivery step or service write, and stops writing to it
-  (:class:`~store.errors.StoreReplacedError`).
+  (:class:`~store.base.errors.StoreReplacedError`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A writable open by the only process on the store runs :func:`check_at_open` afte
   below its recorded end (its file was deleted, truncated or zeroed at the tail), starts
   above its recorded first offset (its head zeroed), whose directory is gone, or one of whose
   files had the wrong length, hides messages the CommitLog still holds: every queue is then
-  rebuilt from the CommitLog (:func:`~store.core.repair.rebuild_queues`).  Between an
+  rebuilt from the CommitLog (:func:`~store.core.queue_rebuild.rebuild_queues`).  Between an
   open's checks and the next close only an open store moves a queue (it grows at the end;
   retention removes from the front), so the recorded offsets hold after a crash, too; a
   retention run by another process after this one closed costs one needless rebuild.
@@ -35,11 +35,11 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import DiskFullError
+from ..base.errors import DiskFullError
 from ..files.fileio import read_json, write_json_atomic
 from .ports import CoreParts
 from .recovery import recover_tail
-from .repair import rebuild_queues
+from .queue_rebuild import rebuild_queues
 
 log = logging.getLogger("store")
 TABLE_FILE = "queueTable.json"

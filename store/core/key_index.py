@@ -6,7 +6,7 @@ an append writes its records and their ConsumeQueue entries and returns; the key
 catches up in batches.  :meth:`KeyIndex.build` indexes the records between the persisted
 ``index_phy_offset`` of the checkpoint (everything below it is indexed) and the confirmed
 CommitLog end, then moves that offset.  The compiled walk of
-:mod:`store.kernels.key_kernels` reads each record's ``UNIQ_KEY`` and ``KEYS`` and their
+:mod:`store.kernels.key_walk` reads each record's ``UNIQ_KEY`` and ``KEYS`` and their
 keyHashes, and :meth:`~store.files.index_file.IndexFile.put` chains the whole batch into
 the newest file with NumPy (a new file, named by the time, when it fills).
 
@@ -55,8 +55,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..config import StoreConfig
-from ..errors import DiskFullError
+from ..base.config import StoreConfig
+from ..base.errors import DiskFullError
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
@@ -68,7 +68,7 @@ from ..files.index_file import (
     java_hash_text,
     key_hash_of_unsigned,
 )
-from ..kernels.key_kernels import MAX_ROWS_PER_RECORD, record_keys
+from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
 
 log = logging.getLogger("store.core.key_index")
 
@@ -85,7 +85,7 @@ LOCK_FILE = "index.lock"
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
     """The keyHashes a record of ``topic`` with these encoded properties is indexed under,
-    in the kernel's order (:mod:`store.kernels.key_kernels`): ``UNIQ_KEY``, then each
+    in the kernel's order (:mod:`store.kernels.key_walk`): ``UNIQ_KEY``, then each
     non-empty part of ``KEYS`` (the last non-empty value of each name counts)."""
     uniq = keys = b""
     for pair in properties.split(b"\x02"):
@@ -286,7 +286,7 @@ class KeyIndex:
                                                            None], rows: np.ndarray) -> int:
         """Hand ``sink(key hashes, record offsets, store times)`` the key rows of the records
         from ``begin`` (a record's start) to ``end``, in batches gathered in ``rows`` (see
-        :func:`~store.kernels.key_kernels.record_keys`); returns the offset the walk reached
+        :func:`~store.kernels.key_walk.record_keys`); returns the offset the walk reached
         (``end``, or an invalid record's)."""
         offset = begin
         while offset < end:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from ..errors import FlushError
+from ..base.errors import FlushError
 from .placement_chain import PlacementChain
 from .recovery import recover_tail
 from .recovery_start import dead_append_bounds
@@ -35,7 +35,7 @@ from .recovery_start import dead_append_bounds
 if TYPE_CHECKING:  # pragma: no cover
     import threading
 
-    from ..errors import StoreReplacedError
+    from ..base.errors import StoreReplacedError
     from ..files.checkpoint import StoreCheckpoint
     from ..files.commit_log import CommitLog
     from ..files.topics import TopicTable

@@ -22,12 +22,12 @@ from ..formats.arrow_properties import (
     split_keys,
     string_array,
 )
-from ..formats.codec import (
+from ..formats.record_codec import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from ..errors import CorruptRecordError
-from ..message import PROPERTY_DELIVER_MS, MessageView
+from ..base.errors import CorruptRecordError
+from ..formats.message import PROPERTY_DELIVER_MS, MessageView
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _KEYS_TYPE = pa.list_(pa.field("element", pa.string()))
@@ -120,7 +120,7 @@ def columns(header, phys, queue_offsets, body, topic_arr, props,
 
 def gathered_columns(out: dict, n: int) -> dict[str, pa.Array]:
     """The columns of :data:`PROPERTY_COLUMNS` over the buffers the compiled gather filled
-    (:func:`store.kernels.decode_kernels.gather_messages`; no copy).
+    (:func:`store.kernels.message_decode.gather_messages`; no copy).
 
     Raises ``pyarrow.ArrowInvalid`` when a string column is not UTF-8.
     """
@@ -229,7 +229,7 @@ def _timestamps(us: np.ndarray) -> pa.Array:
 
 
 def message_views(batch: pa.RecordBatch) -> list[MessageView]:
-    """The rows of a :data:`MESSAGE_SCHEMA` batch as :class:`~store.message.MessageView`\\ s
+    """The rows of a :data:`MESSAGE_SCHEMA` batch as :class:`~store.formats.message.MessageView`\\ s
     (what ``pull`` returns where only the ``messages`` columns travel: a served store).
 
     The 14 columns give every field but ``sys_flag`` and ``system_properties``, the

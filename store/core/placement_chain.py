@@ -1,7 +1,7 @@
 """Where the chunks of one large append will land, presumed while they are being encoded.
 
 A large append (:func:`store.produce.table_producer.append_prepared`, the sink's commit:
-:func:`store.sink.halves.append_staged`) is cut into chunks that two
+:func:`store.sink.staging.append_staged`) is cut into chunks that two
 threads encode while the appending thread writes the ones before them.  Four fields of each
 record depend on where it lands (queue id, queue offset, physical offset, store time); the
 append used to write them into the encoded bytes under the write lock, a pass over every record
@@ -9,7 +9,7 @@ of a chunk that had long left the cache (30 ns a record; 60 ms of a 2M-row table
 
 A :class:`PlacementChain` presumes instead, in chunk order, that nothing else is appended
 between the chunks: chunk ``k`` lands where chunk ``k - 1`` was presumed to end (RocketMQ's
-placement rule, :func:`~store.core.record_writes.place_batch`), and its queue continues where
+placement rule, :func:`~store.core.write_placement.place_batch`), and its queue continues where
 the chain last left it.  The encoding thread writes those fields into the headers before the
 record kernel copies them (no pass over the records).  The append then checks the presumption
 against the real log end, queue end and store time
@@ -28,10 +28,10 @@ import threading
 import numpy as np
 
 from ..files.commit_log import CommitLog
-from ..kernels.record_kernels import patch_placed_fields
+from ..kernels.record_assembly import patch_placed_fields
 from .append_types import EncodedRecords, Presumed
-from .dispatch import is_dispatched
-from .record_writes import PLACED_AT, place_batch
+from .queue_dispatch import is_dispatched
+from .write_placement import PLACED_AT, place_batch
 
 
 class PlacementChain:

@@ -1,7 +1,7 @@
 """The narrow port the services (delay levels, timer wheel, transactions) see of the core.
 
 A service is handed an object satisfying :class:`StorePort` (in practice the
-:class:`~store.core.store_core.StoreCore` under a :class:`~store.message_store.MessageStore`)
+:class:`~store.core.store_core.StoreCore` under a :class:`~store.facade.message_store.MessageStore`)
 and uses nothing else of it.  The port is what the services needed before the store was cut
 into layers, made explicit, plus the three hooks through which a service makes itself known
 to the core instead of being known by it:
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequenc
 
 import numpy as np
 
-from .dispatch import Dispatcher, TagsCodeRule
+from .queue_dispatch import Dispatcher, TagsCodeRule
 
-if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
+if TYPE_CHECKING:  # pragma: no cover - type-only imports (this floor and below)
     from ..files.checkpoint import StoreCheckpoint
-    from ..formats.codec import Record, RecordSpec
+    from ..formats.record_codec import Record, RecordSpec
     from ..files.commit_log import CommitLog
-    from ..config import StoreConfig
+    from ..base.config import StoreConfig
     from ..files.consume_queue import ConsumeQueue
     from ..formats.message_id import MessageIdGenerator
     from ..files.topics import TopicTable
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - type-only imports (layers 0 and 1)
                                EncodedAppend, EncodedRecords, Presume, SingleAppend)
     from .appender import Appender
     from .placement_chain import PlacementChain
-    from .record_writes import Allocate
+    from .write_placement import Allocate
 
 #: ``listener(commitlog_min)`` after retention deleted CommitLog segments.
 RetentionListener = Callable[[int], None]

@@ -18,10 +18,11 @@
 
 from __future__ import annotations
 
-from ..errors import CorruptRecordError, InvalidMessageError, KeyIndexUnavailableError
-from ..formats.codec import Record
+from ..base.errors import CorruptRecordError, InvalidMessageError, KeyIndexUnavailableError
+from ..formats.record_codec import Record
 from ..formats.message_id import decode_offset_message_id
-from ..message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageView, is_system_topic, record_view
+from ..formats.message import (PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageView, is_system_topic,
+                               record_view)
 
 #: What the queries read: a :class:`~store.core.reading.ReadableStore` (not imported: the
 #: store's methods import this module).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .append_types import AssembledRecords
-from .dispatch import QueueEntries
+from .queue_dispatch import QueueEntries
 
 #: Topic ids and queue ids are packed in one int64 key (``topic_id << 20 | queue_id``).
 QUEUE_BITS = 20
@@ -71,7 +71,7 @@ class QueueGroups:
 
     def entries(self, firsts: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
                 codes: np.ndarray) -> QueueEntries:
-        """The queue entries of the records (see :data:`~store.core.dispatch.QueueEntries`)."""
+        """The queue entries of the records (see :data:`~store.core.queue_dispatch.QueueEntries`)."""
         if self.order is None:
             return {self.keys[0]: (int(firsts[0]), starts, sizes, codes)}
         entries: QueueEntries = {}

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..files.consume_queue import ENTRY_DTYPE, ConsumeQueue
 from ..files.fileio import move_aside
-from .dispatch import Dispatcher
+from .queue_dispatch import Dispatcher
 from .recovery import scan_entries
 
 log = logging.getLogger("store")

@@ -1,7 +1,7 @@
 """Reading a store: queues, pull, offsets by time, Arrow batches.
 
 :class:`ReadableStore` is what a writable :class:`~store.core.store_core.StoreCore` and a
-read-only :class:`~store.reader.StoreReader` share: the store's files and every read.  It
+read-only :class:`~store.facade.store_reader.StoreReader` share: the store's files and every read.  It
 takes no lock: it reads ``confirm_phy_offset`` first and never looks at bytes past it, so it
 never sees a partly written record.
 """
@@ -18,11 +18,11 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..files.checkpoint import StoreCheckpoint
-from ..formats.codec import Record
+from ..formats.record_codec import Record
 from ..files.commit_log import CommitLog
-from ..config import LAYOUT_FIELDS, StoreConfig
+from ..base.config import LAYOUT_FIELDS, StoreConfig
 from ..files.consume_queue import ENTRY_SIZE, ConsumeQueue
-from ..errors import (
+from ..base.errors import (
     ConfigMismatchError,
     CorruptRecordError,
     InvalidConfigError,
@@ -32,14 +32,14 @@ from ..errors import (
     UnknownTopicError,
 )
 from ..files.fileio import read_json, write_json_atomic
-from ..message import MessageView, is_system_topic, record_view
+from ..formats.message import MessageView, is_system_topic, record_view
 from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
 from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
 from .identity import is_store_id, new_store_id
 from .key_index import KeyIndex
-from .record_checks import record_entry_problem
+from .read_checks import record_entry_problem
 from .verify import VerifyReport, verify_commitlog
 
 Clock = Callable[[], int]
@@ -458,7 +458,7 @@ class ReadableStore:
         through the message-key index, in CommitLog order; without: the messages stored in
         ``[begin_ms, end_ms]`` (both inclusive, ``None``: open), in store-time order, each
         queue binary-searched on store time.  At most ``max``.  Raises
-        :class:`~store.errors.KeyIndexUnavailableError` for a key on a store that keeps no
+        :class:`~store.base.errors.KeyIndexUnavailableError` for a key on a store that keeps no
         index (see :mod:`store.core.queries`).
         """
         from .queries import query_messages

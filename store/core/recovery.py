@@ -15,7 +15,7 @@ checkpoint's confirmed end, or followed by a segment that begins with a valid re
 skipped (:meth:`~store.files.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
 not rescan anything.
 
-Records are re-dispatched through the store's one :class:`~store.core.dispatch.Dispatcher`.
+Records are re-dispatched through the store's one :class:`~store.core.queue_dispatch.Dispatcher`.
 A scan without a limit (after a reboot, or on a clean open) may keep part of an append: the
 recovery listeners the services registered are told what was kept (a
 :class:`~store.core.ports.RecoveryScan`) before the recovered end is published; the
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     FIXED_SIZE,
     HEADER_SIZE,
     TRANSACTION_COMMIT_TYPE,
@@ -42,9 +42,9 @@ from ..formats.codec import (
     TRANSACTION_TYPE_MASK,
     decode_properties,
 )
-from ..kernels.index_kernels import INDEX_COLUMNS, RecordIndex, index_records
-from ..message import is_valid_topic_name
-from ..kernels.scan_kernels import STOP_FULL, first_record_start
+from ..kernels.recovery_scan import INDEX_COLUMNS, RecordIndex, index_records
+from ..formats.message import is_valid_topic_name
+from ..kernels.segment_walk import STOP_FULL, first_record_start
 from .pipeline import prepared_in_order
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
@@ -69,13 +69,13 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
     """Validate records from ``start`` (magic, size, CRC) up to the torn tail (or ``limit``;
     damage before ``resync_until`` is skipped) and collect the queue entry of every indexed
     record, as the dispatcher would write it.  Shared by recovery and the queue rebuild
-    (:mod:`store.core.repair`).
+    (:mod:`store.core.queue_rebuild`).
 
     ``progress(offset)``, when given, is called with the CommitLog offset reached after each
     run of records.
 
     Vectorised: one compiled walk validates a run of records and reads the columns of their
-    queue entries (:func:`~store.kernels.index_kernels.index_records`: each distinct topic and tag
+    queue entries (:func:`~store.kernels.recovery_scan.index_records`: each distinct topic and tag
     decoded once), on two threads (:func:`checked_walk`).  Only
     records of a topic with a registered tagsCode rule are decoded one by one, for the rule.
     """
@@ -217,7 +217,7 @@ class WalkBuffers:
 def checked_walk(raw: np.ndarray, pos: int, limit: int, buffers: WalkBuffers | None = None
                  ) -> tuple[list[RecordIndex], int, int, int]:
     """A walk for :meth:`~store.files.commit_log.CommitLog.scan_runs`: the records from ``pos``
-    validated, body CRCs included, and indexed (:func:`~store.kernels.index_kernels.index_records`),
+    validated, body CRCs included, and indexed (:func:`~store.kernels.recovery_scan.index_records`),
     up to :data:`WALK_WINDOW` bytes at a time, on two threads.
 
     The records before the window's middle are walked on one thread; on the other, the first

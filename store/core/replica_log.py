@@ -13,11 +13,11 @@ message-key index from those records as RocketMQ's slaves do.
 * :func:`tail_crc` (both sides): the CRC32 of the last bytes before an offset, inside its
   segment; a follower sends its own with each request and the leader compares it with its
   bytes, so a follower whose log is not a prefix of the leader's is refused
-  (:class:`~store.errors.ReplicaDivergedError`) instead of appending after a different
+  (:class:`~store.base.errors.ReplicaDivergedError`) instead of appending after a different
   history.
 * :func:`append_chunk` (follower, a :class:`~store.core.store_core.StoreCore`): the chunk
   is checked before anything is written, with the checks recovery runs on the log (magic,
-  sizes, body CRC: :func:`~store.kernels.index_kernels.index_records`), plus each record's
+  sizes, body CRC: :func:`~store.kernels.recovery_scan.index_records`), plus each record's
   physical offset against where it lands; then, under the append lock, appended through the
   appender's one way down (:meth:`~store.core.appender.Appender.commit`: mark, write,
   sync, dispatch, publish), its queue entries computed as recovery computes them
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ReplicaDivergedError, ReplicationError
-from ..formats.codec import BLANK, BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE
-from ..kernels.index_kernels import index_records
-from ..kernels.scan_kernels import STOP_BLANK, walk_records
+from ..base.errors import ReplicaDivergedError, ReplicationError
+from ..formats.record_codec import BLANK, BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE
+from ..kernels.recovery_scan import index_records
+from ..kernels.segment_walk import STOP_BLANK, walk_records
 from .recovery import index_entries
 
 #: Bytes before an offset whose CRC a follower sends (:func:`tail_crc`).

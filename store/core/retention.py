@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Sequence
 
-from ..formats.codec import FIELD_OFFSET, RecordCheck, check_record
+from ..formats.record_codec import FIELD_OFFSET, RecordCheck, check_record
 from .ports import CoreParts, RetentionGuard, RetentionListener
 
 _I64 = struct.Struct(">q")

@@ -33,15 +33,15 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..files.abort_marker import MARKER_FILE, try_flock, write_marker, written_this_boot
-from ..formats.codec import LOCALHOST, RecordSpec
-from ..config import StoreConfig
-from ..errors import InvalidMessageError, StoreNotFoundError, StoreReplacedError
+from ..formats.record_codec import LOCALHOST, RecordSpec
+from ..base.config import StoreConfig
+from ..base.errors import InvalidMessageError, StoreNotFoundError, StoreReplacedError
 from ..formats.message_id import MessageIdGenerator
 from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
                            EncodedRecords, Presume, SingleAppend)
 from .appender import Appender
-from .dispatch import Dispatcher
+from .queue_dispatch import Dispatcher
 from .flushing import FlushService
 from .key_index import KeyIndexService
 from .identity import DirectoryIdentity
@@ -50,7 +50,7 @@ from .lock_lease import LockLease
 from .locking import AppendLocking
 from .pipeline import THREADS
 from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
-from .record_writes import Allocate
+from .write_placement import Allocate
 from .reading import Clock, ReadableStore, ensure_store_id
 from .recovery_start import (
     crash_limit,
@@ -58,7 +58,7 @@ from .recovery_start import (
     recover_without_checkpoint,
     verify_tail,
 )
-from .repair import RebuildResult, rebuild_queues
+from .queue_rebuild import RebuildResult, rebuild_queues
 from .retention import delete_expired_segments
 
 
@@ -222,7 +222,7 @@ class StoreCore(AppendLocking, ReadableStore):
             "acknowledged by the old store are in its files only if they were kept)")
 
     def check_identity(self) -> None:
-        """Raise :class:`~store.errors.StoreReplacedError` when the store directory was
+        """Raise :class:`~store.base.errors.StoreReplacedError` when the store directory was
         removed or replaced since this process opened it (one ``stat``)."""
         if self.replaced is not None:
             raise self.replaced_error(self.replaced)
@@ -364,7 +364,7 @@ class StoreCore(AppendLocking, ReadableStore):
             rule of its own goes through :meth:`append`).
         bodies, properties : sequence of bytes, or ByteColumn
             The validated bodies and each record's encoded properties string (either as a
-            :class:`~store.kernels.record_kernels.ByteColumn`: its bytes are used as they are).
+            :class:`~store.formats.byte_columns.ByteColumn`: its bytes are used as they are).
         tags : sequence of str or None, optional
             Each record's tag, for the ConsumeQueue tagsCode.
         flags : int or sequence of int
@@ -418,7 +418,7 @@ class StoreCore(AppendLocking, ReadableStore):
         chunk of a large append while this one is written (:meth:`append_assembled` takes
         the result).  Raises :class:`MessageTooLargeError` when a record breaks a limit.
         ``allocate(records, sizes)`` returns the buffer the records are encoded into (see
-        :func:`~store.core.record_writes.assemble_unplaced`); ``presume``: see
+        :func:`~store.core.write_placement.assemble_unplaced`); ``presume``: see
         :meth:`placement_chain`.
         """
         if not len(records.headers):
@@ -444,7 +444,7 @@ class StoreCore(AppendLocking, ReadableStore):
     # ------------------------------------------------------------------ retention
     def rebuild_queues(self, progress=None) -> RebuildResult:
         """Rebuild every ConsumeQueue and the topic table from the CommitLog (``rmq repair``;
-        :mod:`store.core.repair`, with its ``progress``): nothing is deleted, no record removed.
+        :mod:`store.core.queue_rebuild`, with its ``progress``): nothing is deleted, no record removed.
         Best run while no other process uses the store (its readers see queues empty a moment)."""
         self._check_writable()
         with self.write_lock():

@@ -1,7 +1,7 @@
 """Verifying the whole CommitLog: every record's structure and body CRC (``rmq stats --verify``).
 
 :func:`verify_commitlog` walks every segment from the oldest to the confirmed end with the
-compiled record walk (:func:`~store.kernels.scan_kernels.walk_records`, CRCs on).  Where the walk
+compiled record walk (:func:`~store.kernels.segment_walk.walk_records`, CRCs on).  Where the walk
 stops before the end, the record there is looked at once more without its CRC:
 
 * its structure holds (magic, lengths adding up): a **bad CRC**, reported with its file and
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formats.codec import RecordCheck, check_record
-from ..kernels.scan_kernels import STOP_BLANK, STOP_INVALID, walk_records
+from ..formats.record_codec import RecordCheck, check_record
+from ..kernels.segment_walk import STOP_BLANK, STOP_INVALID, walk_records
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ per record:
 * the 88-byte headers of all sources are gathered with one NumPy fancy index; bodies and
   properties are copied out of the segments into byte columns (:class:`SourceRecords`); the
   body and its CRC are kept as they are;
-* one compiled pass over the properties (:func:`~store.kernels.property_kernels.scan_properties`)
+* one compiled pass over the properties (:func:`~store.kernels.property_scan.scan_properties`)
   locates ``REAL_TOPIC``, ``REAL_QID``, ``TAGS``, ``TIMER_DELIVER_MS``, ... of every record;
   topics and tags are grouped by hash, so each distinct one is decoded and hashed once;
   queue ids and times are parsed by a compiled loop;
@@ -32,11 +32,12 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.record_codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE,
+                                    TRANSACTION_TYPE_MASK)
 from ..core.append_types import AssembledRecords, EncodedRecords
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
-from ..message import (
+from ..formats.message import (
     PROPERTY_DELAY_ORIGIN,
     PROPERTY_DELIVER_MS,
     PROPERTY_REAL_QUEUE_ID,
@@ -47,7 +48,7 @@ from ..message import (
     TRANS_HALF_TOPIC,
     is_valid_topic_name,
 )
-from ..kernels.property_kernels import (
+from ..kernels.property_scan import (
     distinct_values,
     format_int_pairs,
     hash_ranges,
@@ -56,9 +57,9 @@ from ..kernels.property_kernels import (
     strip_pairs,
     take_rows,
 )
-from ..core.record_copies import closing_separators, tags_codes
-from ..formats.record_gather import SourceRecords
-from ..kernels.record_kernels import ByteColumn
+from ..core.topic_copies import closing_separators, tags_codes
+from ..files.record_gather import SourceRecords
+from ..formats.byte_columns import ByteColumn
 
 log = logging.getLogger("store")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import InvalidConfigError
+from ..base.errors import InvalidConfigError
 
 _PERMS = {"DENY": frozenset(), "PUB": frozenset({"PUB"}), "SUB": frozenset({"SUB"}),
           "PUB|SUB": frozenset({"PUB", "SUB"}), "SUB|PUB": frozenset({"PUB", "SUB"})}

@@ -1,7 +1,7 @@
 """CommitLog: the append-only log of every record, in fixed-size segment files.
 
 Files: ``commitlog/{20-digit start offset}``, each ``commitlog_file_size_bytes`` long
-(1 GiB by default), zero-filled.  Record layout: :mod:`store.formats.codec`.  A record never spans
+(1 GiB by default), zero-filled.  Record layout: :mod:`store.formats.record_codec`.  A record never spans
 two files: when it does not fit with 8 bytes to spare, an 8-byte BLANK marks the file end and
 the record starts the next file.  Recovery stops at the first invalid record and zeroes the
 tail from there (:meth:`CommitLog.truncate`).
@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..formats.codec import (
+from ..formats.record_codec import (
     BLANK,
     FIELD_OFFSET,
     Record,
@@ -24,9 +24,9 @@ from ..formats.codec import (
     decode_record,
     encode_blank,
 )
-from ..errors import CorruptRecordError
+from ..base.errors import CorruptRecordError
 from .mapped_file import MappedFileQueue
-from ..kernels.scan_kernels import STOP_BLANK, STOP_INVALID, first_record_start, walk_records
+from ..kernels.segment_walk import STOP_BLANK, STOP_INVALID, first_record_start, walk_records
 
 _I64 = struct.Struct(">q")
 #: Writes up to this size (single records) go through the segment's writable mapping.
@@ -98,8 +98,8 @@ class CommitLog:
                                                                         np.ndarray]]:
         """Yield ``(segment, positions, sizes)``: runs of valid records from ``start`` (positions
         relative to the segment), validated by the compiled walk
-        (:func:`~store.kernels.scan_kernels.walk_records`: the checks of
-        :func:`~store.formats.codec.check_record`), following blanks into the next segment.
+        (:func:`~store.kernels.segment_walk.walk_records`: the checks of
+        :func:`~store.formats.record_codec.check_record`), following blanks into the next segment.
 
         Stops at the first invalid record that no valid segment follows; :attr:`scan_end`
         holds where the valid records yielded so far end (the valid log's end once the scan is
@@ -123,8 +123,8 @@ class CommitLog:
         """:meth:`scan_batches` with another walk: yield ``(segment, run)`` for each run that
         ``walk(raw, pos, limit) -> (run, count, end, stop)`` returns with records in it
         (``raw``: the segment as uint8; ``end`` and ``stop`` as
-        :func:`~store.kernels.scan_kernels.walk_records` returns them).  The walk must stop where
-        ``walk_records`` stops (e.g. :func:`~store.kernels.index_kernels.index_records` with its CRCs
+        :func:`~store.kernels.segment_walk.walk_records` returns them).  The walk must stop where
+        ``walk_records`` stops (e.g. :func:`~store.kernels.recovery_scan.index_records` with its CRCs
         checked).  With ``populate_bytes``, the pages of that many bytes from where each walk
         begins are mapped first (:meth:`~store.files.mapped_file.MappedFile.populate`)."""
         self.scan_end = start

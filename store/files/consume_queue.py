@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from ..formats.layout import layout
+from ..formats.binary_layout import layout
 from .mapped_file import MappedFileQueue, segment_name, zero_tail
 
 ENTRY_FIELDS = (

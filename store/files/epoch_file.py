@@ -16,7 +16,7 @@ start is that of the earlier terms, which is how a replica that led once finds w
 and the new leader's part (cutting that tail comes with a later step).
 
 A file that cannot be read (not this format, epochs not rising) raises
-:class:`~store.errors.StoreError` naming it; it is never overwritten by a reader.
+:class:`~store.base.errors.StoreError` naming it; it is never overwritten by a reader.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from itertools import pairwise
 
-from ..errors import StoreError
+from ..base.errors import StoreError
 from .fileio import atomic_write
 
 EPOCH_FILE = os.path.join("config", "epochs")

@@ -15,7 +15,7 @@ import json
 import os
 from typing import IO, Callable
 
-from ..errors import DiskFullError
+from ..base.errors import DiskFullError
 
 __all__ = ["atomic_write", "fsync_dir", "read_json", "write_json_atomic"]
 

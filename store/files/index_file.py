@@ -47,8 +47,8 @@ import time
 
 import numpy as np
 
-from ..formats.layout import layout
-from ..kernels.key_kernels import chain_entries
+from ..formats.binary_layout import layout
+from ..kernels.key_walk import chain_entries
 from .fileio import allocate
 
 HEADER_FIELDS = (
@@ -178,7 +178,7 @@ class IndexFile:
 
     def _reserve(self, end: int) -> None:
         """Reserve the file's blocks up to ``end`` (rounded up a step);
-        :class:`~store.errors.DiskFullError` when the disk has no room."""
+        :class:`~store.base.errors.DiskFullError` when the disk has no room."""
         if end <= self._reserved or self._fd is None:
             return
         target = min(self.size, -(-end // _RESERVE_STEP) * _RESERVE_STEP)
@@ -281,7 +281,7 @@ class IndexFile:
             store_timestamps: np.ndarray) -> int:
         """Add entries (keyHash, record offset, record store time), in CommitLog order, as
         many as fit; returns how many were added.  The chains are built by a compiled loop
-        (:func:`~store.kernels.key_kernels.chain_entries`, which runs without the GIL: the
+        (:func:`~store.kernels.key_walk.chain_entries`, which runs without the GIL: the
         builder thread leaves the sending thread free): each entry's ``prevIndex`` is its
         slot's head, which then becomes it."""
         count = self.index_count

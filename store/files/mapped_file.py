@@ -25,9 +25,9 @@ import mmap
 import os
 import threading
 
-from ..errors import CorruptRecordError, DiskFullError
+from ..base.errors import CorruptRecordError, DiskFullError
 from .fileio import allocate, disk_full, fsync_dir
-from ..formats.segment_bytes import padded_copy, repair_in_place, zero_tail
+from .segment_bytes import padded_copy, repair_in_place, zero_tail
 
 NAME_DIGITS = 20
 log = logging.getLogger("store")

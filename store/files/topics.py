@@ -15,7 +15,7 @@ import logging
 import os
 
 from .broker_files import read_lenient_json, write_config
-from ..message import is_system_topic, is_valid_topic_name, validate_topic
+from ..formats.message import is_system_topic, is_valid_topic_name, validate_topic
 
 log = logging.getLogger("store")
 
@@ -182,7 +182,7 @@ class TopicTable:
 
     def create(self, topic: str, queue_count: int, now_ms: int) -> dict:
         """Add a topic (caller holds the write lock) and persist the table; a name outside
-        the topic rules raises :class:`~store.errors.InvalidTopicError` (every path that
+        the topic rules raises :class:`~store.base.errors.InvalidTopicError` (every path that
         creates a topic ends here)."""
         validate_topic(topic, allow_system=True)
         topics = dict(self.reload(force=True))

@@ -1,6 +1,6 @@
 """Vectorised parsing of CommitLog properties strings (for :mod:`store.arrow_decode`).
 
-A record's PROPERTIES field is ``name 0x01 value 0x02`` repeated (see :mod:`store.formats.codec`).  RocketMQ
+A record's PROPERTIES field is ``name 0x01 value 0x02`` repeated (see :mod:`store.formats.record_codec`).  RocketMQ
 splits it on 0x02 (a trailing 0x02 may be missing) and keeps a segment as a pair only when
 its first 0x01 is neither its first nor its last character: the name precedes that 0x01,
 the value is everything after it.  :func:`parse_properties` applies the rule to a whole
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..message import (
+from .message import (
     PROPERTY_DELIVER_MS,
     PROPERTY_KEYS,
     PROPERTY_TAGS,

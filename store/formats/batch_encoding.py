@@ -1,9 +1,9 @@
 """Messages as columns: whole-column validation and the properties strings of many messages.
 
 Shared by :meth:`Producer.send_batch <store.produce.producer.Producer.send_batch>` (lists of
-:class:`~store.message.Message`) and :mod:`store.produce.table_producer` (tables).  Each check runs over
+:class:`~store.formats.message.Message`) and :mod:`store.produce.table_producer` (tables).  Each check runs over
 a whole column instead of per message, and the properties strings are built with ``map`` and
-``str.join`` over the columns, byte for byte what :func:`store.formats.codec.encode_properties` makes of
+``str.join`` over the columns, byte for byte what :func:`store.formats.record_codec.encode_properties` makes of
 the dict a single send builds.
 """
 
@@ -18,8 +18,8 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import InvalidMessageError
-from ..message import (
+from ..base.errors import InvalidMessageError
+from .message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -27,7 +27,7 @@ from ..message import (
     check_user_properties,
     keys_value,
 )
-from ..kernels.record_kernels import ByteColumn
+from .byte_columns import ByteColumn
 
 # keys the fast path takes as they are: single inner spaces only, no other whitespace
 _WHITESPACE_BUT_SPACE = re.compile(r"[^\S ]")
@@ -157,9 +157,9 @@ def user_properties_text(properties: dict) -> str:
 def properties_column(users: "list[str] | OnePair", tags: list, keys: list,
                       ids: list[str]) -> ByteColumn:
     """Each message's whole properties string: user properties, TAGS, KEYS, UNIQ_KEY, as one
-    :class:`~store.kernels.record_kernels.ByteColumn` (row ``i``: message ``i``'s string).
+    :class:`~store.formats.byte_columns.ByteColumn` (row ``i``: message ``i``'s string).
 
-    The same order (and bytes) as :func:`store.formats.codec.encode_properties` of the dict a
+    The same order (and bytes) as :func:`store.formats.record_codec.encode_properties` of the dict a
     single send builds.  The string is cut into parts that are either the same for every
     message (a tag shared by all, the pair names, separators) or a column.  When every
     message has the same number of pairs (the usual batch), all the parts are joined and

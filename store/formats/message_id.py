@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from .codec import LOCALHOST
-from ..kernels.jit import kernel_set
+from .record_codec import LOCALHOST
+from ..base.jit import kernel_set
 
 
 class MessageIdGenerator:

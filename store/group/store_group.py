@@ -3,12 +3,12 @@
 One store has one CommitLog and one append lock, like one RocketMQ broker: every writer in
 every process queues behind it.  A :class:`StoreGroup` is several member stores (each with
 its own CommitLog, lock, timer and transaction state), named like brokers and listed in
-``group.json`` (:mod:`store.group.layout`).  A topic of the group has the queues of every
+``group.json`` (:mod:`store.files.group_file`).  A topic of the group has the queues of every
 member; what happens where:
 
 * **sending** (:class:`GroupProducer`): a message goes to one member (round robin over the
   members, a member named with ``store=``, or the member owning its sharding key's queue,
-  see :mod:`store.group.routing`); a table is split by member and every member's share is
+  see :mod:`store.group.member_routing`); a table is split by member and every member's share is
   validated before any member writes;
 * **delayed and transactional messages** wait, are delivered and are checked inside the
   member that holds them (:meth:`StoreGroup.deliver_due`, :meth:`StoreGroup.check_transactions`
@@ -38,23 +38,23 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from ..config import StoreConfig
+from ..base.config import StoreConfig
 from ..core.following import follow_members
 from ..core.reading import Clock
-from ..errors import InvalidGroupError, UnknownMessageError
-from .layout import GroupLayout, is_group, read_group, write_group
-from .routing import route_rows
+from ..base.errors import InvalidGroupError, UnknownMessageError
+from ..files.group_file import GroupLayout, is_group, read_group, write_group
+from .member_routing import route_rows
 from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
-from ..message import validate_topic
-from ..message_store import MessageStore
-from ..reader import StoreReader
+from ..formats.message import validate_topic
+from ..facade.message_store import MessageStore
+from ..facade.store_reader import StoreReader
 from ..remote import connect
-from ..remote.address import is_remote
-from ..kernels.record_kernels import one_array
+from ..base.remote_address import is_remote
+from ..formats.byte_columns import one_array
 from ..produce.table_rows import as_table, prepare_rows
-from ..schedule.service import validate_schedule_key
-from ..timer.keys import key_owners
-from ..transaction.check import CheckResult
+from ..schedule.schedule_book import validate_schedule_key
+from ..timer.delay_keys import key_owners
+from ..transaction.check_loop import CheckResult
 
 
 class StoreGroup:
@@ -212,7 +212,7 @@ class StoreGroup:
 
     def key_owner(self, key: str) -> int:
         """The position of the member that owns a delay key or a schedule key: its sends,
-        cancels and schedule live there (see :func:`store.timer.keys.key_owners`)."""
+        cancels and schedule live there (see :func:`store.timer.delay_keys.key_owners`)."""
         return int(key_owners([key], len(self._stores))[0])
 
     def next_member(self) -> int:

@@ -14,15 +14,15 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..errors import InvalidGroupError, InvalidMessageError
-from ..message import Message, SendResult, sharding_queue
+from ..base.errors import InvalidGroupError, InvalidMessageError
+from ..formats.message import Message, SendResult, sharding_queue
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
 from ..produce.table_keys import checked_key_column
 from ..produce.table_rows import as_table
-from ..schedule.rows import ScheduleTableResult
-from ..schedule.service import validate_schedule_key
-from ..timer.keys import checked_key_array, key_list, key_shares, validate_delay_key
+from ..schedule.schedule_table import ScheduleTableResult
+from ..schedule.schedule_book import validate_schedule_key
+from ..timer.delay_keys import checked_key_array, key_list, key_shares, validate_delay_key
 
 
 def named(producer, name: str):
@@ -181,7 +181,7 @@ class GroupTransactionProducer:
 
     def send_in_transaction(self, message: Message, arg: object = None):
         """As :meth:`TransactionProducer.send_in_transaction
-        <store.transaction.producer.TransactionProducer.send_in_transaction>`, in one member;
+        <store.produce.transaction_producer.TransactionProducer.send_in_transaction>`, in one member;
         the result's ``store_name`` names it."""
         i = self.group.next_member()
         return self._producers[i].send_in_transaction(message, arg)

@@ -1,1 +1,1 @@
-"""The compiled loops over whole batches (numba, imported by :mod:`store.kernels.jit` only)."""
+"""The compiled loops over whole batches (numba, imported by :mod:`store.base.jit` only)."""

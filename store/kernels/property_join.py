@@ -1,7 +1,7 @@
 """Properties strings of whole tables, joined in one compiled pass.
 
 A record written by ``send_table`` or staged by the Spark sink carries, in this order (the
-order a single send writes them, :mod:`store.formats.codec`)::
+order a single send writes them, :mod:`store.formats.record_codec`)::
 
     user pairs    name 0x01 value 0x02 ...   (from the map column's entries, may be none)
     TAGS          "TAGS" 0x01 tag 0x02        when the row has a tag
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from .property_kernels import distinct_values
-from .jit import kernel_set
-from .record_kernels import ByteColumn, empty_column, memcpy_function, one_array
+from ..formats.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from .property_scan import distinct_values
+from ..base.jit import kernel_set
+from ..formats.byte_columns import ByteColumn, empty_column, one_array
+from .record_assembly import memcpy_function
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def _join(u_starts, u_ends, name_data, name_offsets, value_data, value_offsets, 
     C-contiguous ``(n, width)`` array; none when ids are 0 characters long).
 
     Every step is written out in the loop (no helper function) and the id is copied with C's
-    ``memcpy`` (``mc``, :func:`~store.kernels.record_kernels.memcpy_function`): a helper per pair
+    ``memcpy`` (``mc``, :func:`~store.kernels.record_assembly.memcpy_function`): a helper per pair
     and a byte loop for the id measured 2x slower (51 against 26 ns per row of 67 bytes)."""
     po = out.ctypes.data
     pid = ids.ctypes.data
@@ -175,7 +176,7 @@ class PropertyParts:
     """Each row's properties string, not joined yet: the parts :func:`join_properties`
     joins, sized already.  ``send_table`` keeps a table's properties so and joins each chunk
     on the thread that encodes it (:meth:`column`), rather than the whole table before its
-    first append.  Used wherever a :class:`~store.kernels.record_kernels.ByteColumn` of properties
+    first append.  Used wherever a :class:`~store.formats.byte_columns.ByteColumn` of properties
     is sized or sliced (:meth:`lengths`, :meth:`slice`)."""
 
     users: UserPairs

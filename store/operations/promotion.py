@@ -3,7 +3,7 @@
 A promotion starts a new term: the epoch after every one the replica knows, starting at its
 CommitLog end, recorded in its epoch file (:mod:`store.files.epoch_file`) and in
 ``config/replication.json`` (``role`` ``leader``, ``promoted``).  It is refused
-(:class:`~store.errors.ReplicaBehindError`) when the replica holds less than its leader had
+(:class:`~store.base.errors.ReplicaBehindError`) when the replica holds less than its leader had
 acknowledged as far as it last heard (the leader's confirmed end its server recorded in
 ``config/serve.json``, written every second and when it stops), or when it never heard
 from its leader; ``force=True`` promotes anyway and says how many bytes are given up.
@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import InvalidConfigError, ReplicaBehindError, StoreError
+from ..base.errors import InvalidConfigError, ReplicaBehindError, StoreError
 from ..files.epoch_file import read_epochs, with_term, write_epochs
 from ..files.fileio import atomic_write
-from ..reader import StoreReader
+from ..facade.store_reader import StoreReader
 from ..replication.replica import STATE_FILE, read_state
 from .server import server_status
 

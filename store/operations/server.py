@@ -26,7 +26,7 @@ flushed and closed.
 ``transaction_check_interval_ms`` the server runs the bookkeeping of a check round (immunity,
 put-back copies, check counts, discards after ``transaction_check_max``) and publishes the
 transactions to ask about as round ``n``: ``<store>/transaction_checks/server/<n:020d>.arrow``
-(:mod:`store.operations.check_rounds`).
+(:mod:`store.transaction.published_checks`).
 Resolvers then only answer: a Spark query with ``view=transaction_checks`` and
 ``checkRounds=server`` reads the rounds and ends transactions with the ``end_transaction``
 writer.  Without the option the server runs no rounds, and the resolver runs them itself
@@ -47,13 +47,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .check_rounds import publish_check_round
-from ..config import StoreConfig
-from ..errors import InvalidConfigError, StoreError, StoreReplacedError
+from ..transaction.published_checks import publish_check_round
+from ..base.config import StoreConfig
+from ..base.errors import InvalidConfigError, StoreError, StoreReplacedError
 from ..files.fileio import atomic_write
-from ..message_store import MessageStore
+from ..facade.message_store import MessageStore
 from .warm_up import warm_up
-from ..remote.address import RemoteAddress
+from ..base.remote_address import RemoteAddress
 
 log = logging.getLogger("store.operations.server")
 
@@ -109,7 +109,7 @@ class StoreServer:
         Epoch-ms clock of the store (tests); the loop itself sleeps in real time.
     listen : str, optional
         ``HOST:PORT`` to serve the store on over Arrow Flight (``rmq serve --listen``;
-        :mod:`store.remote.service`), for ``rmq://`` clients; port 0 picks a free one
+        :mod:`store.remote.flight_service`), for ``rmq://`` clients; port 0 picks a free one
         (:attr:`url` says which).  Off unless given.
     token : str, optional
         The shared secret every network request must carry.  A non-loopback ``listen``
@@ -181,7 +181,7 @@ class StoreServer:
                     f"{me} is a replica of an elected replica set (it has a witness): no "
                     "replica serves a RocketMQ gRPC endpoint yet; allowed: --grpc without a "
                     "witness, on the leader")
-        # the compiled loops load while the store opens and recovers (store.kernels.jit); the server
+        # the compiled loops load while the store opens and recovers (store.base.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
         self.store = MessageStore.open(self.path, config, clock=clock)
@@ -191,7 +191,8 @@ class StoreServer:
         try:                  # a store group's, shared by its members' servers)
             self._lock_fd = _take_lock(self.path)
             if address is not None:
-                from ..remote.service import StoreService  # (pyarrow.flight: only when serving)
+                # (pyarrow.flight: only when serving)
+                from ..remote.flight_service import StoreService
 
                 limits = {} if max_request_bytes is None else {
                     "max_request_bytes": max_request_bytes}

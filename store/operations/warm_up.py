@@ -23,11 +23,11 @@ import tempfile
 import threading
 import time
 
-from ..config import MIB, StoreConfig
+from ..base.config import MIB, StoreConfig
 from ..files.abort_marker import MARKER_FILE, write_marker
-from ..kernels import jit
-from ..message import Message
-from ..message_store import MessageStore
+from ..base import jit
+from ..formats.message import Message
+from ..facade.message_store import MessageStore
 
 log = logging.getLogger("store.operations.warm_up")
 
@@ -46,7 +46,7 @@ WARM_UP_CONFIG = dict(timer_precision_ms=100, timer_wheel_slots=4096,
 def warm_up(*, background: bool = False, timeout_s: float | None = None):
     """Load the compiled loops delivery, reads and writes run (numba's import and its cached
     machine code, 0.3-0.6 s; on a fresh install their compilation, see docs/benchmarks.md):
-    run those paths on a throw-away store on a fake clock, then wait until :mod:`store.kernels.jit`
+    run those paths on a throw-away store on a fake clock, then wait until :mod:`store.base.jit`
     has compiled every loop they ran as Python.
 
     Returns the seconds it took; with ``background=True`` it runs in a daemon thread and

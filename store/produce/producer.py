@@ -10,12 +10,14 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..formats.batch_encoding import normalized_columns, paused_gc, properties_column, validated_columns
-from ..formats.codec import RecordSpec
+from ..formats.batch_encoding import (normalized_columns, paused_gc, properties_column,
+                                      validated_columns)
+from ..formats.record_codec import RecordSpec
 from ..core.ports import StorePort
-from ..delayed.schedule import ScheduleService, deliver_time
-from ..errors import InvalidBatchError, InvalidDelayError, InvalidMessageError, MessageTooLargeError
-from ..message import (
+from ..delayed.delay_levels import DelayLevelService, deliver_time
+from ..base.errors import (InvalidBatchError, InvalidDelayError, InvalidMessageError,
+                           MessageTooLargeError)
+from ..formats.message import (
     validate_msg_id,
     PROPERTY_DELAY_KEY,
     PROPERTY_KEYS,
@@ -33,10 +35,10 @@ from .single_send import send_now, send_timer
 from .table_keys import keyed_table
 from .table_producer import send_table
 from .table_rows import as_table
-from ..schedule.rows import ScheduleTableResult, schedule_rows
-from ..schedule.service import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
-from ..timer.keys import key_column, key_list, validate_delay_key
-from ..timer.service import TimerService
+from ..schedule.schedule_table import ScheduleTableResult, schedule_rows
+from ..schedule.schedule_book import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
+from ..timer.delay_keys import key_column, key_list, validate_delay_key
+from ..timer.timer_service import TimerService
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
@@ -50,7 +52,7 @@ class ProducerStore(StorePort, Protocol):
     """What a producer uses of its store: the core's port, the two delay services and the
     recurring schedules."""
 
-    schedule: ScheduleService
+    schedule: DelayLevelService
     timer: TimerService
     recurring: ScheduleBook
 
@@ -198,7 +200,7 @@ class Producer:
             spec = dataclasses.replace(spec, queue_id=queue)
         due = None
         if level is not None:
-            spec, due = self.store.schedule.rewrite(spec, level)
+            spec, due = self.store.delay_levels.rewrite(spec, level)
         elif deliver_ms is not None:
             spec, due = self.store.timer.rewrite(spec, deliver_ms)
         r = self.store.append([spec])[0]
@@ -322,7 +324,7 @@ class Producer:
             and it keeps its next fire and count, so adding a schedule again is harmless.
         cron : str, optional
             Five cron fields or a macro (``"0 9 * * *"``, ``"@hourly"``), in time zone ``tz``;
-            see :class:`~store.schedule.cron.CronExpression` for daylight saving.
+            see :class:`~store.delay_levels.cron.CronExpression` for daylight saving.
         every_ms : int, optional
             A fixed interval: fires at ``start_at_ms + k * every_ms`` (from now +
             ``every_ms`` without ``start_at_ms``).  Exactly one of ``cron`` and ``every_ms``.
@@ -337,7 +339,7 @@ class Producer:
             nothing delivered) sends: ``"latest_once"`` (the default) one copy at the latest
             of them, carrying the property ``RMQ_SCHEDULE_FIRES`` = how many it stands for;
             ``"all"`` a copy for each; ``"skip"`` none.  Later fires keep the phase.  See
-            :mod:`store.schedule.service`.
+            :mod:`store.delay_levels.schedule_book`.
         catch_up_window_ms : int, optional
             Due times older than this (ms before the step) are dropped, under any policy;
             ``None`` (the default): none is too old.
@@ -349,8 +351,8 @@ class Producer:
 
         Fires happen when ``deliver_due()`` runs (``rmq serve``, a streaming query), never
         early, each exactly once across crashes.  Raises
-        :class:`~store.errors.InvalidScheduleError` for a bad key, expression, interval,
-        time zone, bound or policy (:class:`~store.errors.ScheduleIntervalError` for an
+        :class:`~store.base.errors.InvalidScheduleError` for a bad key, expression, interval,
+        time zone, bound or policy (:class:`~store.base.errors.ScheduleIntervalError` for an
         ``every_ms`` below ``StoreConfig.schedule_min_interval_ms``), and what :meth:`send`
         raises for a bad message.
         """
@@ -382,7 +384,7 @@ class Producer:
 
         Every row is checked before anything changes; the book is written once.  A row
         identical to the schedule under its key changes nothing (its progress is kept), so
-        applying a table again is harmless.  See :mod:`store.schedule.rows`.
+        applying a table again is harmless.  See :mod:`store.delay_levels.schedule_table`.
         """
         adds, removes = schedule_rows(as_table(data), topic)
         schedules = [self._schedule_of(a.pop("message"), **a) for a in adds]

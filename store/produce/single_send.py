@@ -1,4 +1,4 @@
-"""``Producer.send`` of one message without a :class:`~store.formats.codec.RecordSpec`.
+"""``Producer.send`` of one message without a :class:`~store.formats.record_codec.RecordSpec`.
 
 Two shapes of send are most of what applications do one message at a time: a plain message,
 and a message due at a time (``delay_ms`` / ``deliver_at_ms``: the timer wheel, an order's
@@ -11,8 +11,8 @@ with their properties string built directly, in the order the general path
 * timer: the same, then ``REAL_TOPIC``, ``REAL_QID``, ``TIMER_OUT_MS``,
   ``TIMER_DELIVER_MS``; the record goes to queue 0 of ``rmq_sys_wheel_timer``.
 
-Delay levels (their queue entries carry the due time, a rule of the schedule service) and
-subclasses of :class:`~store.message.Message` keep the general path.
+Delay levels (their queue entries carry the due time, a rule of the delay-level service) and
+subclasses of :class:`~store.formats.message.Message` keep the general path.
 ``tests/store/core/test_single_append.py`` compares the bytes of both ways.
 """
 
@@ -22,9 +22,9 @@ import dataclasses
 from typing import Any, Protocol
 
 from ..formats.batch_encoding import user_properties_text
-from ..delayed.routing import check_headroom
-from ..formats.codec import PROPERTIES_SEPARATOR as END, PROPERTY_SEPARATOR as SEP
-from ..message import (
+from ..delayed.delivery import check_headroom
+from ..formats.record_codec import PROPERTIES_SEPARATOR as END, PROPERTY_SEPARATOR as SEP
+from ..formats.message import (
     PROPERTY_DELAY_KEY,
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,

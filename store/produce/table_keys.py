@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import InvalidBatchError, InvalidDelayError
-from ..message import PROPERTY_DELAY_KEY
-from ..timer.keys import checked_key_array
+from ..base.errors import InvalidBatchError, InvalidDelayError
+from ..formats.message import PROPERTY_DELAY_KEY
+from ..timer.delay_keys import checked_key_array
 from .table_rows import _epoch_ms_ceil
 
 

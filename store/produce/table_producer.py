@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
-from ..formats.codec import (
+from ..formats.record_codec import (
     LOCALHOST,
     MESSAGE_MAGIC_CODE_V1,
     PROPERTIES_SEPARATOR,
@@ -55,10 +55,10 @@ from ..formats.codec import (
 from ..core.append_types import AssembledRecords, EncodedRecords, Presume
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
-from ..core.record_writes import Allocate, batch_template
-from ..delayed.routing import DELIVERY_HEADROOM
-from ..errors import MessageTooLargeError
-from ..message import (
+from ..core.write_placement import Allocate, batch_template
+from ..delayed.delivery import DELIVERY_HEADROOM
+from ..base.errors import MessageTooLargeError
+from ..formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -67,8 +67,8 @@ from ..message import (
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
 )
-from ..kernels.property_kernels import format_int_pairs
-from ..kernels.record_kernels import ByteColumn, ByteSlices
+from ..kernels.property_scan import format_int_pairs
+from ..formats.byte_columns import ByteColumn, ByteSlices
 from .table_keys import keyed_table
 from .table_rows import COLUMNS, PreparedRows, as_table, prepare_rows
 
@@ -251,7 +251,7 @@ def _validated(store: StorePort, data, topic: str | None) -> PreparedRows:
     table = as_table(data)
     if "key" in table.column_names:
         table = keyed_table(table, store.now_ms())
-        store.timer.keys.ensure()
+        store.timer.delay_keys.ensure()
     return prepare_rows(store, table, topic=topic)
 
 
@@ -411,7 +411,7 @@ def _with_routing(n: int, names: list, topic_ids: np.ndarray, real_qid: np.ndarr
 
     Level rows get ``REAL_TOPIC``, ``REAL_QID`` and ``DELAY``; timer rows ``REAL_TOPIC``,
     ``REAL_QID``, ``TIMER_OUT_MS`` (the rounded fire time, see
-    :func:`store.timer.service.round_fire_time`) and ``TIMER_DELIVER_MS``.  (Level
+    :func:`store.timer.timer_service.round_fire_time`) and ``TIMER_DELIVER_MS``.  (Level
     rows' tagsCode is their due time; timer rows keep the tag hash, as in RocketMQ 5.)
     """
     out = np.where(deliver % precision_ms == 0, deliver - precision_ms,

@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import InvalidMessageError
-from ..formats.codec import PROPERTIES_SEPARATOR, PROPERTY_SEPARATOR
-from ..message import RESERVED_PROPERTY_NAMES
+from ..base.errors import InvalidMessageError
+from ..formats.record_codec import PROPERTIES_SEPARATOR, PROPERTY_SEPARATOR
+from ..formats.message import RESERVED_PROPERTY_NAMES
 from ..kernels.property_join import UserPairs, distinct_strings
-from ..kernels.jit import kernel_set
-from ..kernels.record_kernels import ByteColumn, checked_offsets, one_array
+from ..base.jit import kernel_set
+from ..formats.byte_columns import ByteColumn, checked_offsets, one_array
 
 
 def _map_column(table: pa.Table) -> pa.ChunkedArray | None:

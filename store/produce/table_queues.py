@@ -7,7 +7,7 @@ given to ``Producer.send_table`` (or written by the Spark sink) may carry one of
 * ``queue_id`` (integer): each row's queue, from 0 to its topic's queue count - 1 (null:
   round robin);
 * ``sharding_key`` (string): rows with the same topic and key go to the same queue, the key's
-  Java hash modulo the topic's queue count, as :func:`store.message.sharding_queue` (null:
+  Java hash modulo the topic's queue count, as :func:`store.formats.message.sharding_queue` (null:
   round robin).
 
 Rows keep their table order within each queue.  :func:`chosen_queues` validates the column
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.ports import StorePort
-from ..errors import InvalidMessageError
-from ..kernels.record_kernels import one_array
+from ..base.errors import InvalidMessageError
+from ..formats.byte_columns import one_array
 
 QUEUE_COLUMNS = ("queue_id", "sharding_key")
 
@@ -31,7 +31,7 @@ def chosen_queues(store: StorePort, table: pa.Table, topic_names: list,
                   topic_ids: np.ndarray) -> np.ndarray | None:
     """Each row's queue (-1: round robin), or ``None`` when the table has neither column.
 
-    Raises :class:`~store.errors.InvalidMessageError` naming the first bad row.  A topic
+    Raises :class:`~store.base.errors.InvalidMessageError` naming the first bad row.  A topic
     that does not exist yet is created here (with its default queue count), as the append
     that follows would.
     """
@@ -65,7 +65,7 @@ def sharding_hashes(col: pa.Array, hash_keys) -> np.ndarray:
     """``abs(java_hash(key))`` of each row's ``sharding_key`` (-1 for null), validated.
 
     ``hash_keys(list of str)`` gives the Java hashes of the distinct keys (each key is hashed
-    once).  Raises :class:`~store.errors.InvalidMessageError` for a column that is not
+    once).  Raises :class:`~store.base.errors.InvalidMessageError` for a column that is not
     string, or an empty key (naming its row).
     """
     if pa.types.is_large_string(col.type):

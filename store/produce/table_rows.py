@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 from ..formats.batch_encoding import normalized_columns, properties_column, validated_columns
 from ..core.pipeline import prepared_in_order
 from ..core.ports import StorePort
-from ..errors import InvalidDelayError, InvalidMessageError
-from ..message import Message, check_tags, validate_message, validate_topic
+from ..base.errors import InvalidDelayError, InvalidMessageError
+from ..formats.message import Message, check_tags, validate_message, validate_topic
 from ..kernels.property_join import (
     PropertyParts,
     UserPairs,
@@ -32,7 +32,7 @@ from ..kernels.property_join import (
     plain_keys,
     property_parts,
 )
-from ..kernels.record_kernels import ByteColumn, empty_column, one_array
+from ..formats.byte_columns import ByteColumn, empty_column, one_array
 from .table_properties import any_blank, property_dicts, user_property_pairs
 from .table_queues import QUEUE_COLUMNS, chosen_queues
 

@@ -2,7 +2,7 @@
 
 RocketMQ 5 gives every language one protocol, the ``apache.rocketmq.v2`` gRPC
 ``MessagingService`` its proxy serves.  :class:`GrpcEndpoint` serves it over one open
-:class:`~store.MessageStore` (:mod:`store.proxy.service`), so a Java, Go, Node.js or Python
+:class:`~store.MessageStore` (:mod:`store.proxy.grpc_service`), so a Java, Go, Node.js or Python
 service keeps its official client and points it at rmq.
 
 The protocol's generated code comes from the official Python client
@@ -12,8 +12,8 @@ The protocol's generated code comes from the official Python client
 Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
 :mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
-(signed recall and receipt handles), :mod:`~store.proxy.limits` (held calls, log lines),
-:mod:`~store.proxy.service` (the calls).
+(signed recall and receipt handles), :mod:`~store.proxy.grpc_limits` (held calls, log lines),
+:mod:`~store.proxy.grpc_service` (the calls).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import InvalidConfigError
-from ..remote.address import RemoteAddress
-from .limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
+from ..base.errors import InvalidConfigError
+from ..base.remote_address import RemoteAddress
+from .grpc_limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
 
 log = logging.getLogger("store.proxy")
 
@@ -50,7 +50,7 @@ class GrpcEndpoint:
     (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
     chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
     telemetry streams and long polls held at once in all (per client id);
-    ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.limits`).
+    ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.grpc_limits`).
     """
 
     def __init__(self, stores, listen: str, *, acl: str | None = None,
@@ -66,7 +66,7 @@ class GrpcEndpoint:
         from rocketmq.grpc_protocol import service_pb2_grpc
 
         from .access import AccessControl
-        from .service import MessagingService
+        from .grpc_service import MessagingService
 
         if not isinstance(stores, (list, tuple)):
             stores = [("", stores)]
@@ -76,7 +76,7 @@ class GrpcEndpoint:
         limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
         held = HeldCalls(max_held_calls, max_held_calls_per_client)
         # held calls (streams, long polls) never take more than their own share of the pool:
-        # short_call_workers threads stay for the short calls (store.proxy.limits)
+        # short_call_workers threads stay for the short calls (store.proxy.grpc_limits)
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
                                thread_name_prefix="rmq-grpc"),

@@ -33,7 +33,7 @@ import hmac
 import time
 from dataclasses import dataclass
 
-from ..errors import InvalidConfigError
+from ..base.errors import InvalidConfigError
 from ..files.accounts import AccountRights, read_accounts, read_signature_window
 from .convert import Code, Refused
 

@@ -35,10 +35,10 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
+from ..base.errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
 from ..files.broker_files import read_lenient_json, write_config
 from ..files.fileio import atomic_write
-from ..message import MessageView
+from ..formats.message import MessageView
 from .convert import Code, Refused
 
 log = logging.getLogger("store.proxy")

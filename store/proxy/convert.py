@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from ..delayed.routing import DELIVERY_HEADROOM
-from ..errors import InvalidTopicError
-from ..message import (
+from ..delayed.delivery import DELIVERY_HEADROOM
+from ..base.errors import InvalidTopicError
+from ..formats.message import (
     GROUP_MAX_LENGTH,
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     RESERVED_PROPERTY_NAMES,

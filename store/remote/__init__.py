@@ -1,8 +1,9 @@
 """A store served over the network: Arrow Flight (``rmq serve --listen``, ``rmq://`` URLs).
 
-``address`` parses URLs and tokens, ``wire`` names the Flight calls both sides use,
-``service`` answers them beside ``rmq serve``'s loop, ``client`` makes them.  ``pyarrow.flight``
-(gRPC) is imported only by ``service`` and ``client``, when a store is served or connected to.
+``wire`` names the Flight calls both sides use, ``flight_service`` answers them beside ``rmq
+serve``'s loop, ``flight_client`` makes them (the URLs and tokens: ``store.base.remote_address``).
+``pyarrow.flight`` (gRPC) is imported only by ``flight_service`` and ``flight_client``, when a
+store is served or connected to.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import os
 import typing
 
-from .address import DEFAULT_TIMEOUT_S
+from ..base.remote_address import DEFAULT_TIMEOUT_S
 
 if typing.TYPE_CHECKING:
-    from .client import RemoteStore
+    from .flight_client import RemoteStore
 
 
 def connect(url: str, *, token: str | None = None, token_file: str | None = None,
@@ -34,7 +35,7 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
         access key and its secret key (or a file whose first line is it); instead of a
         token.
     timeout_s : float
-        Bound on each call; past it the call raises :class:`~store.errors.RemoteError`.
+        Bound on each call; past it the call raises :class:`~store.base.errors.RemoteError`.
     tls_root_certs : path, optional
         PEM file of the certificates that sign the server's (``rmqs://``; default: the
         system's roots).
@@ -43,7 +44,7 @@ def connect(url: str, *, token: str | None = None, token_file: str | None = None
 
     Nothing is sent until the first call; use it as a context manager or call ``close()``.
     """
-    from .client import RemoteStore
+    from .flight_client import RemoteStore
 
     return RemoteStore(url, token=token, token_file=token_file, timeout_s=timeout_s,
                        tls_root_certs=tls_root_certs, account=account, secret=secret,

@@ -1,9 +1,9 @@
 """A client of a replica set (``rmq://h1:7911,h2:7911``): finding its leader, and calling
 again after a failover.
 
-A :class:`~store.remote.client.RemoteStore` given several replicas calls through
+A :class:`~store.remote.flight_client.RemoteStore` given several replicas calls through
 :func:`with_failover`.  Before its first call, and after a call failed with
-:class:`~store.errors.NotLeaderError` or because the server could not be reached, it asks
+:class:`~store.base.errors.NotLeaderError` or because the server could not be reached, it asks
 the replicas in turn who leads (the ``leader`` action: any replica, or the witness,
 answers) and points at the one that says it leads (else at the one they name), then calls
 again, until :data:`FAILOVER_TIMEOUT_S` (``connect(..., failover_timeout_s=...)``) has
@@ -19,7 +19,7 @@ passed; then the last error is raised.
   keyed timer messages, ``replace_table``, ``schedule``, cancels, transaction ends, sink
   commits, which a second time change nothing) are called again; a plain ``send``,
   ``send_batch``, ``send_table``, a half message or a sink's staging is not: it raises
-  :class:`~store.errors.SendOutcomeUnknownError` naming the call, and the caller decides
+  :class:`~store.base.errors.SendOutcomeUnknownError` naming the call, and the caller decides
   (read the queue back, or send with keys).
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import (
+from ..base.errors import (
     AccessDeniedError,
     AuthenticationError,
     NotLeaderError,
@@ -36,7 +36,7 @@ from ..errors import (
     SendOutcomeUnknownError,
     StoreError,
 )
-from .address import RemoteAddress
+from ..base.remote_address import RemoteAddress
 
 log = logging.getLogger("store.remote")
 

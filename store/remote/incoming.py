@@ -26,7 +26,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..produce.table_rows import COLUMNS as ROW_COLUMNS
-from ..schedule.rows import COLUMNS as SCHEDULE_COLUMNS
+from ..schedule.schedule_table import COLUMNS as SCHEDULE_COLUMNS
 from .wire import END_OF_ROWS, IncompleteRequest, InvalidRequest, RequestTooLarge, loads
 
 #: The columns each table-taking call accepts (``value`` is Kafka's name for ``body``).

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..reader import StoreReader
+from ..facade.store_reader import StoreReader
 
 #: Idle readers kept for the next calls.
 KEEP_IDLE = 4

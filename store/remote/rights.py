@@ -32,7 +32,7 @@ Two ways in, both over the ``authorization`` header:
   epochs
   ======================================  ==============================================
 
-A call without rights is refused with :class:`~store.errors.AccessDeniedError` before
+A call without rights is refused with :class:`~store.base.errors.AccessDeniedError` before
 anything is read or written.
 """
 
@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import flight
 
-from ..errors import AccessDeniedError
+from ..base.errors import AccessDeniedError
 from ..files.accounts import AccountRights
 
 #: The account of a call made with the server's token (or of any call without access

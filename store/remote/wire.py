@@ -1,4 +1,4 @@
-"""What travels between :mod:`store.remote.client` and :mod:`store.remote.service`.
+"""What travels between :mod:`store.remote.flight_client` and :mod:`store.remote.flight_service`.
 
 The transport is Arrow Flight (gRPC); nothing here is a protocol of its own, only the names
 and bodies of the Flight calls the two sides agree on:
@@ -40,8 +40,8 @@ import base64
 import json
 from typing import Any
 
-from .. import errors as store_errors
-from ..errors import RemoteError, StoreError
+from ..base import errors as store_errors
+from ..base.errors import RemoteError, StoreError
 
 #: DoAction types and what each does (``list_actions`` shows them).
 ACTIONS = {
@@ -222,7 +222,7 @@ def view_fields(view) -> dict:
 
 def message_view(fields: dict):
     """The :class:`~store.MessageView` of :func:`view_fields`."""
-    from ..message import MessageView
+    from ..formats.message import MessageView
 
     names = {f.name for f in dataclasses.fields(MessageView)}
     values = {k: v for k, v in fields.items() if k in names}
@@ -232,13 +232,13 @@ def message_view(fields: dict):
 
 
 def schedule_fields(info) -> dict:
-    """A :class:`~store.schedule.service.ScheduleInfo` as a JSON object."""
+    """A :class:`~store.schedule.schedule_book.ScheduleInfo` as a JSON object."""
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
 def schedule_info(fields: dict):
-    """The :class:`~store.schedule.service.ScheduleInfo` of :func:`schedule_fields`."""
-    from ..schedule.service import ScheduleInfo
+    """The :class:`~store.schedule.schedule_book.ScheduleInfo` of :func:`schedule_fields`."""
+    from ..schedule.schedule_book import ScheduleInfo
 
     names = {f.name for f in dataclasses.fields(ScheduleInfo)}
     return ScheduleInfo(**{k: v for k, v in fields.items() if k in names})

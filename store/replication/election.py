@@ -20,7 +20,7 @@ Three rules sit on it:
   voters committed it, acknowledges writes until ``sent + LEASE_SHARE * timeout``
   (monotonic, its own clock).  When a renewal fails (no majority: it was cut off, or
   another was named) the lease runs out and every write is refused at once
-  (:class:`~store.errors.NotLeaderError`).
+  (:class:`~store.base.errors.NotLeaderError`).
 * **Deposing.**  The Raft leader names another replica only once it applied no renewal of
   the named one for a whole ``election_timeout_ms`` (after a ``ping`` committed in its own
   term, so that it applied every renewal the voters committed).  A renewal is applied after
@@ -39,7 +39,7 @@ import os
 import threading
 import time
 
-from ..errors import StoreError
+from ..base.errors import StoreError
 
 log = logging.getLogger("store.replication.election")
 

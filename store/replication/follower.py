@@ -2,7 +2,7 @@
 queues and indexes from it.
 
 :class:`Follower` runs one thread beside a served store (``rmq serve --replica-set``): it asks
-the leader for the CommitLog from its own end (:mod:`.log_stream`), appends each chunk with
+the leader for the CommitLog from its own end (:mod:`store.remote.replication_stream`), appends each chunk with
 :func:`~store.core.replica_log.append_chunk` (checked as recovery checks the log, then
 dispatched through the store's one dispatch path), and asks again.  After a restart it goes
 on from its own end.  A leader that cannot be reached is asked again every
@@ -23,7 +23,7 @@ import threading
 import time
 
 from ..core.replica_log import append_chunk, tail_crc
-from ..errors import ReplicaDivergedError, StoreError
+from ..base.errors import ReplicaDivergedError, StoreError
 
 log = logging.getLogger("store.replication")
 
@@ -38,7 +38,7 @@ LAG_MESSAGES_S = 1.0
 
 
 class Follower:
-    """Copies ``leader`` (a :class:`~store.remote.client.RemoteStore`) into ``store`` (an
+    """Copies ``leader`` (a :class:`~store.remote.flight_client.RemoteStore`) into ``store`` (an
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
     def __init__(self, store, leader, on_epochs=None) -> None:

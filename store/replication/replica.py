@@ -5,10 +5,10 @@ a replica-set file (:mod:`.replica_set`):
 
 * the **leader** takes writes and runs the store's services (delivery of delayed messages,
   recurring schedules, transaction check rounds, retention), and answers its followers'
-  ``replicate`` requests (:mod:`.log_stream`), noting how far each has come;
+  ``replicate`` requests (:mod:`store.remote.replication_stream`), noting how far each has come;
 * a **follower** copies the leader's CommitLog (:class:`.follower.Follower`), serves reads of
   what it holds, runs none of those services, and refuses every write with
-  :class:`~store.errors.NotLeaderError` naming the leader.
+  :class:`~store.base.errors.NotLeaderError` naming the leader.
 
 The role and the epoch are recorded in ``config/replication.json`` (written atomically at
 start: ``role``, ``epoch``, ``leader``, ``self``, ``replicas``), so ``rmq stats`` shows them for
@@ -26,7 +26,7 @@ import os
 import threading
 import time
 
-from ..errors import InvalidConfigError, NotLeaderError, StoreError
+from ..base.errors import InvalidConfigError, NotLeaderError, StoreError
 from ..files.epoch_file import read_epochs, with_term, write_epochs
 from ..files.fileio import atomic_write
 from .follower import Follower
@@ -58,7 +58,7 @@ def read_state(root: str) -> dict | None:
 class Replica:
     """``store`` (an open :class:`~store.MessageStore`) as the member ``me`` (a URL) of
     ``replica_set``; ``credentials``: what a follower presents to its leader (``token`` or
-    ``account`` with ``secret_file``, as :class:`~store.remote.client.RemoteStore` takes)."""
+    ``account`` with ``secret_file``, as :class:`~store.remote.flight_client.RemoteStore` takes)."""
 
     def __init__(self, store, replica_set: ReplicaSet, me: str, *, clock=time.monotonic,
                  **credentials) -> None:
@@ -170,7 +170,7 @@ class Replica:
 
     def follow(self) -> None:
         """Start copying :attr:`leader` (the role-change door, :mod:`.role_change`)."""
-        from ..remote.client import RemoteStore
+        from ..remote.flight_client import RemoteStore
 
         self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
                                  on_epochs=self.leader_epochs)
@@ -239,7 +239,7 @@ def probe_replica(url: str, credentials: dict) -> dict:
     """Replica ``url``'s position for an election: its ``epochs`` answer with ``epoch`` the
     epoch of its last term, within :data:`~store.replication.election.PROBE_TIMEOUT_S` (a
     :class:`StoreError` otherwise)."""
-    from ..remote.client import RemoteStore
+    from ..remote.flight_client import RemoteStore
     from .election import PROBE_TIMEOUT_S
 
     with RemoteStore(url, timeout_s=PROBE_TIMEOUT_S, **credentials) as remote:

@@ -33,7 +33,7 @@ JSON::
 
 A server recognises itself by its ``--listen`` address: the replica whose host and port are
 the same; a wildcard host (``0.0.0.0``, ``::``) matches the one replica with its port.
-Every mistake is an :class:`~store.errors.InvalidConfigError` naming the file and the field.
+Every mistake is an :class:`~store.base.errors.InvalidConfigError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..errors import InvalidConfigError
-from ..remote.address import RemoteAddress
+from ..base.errors import InvalidConfigError
+from ..base.remote_address import RemoteAddress
 
 #: The fields a replica-set file may have.
 FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import threading
 
-from ..errors import InvalidConfigError
-from ..remote.address import RemoteAddress
+from ..base.errors import InvalidConfigError
+from ..base.remote_address import RemoteAddress
 from .election import Voter
 from .replica import probe_replica
 from .replica_set import ReplicaSet

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..errors import InvalidScheduleError
+from ..base.errors import InvalidScheduleError
 
 __all__ = ["CronExpression", "next_every_fire_ms", "time_zone"]
 

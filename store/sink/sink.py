@@ -1,7 +1,7 @@
 """Exactly-once batches of rows: stage them as half messages, commit them all at once.
 
 This is what the Spark sink (``df.write.format("rmq")``) runs on; Python users can call it
-through :meth:`MessageStore.sink <store.message_store.MessageStore.sink>` as well.  A *sink*
+through :meth:`MessageStore.sink <store.facade.message_store.MessageStore.sink>` as well.  A *sink*
 is identified by a string (the Spark sink uses the query's checkpoint location); each of its
 batches by an integer (Spark's batch id).
 
@@ -9,7 +9,7 @@ batches by an integer (Spark's batch id).
    exactly as :meth:`Producer.send_table <store.produce.producer.Producer.send_table>` validates them
    (a bad row raises its typed error and nothing is written), encoded as the records the
    commit will write (routed to their queues, CRCs computed: the costly part of a write runs
-   in the tasks, in parallel) and appended as *sink halves* (:mod:`store.sink.format`): half
+   in the tasks, in parallel) and appended as *sink halves* (:mod:`store.sink.staged_format`): half
    messages holding up to about ``max_message_size_bytes`` of records each, invisible to
    every reader.  Returns their transaction ids, which the task hands to the driver.
 2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
@@ -17,7 +17,7 @@ batches by an integer (Spark's batch id).
    a crash drops all of it) the marker of ``(sink, batch)``, every row of the listed halves
    in its real topic (or as a delayed message, due from the time the row was staged, not
    from the commit) and the op messages ending the halves.  The rows' records are copied
-   out of the halves and only placed (:func:`~store.sink.halves.append_staged`), not
+   out of the halves and only placed (:func:`~store.sink.staging.append_staged`), not
    encoded again.  Halves of the sink that are open
    but not listed (failed task attempts, an earlier attempt of the batch, a killed job) are
    rolled back in the same group.
@@ -43,11 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.batch_encoding import paused_gc
-from ..formats.codec import (
-    RecordSpec,
-)
-from ..errors import CorruptRecordError, InvalidMessageError, SinkCommitError
-from ..message import (
+from ..formats.record_codec import RecordSpec
+from ..base.errors import CorruptRecordError, InvalidMessageError, SinkCommitError
+from ..formats.message import (
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
@@ -58,23 +56,12 @@ from ..message import (
     validate_group,
     validate_sink_id,
 )
-from .format import (
-    PROPERTY_SINK,
-    PROPERTY_SINK_BATCH,
-    PROPERTY_SINK_ROWS,
-    SINK_COMMIT_TOPIC,
-    decode_marker,
-    decode_staged,
-    encode_marker,
-    is_sink_transaction,
-    marker_code,
-    marker_tags_code,
-    new_transaction_id,
-    sink_code,
-    sink_key,
-    transaction_prefix,
-)
-from .halves import (
+from ..formats.message import PROPERTY_SINK
+from .staged_format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC,
+                            decode_marker, decode_staged, encode_marker, is_sink_transaction,
+                            marker_code, marker_tags_code, new_transaction_id, sink_code, sink_key,
+                            transaction_prefix)
+from .staging import (
     append_staged,
     framed_half,
     half_bounds,

@@ -1,7 +1,7 @@
 """Cancel (RocketMQ's recall): finding the timer record a cancel refers to, and its marker.
 
 RocketMQ's recall handle carries the fire time; ``producer.cancel(topic, msg_id)`` does not,
-so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.formats.codec.MessageIdGenerator`)
+so the record is looked up.  A message id (``UNIQ_KEY``, :class:`~store.formats.record_codec.MessageIdGenerator`)
 holds the ms since the start of its month at which it was born; for each month the id can
 belong to, the timer ConsumeQueue is binary-searched by store time to that moment and the few
 records stored from then on are compared by born time and id.  No index of pending messages
@@ -11,11 +11,11 @@ that is stored in the same wheel slot so the message never surfaces.
 
 from __future__ import annotations
 
-from ..formats.codec import Record, RecordSpec
+from ..formats.record_codec import Record, RecordSpec
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries
-from ..errors import CorruptRecordError, UnknownTopicError
-from ..message import (
+from ..delayed.delivery import read_queue_entries
+from ..base.errors import CorruptRecordError, UnknownTopicError
+from ..formats.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,

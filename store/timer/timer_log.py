@@ -21,9 +21,9 @@ Unit layout (52 bytes, big-endian)::
 File end: when fewer than 52 + 16 bytes remain, a 16-byte blank is written (i32 bytes left,
 i64 0, i32 0xCBD43194 -- the CommitLog's BLANK magic) and the next unit starts the next file.
 
-Recovery: the timer checkpoint (:mod:`store.timer.checkpoint`) records how far the log is
+Recovery: the timer checkpoint (:mod:`store.timer.timer_checkpoint`) records how far the log is
 valid; everything past it is zeroed on the next run (:meth:`TimerLog.truncate`), and wheel
-slots pointing past it are rebuilt from the units below it (:mod:`store.timer.service`).
+slots pointing past it are rebuilt from the units below it (:mod:`store.timer.timer_service`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import struct
 
 import numpy as np
 
-from ..formats.codec import BLANK_MAGIC_CODE
-from ..formats.layout import layout
+from ..formats.record_codec import BLANK_MAGIC_CODE
+from ..formats.binary_layout import layout
 from ..files.mapped_file import MappedFileQueue
-from ..kernels.jit import kernel_set
+from ..base.jit import kernel_set
 
 UNIT_FIELDS = (
     ("size", ">i4"),  # size, 52

@@ -27,12 +27,13 @@ import numpy as np
 
 from ..files.consume_queue import live_mask
 from ..core.ports import StorePort
-from ..delayed.routing import read_queue_entries, rebuilt_after_holes
-from ..message import PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
-from ..kernels.property_kernels import parse_int_ranges, scan_properties
-from ..core.record_copies import tags_codes
-from ..formats.record_gather import gather_segments
-from ..kernels.record_kernels import ByteSlices
+from ..delayed.delivery import read_queue_entries, rebuilt_after_holes
+from ..formats.message import (PROPERTY_TAGS, PROPERTY_TIMER_DEL_UNIQKEY, PROPERTY_TIMER_OUT_MS,
+                               TIMER_TOPIC)
+from ..kernels.property_scan import parse_int_ranges, scan_properties
+from ..core.topic_copies import tags_codes
+from ..files.record_gather import gather_segments
+from ..formats.byte_columns import ByteSlices
 
 #: The tag of a cancel (recall) marker, RocketMQ's.
 RECALL_TAG = "_RECALL_TAG_"
@@ -162,7 +163,7 @@ def upgrade_tags_codes(store: StorePort) -> int:
 
 def tag_hashes(store: StorePort, offsets: np.ndarray) -> np.ndarray:
     """The tag hash of each record at ``offsets`` (0 without a tag or a readable record),
-    as :func:`~store.core.record_copies.tags_codes` computes it for a copy into the timer topic."""
+    as :func:`~store.core.topic_copies.tags_codes` computes it for a copy into the timer topic."""
     codes = np.zeros(len(offsets), dtype=np.int64)
     for seg in gather_segments(store.commit_log, offsets):
         props = ByteSlices(seg.raw, seg.properties_start,

@@ -20,7 +20,7 @@ with NumPy over the mapped files (no Python step per unit or slot):
 
 A unit whose record is gone to retention is not checked against it.  Any failure names the
 first thing found; the timer service then sets both files aside (copies, never deleted) and
-rebuilds the timer from the timer topic's queue (see :mod:`store.timer.service`).
+rebuilds the timer from the timer topic's queue (see :mod:`store.timer.timer_service`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import shutil
 import numpy as np
 
 from ..core.ports import StorePort
-from ..delayed.routing import release_commitlog_pages
+from ..delayed.delivery import release_commitlog_pages
 from ..files.consume_queue import ENTRY_DTYPE
-from .checkpoint import TimerCheckpoint
+from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
 from .timer_queue import record_fields
 from .wheel import TimerWheel

@@ -31,10 +31,10 @@ import os
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..base.errors import CorruptRecordError
 from ..files.fileio import allocate, move_aside
 from ..files.mapped_file import release_pages
-from ..formats.layout import layout
+from ..formats.binary_layout import layout
 from .timer_log import TimerLog
 
 log = logging.getLogger("store")

@@ -1,7 +1,7 @@
 """The transactions a check round asks about: a lazy sequence of views, or one Arrow batch.
 
 A round appends a put-back copy of every half message it asks about
-(:mod:`store.transaction.check_round`) and keeps only columns: where each copy landed, its
+(:mod:`store.transaction.check_chunks`) and keeps only columns: where each copy landed, its
 check count, real topic and queue, producer group.  :class:`CheckViews` turns them into
 
 * :class:`TransactionCheckView` objects, one at a time and only when asked for (a resolver
@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.arrow_properties import arrow_of, string_array
-from ..formats.codec import Record
+from ..formats.record_codec import Record
 from ..core.arrow_decode import read_queue_batch
 from ..core.message_columns import MESSAGE_SCHEMA
 from ..core.ports import StorePort
-from ..message import (
+from ..formats.message import (
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,

@@ -1,7 +1,7 @@
 """Ending many transactions at once, as columns: commit records built from the halves' bytes.
 
 :func:`end_rows` gets the transactions to end (rows of the
-:class:`~store.transaction.index.TransactionIndex`, each open and named once) and whether
+:class:`~store.transaction.transaction_index.TransactionIndex`, each open and named once) and whether
 each commits.  For every run of newest halves in one CommitLog segment it gathers the records
 in place, locates ``REAL_TOPIC``, ``REAL_QID``, ``TAGS``, the sink mark and
 ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in one compiled pass, and checks every item before
@@ -19,28 +19,28 @@ from __future__ import annotations
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
+from ..formats.record_codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK
 from ..core.append_types import EncodedRecords
 from ..core.ports import StorePort
-from ..errors import (
+from ..base.errors import (
     CorruptRecordError,
     InvalidMessageError,
     TransactionStateError,
     UnknownMessageError,
 )
-from ..message import (
+from ..formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     is_valid_topic_name,
 )
-from ..kernels.property_kernels import distinct_values, parse_int_ranges, scan_properties, take_rows
-from ..core.record_copies import tags_codes
-from ..formats.record_gather import SourceRecords
-from ..sink.format import PROPERTY_SINK
+from ..kernels.property_scan import distinct_values, parse_int_ranges, scan_properties, take_rows
+from ..core.topic_copies import tags_codes
+from ..files.record_gather import SourceRecords
+from ..formats.message import PROPERTY_SINK
 from .half import HALF_QUEUE_ID
-from .index import TransactionIndex
+from .transaction_index import TransactionIndex
 from .op import op_specs
 
 _KEYS = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TAGS, PROPERTY_SINK,
@@ -58,7 +58,7 @@ def end_rows(store: StorePort, index: TransactionIndex, txs: list[str], states: 
     Raises
     ------
     UnknownMessageError, TransactionStateError, InvalidMessageError
-        As :meth:`~store.transaction.service.TransactionService.end_transactions` documents;
+        As :meth:`~store.transaction.transaction_service.TransactionService.end_transactions` documents;
         nothing is written then.
     """
     if not len(rows):

@@ -1,6 +1,6 @@
 """Half messages: how a transactional message is stored before its outcome is known.
 
-A half message is an ordinary CommitLog record (layout: :mod:`store.formats.codec`) in
+A half message is an ordinary CommitLog record (layout: :mod:`store.formats.record_codec`) in
 ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 whose properties remember where it really goes::
 
     property                          value
@@ -15,7 +15,7 @@ A half message is an ordinary CommitLog record (layout: :mod:`store.formats.code
 SYSFLAG keeps the transaction bits at NOT (0), as RocketMQ's broker resets them, so the half
 topic's ConsumeQueue indexes every half message.  The check loop never changes a record: it
 re-appends copies (put-back) with new properties; the newest copy of a transaction is the one
-that counts.  ``__transactionId__`` is written first so :mod:`store.transaction.index` can read
+that counts.  ``__transactionId__`` is written first so :mod:`store.transaction.transaction_index` can read
 transaction ids at a fixed place with NumPy instead of decoding every record.
 
 Commit turns the (newest) half into a record of the real topic with SYSFLAG transaction type
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..formats.codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
-from ..errors import InvalidMessageError
-from ..message import (
+from ..formats.record_codec import TRANSACTION_TYPE_MASK, Record, RecordSpec
+from ..base.errors import InvalidMessageError
+from ..formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,

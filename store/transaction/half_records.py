@@ -2,7 +2,7 @@
 
 Half messages carry their transaction id as the first property (``__transactionId__``, 32
 characters); :func:`gather_records` reads it, with born and store times, for many records at
-once, for the :class:`~store.transaction.index.TransactionIndex`.
+once, for the :class:`~store.transaction.transaction_index.TransactionIndex`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.ports import StorePort
-from ..message import PROPERTY_TRANSACTION_ID
-from ..formats.record_gather import gather_segments
+from ..formats.message import PROPERTY_TRANSACTION_ID
+from ..files.record_gather import gather_segments
 
 #: Transaction ids written by the store are 32 upper-case hex characters (UNIQ_KEY).
 KEY_DTYPE = np.dtype("S32")
@@ -23,7 +23,7 @@ _PAIR_END = 0x02
 
 def gather_records(store: StorePort, offsets: np.ndarray, *, want_body: bool = False):
     """Read fields of many records at CommitLog ``offsets`` (through
-    :func:`store.formats.record_gather.gather_segments`; records failing the layout checks are left
+    :func:`store.files.record_gather.gather_segments`; records failing the layout checks are left
     with ``segment`` -1).
 
     Returns a dict of arrays aligned with ``offsets``: ``born`` (int64), ``store_ts``,

@@ -1,6 +1,6 @@
 """Op messages: the marks that end a transaction (``RMQ_SYS_TRANS_OP_HALF_TOPIC``).
 
-An op message is a CommitLog record (layout: :mod:`store.formats.codec`) in the op topic, queue 0
+An op message is a CommitLog record (layout: :mod:`store.formats.record_codec`) in the op topic, queue 0
 (the half message's queue id), tag ``d``, SYSFLAG 0.  Its body lists the half queue offsets it
 ends in RocketMQ 5.1+'s form, each followed by a comma::
 
@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..formats.codec import RecordSpec
-from ..message import PROPERTY_TAGS, TRANS_OP_HALF_TOPIC, java_string_hash
+from ..formats.record_codec import RecordSpec
+from ..formats.message import PROPERTY_TAGS, TRANS_OP_HALF_TOPIC, java_string_hash
 
 REMOVE_TAG = "d"
 #: tagsCode of an op message (Java hash of "d"); lets readers filter on ConsumeQueue entries.

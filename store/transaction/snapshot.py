@@ -34,8 +34,8 @@ import numpy as np
 
 from ..core.ports import StorePort
 from ..files.fileio import atomic_write
-from ..message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from .index import KEY_DTYPE, Growable, TransactionIndex
+from ..formats.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from .transaction_index import KEY_DTYPE, Growable, TransactionIndex
 
 VERSION = 1
 FILE_NAME = "transactionIndex.npz"

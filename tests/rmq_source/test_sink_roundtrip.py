@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import MessageStore
-from store.message import sharding_queue
+from store.formats.message import sharding_queue
 
 pytestmark = pytest.mark.spark
 

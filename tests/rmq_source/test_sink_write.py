@@ -47,7 +47,7 @@ def test_batch_write_every_column_round_trips(spark, tmp_path):
 
 
 def test_sharding_key_keeps_each_order_in_one_queue_in_order(spark, tmp_path):
-    from store.message import sharding_queue
+    from store.formats.message import sharding_queue
 
     path = str(tmp_path / "store")
     df = spark.sql("""

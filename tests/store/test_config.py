@@ -8,7 +8,7 @@ import os
 import pytest
 
 from store import ConfigMismatchError, InvalidConfigError, Message, MessageStore, StoreConfig
-from store.config import LAYOUT_FIELDS, parse_delay_levels
+from store.base.config import LAYOUT_FIELDS, parse_delay_levels
 
 
 def test_defaults_are_rocketmqs():

@@ -126,7 +126,7 @@ def test_the_delivery_judge_sees_lost_timer_messages(tmp_path, monkeypatch):
 
 def test_the_delivery_judge_can_fail(tmp_path, monkeypatch):
     """Delivering every delayed message twice is seen (the judge is not blind)."""
-    from store.message_store import MessageStore
+    from store.facade.message_store import MessageStore
 
     fuzz = _fuzzer()
     real = MessageStore.deliver_due

@@ -16,7 +16,7 @@ from store import (
     StoreNotFoundError,
     StoreReader,
 )
-from store.reader import WRITE_METHODS
+from store.facade.store_reader import WRITE_METHODS
 
 
 def _tree_digest(root: str) -> dict[str, str]:

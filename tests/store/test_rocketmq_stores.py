@@ -121,7 +121,7 @@ def test_writable_open_delivers_due_levels_from_where_rocketmq_stopped(rocketmq_
     path = _copy(rocketmq_root, "clean-shutdown", tmp_path)
     far_future = 4_000_000_000_000
     with MessageStore.open(path, clock=lambda: far_future) as store:
-        assert store.schedule.offsets() == {1: 8, 2: 7}
+        assert store.delay_levels.offsets() == {1: 8, 2: 7}
         before = {t: sum(store.max_offset(t, q) for q in store.queue_ids(t))
                   for t in store.topics()}
         assert store.deliver_due() == 8
@@ -129,7 +129,7 @@ def test_writable_open_delivers_due_levels_from_where_rocketmq_stopped(rocketmq_
         grown = {t: sum(store.max_offset(t, q) for q in store.queue_ids(t)) - before[t]
                  for t in store.topics()}
         assert sum(grown.values()) == 8
-        assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
+        assert store.delay_levels.offsets() == {1: 8, 2: 7, 18: 8}
         # each delivered record keeps its source's pairs intact (RocketMQ leaves the last
         # pair's separator out: a restore must close it before appending its own)
         checked = 0

@@ -186,7 +186,7 @@ def test_a_plainly_valid_batch_is_checked_column_by_column(store, monkeypatch):
 
 def _reference_verdict(message: Message):
     """The detailed checks alone (no shortcuts): the KEYS value, or the error type."""
-    from store.message import (check_tags, check_user_properties, keys_value,
+    from store.formats.message import (check_tags, check_user_properties, keys_value,
                                validate_topic)
     try:
         validate_topic(message.topic)
@@ -209,7 +209,7 @@ def test_validate_message_shortcuts_agree_with_the_detailed_checks():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from store.message import validate_message
+    from store.formats.message import validate_message
 
     text = st.lists(st.sampled_from(_PIECES), max_size=4).map("".join)
     keys = st.none() | text | st.lists(text, max_size=3) | st.just(7)

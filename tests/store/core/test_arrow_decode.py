@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from store import CorruptRecordError, Message, MessageStore, OffsetOutOfRangeError
 from store.core.arrow_decode import MESSAGE_SCHEMA, empty_batch, read_queue_batch
 from store.formats.arrow_properties import parse_properties
-from store.formats.codec import (
+from store.formats.record_codec import (
     FIELD_OFFSET,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     RecordSpec,
     decode_properties,
 )
-from store.message import (
+from store.formats.message import (
     PROPERTY_DELIVER_MS,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_UNIQ_KEY,
@@ -304,7 +304,7 @@ def test_a_consume_queue_entry_pointing_into_another_record_is_refused(store):
 
 
 def test_properties_that_are_not_utf8_decode_with_replacement(store, monkeypatch):
-    from store.formats import codec
+    from store.formats import record_codec as codec
 
     real = codec.encode_properties
 
@@ -373,7 +373,7 @@ def test_names_alike_in_length_and_first_bytes_are_told_apart(store, names):
 
 def test_a_projection_decodes_the_asked_columns_in_the_asked_order(tmp_path, small_config,
                                                                      clock):
-    from store.errors import InvalidMessageError
+    from store.base.errors import InvalidMessageError
 
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
         p = store.producer("g")

@@ -4,7 +4,7 @@
 second from the first record found at or after the middle.  A body may hold a whole valid
 record (a message whose body is another record's bytes), so the record found there can be a
 false start; damage can stop the first half early.  Whatever the bytes, the walk must keep
-exactly the records the plain walk (:func:`~store.kernels.scan_kernels.walk_records`, CRCs checked)
+exactly the records the plain walk (:func:`~store.kernels.segment_walk.walk_records`, CRCs checked)
 keeps and stop where it stops, and the columns it reads must be those of the records.
 """
 
@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore
-from store.formats.codec import decode_record
+from store.formats.record_codec import decode_record
 from store.core import recovery
-from store.kernels.index_kernels import TABLE_SIZE, index_records
-from store.kernels.scan_kernels import STOP_FULL, walk_records
+from store.kernels.recovery_scan import TABLE_SIZE, index_records
+from store.kernels.segment_walk import STOP_FULL, walk_records
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from store import CorruptRecordError, Message, MessageStore, StoreConfig
 from store.files.abort_marker import MARKER_FILE, write_marker
 from store.core.recovery import _queue_groups, plausible_queue_offsets
-from store.formats.codec import FIELD_OFFSET, FIXED_SIZE
+from store.formats.record_codec import FIELD_OFFSET, FIXED_SIZE
 
 CONFIG = StoreConfig(commitlog_file_size_bytes=1 << 20)
 DAMAGED = 600

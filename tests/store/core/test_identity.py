@@ -18,7 +18,7 @@ from store import Message, MessageStore, StoreReplacedError
 from store.core.identity import is_store_id, store_tag
 from store.core.reading import _layout_crc
 from store.files.broker_files import read_lenient_json, write_config
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 
 def _bodies(store: MessageStore, topic: str) -> list[bytes]:

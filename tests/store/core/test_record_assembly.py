@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from store import MessageStore
-from store.formats.codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
+from store.formats.record_codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
 from store.core.append_types import EncodedRecords
-from store.kernels.record_kernels import ByteColumn, one_array
+from store.formats.byte_columns import ByteColumn, one_array
 
 
 def _records(body_length: int, properties_length: int) -> EncodedRecords:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from store import Message, MessageStore
-from store.formats.codec import HEADER_SIZE
+from store.formats.record_codec import HEADER_SIZE
 
 N = 12
 

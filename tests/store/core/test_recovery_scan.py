@@ -2,7 +2,7 @@
 
 A write cut short leaves the last record with a zeroed suffix (fresh file pages are zero):
 the scan must stop exactly before that record wherever the cut falls, keep every record
-before it, and agree with :func:`store.formats.codec.check_record` (the reference checks) on each
+before it, and agree with :func:`store.formats.record_codec.check_record` (the reference checks) on each
 record.  Damage inside a record (a flipped body byte, a wrong length) stops it there too.
 """
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from store import Message, MessageStore
 from store.files.checkpoint import StoreCheckpoint
-from store.formats.codec import RecordCheck, check_record
-from store.kernels.scan_kernels import STOP_BLANK, STOP_FULL, STOP_INVALID, walk_records
+from store.formats.record_codec import RecordCheck, check_record
+from store.kernels.segment_walk import STOP_BLANK, STOP_FULL, STOP_INVALID, walk_records
 
 
 def _fill(store, n=40):

@@ -12,8 +12,8 @@ import pytest
 
 from store import Message, MessageStore
 from store.core.replica_log import append_chunk, read_chunk, tail_crc
-from store.errors import ReplicaDivergedError, ReplicationError
-from store.formats.codec import FIELD_OFFSET, HEADER_SIZE
+from store.base.errors import ReplicaDivergedError, ReplicationError
+from store.formats.record_codec import FIELD_OFFSET, HEADER_SIZE
 
 SMALL = {"commitlog_file_size_bytes": 64 * 1024}
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from store import Message, MessageStore, OffsetOutOfRangeError
-from store.formats.codec import FIELD_OFFSET
+from store.formats.record_codec import FIELD_OFFSET
 
 HOUR = 3_600_000
 

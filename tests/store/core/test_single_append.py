@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore, SendResult, StoreConfig
-from store.formats.codec import FIELD_OFFSET, RecordSpec, encode_properties
+from store.formats.record_codec import FIELD_OFFSET, RecordSpec, encode_properties
 from store.files.consume_queue import ENTRY_SIZE
 from store.files.mapped_file import WRITE_WINDOW, MappedFileQueue
-from store.message import RESERVED_PROPERTY_NAMES
+from store.formats.message import RESERVED_PROPERTY_NAMES
 
 from conftest import SMALL, FakeClock
 
@@ -153,7 +153,7 @@ def test_queue_entries_of_sends_are_those_of_the_general_path(tmp_path):
 
 
 def test_append_one_refuses_a_topic_whose_tags_code_has_a_rule(store):
-    from store.errors import InvalidMessageError
+    from store.base.errors import InvalidMessageError
 
     before = store.confirmed_offset()
     with pytest.raises(InvalidMessageError, match="use append"):

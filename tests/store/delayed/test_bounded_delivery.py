@@ -6,7 +6,7 @@ import pytest
 
 from store import Message, MessageStore
 from store.delayed import restore as bulk
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 
 def _all(store, topic):
@@ -57,7 +57,7 @@ def test_bounded_runs_deliver_each_message_once_and_in_order(tmp_path, clock, sm
     assert len(bodies) == len(set(bodies)) == 339 and cancelled not in bodies
     for v in _all(bounded, "t") + _all(bounded, "lv"):
         assert v.store_timestamp_ms >= v.deliver_timestamp_ms  # never early
-    assert bounded.timer.pending_count() == 0 and bounded.schedule.pending_count() == 0
+    assert bounded.timer.pending_count() == 0 and bounded.delay_levels.pending_count() == 0
     ref.close()
     bounded.close()
 

@@ -36,8 +36,9 @@ CHILD = textwrap.dedent("""
     from store import MessageStore
     from store.files import broker_files
     from store.core import appender
-    from store.delayed import restore as bulk, schedule
-    from store.timer import firing, placement, service, checkpoint as ckpt, timer_log, wheel
+    from store.delayed import restore as bulk, delay_levels as schedule
+    from store.timer import slot_firing as firing, wheel_placement as placement
+    from store.timer import timer_service as service, timer_checkpoint as ckpt, timer_log, wheel
 
     path, now, plan = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
     bulk.RESTORE_CHUNK = 40

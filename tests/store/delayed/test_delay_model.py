@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from conftest import SMALL, FakeClock
 from store import Message, MessageStore
-from store.timer.service import round_fire_time
+from store.timer.timer_service import round_fire_time
 
 P = 100
 #: A tiny wheel: 64 slots of 100 ms (a 6.4 s turn), rolling beyond 8 slots.

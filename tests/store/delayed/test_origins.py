@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore
-from store.formats.codec import FIELD_OFFSET, HEADER_SIZE
-from store.delayed.routing import origins_since
-from store.message import PROPERTY_DELAY_ORIGIN
+from store.formats.record_codec import FIELD_OFFSET, HEADER_SIZE
+from store.delayed.delivery import origins_since
+from store.formats.message import PROPERTY_DELAY_ORIGIN
 
 _ORIGIN_KEY = PROPERTY_DELAY_ORIGIN.encode("ascii") + b"\x01"
 _I32, _I16 = struct.Struct(">i"), struct.Struct(">h")

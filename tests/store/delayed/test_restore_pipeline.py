@@ -102,7 +102,7 @@ def test_one_call_delivers_everything_due_before_the_compiled_loops_are_in(
     """Until a process has its compiled loops, deliver_due works in small steps (their Python
     versions); a step that delivers less than it may (the timer stops at a slot) must not end
     the call while more is due.  It did: 510 of 560 in a fresh process, the rest a call later."""
-    from store.message_store import jit
+    from store.facade.message_store import jit
 
     monkeypatch.setattr(jit, "ready", lambda: False)  # a fresh process: numba not loaded yet
     store = MessageStore.open(str(tmp_path / "s"), small_config, clock=clock)

@@ -8,8 +8,8 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, Message, MessageStore
-from store.delayed.schedule import deliver_time, read_lenient_json
-from store.message import SCHEDULE_TOPIC
+from store.delayed.delay_levels import deliver_time, read_lenient_json
+from store.formats.message import SCHEDULE_TOPIC
 
 
 def test_level_goes_to_its_queue_with_the_due_time_as_tags_code(store, clock):
@@ -76,7 +76,7 @@ def test_invalid_levels(store):
         with pytest.raises(InvalidDelayError):
             p.send(Message("t", b"x"), delay_level=bad)
     with pytest.raises(InvalidDelayError):
-        store.schedule.rewrite(None, 0)
+        store.delay_levels.rewrite(None, 0)
     r = p.send(Message("t", b"x"), delay_level=0)  # 0: no delay
     assert r.topic == "t"
 
@@ -95,7 +95,7 @@ def test_delay_offsets_survive_restart(store_path, clock, small_config):
     data = read_lenient_json(os.path.join(store_path, "config", "delayOffset.json"))
     assert data["offsetTable"] == {"1": 3} and data["deliverMark"] == -1
     s = MessageStore.open(store_path, small_config, clock=clock)
-    assert s.schedule.offsets() == {1: 3}
+    assert s.delay_levels.offsets() == {1: 3}
     assert s.deliver_due() == 0
     clock.advance(30_000)
     assert s.deliver_due() == 1
@@ -148,10 +148,10 @@ def test_lost_progress_file_redelivers_nothing(store_path, clock, small_config):
 
 
 def test_real_topic_of_the_half_topic_is_dropped(store, clock):
-    from store.formats.codec import RecordSpec
+    from store.formats.record_codec import RecordSpec
 
     spec = RecordSpec(topic="RMQ_SYS_TRANS_HALF_TOPIC", body=b"x", properties={"UNIQ_KEY": "A"})
-    spec, _ = store.schedule.rewrite(spec, 1)
+    spec, _ = store.delay_levels.rewrite(spec, 1)
     store.append([spec])
     clock.advance(1_000)
     assert store.deliver_due() == 0

@@ -127,7 +127,7 @@ def test_the_file_heals_and_is_trusted_again(tmp_path, caplog):
             clock.advance(10_000)
             assert s.deliver_due() == 30  # the new ones only
         assert "seal does not hold" in caplog.text
-        assert s.schedule.offsets() == {1: 20, 2: 20, 3: 20}
+        assert s.delay_levels.offsets() == {1: 20, 2: 20, 3: 20}
     data = read_lenient_json(_path(root))
     assert data["seal"] and data["savedAt"] > 0 and data["deliverMark"] == -1
 

@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from store import Message, MessageStore
-from store.formats.codec import (BLANK_MAGIC_CODE, RecordCheck, RecordSpec, check_record, decode_record,
-                         encode_record)
+from store.formats.record_codec import (BLANK_MAGIC_CODE, RecordCheck, RecordSpec, check_record,
+                                        decode_record, encode_record)
 
 SEG = 64 * 1024  # the test stores' segment size
 

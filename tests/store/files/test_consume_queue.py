@@ -9,7 +9,7 @@ import pytest
 
 from store import Message, MessageStore
 from store.files.consume_queue import ENTRY_DTYPE, ENTRY, ENTRY_SIZE, ConsumeQueue
-from store.message import java_string_hash
+from store.formats.message import java_string_hash
 from store.core.recovery import recover_tail
 
 

@@ -255,7 +255,7 @@ def test_a_rebuild_does_not_index_a_record_whose_header_was_damaged(filled, cloc
     """The body CRC does not cover the header: a flipped queue id or offset passes the record
     checks.  Before, a rebuild widened the topic to 70,001 queues, or wrote an entry at
     offset 2**40, or let the record replace entry 3."""
-    from store.formats.codec import FIELD_OFFSET
+    from store.formats.record_codec import FIELD_OFFSET
 
     path, cfg, sent = filled
     off, q, body = sent[400]

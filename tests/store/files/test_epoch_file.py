@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from store.errors import StoreError
+from store.base.errors import StoreError
 from store.files.epoch_file import EPOCH_FILE, read_epochs, with_term, write_epochs
 
 

@@ -32,7 +32,7 @@ from store.files.index_file import (
     is_index_name,
     java_hash_text,
 )
-from store.message import java_string_hash
+from store.formats.message import java_string_hash
 from tests.conftest import SMALL, FakeClock
 
 ANSWERS = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "rocketmq-4.9.8",
@@ -283,8 +283,8 @@ def test_single_puts_write_the_bytes_of_one_batch_put(tmp_path):
 def test_a_single_sends_keys_are_the_kernels(tmp_path, properties):
     """The single send's Python path and the compiled walk give the same keyHashes."""
     from store.core.key_index import record_key_hashes
-    from store.formats.codec import RecordSpec, encode_record, split_properties
-    from store.kernels.key_kernels import record_keys
+    from store.formats.record_codec import RecordSpec, encode_record, split_properties
+    from store.kernels.key_walk import record_keys
 
     spec = RecordSpec("top#ic", b"body", split_properties(properties.decode("utf-8")))
     record = encode_record(spec, queue_id=0, queue_offset=0, physical_offset=0,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from store import Message, MessageStore
 from store.formats.batch_encoding import OnePair, properties_column
-from store.formats.codec import encode_properties
+from store.formats.record_codec import encode_properties
 
 NAMES = st.sampled_from(["p", "q", "ü", "a-long-property-name"])
 VALUES = st.sampled_from(["1", "v", "✓", "two words"])

@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.formats import codec
-from store.formats.codec import (BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE, HEADER_DTYPE, HEADER_SIZE,
-                         MESSAGE_MAGIC_CODE_V1, RECORD_HEADER, RecordCheck,
-                         RecordSpec, body_crc, check_record, decode_properties, decode_record,
-                         encode_blank, encode_properties, encode_record, record_size)
-from store.errors import CorruptRecordError
+from store.formats import record_codec as codec
+from store.formats.record_codec import (BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE, HEADER_DTYPE,
+                                        HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, RECORD_HEADER,
+                                        RecordCheck, RecordSpec, body_crc, check_record,
+                                        decode_properties, decode_record, encode_blank,
+                                        encode_properties, encode_record, record_size)
+from store.base.errors import CorruptRecordError
 from store.formats.message_id import MessageIdGenerator
-from store.message import java_string_hash, tags_code
+from store.formats.message import java_string_hash, tags_code
 
 # -- strategies ------------------------------------------------------------------------------
 TOPIC_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%|"
@@ -284,7 +285,7 @@ def test_record_size_formula():
 def test_each_layout_is_one_field_list_for_its_struct_and_dtype():
     """The Struct and the NumPy dtype of each binary layout come from one field list."""
     from store.files.consume_queue import ENTRY_DTYPE, ENTRY, ENTRY_FIELDS
-    from store.formats.layout import layout
+    from store.formats.binary_layout import layout
     from store.timer.timer_log import UNIT, UNIT_DTYPE, UNIT_FIELDS
     from store.timer.wheel import SLOT, SLOT_DTYPE, SLOT_FIELDS
 

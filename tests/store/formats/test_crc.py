@@ -1,4 +1,4 @@
-"""store.formats.crc: the CRC32 of large buffers is zlib's, and bodies on both sides of the size
+"""store.base.crc: the CRC32 of large buffers is zlib's, and bodies on both sides of the size
 where the column path switches to it get CRCs every reader accepts."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store import Message, MessageStore
-from store.formats import crc as crc_module
-from store.formats.crc import LARGE_BODY_BYTES, crc32
+from store.base import crc as crc_module
+from store.base.crc import LARGE_BODY_BYTES, crc32
 
 
 @given(st.binary(max_size=5000), st.integers(0, 4999))
@@ -49,7 +49,7 @@ def test_column_path_crcs_on_both_sides_of_the_switch(tmp_path, small_config, cl
 
 def _kernel_crcs(data: bytes, cuts: list) -> list:
     """The compiled kernels' CRCs (``scan_kernels.body_crcs``) of slices of ``data``."""
-    from store.kernels.scan_kernels import body_crcs
+    from store.kernels.segment_walk import body_crcs
 
     buf = np.frombuffer(data, np.uint8)
     starts = np.array([min(a, b) for a, b in cuts], np.int64)
@@ -86,7 +86,7 @@ def test_records_written_and_verified_with_the_fallback_loop(tmp_path, small_con
     """Without isal the kernels take the compiled loop (and large bodies zlib first):
     records still carry zlib's CRC, the verifying walk accepts them, and the walk's own CRCs
     are zlib's."""
-    from store.core import record_writes
+    from store.core import write_placement as record_writes
 
     monkeypatch.setattr(crc_module, "_function", [crc_module.loop_function()])
     monkeypatch.setattr(record_writes, "HARDWARE_CRC", False)  # large bodies: zlib first
@@ -120,9 +120,9 @@ import sys, tempfile
 sys.path.insert(0, {root!r})
 import pyarrow as pa
 from store import MessageStore
-from store.kernels import jit
-from store.kernels import record_kernels
-from store.kernels import scan_kernels
+from store.base import jit
+from store.kernels import record_assembly as record_kernels
+from store.kernels import segment_walk as scan_kernels
 with MessageStore.open(tempfile.mkdtemp()) as s:
     s.producer("g").send_table(pa.table({{"topic": ["t"], "body": [b"x"]}}))
     assert s.verify_commitlog().ok

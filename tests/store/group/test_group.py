@@ -20,7 +20,7 @@ from store import (
     UnknownMessageError,
     is_store_group,
 )
-from store.message import sharding_queue
+from store.formats.message import sharding_queue
 
 
 def _messages(store, topic):

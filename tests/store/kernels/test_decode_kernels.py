@@ -1,4 +1,4 @@
-"""The compiled gather of bodies and property columns (store.kernels.decode_kernels) against
+"""The compiled gather of bodies and property columns (store.kernels.message_decode) against
 the NumPy reference path of store.core.arrow_decode, on raw properties strings."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from store import MessageStore
 from store.core import arrow_decode
 from store.core.arrow_decode import read_queue_batch
-from store.formats import codec
+from store.formats import record_codec as codec
 from store.formats.arrow_properties import NAME_LOOKUP
-from store.formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, RecordSpec
-from store.kernels import decode_kernels
-from store.kernels.jit import FALLBACK_MAX_WORK
+from store.formats.record_codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE, RecordSpec
+from store.kernels import message_decode as decode_kernels
+from store.base.jit import FALLBACK_MAX_WORK
 
 # names: user ones, the special ones, other system names, and look-alikes of them
 _names = st.sampled_from(["p", "order", "UNIQ_KEY", "TAGS", "KEYS", "__RMQ_DELIVER_MS",
@@ -118,7 +118,7 @@ def test_a_large_read_never_waits_for_the_compiled_loops(store, monkeypatch):
     """Before the compiled loops are loaded, a block too large for their Python run goes to
     the NumPy path and the loops are asked of the background thread: numba is never
     imported, loaded or compiled on the read's path."""
-    from store.kernels import jit
+    from store.base import jit
 
     kernels = decode_kernels._KERNELS
     asked = []

@@ -1,4 +1,4 @@
-"""store.kernels.jit: the Python versions of the compiled loops give the compiled loops' results byte
+"""store.base.jit: the Python versions of the compiled loops give the compiled loops' results byte
 for byte, small batches never wait for numba, and a fresh install delivers on time."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from store import Message, MessageStore
 
-from store.kernels import jit
+from store.base import jit
 from tests.conftest import SMALL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from store.errors import InvalidMessageError
-from store.message import Message, keys_value, validate_message
+from store.base.errors import InvalidMessageError
+from store.formats.message import Message, keys_value, validate_message
 from store.kernels.property_join import join_properties, plain_keys, property_parts
 from store.produce.table_properties import user_property_pairs
 

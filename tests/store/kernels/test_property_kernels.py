@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.formats.codec import encode_properties
-from store.kernels.property_kernels import (
+from store.formats.record_codec import encode_properties
+from store.kernels.property_scan import (
     distinct_values,
     format_int_pairs,
     hash_ranges,
@@ -16,7 +16,7 @@ from store.kernels.property_kernels import (
     strip_pairs,
     take_rows,
 )
-from store.kernels.record_kernels import ByteColumn, ByteSlices
+from store.formats.byte_columns import ByteColumn, ByteSlices
 
 NAMES = ["A", "KEYS", "TAGS", "REAL_TOPIC", "TIMER_OUT_MS", "X" * 20, "é"]
 names = st.sampled_from(NAMES)
@@ -105,7 +105,7 @@ def test_distinct_values_groups_equal_bytes(items):  # few values (one pass) and
 
 
 def test_distinct_values_survive_a_hash_collision(monkeypatch):
-    import store.kernels.property_kernels as pk
+    import store.kernels.property_scan as pk
 
     monkeypatch.setattr(pk, "_FEW", 1)  # past the one-pass table
     monkeypatch.setattr(pk, "hash_ranges",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidMessageError, Message, MessageStore, java_string_hash
-from store.message import sharding_queue
+from store.formats.message import sharding_queue
 
 
 def _java_queue(key: str, count: int) -> int:

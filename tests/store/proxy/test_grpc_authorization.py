@@ -88,7 +88,7 @@ def test_end_transaction_is_authorized_by_the_transactions_own_topic(acl_server)
 
 def test_end_transaction_refuses_halves_not_sent_through_the_endpoint(acl_server):
     from store import Message as StoreMessage
-    from store.transaction.producer import LeaveOpen
+    from store.produce.transaction_producer import LeaveOpen
 
     srv, s = acl_server
     other = srv.store.transaction_producer("in-process", LeaveOpen()).send_in_transaction(
@@ -202,7 +202,7 @@ def test_a_signature_older_than_the_window_is_refused(acl_server, age_s, code):
 def test_the_signature_window_is_set_in_the_acl_file(tmp_path):
     import json
 
-    from store.errors import InvalidConfigError
+    from store.base.errors import InvalidConfigError
     from store.proxy.access import AccessControl
     from store.proxy.convert import Refused
     from tests.store.proxy.signing import ACCOUNTS

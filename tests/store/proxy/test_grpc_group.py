@@ -14,7 +14,7 @@ from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Messag
                       Producer, SimpleConsumer, TransactionChecker, TransactionResolution)
 
 from store import StoreConfig, StoreGroup, StoreServer  # noqa: E402
-from store.message import sharding_queue  # noqa: E402
+from store.formats.message import sharding_queue  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("grpc")
 

@@ -21,7 +21,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 
 from store import MessageStore, StoreConfig  # noqa: E402
 from store.proxy import GrpcEndpoint  # noqa: E402
-from store.proxy.limits import HeldCalls, LogBudget  # noqa: E402
+from store.proxy.grpc_limits import HeldCalls, LogBudget  # noqa: E402
 from tests.store.proxy.signing import message, stub  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("grpc")

@@ -19,8 +19,8 @@ from pyarrow import flight
 from store import (AuthenticationError, InvalidMessageError, LocalTransactionState, Message,
                    MessageStore, OffsetOutOfRangeError, RemoteError, SinkCommitError,
                    StoreServer, UnknownTopicError, connect, server_status)
-from store.errors import InvalidConfigError
-from store.remote.address import RemoteAddress, is_remote, read_token
+from store.base.errors import InvalidConfigError
+from store.base.remote_address import RemoteAddress, is_remote, read_token
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from store import AuthenticationError, LocalTransactionState, Message, StoreServer, connect
-from store.errors import AccessDeniedError, InvalidConfigError
+from store.base.errors import AccessDeniedError, InvalidConfigError
 
 TOKEN = "accounts-token"
 ACCOUNTS = [

@@ -17,7 +17,7 @@ import pytest
 from pyarrow import flight
 
 from store import Message, connect, server_status
-from store.remote.address import RemoteAddress
+from store.base.remote_address import RemoteAddress
 from store.remote.wire import END_OF_ROWS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -156,7 +156,7 @@ def test_a_local_table_with_crafted_offsets_never_reaches_a_kernel(tmp_path):
     """The wrapper that hands Arrow buffers to the compiled loops checks their offsets, for
     local callers too (no network, no full validation on the way)."""
     from store import InvalidMessageError, MessageStore
-    from store.kernels.record_kernels import ByteColumn
+    from store.formats.byte_columns import ByteColumn
 
     with pytest.raises(InvalidMessageError, match="offsets outside their buffer"):
         ByteColumn.from_arrow(bad_strings())

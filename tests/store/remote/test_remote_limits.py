@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore, connect
-from store.remote.address import RemoteAddress
-from store.remote.limits import RateLimitedLog, StreamLimits, peer_host
-from store.remote.service import StoreService
+from store.base.remote_address import RemoteAddress
+from store.remote.flight_limits import RateLimitedLog, StreamLimits, peer_host
+from store.remote.flight_service import StoreService
 from store.remote.wire import Overloaded
 
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from pyarrow import flight
 
 from store import InvalidTopicError, Message, MessageStore, StoreServer, connect
-from store.errors import InvalidMessageError, InvalidScheduleError
-from store.remote.address import RemoteAddress
+from store.base.errors import InvalidMessageError, InvalidScheduleError
+from store.base.remote_address import RemoteAddress
 
 TOKEN = "names-token"
 BAD_NAMES = ["/etc/passwd", "a\x00b", "x" * 200_000, "../x", ""]

@@ -10,7 +10,7 @@ import pytest
 from store import (InvalidConfigError, InvalidMessageError, LocalTransactionState, Message,
                    MessageStore, OffsetOutOfRangeError, StoreGroup, StoreReader, StoreServer,
                    UnknownTopicError, connect)
-from store.remote.address import RemoteAddress
+from store.base.remote_address import RemoteAddress
 
 TOKEN = "reads-token"
 

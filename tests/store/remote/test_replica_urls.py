@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from store import InvalidConfigError, connect
-from store.remote.address import RemoteAddress, parse_replicas, replicas_url
+from store.base.remote_address import RemoteAddress, parse_replicas, replicas_url
 from store.remote.failover import may_repeat
 
 

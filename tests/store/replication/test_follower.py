@@ -8,8 +8,8 @@ import time
 import pyarrow as pa
 
 from store import Message, MessageStore, RemoteError, StoreReader
-from store.remote.address import RemoteAddress
-from store.replication import log_stream
+from store.base.remote_address import RemoteAddress
+from store.remote import replication_stream as log_stream
 from store.replication.follower import Follower
 
 SMALL = {"commitlog_file_size_bytes": 64 * 1024}

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from test_replica_set import SMALL, caught_up, commitlog_bytes, free_port, replica_file
 
 from store import Message, NotLeaderError, ReplicaBehindError, StoreServer, connect, promote_replica
-from store.errors import InvalidConfigError, StoreError
+from store.base.errors import InvalidConfigError, StoreError
 from store.files.epoch_file import read_epochs
 from store.replication.replica import read_state
 

@@ -14,8 +14,8 @@ import pytest
 from pyarrow import flight
 
 from store import LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer, connect
-from store.errors import AccessDeniedError, InvalidConfigError
-from store.remote.address import RemoteAddress
+from store.base.errors import AccessDeniedError, InvalidConfigError
+from store.base.remote_address import RemoteAddress
 from store.remote.wire import dumps
 from store.replication.replica import read_state
 from store.replication.replica_set import ReplicaSet
@@ -290,7 +290,7 @@ def test_the_replica_set_file_is_checked(tmp_path):
     assert ok.leader == "rmq://h1:7911" and ok.witness == "rmq://h3:7911"
     assert parse({"replicas": ["rmq://h1:1", "rmq://h2:1"], "leader": "rmq://h2:1"}).leader \
         == "rmq://h2:1"
-    from store.remote.address import RemoteAddress
+    from store.base.remote_address import RemoteAddress
     assert ok.member(RemoteAddress.listen("h2:7911")) == "rmq://h2:7911"
     for bad, why in (([], "JSON object"), ({"replicas": []}, "non-empty"),
                      ({"replicas": ["rmq://h1:1"], "extra": 1}, "unknown field"),

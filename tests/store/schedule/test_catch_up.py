@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from store import InvalidScheduleError, Message, MessageStore, ScheduleIntervalError, StoreConfig
-from store.schedule.service import PROPERTY_SCHEDULE_FIRES
+from store.schedule.schedule_book import PROPERTY_SCHEDULE_FIRES
 from tests.conftest import SMALL
 from tests.store.schedule.test_schedules import fired_counted
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import InvalidScheduleError, Message, MessageStore
-from store.schedule.service import (PROPERTY_SCHEDULE_FIRE_MS, PROPERTY_SCHEDULE_FIRES,
+from store.schedule.schedule_book import (PROPERTY_SCHEDULE_FIRE_MS, PROPERTY_SCHEDULE_FIRES,
                                     PROPERTY_SCHEDULE_KEY)
 from tests.conftest import SMALL
 
@@ -305,7 +305,7 @@ def test_bounded_calls_write_the_book_once_and_fire_each_time_once(tmp_path, the
     the calls, or another one taking over, still leaves every fire exactly once."""
     import pyarrow as pa
 
-    from store.schedule.service import ScheduleBook
+    from store.schedule.schedule_book import ScheduleBook
 
     path, now = str(tmp_path / "s"), [T0]
     n = 50

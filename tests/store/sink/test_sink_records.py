@@ -1,6 +1,6 @@
 """The sink stages records, not rows: what its commit writes, and what it refuses to write.
 
-A half's body holds the records its commit writes (:mod:`store.sink.halves`), already
+A half's body holds the records its commit writes (:mod:`store.sink.staging`), already
 encoded at stage time, with a zero magic code.  These tests hold the committed records to
 ``send_table``'s for the same rows, field by field; show that a half damaged after staging
 never commits and that its staged records are never taken for records by a scan of the
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from store import CorruptRecordError, MessageStore, SinkCommitError
-from store.formats.codec import HEADER_SIZE, TRANSACTION_COMMIT_TYPE, RecordSpec
-from store.message import (
+from store.formats.record_codec import HEADER_SIZE, TRANSACTION_COMMIT_TYPE, RecordSpec
+from store.formats.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -23,14 +23,10 @@ from store.message import (
     PROPERTY_TRANSACTION_PREPARED,
     TRANS_HALF_TOPIC,
 )
-from store.sink.format import (
-    PROPERTY_SINK,
-    PROPERTY_SINK_ROWS,
-    decode_staged,
-    framed_head,
-    new_transaction_id,
-)
-from store.sink.halves import assemble_half, half_view
+from store.formats.message import PROPERTY_SINK
+from store.sink.staged_format import (PROPERTY_SINK_ROWS, decode_staged, framed_head,
+                                      new_transaction_id)
+from store.sink.staging import assemble_half, half_view
 from store.transaction.half import HALF_QUEUE_ID
 
 PROPS = pa.map_(pa.string(), pa.string())
@@ -217,7 +213,7 @@ def test_topics_are_created_by_the_commit_not_by_staging(tmp_path, small_config,
 
 def _raw(store, offset):
     """The record's bytes with the fields its placement decides zeroed."""
-    from store.formats.codec import FIELD_OFFSET
+    from store.formats.record_codec import FIELD_OFFSET
 
     buf, pos, _ = store.commit_log.buffer_at(offset)
     size = int.from_bytes(bytes(buf[pos:pos + 4]), "big")
@@ -246,7 +242,7 @@ def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, c
 
 
 def _framed(records: list[bytes], topics=("orders", "pay")):
-    from store.sink.format import framed_head
+    from store.sink.staged_format import framed_head
 
     n = len(records)
     prefix, at = framed_head(list(topics), np.arange(n) % len(topics), np.full(n, -1),

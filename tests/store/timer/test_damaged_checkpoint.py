@@ -10,7 +10,7 @@ import pytest
 from conftest import SMALL, FakeClock
 
 from store import Message, MessageStore
-from store.timer import checkpoint as ckpt
+from store.timer import timer_checkpoint as ckpt
 
 N = 21
 FIELDS = [f for f in ckpt.CHECKPOINT_FIELDS]

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
-from store.errors import InvalidBatchError
-from store.message import PROPERTY_DELAY_KEY
-from store.timer.key_table import MIN_CAPACITY, find_slots, place_new
+from store.base.errors import InvalidBatchError
+from store.formats.message import PROPERTY_DELAY_KEY
+from store.timer.delay_key_table import MIN_CAPACITY, find_slots, place_new
 from tests.conftest import SMALL
 
 T0 = 1_790_000_000_000
@@ -328,7 +328,7 @@ def test_model(fresh_dir, clock, ops):
             elif kind == "deliver":
                 s.deliver_due()
             elif kind == "crash_in_delivery":
-                from store.timer import service as timer_service
+                from store.timer import timer_service as timer_service
 
                 real = timer_service.TimerService._save
 

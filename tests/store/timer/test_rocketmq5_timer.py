@@ -18,9 +18,9 @@ from conftest import SMALL
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import Message, MessageStore, StoreReader
-from store.errors import ConfigMismatchError
-from store.message import TIMER_TOPIC
-from store.timer import checkpoint as ckpt
+from store.base.errors import ConfigMismatchError
+from store.formats.message import TIMER_TOPIC
+from store.timer import timer_checkpoint as ckpt
 
 
 def _strip_rmq_fields(path: str) -> None:

@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from store.formats.codec import BLANK_MAGIC_CODE
-from store.errors import CorruptRecordError
-from store.timer import checkpoint as ckpt
-from store.timer.checkpoint import CHECKPOINT_FILE_SIZE, CHECKPOINT_LAYOUT, TimerCheckpoint
-from store.timer.service import round_fire_time
+from store.formats.record_codec import BLANK_MAGIC_CODE
+from store.base.errors import CorruptRecordError
+from store.timer import timer_checkpoint as ckpt
+from store.timer.timer_checkpoint import CHECKPOINT_FILE_SIZE, CHECKPOINT_LAYOUT, TimerCheckpoint
+from store.timer.timer_service import round_fire_time
 from store.timer.timer_log import (BLANK, BLANK_SIZE, MAGIC_DEFAULT, MAGIC_DELETE, MAGIC_ROLL,
                                    UNIT, UNIT_DTYPE, UNIT_SIZE, TimerLog, units_per_file)
 from store.timer.wheel import SLOT, SLOT_DTYPE, SLOT_SIZE, TimerWheel

@@ -14,7 +14,7 @@ from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import Message, MessageStore
 from store.files.consume_queue import ENTRY_DTYPE
-from store.message import TIMER_TOPIC, java_string_hash
+from store.formats.message import TIMER_TOPIC, java_string_hash
 from store.timer.timer_queue import read_timer_entries
 
 P = 100  # the SMALL config's timer precision

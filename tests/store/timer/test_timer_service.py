@@ -7,11 +7,11 @@ import pytest
 from queue_reading import visible  # noqa: E402  (tests/ helper)
 
 from store import InvalidDelayError, InvalidMessageError, Message, MessageStore
-from store.formats.codec import encode_record
+from store.formats.record_codec import encode_record
 from store.core.retention import delete_expired_segments
-from store.errors import TimerFlowControlError
-from store.message import TIMER_TOPIC, java_string_hash
-from store.timer import checkpoint as ckpt
+from store.base.errors import TimerFlowControlError
+from store.formats.message import TIMER_TOPIC, java_string_hash
+from store.timer import timer_checkpoint as ckpt
 
 P = 100  # the SMALL config's timer precision
 
@@ -375,7 +375,7 @@ def test_pending_due_times_for_stats(store, clock):
     due, num = store.timer.pending_due_ms()
     assert int(num.sum()) == 3
     assert sorted(zip(due.tolist(), num.tolist())) == [(a.deliver_at_ms, 2), (clock() + 90_000, 1)]
-    assert store.schedule.pending_due_ms().tolist() == [level.deliver_at_ms]
+    assert store.delay_levels.pending_due_ms().tolist() == [level.deliver_at_ms]
     stats = store.pending_delayed_stats()
     assert (stats["pending"], stats["timer_pending"], stats["schedule_pending"]) == (4, 3, 1)
 

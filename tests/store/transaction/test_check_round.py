@@ -1,7 +1,7 @@
 """The columnar check round and end_transactions against a per-record model of RocketMQ's rules.
 
 The model below is the check round as it was written before it became columnar: one decoded
-record at a time, in walk order, with RocketMQ's rules (see store.transaction.check).  The
+record at a time, in walk order, with RocketMQ's rules (see store.transaction.check_loop).  The
 store's round must decide every half offset the same way, append copies with the same
 topics and properties, stop at the same offset and ask about the same transactions.
 """
@@ -16,23 +16,23 @@ from conftest import SMALL, FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import store.transaction.check as check_module
+import store.transaction.check_loop as check_module
 from store import (
     InvalidMessageError,
     MessageStore,
     TransactionStateError,
     UnknownMessageError,
 )
-from store.formats.codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, RecordSpec
-from store.errors import CorruptRecordError
-from store.message import (
+from store.formats.record_codec import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, RecordSpec
+from store.base.errors import CorruptRecordError
+from store.formats.message import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
     PROPERTY_TRANSACTION_CHECK_TIMES,
     PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
 )
-from store.sink.format import PROPERTY_SINK
+from store.formats.message import PROPERTY_SINK
 from store.transaction.half import half_spec, immunity_ms, ordered_properties
 
 CONFIG = dataclasses.replace(SMALL, transaction_check_max=4)
@@ -192,9 +192,9 @@ def test_rocketmq_half_without_closing_separator_is_copied_and_committed(tmp_pat
         store.ensure_topic("payments")
         import zlib
 
-        from store.formats.codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
+        from store.formats.record_codec import HEADER_DTYPE, MESSAGE_MAGIC_CODE_V1
         from store.core.append_types import EncodedRecords
-        from store.kernels.record_kernels import ByteColumn
+        from store.formats.byte_columns import ByteColumn
         h = np.zeros(1, HEADER_DTYPE)
         h["magic"] = MESSAGE_MAGIC_CODE_V1
         h["body_length"] = 3

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from store import LocalTransactionState, Message, MessageStore
-from store.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from store.formats.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from tests.conftest import SMALL
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE

@@ -109,7 +109,7 @@ def committed(store) -> list[str]:
 
 def halves(store) -> dict[str, str]:
     """transaction id -> order key of every half message."""
-    from store.message import TRANS_HALF_TOPIC
+    from store.formats.message import TRANS_HALF_TOPIC
 
     out = {}
     for v in store.pull(TRANS_HALF_TOPIC, 0, 0, 100_000):

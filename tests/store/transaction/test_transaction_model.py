@@ -19,7 +19,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from store import LocalTransactionState as S
 from store import Message, MessageStore
-from store.message import TRANS_CHECK_MAX_TIME_TOPIC
+from store.formats.message import TRANS_CHECK_MAX_TIME_TOPIC
 
 STATES = [S.COMMIT_MESSAGE, S.ROLLBACK_MESSAGE, S.UNKNOW]
 CHECK_MAX = 3

@@ -14,9 +14,9 @@ import pytest
 from conftest import SMALL
 
 from store import LocalTransactionState, Message, MessageStore
-from store.message import TRANS_OP_HALF_TOPIC
-from store.transaction import service as service_module
-from store.transaction.repair import note_kept_commits, repair_path
+from store.formats.message import TRANS_OP_HALF_TOPIC
+from store.transaction import transaction_service as service_module
+from store.transaction.commit_repair import note_kept_commits, repair_path
 
 HOUR = 3_600_000
 

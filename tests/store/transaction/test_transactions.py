@@ -21,8 +21,8 @@ from store import (
     TransactionStateError,
     UnknownMessageError,
 )
-from store.formats.codec import TRANSACTION_COMMIT_TYPE, RecordSpec
-from store.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from store.formats.record_codec import TRANSACTION_COMMIT_TYPE, RecordSpec
+from store.formats.message import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from store.transaction.half import immunity_ms
 from store.transaction.op import REMOVE_TAG, op_specs, parse_op_body
 

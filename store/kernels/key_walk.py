@@ -1,0 +1,231 @@
+"""A compiled walk that reads the index keys of CommitLog records: the key index's dispatch.
+
+:func:`record_keys` walks the records of a mapped segment from a position (the structural
+checks of :func:`~store.kernels.segment_walk.walk_records`, no CRC: the records were just
+written, or checked by recovery) and, for each record that is not a ROLLBACK transaction
+record, gives one row per key RocketMQ's IndexService indexes, in its order: the
+``UNIQ_KEY`` property, then each non-empty part of ``KEYS`` split on single spaces.  A row
+is the keyHash of ``topic#key`` (Java's ``String.hashCode`` over UTF-16 code units, the
+value's UTF-8 decoded in the loop, made non-negative as RocketMQ does), the record's
+position and its store time.  No Python object is made per record or key.
+"""
+
+from __future__ import annotations
+
+from types import FunctionType
+
+import numpy as np
+
+from ..formats.record_codec import (
+    BLANK_MAGIC_CODE,
+    FIELD_OFFSET,
+    FIXED_SIZE,
+    HEADER_SIZE,
+    MESSAGE_MAGIC_CODE_V1,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+)
+from ..base.jit import kernel_set
+from .property_scan import next_pair_loop
+from .segment_walk import i32_loop, record_size_loop
+
+_i32, _next_pair = i32_loop, next_pair_loop
+_record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
+
+_UNIQ_KEY = np.frombuffer(b"UNIQ_KEY", dtype=np.uint8)
+_KEYS = np.frombuffer(b"KEYS", dtype=np.uint8)
+#: Rows one record can need at most: its UNIQ_KEY and a KEYS of one-character parts in a
+#: properties block of at most 32,767 bytes.
+MAX_ROWS_PER_RECORD = 1 + 32768 // 2
+#: The kernel's constants: rows per record, the transaction type mask and ROLLBACK, the two
+#: magic codes, the fixed record size, the header size, then where body length, sys flag
+#: and store time sit in a record.
+_CONSTS = np.array([MAX_ROWS_PER_RECORD, TRANSACTION_TYPE_MASK, TRANSACTION_ROLLBACK_TYPE,
+                    MESSAGE_MAGIC_CODE_V1, BLANK_MAGIC_CODE, FIXED_SIZE, HEADER_SIZE]
+                   + [FIELD_OFFSET[name] for name in ("body_length", "sys_flag",
+                                                      "store_timestamp")], dtype=np.int64)
+
+
+def _hash_utf8(buf, a, b, h):
+    """``h`` continued over ``buf[a:b]`` (UTF-8) as Java's hashCode over its UTF-16 units."""
+    i = a
+    while i < b:
+        c = np.int64(buf[i])
+        n = 1
+        cp = c
+        if c >= 0xF0 and i + 3 < b:
+            cp = ((c & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12) \
+                | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)
+            n = 4
+        elif c >= 0xE0 and i + 2 < b:
+            cp = ((c & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6) \
+                | (np.int64(buf[i + 2]) & 0x3F)
+            n = 3
+        elif c >= 0xC0 and i + 1 < b:
+            cp = ((c & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)
+            n = 2
+        if cp >= 0x10000:  # a surrogate pair in UTF-16
+            cp -= 0x10000
+            h = (h * 31 + (0xD800 + (cp >> 10))) & 0xFFFFFFFF
+            h = (h * 31 + (0xDC00 + (cp & 0x3FF))) & 0xFFFFFFFF
+        else:
+            h = (h * 31 + cp) & 0xFFFFFFFF
+        i += n
+    return h
+
+
+def _two_values(data, p, end, name1, name2):
+    """:func:`~store.kernels.recovery_scan._tag_value` of two names in one pass over the
+    properties ``data[p:end]``: ``(a1, b1, a2, b2)``, -1 where a name has no value."""
+    a1 = b1 = a2 = b2 = np.int64(-1)
+    len1, len2 = len(name1), len(name2)
+    while p < end:
+        q, v1 = _next_pair(data, p, end)
+        if q >= end:
+            break
+        if v1 > q + 1:
+            if q - p == len1:
+                same = True
+                for j in range(len1):
+                    if data[p + j] != name1[j]:
+                        same = False
+                        break
+                if same:
+                    a1, b1 = q + 1, v1
+            if q - p == len2:
+                same = True
+                for j in range(len2):
+                    if data[p + j] != name2[j]:
+                        same = False
+                        break
+                if same:
+                    a2, b2 = q + 1, v1
+        p = v1 + 1
+    return a1, b1, a2, b2
+
+
+def _key_hash(h):
+    """RocketMQ's keyHash of an unsigned 32-bit hash: abs of the signed value, MIN_VALUE 0."""
+    if h >= 0x80000000:
+        h = 0x100000000 - h
+        if h == 0x80000000:
+            return np.int64(0)
+    return np.int64(h)
+
+
+def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
+    """Rows of the records from ``pos`` (see the module doc) until ``limit``, an invalid
+    record or a blank, into ``out`` (keyHash, position, store time); returns ``(rows, end
+    position, stop)``, stop as in scan_kernels (2: ``limit`` reached or no room left for
+    another record's rows).  ``consts``: see :data:`_CONSTS` (one array: a call with few
+    arguments costs less to dispatch)."""
+    per_record, type_mask, rollback = consts[0], consts[1], consts[2]
+    magic_v1, magic_blank, fixed, header = consts[3], consts[4], consts[5], consts[6]
+    at = consts[7:]
+    count = 0
+    cap = out.shape[1]
+    while True:
+        if pos >= limit or cap - count < per_record:
+            return count, pos, 2
+        total = _record_size(buf, pos, limit, magic_v1, magic_blank, fixed, header, at[0])
+        if total == -2:
+            return count, pos, 1
+        if total < 0:
+            return count, pos, 0
+        if (_i32(buf, pos + at[1]) & type_mask) != rollback:
+            body_len = _i32(buf, pos + at[0])
+            stamp = _i32(buf, pos + at[2]) * 4294967296 + (_i32(buf, pos + at[2] + 4)
+                                                           & 0xFFFFFFFF)
+            tpos = pos + header + body_len
+            ppos = tpos + 1 + np.int64(buf[tpos])
+            prefix = np.int64(0)
+            for j in range(tpos + 1, ppos):
+                prefix = (prefix * 31 + np.int64(buf[j])) & 0xFFFFFFFF
+            prefix = (prefix * 31 + 35) & 0xFFFFFFFF  # '#'
+            pend = ppos + 2 + ((np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1]))
+            a, b, a2, b2 = _two_values(buf, ppos + 2, pend, uniq_name, keys_name)
+            if a >= 0:
+                out[0, count] = _key_hash(_hash_utf8(buf, a, b, prefix))
+                out[1, count] = pos
+                out[2, count] = stamp
+                count += 1
+            a, b = a2, b2
+            while a >= 0 and a < b:
+                e = a
+                while e < b and buf[e] != 32:
+                    e += 1
+                if e > a:
+                    out[0, count] = _key_hash(_hash_utf8(buf, a, e, prefix))
+                    out[1, count] = pos
+                    out[2, count] = stamp
+                    count += 1
+                a = e + 1
+        pos += total
+
+
+def _put_be(buf, p, v, width):
+    """Write ``v`` big-endian in ``width`` bytes at ``p``."""
+    for j in range(width):
+        buf[p + j] = (v >> (8 * (width - 1 - j))) & 0xFF
+
+
+def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, stamps,
+                   begin_ts, max_diff):
+    """Write the entries ``count, count + 1, ...`` of an index file mapped as ``buf`` and
+    chain each into its slot (see :func:`chain_entries`); returns how many slots were empty."""
+    k = hashes.shape[0]
+    for i in range(k):  # a head past indexCount is a torn write's: the slot is empty
+        at = slot_base + 4 * (hashes[i] % slot_count)
+        head = _i32(buf, at)
+        if head < 0 or head > count:
+            _put_be(buf, at, 0, 4)
+    fresh = 0
+    for i in range(k):
+        n = count + i
+        at = slot_base + 4 * (hashes[i] % slot_count)
+        prev = _i32(buf, at)
+        if prev == 0:
+            fresh += 1
+        diff = (stamps[i] - begin_ts) // 1000
+        diff = min(max(diff, 0), max_diff)
+        e = entry_base + 20 * n
+        _put_be(buf, e, hashes[i], 4)
+        _put_be(buf, e + 4, phys[i], 8)
+        _put_be(buf, e + 12, diff, 4)
+        _put_be(buf, e + 16, prev, 4)
+        _put_be(buf, at, n, 4)  # after its entry: a head never points at an unwritten one
+    return fresh
+
+
+_KERNELS = kernel_set(globals(), helpers=("_i32", "_next_pair", "_record_size", "_two_values",
+                                        "_hash_utf8", "_key_hash", "_put_be"),
+                    kernels=("_record_keys", "_chain_entries"))
+
+
+def chain_entries(buf: np.ndarray, slot_base: int, entry_base: int, slot_count: int,
+                  count: int, hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray,
+                  begin_ts: int, max_diff: int) -> int:
+    """RocketMQ's IndexFile put of a batch, compiled: entry ``count + i`` gets keyHash
+    ``hashes[i]``, ``phys[i]``, the whole seconds from ``begin_ts`` to ``stamps[i]`` (within
+    0..``max_diff``) and, as ``prevIndex``, its slot's head, which then becomes it.  ``buf``:
+    the file as writable uint8 (big-endian fields at ``slot_base`` and ``entry_base``).
+    Returns how many entries found their slot empty (``hashSlotCount`` grows by that)."""
+    return int(_KERNELS(len(hashes))["_chain_entries"](
+        buf, int(slot_base), int(entry_base), int(slot_count), int(count),
+        np.ascontiguousarray(hashes, dtype=np.int64), np.ascontiguousarray(phys, dtype=np.int64),
+        np.ascontiguousarray(stamps, dtype=np.int64), int(begin_ts), int(max_diff)))
+
+
+def record_keys(buf: np.ndarray, pos: int, limit: int, out: np.ndarray
+                ) -> tuple[np.ndarray, int, int]:
+    """Key rows of the records of ``buf`` (a segment as uint8) from ``pos`` up to ``limit``.
+
+    ``out``: an int64 array of shape ``(3, rows)`` (``rows`` at least
+    :data:`MAX_ROWS_PER_RECORD`) the rows are written into.  Returns ``(rows, end, stop)``:
+    ``rows`` views ``out[:, :count]`` (keyHash, record position, store time), ``end`` where
+    the walk stopped (a record boundary) and ``stop`` why (scan_kernels' ``STOP_*``).
+    """
+    work = min(out.shape[1], (int(limit) - int(pos)) // FIXED_SIZE + 1)
+    count, end, stop = _KERNELS(work)["_record_keys"](buf, int(pos), int(limit), out,
+                                                      _UNIQ_KEY, _KEYS, _CONSTS)
+    return out[:, :count], int(end), int(stop)

@@ -1,0 +1,816 @@
+"""The ``apache.rocketmq.v2`` ``MessagingService`` over one store: ``rmq serve --grpc``.
+
+What RocketMQ 5's proxy does for its clients (Java, Go, C++, C#, Rust, Node.js, Python), done
+over a :class:`~store.MessageStore`:
+
+=============================  ================================================================
+call                           what it does here
+=============================  ================================================================
+QueryRoute                     the topic's queues, all on this endpoint (a topic is created on
+                               first use, as a broker with ``autoCreateTopicEnable``)
+Heartbeat, Telemetry           client sessions: the settings the client sends are answered with
+                               the server's (body limit, retry policy, long polling); a
+                               producer's stream carries the transaction check-back
+NotifyClientTermination        ends a client's session
+SendMessage                    normal, FIFO (message group: the queue), delay (the timer
+                               wheel), transactional half messages; the client's message id
+EndTransaction                 commit or rollback of a half message
+RecallMessage                  cancels a pending delay message by its recall handle
+QueryAssignment                a push consumer's assignment: the whole topic
+ReceiveMessage                 hands out visible messages to a consumer group, long polling
+AckMessage                     acks hand-outs (:mod:`store.proxy.consumers`)
+ChangeInvisibleDuration        moves a hand-out's invisibility
+ForwardMessageToDeadLetterQueue  copies a message to ``%DLQ%<group>`` and acks it
+=============================  ================================================================
+
+Every answer carries a RocketMQ status; a bad request gets its code and a text saying what
+was wrong (never a stack trace), is logged, and stores nothing.  The other calls (pull
+consumers' offsets, lite topics) answer ``NOT_IMPLEMENTED``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
+                      MessageTooLargeError, StoreError, TimerFlowControlError,
+                      TransactionStateError, UnknownTopicError)
+from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
+                       sharding_queue)
+from ..transaction.check_views import CheckViews
+from ..produce.transaction_producer import LeaveOpen
+from .access import OPEN, AccessControl, Account
+from .consumers import ConsumerGroups, Delivery, tag_filter
+from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
+                      check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
+from .handles import Signer, store_secret
+from .grpc_limits import HeldCalls, LogBudget
+
+log = logging.getLogger("store.proxy")
+
+#: The producer group of the half messages sent through this endpoint (the check-back asks
+#: the endpoint's producers about them, by topic, as RocketMQ's proxy does).
+PRODUCER_GROUP = "rmq-grpc"
+#: What the endpoint tells clients (RocketMQ's proxy defaults).
+LONG_POLLING_DEFAULT_MS = 20_000
+LONG_POLLING_MAX_MS = 30_000
+INVISIBLE_MIN_MS = 1_000
+INVISIBLE_MAX_MS = 12 * 3600_000
+RECEIVE_BATCH_MAX = 32
+#: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
+POLL_INTERVAL_MS = 100
+SEND_ATTEMPTS = 3
+_ACCEPTED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
+_STATE = {pb.TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
+          pb.TransactionResolution.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE}
+
+
+def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=text)
+
+
+_OK = status()
+_TRANSACTION, _DELAY = MessageType.TRANSACTION, MessageType.DELAY
+
+
+def store_error_code(exc: StoreError) -> int:
+    """The protocol's status code for a store error."""
+    if isinstance(exc, UnknownTopicError):
+        return Code.TOPIC_NOT_FOUND
+    if isinstance(exc, InvalidTopicError):
+        return Code.ILLEGAL_TOPIC
+    if isinstance(exc, MessageTooLargeError):
+        return Code.MESSAGE_BODY_TOO_LARGE
+    if isinstance(exc, InvalidDelayError):
+        return Code.ILLEGAL_DELIVERY_TIME
+    if isinstance(exc, TimerFlowControlError):
+        return Code.TOO_MANY_REQUESTS
+    if isinstance(exc, TransactionStateError):
+        return Code.INVALID_TRANSACTION_ID
+    if isinstance(exc, InvalidMessageError):
+        return Code.BAD_REQUEST
+    return Code.INTERNAL_SERVER_ERROR
+
+
+#: The longest recall or receipt handle read (what this server gives is far shorter).
+HANDLE_MAX_LENGTH = 512
+
+
+def recall_handle(signer: Signer, topic: str, msg_id: str, stored_queue_offset: int,
+                  member: int = 0) -> str:
+    """The handle a client recalls a delay message with: its topic, id, where it waits (the
+    timer queue offset) and in which member of a group, signed (:mod:`.handles`)."""
+    text = f"rmq2 {topic} {msg_id} {stored_queue_offset} {member}"
+    return f"{base64.urlsafe_b64encode(text.encode()).decode()}.{signer.tag(text)}"
+
+
+def parse_recall_handle(signer: Signer, text: str,
+                        members: int = 1) -> tuple[str, str, int, int]:
+    """``(topic, msg_id, stored queue offset, member)`` of a recall handle this server
+    signed; ``BAD_REQUEST`` for any other."""
+    try:
+        if len(text) > HANDLE_MAX_LENGTH:
+            raise ValueError
+        encoded, _, tag = text.partition(".")
+        plain = base64.urlsafe_b64decode(encoded.encode()).decode()
+        if not signer.valid(tag, plain):
+            raise ValueError
+        prefix, topic, msg_id, index, member = plain.split(" ")
+        if prefix != "rmq2" or not 0 <= int(member) < members:
+            raise ValueError
+        return topic, msg_id, int(index), int(member)
+    except (ValueError, UnicodeError, binascii.Error):
+        raise Refused(Code.BAD_REQUEST, "the recall handle is not one this server gave") from None
+
+
+@dataclass
+class Session:
+    """One client's telemetry stream."""
+
+    client_id: str
+    peer: str
+    account: Account = OPEN  # the account that opened the session: the client id's owner
+    client_type: int = pb.ClientType.CLIENT_TYPE_UNSPECIFIED
+    topics: frozenset[str] = frozenset()
+    group: str | None = None
+    fifo: bool = False
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    open: bool = True
+
+
+def _check_owner(session: Session, account: Account) -> None:
+    """``FORBIDDEN`` unless ``account`` opened ``session``: a client id belongs to the account
+    whose stream opened it (no other account can end it or take its check-backs)."""
+    if session.account.access_key != account.access_key:
+        raise Refused(Code.FORBIDDEN, f"client id {session.client_id[:80]!r} belongs to another "
+                                      "account")
+
+
+class _Closed:
+    """Ends a session's outgoing stream."""
+
+
+class Member:
+    """One store the endpoint serves, with its producers and consumer groups."""
+
+    def __init__(self, name: str, store) -> None:
+        self.name = name
+        self.store = store
+        self.producer = store.producer(PRODUCER_GROUP)
+        self.transactions = store.transaction_producer(PRODUCER_GROUP, LeaveOpen())
+        self.groups = ConsumerGroups(store)
+
+
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The calls (see the module docstring) over ``stores``: ``[(name, MessageStore)]``, one
+    store or the members of a store group.
+
+    A group is served as one endpoint, as :class:`~store.StoreGroup` spreads sends: a topic's
+    route lists the queues of every member; FIFO messages go to the queue of the group's
+    route their message group hashes to, other messages to the members in turn; a consumer
+    group receives from every member, and receipt and recall handles name the member.
+    """
+
+    def __init__(self, stores, *, access: AccessControl | None = None,
+                 address: tuple[str, int] = ("127.0.0.1", 0),
+                 held: HeldCalls | None = None) -> None:
+        self.members = [Member(name, store) for name, store in stores]
+        if not self.members:
+            raise ValueError("an endpoint serves one store at least")
+        self.store = self.members[0].store  # the config and clock of the whole endpoint
+        self.access = access
+        self.address = address
+        self._next_member = 0
+        self._members_lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._sessions_lock = threading.Lock()
+        self._arrived = threading.Condition()
+        self._closing = threading.Event()
+        self.signer = Signer(store_secret(self.store.root))
+        self.held = held if held is not None else HeldCalls()
+        self.refusals = LogBudget(log)
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _account(self, context) -> Account:
+        if self.access is None:
+            return OPEN
+        return self.access.account(dict(context.invocation_metadata()), self.store.now_ms())
+
+    def _guard(self, context, method: str, respond, body):
+        """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""
+        try:
+            return body()
+        except Refused as exc:
+            self._refused(method, context, exc)
+            return respond(status(exc.code, exc.text))
+        except StoreError as exc:
+            code = store_error_code(exc)
+            self.refusals.warning("%s from %s failed (%s): %.300s", method, context.peer(),
+                                  Code.Name(code), exc)
+            return respond(status(code, self._text(exc)))
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
+            log.exception("%s from %s failed", method, context.peer())
+            return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    def _refused(self, method: str, context, exc: Refused) -> None:
+        self.refusals.warning("%s from %s refused (%s): %.300s", method, context.peer(),
+                              Code.Name(exc.code), exc.text)
+
+    @staticmethod
+    def _client(context) -> str:
+        """Who a call is from, for the bounds per client: its client id, or its peer."""
+        return dict(context.invocation_metadata()).get("x-mq-client-id") or context.peer()
+
+    def _text(self, exc: Exception) -> str:
+        """An error's text for a client: the store's directory is not its business."""
+        text = str(exc)
+        for m in self.members:
+            text = text.replace(m.store.root, "<store>")
+        return text
+
+    def wake_receivers(self) -> None:
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def close(self) -> None:
+        self._closing.set()
+        with self._sessions_lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            s.outbox.put(_Closed)
+        self.wake_receivers()
+        for m in self.members:
+            m.groups.close()
+
+    def _exists(self, topic: str) -> bool:
+        return any(topic in m.store.topics() for m in self.members)
+
+    def _route(self, topic: str) -> list[tuple[int, int]]:
+        """``(member, queue)`` of the topic's queues in every member, creating it where it
+        is missing: the queues a message group is hashed over (as :class:`StoreGroup`)."""
+        return [(i, q) for i, m in enumerate(self.members)
+                for q in range(m.store.ensure_topic(topic))]
+
+    def _next(self) -> tuple[int, Member]:
+        """The next member in turn, with its position."""
+        with self._members_lock:
+            i = self._next_member % len(self.members)
+            self._next_member = i + 1
+        return i, self.members[i]
+
+    @staticmethod
+    def _may(account: Account, topic: str, right: str) -> bool:
+        try:
+            account.check_topic(topic, right)
+        except Refused:
+            return False
+        return True
+
+    def _endpoints(self, requested) -> pb.Endpoints:
+        if requested is not None and requested.addresses:
+            return requested
+        host, port = self.address
+        return pb.Endpoints(scheme=pb.AddressScheme.IPv4,
+                            addresses=[pb.Address(host=host, port=port)])
+
+    def _queue(self, topic: str, queue_id: int, endpoints) -> pb.MessageQueue:
+        return pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=queue_id, permission=pb.Permission.READ_WRITE,
+            broker=pb.Broker(name="rmq", id=0, endpoints=endpoints),
+            accept_message_types=_ACCEPTED)
+
+    # -- routes and sessions ------------------------------------------------------------
+    def QueryRoute(self, request, context):
+        def body():
+            account = self._account(context)
+            topic = check_topic_name(request.topic.name)
+            if not (account.admin or account.topics.get(topic, account.default_topic)):
+                raise Refused(Code.FORBIDDEN, f"access key {account.access_key!r} has no right "
+                                              f"on topic {topic!r}")
+            if not self._exists(topic):
+                if not self._may(account, topic, "PUB"):
+                    raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
+                                                        "producer's first send creates it)")
+                for m in self.members:  # created on first use by whoever may send to it
+                    m.store.ensure_topic(topic)
+            count = len(self._route(topic))
+            endpoints = self._endpoints(request.endpoints)
+            return rpc.QueryRouteResponse(
+                status=status(),
+                message_queues=[self._queue(topic, q, endpoints) for q in range(count)])
+        return self._guard(context, "QueryRoute",
+                           lambda s: rpc.QueryRouteResponse(status=s), body)
+
+    def Heartbeat(self, request, context):
+        def body():
+            self._account(context)
+            return rpc.HeartbeatResponse(status=status())
+        return self._guard(context, "Heartbeat", lambda s: rpc.HeartbeatResponse(status=s), body)
+
+    def NotifyClientTermination(self, request, context):
+        def body():
+            account = self._account(context)
+            client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
+            with self._sessions_lock:
+                session = self._sessions.get(client_id)
+                if session is not None:
+                    _check_owner(session, account)
+                    del self._sessions[client_id]
+            if session is not None:
+                session.open = False
+                session.outbox.put(_Closed)
+            return rpc.NotifyClientTerminationResponse(status=status())
+        return self._guard(context, "NotifyClientTermination",
+                           lambda s: rpc.NotifyClientTerminationResponse(status=s), body)
+
+    def _settings_reply(self, session: Session, settings: pb.Settings) -> rpc.TelemetryCommand:
+        out = pb.Settings()
+        out.CopyFrom(settings)
+        if settings.HasField("publishing") or session.client_type == pb.ClientType.PRODUCER:
+            out.publishing.max_body_size = self.store.config.max_message_size_bytes
+            out.publishing.validate_message_type = False
+            policy = out.backoff_policy
+            policy.max_attempts = SEND_ATTEMPTS
+            set_duration_ms(policy.exponential_backoff.initial, 10)
+            set_duration_ms(policy.exponential_backoff.max, 1000)
+            policy.exponential_backoff.multiplier = 2.0
+        else:
+            sub = out.subscription
+            sub.fifo = session.fifo
+            if not sub.receive_batch_size:
+                sub.receive_batch_size = RECEIVE_BATCH_MAX
+            if not sub.long_polling_timeout.seconds:
+                set_duration_ms(sub.long_polling_timeout, LONG_POLLING_DEFAULT_MS)
+            policy = out.backoff_policy
+            policy.max_attempts = self.members[0].groups.max_attempts
+            set_duration_ms(policy.exponential_backoff.initial, 1000)
+            set_duration_ms(policy.exponential_backoff.max, 60_000)
+            policy.exponential_backoff.multiplier = 2.0
+        out.metric.on = False
+        return rpc.TelemetryCommand(status=status(), settings=out)
+
+    def _on_command(self, session: Session, command: rpc.TelemetryCommand) -> None:
+        which = command.WhichOneof("command")
+        if which == "settings":
+            s = command.settings
+            session.client_type = s.client_type
+            # a session holds only the topics its account has the right to: the check-back
+            # of a topic goes to its publishers, never to whoever names it
+            if s.HasField("publishing"):
+                session.topics = self._permitted(session, (r.name for r in s.publishing.topics),
+                                                 "PUB")
+            if s.HasField("subscription"):
+                group = s.subscription.group.name
+                session.group = group if group and is_valid_topic_name(group) else None
+                session.topics = self._permitted(
+                    session, (e.topic.name for e in s.subscription.subscriptions), "SUB")
+            session.outbox.put(self._settings_reply(session, s))
+        elif which in ("thread_stack_trace", "verify_message_result"):
+            log.info("client %s answered %s", session.client_id, which)
+        else:
+            log.warning("client %s sent an unexpected telemetry command %s", session.client_id,
+                        which)
+
+    def Telemetry(self, request_iterator, context):
+        client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
+        try:
+            account = self._account(context)
+            check_client_id(client_id)
+        except Refused as exc:
+            self._refused("Telemetry", context, exc)
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
+            return
+        if not self.held.acquire(client_id):
+            text = (f"{self.held.total} telemetry streams and long polls are held (at most "
+                    f"{self.held.per_client} per client); open the stream again later")
+            self._refused("Telemetry", context, Refused(Code.TOO_MANY_REQUESTS, text))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
+        session = Session(client_id, context.peer(), account)
+        try:
+            with self._sessions_lock:
+                old = self._sessions.get(client_id)
+                if old is not None:
+                    _check_owner(old, account)
+                self._sessions[client_id] = session
+        except Refused as exc:
+            self.held.release(client_id)
+            self._refused("Telemetry", context, exc)
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
+            return
+        if old is not None:
+            old.open = False
+            old.outbox.put(_Closed)
+
+        def read() -> None:
+            try:
+                for command in request_iterator:
+                    self._on_command(session, command)
+            except Exception as exc:  # noqa: BLE001 - the client went away mid-stream
+                log.info("telemetry stream of %s ended: %s", client_id, exc)
+            finally:
+                session.outbox.put(_Closed)
+
+        context.add_callback(lambda: session.outbox.put(_Closed))
+        threading.Thread(target=read, name=f"rmq-telemetry-{client_id[:24]}",
+                         daemon=True).start()
+        try:
+            while not self._closing.is_set():
+                item = session.outbox.get()
+                if item is _Closed:
+                    break
+                yield item
+        finally:
+            self.held.release(client_id)
+            session.open = False
+            with self._sessions_lock:
+                if self._sessions.get(client_id) is session:
+                    del self._sessions[client_id]
+
+    def _permitted(self, session: Session, topics, right: str) -> frozenset[str]:
+        """The ``topics`` a session's account may ``right`` (the others are left out, and
+        logged)."""
+        named = set(topics)
+        kept = frozenset(t for t in named
+                         if is_valid_topic_name(t) and self._may(session.account, t, right))
+        if kept != named:
+            self.refusals.warning(
+                "client %s (access key %r) named topics it may not %s; left out: %s",
+                session.client_id[:80], session.account.access_key, right,
+                sorted(t[:80] for t in named - kept)[:10])
+        return kept
+
+    def producers_of(self, topic: str) -> list[Session]:
+        """The live producer sessions publishing ``topic`` whose account may publish it."""
+        with self._sessions_lock:
+            return [s for s in self._sessions.values()
+                    if s.open and s.client_type == pb.ClientType.PRODUCER and topic in s.topics
+                    and self._may(s.account, topic, "PUB")]
+
+    # -- sending ------------------------------------------------------------------------
+    def _send_one(self, m: Incoming) -> rpc.SendResultEntry:
+        if m.kind == _TRANSACTION:
+            r = self._next()[1].transactions.send_in_transaction(m.message, msg_id=m.msg_id)
+            return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
+                                       transaction_id=r.transaction_id, offset=r.queue_offset)
+        if m.kind == _DELAY:
+            i, member = self._next()
+            r = member.producer.send(m.message, deliver_at_ms=m.deliver_at_ms, msg_id=m.msg_id)
+            handle = (recall_handle(self.signer, r.topic, r.msg_id, r.stored_queue_offset, i)
+                      if r.stored_topic == TIMER_TOPIC else "")
+            return rpc.SendResultEntry(status=_OK, message_id=r.msg_id,
+                                       offset=r.queue_offset, recall_handle=handle)
+        if m.message_group is not None:
+            route = self._route(m.message.topic)
+            i, q = route[sharding_queue(m.message_group, len(route))]
+            r = self.members[i].producer.send(m.message, queue_id=q, msg_id=m.msg_id)
+        else:
+            r = self._next()[1].producer.send(m.message, msg_id=m.msg_id)
+        return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
+
+    def SendMessage(self, request, context):
+        def body():
+            account = self._account(context)
+            if not request.messages:
+                raise Refused(Code.BAD_REQUEST, "the request carries no message")
+            topics = {m.topic.name for m in request.messages}
+            if len(topics) > 1:
+                raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
+                                                f"{sorted(topics)}")
+            topic = next(iter(topics))
+            account.check_topic(topic, "PUB")
+            now = self.store.now_ms()
+            cfg = self.store.config
+            # every message is checked before any is stored: a bad one refuses the batch
+            checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
+                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms,
+                                max_properties_bytes=cfg.max_properties_size_bytes)
+                       for message in request.messages]
+            entries = [self._send_one(m) for m in checked]
+            self.wake_receivers()
+            return rpc.SendMessageResponse(status=_OK, entries=entries)
+        return self._guard(context, "SendMessage",
+                           lambda s: rpc.SendMessageResponse(status=s), body)
+
+    def EndTransaction(self, request, context):
+        def body():
+            account = self._account(context)
+            state = _STATE.get(request.resolution)
+            if state is None:
+                raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            tid = request.transaction_id or request.message_id
+            if not tid:
+                raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
+            holder, topic = self._transaction(tid)
+            # the right is checked on the topic the half message was sent to, not the one
+            # the request names
+            account.check_topic(topic, "PUB")
+            holder.store.end_transactions(
+                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
+            if state is LocalTransactionState.COMMIT_MESSAGE:
+                self.wake_receivers()
+            return rpc.EndTransactionResponse(status=status())
+        return self._guard(context, "EndTransaction",
+                           lambda s: rpc.EndTransactionResponse(status=s), body)
+
+    def _transaction(self, tid: str) -> tuple[Member, str]:
+        """The member holding transaction ``tid`` opened through this endpoint, and the
+        transaction's real topic; ``INVALID_TRANSACTION_ID`` for any other id."""
+        if len(tid) > HANDLE_MAX_LENGTH:
+            raise Refused(Code.INVALID_TRANSACTION_ID,
+                          f"transaction id of {len(tid)} characters is not one of this store's")
+        for m in self.members:
+            (origin,) = m.store.transaction_origins([tid])
+            if origin is not None and origin[1] == PRODUCER_GROUP:
+                return m, origin[0]
+        raise Refused(Code.INVALID_TRANSACTION_ID,
+                      f"transaction {tid[:80]!r} is not one sent through this endpoint")
+
+    def RecallMessage(self, request, context):
+        def body():
+            account = self._account(context)
+            topic, msg_id, index, i = parse_recall_handle(self.signer, request.recall_handle,
+                                                          len(self.members))
+            if topic != request.topic.name:
+                raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
+                                                f"{request.topic.name!r}")
+            account.check_topic(topic, "PUB")
+            if not self.members[i].producer.cancel(topic, msg_id, stored_queue_offset=index):
+                raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
+                                              f"{topic!r} (delivered, recalled, or unknown)")
+            return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
+        return self._guard(context, "RecallMessage",
+                           lambda s: rpc.RecallMessageResponse(status=s), body)
+
+    # -- consuming ----------------------------------------------------------------------
+    def _consumer(self, context, group: str, topic: str) -> Account:
+        account = self._account(context)
+        check_group_name(group)
+        account.check_group(group)
+        check_topic_name(topic)
+        account.check_topic(topic, "SUB")
+        if not self._exists(topic):
+            raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
+                                                "(a send or a route query creates it)")
+        return account
+
+    def QueryAssignment(self, request, context):
+        def body():
+            self._consumer(context, request.group.name, request.topic.name)
+            mq = self._queue(request.topic.name, -1, self._endpoints(request.endpoints))
+            return rpc.QueryAssignmentResponse(status=status(),
+                                               assignments=[pb.Assignment(message_queue=mq)])
+        return self._guard(context, "QueryAssignment",
+                           lambda s: rpc.QueryAssignmentResponse(status=s), body)
+
+    def _fifo(self, group: str) -> bool:
+        with self._sessions_lock:
+            return any(s.fifo for s in self._sessions.values() if s.group == group)
+
+    def ReceiveMessage(self, request, context):
+        try:
+            deliveries, invisible_ms = self._receive(request, context)
+        except Refused as exc:
+            self._refused("ReceiveMessage", context, exc)
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
+            return
+        except StoreError as exc:
+            yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc),
+                                                           self._text(exc)))
+            return
+        if not deliveries:
+            yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
+                                                           "no new message"))
+            return
+        yield rpc.ReceiveMessageResponse(status=status())
+        host, port = self.address
+        for d in deliveries:
+            yield rpc.ReceiveMessageResponse(message=outgoing(
+                d.view, receipt_handle=d.handle, invisible_ms=d.invisible_ms, attempt=d.attempt,
+                store_host=f"{host}:{port}"))
+        ts = rpc.ReceiveMessageResponse()
+        ts.delivery_timestamp.GetCurrentTime()
+        yield ts
+
+    def _receive(self, request, context):
+        group, topic = request.group.name, request.message_queue.topic.name
+        account = self._consumer(context, group, topic)
+        batch = request.batch_size or RECEIVE_BATCH_MAX
+        if batch < 1 or batch > RECEIVE_BATCH_MAX:
+            raise Refused(Code.BAD_REQUEST, f"batch_size {batch}; allowed: 1 to "
+                                            f"{RECEIVE_BATCH_MAX}")
+        invisible = (duration_ms(request.invisible_duration)
+                     if request.HasField("invisible_duration") else 30_000)
+        if not INVISIBLE_MIN_MS <= invisible <= INVISIBLE_MAX_MS:
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"invisible_duration {invisible} ms; allowed: {INVISIBLE_MIN_MS} to "
+                          f"{INVISIBLE_MAX_MS} ms")
+        polling = (duration_ms(request.long_polling_timeout)
+                   if request.HasField("long_polling_timeout") else LONG_POLLING_DEFAULT_MS)
+        if polling < 0 or polling > LONG_POLLING_MAX_MS:
+            raise Refused(Code.ILLEGAL_POLLING_TIME,
+                          f"long_polling_timeout {polling} ms; allowed: 0 to "
+                          f"{LONG_POLLING_MAX_MS} ms")
+        expr = request.filter_expression
+        if expr.type == pb.FilterType.SQL:
+            raise Refused(Code.ILLEGAL_FILTER_EXPRESSION,
+                          "SQL92 filters are not supported here; allowed: TAG filters")
+        tags = tag_filter(expr.expression)
+        fifo = self._fifo(group)
+        deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
+        if deliveries or polling == 0:
+            return deliveries, invisible
+        client = self._client(context)
+        if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
+            return deliveries, invisible
+        try:
+            deadline = time.monotonic() + polling / 1000
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not context.is_active() or self._closing.is_set():
+                    return deliveries, invisible
+                with self._arrived:
+                    self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                deliveries = self._receive_members(account, group, topic, batch, invisible,
+                                                   tags, fifo)
+                if deliveries:
+                    return deliveries, invisible
+        finally:
+            self.held.release(client)
+
+    def _handle(self, account: Account, group: str, topic: str, i: int, inner: str) -> str:
+        """A receipt handle naming member ``i``, signed for the account, group and topic."""
+        text = f"{i}:{inner}"
+        return f"{text}:{self.signer.tag(text, account.access_key, group, topic)}"
+
+    def _receive_members(self, account: Account, group: str, topic: str, batch: int,
+                         invisible: int, tags, fifo: bool) -> list[Delivery]:
+        """Up to ``batch`` hand-outs from the members, starting at the next one in turn;
+        their handles name the member."""
+        n = len(self.members)
+        start = self._next()[0]
+        out: list[Delivery] = []
+        for k in range(n):
+            i = (start + k) % n
+            member = self.members[i]
+            got = member.groups.receive(
+                group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
+                fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
+            out += [dataclasses.replace(d, handle=self._handle(account, group, topic, i,
+                                                               d.handle)) for d in got]
+            if len(out) >= batch:
+                break
+        return out
+
+    def _held(self, account: Account, group: str, topic: str,
+              text: str) -> tuple[int, Member, str]:
+        """The member a receipt handle names (its position and itself) and the member's own
+        handle; ``INVALID_RECEIPT_HANDLE`` unless this server gave it to ``account`` for
+        ``group`` and ``topic``."""
+        signed, _, tag = text.rpartition(":")
+        i, sep, inner = signed.partition(":")
+        if (len(text) > HANDLE_MAX_LENGTH or not sep or not i.isdigit()
+                or int(i) >= len(self.members)
+                or not self.signer.valid(tag, signed, account.access_key, group, topic)):
+            raise Refused(Code.INVALID_RECEIPT_HANDLE,
+                          f"receipt handle {text[:80]!r} is not one this server gave this "
+                          "account for this group and topic")
+        return int(i), self.members[int(i)], inner
+
+    def _dead_letter(self, member: Member, group: str, view: MessageView) -> None:
+        """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``), in
+        the member that held it."""
+        from ..formats.message import Message
+
+        member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
+                                   keys=list(view.keys) or None,
+                                   properties=dict(view.properties)),
+                           msg_id=view.msg_id)
+        log.info("message %s of %s moved to %%DLQ%%%s after %d hand-outs", view.msg_id,
+                 view.topic, group, member.groups.max_attempts)
+
+    def AckMessage(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            account = self._consumer(context, group, topic)
+            entries = []
+            for e in request.entries:
+                try:
+                    _, member, inner = self._held(account, group, topic, e.receipt_handle)
+                    member.groups.ack(group, topic, inner)
+                    st = status()
+                except Refused as exc:
+                    st = status(exc.code, exc.text)
+                entries.append(rpc.AckMessageResultEntry(message_id=e.message_id,
+                                                         receipt_handle=e.receipt_handle,
+                                                         status=st))
+            failed = [e.status for e in entries if e.status.code != Code.OK]
+            top = status() if not failed else (
+                failed[0] if len(failed) == len(entries)
+                else status(Code.MULTIPLE_RESULTS, "some entries failed"))
+            return rpc.AckMessageResponse(status=top, entries=entries)
+        return self._guard(context, "AckMessage", lambda s: rpc.AckMessageResponse(status=s),
+                           body)
+
+    def ChangeInvisibleDuration(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            account = self._consumer(context, group, topic)
+            invisible = duration_ms(request.invisible_duration)
+            if not 0 <= invisible <= INVISIBLE_MAX_MS:
+                raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                              f"invisible_duration {invisible} ms; allowed: 0 to "
+                              f"{INVISIBLE_MAX_MS} ms")
+            i, member, inner = self._held(account, group, topic, request.receipt_handle)
+            handle = member.groups.change_invisible(group, topic, inner, invisible)
+            return rpc.ChangeInvisibleDurationResponse(
+                status=status(), receipt_handle=self._handle(account, group, topic, i, handle))
+        return self._guard(context, "ChangeInvisibleDuration",
+                           lambda s: rpc.ChangeInvisibleDurationResponse(status=s), body)
+
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        def body():
+            group, topic = request.group.name, request.topic.name
+            account = self._consumer(context, group, topic)
+            _, member, inner = self._held(account, group, topic, request.receipt_handle)
+            view = member.groups.view_of(group, topic, inner)
+            if view is not None:
+                self._dead_letter(member, group, view)
+            member.groups.ack(group, topic, inner)
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
+        return self._guard(context, "ForwardMessageToDeadLetterQueue",
+                           lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), body)
+
+    # -- not offered --------------------------------------------------------------------
+    def _not_implemented(self, name: str, response):
+        return response(status=status(Code.NOT_IMPLEMENTED,
+                                      f"{name} is not offered by rmq (pull consumers and lite "
+                                      "topics are not supported)"))
+
+    def PullMessage(self, request, context):
+        yield self._not_implemented("PullMessage", rpc.PullMessageResponse)
+
+    def UpdateOffset(self, request, context):
+        return self._not_implemented("UpdateOffset", rpc.UpdateOffsetResponse)
+
+    def GetOffset(self, request, context):
+        return self._not_implemented("GetOffset", rpc.GetOffsetResponse)
+
+    def QueryOffset(self, request, context):
+        return self._not_implemented("QueryOffset", rpc.QueryOffsetResponse)
+
+    def SyncLiteSubscription(self, request, context):
+        return self._not_implemented("SyncLiteSubscription", rpc.SyncLiteSubscriptionResponse)
+
+    # -- the transaction check-back -----------------------------------------------------
+    def ask(self, views) -> int:
+        """Ask producers about the open transactions ``views`` of this endpoint's producer
+        group (``RecoverOrphanedTransactionCommand`` on a producer's telemetry stream, one
+        producer of the topic chosen at random); returns how many were asked.  Their answers
+        come back as ``EndTransaction`` calls."""
+        asked = 0
+        if isinstance(views, CheckViews):  # pick the endpoint's halves of topics with a
+            views = views.select(self._askable(views))  # producer, as columns: no record read
+        for view in views:
+            if getattr(view, "producer_group", None) != PRODUCER_GROUP:
+                continue
+            producers = self.producers_of(view.topic)
+            if not producers:
+                continue
+            command = rpc.TelemetryCommand(
+                recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
+                    message=outgoing(view), transaction_id=view.transaction_id))
+            random.choice(producers).outbox.put(command)
+            asked += 1
+        return asked
+
+    def _askable(self, views: CheckViews) -> np.ndarray:
+        """Which of a round's views are this endpoint's halves of a topic some connected
+        producer publishes (the others are never read: a round may hold millions)."""
+        with self._sessions_lock:
+            live = {t for s in self._sessions.values()
+                    if s.open and s.client_type == pb.ClientType.PRODUCER for t in s.topics}
+        ours = np.array([g == PRODUCER_GROUP for g in views.groups] + [False], bool)
+        published = np.array([t in live for t in views.topics] + [False], bool)
+        return ours[views.group_ids] & published[views.topic_ids]
+
+    def check_round(self) -> int:
+        """One check round in every member whose questions go to this endpoint's producers
+        (the other groups' halves are left to their own resolvers); returns how many were
+        asked."""
+        return sum(self.ask(m.store.prepare_transaction_checks().checks) for m in self.members)

@@ -1,0 +1,611 @@
+"""A served store seen from another process or host: :class:`RemoteStore`.
+
+:func:`store.connect` (``connect("rmq://HOST:PORT")``) gives an object with the reading methods of a
+:class:`~store.StoreReader` (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``,
+``offset_for_timestamp``, ``read_arrow``, ``pull``, ``follow``) and the writing ones of a
+:class:`~store.MessageStore` that a client needs (``producer``, ``transaction_producer``,
+``sink``, ``end_transaction(s)``, ``deliver_due``, ``flush``), with the same results and the
+same typed errors: the server raises, the client raises the same class again.  A server that
+cannot be reached, or does not answer within ``timeout_s``, raises
+:class:`~store.base.errors.RemoteError` naming the address; a wrong token
+:class:`~store.base.errors.AuthenticationError`.
+
+The Flight client (gRPC underneath) is made at the first call, in the process making it, and
+again after a ``fork`` (gRPC is not fork-safe; PySpark forks its Python workers), so a
+``RemoteStore`` may be built on Spark's driver and used in a task.
+
+Queue bounds (``topics``, ``queue_ids``, ``min_offset``, ``max_offset``) come from one
+snapshot of every queue, taken at the first such call and again once it is older than
+:data:`SNAPSHOT_MAX_AGE_S`: planning a query over many queues costs one round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyarrow import flight
+
+from ..core.following import follow_one
+from ..core.message_columns import empty_batch, message_views, projected_schema
+from ..base.errors import InvalidMessageError, OffsetOutOfRangeError, UnknownTopicError
+from ..formats.message import LocalTransactionState, Message, MessageView, SendResult
+from ..produce.table_rows import as_table
+from ..sink.sink import SinkCommit
+from ..timer.delay_keys import key_list
+from ..transaction.check_loop import parse_state
+from ..produce.transaction_producer import TransactionSendResult
+from ..base.remote_address import (
+    DEFAULT_TIMEOUT_S,
+    RemoteAddress,
+    account_header,
+    parse_replicas,
+    read_token,
+    replicas_url,
+)
+from .failover import FAILOVER_TIMEOUT_S, may_repeat, with_failover
+from .wire import (END_OF_ROWS, RESULT_FIELDS, b64, dumps, loads, message_view, raise_remote,
+                   schedule_info)
+
+#: How long a snapshot of the queue bounds answers ``min_offset`` / ``max_offset``.
+SNAPSHOT_MAX_AGE_S = 0.5
+
+
+def _message_body(message: Message) -> dict:
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    keys = message.keys
+    if isinstance(keys, tuple):
+        keys = list(keys)
+    return {"topic": message.topic, "body": b64(body), "tags": message.tags, "keys": keys,
+            "properties": dict(message.properties or {}), "flag": message.flag}
+
+
+def _send_result(fields: dict, cls=SendResult, **extra) -> SendResult:
+    return cls(**{k: fields.get(k) for k in RESULT_FIELDS}, **extra)
+
+
+class RemoteStore:
+    """A store served by ``rmq serve --listen`` (see the module docstring)."""
+
+    def __init__(self, url: str, *, token: str | None = None, token_file: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 tls_root_certs: str | os.PathLike | None = None, account: str | None = None,
+                 secret: str | None = None, secret_file: str | None = None,
+                 failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+        #: the servers the URL names: one, or a replica set's replicas (:mod:`.failover`)
+        self.addresses = parse_replicas(url)
+        self.address = self.addresses[0]  # the one called
+        self.root = replicas_url(self.addresses)  # where a local store has its directory
+        self.timeout_s = float(timeout_s)
+        self.failover_timeout_s = float(failover_timeout_s)
+        self._leader_unknown = len(self.addresses) > 1
+        self._token = read_token(token, token_file)
+        self._credentials = account_header(account, read_token(secret, secret_file),
+                                           self._token)
+        self._root_certs = None
+        if tls_root_certs is not None:
+            with open(tls_root_certs, "rb") as fh:
+                self._root_certs = fh.read()
+        self._client: flight.FlightClient | None = None
+        self._pid = -1
+        self._snapshot: dict | None = None
+        self._snapshot_at = 0.0
+        self._info: dict | None = None
+        #: accepted for the interface of a local store; encoding happens on the server
+        self.encode_threads = 1
+
+    # ------------------------------------------------------------------ plumbing
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.root!r})"  # never the token
+
+    def __enter__(self) -> RemoteStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        client, self._client = self._client, None
+        if client is not None and self._pid == os.getpid():
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken channel
+                pass
+
+    def _connection(self) -> flight.FlightClient:
+        if self._client is None or self._pid != os.getpid():
+            kwargs = {}
+            if self._root_certs is not None:
+                kwargs["tls_root_certs"] = self._root_certs
+            try:
+                self._client = flight.FlightClient(self.address.location, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a bad location or TLS setting
+                self._failed(exc)
+            self._pid = os.getpid()
+        return self._client
+
+    def _failed(self, exc: BaseException) -> None:
+        """Raise what a failed call means; after a transport failure (no answer from the
+        server) the channel is dropped, so that the next call connects afresh instead of
+        waiting out gRPC's reconnect back-off."""
+        if not getattr(exc, "extra_info", None):
+            self.close()
+        raise_remote(exc, self.address.url)
+
+    def _options(self, timeout_s: float | None = None) -> flight.FlightCallOptions:
+        headers = [] if self._credentials is None else [(b"authorization", self._credentials)]
+        return flight.FlightCallOptions(timeout=timeout_s or self.timeout_s, headers=headers)
+
+    def _point(self, address: RemoteAddress) -> None:
+        """Call ``address`` from now on (a replica set's leader, :mod:`.failover`)."""
+        if address != self.address:
+            self.close()
+            self.address = address
+
+    def _replicated(self, op: str, call, body: dict | None = None):
+        """``call()``, through :func:`~.failover.with_failover` when the URL names several
+        replicas."""
+        if len(self.addresses) == 1:
+            return call()
+        return with_failover(self, op, call, may_repeat(op, body))
+
+    def _action(self, name: str, body: dict | None = None) -> dict:
+        return self._replicated(name, lambda: self._action_once(name, body), body)
+
+    def _action_once(self, name: str, body: dict | None = None, *,
+                     timeout_s: float | None = None) -> dict:
+        try:
+            results = list(self._connection().do_action(
+                flight.Action(name, dumps(body or {})), self._options(timeout_s)))
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return loads(results[0].body.to_pybytes(), f"the answer of {name}")
+
+    def _put(self, command: dict, table: pa.Table) -> bytes:
+        return self._replicated(command["op"], lambda: self._put_once(command, table))
+
+    def _put_once(self, command: dict, table: pa.Table) -> bytes:
+        try:
+            writer, answers = self._connection().do_put(
+                flight.FlightDescriptor.for_command(dumps(command)), table.schema,
+                self._options())
+            try:
+                writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
+                writer.done_writing()
+                answer = answers.read()
+            finally:
+                writer.close()
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return b"" if answer is None else answer.to_pybytes()
+
+    def _exchange(self, command: dict, table: pa.Table) -> pa.Table:
+        """A table in, a table out (``DoExchange``): ``send_table`` and its results."""
+        return self._replicated(command["op"], lambda: self._exchange_once(command, table))
+
+    def _exchange_once(self, command: dict, table: pa.Table) -> pa.Table:
+        try:
+            writer, reader = self._connection().do_exchange(
+                flight.FlightDescriptor.for_command(dumps(command)), self._options())
+            try:
+                writer.begin(table.schema)
+                writer.write_table(table)
+                writer.write_metadata(dumps({END_OF_ROWS: table.num_rows}))
+                writer.done_writing()
+                return reader.read_all()
+            finally:
+                writer.close()
+        except flight.FlightError as exc:
+            self._failed(exc)
+
+    # ------------------------------------------------------------------ what it serves
+    def info(self) -> dict:
+        """``version``, ``written_by_rmq`` and ``url`` of the served store."""
+        if self._info is None:
+            self._info = self._action("info")
+        return self._info
+
+    @property
+    def written_by_rmq(self) -> bool:
+        return bool(self.info()["written_by_rmq"])
+
+    def refresh(self) -> None:
+        """Forget the snapshot of queue bounds: the next call asks the server again."""
+        self._snapshot = None
+
+    def _queues(self) -> dict:
+        now = time.monotonic()
+        if self._snapshot is None or now - self._snapshot_at > SNAPSHOT_MAX_AGE_S:
+            topics = self._action("snapshot")["topics"]
+            self._snapshot = {t: {q: (lo, hi) for q, lo, hi in rows}
+                              for t, rows in topics.items()}
+            self._snapshot_at = now
+        return self._snapshot
+
+    def topics(self) -> list[str]:
+        """The user topics of the served store."""
+        return list(self._queues())
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """The queue ids of ``topic``; :class:`UnknownTopicError` when it does not exist."""
+        queues = self._queues().get(topic)
+        if queues is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist in store "
+                                    f"{self.address.url}; existing topics: {self.topics()}")
+        return sorted(queues)
+
+    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        ids = self.queue_ids(topic)
+        if queue_id not in ids:
+            raise UnknownTopicError(f"queue_id {queue_id!r} does not exist for topic "
+                                    f"{topic!r}; allowed: 0 to {len(ids) - 1}")
+        return self._queues()[topic][queue_id]
+
+    def queue_bounds(self, queues) -> dict[tuple[str, int], tuple[int, int]]:
+        """``{(topic, queue_id): (min_offset, max_offset)}`` of many queues, from one
+        snapshot (as :meth:`store.StoreReader.queue_bounds`)."""
+        return {(t, q): self._bounds(t, q) for t, q in queues}
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest offset still readable."""
+        return self._bounds(topic, queue_id)[0]
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the newest visible message of the queue."""
+        return self._bounds(topic, queue_id)[1]
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset of the queue stored at or after ``timestamp_ms``."""
+        return int(self._action("offset_for_timestamp", {
+            "topic": topic, "queue_id": int(queue_id),
+            "timestamp_ms": int(timestamp_ms)})["offset"])
+
+    def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
+                       end_ms: int | None = None, max: int = 64) -> list[MessageView]:
+        """Messages by key or store time, answered by the server as
+        :meth:`MessageStore.query_messages <store.MessageStore.query_messages>` (only they
+        cross the network; ``max`` at most 10,000)."""
+        answer = self._action("query_messages", {"topic": topic, "key": key,
+                                                 "begin_ms": begin_ms, "end_ms": end_ms,
+                                                 "max": max})
+        return [message_view(fields) for fields in answer["messages"]]
+
+    def view_message(self, msg_id: str, *, topic: str | None = None) -> MessageView | None:
+        """One message by id, as :meth:`MessageStore.view_message
+        <store.MessageStore.view_message>`; ``None`` when the store has none."""
+        fields = self._action("view_message", {"msg_id": msg_id, "topic": topic})["message"]
+        return None if fields is None else message_view(fields)
+
+    # ------------------------------------------------------------------ reading
+    def read_batches(self, topic: str, queue_id: int, start: int, end: int, *,
+                     tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                     verify_crc: bool = False, skip_corrupt: bool = False):
+        """Queue offsets ``[start, end)`` as ``pyarrow.RecordBatch``es, streamed by one call
+        (each of at most 65,536 offsets)."""
+        ticket = {"op": "read", "topic": topic, "queue_id": int(queue_id), "start": int(start),
+                  "end": int(end), "tags": None if tags is None else list(tags),
+                  "columns": None if columns is None else list(columns),
+                  "verify_crc": bool(verify_crc), "skip_corrupt": bool(skip_corrupt)}
+        def first():  # (a replica set: the stream is opened again until it starts)
+            try:
+                stream = self._connection().do_get(flight.Ticket(dumps(ticket)),
+                                                   self._options())
+                return stream, stream.read_chunk()
+            except StopIteration:
+                return None, None
+            except flight.FlightError as exc:
+                self._failed(exc)
+
+        stream, chunk = self._replicated("read", first)
+        if stream is None:
+            return
+        try:
+            while True:
+                yield chunk.data
+                chunk = stream.read_chunk()
+        except StopIteration:
+            return
+        except flight.FlightError as exc:
+            self._failed(exc)
+
+    def log_chunks(self, start: int, *, tail_crc: int, file_size: int, max_bytes: int,
+                   wait_ms: int):
+        """The served store's CommitLog from offset ``start`` as batches of whole records, for
+        a replica set's follower (:mod:`store.remote.replication_stream`); the account needs
+        the replication right."""
+        ticket = {"op": "replicate", "from": int(start), "tail_crc": int(tail_crc),
+                  "file_size": int(file_size), "max_bytes": int(max_bytes),
+                  "wait_ms": int(wait_ms)}
+        try:
+            stream = self._connection().do_get(
+                flight.Ticket(dumps(ticket)), self._options(self.timeout_s + wait_ms / 1000))
+            for chunk in stream:
+                yield chunk.data
+        except flight.FlightError as exc:
+            self._failed(exc)
+
+    def replica_epochs(self) -> dict:
+        """The served replica's ``epoch`` and terms (``epochs``: ``[epoch, start offset]``
+        pairs, :mod:`store.files.epoch_file`); the replication right is needed."""
+        return self._action("epochs")
+
+    def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
+                   tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                   verify_crc: bool = False, skip_corrupt: bool = False) -> pa.RecordBatch:
+        """As :meth:`StoreReader.read_arrow <store.StoreReader.read_arrow>`: one batch."""
+        batches = list(self.read_batches(topic, queue_id, start, end, tags=tags,
+                                         columns=columns, verify_crc=verify_crc,
+                                         skip_corrupt=skip_corrupt))
+        if not batches:
+            return empty_batch(projected_schema(columns))
+        if len(batches) == 1:
+            return batches[0]
+        return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 32, *,
+             verify_crc: bool = False) -> list[MessageView]:
+        """Up to ``max_messages`` messages of a queue from ``offset`` on, as
+        :meth:`MessageStore.pull <store.MessageStore.pull>`: ``[]`` at the end of the queue,
+        :class:`OffsetOutOfRangeError` below :meth:`min_offset` or above :meth:`max_offset`.
+
+        Built on :meth:`read_arrow` (one call, and one for fresh queue bounds when
+        ``offset`` is at or past the snapshot's end): every field but ``sys_flag`` and
+        ``system_properties`` (the broker's bookkeeping, which reads do not carry), which
+        keep their defaults.
+        """
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) \
+                or max_messages <= 0:
+            raise InvalidMessageError(f"max_messages={max_messages!r}; allowed: an int >= 1")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+            raise OffsetOutOfRangeError(f"offset={offset!r}; allowed: an int queue offset")
+        offset = int(offset)
+        lo, hi = self._bounds(topic, queue_id)
+        if offset >= hi:  # the snapshot may be behind the queue's end: ask again
+            self.refresh()
+            lo, hi = self._bounds(topic, queue_id)
+        if offset < lo or offset > hi:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}/{queue_id} is out of range; allowed: {lo} to {hi}"
+                + (" (older messages were removed by retention)" if offset < lo else ""))
+        if offset == hi:
+            return []
+        return message_views(self.read_arrow(topic, queue_id, offset,
+                                             min(hi, offset + max_messages),
+                                             verify_crc=verify_crc))
+
+    def follow(self, topic: str, *, start: str = "latest", poll_interval_s: float = 0.2,
+               stop: Callable[[], bool] | None = None, deliver_due: bool = False
+               ) -> Iterator[MessageView]:
+        """Every message of ``topic`` as it becomes visible, as
+        :meth:`MessageStore.follow <store.MessageStore.follow>` (one snapshot of the queue
+        bounds per round, then a read of each queue that grew).  The server delivers due
+        messages itself; ``deliver_due`` asks it to once more per round."""
+        return follow_one(self, topic, start=start, poll_interval_s=poll_interval_s,
+                          stop=stop, deliver_due=deliver_due)
+
+    # ------------------------------------------------------------------ writing
+    def producer(self, group: str = "DEFAULT_PRODUCER") -> RemoteProducer:
+        """A producer of ``group`` sending to the served store."""
+        return RemoteProducer(self, group)
+
+    def transaction_producer(self, group: str, listener) -> RemoteTransactionProducer:
+        """A producer that sends half messages to the served store and runs ``listener``'s
+        local transaction here."""
+        return RemoteTransactionProducer(self, group, listener)
+
+    def sink(self, sink_id: str, group: str = "rmq-sink") -> RemoteSink:
+        """The exactly-once sink ``sink_id`` of the served store."""
+        return RemoteSink(self, sink_id, group)
+
+    def end_transaction(self, transaction_id: str, state) -> bool:
+        """End one transaction (see :meth:`MessageStore.end_transaction`)."""
+        return self.end_transactions([(transaction_id, state)])[0]
+
+    def end_transactions(self, items, *, from_check: bool = False) -> list[bool]:
+        """End many transactions in one append; each is checked before anything is written."""
+        pairs = [[str(tx), parse_state(state).name] for tx, state in items]
+        return list(self._action("end_transactions", {"items": pairs})["ended"])
+
+    def ensure_topic(self, topic: str) -> int:
+        """Create ``topic`` on the server when missing; return its queue count."""
+        self.refresh()
+        return int(self._action("ensure_topic", {"topic": topic})["queues"])
+
+    def known_transactions(self, transaction_ids) -> list[bool]:
+        """Whether the served store holds the half message of each transaction id."""
+        ids = [str(t) for t in transaction_ids]
+        return list(self._action("known_transactions", {"ids": ids})["known"]) if ids else []
+
+    def check_table(self, data, *, topic: str | None = None) -> int:
+        """Validate a table as ``send_table`` would, writing nothing; return its rows."""
+        raw = self._put({"op": "check_table", "group": "check", "topic": topic},
+                        as_table(data))
+        return int(loads(raw, "the answer of check_table")["rows"])
+
+    def schedules(self) -> list:
+        """The served store's recurring schedules (``MessageStore.schedules``)."""
+        return [schedule_info(f) for f in self._action("schedules", {})["schedules"]]
+
+    def remove_schedule(self, key: str) -> bool:
+        return bool(self._action("remove_schedule", {"key": key})["changed"])
+
+    def pause_schedule(self, key: str) -> bool:
+        return bool(self._action("pause_schedule", {"key": key})["changed"])
+
+    def resume_schedule(self, key: str) -> bool:
+        return bool(self._action("resume_schedule", {"key": key})["changed"])
+
+    def deliver_due(self, max_messages: int | None = None) -> int:
+        """Ask the server to deliver due delayed messages now (it does so on its own too)."""
+        return int(self._action("deliver_due", {"max_messages": max_messages})["delivered"])
+
+    def flush(self) -> None:
+        """Make everything appended on the server durable now."""
+        self._action("flush")
+
+    # ------------------------------------------------------------------ check rounds
+    def run_check_round(self, stream: str, number: int) -> bool:
+        """Run a check round on the server for the check-loop query ``stream`` and keep its
+        questions there as round ``number``; ``False`` when there was nothing to ask."""
+        return bool(self._action("run_check_round", {"stream": stream,
+                                                     "round": int(number)})["written"])
+
+    def read_check_round(self, stream: str | None, number: int) -> pa.Table | None:
+        """Round ``number`` of check-loop query ``stream`` (``None``: a round the server
+        published); ``None`` once deleted or pruned."""
+        ticket = ({"op": "server_round", "round": int(number)} if stream is None else
+                  {"op": "query_round", "stream": stream, "round": int(number)})
+        try:
+            table = self._connection().do_get(flight.Ticket(dumps(ticket)),
+                                              self._options()).read_all()
+        except flight.FlightError as exc:
+            self._failed(exc)
+        return None if table.column_names == ["missing"] else table
+
+    def drop_check_rounds(self, stream: str, last: int) -> None:
+        """Delete the check-loop query's rounds up to ``last`` on the server."""
+        self._action("drop_check_rounds", {"stream": stream, "last": int(last)})
+
+    def last_check_round(self) -> int:
+        """The newest check round the server published (``rmq serve --check-transactions``)."""
+        return int(self._action("last_check_round")["round"])
+
+
+class RemoteProducer:
+    """``send``, ``send_batch``, ``send_table`` and ``cancel`` of one producer group, on a
+    served store (results and errors as :class:`~store.produce.producer.Producer`'s)."""
+
+    def __init__(self, store: RemoteStore, group: str) -> None:
+        self.store = store
+        self.group = group
+        #: the member's name when the store belongs to a store group (set by the group)
+        self.store_name: str | None = None
+
+    def send(self, message: Message, *, delay_level: int | None = None,
+             delay_ms: int | None = None, deliver_at_ms: int | None = None,
+             queue_id: int | None = None, sharding_key: str | None = None,
+             key: str | None = None) -> SendResult:
+        fields = self.store._action("send", {
+            "group": self.group, "message": _message_body(message), "delay_level": delay_level,
+            "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms, "queue_id": queue_id,
+            "sharding_key": sharding_key, "key": key})
+        return _send_result(fields, store_name=self.store_name)
+
+    def send_batch(self, messages: Sequence[Message], *, queue_id: int | None = None,
+                   sharding_key: str | None = None) -> list[SendResult]:
+        answer = self.store._action("send_batch", {
+            "group": self.group, "messages": [_message_body(m) for m in messages],
+            "queue_id": queue_id, "sharding_key": sharding_key})
+        return [_send_result(r, store_name=self.store_name) for r in answer["results"]]
+
+    def send_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """A table of messages, as ``Producer.send_table``: validated and stored on the server;
+        returns the results table."""
+        return self.store._exchange({"op": "send_table", "group": self.group, "topic": topic},
+                                    as_table(data))
+
+    def cancel(self, topic: str | None = None, msg_id: str | None = None, *,
+               key: str | None = None) -> bool:
+        return bool(self.store._action("cancel", {"group": self.group, "topic": topic,
+                                                  "msg_id": msg_id, "key": key})["cancelled"])
+
+    def cancel_keys(self, keys) -> np.ndarray:
+        """As ``Producer.cancel_keys``: per key, whether it named a pending message."""
+        answer = self.store._action("cancel_keys", {"group": self.group, "keys": key_list(keys)})
+        return np.array(answer["cancelled"], dtype=bool)
+
+    def pending_keys(self, keys) -> np.ndarray:
+        """As ``Producer.pending_keys``."""
+        answer = self.store._action("pending_keys", {"group": self.group, "keys": key_list(keys)})
+        return np.array(answer["pending"], dtype=bool)
+
+    def replace_table(self, data, *, topic: str | None = None) -> pa.Table:
+        """As ``Producer.replace_table``, stored on the server; returns the results table."""
+        return self.store._exchange({"op": "replace_table", "group": self.group,
+                                     "topic": topic}, as_table(data))
+
+    def schedule_table(self, data, *, topic: str | None = None):
+        """As ``Producer.schedule_table``, applied by the served store."""
+        from ..schedule.schedule_table import ScheduleTableResult
+
+        out = self.store._exchange({"op": "schedule_table", "group": self.group,
+                                    "topic": topic}, as_table(data)).to_pylist()[0]
+        return ScheduleTableResult(out["changed"], out["unchanged"], out["removed"])
+
+    def schedule(self, message: Message, *, key: str, cron: str | None = None,
+                 every_ms: int | None = None, tz: str = "UTC", start_at_ms: int | None = None,
+                 end_at_ms: int | None = None, max_fires: int | None = None,
+                 catch_up: str = "latest_once", catch_up_window_ms: int | None = None):
+        """As ``Producer.schedule``: a recurring schedule kept by the served store."""
+        answer = self.store._action("schedule", {
+            "group": self.group, "message": _message_body(message), "key": key, "cron": cron,
+            "every_ms": every_ms, "tz": tz, "start_at_ms": start_at_ms,
+            "end_at_ms": end_at_ms, "max_fires": max_fires, "catch_up": catch_up,
+            "catch_up_window_ms": catch_up_window_ms})
+        return schedule_info(answer["schedule"])
+
+
+class RemoteTransactionProducer(RemoteProducer):
+    """Transactional sends on a served store: the half message is stored there, the local
+    transaction runs here, and its answer ends the half there."""
+
+    def __init__(self, store: RemoteStore, group: str, listener) -> None:
+        super().__init__(store, group)
+        self.listener = listener
+
+    def send_in_transaction(self, message: Message, arg: object = None
+                            ) -> TransactionSendResult:
+        fields = self.store._action("send_half", {"group": self.group,
+                                                  "message": _message_body(message)})
+        error = None
+        try:
+            answer = self.listener.execute_local_transaction(message, arg)
+            state = LocalTransactionState.UNKNOW if answer is None else parse_state(answer)
+        except Exception as exc:  # noqa: BLE001 - user code; the outcome is unknown
+            error = f"{type(exc).__name__}: {exc}"
+            state = LocalTransactionState.UNKNOW
+        ended = False
+        if state is not LocalTransactionState.UNKNOW:
+            ended = self.store.end_transaction(fields["transaction_id"], state)
+        return _send_result(fields, TransactionSendResult, local_state=state, ended=ended,
+                            error=error, half_topic=fields.get("half_topic"),
+                            store_name=self.store_name)
+
+
+class RemoteSink:
+    """The exactly-once sink ``sink_id`` on a served store (as :class:`~store.Sink`)."""
+
+    def __init__(self, store: RemoteStore, sink_id: str, group: str) -> None:
+        self.store = store
+        self.sink_id = sink_id
+        self.group = group
+
+    def _body(self, **more) -> dict:
+        return {"sink_id": self.sink_id, "group": self.group, **more}
+
+    def stage(self, data, *, topic: str | None = None) -> list[str]:
+        """Validate and stage rows on the server; return the halves' ids."""
+        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic)}, as_table(data))
+        return list(loads(raw, "the answer of sink_stage")["transactions"])
+
+    def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
+        done = self.store._action("sink_commit", self._body(
+            batch_id=int(batch_id), transactions=list(transactions)))
+        return SinkCommit(done["rows"], done["halves"], done["rolled_back"], done["replayed"])
+
+    def abort(self) -> int:
+        return int(self.store._action("sink_abort", self._body())["rolled_back"])
+
+    def open_halves(self) -> list[str]:
+        return list(self.store._action("sink_open_halves", self._body())["transactions"])
+
+    def committed_batches(self) -> dict[int, dict]:
+        done = self.store._action("sink_committed_batches", self._body())["batches"]
+        return {int(k): v for k, v in done.items()}

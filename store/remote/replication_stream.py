@@ -1,0 +1,103 @@
+"""The replication stream, both ends: a leader's answer to ``replicate`` and a follower's
+request for it.
+
+A follower asks with a ``DoGet`` ticket (JSON)::
+
+    {"op": "replicate", "from": <its CommitLog end>, "tail_crc": <CRC32 of its last bytes>,
+     "file_size": <its segment size>, "max_bytes": <bound on the answer>,
+     "wait_ms": <how long to wait when nothing is new>}
+
+and gets batches of :data:`CHUNK_SCHEMA`, one row each: a chunk of whole records copied
+from the leader's mapped segments (:func:`~store.core.replica_log.read_chunk`), at most
+:data:`CHUNK_BYTES` each (a larger single record travels alone), in order, until
+``max_bytes`` were sent or the follower is caught up.  When nothing is new the leader waits
+up to ``wait_ms`` for an append (a long poll, checking its confirmed end every
+:data:`POLL_S`); the last batch always tells the leader's confirmed end, an empty chunk
+when nothing more was there.  The follower then asks again from its new end.
+
+An answer ends at a confirmed end of the leader's (the one it had when the answer began,
+or a later one), never inside an append, unless ``max_bytes`` came first: the follower
+appends each answer as one atomic group, so its readers see the leader's atomic groups
+(a sink commit, a transaction end) whole, but for an answer cut by its bound (a follower
+more than ``max_bytes`` behind).
+
+Every field is checked before the log is read (:class:`~store.remote.wire.InvalidRequest`
+names it); a follower whose log is not a prefix of the leader's is refused
+(:class:`~store.base.errors.ReplicaDivergedError`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+
+from ..core.replica_log import LogChunk, read_chunk
+from .wire import InvalidRequest, field
+
+#: One row per chunk.
+CHUNK_SCHEMA = pa.schema([("offset", pa.int64()), ("end", pa.int64()),
+                          ("leader_end", pa.int64()), ("data", pa.binary())])
+#: Bytes of one chunk (one Arrow batch), at most.
+CHUNK_BYTES = 4 << 20
+#: The most bytes one request may ask for, and the longest wait it may ask for.
+MAX_REQUEST_BYTES = 256 << 20
+MAX_WAIT_MS = 10_000
+#: How often a waiting leader looks at its confirmed end (s).
+POLL_S = 0.002
+
+
+def chunk_batch(chunk: LogChunk) -> pa.RecordBatch:
+    """One chunk as a batch of :data:`CHUNK_SCHEMA`."""
+    return pa.record_batch([pa.array([chunk.offset], pa.int64()),
+                            pa.array([chunk.end], pa.int64()),
+                            pa.array([chunk.leader_end], pa.int64()),
+                            pa.array([chunk.data], pa.binary())], schema=CHUNK_SCHEMA)
+
+
+def parse_request(body: dict) -> dict:
+    """The fields of a ``replicate`` ticket, checked (:class:`InvalidRequest` otherwise)."""
+    what = "replicate"
+    request = {"from": field(body, "from", int, what),
+               "tail_crc": field(body, "tail_crc", int, what),
+               "file_size": field(body, "file_size", int, what),
+               "max_bytes": field(body, "max_bytes", int, what, default=64 << 20),
+               "wait_ms": field(body, "wait_ms", int, what, default=0)}
+    if request["from"] < 0:
+        raise InvalidRequest(f"{what}: from={request['from']}; allowed: 0 or more")
+    if not 0 <= request["tail_crc"] <= 0xFFFFFFFF:
+        raise InvalidRequest(f"{what}: tail_crc={request['tail_crc']}; allowed: 0 to 2**32-1")
+    if request["file_size"] < 1:
+        raise InvalidRequest(f"{what}: file_size={request['file_size']}; allowed: 1 or more")
+    if not 1 <= request["max_bytes"] <= MAX_REQUEST_BYTES:
+        raise InvalidRequest(f"{what}: max_bytes={request['max_bytes']}; allowed: 1 to "
+                             f"{MAX_REQUEST_BYTES}")
+    if not 0 <= request["wait_ms"] <= MAX_WAIT_MS:
+        raise InvalidRequest(f"{what}: wait_ms={request['wait_ms']}; allowed: 0 to "
+                             f"{MAX_WAIT_MS}")
+    return request
+
+
+def first_chunk(reader, request: dict, stopping=lambda: False) -> LogChunk:
+    """The first chunk of an answer: checked against the follower's tail, waiting up to
+    ``wait_ms`` for an append when nothing is new (``stopping()``: give up early)."""
+    chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
+                       follower_crc=request["tail_crc"], file_size=request["file_size"])
+    deadline = time.monotonic() + request["wait_ms"] / 1000
+    while not chunk.data and time.monotonic() < deadline and not stopping():
+        time.sleep(POLL_S)
+        if reader.confirmed_offset() != chunk.offset:
+            chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]))
+    return chunk
+
+
+def answer(reader, request: dict, first: LogChunk):
+    """The batches of an answer from ``first`` on (see the module docstring)."""
+    chunk, sent = first, 0
+    while True:
+        yield chunk_batch(chunk)
+        sent += len(chunk.data)
+        if not chunk.data or sent >= request["max_bytes"] or chunk.end >= min(
+                chunk.leader_end, first.leader_end):
+            return  # (at a confirmed end, unless the bound came first: see the module doc)
+        chunk = read_chunk(reader, chunk.end, min(CHUNK_BYTES, request["max_bytes"] - sent))

@@ -1,0 +1,573 @@
+"""Recurring schedules of one store: a message fired into its topic at every due time.
+
+A schedule holds a message (topic, body, tags, keys, properties) and when to fire it: a cron
+expression in a time zone (:mod:`store.schedule.cron`), or a fixed interval ``every_ms`` from
+an anchor, optionally bounded by ``end_at_ms`` and ``max_fires``.  Its key names it: a
+schedule added with the key of another replaces it.
+
+**Where they live.**  ``config/rmq_schedules.json`` (JSON, written atomically with a
+``.bak``, as the broker's config files): every schedule with its next fire time and
+the fires so far; beside it ``config/rmq_schedules.mark``, the ``deliverMark`` of a firing
+step under way (a book written by an earlier version may hold it as ``deliverMark``).  Neither
+is in the CommitLog, so retention never touches them.  The book is kept parsed between calls
+(re-read only when another process wrote it) and written once per change or firing step.
+
+**Firing** (:meth:`ScheduleBook.fire_due`, run by ``store.deliver_due()``, so by ``rmq serve``
+and by streaming queries): under the store's write lock, every active schedule whose next
+fire time is at or before now fires once per due time, never early.  A copy is a new message
+of the schedule's topic (in the queue its key hashes to, so one schedule's fires keep their
+order) with the properties ``RMQ_SCHEDULE_KEY`` and ``RMQ_SCHEDULE_FIRE_MS`` (the fire time),
+and ``__RMQ_DELIVER_MS`` = the fire time (the ``deliver_timestamp`` column).
+
+**Missed fires** (the catch-up policy, ``catch_up``).  A step that finds more than one due
+time of a schedule found fires the deliverer missed (the store closed, no server, a
+deliverer slower than the interval); a deliverer that runs more often than the interval
+never misses one.  Fires older than ``catch_up_window_ms`` (when set) are dropped first,
+under every policy.  Then, per schedule:
+
+==============  ============================================================================
+``all``         a copy per due time, each once (as overdue timer messages are)
+``latest_once`` one copy, at the latest due time, standing for all of them: it carries
+                ``RMQ_SCHEDULE_FIRES`` = how many due times it stands for (only when more
+                than one); later fires keep the schedule's phase.  The default.
+``skip``        nothing when several are due (a lone due time fires); later fires keep the
+                schedule's phase
+==============  ============================================================================
+
+``fires`` and ``max_fires`` count copies sent: a caught-up copy is one fire.  A book written
+before the policy existed has none recorded: its schedules keep ``all`` (what they did).
+
+**Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
+the copies, the CommitLog end is saved as the mark (the small mark file); after the copies
+are flushed the new fire times are saved and the mark file removed.  Whoever next takes the
+book with a mark still set (a process killed in between) first reads the records appended
+since the mark, counts the copies found there as fired, and only then goes on.
+
+**Pause, resume, remove** take the same lock, so once they return no fire of that schedule
+happens that was not already written.  A resumed schedule fires from its next due time after
+the resume; the fires due while it was paused are skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..files.crash_points import crash_point
+from ..base.errors import InvalidScheduleError, ScheduleIntervalError
+from ..files.broker_files import read_lenient_json
+from ..files.fileio import atomic_write
+from ..delayed.delivery import properties_since
+from ..formats.record_codec import RecordSpec
+from ..formats.message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
+                       validate_schedule_key)
+from .cron import CronExpression, next_every_fire_ms, time_zone
+
+#: The properties every fired copy carries (visible in the message's properties).
+PROPERTY_SCHEDULE_KEY = "RMQ_SCHEDULE_KEY"
+PROPERTY_SCHEDULE_FIRE_MS = "RMQ_SCHEDULE_FIRE_MS"
+#: On a copy that stands for several missed due times (``catch_up="latest_once"``): how many.
+PROPERTY_SCHEDULE_FIRES = "RMQ_SCHEDULE_FIRES"
+#: The catch-up policies (see the module); the first is the default of a new schedule.
+CATCH_UP_POLICIES = ("latest_once", "all", "skip")
+#: The policy of a schedule in a book written before policies existed (what it did then).
+LEGACY_CATCH_UP = "all"
+#: Copies appended per step of :meth:`ScheduleBook.fire_due`.
+FIRE_CHUNK = 4096
+FILE_NAME = os.path.join("config", "rmq_schedules.json")
+MARK_NAME = os.path.join("config", "rmq_schedules.mark")
+
+
+@dataclass(slots=True)
+class Schedule:
+    """One schedule as the book keeps it (see the module)."""
+
+    key: str
+    topic: str
+    body: bytes
+    properties: dict[str, str]  # the message's, with TAGS and KEYS
+    cron: str | None = None
+    every_ms: int | None = None
+    tz: str = "UTC"
+    anchor_ms: int = 0  # every_ms: fires at anchor + k * every_ms
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+    max_fires: int | None = None
+    fires: int = 0
+    next_fire_ms: int | None = None  # None: ended (end_at_ms or max_fires reached)
+    paused: bool = False
+    created_ms: int = 0
+    last_fire_ms: int | None = None
+    catch_up: str = CATCH_UP_POLICIES[0]
+    catch_up_window_ms: int | None = None  # None: no fire is too old to be sent
+    _cron: CronExpression | None = field(default=None, repr=False, compare=False)
+
+    def following(self, after_ms: int) -> int | None:
+        """The first fire time strictly after ``after_ms`` within the bounds, or ``None``."""
+        if self.max_fires is not None and self.fires >= self.max_fires:
+            return None
+        if self.start_at_ms is not None:
+            after_ms = max(after_ms, self.start_at_ms - 1)
+        if self.every_ms is not None:
+            t = next_every_fire_ms(after_ms, self.anchor_ms, self.every_ms)
+        else:
+            if self._cron is None:
+                self._cron = CronExpression.parse(self.cron)
+            t = self._cron.next_fire_ms(after_ms, self.tz)
+        if t is None or (self.end_at_ms is not None and t > self.end_at_ms):
+            return None
+        return t
+
+    def latest_due(self, first_ms: int, now_ms: int) -> tuple[int, int]:
+        """``(latest, count)``: the latest due time at or before ``now_ms`` from the due time
+        ``first_ms`` on, and how many due times that is (``first_ms`` included).  A fixed
+        interval counts them by arithmetic; a cron expression walks them."""
+        if self.every_ms is not None:
+            limit = now_ms if self.end_at_ms is None else min(now_ms, self.end_at_ms)
+            latest = first_ms + (limit - first_ms) // self.every_ms * self.every_ms
+            return latest, (latest - first_ms) // self.every_ms + 1
+        latest, count = first_ms, 1
+        while True:
+            t = self.following(latest)
+            if t is None or t > now_ms:
+                return latest, count
+            latest, count = t, count + 1
+
+    def to_json(self) -> dict:
+        return {"topic": self.topic, "body": base64.b64encode(self.body).decode("ascii"),
+                "properties": self.properties, "cron": self.cron, "everyMs": self.every_ms,
+                "tz": self.tz, "anchorMs": self.anchor_ms, "startAtMs": self.start_at_ms,
+                "endAtMs": self.end_at_ms, "maxFires": self.max_fires, "fires": self.fires,
+                "nextFireMs": self.next_fire_ms, "paused": self.paused,
+                "createdMs": self.created_ms, "lastFireMs": self.last_fire_ms,
+                "catchUp": self.catch_up, "catchUpWindowMs": self.catch_up_window_ms}
+
+    @classmethod
+    def from_json(cls, key: str, data: dict) -> Schedule:
+        return cls(key, data["topic"], base64.b64decode(data["body"]),
+                   dict(data.get("properties") or {}), data.get("cron"), data.get("everyMs"),
+                   data.get("tz") or "UTC", int(data.get("anchorMs") or 0),
+                   data.get("startAtMs"), data.get("endAtMs"), data.get("maxFires"),
+                   int(data.get("fires") or 0), data.get("nextFireMs"),
+                   bool(data.get("paused")), int(data.get("createdMs") or 0),
+                   data.get("lastFireMs"), data.get("catchUp") or LEGACY_CATCH_UP,
+                   data.get("catchUpWindowMs"))
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """What :meth:`~store.MessageStore.schedules` lists of one schedule."""
+
+    key: str
+    topic: str
+    cron: str | None
+    every_ms: int | None
+    tz: str
+    next_fire_ms: int | None
+    fires: int
+    paused: bool
+    start_at_ms: int | None
+    end_at_ms: int | None
+    max_fires: int | None
+    last_fire_ms: int | None
+    #: defaults: what a server of an earlier version did (it sends neither)
+    catch_up: str = LEGACY_CATCH_UP
+    catch_up_window_ms: int | None = None
+
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"paused"`` or ``"ended"`` (no fire left within its bounds)."""
+        if self.next_fire_ms is None:
+            return "ended"
+        return "paused" if self.paused else "active"
+
+
+def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
+                      start_at_ms: object, end_at_ms: object, max_fires: object,
+                      catch_up: object = CATCH_UP_POLICIES[0],
+                      catch_up_window_ms: object = None, *, min_interval_ms: int = 1) -> None:
+    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed;
+    ``min_interval_ms`` is the store's floor for ``every_ms``
+    (``StoreConfig.schedule_min_interval_ms``)."""
+    validate_schedule_key(key)
+    if (cron is None) == (every_ms is None):
+        raise InvalidScheduleError("give exactly one of cron (e.g. '0 9 * * *') and every_ms "
+                                   "(an interval in ms)")
+    if every_ms is not None and (isinstance(every_ms, bool) or not isinstance(every_ms, int)
+                                 or every_ms < 1):
+        raise InvalidScheduleError(f"every_ms={every_ms!r}; allowed: an int >= 1")
+    if every_ms is not None and every_ms < min_interval_ms:
+        raise ScheduleIntervalError(
+            f"every_ms={every_ms} is below this store's floor of {min_interval_ms} ms "
+            f"(StoreConfig.schedule_min_interval_ms); allowed: every_ms >= {min_interval_ms}")
+    if catch_up not in CATCH_UP_POLICIES:
+        raise InvalidScheduleError(f"catch_up={catch_up!r}; allowed: "
+                                   f"{', '.join(repr(p) for p in CATCH_UP_POLICIES)}")
+    if catch_up_window_ms is not None and (
+            isinstance(catch_up_window_ms, bool) or not isinstance(catch_up_window_ms, int)
+            or catch_up_window_ms < 0):
+        raise InvalidScheduleError(f"catch_up_window_ms={catch_up_window_ms!r}; allowed: an "
+                                   "int >= 0 (ms), or None (no fire is too old)")
+    if cron is not None:
+        CronExpression.parse(cron)
+    time_zone(tz)
+    for name, value in (("start_at_ms", start_at_ms), ("end_at_ms", end_at_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise InvalidScheduleError(f"{name}={value!r}; allowed: epoch ms >= 0, or None")
+    if start_at_ms is not None and end_at_ms is not None and end_at_ms < start_at_ms:
+        raise InvalidScheduleError(f"end_at_ms={end_at_ms} is before start_at_ms={start_at_ms};"
+                                   " allowed: end_at_ms >= start_at_ms")
+    if max_fires is not None and (isinstance(max_fires, bool) or not isinstance(max_fires, int)
+                                  or max_fires < 1):
+        raise InvalidScheduleError(f"max_fires={max_fires!r}; allowed: an int >= 1, or None")
+
+
+class ScheduleBook:
+    """The schedules of one store (see the module)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.path = os.path.join(store.root, FILE_NAME)
+        self.mark_path = os.path.join(store.root, MARK_NAME)
+        # the file's identity (inode, size, mtime) and what a step with nothing due needs of
+        # it (the earliest fire, a mark of an older version): such a step reads only a stat
+        self._cached: tuple[tuple, dict] | None = None
+        # the same identity and the schedules as objects (the only copy of the book in
+        # memory), changed in place under the write lock and written by _save (dropped when a
+        # change fails half way)
+        self._parsed: tuple[tuple, dict[str, Schedule]] | None = None
+        # a firing step this process began and goes on with (bounded calls in a row): its
+        # mark stays set and the book unwritten until the last call; the parsed copy is then
+        # ahead of the file, and a crash in between is settled from the mark as any other
+        self._own_mark = -1
+
+    # -- the file ---------------------------------------------------------------------------
+    def _identity(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _summary(self) -> dict | None:
+        """``{"earliest", "mark"}`` of the book as last written (``None``: no book); parses
+        the file when another process wrote it since."""
+        identity = self._identity()
+        if identity is None:
+            self._cached = self._parsed = None
+            return None
+        if self._cached is not None and self._cached[0] == identity:
+            return self._cached[1]
+        data = read_lenient_json(self.path, valid=lambda d: isinstance(d, dict))
+        if data is None:
+            self._cached = self._parsed = None
+            return None
+        table = data.get("schedules") or {}
+        schedules = {k: Schedule.from_json(k, v) for k, v in table.items()}
+        legacy_mark = int(data.get("deliverMark", -1))  # a book an earlier version wrote
+        del data, table  # the objects are the one copy kept
+        summary = {"earliest": _earliest(schedules), "mark": legacy_mark}
+        self._cached = (identity, summary)
+        self._parsed = (identity, schedules)
+        return summary
+
+    def _read_mark(self) -> int:
+        """The mark of a firing step under way (-1: none)."""
+        try:
+            with open(self.mark_path, "rb") as fh:
+                text = fh.read().strip()
+        except FileNotFoundError:
+            return -1
+        return int(text) if text.lstrip(b"-").isdigit() else -1
+
+    def _set_mark(self, mark: int) -> None:
+        """Save the mark durably, before any copy of the step is appended."""
+        crash_point("schedules.mark", "before")
+        atomic_write(self.mark_path, str(mark).encode("ascii"))
+        crash_point("schedules.mark", "after")
+
+    def _clear_mark(self) -> None:
+        self._own_mark = -1
+        try:
+            os.remove(self.mark_path)
+        except FileNotFoundError:
+            pass
+
+    def _nothing_due(self, now: int) -> bool:
+        """Whether the book, as last written, has no fire due by ``now`` and no mark to
+        settle (a stat of the book: a step with nothing to do takes no lock)."""
+        if os.path.exists(self.mark_path):
+            return False
+        summary = self._summary()
+        if summary is None:
+            return True
+        if summary["mark"] >= 0:
+            return False
+        earliest = summary["earliest"]
+        return earliest < 0 or earliest > now
+
+    def _load(self) -> tuple[dict[str, Schedule], int]:
+        """The schedules and the mark (the caller holds the write lock)."""
+        mark = self._read_mark()
+        summary = self._summary()
+        if summary is None:
+            return {}, mark
+        if self._parsed is None or self._parsed[0] != self._cached[0]:
+            self._cached = None  # dropped by a failed change: parsed again from the file
+            summary = self._summary()
+            if summary is None:
+                return {}, mark
+        return self._parsed[1], max(mark, summary["mark"])
+
+    def _save(self, schedules: dict[str, Schedule]) -> None:
+        data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
+                "deliverMark": -1}
+        crash_point("schedules.book", "before")
+        atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
+                     keep_backup=True)
+        crash_point("schedules.book", "after")
+        identity = self._identity()  # what was written is what the next read would parse
+        self._cached = (identity, {"earliest": _earliest(schedules), "mark": -1})
+        self._parsed = (identity, schedules)
+
+    def _settled(self) -> dict[str, Schedule]:
+        """The schedules, after settling a firing step a killed process left (mark set)."""
+        parsed_before = self._parsed
+        schedules, mark = self._load()
+        if mark >= 0 and mark == self._own_mark and self._parsed is parsed_before:
+            return schedules  # our own step under way: the parsed copy is the newest
+        self._own_mark = -1
+        if mark >= 0:
+            for key, fire_ms in _fired_since(self.store, mark):
+                s = schedules.get(key)
+                if s is not None and s.next_fire_ms is not None and fire_ms >= s.next_fire_ms:
+                    s.fires += 1
+                    s.last_fire_ms = fire_ms
+                    s.next_fire_ms = s.following(fire_ms)
+            self._save(schedules)
+            self._clear_mark()
+        return schedules
+
+    @contextmanager
+    def _changing(self):
+        """The write lock, for a change of the parsed book in place: a change that fails
+        half way drops the parsed copy (the next call reads the file again)."""
+        with self.store.write_lock():
+            try:
+                yield
+            except BaseException:
+                self._parsed = None
+                raise
+
+    # -- changing ---------------------------------------------------------------------------
+    def add(self, schedule: Schedule) -> ScheduleInfo:
+        """Add ``schedule`` (replacing one with its key); return what it is now."""
+        return self.apply([schedule], [])[0][0]
+
+    def apply(self, adds: list[Schedule], removes: list[str]
+              ) -> tuple[list[ScheduleInfo], int, int]:
+        """Add (or replace) ``adds`` and remove ``removes``, in one write of the book.
+
+        A schedule identical to the one under its key (same message, expression or
+        interval, zone and bounds) changes nothing: its next fire, fire count and pause are
+        kept, so applying the same definitions again is harmless.  One that differs only in
+        its catch-up policy takes the new policy and keeps its progress (and phase).  Returns
+        the infos of ``adds``, how many of them changed the book and how many keys were
+        removed.
+        """
+        with self._changing():
+            schedules = self._settled()
+            now = self.store.now_ms()
+            infos, changed, removed = [], 0, 0
+            for key in removes:
+                removed += schedules.pop(key, None) is not None
+            for schedule in adds:
+                old = schedules.get(schedule.key)
+                if old is not None and _definition(old) == _definition(schedule):
+                    if _policy(old) != _policy(schedule):  # a new policy keeps the phase
+                        old.catch_up, old.catch_up_window_ms = _policy(schedule)
+                        changed += 1
+                    infos.append(_info(old))
+                    continue
+                schedule.created_ms = now
+                if schedule.every_ms is not None:
+                    schedule.anchor_ms = schedule.start_at_ms if schedule.start_at_ms is not None \
+                        else now + schedule.every_ms
+                schedule.next_fire_ms = schedule.following(now)
+                schedules[schedule.key] = schedule
+                infos.append(_info(schedule))
+                changed += 1
+            if changed or removed:
+                self._save(schedules)
+            return infos, changed, removed
+
+    def remove(self, key: str) -> bool:
+        """Remove the schedule ``key``; ``False`` when there is none."""
+        with self._changing():
+            schedules = self._settled()
+            if schedules.pop(key, None) is None:
+                return False
+            self._save(schedules)
+            return True
+
+    def set_paused(self, key: str, paused: bool) -> bool:
+        """Pause or resume the schedule ``key``; ``False`` when there is none."""
+        with self._changing():
+            schedules = self._settled()
+            s = schedules.get(key)
+            if s is None:
+                return False
+            if s.paused != paused:
+                s.paused = paused
+                if not paused and s.next_fire_ms is not None:  # skip what fell due meanwhile
+                    s.next_fire_ms = s.following(max(self.store.now_ms(), s.next_fire_ms - 1))
+                self._save(schedules)
+            return True
+
+    def list(self) -> list[ScheduleInfo]:
+        """Every schedule, by key."""
+        with self._changing():
+            schedules = self._settled()
+        return [_info(schedules[k]) for k in sorted(schedules)]
+
+    # -- firing -----------------------------------------------------------------------------
+    def fire_due(self, max_messages: int | None = None) -> int:
+        """Fire every due time of every active schedule (see the module); return the copies
+        appended.  ``max_messages`` bounds one call; the next call goes on.
+
+        One step: the mark saved, the copies appended (:data:`FIRE_CHUNK` at a time) and
+        flushed, the book written once, the mark removed.
+        """
+        if self._nothing_due(self.store.now_ms()):
+            return 0  # nothing due, or no schedule at all: no lock taken
+        store = self.store
+        budget = None if max_messages is None else max(1, int(max_messages))
+        with self._changing():
+            schedules = self._settled()
+            now = store.now_ms()
+            due = [s for s in schedules.values()
+                   if not s.paused and s.next_fire_ms is not None and s.next_fire_ms <= now]
+            if not due:
+                self._finish(schedules)
+                return 0
+            if self._own_mark < 0:
+                # the mark, before any copy (a step that only drops missed fires needs none,
+                # but saving it costs a small write in a step that is rare)
+                self._set_mark(store.confirmed_offset())
+            fires: list[tuple[Schedule, int, int]] = []  # (schedule, fire time, stands for)
+            for s in due:
+                if budget is not None and len(fires) >= budget:
+                    break  # the rest keep their next fire: the next call goes on
+                _take_due(s, now, fires, budget)
+            for lo in range(0, len(fires), FIRE_CHUNK):
+                crash_point("schedules.fire_append", "before")
+                store.append([self._copy(s, t, n, now) for s, t, n in fires[lo:lo + FIRE_CHUNK]])
+                crash_point("schedules.fire_append", "after")
+            store.flush()  # the copies are durable before the book that claims them
+            if budget is not None and len(fires) >= budget:
+                # more may be due: the caller calls again; the book is written once, at the
+                # end of the step (a fresh process fires in small bounded calls until its
+                # compiled loops are in, see MessageStore.deliver_due)
+                self._own_mark = self._read_mark()
+            else:
+                self._save(schedules)
+                self._clear_mark()
+        return len(fires)
+
+    def _finish(self, schedules: dict[str, Schedule]) -> None:
+        """Write the book of a step this process left under way (bounded calls), if any."""
+        if self._own_mark >= 0:
+            self._save(schedules)
+            self._clear_mark()
+
+    def _copy(self, s: Schedule, fire_ms: int, stands_for: int, now: int) -> RecordSpec:
+        store = self.store
+        props = dict(s.properties)
+        props[PROPERTY_UNIQ_KEY] = store.id_generator.next_id(now)
+        props[PROPERTY_SCHEDULE_KEY] = s.key
+        props[PROPERTY_SCHEDULE_FIRE_MS] = str(fire_ms)
+        if stands_for > 1:
+            props[PROPERTY_SCHEDULE_FIRES] = str(stands_for)
+        props[PROPERTY_DELIVER_MS] = str(fire_ms)
+        count = store.ensure_topic(s.topic)
+        return RecordSpec(topic=s.topic, body=s.body, properties=props,
+                          queue_id=sharding_queue(s.key, count), born_timestamp_ms=now)
+
+
+def read_schedules(root: str) -> list[ScheduleInfo]:
+    """The schedules of the store at ``root`` as last written, without the write lock (a
+    read-only view: a firing step a killed process left is shown as not yet settled)."""
+    data = read_lenient_json(os.path.join(root, FILE_NAME), valid=lambda d: isinstance(d, dict))
+    table = (data or {}).get("schedules") or {}
+    return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
+
+
+def _take_due(s: Schedule, now: int, fires: list, budget: int | None) -> None:
+    """Add the copies the due times of ``s`` make under its catch-up policy to ``fires``
+    (``(schedule, fire time, due times it stands for)``, at most ``budget`` in all) and move
+    its next fire on past what was taken or dropped."""
+    t = s.next_fire_ms
+    window = s.catch_up_window_ms
+    if window is not None and t < now - window:
+        t = s.following(now - window - 1)  # older than the window: dropped, under any policy
+        if t is None or t > now:
+            s.next_fire_ms = t
+            return
+    if s.catch_up == "all":
+        while t is not None and t <= now and (budget is None or len(fires) < budget):
+            fires.append((s, t, 1))
+            s.fires += 1
+            s.last_fire_ms = t
+            t = s.following(t)
+        s.next_fire_ms = t
+        return
+    latest, count = s.latest_due(t, now)
+    if count == 1 or s.catch_up == "latest_once":
+        fires.append((s, latest, count))
+        s.fires += 1
+        s.last_fire_ms = latest
+    # (skip with several due: all dropped) the next fire keeps the schedule's phase
+    s.next_fire_ms = s.following(latest)
+
+
+def _earliest(schedules: dict[str, Schedule]) -> int:
+    """The earliest next fire of an active schedule (-1: none)."""
+    times = [s.next_fire_ms for s in schedules.values()
+             if not s.paused and s.next_fire_ms is not None]
+    return min(times) if times else -1
+
+
+def _definition(s: Schedule) -> tuple:
+    """When a user's schedule fires and what (not its progress, nor its catch-up policy)."""
+    return (s.key, s.topic, s.body, s.properties, s.cron, s.every_ms, s.tz, s.start_at_ms,
+            s.end_at_ms, s.max_fires)
+
+
+def _policy(s: Schedule) -> tuple:
+    return (s.catch_up, s.catch_up_window_ms)
+
+
+def _info(s: Schedule) -> ScheduleInfo:
+    return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
+                        s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms,
+                        s.catch_up, s.catch_up_window_ms)
+
+
+def _fired_since(store, start: int) -> list[tuple[str, int]]:
+    """``(key, fire time)`` of the fired copies appended from CommitLog offset ``start`` on
+    (one compiled pass finds the two properties; only the copies are decoded)."""
+    out: list[tuple[str, int]] = []
+    for raw, found, vstart, vend in properties_since(
+            store, start, [PROPERTY_SCHEDULE_KEY, PROPERTY_SCHEDULE_FIRE_MS]):
+        for i in np.flatnonzero(found[0] & found[1]):
+            key = bytes(raw[vstart[0, i]:vend[0, i]]).decode("utf-8", "replace")
+            fire = bytes(raw[vstart[1, i]:vend[1, i]])
+            if fire.isdigit():
+                out.append((key, int(fire)))
+    return out
