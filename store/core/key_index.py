@@ -149,6 +149,10 @@ class KeyIndex:
         #: one builder per process at a time (the ``flock`` serialises processes)
         self._thread_lock = threading.Lock()
         self._lock_fd: int | None = None
+        #: ``() -> str | None``: what happened to the store directory since this process
+        #: opened it (removed, replaced), set by the writing core; a builder writes nothing
+        #: into whatever is at the path then (index files and ``index.lock`` go by path)
+        self.identity_problem: Callable[[], str | None] | None = None
 
     # -- the files -----------------------------------------------------------------------------
     def _refresh(self, force: bool = False) -> list[IndexFile]:
@@ -255,8 +259,12 @@ class KeyIndex:
             return True
         if self.indexed_to() >= end:
             return True
+        if self._directory_gone():
+            return False
         with self._building(wait) as held:
             if not held:
+                return False
+            if self._directory_gone():  # (removed or replaced while this one waited)
                 return False
             start = max(self.indexed_to(), self.commit_log.min_offset())
             stop = end if max_bytes is None else min(end, start + max_bytes)
@@ -274,6 +282,16 @@ class KeyIndex:
             if reached > self.indexed_to():
                 self._set_indexed_to(reached)
             return reached >= end
+
+    def _directory_gone(self) -> bool:
+        """Whether the store was removed or replaced under this process (one ``stat``); the
+        index then stops in this process for good, as its appends do."""
+        problem = self.identity_problem() if self.identity_problem is not None else None
+        if problem is not None:
+            log.warning("the message-key index stops in this process: the store %s %s",
+                        self.root, problem)
+            self.enabled = False
+        return problem is not None
 
     def index_range(self, begin: int, end: int) -> int:
         """Index the records of the CommitLog from ``begin`` (a record's start) to ``end``

@@ -95,6 +95,7 @@ class StoreCore(AppendLocking, ReadableStore):
         self._open_lock_fd = os.open(os.path.join(self.root, "open.lock"), flags, 0o644)
         #: The lock file this process opened: a removed or replaced store is noticed by it.
         self.identity = DirectoryIdentity(self.root, self._write_lock_fd)
+        self.key_index.identity_problem = self.identity.problem
         #: Why this process stopped writing to the store (it was removed or replaced).
         self.replaced: str | None = None
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import pytest
 from conftest import SMALL, FakeClock
@@ -34,6 +35,20 @@ def _send_delayed(store: MessageStore, tag: bytes) -> None:
     p = store.producer("g")
     p.send(Message("t", tag + b"-timer"), delay_ms=2_000)
     p.send(Message("t", tag + b"-level"), delay_level=1)
+
+
+def _remove(path: str) -> None:
+    """``rm -rf`` of a store a process still has open: its background threads (the flush,
+    the key index builder: until they notice the removal) may create a file while it runs,
+    and ``rmtree`` then fails on a directory not empty, as ``rm -rf`` would; run again."""
+    for attempt in range(5):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
 
 
 def _config_files(path: str) -> dict[str, bytes]:
@@ -90,7 +105,7 @@ def test_a_process_stops_writing_to_a_replaced_or_removed_store(tmp_path, how):
     old = MessageStore.open(path, SMALL, clock=clock)
     producer = old.producer("g")
     _send_delayed(old, b"old")
-    shutil.rmtree(path)
+    _remove(path)
     new = None
     if how == "replaced":
         new = MessageStore.open(path, SMALL, clock=clock)
@@ -173,3 +188,35 @@ def test_delay_level_offsets_past_their_queue_are_rebuilt(tmp_path):
     with MessageStore.open(path, SMALL, clock=clock) as store:
         assert store.deliver_due() == 1
         assert _bodies(store, "t") == [b"x"]
+
+
+def test_the_key_index_builder_writes_nothing_into_a_store_that_replaced_its_own(tmp_path):
+    """The message-key index is built behind the sends by a thread of the writing process
+    (index files and index.lock by path): once the store it opened was replaced, it stops
+    and writes nothing into the new one."""
+    path, clock = str(tmp_path / "s"), FakeClock()
+    old = MessageStore.open(path, SMALL, clock=clock)
+    old.key_indexer.stop()  # the builder's next pass, run by hand below
+    p = old.producer("g")
+    for i in range(50):
+        p.send(Message("t", b"old%d" % i, keys=f"k{i}"))
+    shutil.rmtree(path)
+    with MessageStore.open(path, SMALL, clock=clock) as new:
+        new.producer("g").send(Message("t", b"new", keys="k-new"))
+
+    def files() -> dict[str, bytes]:
+        out = {}
+        for d, _, names in os.walk(path):
+            for name in names:
+                with open(os.path.join(d, name), "rb") as fh:
+                    out[os.path.relpath(os.path.join(d, name), path)] = fh.read()
+        return out
+
+    before = files()
+    assert old.key_index.build(old.confirmed_offset()) is False
+    assert not old.key_index.enabled
+    assert files() == before
+    old.close()
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        assert [v.body for v in store.query_messages("t", key="k-new")] == [b"new"]
+        assert store.query_messages("t", key="k1") == []
