@@ -18,6 +18,7 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -56,60 +57,87 @@ class GrpcEndpoint:
     def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
-                 short_call_workers: int = SHORT_CALL_WORKERS) -> None:
+                 short_call_workers: int = SHORT_CALL_WORKERS, reuse_port: bool = False) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
                 "pip install '.[grpc]' in rmq's directory, or 'rmq[grpc]' (grpcio and "
                 "rocketmq-python-client)")
-        import grpc
-        from rocketmq.grpc_protocol import service_pb2_grpc
-
         from .access import AccessControl
-        from .service import MessagingService
 
         if not isinstance(stores, (list, tuple)):
             stores = [("", stores)]
         store = stores[0][1]
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
-        limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
         held = HeldCalls(max_held_calls, max_held_calls_per_client)
-        # held calls (streams, long polls) never take more than their own share of the pool:
-        # short_call_workers threads stay for the short calls (store.proxy.limits)
-        self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
-                               thread_name_prefix="rmq-grpc"),
-            options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=max_held_calls + short_call_workers * 4)
-        target = f"[{address.host}]:{address.port}" if ":" in address.host else \
-            f"{address.host}:{address.port}"
-        if tls is not None:
-            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
-            port = self._server.add_secure_port(target, credentials)
-        else:
-            port = self._server.add_insecure_port(target)
-        if port == 0:
-            raise InvalidConfigError(f"cannot listen on {listen} for gRPC clients (the address "
-                                     "is in use or not this host's)")
-        self.host, self.port = address.host, port
+        self.host = address.host
+        self._listen = listen
+        self.loopback = address.loopback
         self._closed = False
         self._close_lock = threading.Lock()
-        self.loopback = address.loopback
-        self.service = MessagingService(stores, access=access,
-                                        address=(self._advertised(), port), held=held)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self._server)
-        self._server.start()
-        log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
+        # one event loop answers every call (store.proxy.aio_calls); held calls (streams,
+        # long polls) never take more than their own share of the pool: short_call_workers
+        # threads stay for the short calls a plain method answers (store.proxy.limits)
+        self._pool = ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
+                                        thread_name_prefix="rmq-grpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rmq-grpc-loop",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self.port = self._run(self._start(
+                stores, address, store.config.max_message_size_bytes * 2 + HEADROOM_BYTES,
+                max_held_calls + short_call_workers * 4, tls, access, held, reuse_port))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._pool.shutdown(wait=False)
+            raise
+        log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, self.port,
                  " (TLS)" if tls else "")
         if tls is None and not self.loopback:
             log.warning("RocketMQ 5 clients are served on %s:%d without TLS: their calls, "
                         "signatures (tokens) and messages travel in clear; anyone on the path "
                         "can read them and replay a signature within its window; give a "
                         "certificate (--tls-cert, --tls-key) on any network not wholly trusted",
-                        self.host, port)
+                        self.host, self.port)
+
+    def _run(self, coroutine, timeout: float | None = 60):
+        """Run ``coroutine`` on the endpoint's loop; its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    async def _start(self, stores, address: RemoteAddress, limit: int, concurrent: int, tls,
+                     access, held: HeldCalls, reuse_port: bool) -> int:
+        import grpc
+
+        from .aio_calls import AsyncMessagingService, add_to_server
+
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._pool,
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit),
+                     ("grpc.so_reuseport", 1 if reuse_port else 0)],
+            maximum_concurrent_rpcs=concurrent)
+        target = f"[{address.host}]:{address.port}" if ":" in address.host else \
+            f"{address.host}:{address.port}"
+        try:
+            if tls is not None:
+                credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+                port = self._server.add_secure_port(target, credentials)
+            else:
+                port = self._server.add_insecure_port(target)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise InvalidConfigError(f"cannot listen on {self._listen} for gRPC clients (the "
+                                     "address is in use or not this host's)")
+        self.service = AsyncMessagingService(
+            stores, access=access, address=(self._advertised(), port), held=held,
+            loop=asyncio.get_running_loop(), pool=self._pool)
+        add_to_server(self.service, self._server)
+        await self._server.start()
+        return port
 
     def _advertised(self) -> str:
         if self.host in ("0.0.0.0", "::", ""):
@@ -139,7 +167,12 @@ class GrpcEndpoint:
                 return
             self._closed = True
         self.service.close()
-        self._server.stop(grace_s).wait()
+        try:
+            self._run(self._server.stop(grace_s), timeout=grace_s + 30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._pool.shutdown(wait=False)
 
 
 __all__ = ["GrpcEndpoint", "grpc_available"]

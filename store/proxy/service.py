@@ -216,17 +216,21 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""
         try:
             return body()
-        except Refused as exc:
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
+            return self._failed(context, method, respond, exc)
+
+    def _failed(self, context, method: str, respond, exc: Exception):
+        """``respond(status)`` for a refusal, a store error or any other failure of a call."""
+        if isinstance(exc, Refused):
             self._refused(method, context, exc)
             return respond(status(exc.code, exc.text))
-        except StoreError as exc:
+        if isinstance(exc, StoreError):
             code = store_error_code(exc)
             self.refusals.warning("%s from %s failed (%s): %.300s", method, context.peer(),
                                   Code.Name(code), exc)
             return respond(status(code, self._text(exc)))
-        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
-            log.exception("%s from %s failed", method, context.peer())
-            return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+        log.error("%s from %s failed", method, context.peer(), exc_info=exc)
+        return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
 
     def _refused(self, method: str, context, exc: Refused) -> None:
         self.refusals.warning("%s from %s refused (%s): %.300s", method, context.peer(),
@@ -483,25 +487,33 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             r = self._next()[1].producer.send(m.message, msg_id=m.msg_id)
         return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
 
+    def checked_sends(self, request, context) -> list[Incoming]:
+        """A send request's messages, checked (the account's right, every rule of the
+        protocol and the store): a bad one refuses the whole request before anything of it
+        is stored."""
+        account = self._account(context)
+        if not request.messages:
+            raise Refused(Code.BAD_REQUEST, "the request carries no message")
+        topics = {m.topic.name for m in request.messages}
+        if len(topics) > 1:
+            raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
+                                            f"{sorted(topics)}")
+        topic = next(iter(topics))
+        account.check_topic(topic, "PUB")
+        now = self.store.now_ms()
+        cfg = self.store.config
+        return [incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
+                         max_delay_ms=cfg.timer_max_delay_ms,
+                         max_properties_bytes=cfg.max_properties_size_bytes)
+                for message in request.messages]
+
+    def send_checked(self, checked: list[Incoming]) -> list[rpc.SendResultEntry]:
+        """Store checked messages (:meth:`checked_sends`); their result entries."""
+        return [self._send_one(m) for m in checked]
+
     def SendMessage(self, request, context):
         def body():
-            account = self._account(context)
-            if not request.messages:
-                raise Refused(Code.BAD_REQUEST, "the request carries no message")
-            topics = {m.topic.name for m in request.messages}
-            if len(topics) > 1:
-                raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
-                                                f"{sorted(topics)}")
-            topic = next(iter(topics))
-            account.check_topic(topic, "PUB")
-            now = self.store.now_ms()
-            cfg = self.store.config
-            # every message is checked before any is stored: a bad one refuses the batch
-            checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
-                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms,
-                                max_properties_bytes=cfg.max_properties_size_bytes)
-                       for message in request.messages]
-            entries = [self._send_one(m) for m in checked]
+            entries = self.send_checked(self.checked_sends(request, context))
             self.wake_receivers()
             return rpc.SendMessageResponse(status=_OK, entries=entries)
         return self._guard(context, "SendMessage",
@@ -593,6 +605,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc),
                                                            self._text(exc)))
             return
+        yield from self.receive_responses(deliveries)
+
+    def receive_responses(self, deliveries: list[Delivery]):
+        """The responses a receive streams for ``deliveries``."""
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
                                                            "no new message"))

@@ -1,0 +1,244 @@
+"""The endpoint's calls on ``grpc.aio``: one event loop answers, sends are stored in groups.
+
+Where the CPU of a send went with a pool of threads (docs/benchmarks.md): gRPC's thread
+hand-offs and the GIL's switches between 64+ threads cost more than the send itself.  Here
+one event loop thread reads every call; what it does per call is the per-call work only
+(the signature, the message checks: :meth:`~store.proxy.service.MessagingService.checked_sends`).
+
+**Group commit.**  A checked send is queued for one writer thread; while the writer stores a
+group, the sends that arrive queue up and form the next group, so that one hand-off to the
+writer and one wake-up of receivers serve every send of a group however many are in
+flight.  Each call is answered once the writer has stored its messages (as durable as a
+send of :meth:`~store.Producer.send`); a send that fails fails alone, with its status.
+
+Held calls (telemetry streams, long-polling receives) keep threads of their own, from the
+pool :mod:`store.proxy.limits` bounds; a receive's answer is streamed by the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.protobuf.message import DecodeError
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from .convert import Code, Refused
+from .service import MessagingService, status
+
+_OK = status()
+
+
+class GroupCommit:
+    """Sends of concurrent calls stored together by one writer thread (see the module
+    docstring); used from the event loop only."""
+
+    def __init__(self, service: MessagingService, loop: asyncio.AbstractEventLoop) -> None:
+        self._service = service
+        self._loop = loop
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="rmq-grpc-append")
+        self._pending: list[tuple[list, asyncio.Future]] = []
+        self._busy = False
+        #: groups stored and sends in them (what a test or a bench reads)
+        self.groups = 0
+        self.sends = 0
+
+    def submit(self, checked: list) -> asyncio.Future:
+        """A future of the result entries of ``checked`` messages, once stored."""
+        future = self._loop.create_future()
+        self._pending.append((checked, future))
+        if not self._busy:
+            self._flush()
+        return future
+
+    def _flush(self) -> None:
+        group, self._pending = self._pending, []
+        self._busy = True
+        self.groups += 1
+        self.sends += len(group)
+        done = self._loop.run_in_executor(self.writer, self._store, [c for c, _ in group])
+        done.add_done_callback(lambda f: self._done(group, f))
+
+    def _store(self, group: list[list]) -> list:
+        results = []
+        for checked in group:
+            try:
+                results.append((self._service.send_checked(checked), None))
+            except Exception as exc:  # noqa: BLE001 - the send's own failure, told to it alone
+                results.append((None, exc))
+        self._service.wake_receivers()
+        return results
+
+    def _done(self, group: list, finished: asyncio.Future) -> None:
+        self._busy = False
+        failure = finished.exception()
+        for i, (_, future) in enumerate(group):
+            if future.done():  # (the call was cancelled)
+                continue
+            if failure is not None:
+                future.set_exception(failure)
+                continue
+            entries, exc = finished.result()[i]
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(entries)
+        if self._pending:
+            self._flush()
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=True)
+
+
+class _HeldContext:
+    """What a receive run in a pool thread asks of its call's (``grpc.aio``) context."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+        self._metadata = context.invocation_metadata()
+        self._peer = context.peer()
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def is_active(self) -> bool:
+        return not self._context.done()
+
+
+class AsyncMessagingService(MessagingService):
+    """:class:`~store.proxy.service.MessagingService` answering from one event loop: sends
+    by group commit, acks and heartbeats on the loop, receives' waits in ``pool`` threads;
+    the other calls run in the pool as they are written (``grpc.aio`` runs a plain
+    method there)."""
+
+    def __init__(self, stores, *, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
+                 **options) -> None:
+        super().__init__(stores, **options)
+        self.loop = loop
+        self.pool = pool
+        self.commits = GroupCommit(self, loop)
+
+    def close(self) -> None:
+        super().close()
+        self.commits.close()
+
+    async def SendMessage(self, request, context):
+        try:
+            entries = await self.commits.submit(self.checked_sends(request, context))
+        except Exception as exc:  # noqa: BLE001 - told to the client as a status
+            return self._failed(context, "SendMessage",
+                                lambda s: rpc.SendMessageResponse(status=s), exc)
+        return rpc.SendMessageResponse(status=_OK, entries=entries)
+
+    async def Heartbeat(self, request, context):
+        return MessagingService.Heartbeat(self, request, context)
+
+    async def AckMessage(self, request, context):
+        return MessagingService.AckMessage(self, request, context)
+
+    async def ReceiveMessage(self, request, context):
+        held = _HeldContext(context)
+        try:
+            deliveries, _ = await self.loop.run_in_executor(self.pool, self._receive,
+                                                            request, held)
+        except Refused as exc:
+            self._refused("ReceiveMessage", context, exc)
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
+            return
+        except Exception as exc:  # noqa: BLE001 - told to the client as a status
+            yield self._failed(context, "ReceiveMessage",
+                               lambda s: rpc.ReceiveMessageResponse(status=s), exc)
+            return
+        for response in self.receive_responses(deliveries):
+            yield response
+
+
+class _Malformed:
+    """A request whose bytes do not parse (handed to the call, which refuses it)."""
+
+
+_MALFORMED = _Malformed()
+_UNPARSED = "the request does not parse as the method's message"
+
+
+def _lenient(parse):
+    def parse_or_mark(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError:
+            return _MALFORMED
+    return parse_or_mark
+
+
+def _refusing(service: MessagingService, name: str, behavior):
+    """``behavior`` (of any of grpc.aio's four shapes) refusing a malformed request with
+    ``INVALID_ARGUMENT``, logged within the refusals' budget."""
+    def note(context) -> None:
+        service.refusals.warning("%s from %s refused: %s", name, context.peer(), _UNPARSED)
+
+    if inspect.iscoroutinefunction(behavior):
+        async def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            return await behavior(request, context)
+    elif inspect.isasyncgenfunction(behavior):
+        async def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            async for response in behavior(request, context):
+                yield response
+    elif inspect.isgeneratorfunction(behavior):
+        def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            yield from behavior(request, context)
+    else:
+        def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            return behavior(request, context)
+    return call
+
+
+class _Collect:
+    """Stands for a server to take the generated handlers of the service."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        (self.handler,) = handlers
+
+    def add_registered_method_handlers(self, *args) -> None:
+        pass
+
+
+def add_to_server(service: MessagingService, server) -> None:
+    """Serve ``service`` on ``server`` as the generated code would, but with every request
+    that does not parse refused as ``INVALID_ARGUMENT`` (not an unknown error and a stack
+    trace per request)."""
+    collect = _Collect()
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(service, collect)
+    handlers = {}
+    for name, h in collect.handler._method_handlers.items():
+        method = name.rpartition("/")[2]
+        if h.request_streaming:
+            handlers[method] = h._replace(request_deserializer=h.request_deserializer)
+            continue
+        behavior = h.unary_unary or h.unary_stream
+        wrapped = _refusing(service, method, behavior)
+        field = "unary_unary" if h.unary_unary is not None else "unary_stream"
+        handlers[method] = h._replace(request_deserializer=_lenient(h.request_deserializer),
+                                      **{field: wrapped})
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "apache.rocketmq.v2.MessagingService", handlers),))
+
+
+__all__ = ["AsyncMessagingService", "GroupCommit", "add_to_server"]
