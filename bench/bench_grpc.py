@@ -165,7 +165,19 @@ class Server:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc)
-        time.sleep(0.5)  # (worker processes of --grpc-processes start beside the first)
+        self.wait_idle()
+
+    def wait_idle(self, timeout: float = 240) -> None:
+        """Until the server's processes are idle: a fresh ``rmq serve`` loads and compiles
+        its kernels in the background (seconds of CPU) that no run should be charged."""
+        end = time.time() + timeout
+        before = self.cpu_s()
+        while time.time() < end:
+            time.sleep(0.5)
+            now = self.cpu_s()
+            if now - before < 0.02:
+                return
+            before = now
 
     def cpu_s(self) -> float:
         """CPU seconds of the server's processes so far."""

@@ -57,7 +57,9 @@ class GrpcEndpoint:
     def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
-                 short_call_workers: int = SHORT_CALL_WORKERS, reuse_port: bool = False) -> None:
+                 short_call_workers: int = SHORT_CALL_WORKERS, processes: int = 1,
+                 reuse_port: bool = False, writer_thread: bool = False,
+                 primary: str | None = None) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
@@ -71,8 +73,14 @@ class GrpcEndpoint:
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
         held = HeldCalls(max_held_calls, max_held_calls_per_client)
+        if processes < 1 or (processes > 1 and (len(stores) > 1 or primary is not None)):
+            raise InvalidConfigError(f"{processes} endpoint processes; allowed: 1 or more for "
+                                     "one store (a store group's endpoint is one process)")
         self.host = address.host
         self._listen = listen
+        self._primary = primary
+        self._processes = processes
+        self.workers = None
         self.loopback = address.loopback
         self._closed = False
         self._close_lock = threading.Lock()
@@ -88,8 +96,17 @@ class GrpcEndpoint:
         try:
             self.port = self._run(self._start(
                 stores, address, store.config.max_message_size_bytes * 2 + HEADROOM_BYTES,
-                max_held_calls + short_call_workers * 4, tls, access, held, reuse_port))
+                max_held_calls + short_call_workers * 4, tls, access, held,
+                reuse_port or processes > 1, writer_thread))
+            if processes > 1:  # the others join the port (store.proxy.processes)
+                from .processes import Workers
+
+                self.workers = Workers(store.root, f"{self._listen_host()}:{self.port}",
+                                       f"127.0.0.1:{self.private_port}", processes - 1,
+                                       acl=acl, tls=tls)
         except BaseException:
+            if self.workers is not None:
+                self.workers.close()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._pool.shutdown(wait=False)
@@ -108,7 +125,7 @@ class GrpcEndpoint:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _start(self, stores, address: RemoteAddress, limit: int, concurrent: int, tls,
-                     access, held: HeldCalls, reuse_port: bool) -> int:
+                     access, held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
         import grpc
 
         from .aio_calls import AsyncMessagingService, add_to_server
@@ -132,12 +149,24 @@ class GrpcEndpoint:
         if port == 0:
             raise InvalidConfigError(f"cannot listen on {self._listen} for gRPC clients (the "
                                      "address is in use or not this host's)")
-        self.service = AsyncMessagingService(
-            stores, access=access, address=(self._advertised(), port), held=held,
-            loop=asyncio.get_running_loop(), pool=self._pool)
+        if self._processes > 1:  # where the workers forward (store.proxy.processes)
+            self.private_port = self._server.add_insecure_port("127.0.0.1:0")
+        options = dict(access=access, address=(self._advertised(), port), held=held,
+                       loop=asyncio.get_running_loop(), pool=self._pool,
+                       writer_thread=writer_thread)
+        if self._primary is None:
+            self.service = AsyncMessagingService(stores, **options)
+        else:
+            from .processes import ForwardingMessagingService
+
+            self.service = ForwardingMessagingService(stores, primary=self._primary,
+                                                      max_message_bytes=limit, **options)
         add_to_server(self.service, self._server)
         await self._server.start()
         return port
+
+    def _listen_host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
 
     def _advertised(self) -> str:
         if self.host in ("0.0.0.0", "::", ""):
@@ -166,6 +195,8 @@ class GrpcEndpoint:
             if self._closed:
                 return
             self._closed = True
+        if self.workers is not None:
+            self.workers.close()
         self.service.close()
         try:
             self._run(self._server.stop(grace_s), timeout=grace_s + 30)

@@ -33,13 +33,22 @@ _OK = status()
 
 
 class GroupCommit:
-    """Sends of concurrent calls stored together by one writer thread (see the module
-    docstring); used from the event loop only."""
+    """Sends of concurrent calls stored together (see the module docstring); used from the
+    event loop only.
 
-    def __init__(self, service: MessagingService, loop: asyncio.AbstractEventLoop) -> None:
+    ``writer_thread=False`` (the default) stores a group on the loop itself, in a callback
+    that runs after every call read in the same turn of the loop was checked: no hand-off
+    at all, the loop waits for the store (an append, or another process's append lock, at
+    most ``append_lock_lease_ms``).  ``True`` hands each group to one writer thread: the
+    loop goes on reading calls meanwhile, for a hand-off and GIL switches per group.
+    """
+
+    def __init__(self, service: MessagingService, loop: asyncio.AbstractEventLoop, *,
+                 writer_thread: bool = False) -> None:
         self._service = service
         self._loop = loop
-        self.writer = ThreadPoolExecutor(1, thread_name_prefix="rmq-grpc-append")
+        self.writer = (ThreadPoolExecutor(1, thread_name_prefix="rmq-grpc-append")
+                       if writer_thread else None)
         self._pending: list[tuple[list, asyncio.Future]] = []
         self._busy = False
         #: groups stored and sends in them (what a test or a bench reads)
@@ -51,14 +60,26 @@ class GroupCommit:
         future = self._loop.create_future()
         self._pending.append((checked, future))
         if not self._busy:
-            self._flush()
+            self._busy = True
+            if self.writer is None:
+                self._loop.call_soon(self._store_here)
+            else:
+                self._flush()
         return future
 
-    def _flush(self) -> None:
+    def _take(self) -> list:
         group, self._pending = self._pending, []
-        self._busy = True
         self.groups += 1
         self.sends += len(group)
+        return group
+
+    def _store_here(self) -> None:
+        group = self._take()
+        self._busy = False
+        self._answer(group, self._store([c for c, _ in group]))
+
+    def _flush(self) -> None:
+        group = self._take()
         done = self._loop.run_in_executor(self.writer, self._store, [c for c, _ in group])
         done.add_done_callback(lambda f: self._done(group, f))
 
@@ -72,25 +93,32 @@ class GroupCommit:
         self._service.wake_receivers()
         return results
 
-    def _done(self, group: list, finished: asyncio.Future) -> None:
-        self._busy = False
-        failure = finished.exception()
-        for i, (_, future) in enumerate(group):
+    @staticmethod
+    def _answer(group: list, results: list) -> None:
+        for (_, future), (entries, exc) in zip(group, results):
             if future.done():  # (the call was cancelled)
                 continue
-            if failure is not None:
-                future.set_exception(failure)
-                continue
-            entries, exc = finished.result()[i]
             if exc is not None:
                 future.set_exception(exc)
             else:
                 future.set_result(entries)
+
+    def _done(self, group: list, finished: asyncio.Future) -> None:
+        failure = finished.exception()
+        if failure is not None:
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(failure)
+        else:
+            self._answer(group, finished.result())
         if self._pending:
             self._flush()
+        else:
+            self._busy = False
 
     def close(self) -> None:
-        self.writer.shutdown(wait=True)
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
 
 
 class _HeldContext:
@@ -118,11 +146,11 @@ class AsyncMessagingService(MessagingService):
     method there)."""
 
     def __init__(self, stores, *, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
-                 **options) -> None:
+                 writer_thread: bool = False, **options) -> None:
         super().__init__(stores, **options)
         self.loop = loop
         self.pool = pool
-        self.commits = GroupCommit(self, loop)
+        self.commits = GroupCommit(self, loop, writer_thread=writer_thread)
 
     def close(self) -> None:
         super().close()

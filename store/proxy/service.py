@@ -201,6 +201,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._arrived = threading.Condition()
+        self._waiting = 0  # receivers waiting on _arrived (changed under it)
         self._closing = threading.Event()
         self.signer = Signer(store_secret(self.store.root))
         self.held = held if held is not None else HeldCalls()
@@ -249,8 +250,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return text
 
     def wake_receivers(self) -> None:
-        with self._arrived:
-            self._arrived.notify_all()
+        if self._waiting:  # (a receiver that starts waiting just after looks again within
+            with self._arrived:  # POLL_INTERVAL_MS: no send is missed for longer)
+                self._arrived.notify_all()
 
     def close(self) -> None:
         self._closing.set()
@@ -661,7 +663,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if left <= 0 or not context.is_active() or self._closing.is_set():
                     return deliveries, invisible
                 with self._arrived:
-                    self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                    self._waiting += 1
+                    try:
+                        self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                    finally:
+                        self._waiting -= 1
                 deliveries = self._receive_members(account, group, topic, batch, invisible,
                                                    tags, fifo)
                 if deliveries:
