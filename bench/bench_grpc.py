@@ -209,8 +209,8 @@ def signed_metadata(client_id: str) -> tuple:
     sign = hmac.new(SECRET_KEY.encode(), stamp.encode(), hashlib.sha1).hexdigest()
     return (("x-mq-date-time", stamp), ("x-mq-client-id", client_id),
             ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"),
-            ("authorization", f"MQv2-HMAC-SHA1 Credential={ACCESS_KEY}, "
-                              f"SignedHeaders=x-mq-date-time, Signature={sign}"))
+            ("authorization", (f"MQv2-HMAC-SHA1 Credential={ACCESS_KEY}, "
+                               f"SignedHeaders=x-mq-date-time, Signature={sign}")))
 
 
 def _send_request(kind: str):
@@ -356,6 +356,33 @@ def flight_process(argv: list[str]) -> None:
     json.dump({"counts": counts, "elapsed": elapsed, "lat": lat}, sys.stdout)
 
 
+def official_producer(port: int, n: int, out=None) -> tuple[float, list[float]]:
+    """One producer sends ``n`` messages one by one; (seconds, per-send latencies)."""
+    import logging
+
+    logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    p = Producer(ClientConfiguration(f"127.0.0.1:{port}", Credentials(), request_timeout=10),
+                 (TOPIC,))
+    p.startup()
+    m = Message()
+    m.topic, m.body = TOPIC, BODY
+    for _ in range(200):  # warm: channel, route, settings
+        p.send(m)
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        s = time.perf_counter()
+        p.send(m)
+        lat.append(time.perf_counter() - s)
+    elapsed = time.perf_counter() - t0
+    p.shutdown()
+    if out is not None:
+        out.put((elapsed, n))
+    return elapsed, lat
+
+
 def run_load(server: Server, kind: str, inflight: int, seconds: float, procs: int,
              group: str) -> dict:
     """``inflight`` clients over ``procs`` load processes at nice +10; the figures."""
@@ -416,6 +443,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--load-processes", type=int, default=4)
+    ap.add_argument("--official", type=int, default=0, metavar="N",
+                    help="also one official Python Producer sending N messages one by one")
     ap.add_argument("--flight", action="store_true",
                     help="also the send case through rmq serve --listen")
     ap.add_argument("--null-server", type=int, default=None, help=argparse.SUPPRESS)
@@ -439,6 +468,7 @@ def main() -> None:
           f"{args.load_processes} load processes at nice +10; {args.seconds:g} s a run",
           flush=True)
     rows = []
+    official: dict[str, dict] = {}
     try:
         for case in cases:
             for inflight in inflights:
@@ -460,6 +490,22 @@ def main() -> None:
                         if got["rate"] > best.get(kind, {}).get("rate", 0):
                             best[kind] = got
                 rows.append((case, inflight, best))
+        for r in range(args.repeat if args.official else 0):
+            for kind in ("null", "rmq/1"):
+                server = Server(kind, tmp)
+                try:
+                    elapsed, times = official_producer(server.port, args.official)
+                finally:
+                    server.close()
+                got = {"rate": args.official / elapsed, "p50_ms": statistics.median(times) * 1e3,
+                       "p99_ms": statistics.quantiles(times, n=100)[98] * 1e3, "cpu_us": 0.0,
+                       "fair": 1.0}
+                print(f"  official producer run {r + 1} {kind:6s} {got['rate']:8,.0f}/s "
+                      f"p99 {got['p99_ms']:7.2f} ms", flush=True)
+                if got["rate"] > official.get(kind, {}).get("rate", 0):
+                    official[kind] = got
+        if official:
+            rows.append(("client", 1, official))
         if args.flight:
             for inflight in inflights:
                 best = {}

@@ -151,9 +151,9 @@ class GrpcEndpoint:
                                      "address is in use or not this host's)")
         if self._processes > 1:  # where the workers forward (store.proxy.processes)
             self.private_port = self._server.add_insecure_port("127.0.0.1:0")
-        options = dict(access=access, address=(self._advertised(), port), held=held,
-                       loop=asyncio.get_running_loop(), pool=self._pool,
-                       writer_thread=writer_thread)
+        options = {"access": access, "address": (self._advertised(), port), "held": held,
+                   "loop": asyncio.get_running_loop(), "pool": self._pool,
+                   "writer_thread": writer_thread}
         if self._primary is None:
             self.service = AsyncMessagingService(stores, **options)
         else:

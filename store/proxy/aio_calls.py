@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from .convert import Code, Refused
+from .convert import Refused
 from .service import MessagingService, status
 
 _OK = status()

@@ -12,16 +12,15 @@ import pytest
 pytest.importorskip("rocketmq.grpc_protocol")
 psutil = pytest.importorskip("psutil")
 
-import grpc  # noqa: E402
-from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
-from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
 
-from store import InvalidConfigError, MessageStore, StoreServer  # noqa: E402
-from store.proxy import GrpcEndpoint  # noqa: E402
+from store import InvalidConfigError, MessageStore, StoreServer
+from store.proxy import GrpcEndpoint
 
-from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
-
-from .signing import message, metadata, stored, write_acl  # noqa: E402
+from .signing import message, metadata, stored, write_acl
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -157,4 +156,3 @@ def test_rmq_serve_grpc_processes_needs_grpc(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--store", str(tmp_path / "s"), "--create",
                                        "--grpc-processes", "2", "--duration-s", "0"])
     assert result.exit_code != 0 and "--grpc-processes needs --grpc" in result.output
-    _ = grpc  # (grpcio is what the endpoint processes serve with)
