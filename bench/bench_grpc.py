@@ -14,7 +14,7 @@ Servers, each in processes of its own on loopback:
 * ``rmq/N``  ``rmq serve --store TMP --grpc 127.0.0.1:PORT --acl ACL --grpc-processes N``;
 * ``flight`` ``rmq serve --listen``, sent to with ``store.connect(...).producer(...).send``.
 
-The load: ``--clients`` processes (``nice +10``: the server has the cores first) of
+The load: ``--load-processes`` processes (``nice +10``: the server has the cores first) of
 ``grpc.aio`` raw stubs, each call signed as the official clients sign it (``authorization``
 HMAC-SHA1 of ``x-mq-date-time``), together keeping ``inflight`` calls in flight.  Cases:
 
@@ -295,7 +295,8 @@ async def _load(port: int, kind: str, clients: int, start_at: float, seconds: fl
     await asyncio.gather(*(_client(s, "send" if kind == "recv" else kind, md,
                                    time.perf_counter() + 0.01, warm, [], i, group)
                            for i, (s, md) in enumerate(zip(stubs, mds))))
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    print("ready", flush=True)  # then wait for the go of the bench (all loads at once)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     until = time.perf_counter() + seconds
     t0 = time.perf_counter()
     await asyncio.gather(*(_client(s, kind, md, until, counts, lat, i, group)
@@ -324,7 +325,7 @@ def flight_process(argv: list[str]) -> None:
 
     from store import Message, connect
 
-    port, clients, start_at, seconds = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
+    port, clients, seconds = int(argv[0]), int(argv[1]), float(argv[3])
     counts = [0] * clients
     lat: list[float] = []
     producers = []
@@ -333,7 +334,8 @@ def flight_process(argv: list[str]) -> None:
         p = remote.producer("bench")
         p.send(Message(topic=TOPIC, body=BODY))
         producers.append((remote, p))
-    time.sleep(max(0.0, start_at - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     until = time.perf_counter() + seconds
 
     def run(i: int, p) -> None:
@@ -388,20 +390,27 @@ def run_load(server: Server, kind: str, inflight: int, seconds: float, procs: in
     """``inflight`` clients over ``procs`` load processes at nice +10; the figures."""
     procs = max(1, min(procs, inflight))
     per = [inflight // procs + (1 if i < inflight % procs else 0) for i in range(procs)]
-    start_at = time.time() + 1.5 + 0.1 * inflight
+    start_at = time.time() + 1.0 + 0.03 * inflight
     env = dict(os.environ, PYTHONPATH=ROOT)
     mode = ["--flight-load", str(server.port)] if kind == "flight" else \
         ["--load", str(server.port), kind]
     loads = [subprocess.Popen(["nice", "-n", "10", sys.executable, os.path.abspath(__file__),
                                *mode, str(n), str(start_at), str(seconds),
                                *([] if kind == "flight" else [group])],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
              for n in per]
-    time.sleep(max(0.0, start_at - time.time()))
+    for p in loads:  # every load process connected and warm: then all go at once
+        if p.stdout.readline().strip() != b"ready":
+            raise SystemExit(f"load process failed: {p.communicate()[1].decode()[-2000:]}")
     cpu0 = server.cpu_s()
+    for p in loads:
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
     outs = []
     for p in loads:
         out, err = p.communicate(timeout=seconds * 10 + 120)
+        out = out.strip().splitlines()[-1]
         if p.returncode != 0:
             raise SystemExit(f"load process failed: {err.decode()[-2000:]}")
         outs.append(json.loads(out))
@@ -442,7 +451,7 @@ def main() -> None:
     ap.add_argument("--processes", default="1", help="rmq endpoint process counts, e.g. 1,2,4")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--load-processes", type=int, default=4)
+    ap.add_argument("--load-processes", type=int, default=2)
     ap.add_argument("--official", type=int, default=0, metavar="N",
                     help="also one official Python Producer sending N messages one by one")
     ap.add_argument("--flight", action="store_true",
@@ -471,25 +480,29 @@ def main() -> None:
     official: dict[str, dict] = {}
     try:
         for case in cases:
-            for inflight in inflights:
-                best: dict[str, dict] = {}
-                for r in range(args.repeat):
-                    for kind in kinds:
-                        server = Server(kind, tmp)
-                        try:
+            servers = {kind: Server(kind, tmp) for kind in kinds}  # one of each per case
+            try:
+                for inflight in inflights:
+                    best: dict[str, dict] = {}
+                    for r in range(args.repeat):
+                        for kind in kinds:
+                            server = servers[kind]
+                            group = f"g{inflight}x{r}"
                             if case == "recv" and kind != "null":
-                                fill(server, int(6000 * args.seconds * int(kind[4:])) + 4096)
+                                processes = int(kind[4:])
+                                fill(server, int(3000 * args.seconds * processes) + 4096)
                             got = run_load(server, case, inflight, args.seconds,
-                                           args.load_processes, f"g{r}")
-                        finally:
-                            server.close()
-                        print(f"  {case:5s} {inflight:3d} in flight run {r + 1} {kind:6s} "
-                              f"{got['rate']:8,.0f}/s p99 {got['p99_ms']:7.2f} ms "
-                              f"cpu {got['cpu_us']:6.0f} us/call fair {got['fair']:.2f}",
-                              flush=True)
-                        if got["rate"] > best.get(kind, {}).get("rate", 0):
-                            best[kind] = got
-                rows.append((case, inflight, best))
+                                           args.load_processes, group)
+                            print(f"  {case:5s} {inflight:3d} in flight run {r + 1} {kind:6s} "
+                                  f"{got['rate']:8,.0f}/s p99 {got['p99_ms']:7.2f} ms "
+                                  f"cpu {got['cpu_us']:6.0f} us/call fair {got['fair']:.2f}",
+                                  flush=True)
+                            if got["rate"] > best.get(kind, {}).get("rate", 0):
+                                best[kind] = got
+                    rows.append((case, inflight, best))
+            finally:
+                for server in servers.values():
+                    server.close()
         for r in range(args.repeat if args.official else 0):
             for kind in ("null", "rmq/1"):
                 server = Server(kind, tmp)

@@ -13,7 +13,9 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
 :mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
 (signed recall and receipt handles), :mod:`~store.proxy.limits` (held calls, log lines),
-:mod:`~store.proxy.service` (the calls).
+:mod:`~store.proxy.service` (the calls), :mod:`~store.proxy.aio_calls` (the calls on one
+``grpc.aio`` event loop, sends stored by group commit), :mod:`~store.proxy.processes` (the
+endpoint as several processes on one port: ``rmq serve --grpc-processes N``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class GrpcEndpoint:
     chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
     telemetry streams and long polls held at once in all (per client id);
     ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.limits`).
+    ``processes``: serve as this many processes on the port (:mod:`store.proxy.processes`);
+    ``reuse_port``: let other processes listen on it too; ``primary``: this is a worker
+    process forwarding to the primary at ``HOST:PORT``; ``writer_thread``: store groups of
+    sends in a thread of their own rather than on the event loop
+    (:class:`~store.proxy.aio_calls.GroupCommit`).
     """
 
     def __init__(self, stores, listen: str, *, acl: str | None = None,

@@ -36,11 +36,13 @@ class GroupCommit:
     """Sends of concurrent calls stored together (see the module docstring); used from the
     event loop only.
 
-    ``writer_thread=False`` (the default) stores a group on the loop itself, in a callback
-    that runs after every call read in the same turn of the loop was checked: no hand-off
-    at all, the loop waits for the store (an append, or another process's append lock, at
-    most ``append_lock_lease_ms``).  ``True`` hands each group to one writer thread: the
-    loop goes on reading calls meanwhile, for a hand-off and GIL switches per group.
+    ``writer_thread=False`` (the default) stores on the loop itself, in the call's turn:
+    ``grpc.aio`` hands the loop one call a turn, so a group there is one send, with no
+    hand-off at all; the loop waits for the store (an append, or another process's append
+    lock, at most ``append_lock_lease_ms``).  ``True`` hands groups to one writer thread:
+    the loop goes on reading calls meanwhile and the sends that arrive while the writer
+    stores form the next group, for a hand-off and GIL switches per group (measured slower
+    on two cores: the store's own share of a send, about 20 us, leaves little to share).
     """
 
     def __init__(self, service: MessagingService, loop: asyncio.AbstractEventLoop, *,
@@ -55,28 +57,27 @@ class GroupCommit:
         self.groups = 0
         self.sends = 0
 
-    def submit(self, checked: list) -> asyncio.Future:
-        """A future of the result entries of ``checked`` messages, once stored."""
+    async def store(self, checked: list) -> list:
+        """The result entries of ``checked`` messages, once stored."""
+        if self.writer is None:  # the loop turn is this call's: stored now, no hand-off
+            self.groups += 1
+            self.sends += 1
+            ((entries, exc),) = self._store([checked])
+            if exc is not None:
+                raise exc
+            return entries
         future = self._loop.create_future()
         self._pending.append((checked, future))
         if not self._busy:
             self._busy = True
-            if self.writer is None:
-                self._loop.call_soon(self._store_here)
-            else:
-                self._flush()
-        return future
+            self._flush()
+        return await future
 
     def _take(self) -> list:
         group, self._pending = self._pending, []
         self.groups += 1
         self.sends += len(group)
         return group
-
-    def _store_here(self) -> None:
-        group = self._take()
-        self._busy = False
-        self._answer(group, self._store([c for c, _ in group]))
 
     def _flush(self) -> None:
         group = self._take()
@@ -158,7 +159,7 @@ class AsyncMessagingService(MessagingService):
 
     async def SendMessage(self, request, context):
         try:
-            entries = await self.commits.submit(self.checked_sends(request, context))
+            entries = await self.commits.store(self.checked_sends(request, context))
         except Exception as exc:  # noqa: BLE001 - told to the client as a status
             return self._failed(context, "SendMessage",
                                 lambda s: rpc.SendMessageResponse(status=s), exc)

@@ -598,7 +598,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def ReceiveMessage(self, request, context):
         try:
-            deliveries, invisible_ms = self._receive(request, context)
+            deliveries, _ = self._receive(request, context)
         except Refused as exc:
             self._refused("ReceiveMessage", context, exc)
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
