@@ -140,11 +140,15 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
 class Server:
     """A server of ``kind`` (``null``, ``rmq/N``, ``flight``) in processes of its own."""
 
+    #: ``base``: ``rmq serve`` of another checkout (``--baseline-root``), for a before/after
+    baseline_root: str | None = None
+
     def __init__(self, kind: str, tmp: str) -> None:
         self.kind = kind
         self.port = free_port()
+        root = self.baseline_root if kind == "base" else ROOT
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
         if kind == "null":
             cmd = [sys.executable, os.path.abspath(__file__), "--null-server", str(self.port)]
         else:
@@ -159,10 +163,10 @@ class Server:
                     json.dump({"accounts": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY,
                                              "admin": True}]}, fh)
                 cmd += ["--grpc", f"127.0.0.1:{self.port}", "--acl", acl]
-                processes = int(kind.partition("/")[2] or 1)
+                processes = int(kind.partition("/")[2] or 1) if kind != "base" else 1
                 if processes > 1:
                     cmd += ["--grpc-processes", str(processes)]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc)
         self.wait_idle()
@@ -454,6 +458,8 @@ def main() -> None:
     ap.add_argument("--load-processes", type=int, default=2)
     ap.add_argument("--official", type=int, default=0, metavar="N",
                     help="also one official Python Producer sending N messages one by one")
+    ap.add_argument("--baseline-root", default=None, metavar="DIR",
+                    help="also rmq serve of the checkout in DIR (kind 'base'): before/after")
     ap.add_argument("--flight", action="store_true",
                     help="also the send case through rmq serve --listen")
     ap.add_argument("--null-server", type=int, default=None, help=argparse.SUPPRESS)
@@ -471,7 +477,10 @@ def main() -> None:
         return
     tmp = tempfile.mkdtemp(prefix="bench-grpc-")
     kinds = ["null"] + [f"rmq/{n}" for n in args.processes.split(",")]
-    cases = args.cases.split(",")
+    if args.baseline_root:
+        Server.baseline_root = os.path.abspath(args.baseline_root)
+        kinds.insert(1, "base")
+    cases = [c for c in args.cases.split(",") if c]
     inflights = [int(x) for x in args.inflight.split(",")]
     print(f"load: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; "
           f"{args.load_processes} load processes at nice +10; {args.seconds:g} s a run",
@@ -489,7 +498,7 @@ def main() -> None:
                             server = servers[kind]
                             group = f"g{inflight}x{r}"
                             if case == "recv" and kind != "null":
-                                processes = int(kind[4:])
+                                processes = int(kind[4:]) if kind != "base" else 1
                                 fill(server, int(3000 * args.seconds * processes) + 4096)
                             got = run_load(server, case, inflight, args.seconds,
                                            args.load_processes, group)

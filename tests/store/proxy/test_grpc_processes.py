@@ -156,3 +156,44 @@ def test_rmq_serve_grpc_processes_needs_grpc(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--store", str(tmp_path / "s"), "--create",
                                        "--grpc-processes", "2", "--duration-s", "0"])
     assert result.exit_code != 0 and "--grpc-processes needs --grpc" in result.output
+
+
+@pytest.fixture
+def through_a_worker(tmp_path):
+    """A primary (``rmq serve``'s endpoint, whose check rounds ask its sessions) and a
+    worker endpoint on a port of its own forwarding to it: every call of a client of the
+    worker takes the worker's path."""
+    from types import SimpleNamespace
+
+    from .test_grpc_clients import CONFIG
+
+    srv = StoreServer(str(tmp_path / "store"), CONFIG, grpc="127.0.0.1:0")
+    worker = GrpcEndpoint(srv.store, "127.0.0.1:0", primary=srv.grpc_endpoint)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(grpc_endpoint=worker.endpoint)
+    finally:
+        worker.close()
+        srv.stop()
+        thread.join(timeout=60)
+
+
+def test_official_clients_through_a_worker_send_consume_and_get_check_backs(through_a_worker):
+    from .test_grpc_clients import (_Checker, _Consumer, _drain, _message, _name,
+                                    _Producer)
+
+    topic, group = _name("pay"), _name("g")
+    checker = _Checker()
+    with _Producer(through_a_worker, [topic], checker) as p:
+        sent = {p.send(_message(topic, b"plain %d" % i)).message_id for i in range(5)}
+        t1 = p.begin_transaction()
+        sent.add(p.send(_message(topic, b"commit"), t1).message_id)
+        t1.commit()  # EndTransaction, forwarded
+        t2 = p.begin_transaction()
+        orphan = p.send(_message(topic, b"orphan"), t2)  # the check-back ends it
+        sent.add(orphan.message_id)
+        with _Consumer(through_a_worker, group, topic, await_s=1) as c:
+            got = _drain(c, len(sent), timeout_s=30)
+        assert sorted(m.message_id for m in got) == sorted(sent)  # each once
+        assert orphan.message_id in checker.asked  # asked over the forwarded stream
