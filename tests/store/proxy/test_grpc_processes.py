@@ -180,8 +180,7 @@ def through_a_worker(tmp_path):
 
 
 def test_official_clients_through_a_worker_send_consume_and_get_check_backs(through_a_worker):
-    from .test_grpc_clients import (_Checker, _Consumer, _drain, _message, _name,
-                                    _Producer)
+    from .test_grpc_clients import _Checker, _Consumer, _drain, _message, _name, _Producer
 
     topic, group = _name("pay"), _name("g")
     checker = _Checker()
