@@ -1,15 +1,20 @@
 """The endpoint's calls on ``grpc.aio``: one event loop answers, sends are stored in groups.
 
-Where the CPU of a send went with a pool of threads (docs/benchmarks.md): gRPC's thread
-hand-offs and the GIL's switches between 64+ threads cost more than the send itself.  Here
-one event loop thread reads every call; what it does per call is the per-call work only
-(the signature, the message checks: :meth:`~store.proxy.service.MessagingService.checked_sends`).
+Where the CPU of a send went with a pool of threads (docs/benchmarks.md): gRPC's hand-off of
+every call to a pool thread and the GIL's switches between 64+ threads cost more than the
+send itself, and the signature check parsed its date with ``time.strptime`` on every call.
+Here one event loop thread reads every call; what it does per call is the per-call work
+only (the signature, remembered once checked; the message checks:
+:meth:`~store.proxy.service.MessagingService.checked_sends`) and the store's append.
 
-**Group commit.**  A checked send is queued for one writer thread; while the writer stores a
-group, the sends that arrive queue up and form the next group, so that one hand-off to the
-writer and one wake-up of receivers serve every send of a group however many are in
-flight.  Each call is answered once the writer has stored its messages (as durable as a
-send of :meth:`~store.Producer.send`); a send that fails fails alone, with its status.
+**Group commit** (:class:`GroupCommit`).  By default a send is stored in its own turn of the
+loop: ``grpc.aio`` runs one call a turn, so there is nothing to group and no hand-off to
+make.  With ``writer_thread=True`` checked sends queue for one writer thread; the sends that
+arrive while it stores a group form the next one, each call answered once its messages are
+stored (as durable as :meth:`~store.Producer.send`); a send that fails fails alone.  On two
+cores that measured slower (the hand-off and GIL switches cost more than the store's own
+share of a send, about 20 us, leaves to share); it is kept for a store whose appends wait
+(``SYNC_FLUSH``).
 
 Held calls (telemetry streams, long-polling receives) keep threads of their own, from the
 pool :mod:`store.proxy.limits` bounds; a receive's answer is streamed by the loop.

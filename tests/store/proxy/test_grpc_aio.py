@@ -38,9 +38,11 @@ def test_a_remembered_signature_is_still_held_to_its_window(tmp_path):
             access.account(forged, at_ms)
 
 
-def test_concurrent_sends_are_grouped_and_each_answered_alone(tmp_path):
+@pytest.mark.parametrize("writer_thread", [False, True])
+def test_concurrent_sends_are_grouped_and_each_answered_alone(tmp_path, writer_thread):
     store = MessageStore.open(str(tmp_path / "s"))
-    endpoint = GrpcEndpoint(store, "127.0.0.1:0", acl=write_acl(tmp_path / "acl.json"))
+    endpoint = GrpcEndpoint(store, "127.0.0.1:0", acl=write_acl(tmp_path / "acl.json"),
+                            writer_thread=writer_thread)
     s, channel = stub(endpoint.endpoint)
     md = metadata("orders-svc", "grouped")
     try:
