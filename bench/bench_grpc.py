@@ -369,7 +369,8 @@ def official_producer(port: int, n: int, out=None) -> tuple[float, list[float]]:
     logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
-    p = Producer(ClientConfiguration(f"127.0.0.1:{port}", Credentials(), request_timeout=10),
+    p = Producer(ClientConfiguration(f"127.0.0.1:{port}", Credentials(ACCESS_KEY, SECRET_KEY),
+                                     request_timeout=10),
                  (TOPIC,))
     p.startup()
     m = Message()

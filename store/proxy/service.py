@@ -521,39 +521,70 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return self._guard(context, "SendMessage",
                            lambda s: rpc.SendMessageResponse(status=s), body)
 
-    def EndTransaction(self, request, context):
-        def body():
-            account = self._account(context)
-            state = _STATE.get(request.resolution)
-            if state is None:
-                raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
-            tid = request.transaction_id or request.message_id
-            if not tid:
-                raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
-            holder, topic = self._transaction(tid)
-            # the right is checked on the topic the half message was sent to, not the one
-            # the request names
-            account.check_topic(topic, "PUB")
-            holder.store.end_transactions(
-                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
-            if state is LocalTransactionState.COMMIT_MESSAGE:
-                self.wake_receivers()
-            return rpc.EndTransactionResponse(status=status())
-        return self._guard(context, "EndTransaction",
-                           lambda s: rpc.EndTransactionResponse(status=s), body)
-
-    def _transaction(self, tid: str) -> tuple[Member, str]:
-        """The member holding transaction ``tid`` opened through this endpoint, and the
-        transaction's real topic; ``INVALID_TRANSACTION_ID`` for any other id."""
+    def checked_end(self, request, context) -> tuple[Account, str, LocalTransactionState, bool]:
+        """An ``EndTransaction`` request's account, transaction id, state and whether it
+        answers a check, checked (not yet whether the transaction is this endpoint's)."""
+        account = self._account(context)
+        state = _STATE.get(request.resolution)
+        if state is None:
+            raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+        tid = request.transaction_id or request.message_id
+        if not tid:
+            raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
         if len(tid) > HANDLE_MAX_LENGTH:
             raise Refused(Code.INVALID_TRANSACTION_ID,
                           f"transaction id of {len(tid)} characters is not one of this store's")
-        for m in self.members:
-            (origin,) = m.store.transaction_origins([tid])
-            if origin is not None and origin[1] == PRODUCER_GROUP:
-                return m, origin[0]
-        raise Refused(Code.INVALID_TRANSACTION_ID,
-                      f"transaction {tid[:80]!r} is not one sent through this endpoint")
+        return account, tid, state, request.source == pb.TransactionSource.SOURCE_SERVER_CHECK
+
+    def end_checked(self, ends: list) -> list[Exception | None]:
+        """End the transactions of checked requests (:meth:`checked_end`) together: one
+        lookup of their origins and one append per member and kind; per request ``None``
+        or its failure (one request's failure is its own)."""
+        results: list[Exception | None] = [None] * len(ends)
+        todo: dict[tuple[int, bool], list[int]] = {}
+        origins = [m.store.transaction_origins([tid for _, tid, _, _ in ends])
+                   for m in self.members]
+        for k, (account, tid, _, from_check) in enumerate(ends):
+            found = [(i, o[0]) for i, member_origins in enumerate(origins)
+                     if (o := member_origins[k]) is not None and o[1] == PRODUCER_GROUP]
+            if not found:
+                results[k] = Refused(Code.INVALID_TRANSACTION_ID,
+                                     f"transaction {tid[:80]!r} is not one sent through this "
+                                     "endpoint")
+                continue
+            i, topic = found[0]
+            try:  # the right is checked on the topic the half message was sent to, not the
+                account.check_topic(topic, "PUB")  # one the request names
+            except Refused as exc:
+                results[k] = exc
+                continue
+            todo.setdefault((i, from_check), []).append(k)
+        committed = False
+        for (i, from_check), ks in todo.items():
+            store = self.members[i].store
+            try:
+                store.end_transactions([(ends[k][1], ends[k][2]) for k in ks],
+                                       from_check=from_check)
+            except StoreError:
+                for k in ks:  # one by one: each request gets its own failure
+                    try:
+                        store.end_transactions([(ends[k][1], ends[k][2])],
+                                               from_check=from_check)
+                    except StoreError as exc:
+                        results[k] = exc
+            committed |= any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE for k in ks)
+        if committed:
+            self.wake_receivers()
+        return results
+
+    def EndTransaction(self, request, context):
+        def body():
+            (failure,) = self.end_checked([self.checked_end(request, context)])
+            if failure is not None:
+                raise failure
+            return rpc.EndTransactionResponse(status=status())
+        return self._guard(context, "EndTransaction",
+                           lambda s: rpc.EndTransactionResponse(status=s), body)
 
     def RecallMessage(self, request, context):
         def body():
