@@ -5,7 +5,8 @@ One Python process answers at most about one core's worth of calls (the GIL).  W
 (``SO_REUSEPORT``: the kernel spreads clients' connections over them):
 
 * the **primary** is the endpoint of ``rmq serve`` itself: it serves every call, and also
-  listens on a private loopback port for the others;
+  listens on a private loopback port for the others (without TLS, which loopback does not
+  need, but with the same accounts: a call there is checked as any other);
 * each **worker** (a child process, :func:`main`) opens the store as one more writer (the
   store's append lock serialises writers across processes, :mod:`store.core.locking`) and
   answers sends (normal, FIFO, delay, half messages), routes, heartbeats and assignments
