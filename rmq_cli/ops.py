@@ -48,6 +48,9 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
               help="Also serve RocketMQ 5 clients (Java, Go, Node.js, Python...) here: the "
                    "apache.rocketmq.v2 gRPC protocol; needs the grpc extra (pip install "
                    "'.[grpc]').")
+@click.option("--grpc-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Serve --grpc as this many processes on one port (SO_REUSEPORT), each "
+                   "appending to the store; consumer state stays in the first.")
 @click.option("--acl", type=click.Path(dir_okay=False, exists=True), default=None,
               help="An ACL file (JSON accounts: accessKey, secretKey, topic and group "
                    "permissions, admin) the --grpc clients sign with and the --listen "
@@ -72,7 +75,7 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="INFO", show_default=True)
 def serve(store_path, witness, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
-          message_index, check_transactions, listen, grpc_listen, acl, token_file, insecure, tls_cert, tls_key,
+          message_index, check_transactions, listen, grpc_listen, grpc_processes, acl, token_file, insecure, tls_cert, tls_key,
           max_request_mib, replica_set, duration_s, log_level):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
@@ -108,6 +111,11 @@ def serve(store_path, witness, create, delete_when, file_reserved_time_hours, di
             raise click.UsageError("--replica-set serves one store; a store group's members "
                                    "are served one by one")
         network["replica_set"] = replica_set
+    if grpc_processes > 1:
+        if grpc_listen is None or is_store_group(store_path):
+            raise click.UsageError("--grpc-processes needs --grpc and one store (a store "
+                                   "group's endpoint is one process)")
+        network["grpc_processes"] = grpc_processes
     if not is_store_group(store_path):
         try:
             server = StoreServer(store_path, config, check_transactions=check_transactions,

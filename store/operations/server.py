@@ -146,7 +146,7 @@ class StoreServer:
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  insecure: bool = False, grpc: str | None = None,
                  acl: str | None = None, max_request_bytes: int | None = None,
-                 replica_set: str | None = None) -> None:
+                 replica_set: str | None = None, grpc_processes: int = 1) -> None:
         self.path = os.fspath(path)
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
@@ -205,7 +205,8 @@ class StoreServer:
             if grpc is not None:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 
-                self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls)
+                self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls,
+                                             processes=grpc_processes)
             self._asks = self.endpoint
             self.replica = None
             if members is not None:

@@ -13,11 +13,14 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
 :mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
 (signed recall and receipt handles), :mod:`~store.proxy.grpc_limits` (held calls, log lines),
-:mod:`~store.proxy.grpc_service` (the calls).
+:mod:`~store.proxy.grpc_service` (the calls), :mod:`~store.proxy.aio_calls` (the calls on one
+``grpc.aio`` event loop, sends stored by group commit), :mod:`~store.proxy.processes` (the
+endpoint as several processes on one port: ``rmq serve --grpc-processes N``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -51,65 +54,126 @@ class GrpcEndpoint:
     chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
     telemetry streams and long polls held at once in all (per client id);
     ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.grpc_limits`).
+    ``processes``: serve as this many processes on the port (:mod:`store.proxy.processes`);
+    ``reuse_port``: let other processes listen on it too; ``primary``: this is a worker
+    process forwarding to the primary at ``HOST:PORT``; ``writer_thread``: store groups of
+    sends in a thread of their own rather than on the event loop
+    (:class:`~store.proxy.aio_calls.GroupCommit`).
     """
 
     def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
-                 short_call_workers: int = SHORT_CALL_WORKERS) -> None:
+                 short_call_workers: int = SHORT_CALL_WORKERS, processes: int = 1,
+                 reuse_port: bool = False, writer_thread: bool = False,
+                 primary: str | None = None) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
                 "pip install '.[grpc]' in rmq's directory, or 'rmq[grpc]' (grpcio and "
                 "rocketmq-python-client)")
-        import grpc
-        from rocketmq.grpc_protocol import service_pb2_grpc
-
         from .access import AccessControl
-        from .grpc_service import MessagingService
 
         if not isinstance(stores, (list, tuple)):
             stores = [("", stores)]
         store = stores[0][1]
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
-        limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
         held = HeldCalls(max_held_calls, max_held_calls_per_client)
-        # held calls (streams, long polls) never take more than their own share of the pool:
-        # short_call_workers threads stay for the short calls (store.proxy.grpc_limits)
-        self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
-                               thread_name_prefix="rmq-grpc"),
-            options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=max_held_calls + short_call_workers * 4)
-        target = f"[{address.host}]:{address.port}" if ":" in address.host else \
-            f"{address.host}:{address.port}"
-        if tls is not None:
-            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
-            port = self._server.add_secure_port(target, credentials)
-        else:
-            port = self._server.add_insecure_port(target)
-        if port == 0:
-            raise InvalidConfigError(f"cannot listen on {listen} for gRPC clients (the address "
-                                     "is in use or not this host's)")
-        self.host, self.port = address.host, port
+        if processes < 1 or (processes > 1 and (len(stores) > 1 or primary is not None)):
+            raise InvalidConfigError(f"{processes} endpoint processes; allowed: 1 or more for "
+                                     "one store (a store group's endpoint is one process)")
+        self.host = address.host
+        self._listen = listen
+        self._primary = primary
+        self._processes = processes
+        self.workers = None
+        self.loopback = address.loopback
         self._closed = False
         self._close_lock = threading.Lock()
-        self.loopback = address.loopback
-        self.service = MessagingService(stores, access=access,
-                                        address=(self._advertised(), port), held=held)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self._server)
-        self._server.start()
-        log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, port,
+        # one event loop answers every call (store.proxy.aio_calls); held calls (streams,
+        # long polls) never take more than their own share of the pool: short_call_workers
+        # threads stay for the short calls a plain method answers (store.proxy.grpc_limits)
+        self._pool = ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
+                                        thread_name_prefix="rmq-grpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rmq-grpc-loop",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self.port = self._run(self._start(
+                stores, address, store.config.max_message_size_bytes * 2 + HEADROOM_BYTES,
+                max_held_calls + short_call_workers * 4, tls, access, held,
+                reuse_port or processes > 1, writer_thread))
+            if processes > 1:  # the others join the port (store.proxy.processes)
+                from .processes import Workers
+
+                self.workers = Workers(store.root, f"{self._listen_host()}:{self.port}",
+                                       f"127.0.0.1:{self.private_port}", processes - 1,
+                                       acl=acl, tls=tls)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.close()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._pool.shutdown(wait=False)
+            raise
+        log.info("serving RocketMQ 5 clients on %s:%d%s", self.host, self.port,
                  " (TLS)" if tls else "")
         if tls is None and not self.loopback:
             log.warning("RocketMQ 5 clients are served on %s:%d without TLS: their calls, "
                         "signatures (tokens) and messages travel in clear; anyone on the path "
                         "can read them and replay a signature within its window; give a "
                         "certificate (--tls-cert, --tls-key) on any network not wholly trusted",
-                        self.host, port)
+                        self.host, self.port)
+
+    def _run(self, coroutine, timeout: float | None = 60):
+        """Run ``coroutine`` on the endpoint's loop; its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    async def _start(self, stores, address: RemoteAddress, limit: int, concurrent: int, tls,
+                     access, held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
+        import grpc
+
+        from .aio_calls import AsyncMessagingService, add_to_server
+
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._pool,
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit),
+                     ("grpc.so_reuseport", 1 if reuse_port else 0)],
+            maximum_concurrent_rpcs=concurrent)
+        target = f"[{address.host}]:{address.port}" if ":" in address.host else \
+            f"{address.host}:{address.port}"
+        try:
+            if tls is not None:
+                credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+                port = self._server.add_secure_port(target, credentials)
+            else:
+                port = self._server.add_insecure_port(target)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise InvalidConfigError(f"cannot listen on {self._listen} for gRPC clients (the "
+                                     "address is in use or not this host's)")
+        if self._processes > 1:  # where the workers forward (store.proxy.processes)
+            self.private_port = self._server.add_insecure_port("127.0.0.1:0")
+        options = {"access": access, "address": (self._advertised(), port), "held": held,
+                   "loop": asyncio.get_running_loop(), "pool": self._pool,
+                   "writer_thread": writer_thread}
+        if self._primary is None:
+            self.service = AsyncMessagingService(stores, **options)
+        else:
+            from .processes import ForwardingMessagingService
+
+            self.service = ForwardingMessagingService(stores, primary=self._primary,
+                                                      max_message_bytes=limit, **options)
+        add_to_server(self.service, self._server)
+        await self._server.start()
+        return port
+
+    def _listen_host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
 
     def _advertised(self) -> str:
         if self.host in ("0.0.0.0", "::", ""):
@@ -138,8 +202,15 @@ class GrpcEndpoint:
             if self._closed:
                 return
             self._closed = True
+        if self.workers is not None:
+            self.workers.close()
         self.service.close()
-        self._server.stop(grace_s).wait()
+        try:
+            self._run(self._server.stop(grace_s), timeout=grace_s + 30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._pool.shutdown(wait=False)
 
 
 __all__ = ["GrpcEndpoint", "grpc_available"]

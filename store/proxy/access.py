@@ -60,6 +60,8 @@ class Account(AccountRights):
 OPEN = Account("", "", True, frozenset(), {}, frozenset(), {})
 
 
+#: Checked signatures remembered (:meth:`AccessControl.account`).
+VERIFIED_SIGNATURES = 4096
 #: How far a signature's ``x-mq-date-time`` may be from the server's clock (seconds).
 SIGNATURE_WINDOW_S = 900
 
@@ -83,6 +85,7 @@ class AccessControl:
                                      "1 or more")
         self.accounts = {a.access_key: a for a in accounts}
         self.window_ms = signature_window_s * 1000
+        self._verified: dict[tuple[str, str], tuple[Account, int | None]] = {}
 
     @classmethod
     def load(cls, path: str) -> AccessControl:
@@ -92,22 +95,21 @@ class AccessControl:
 
     def account(self, metadata: dict[str, str], now_ms: int | None = None) -> Account:
         """The account that signed a call (its headers) within the signature window of
-        ``now_ms`` (the clock's time when ``None``); ``UNAUTHORIZED`` otherwise."""
+        ``now_ms`` (the clock's time when ``None``); ``UNAUTHORIZED`` otherwise.
+
+        A client signs every call of a second with the same header: a signature checked
+        once is remembered (:data:`VERIFIED_SIGNATURES` of them, forgotten all at once past
+        that), and only its window is checked again.  What is remembered is a pure function
+        of the header, so the answer is the same as checking it again."""
         header = metadata.get("authorization", "")
-        scheme, _, rest = header.partition(" ")
-        fields = {}
-        for part in rest.split(","):
-            name, _, value = part.strip().partition("=")
-            fields[name] = value
-        account = self.accounts.get(fields.get("Credential", ""))
         date = metadata.get("x-mq-date-time", "")
-        if scheme != "MQv2-HMAC-SHA1" or account is None or not date:
-            raise Refused(Code.UNAUTHORIZED, "the call is not signed by a known access key")
-        expected = hmac.new(account.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
-        if not hmac.compare_digest(expected, fields.get("Signature", "").lower()):
-            raise Refused(Code.UNAUTHORIZED,
-                          f"the signature of access key {account.access_key!r} does not match")
-        at = signed_at_ms(date)
+        verified = self._verified.get((header, date))
+        if verified is None:
+            verified = self._verify(header, date)
+            if len(self._verified) >= VERIFIED_SIGNATURES:
+                self._verified.clear()
+            self._verified[(header, date)] = verified
+        account, at = verified
         now = int(time.time() * 1000) if now_ms is None else now_ms
         if at is None or abs(now - at) > self.window_ms:
             raise Refused(Code.UNAUTHORIZED,
@@ -115,3 +117,19 @@ class AccessControl:
                           f"{self.window_ms // 1000} s of the server's clock (UTC, "
                           "YYYYMMDDTHHMMSSZ); allowed: a fresh signature")
         return account
+
+    def _verify(self, header: str, date: str) -> tuple[Account, int | None]:
+        """The account whose secret signed ``date`` in ``header``, and the signing time."""
+        scheme, _, rest = header.partition(" ")
+        fields = {}
+        for part in rest.split(","):
+            name, _, value = part.strip().partition("=")
+            fields[name] = value
+        account = self.accounts.get(fields.get("Credential", ""))
+        if scheme != "MQv2-HMAC-SHA1" or account is None or not date:
+            raise Refused(Code.UNAUTHORIZED, "the call is not signed by a known access key")
+        expected = hmac.new(account.secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+        if not hmac.compare_digest(expected, fields.get("Signature", "").lower()):
+            raise Refused(Code.UNAUTHORIZED,
+                          f"the signature of access key {account.access_key!r} does not match")
+        return account, signed_at_ms(date)

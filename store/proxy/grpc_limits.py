@@ -1,6 +1,7 @@
 """What one client can make the gRPC endpoint hold: held calls, and log lines.
 
-The endpoint serves calls from a pool of threads, and a call holds its thread until it ends.
+The endpoint answers short calls on one event loop (:mod:`store.proxy.aio_calls`); the calls
+that wait run in a pool of threads, and such a call holds its thread until it ends.
 Telemetry streams (one per client, for its life) and long-polling receives (up to 30 s each)
 are **held calls**; every other call is short.  So that held calls never take the threads
 that answer short ones, the pool has room for :data:`MAX_HELD_CALLS` held calls plus

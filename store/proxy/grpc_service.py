@@ -201,6 +201,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._arrived = threading.Condition()
+        self._waiting = 0  # receivers waiting on _arrived (changed under it)
         self._closing = threading.Event()
         self.signer = Signer(store_secret(self.store.root))
         self.held = held if held is not None else HeldCalls()
@@ -216,17 +217,21 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Run ``body()``; a refusal or a store error becomes ``respond(status)``."""
         try:
             return body()
-        except Refused as exc:
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
+            return self._failed(context, method, respond, exc)
+
+    def _failed(self, context, method: str, respond, exc: Exception):
+        """``respond(status)`` for a refusal, a store error or any other failure of a call."""
+        if isinstance(exc, Refused):
             self._refused(method, context, exc)
             return respond(status(exc.code, exc.text))
-        except StoreError as exc:
+        if isinstance(exc, StoreError):
             code = store_error_code(exc)
             self.refusals.warning("%s from %s failed (%s): %.300s", method, context.peer(),
                                   Code.Name(code), exc)
             return respond(status(code, self._text(exc)))
-        except Exception as exc:  # noqa: BLE001 - the server keeps serving; the client is told
-            log.exception("%s from %s failed", method, context.peer())
-            return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+        log.error("%s from %s failed", method, context.peer(), exc_info=exc)
+        return respond(status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
 
     def _refused(self, method: str, context, exc: Refused) -> None:
         self.refusals.warning("%s from %s refused (%s): %.300s", method, context.peer(),
@@ -245,8 +250,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return text
 
     def wake_receivers(self) -> None:
-        with self._arrived:
-            self._arrived.notify_all()
+        if self._waiting:  # (a receiver that starts waiting just after looks again within
+            with self._arrived:  # POLL_INTERVAL_MS: no send is missed for longer)
+                self._arrived.notify_all()
 
     def close(self) -> None:
         self._closing.set()
@@ -483,63 +489,102 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             r = self._next()[1].producer.send(m.message, msg_id=m.msg_id)
         return rpc.SendResultEntry(status=_OK, message_id=r.msg_id, offset=r.queue_offset)
 
+    def checked_sends(self, request, context) -> list[Incoming]:
+        """A send request's messages, checked (the account's right, every rule of the
+        protocol and the store): a bad one refuses the whole request before anything of it
+        is stored."""
+        account = self._account(context)
+        if not request.messages:
+            raise Refused(Code.BAD_REQUEST, "the request carries no message")
+        topics = {m.topic.name for m in request.messages}
+        if len(topics) > 1:
+            raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
+                                            f"{sorted(topics)}")
+        topic = next(iter(topics))
+        account.check_topic(topic, "PUB")
+        now = self.store.now_ms()
+        cfg = self.store.config
+        return [incoming(message, max_body_bytes=cfg.max_message_size_bytes, now_ms=now,
+                         max_delay_ms=cfg.timer_max_delay_ms,
+                         max_properties_bytes=cfg.max_properties_size_bytes)
+                for message in request.messages]
+
+    def send_checked(self, checked: list[Incoming]) -> list[rpc.SendResultEntry]:
+        """Store checked messages (:meth:`checked_sends`); their result entries."""
+        return [self._send_one(m) for m in checked]
+
     def SendMessage(self, request, context):
         def body():
-            account = self._account(context)
-            if not request.messages:
-                raise Refused(Code.BAD_REQUEST, "the request carries no message")
-            topics = {m.topic.name for m in request.messages}
-            if len(topics) > 1:
-                raise Refused(Code.BAD_REQUEST, f"a batch must have one topic; got "
-                                                f"{sorted(topics)}")
-            topic = next(iter(topics))
-            account.check_topic(topic, "PUB")
-            now = self.store.now_ms()
-            cfg = self.store.config
-            # every message is checked before any is stored: a bad one refuses the batch
-            checked = [incoming(message, max_body_bytes=cfg.max_message_size_bytes,
-                                now_ms=now, max_delay_ms=cfg.timer_max_delay_ms,
-                                max_properties_bytes=cfg.max_properties_size_bytes)
-                       for message in request.messages]
-            entries = [self._send_one(m) for m in checked]
+            entries = self.send_checked(self.checked_sends(request, context))
             self.wake_receivers()
             return rpc.SendMessageResponse(status=_OK, entries=entries)
         return self._guard(context, "SendMessage",
                            lambda s: rpc.SendMessageResponse(status=s), body)
 
-    def EndTransaction(self, request, context):
-        def body():
-            account = self._account(context)
-            state = _STATE.get(request.resolution)
-            if state is None:
-                raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
-            tid = request.transaction_id or request.message_id
-            if not tid:
-                raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
-            holder, topic = self._transaction(tid)
-            # the right is checked on the topic the half message was sent to, not the one
-            # the request names
-            account.check_topic(topic, "PUB")
-            holder.store.end_transactions(
-                [(tid, state)], from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK)
-            if state is LocalTransactionState.COMMIT_MESSAGE:
-                self.wake_receivers()
-            return rpc.EndTransactionResponse(status=status())
-        return self._guard(context, "EndTransaction",
-                           lambda s: rpc.EndTransactionResponse(status=s), body)
-
-    def _transaction(self, tid: str) -> tuple[Member, str]:
-        """The member holding transaction ``tid`` opened through this endpoint, and the
-        transaction's real topic; ``INVALID_TRANSACTION_ID`` for any other id."""
+    def checked_end(self, request, context) -> tuple[Account, str, LocalTransactionState, bool]:
+        """An ``EndTransaction`` request's account, transaction id, state and whether it
+        answers a check, checked (not yet whether the transaction is this endpoint's)."""
+        account = self._account(context)
+        state = _STATE.get(request.resolution)
+        if state is None:
+            raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+        tid = request.transaction_id or request.message_id
+        if not tid:
+            raise Refused(Code.INVALID_TRANSACTION_ID, "no transaction_id")
         if len(tid) > HANDLE_MAX_LENGTH:
             raise Refused(Code.INVALID_TRANSACTION_ID,
                           f"transaction id of {len(tid)} characters is not one of this store's")
-        for m in self.members:
-            (origin,) = m.store.transaction_origins([tid])
-            if origin is not None and origin[1] == PRODUCER_GROUP:
-                return m, origin[0]
-        raise Refused(Code.INVALID_TRANSACTION_ID,
-                      f"transaction {tid[:80]!r} is not one sent through this endpoint")
+        return account, tid, state, request.source == pb.TransactionSource.SOURCE_SERVER_CHECK
+
+    def end_checked(self, ends: list) -> list[Exception | None]:
+        """End the transactions of checked requests (:meth:`checked_end`) together: one
+        lookup of their origins and one append per member and kind; per request ``None``
+        or its failure (one request's failure is its own)."""
+        results: list[Exception | None] = [None] * len(ends)
+        todo: dict[tuple[int, bool], list[int]] = {}
+        origins = [m.store.transaction_origins([tid for _, tid, _, _ in ends])
+                   for m in self.members]
+        for k, (account, tid, _, from_check) in enumerate(ends):
+            found = [(i, o[0]) for i, member_origins in enumerate(origins)
+                     if (o := member_origins[k]) is not None and o[1] == PRODUCER_GROUP]
+            if not found:
+                results[k] = Refused(Code.INVALID_TRANSACTION_ID,
+                                     f"transaction {tid[:80]!r} is not one sent through this "
+                                     "endpoint")
+                continue
+            i, topic = found[0]
+            try:  # the right is checked on the topic the half message was sent to, not the
+                account.check_topic(topic, "PUB")  # one the request names
+            except Refused as exc:
+                results[k] = exc
+                continue
+            todo.setdefault((i, from_check), []).append(k)
+        committed = False
+        for (i, from_check), ks in todo.items():
+            store = self.members[i].store
+            try:
+                store.end_transactions([(ends[k][1], ends[k][2]) for k in ks],
+                                       from_check=from_check)
+            except StoreError:
+                for k in ks:  # one by one: each request gets its own failure
+                    try:
+                        store.end_transactions([(ends[k][1], ends[k][2])],
+                                               from_check=from_check)
+                    except StoreError as exc:
+                        results[k] = exc
+            committed |= any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE for k in ks)
+        if committed:
+            self.wake_receivers()
+        return results
+
+    def EndTransaction(self, request, context):
+        def body():
+            (failure,) = self.end_checked([self.checked_end(request, context)])
+            if failure is not None:
+                raise failure
+            return rpc.EndTransactionResponse(status=status())
+        return self._guard(context, "EndTransaction",
+                           lambda s: rpc.EndTransactionResponse(status=s), body)
 
     def RecallMessage(self, request, context):
         def body():
@@ -584,7 +629,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def ReceiveMessage(self, request, context):
         try:
-            deliveries, invisible_ms = self._receive(request, context)
+            deliveries, _ = self._receive(request, context)
         except Refused as exc:
             self._refused("ReceiveMessage", context, exc)
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
@@ -593,6 +638,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc),
                                                            self._text(exc)))
             return
+        yield from self.receive_responses(deliveries)
+
+    def receive_responses(self, deliveries: list[Delivery]):
+        """The responses a receive streams for ``deliveries``."""
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
                                                            "no new message"))
@@ -645,7 +694,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if left <= 0 or not context.is_active() or self._closing.is_set():
                     return deliveries, invisible
                 with self._arrived:
-                    self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                    self._waiting += 1
+                    try:
+                        self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
+                    finally:
+                        self._waiting -= 1
                 deliveries = self._receive_members(account, group, topic, batch, invisible,
                                                    tags, fifo)
                 if deliveries:

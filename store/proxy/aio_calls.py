@@ -1,0 +1,308 @@
+"""The endpoint's calls on ``grpc.aio``: one event loop answers, sends are stored in groups.
+
+Where the CPU of a send went with a pool of threads (docs/benchmarks.md): gRPC's hand-off of
+every call to a pool thread and the GIL's switches between 64+ threads cost more than the
+send itself, and the signature check parsed its date with ``time.strptime`` on every call.
+Here one event loop thread reads every call; what it does per call is the per-call work
+only (the signature, remembered once checked; the message checks:
+:meth:`~store.proxy.grpc_service.MessagingService.checked_sends`) and the store's append.
+
+**Group commit** (:class:`GroupCommit`).  By default a send is stored in its own turn of the
+loop: ``grpc.aio`` runs one call a turn, so there is nothing to group and no hand-off to
+make.  With ``writer_thread=True`` checked sends queue for one writer thread; the sends that
+arrive while it stores a group form the next one, each call answered once its messages are
+stored (as durable as :meth:`~store.Producer.send`); a send that fails fails alone.  On two
+cores that measured slower (the hand-off and GIL switches cost more than the store's own
+share of a send, about 20 us, leaves to share); it is kept for a store whose appends wait
+(``SYNC_FLUSH``).
+
+Held calls (telemetry streams, long-polling receives) keep threads of their own, from the
+pool :mod:`store.proxy.grpc_limits` bounds; a receive's answer is streamed by the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.protobuf.message import DecodeError
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from .convert import Refused
+from .grpc_service import MessagingService, status
+
+_OK = status()
+
+
+class GroupCommit:
+    """Items of concurrent calls stored together by ``store_group(items)`` (which returns
+    per item ``(result, failure)``); see the module docstring.  Used from the event loop
+    only.
+
+    ``writer_thread=False`` stores on the loop itself, in the call's turn: ``grpc.aio`` runs
+    one call a turn, so a group there is one item, with no hand-off at all; the loop waits
+    for the store (an append, or another process's append lock, at most
+    ``append_lock_lease_ms``).  ``True`` hands groups to one writer thread: the loop goes on
+    reading calls meanwhile and the items that arrive while the writer stores form the next
+    group, for a hand-off and GIL switches per group: worth it where the store's call costs
+    far more than that and takes many items at once (ending transactions), not for a send
+    (about 20 us of the store's, measured slower on two cores).
+    """
+
+    def __init__(self, store_group, loop: asyncio.AbstractEventLoop, *,
+                 writer_thread: bool = False, name: str = "rmq-grpc-append") -> None:
+        self._store = store_group
+        self._loop = loop
+        self.writer = (ThreadPoolExecutor(1, thread_name_prefix=name)
+                       if writer_thread else None)
+        self._pending: list[tuple[object, asyncio.Future]] = []
+        self._busy = False
+        #: groups stored and items in them (what a test or a bench reads)
+        self.groups = 0
+        self.sends = 0
+
+    async def store(self, item):
+        """The result of ``item``, once stored."""
+        if self.writer is None:  # the loop turn is this call's: stored now, no hand-off
+            self.groups += 1
+            self.sends += 1
+            ((result, exc),) = self._store([item])
+            if exc is not None:
+                raise exc
+            return result
+        future = self._loop.create_future()
+        self._pending.append((item, future))
+        if not self._busy:
+            self._busy = True
+            self._flush()
+        return await future
+
+    def _take(self) -> list:
+        group, self._pending = self._pending, []
+        self.groups += 1
+        self.sends += len(group)
+        return group
+
+    def _flush(self) -> None:
+        group = self._take()
+        done = self._loop.run_in_executor(self.writer, self._store, [c for c, _ in group])
+        done.add_done_callback(lambda f: self._done(group, f))
+
+    @staticmethod
+    def _answer(group: list, results: list) -> None:
+        for (_, future), (entries, exc) in zip(group, results):
+            if future.done():  # (the call was cancelled)
+                continue
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(entries)
+
+    def _done(self, group: list, finished: asyncio.Future) -> None:
+        failure = finished.exception()
+        if failure is not None:
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(failure)
+        else:
+            self._answer(group, finished.result())
+        if self._pending:
+            self._flush()
+        else:
+            self._busy = False
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.shutdown(wait=True)
+
+
+class _HeldContext:
+    """What a receive run in a pool thread asks of its call's (``grpc.aio``) context."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+        self._metadata = context.invocation_metadata()
+        self._peer = context.peer()
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def is_active(self) -> bool:
+        return not self._context.done()
+
+
+class AsyncMessagingService(MessagingService):
+    """:class:`~store.proxy.grpc_service.MessagingService` answering from one event loop: sends
+    by group commit, acks and heartbeats on the loop, receives' waits in ``pool`` threads;
+    the other calls run in the pool as they are written (``grpc.aio`` runs a plain
+    method there)."""
+
+    def __init__(self, stores, *, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
+                 writer_thread: bool = False, **options) -> None:
+        super().__init__(stores, **options)
+        self.loop = loop
+        self.pool = pool
+        self.commits = GroupCommit(self._store_sends, loop, writer_thread=writer_thread)
+        self.ends = GroupCommit(self._end_transactions, loop, writer_thread=True,
+                                name="rmq-grpc-end")
+
+    def _store_sends(self, group: list[list]) -> list:
+        results = []
+        for checked in group:
+            try:
+                results.append((self.send_checked(checked), None))
+            except Exception as exc:  # noqa: BLE001 - the send's own failure, told to it alone
+                results.append((None, exc))
+        self.wake_receivers()
+        return results
+
+    def _end_transactions(self, group: list) -> list:
+        try:
+            return [(None, exc) for exc in self.end_checked(group)]
+        except Exception as exc:  # noqa: BLE001 - told to every call of the group
+            return [(None, exc)] * len(group)
+
+    def close(self) -> None:
+        super().close()
+        self.commits.close()
+        self.ends.close()
+
+    async def SendMessage(self, request, context):
+        try:
+            entries = await self.commits.store(self.checked_sends(request, context))
+        except Exception as exc:  # noqa: BLE001 - told to the client as a status
+            return self._failed(context, "SendMessage",
+                                lambda s: rpc.SendMessageResponse(status=s), exc)
+        return rpc.SendMessageResponse(status=_OK, entries=entries)
+
+    # short calls answered on the loop, in their own turn (no hand-off to a pool thread,
+    # whose threads would contend for the store's lock with the loop and with each other)
+    async def Heartbeat(self, request, context):
+        return MessagingService.Heartbeat(self, request, context)
+
+    async def QueryRoute(self, request, context):
+        return MessagingService.QueryRoute(self, request, context)
+
+    async def QueryAssignment(self, request, context):
+        return MessagingService.QueryAssignment(self, request, context)
+
+    async def AckMessage(self, request, context):
+        return MessagingService.AckMessage(self, request, context)
+
+    async def ChangeInvisibleDuration(self, request, context):
+        return MessagingService.ChangeInvisibleDuration(self, request, context)
+
+    async def EndTransaction(self, request, context):
+        try:
+            await self.ends.store(self.checked_end(request, context))
+        except Exception as exc:  # noqa: BLE001 - told to the client as a status
+            return self._failed(context, "EndTransaction",
+                                lambda s: rpc.EndTransactionResponse(status=s), exc)
+        return rpc.EndTransactionResponse(status=_OK)
+
+    async def ReceiveMessage(self, request, context):
+        held = _HeldContext(context)
+        try:
+            deliveries, _ = await self.loop.run_in_executor(self.pool, self._receive,
+                                                            request, held)
+        except Refused as exc:
+            self._refused("ReceiveMessage", context, exc)
+            yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
+            return
+        except Exception as exc:  # noqa: BLE001 - told to the client as a status
+            yield self._failed(context, "ReceiveMessage",
+                               lambda s: rpc.ReceiveMessageResponse(status=s), exc)
+            return
+        for response in self.receive_responses(deliveries):
+            yield response
+
+
+class _Malformed:
+    """A request whose bytes do not parse (handed to the call, which refuses it)."""
+
+
+_MALFORMED = _Malformed()
+_UNPARSED = "the request does not parse as the method's message"
+
+
+def _lenient(parse):
+    def parse_or_mark(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError:
+            return _MALFORMED
+    return parse_or_mark
+
+
+def _refusing(service: MessagingService, name: str, behavior):
+    """``behavior`` (of any of grpc.aio's four shapes) refusing a malformed request with
+    ``INVALID_ARGUMENT``, logged within the refusals' budget."""
+    def note(context) -> None:
+        service.refusals.warning("%s from %s refused: %s", name, context.peer(), _UNPARSED)
+
+    if inspect.iscoroutinefunction(behavior):
+        async def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            return await behavior(request, context)
+    elif inspect.isasyncgenfunction(behavior):
+        async def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            async for response in behavior(request, context):
+                yield response
+    elif inspect.isgeneratorfunction(behavior):
+        def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            yield from behavior(request, context)
+    else:
+        def call(request, context):
+            if request is _MALFORMED:
+                note(context)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
+            return behavior(request, context)
+    return call
+
+
+class _Collect:
+    """Stands for a server to take the generated handlers of the service."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        (self.handler,) = handlers
+
+    def add_registered_method_handlers(self, *args) -> None:
+        pass
+
+
+def add_to_server(service: MessagingService, server) -> None:
+    """Serve ``service`` on ``server`` as the generated code would, but with every request
+    that does not parse refused as ``INVALID_ARGUMENT`` (not an unknown error and a stack
+    trace per request)."""
+    collect = _Collect()
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(service, collect)
+    handlers = {}
+    for name, h in collect.handler._method_handlers.items():
+        method = name.rpartition("/")[2]
+        if h.request_streaming:
+            handlers[method] = h._replace(request_deserializer=h.request_deserializer)
+            continue
+        behavior = h.unary_unary or h.unary_stream
+        wrapped = _refusing(service, method, behavior)
+        field = "unary_unary" if h.unary_unary is not None else "unary_stream"
+        handlers[method] = h._replace(request_deserializer=_lenient(h.request_deserializer),
+                                      **{field: wrapped})
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "apache.rocketmq.v2.MessagingService", handlers),))
+
+
+__all__ = ["AsyncMessagingService", "GroupCommit", "add_to_server"]

@@ -1,0 +1,184 @@
+"""One gRPC endpoint as several processes on one port: ``rmq serve --grpc-processes N``.
+
+One Python process answers at most about one core's worth of calls (the GIL).  With
+``N > 1`` the endpoint is ``N`` processes listening on the same ``HOST:PORT``
+(``SO_REUSEPORT``: the kernel spreads clients' connections over them):
+
+* the **primary** is the endpoint of ``rmq serve`` itself: it serves every call, and also
+  listens on a private loopback port for the others (without TLS, which loopback does not
+  need, but with the same accounts: a call there is checked as any other);
+* each **worker** (a child process, :func:`main`) opens the store as one more writer (the
+  store's append lock serialises writers across processes, :mod:`store.core.locking`) and
+  answers sends (normal, FIFO, delay, half messages), routes, heartbeats and assignments
+  itself: what scales with the cores;
+* every call that reads or changes state kept in a process's memory is **forwarded** to the
+  primary, with the caller's headers (the primary checks the signature and the rights as
+  for any call): telemetry streams (client sessions, the settings, the transaction
+  check-back, which asks the producers of the primary's sessions), receives, acks, changes
+  of invisibility, dead-lettering (the consumer groups' hand-outs and leases), the end of a
+  transaction and recalls (a handle is checked where it was issued).  So any process takes
+  a receipt handle any other gave, and a message is handed out once across processes.
+
+A worker's long polls wait in the primary; a send through a worker wakes them within the
+primary's poll interval (:data:`~store.proxy.grpc_service.POLL_INTERVAL_MS`).  Workers read
+their settings from their standard input and end when it closes (when ``rmq serve``
+ends, however it ends).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from ..base.errors import InvalidConfigError
+from .aio_calls import AsyncMessagingService
+
+log = logging.getLogger("store.proxy")
+
+#: Calls a worker forwards to the primary (see the module docstring).
+FORWARDED_UNARY = ("NotifyClientTermination", "AckMessage", "ChangeInvisibleDuration",
+                   "ForwardMessageToDeadLetterQueue", "EndTransaction", "RecallMessage")
+#: How long a worker may take to start (open the store, listen).
+READY_TIMEOUT_S = 120
+#: Headers a forwarded call carries: the client's id and signature, RocketMQ's own.
+_FORWARDED_HEADER_PREFIX = "x-mq-"
+
+
+def _headers(context) -> tuple:
+    return tuple((k, v) for k, v in context.invocation_metadata()
+                 if k.startswith(_FORWARDED_HEADER_PREFIX) or k == "authorization")
+
+
+async def _relay_failure(context, exc: grpc.aio.AioRpcError) -> None:
+    await context.abort(exc.code(), exc.details() or "the endpoint's primary process failed")
+
+
+def _forward_unary(name: str):
+    async def call(self, request, context):
+        try:
+            return await getattr(self.primary, name)(request, metadata=_headers(context))
+        except grpc.aio.AioRpcError as exc:
+            await _relay_failure(context, exc)
+    call.__name__ = name
+    return call
+
+
+class ForwardingMessagingService(AsyncMessagingService):
+    """A worker's calls: sends and other stateless calls here, the rest forwarded to the
+    primary at ``primary`` (``HOST:PORT``, loopback)."""
+
+    def __init__(self, stores, *, primary: str, max_message_bytes: int, **options) -> None:
+        super().__init__(stores, **options)
+        self._channel = grpc.aio.insecure_channel(
+            primary, options=[("grpc.max_receive_message_length", max_message_bytes),
+                              ("grpc.max_send_message_length", max_message_bytes)])
+        self.primary = service_pb2_grpc.MessagingServiceStub(self._channel)
+
+    async def ReceiveMessage(self, request, context):
+        try:
+            async for response in self.primary.ReceiveMessage(request,
+                                                              metadata=_headers(context)):
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            await _relay_failure(context, exc)
+
+    async def Telemetry(self, request_iterator, context):
+        try:
+            async for command in self.primary.Telemetry(request_iterator,
+                                                        metadata=_headers(context)):
+                yield command
+        except grpc.aio.AioRpcError as exc:
+            await _relay_failure(context, exc)
+
+    def ask(self, views) -> int:  # the primary's sessions are asked, never a worker's
+        return 0
+
+    def check_round(self) -> int:
+        return 0
+
+
+for _name in FORWARDED_UNARY:
+    setattr(ForwardingMessagingService, _name, _forward_unary(_name))
+
+
+class Workers:
+    """The worker processes of an endpoint (see the module docstring)."""
+
+    def __init__(self, store_path: str, listen: str, primary: str, count: int, *,
+                 acl: str | None = None, tls: tuple[bytes, bytes] | None = None) -> None:
+        settings = json.dumps({
+            "store": os.path.abspath(store_path), "listen": listen, "primary": primary,
+            "acl": os.path.abspath(acl) if acl is not None else None,
+            "tls": None if tls is None else [tls[0].decode(), tls[1].decode()]})
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.processes: list[subprocess.Popen] = []
+        for _ in range(count):
+            p = subprocess.Popen([sys.executable, "-m", "store.proxy.processes"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            p.stdin.write(settings.encode() + b"\n")
+            p.stdin.flush()
+            self.processes.append(p)
+        try:
+            for p in self.processes:
+                self._wait_ready(p, READY_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _wait_ready(p: subprocess.Popen, timeout_s: float) -> None:
+        ready, _, _ = select.select([p.stdout], [], [], timeout_s)
+        line = p.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            raise InvalidConfigError(f"an endpoint worker process did not start within "
+                                     f"{timeout_s:g} s (exit code {p.poll()}); its errors are "
+                                     "in rmq serve's log")
+
+    def close(self, timeout_s: float = 30) -> None:
+        for p in self.processes:
+            try:
+                p.stdin.close()  # the worker's signal to stop
+            except OSError:
+                pass
+        for p in self.processes:
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main() -> None:
+    """A worker: settings (JSON) on the first line of stdin; serves until stdin closes."""
+    from ..facade.message_store import MessageStore
+    from . import GrpcEndpoint
+
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = json.loads(sys.stdin.readline())
+    tls = settings["tls"]
+    store = MessageStore.open(settings["store"])
+    try:
+        endpoint = GrpcEndpoint(store, settings["listen"], acl=settings["acl"],
+                                tls=None if tls is None else (tls[0].encode(), tls[1].encode()),
+                                reuse_port=True, primary=settings["primary"])
+        try:
+            print("ready", flush=True)
+            sys.stdin.read()  # until rmq serve ends
+        finally:
+            endpoint.close()
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    main()

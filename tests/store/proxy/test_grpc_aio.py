@@ -1,0 +1,67 @@
+"""The endpoint on ``grpc.aio``: sends of concurrent calls stored by group commit, each
+answered with its own result; a remembered signature still held to its window."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("rocketmq.grpc_protocol")
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+
+from store import MessageStore
+from store.proxy import GrpcEndpoint
+from store.proxy.access import AccessControl
+from store.proxy.convert import Refused
+
+from .signing import message, metadata, stored, stub, write_acl
+
+pytestmark = pytest.mark.xdist_group("grpc")
+
+
+def test_a_remembered_signature_is_still_held_to_its_window(tmp_path):
+    path = tmp_path / "acl.json"
+    write_acl(path)
+    access = AccessControl.load(str(path))
+    md = dict(metadata("orders-svc", at=1_700_000_000))
+    at_ms = 1_700_000_000_000
+    assert access.account(md, at_ms).access_key == "orders-svc"
+    assert access.account(md, at_ms + 1000).access_key == "orders-svc"  # remembered
+    with pytest.raises(Refused, match="not within"):
+        access.account(md, at_ms + access.window_ms + 1000)
+    forged = dict(md, authorization=md["authorization"][:-4] + "0000")
+    for _ in range(2):  # a failed check is never remembered as a success
+        with pytest.raises(Refused, match="does not match"):
+            access.account(forged, at_ms)
+
+
+@pytest.mark.parametrize("writer_thread", [False, True])
+def test_concurrent_sends_are_grouped_and_each_answered_alone(tmp_path, writer_thread):
+    store = MessageStore.open(str(tmp_path / "s"))
+    endpoint = GrpcEndpoint(store, "127.0.0.1:0", acl=write_acl(tmp_path / "acl.json"),
+                            writer_thread=writer_thread)
+    s, channel = stub(endpoint.endpoint)
+    md = metadata("orders-svc", "grouped")
+    try:
+        def send(i: int):
+            m = message("orders", body=b"" if i % 10 == 3 else b"m%d" % i)
+            return i, m.system_properties.message_id, s.SendMessage(
+                rpc.SendMessageRequest(messages=[m]), metadata=md, timeout=30)
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(send, range(80)))
+        good = [(msg_id, r) for i, msg_id, r in results if i % 10 != 3]
+        bad = [r for i, _, r in results if i % 10 == 3]
+        assert all(r.status.code == pb.Code.MESSAGE_BODY_EMPTY for r in bad)
+        assert all(r.status.code == pb.Code.OK and r.entries[0].message_id == msg_id
+                   for msg_id, r in good)
+        commits = endpoint.service.commits
+        assert commits.sends == len(good) and 1 <= commits.groups <= commits.sends
+        assert stored(store.root, "orders") == len(good)
+    finally:
+        channel.close()
+        endpoint.close()
+        store.close()
