@@ -11,6 +11,11 @@ the ranges the other options and filters left.  The tasks then read those offset
 other range and check every row against the filter (the index answers by 32-bit hash and
 matches a key in ``KEYS`` or ``UNIQ_KEY`` alike), so the rows are exactly those of the scan.
 
+An offset message id (store host and CommitLog offset, which ``view_message`` and ``rmq query
+--id`` also take) is never a value of the ``msg_id`` column: ``msg_id = '<offset id>'`` finds
+no row by the scan, so it is not looked up either (``view_message`` would return a row the
+same query without the index does not).
+
 The scan (every offset read, every row checked) stays the way when the index cannot answer:
 the store keeps none (:class:`~store.KeyIndexUnavailableError`), or one key has
 :data:`LOOKUP_LIMIT` messages or more in a topic (an answer may stop there).  A store group is
