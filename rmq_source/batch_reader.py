@@ -11,15 +11,21 @@ store by store (each partition reads one store) and its offsets options carry a 
 With Spark's filter pushdown on, the data source hands out :class:`RmqPushdownReader`, which
 takes the filters :mod:`rmq_source.pushdown` can answer exactly: planning then drops the
 queues and cuts the offset ranges they exclude, and the tasks check the rest row by row.
+
+A read by key (option ``keys``, pushdown or not) or by message id (pushed ``msg_id``) is
+planned through each store's key index when it has one (:mod:`rmq_source.key_lookup`): only
+the offsets of those messages are read.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Iterator
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .delivery import deliver_due_once
+from .key_lookup import index_ranges
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
 from .pushdown import RowFilter, narrow_ranges, push_filters
@@ -47,12 +53,20 @@ class RmqBatchReader(DataSourceReader):
         self.options = options
         self.pushed: RowFilter | None = None
 
+    @property
+    def row_filter(self) -> RowFilter | None:
+        """What every row read must pass: the pushed filters and the option ``keys``."""
+        if self.options.keys is None:
+            return self.pushed
+        return replace(self.pushed or RowFilter(), keys=self.options.keys)
+
     def plan_ranges(self) -> list[tuple[str, list[QueueRange]]]:
         """``[(store directory, offset ranges of its subscribed queues)]`` (driver side)."""
         opts = self.options
         members = store_members(opts.path)
         names = tuple(name for name, _ in members)
         planned, known = [], set()
+        row_filter = self.row_filter
         for name, path in members:
             if opts.deliver_due:
                 deliver_due_once(path)
@@ -72,8 +86,10 @@ class RmqBatchReader(DataSourceReader):
                 starts = apply_data_loss(starts, bounds, opts.fail_on_data_loss)
                 ranges = [QueueRange(k[0], k[1], starts[k], max(starts[k], ends[k]))
                           for k in sorted(bounds)]
-                if self.pushed is not None:
-                    ranges = narrow_ranges(store, ranges, self.pushed)
+                if row_filter is not None:
+                    ranges = narrow_ranges(store, ranges, row_filter)
+                    by_key = index_ranges(store, ranges, row_filter)
+                    ranges = ranges if by_key is None else by_key
             finally:
                 store.close()
             planned.append((path, ranges))
@@ -89,7 +105,7 @@ class RmqBatchReader(DataSourceReader):
         return plan_member_partitions(self.plan_ranges(), tags=tags,
                                       fail_on_data_loss=opts.fail_on_data_loss,
                                       columns=opts.columns, verify_crc=opts.verify_crc,
-                                      row_filter=self.pushed)
+                                      row_filter=self.row_filter)
 
     def read(self, partition: InputPartition) -> Iterator:
         return read_partition(partition)

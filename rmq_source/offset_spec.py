@@ -28,7 +28,7 @@ OPTION_NAMES = {name.lower(): name for name in (
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
     "verifyCrc", "checkRounds", "token", "tokenFile", "tlsRootCerts", "timeoutMs",
-    "account", "secret", "secretFile", "pushFilters",
+    "account", "secret", "secretFile", "pushFilters", "keys",
 )}
 #: Options of an ``rmq://`` path (a served store), taken out of the option map at parse time.
 REMOTE_OPTION_NAMES = frozenset({"token", "tokenfile", "tlsrootcerts", "timeoutms",

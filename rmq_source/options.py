@@ -18,6 +18,9 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
   streaming-only; ``startingOffsets`` and ``startingTimestamp`` (and the two ending ones)
   exclude each other;
 * ``tags``: RocketMQ's expression, tags separated by ``||``; ``*`` (anywhere) means all;
+* ``keys``: comma-separated message keys; only messages carrying one of them (in their
+  ``keys`` column) are read: a batch read finds them through the store's key index when it
+  has one (:mod:`rmq_source.key_lookup`), a streaming read checks every message;
 * ``pushFilters`` (batch): ``auto`` (default: filters are pushed when Spark's
   ``spark.sql.python.filterPushdown.enabled`` is true), ``true`` (fail when it is not) or
   ``false`` (never push; :mod:`rmq_source.pushdown`);
@@ -120,6 +123,8 @@ class RmqOptions:
     subscribe: tuple[str, ...] | None = None
     subscribe_pattern: str | None = None
     tags: tuple[str, ...] | None = None
+    #: option ``keys``: read only messages carrying one of these keys (``None``: every one)
+    keys: tuple[str, ...] | None = None
     starting_offsets: OffsetSpec = OffsetSpec(EARLIEST)
     ending_offsets: OffsetSpec = OffsetSpec(LATEST)
     starting_timestamp_ms: int | None = None
@@ -187,6 +192,23 @@ def parse_tags(value: str) -> tuple[str, ...] | None:
     if not tags:
         raise _fail("tags", value, "names no tag", "'*' or tags separated by '||', e.g. 'a || b'")
     return tuple(tags)
+
+
+KEYS_ALLOWED = ("comma-separated message keys, each non-empty, printable and without spaces "
+                "(RocketMQ stores a message's keys space-separated), e.g. 'order-1,order-2'")
+
+
+def parse_keys(value: str) -> tuple[str, ...]:
+    """Option ``keys``: comma-separated message keys, each once, in the order given."""
+    keys: list[str] = []
+    for part in value.split(","):
+        key = part.strip()
+        if not key or " " in key or not key.isprintable():
+            why = "names an empty key" if not key else f"key {key!r} is not a message key"
+            raise _fail("keys", value, why, KEYS_ALLOWED)
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
 
 
 def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
@@ -316,6 +338,7 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
     view = _checked_view(raw, streaming)
     subscribe, subscribe_pattern = _subscription(raw, view)
     tags = parse_tags(raw["tags"]) if "tags" in raw else None
+    keys = parse_keys(raw["keys"]) if "keys" in raw else None
     starting, ending = _offset_range(raw, streaming)
     starting_ts, ending_ts = _timestamps(raw)
     _check_offsets(raw, view, streaming is False, starting, ending, subscribe,
@@ -332,7 +355,7 @@ def _parse_read(raw: Mapping[str, str], path: str, streaming: bool | None) -> Rm
              in (("failondataloss", True), ("deliverdue", True), ("verifycrc", False))}
     return RmqOptions(
         path=path, view=view, subscribe=subscribe, subscribe_pattern=subscribe_pattern, tags=tags,
-        starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
+        keys=keys, starting_offsets=starting, ending_offsets=ending, starting_timestamp_ms=starting_ts,
         ending_timestamp_ms=ending_ts, max_offsets_per_trigger=max_per_trigger,
         fail_on_data_loss=flags["failondataloss"], deliver_due=flags["deliverdue"],
         verify_crc=flags["verifycrc"], push_filters=push_filters, streaming=streaming, raw=raw)

@@ -7,7 +7,12 @@ top-level columns.  The source takes (and Spark then no longer checks):
 * ``=`` and ``IN`` on ``topic`` and ``queue_id``: the queues not named are not read;
 * ``=`` and ``IN`` on ``tags``: read with the ConsumeQueue's tagsCode (the tag's Java hash)
   before any record is touched, then by the tag itself, like the ``tags`` option;
-* ``=`` and ``IN`` on ``msg_id`` and ``transaction_id``: checked on the decoded rows;
+* ``=`` and ``IN`` on ``msg_id``: found through the store's key index when it has one (the
+  index holds every message's unique key; :mod:`rmq_source.key_lookup`), else by the scan;
+  then checked on the decoded rows;
+* ``=`` and ``IN`` on ``keys`` (a whole array: ``keys = array('a', 'b')``): the same, looked up
+  by each array's first key;
+* ``=`` and ``IN`` on ``transaction_id``: checked on the decoded rows;
 * ``IS NOT NULL`` on a column never null, or on one another pushed filter checks;
 * ``<``, ``<=``, ``>``, ``>=`` and ``=`` on ``queue_offset`` (each queue's offset range is cut),
   ``commitlog_offset`` (cut by a binary search over the ConsumeQueue's CommitLog offsets),
@@ -19,7 +24,12 @@ Every pushed filter is exact: a row the source returns satisfies it, and a row i
 not, so results equal those of the same query with pushdown off.  The binary search on store
 time assumes what RocketMQ assumes: store times do not go backwards within a queue.  Anything
 else (``OR`` trees are never offered; ``NOT``, ``IS NULL``, ``LIKE``, ``<=>`` with null, a value
-of another type, an empty tag) is returned to Spark.
+of another type, an empty tag, a key with a space; ``array_contains``, which Spark never
+offers: the option ``keys`` reads by key instead) is returned to Spark.
+
+The option ``keys`` (messages carrying any of the keys given) travels in the same
+:class:`RowFilter`, pushdown or not: the planner looks its keys up in the index, and every
+row read is checked against it.
 
 Pushdown is offered only when Spark's ``spark.sql.python.filterPushdown.enabled`` is true:
 with it false, Spark refuses any reader that implements ``pushFilters``
@@ -53,6 +63,8 @@ HOW_TO_ENABLE = f"spark.conf.set('{PUSHDOWN_CONF}', 'true')"
 
 #: columns taking ``=`` / ``IN`` -> the Python type of their values
 SET_COLUMNS = {"topic": str, "queue_id": int, "tags": str, "msg_id": str, "transaction_id": str}
+#: the array column taking ``=`` / ``IN`` of whole arrays (of keys without spaces)
+KEYS_COLUMN = "keys"
 #: columns taking ranges; the timestamps' bounds are kept in microseconds since the epoch
 RANGE_COLUMNS = ("queue_offset", "commitlog_offset", "store_timestamp", "born_timestamp",
                  "deliver_timestamp")
@@ -97,10 +109,14 @@ class RowFilter:
         ``column IN values`` for each (one entry per column: ``=`` and ``IN`` intersected).
     ranges : tuple of (column, low, high)
         ``low <= column <= high`` (integers; timestamps in microseconds since the epoch).
+    keys : tuple of str, optional
+        The option ``keys``: the ``keys`` array holds at least one of them.
     """
 
     sets: tuple[tuple[str, tuple], ...] = ()
     ranges: tuple[tuple[str, int, int], ...] = ()
+    #: option ``keys``: a row passes when its ``keys`` array holds one of these
+    keys: tuple[str, ...] | None = None
 
     def values(self, column: str) -> tuple | None:
         """The values ``column`` may take, or ``None`` when no filter names it."""
@@ -121,6 +137,8 @@ class RowFilter:
     def checked_columns(self) -> tuple[str, ...]:
         """Columns a read must check row by row (the planner has not made them exact)."""
         names = [c for c, _ in self.sets] + [c for c, _, _ in self.ranges]
+        if self.keys is not None:
+            names.append(KEYS_COLUMN)
         return tuple(dict.fromkeys(c for c in names if c not in _PLANNED))
 
     def mask(self, batch: pa.RecordBatch) -> pa.Array:
@@ -129,7 +147,9 @@ class RowFilter:
         for column in self.checked_columns:
             data = batch.column(column)
             values = self.values(column)
-            if values is not None:
+            if column == KEYS_COLUMN:
+                test = _keys_test(data, values, self.keys)
+            elif values is not None:
                 test = pc.is_in(data, value_set=pa.array(values, data.type))
             else:
                 low, high = self.bounds(column)
@@ -143,6 +163,37 @@ class RowFilter:
         """The rows of ``batch`` that pass, with only ``columns`` (``None``: as they are)."""
         batch = batch.filter(self.mask(batch))
         return batch if columns is None else batch.select(list(columns))
+
+
+def _keys_test(data: pa.Array, arrays: tuple | None, any_of: tuple[str, ...] | None
+               ) -> pa.Array:
+    """Which rows of the ``keys`` column equal one of ``arrays`` (whole, in order) and hold
+    one of ``any_of`` (either left out: not asked)."""
+    test = None
+    if arrays is not None:  # stored keys never hold a space: joined by one, equal as arrays
+        joined = pc.binary_join(data, " ")
+        test = pc.is_in(joined, value_set=pa.array([" ".join(a) for a in arrays], pa.string()))
+    if any_of is not None:
+        flat = pc.list_flatten(data)
+        hit = pc.is_in(flat, value_set=pa.array(any_of, flat.type)).to_numpy(
+            zero_copy_only=False)
+        rows = np.zeros(len(data), dtype=bool)
+        rows[pc.list_parent_indices(data).to_numpy()[hit]] = True
+        held = pa.array(rows)
+        test = held if test is None else pc.and_kleene(test, held)
+    return test
+
+
+def _key_arrays(given: list) -> set[tuple[str, ...]] | None:
+    """Values of ``keys =`` / ``keys IN``, as tuples; ``None`` when one cannot be pushed (not
+    an array of non-empty keys without spaces)."""
+    out = set()
+    for value in given:
+        if not isinstance(value, (list, tuple)) or not all(
+                type(k) is str and k and " " not in k for k in value):
+            return None
+        out.add(tuple(value))
+    return out
 
 
 def _micros(value: dt.datetime) -> int:
@@ -180,7 +231,12 @@ def push_filters(filters: Iterable) -> tuple[RowFilter, list]:
     for f in filters:
         path = getattr(f, "attribute", ())  # Not(...) has none of its own
         column = path[0] if len(path) == 1 else None
-        if isinstance(f, (EqualTo, EqualNullSafe, In)) and column in SET_COLUMNS:
+        if isinstance(f, (EqualTo, EqualNullSafe, In)) and column == KEYS_COLUMN:
+            values = _key_arrays(f.value if isinstance(f, In) else [f.value])
+            if values is not None:
+                sets[column] = sets[column] & values if column in sets else values
+                continue
+        elif isinstance(f, (EqualTo, EqualNullSafe, In)) and column in SET_COLUMNS:
             given = f.value if isinstance(f, In) else (f.value,)
             kind = SET_COLUMNS[column]
             # a null in IN matches nothing; EqualNullSafe with null means IS NULL (not taken)

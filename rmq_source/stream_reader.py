@@ -25,6 +25,9 @@ replays the same ranges.
 * ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages),
   or above its end (the store lost messages the query had read), raises
   :class:`DataLossError`, or with ``false`` the reader moves to the queue's minimum / end.
+* The option ``keys`` filters the stream: every message is read and only those carrying one
+  of the keys are returned (no key index: a stream reads every offset anyway, and its
+  offsets still move over every message, as with ``tags``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from .offsets import (
 )
 from .options import RmqOptions
 from .partitions import QueueRange, RmqPartition, plan_member_partitions, read_partition
+from .pushdown import RowFilter
 from .queues import (
     apply_data_loss,
     check_named_queues,
@@ -234,9 +238,13 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         planned = [(path, [QueueRange(t, q, begins[k], max(begins[k], ends[k]))
                            for k in keys if k[0] == name for t, q in [k[1:]]])
                    for name, path in self.members]
+        # option keys: a filter over the stream, every message checked (no index; the
+        # offsets still move over every message, as with the option tags)
+        row_filter = None if opts.keys is None else RowFilter(keys=opts.keys)
         return plan_member_partitions(planned, tags=opts.tags,
                                       fail_on_data_loss=opts.fail_on_data_loss,
-                                      columns=opts.columns, verify_crc=opts.verify_crc)
+                                      columns=opts.columns, verify_crc=opts.verify_crc,
+                                      row_filter=row_filter)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the store keeps every message until retention removes it."""
