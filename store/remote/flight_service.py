@@ -441,18 +441,25 @@ class StoreService(flight.FlightServerBase):
         limit = field(body, "max", int, what, default=64)
         if not 1 <= limit <= MAX_QUERY_MESSAGES:
             raise InvalidRequest(f"{what}: max={limit}; allowed: 1 to {MAX_QUERY_MESSAGES}")
+        topic = _named(body, "topic", what, _any_topic)
+        require(self._account(), [topic], "SUB", what)
         with self._readers.reader() as reader:
             views = reader.query_messages(
-                field(body, "topic", str, what), key=field(body, "key", str, what, optional=True),
+                topic, key=field(body, "key", str, what, optional=True),
                 begin_ms=field(body, "begin_ms", int, what, optional=True),
                 end_ms=field(body, "end_ms", int, what, optional=True), max=limit)
         return {"messages": [view_fields(v) for v in views]}
 
     def _action_view_message(self, body: dict) -> dict:
         what = "view_message"
+        account = self._account()
+        topic = field(body, "topic", str, what, optional=True)
+        if topic is not None:
+            require(account, [_named(body, "topic", what, _any_topic)], "SUB", what)
         with self._readers.reader() as reader:
-            view = reader.view_message(field(body, "msg_id", str, what),
-                                       topic=field(body, "topic", str, what, optional=True))
+            view = reader.view_message(field(body, "msg_id", str, what), topic=topic)
+        if view is not None and not (account.admin or account.may(view.topic, "SUB")):
+            view = None  # an id of a topic the account may not read is not found for it
         return {"message": None if view is None else view_fields(view)}
 
     def _action_offset_for_timestamp(self, body: dict) -> dict:

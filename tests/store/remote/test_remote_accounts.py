@@ -121,3 +121,26 @@ def test_spark_options_name_the_account_and_its_secret_as_they_name_the_token(tm
         with pytest.raises(InvalidOptionError) as info:
             parse_options({"path": url, "subscribe": "orders", **bad}, streaming=False)
         assert "s3cret-x" not in str(info.value)
+
+
+def test_queries_by_key_and_id_need_the_right_to_read_the_topic(tmp_path):
+    """``query_messages`` and ``view_message`` return message bodies: an account reads
+    only topics it may SUB (they were answered to any account)."""
+    from store import StoreConfig
+
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"accounts": ACCOUNTS}))
+    served = StoreServer(str(tmp_path / "s"), StoreConfig(message_index_enable=True),
+                         listen="127.0.0.1:0", token=TOKEN, acl=str(acl))
+    with connect(served.url, token=TOKEN) as admin:
+        sent = admin.producer("g").send(Message("orders", b"secret order", keys="k1"))
+        msg_id = sent.msg_id
+    with as_(served, "reader") as reader, as_(served, "other") as other:
+        assert [v.body for v in reader.query_messages("orders", key="k1")] == [b"secret order"]
+        assert reader.view_message(msg_id).body == b"secret order"
+        with pytest.raises(AccessDeniedError, match="may not SUB topic 'orders'"):
+            other.query_messages("orders", key="k1")
+        with pytest.raises(AccessDeniedError, match="may not SUB topic 'orders'"):
+            other.view_message(msg_id, topic="orders")
+        assert other.view_message(msg_id) is None  # not found for it, rather than shown
+    served.close()
