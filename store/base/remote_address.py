@@ -50,7 +50,8 @@ class RemoteAddress:
         if "," in parts.netloc:
             raise InvalidConfigError(
                 f"{url!r} names several servers; here one served store is needed (the "
-                f"replicas of a replica set go to connect()); {_ALLOWED}")
+                f"replicas of a replica set go to connect(); several stores written as one "
+                f"are a store group, a member per URL); {_ALLOWED}")
         try:
             port = parts.port
         except ValueError:

@@ -27,6 +27,7 @@ WRITE_METHODS = (
     "known_transactions",
     "prepare_transaction_checks", "answer_check_rounds", "clean_expired_files", "flush",
     "write_lock", "ensure_topic", "sink", "atomic_append", "drop_tail", "rebuild_queues",
+    "rebuild_key_index",
     "remove_schedule", "pause_schedule", "resume_schedule",
 )
 

@@ -251,7 +251,7 @@ def _validated(store: StorePort, data, topic: str | None) -> PreparedRows:
     table = as_table(data)
     if "key" in table.column_names:
         table = keyed_table(table, store.now_ms())
-        store.timer.delay_keys.ensure()
+        store.timer.keys.ensure()
     return prepare_rows(store, table, topic=topic)
 
 

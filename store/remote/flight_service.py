@@ -48,7 +48,7 @@ from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, r
 from .replication_stream import CHUNK_SCHEMA, answer, first_chunk, parse_request
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields, MAX_QUERY_MESSAGES, view_fields,
-                   error_info, field, loads, unb64)
+                   error_info, error_text, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
 
@@ -119,10 +119,10 @@ def _unless_quiet(fn):
         except (flight.FlightError, flight.FlightCancelledError):
             raise
         except InvalidRequest as exc:
-            _refused("refused a request from %s: %s", context.peer(), exc)
-            raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+            _refused("refused a request from %s: %s", context.peer(), error_text(exc))
+            raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
         except StoreError as exc:
-            raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+            raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
         except MemoryError:  # one request too large for what is left: refuse it, keep serving
             log.error("a request from %s ran out of memory; refused", context.peer())
             raise flight.FlightServerError("the server ran out of memory for this request",
@@ -282,7 +282,7 @@ class StoreService(flight.FlightServerBase):
                     try:
                         batch = read(lo, min(end, lo + READ_CHUNK))
                     except StoreError as exc:
-                        raise flight.FlightServerError(str(exc),
+                        raise flight.FlightServerError(error_text(exc),
                                                        extra_info=error_info(exc)) from None
                     if batch.num_rows:
                         yield batch
@@ -320,7 +320,7 @@ class StoreService(flight.FlightServerBase):
                 yield None  # (primed below: a started generator runs its finally when dropped)
                 yield from answer(reader, request, first)
             except StoreError as exc:
-                raise flight.FlightServerError(str(exc), extra_info=error_info(exc)) from None
+                raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
             finally:
                 self._readers.give_back(reader)
                 release()

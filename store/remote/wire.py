@@ -154,10 +154,23 @@ def field(body: dict, name: str, kind, what: str, *, default=..., optional: bool
     return value
 
 
+#: Longest error text sent back (a message may quote a request's field, which a client
+#: chooses: gRPC's trailers hold a few KiB, and an answer larger than that is lost).
+MAX_ERROR_CHARS = 1000
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)``, cut to :data:`MAX_ERROR_CHARS` (the cut said)."""
+    text = str(exc)
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
+
+
 def error_info(exc: BaseException) -> bytes:
     """The ``extra_info`` of a Flight error carrying a store error."""
     kind = type(exc).__name__ if isinstance(exc, StoreError) else "StoreError"
-    payload = {"type": kind, "message": str(exc)}
+    payload = {"type": kind, "message": error_text(exc)}
     if isinstance(exc, store_errors.CorruptRecordError):
         payload.update(file=exc.file, position=exc.position, reason=exc.reason)
     return dumps(payload)

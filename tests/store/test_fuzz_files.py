@@ -101,7 +101,7 @@ def test_damaged_timer_files_are_judged_by_delivery(tmp_path):
 def test_the_delivery_judge_sees_lost_timer_messages(tmp_path, monkeypatch):
     """A store that does not check its timer files loses the timer messages a damaged slot
     names, and the fuzzer says so."""
-    from store.timer import service
+    from store.timer import timer_service as service
 
     fuzz = _fuzzer()
     monkeypatch.setattr(service, "timer_files_problem", lambda *args: None)
