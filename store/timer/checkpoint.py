@@ -24,6 +24,12 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
 processes notice a new one by its inode and mtime.
+
+``config/timercheck.rmq`` (the *owner mark*, a few bytes of text) is written once the file
+holds a checkpoint rmq saved: from then on the timer files are rmq's, and a checkpoint that
+lacks rmq's fields is damage (bytes zeroed), never a RocketMQ broker's to take over.  Only
+the mark's presence counts; it is written after the first save (a crash in between leaves a
+checkpoint with rmq's fields, which is rmq's anyway) and never removed.
 """
 
 from __future__ import annotations
@@ -90,12 +96,35 @@ def file_stamp(path: str) -> tuple[int, int, int] | None:
 _YEAR_2000_MS = 946_684_800_000
 
 
-def written_by_rocketmq(state: TimerCheckpoint) -> bool:
-    """Whether a loaded checkpoint lacks rmq's fields (RocketMQ 5 writes bytes 0..55 only)
-    and holds a broker's progress (a read time after 2000: a file of zeros, or one whose
-    read time was zeroed, is damage, not a broker's file, and is rebuilt)."""
+OWNER_MARK_SUFFIX = ".rmq"
+_OWNER_MARK_TEXT = b"the timer files of this store are rmq's (see store.timer.checkpoint)\n"
+
+
+def owner_mark_path(path: str) -> str:
+    """The owner mark of the checkpoint at ``path`` (see the module docstring)."""
+    return path + OWNER_MARK_SUFFIX
+
+
+def marked_as_rmqs(path: str) -> bool:
+    """Whether rmq has saved the checkpoint at ``path`` before (its owner mark exists)."""
+    return os.path.exists(owner_mark_path(path))
+
+
+def mark_as_rmqs(path: str) -> None:
+    """Write the owner mark of the checkpoint at ``path`` (after rmq saved it)."""
+    if not marked_as_rmqs(path):
+        atomic_write(owner_mark_path(path), _OWNER_MARK_TEXT)
+
+
+def written_by_rocketmq(state: TimerCheckpoint, path: str | None = None) -> bool:
+    """Whether a loaded checkpoint is a RocketMQ 5 broker's: it lacks rmq's fields (RocketMQ
+    writes bytes 0..55 only), holds a broker's progress (a read time after 2000: a file of
+    zeros, or one whose read time was zeroed, is damage) and, when the file's ``path`` is
+    given, rmq never saved it (no owner mark): rmq's own checkpoint with its fields zeroed
+    is damage, rebuilt from the CommitLog, never taken over as a broker's."""
     return state.precision_ms == 0 and state.wheel_slots == 0 and state.deliver_mark == 0 \
-        and state.store_tag == 0 and state.last_read_time_ms >= _YEAR_2000_MS
+        and state.store_tag == 0 and state.last_read_time_ms >= _YEAR_2000_MS \
+        and (path is None or not marked_as_rmqs(path))
 
 
 def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,

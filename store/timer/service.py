@@ -237,7 +237,8 @@ class TimerService:
                             self._check_path, problem)
                 self._state = None
                 disk = self._rebuild(None)
-        if disk is not None and ckpt.written_by_rocketmq(disk) and not self.wheel.created:
+        if disk is not None and ckpt.written_by_rocketmq(disk, self._check_path) \
+                and not self.wheel.created:
             disk = ckpt.adopt_rocketmq(disk, self.wheel.live_ticks(), self.precision, self.slots)
             self._save(disk)  # a RocketMQ 5 broker's progress, now rmq's
         if disk is None or disk.wheel_slots != self.slots or disk.precision_ms != self.precision \
@@ -254,6 +255,7 @@ class TimerService:
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
             self.wheel.release_memory()
+            ckpt.mark_as_rmqs(self._check_path)  # after a save: the files are rmq's now
         self._state = disk
         return disk
 
@@ -277,7 +279,8 @@ class TimerService:
         problem = ckpt.foreign_or_impossible(
             disk, store_tag=self.store_tag, queue_end=queue.max_offset(confirmed),
             log_end=last.end if last is not None else 0, commitlog_end=confirmed)
-        if problem is None and self._state is None and not ckpt.written_by_rocketmq(disk):
+        if problem is None and self._state is None \
+                and not ckpt.written_by_rocketmq(disk, self._check_path):
             problem = self._log_contradicts(disk, queue)
         return problem
 

@@ -112,3 +112,38 @@ def test_another_process_grown_timer_log_is_no_damage(tmp_path, caplog):
     finally:
         second.close()
         first.close()
+
+
+def _delivered_then_pending_store(path, clock) -> int:
+    """Timer messages delivered already (10) and pending (21, due in 4 s)."""
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        p = store.producer("g")
+        for i in range(10):
+            p.send(Message("t", b"early%d" % i), delay_ms=1_000)
+        clock.advance(1_500)
+        assert store.deliver_due() == 10
+        for i in range(N):
+            p.send(Message("t", b"m%d" % i), delay_ms=4_000)
+        clock.advance(500)
+        store.deliver_due()
+    return 10 + N
+
+
+@pytest.mark.parametrize("start,end", [(12, 112), (16, 112), (8, 4096), (16, 4096)])
+def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, start, end):
+    """The read time intact and rmq's own fields zeroed (the fuzzer: zeroed [12, 112) after a
+    crash) looked like a RocketMQ 5 broker's checkpoint: it was adopted with queue offset 0
+    and every timer message delivered already was delivered again."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    total = _delivered_then_pending_store(path, clock)
+    _damage(path, start, end - start)
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        store.deliver_due()
+        assert _visible(store) == 10  # nothing delivered again, nothing early
+        clock.advance(4_000)
+        for _ in range(3):
+            store.deliver_due()
+            clock.advance(SMALL.timer_precision_ms)
+        bodies = [v.body for q in store.queue_ids("t")
+                  for v in store.pull("t", q, 0, 100)]
+        assert sorted(bodies) == sorted({*bodies}) and len(bodies) == total
