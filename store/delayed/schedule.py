@@ -61,6 +61,7 @@ from ..message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
+from .delivered_prefix import OriginScan, delivered_prefix
 from .restore import restore
 from .routing import (
     check_headroom,
@@ -74,6 +75,9 @@ from .routing import (
 
 #: Queue entries examined per step.
 SCHEDULE_CHUNK = 1 << 16
+#: The owner mark next to ``delayOffset.json`` (see the module docstring).
+OWNER_MARK_SUFFIX = ".rmq"
+
 def _int_or(value: object, default: int) -> int:
     """``value`` as an int, or ``default`` when it is missing or not a number."""
     try:
@@ -141,6 +145,15 @@ class ScheduleService:
         self._tried: set = set()
         #: the stamp of the file this process saved last (see :meth:`_load`)
         self._saved_stamp: tuple[int, int, int] | None = None
+        #: what this process knew when it saved last: ``(CommitLog offset, offsets)``, every
+        #: copy of an entry from those offsets on lies at or after that offset
+        self._known: tuple[int, dict[int, int]] | None = None
+        #: the stamp of the last file not saved here that was checked, and what it gave
+        self._checked: tuple[tuple[int, int, int] | None, _Progress] | None = None
+        #: the owner mark's broker offsets (None: not read yet, or no mark yet)
+        self._broker: dict[int, int] | None = None
+        #: RocketMQ's offsets read from a broker's file, kept for the owner mark
+        self._adopted: dict[int, int] = {}
         if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
             with store.write_lock():
                 if read_lenient_json(self.path) is None:
@@ -167,7 +180,25 @@ class ScheduleService:
     # ------------------------------------------------------------------ progress
     def _load(self) -> _Progress:
         """Read ``delayOffset.json`` (the caller holds the write lock)."""
-        trusted = self._saved_stamp is not None and _stamp(self.path) == self._saved_stamp
+        stamp = _stamp(self.path)
+        trusted = self._saved_stamp is not None and stamp == self._saved_stamp
+        if not trusted and self._checked is not None and self._checked[0] == stamp \
+                and stamp is not None:
+            return dataclasses.replace(self._checked[1],
+                                       offsets=dict(self._checked[1].offsets))
+        progress = self._read(trusted)
+        if not progress.trusted:
+            for level, floor in (self._broker_floor() or {}).items():
+                # entries a RocketMQ broker delivered before rmq took the store over (its
+                # copies carry no origin): a file set back below them is damage
+                if progress.offsets.get(level, 0) < floor:
+                    progress.offsets[level] = floor
+            self._checked = (stamp, dataclasses.replace(progress,
+                                                        offsets=dict(progress.offsets)))
+        return progress
+
+    def _read(self, trusted: bool) -> _Progress:
+        """The progress the file holds, checked (see :meth:`_load`)."""
         data = read_lenient_json(self.path)
         if not isinstance(data, dict) or not isinstance(data.get("offsetTable"), dict):
             return self._lost()
@@ -195,7 +226,62 @@ class ScheduleService:
             rebuilt.counter = progress.counter
             return rebuilt
         self._drop_impossible(progress)
+        if not progress.trusted:
+            if self._broker_floor() is None and not any(
+                    name in data for name in ("storeId", "seal", "savedAt")):
+                # a RocketMQ broker's file, before rmq saved one here: its deliveries carry
+                # no origins; its offsets are taken (and kept in the owner mark)
+                self._adopted = dict(progress.offsets)
+            else:
+                self._check_forward(progress)
         return progress
+
+    def _check_forward(self, progress: _Progress) -> None:
+        """Lower every level's offset a file not saved by this process moved past what the
+        CommitLog shows delivered (:mod:`store.delayed.delivered_prefix`), with a mark from
+        which the run collects the copies found, so the entries without one are delivered
+        once and those with one are skipped."""
+        store = self.store
+        confirmed = store.confirmed_offset()
+        known = self._known if self._known is not None and self._known[0] <= confirmed \
+            else None
+        broker = self._broker_floor() or {}
+        scan = OriginScan(store)
+        lowered = []
+        for level, claimed in sorted(progress.offsets.items()):
+            if not 1 <= level <= len(self.levels):
+                continue
+            queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            # entries below RocketMQ's offsets were delivered by the broker (no origins)
+            first = max(queue.first_index(), broker.get(level, 0))
+            copies_from = None
+            if known is not None:
+                first = max(first, known[1].get(level, 0))
+                copies_from = known[0]
+            really = delivered_prefix(queue, first, claimed, scan, copies_from)
+            if really < claimed:
+                progress.offsets[level] = really
+                lowered.append(f"level {level}: {claimed} -> {really}")
+        if lowered:
+            log.warning("%s: offsets past what the CommitLog holds delivered (%s): the entries "
+                        "without a delivered copy are delivered when due", self.path,
+                        ", ".join(lowered))
+            progress.mark = scan.start if progress.mark < 0 else min(progress.mark, scan.start)
+
+    def _broker_floor(self) -> dict[int, int] | None:
+        """The owner mark's broker offsets (``{}`` for a store rmq made), or ``None`` when
+        rmq has not saved the file in this store yet (no mark)."""
+        if self._broker is None:
+            data = read_lenient_json(self.path + OWNER_MARK_SUFFIX)
+            if data is None and not os.path.exists(self.path + OWNER_MARK_SUFFIX):
+                return None
+            table = data.get("brokerOffsets") if isinstance(data, dict) else None
+            if not isinstance(table, dict) or data.get("crc") != _seal(table, 0, None):
+                log.warning("%s%s is damaged: no delay-level entry is taken as delivered by a "
+                            "RocketMQ broker", self.path, OWNER_MARK_SUFFIX)
+                table = {}
+            self._broker = {int(k): int(v) for k, v in table.items()}
+        return self._broker
 
     def _drop_impossible(self, progress: _Progress) -> None:
         """Restart every level whose saved offset lies past its queue from the queue's first
@@ -259,7 +345,14 @@ class ScheduleService:
             "seal": _seal(offsets, saved_at, self.store.store_id),
         })
         self._saved_stamp = _stamp(self.path)
+        self._known = (progress.mark if progress.mark >= 0 else saved_at, offsets)
         crash_point("delay_levels.offset_save", "after")
+        if self._broker is None and self._broker_floor() is None:
+            # after the first save: the file is rmq's from now on (see the module docstring)
+            broker = {int(k): int(v) for k, v in sorted(self._adopted.items())}
+            write_config(self.path + OWNER_MARK_SUFFIX,
+                         {"brokerOffsets": broker, "crc": _seal(broker, 0, None)})
+            self._broker = broker
 
     def retention_floor(self) -> int | None:
         """The CommitLog offset of the oldest delay-level message not yet delivered."""
