@@ -199,7 +199,7 @@ def test_a_rocketmq_stores_delivered_levels_stay_delivered(rocketmq_root, tmp_pa
         assert store.deliver_due() == 8  # level 18's, the ones RocketMQ had not delivered
     for table in (None, {1: 0, 2: 0, 18: 8}, {1: 8, 2: 7, 18: 0}):
         if table is not None:
-            _edit(path, lambda _: table)
+            _edit(path, lambda _, t=table: t)
         with MessageStore.open(path, clock=lambda: far_future) as store:
             assert store.deliver_due() == 0
             assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
