@@ -243,6 +243,11 @@ class TimerService:
             self._save(disk)  # a RocketMQ 5 broker's progress, now rmq's
         if disk is None or disk.wheel_slots != self.slots or disk.precision_ms != self.precision \
                 or self.wheel.created:
+            if disk is not None and not self.wheel.created:
+                log.warning("%s: its wheel (precision %d ms, %d slots) is not this store's "
+                            "(%d ms, %d slots; zeroed fields are damage); the timer is rebuilt "
+                            "from the timer topic's queue", self._check_path, disk.precision_ms,
+                            disk.wheel_slots, self.precision, self.slots)
             disk = self._rebuild(disk)
         elif self._state is not None and disk.counter == self._state.counter:
             return self._state  # unchanged since we saved or loaded it

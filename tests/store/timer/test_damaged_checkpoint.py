@@ -130,14 +130,16 @@ def _delivered_then_pending_store(path, clock) -> int:
 
 
 @pytest.mark.parametrize("start,end", [(12, 112), (16, 112), (8, 4096), (16, 4096)])
-def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, start, end):
+def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, caplog, start, end):
     """The read time intact and rmq's own fields zeroed (the fuzzer: zeroed [12, 112) after a
     crash) looked like a RocketMQ 5 broker's checkpoint: it was adopted with queue offset 0
     and every timer message delivered already was delivered again."""
     clock, path = FakeClock(), str(tmp_path / "s")
     total = _delivered_then_pending_store(path, clock)
     _damage(path, start, end - start)
-    with MessageStore.open(path, SMALL, clock=clock) as store:
+    with caplog.at_level("WARNING", logger="store"), \
+            MessageStore.open(path, SMALL, clock=clock) as store:
+        assert "the timer is rebuilt" in caplog.text  # the store says so
         store.deliver_due()
         assert _visible(store) == 10  # nothing delivered again, nothing early
         clock.advance(4_000)
