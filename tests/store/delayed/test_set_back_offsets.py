@@ -243,6 +243,7 @@ def _model_run(root: str, clock: FakeClock, sent: dict, offsets) -> None:
     assert got == {b: 1 for b in sent}, "lost or doubled"
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
