@@ -9,7 +9,9 @@ a level's entries are delivered in queue order, so the entries delivered form a 
 queue.  :func:`delivered_prefix` finds where that prefix ends below the offset a file claims:
 
 * the entry just below the claim is looked for first: a copy of it proves the claim (the
-  normal case: one compiled scan of the CommitLog from that entry's record on);
+  normal case).  A file rmq saved says where that copy was appended (``lastCopies``, a
+  hint: :func:`copy_in` scans that range only); without a hint that holds, one compiled
+  scan of the CommitLog from that entry's record on;
 * otherwise entries further back are probed, 2, 4, 8, ... below the claim, the scan
   extended back to each probe's record, until one has a copy (or is gone to retention, or
   the queue's first entry is reached);
@@ -27,6 +29,18 @@ import numpy as np
 
 from ..core.ports import StorePort
 from .routing import origins_since, read_queue_entries
+
+
+def copy_in(store: StorePort, queue, claimed: int, span: tuple[int, int]) -> bool:
+    """Whether the entry just below ``claimed`` has a copy within the CommitLog range
+    ``span`` (a file's hint of where its last delivered entry's copy was appended: a wrong
+    hint proves nothing and the entries are probed instead)."""
+    head = read_queue_entries(queue, claimed - 1, claimed) if claimed > 0 else ()
+    if not len(head):
+        return False
+    source = int(head["offset"][0])
+    lo, hi = max(span[0], source), span[1]
+    return lo < hi and source in origins_since(store, lo, hi)
 
 
 class OriginScan:

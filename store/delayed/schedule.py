@@ -61,7 +61,7 @@ from ..message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
-from .delivered_prefix import OriginScan, delivered_prefix
+from .delivered_prefix import OriginScan, copy_in, delivered_prefix
 from .restore import restore
 from .routing import (
     check_headroom,
@@ -116,6 +116,9 @@ class _Progress:
     saved_at: int = -1
     #: the file is the version this process saved last (no check against the CommitLog)
     trusted: bool = False
+    #: level -> the CommitLog range the copy of its last delivered entry was appended in (a
+    #: hint that makes the check of a file from an earlier process cheap; never trusted)
+    copies: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _seal(offsets: dict[int, int], saved_at: int, store_id: object) -> str:
@@ -214,6 +217,12 @@ class ScheduleService:
                              _int_or(version.get("counter"), 0)
                              if isinstance(version, dict) else 0)
         saved_at = _int_or(data.get("savedAt"), -1)
+        copies = data.get("lastCopies")
+        for key, span in (copies.items() if isinstance(copies, dict) else ()):
+            if isinstance(span, list) and len(span) == 2:
+                level, lo, hi = _int_or(key, 0), _int_or(span[0], -1), _int_or(span[1], -1)
+                if 0 <= lo <= hi:
+                    progress.copies[level] = (lo, hi)
         if not damaged and data.get("seal") == _seal(offsets, saved_at,
                                                      data.get("storeId")):
             progress.saved_at = saved_at
@@ -258,6 +267,9 @@ class ScheduleService:
             if known is not None:
                 first = max(first, known[1].get(level, 0))
                 copies_from = known[0]
+            if copies_from is None and level in progress.copies \
+                    and copy_in(store, queue, claimed, progress.copies[level]):
+                continue  # the copy of the entry below the offset is where the file says
             really = delivered_prefix(queue, first, claimed, scan, copies_from)
             if really < claimed:
                 progress.offsets[level] = really
@@ -343,6 +355,7 @@ class ScheduleService:
             "storeId": self.store.store_id,
             "savedAt": saved_at,
             "seal": _seal(offsets, saved_at, self.store.store_id),
+            "lastCopies": {int(k): list(v) for k, v in sorted(progress.copies.items())},
         })
         self._saved_stamp = _stamp(self.path)
         self._known = (progress.mark if progress.mark >= 0 else saved_at, offsets)
@@ -422,9 +435,13 @@ class ScheduleService:
                     stopped = stopped or start + budget < maxo
                     maxo = min(maxo, start + budget)
                     budget -= maxo - start
-                off, n = self._deliver_level(level, queue, start, maxo, now, done)
+                off, n, span = self._deliver_level(level, queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
+                if off > start:  # the hint follows the offset (or is dropped)
+                    progress.copies.pop(level, None)
+                    if span is not None:
+                        progress.copies[level] = span
             store.flush()  # the deliveries are durable before the offsets that claim them
             if not (redo and stopped):
                 # (a redo the budget stopped keeps the dead run's mark: that run may have
@@ -457,11 +474,13 @@ class ScheduleService:
 
     def _deliver_level(self, level: int, queue, start: int, maxo: int, now: int,
                        done: np.ndarray) -> tuple[int, int]:
-        """Deliver the due head of one level's queue; return ``(next offset, delivered)``."""
+        """Deliver the due head of one level's queue; return ``(next offset, delivered, the
+        CommitLog range the last entry's copy was appended in or None)``."""
         store = self.store
         log = store.commit_log
         delivered = 0
         off = start
+        span = None
         while off < maxo:
             e = read_queue_entries(queue, off, min(maxo, off + SCHEDULE_CHUNK))
             if not len(e):
@@ -480,13 +499,16 @@ class ScheduleService:
             live = live_mask(head, log.min_offset())
             if len(done):
                 live &= ~np.isin(head["offset"], done)
+            before = store.confirmed_offset()
             result = restore(store, head["offset"][live].astype(np.int64), now=now,
                              due_ms=head["tags_code"][live].astype(np.int64))
             delivered += result.delivered
+            # the last entry's copy, if it got one, lies in what this restore appended
+            span = (before, store.confirmed_offset()) if live[-1] else None
             off += k
             if k < len(e):
                 break
-        return off, delivered
+        return off, delivered, span
 
     # ------------------------------------------------------------------ housekeeping
     def pending_count(self) -> int:

@@ -229,6 +229,24 @@ def test_the_normal_path_stays_a_stat(tmp_path, monkeypatch):
         assert scans == []
 
 
+def test_a_file_from_an_earlier_process_is_proven_by_its_hint(tmp_path, monkeypatch):
+    """The file says where the copy of each level's last delivered entry was appended
+    (``lastCopies``): a new process checks that range, not the CommitLog since the entry."""
+    from store.delayed import schedule
+
+    clock, root = FakeClock(), str(tmp_path / "s")
+    _store_with_delivered(root, clock)
+    assert set(read_lenient_json(_path(root))["lastCopies"]) == {"1", "2", "3"}
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("the entries were probed: the hint did not prove the offset")
+
+    monkeypatch.setattr(schedule, "delivered_prefix", no_probe)
+    with MessageStore.open(root, SMALL, clock=clock) as s:
+        clock.advance(10_000)
+        assert s.deliver_due() == 30  # the pending ones; the file's offsets proven by hints
+
+
 def _model_run(root: str, clock: FakeClock, sent: dict, offsets) -> None:
     """Damage the offsets (``offsets``: level -> value), reopen, deliver at a few times, and
     compare with the model: each message exactly once, never before it was due."""
