@@ -20,7 +20,9 @@ early; and there is no 1 s first delay or 100 ms polling, since the caller decid
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
 "dataVersion": {...}, "deliverMark": -1, "storeId": "<the store's id>", "savedAt": <the
-CommitLog's end when saved>, "seal": "<crc32 of the offsets, savedAt and storeId>"}`` written
+CommitLog's end when saved>, "seal": "<crc32 of the offsets, savedAt and storeId>",
+"lastCopies": {level: [from, to]: the CommitLog range the copy of the level's last delivered
+entry was appended in, a hint}}`` written
 atomically in fastjson's text, as RocketMQ writes it (:mod:`store.files.broker_files`: integer
 keys unquoted, other fields kept); it is read leniently.  A file that names another store, or
 whose mark or offsets point past the CommitLog or their queues, is not used: the progress is
@@ -39,6 +41,17 @@ run that died is redone (:func:`~store.delayed.routing.origins_since`).  A set-b
 therefore delivers nothing twice and heals with the run's save.  The normal path costs one
 ``stat`` per run; another process's file costs one compiled scan of what was appended since
 that process saved.
+
+Such a file is checked forward too (:meth:`ScheduleService._check_forward`): the entries it
+calls delivered must have delivered copies, found from the file's ``lastCopies`` hint, from
+what this process saw at its own last save, or by probing back from the offset
+(:mod:`store.delayed.delivered_prefix`); an offset moved past them is lowered, with a mark,
+so the entries without a copy are delivered once, when due.  A RocketMQ broker's copies
+carry no origin: the first save in a store writes an owner mark
+(``config/delayOffset.json.rmq``, ``{"brokerOffsets": {...}, "crc": ...}``) holding the
+offsets of the broker's file it replaced (empty for a store rmq made); the entries below
+them count as delivered.  A file without rmq's fields in a store with no mark is a broker's,
+taken as it is.
 """
 
 from __future__ import annotations
