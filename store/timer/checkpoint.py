@@ -171,7 +171,8 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
     It names another store (a process that had a removed store open wrote it into the new
     one at that path), or a field points past what it derives from: the timer topic's
     queue (``queue_end``), the TimerLog's files (``log_end``) or the CommitLog
-    (``commitlog_end``).  Such a checkpoint is never adopted: the timer is rebuilt from the
+    (``commitlog_end``), or its read time lies after the time it was saved (bits flipped
+    there would skip every slot between).  Such a checkpoint is never adopted: the timer is rebuilt from the
     timer topic's queue instead.
     """
     if state.store_tag not in (0, store_tag):
@@ -183,6 +184,11 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
     if not 0 <= state.last_timer_log_flush_pos <= log_end:
         return (f"its TimerLog end {state.last_timer_log_flush_pos} is past the TimerLog's "
                 f"files (0 to {log_end})")
+    if state.precision_ms > 0 and state.timestamp > 0 \
+            and state.last_read_time_ms > state.timestamp + state.precision_ms:
+        # (rmq's saves: the read time only moves to slots already due at the save's time)
+        return (f"its read time {state.last_read_time_ms} is after its own save time "
+                f"{state.timestamp}: slots not due yet cannot be done")
     if state.deliver_mark > commitlog_end:
         return (f"its delivery mark {state.deliver_mark} is past the CommitLog's end "
                 f"{commitlog_end}")

@@ -360,7 +360,9 @@ class TimerService:
 
     def _save(self, state: TimerCheckpoint) -> None:
         state.counter += 1
-        state.timestamp = self.store.now_ms()
+        # (never before the read time: a read time after its save time is damage, see
+        # checkpoint.foreign_or_impossible; a broker's read time may be ahead of this clock)
+        state.timestamp = max(self.store.now_ms(), state.last_read_time_ms)
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
         crash_point("timer.checkpoint", "before")

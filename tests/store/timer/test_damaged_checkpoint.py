@@ -149,3 +149,24 @@ def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, caplog,
         bodies = [v.body for q in store.queue_ids("t")
                   for v in store.pull("t", q, 0, 100)]
         assert sorted(bodies) == sorted({*bodies}) and len(bodies) == total
+
+
+@pytest.mark.parametrize("ahead_ms", [3 * 3_600_000, 1 << 36])
+def test_a_read_time_moved_forward_loses_nothing(tmp_path, ahead_ms):
+    """The fuzzer: bits flipped in the read time moved it hours ahead, and the slots between
+    (timer messages pending) were never fired.  A read time after the checkpoint's own save
+    time cannot be right."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    total = _delivered_then_pending_store(path, clock)
+    name = os.path.join(path, "config", "timercheck")
+    state = ckpt.load(name)
+    state.last_read_time_ms += ahead_ms
+    ckpt.save(name, state)
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        store.deliver_due()
+        assert _visible(store) == 10  # nothing early
+        clock.advance(4_000)
+        for _ in range(3):
+            store.deliver_due()
+            clock.advance(SMALL.timer_precision_ms)
+        assert _visible(store) == total
