@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import ConfigMismatchError
 from ..files.fileio import atomic_write
+from .timer_log import UNIT_SIZE
 
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
@@ -189,6 +190,11 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
         # (rmq's saves: the read time only moves to slots already due at the save's time)
         return (f"its read time {state.last_read_time_ms} is after its own save time "
                 f"{state.timestamp}: slots not due yet cannot be done")
+    if not 0 <= state.slot_done <= state.last_timer_log_flush_pos // UNIT_SIZE:
+        # (a slot holds at most the units below the TimerLog's end; a small wrong count is
+        # not found here)
+        return (f"its count of handled units {state.slot_done} is more than the TimerLog "
+                f"holds below its end {state.last_timer_log_flush_pos}")
     if state.deliver_mark > commitlog_end:
         return (f"its delivery mark {state.deliver_mark} is past the CommitLog's end "
                 f"{commitlog_end}")
