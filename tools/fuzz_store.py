@@ -206,8 +206,8 @@ def damage(path: str, kind: str, rng: random.Random) -> str:
 
 def _damage_field(path: str, rng: random.Random) -> str:
     """One field of a progress file made wrong: an 8-byte field of the timer checkpoint
-    zeroed or flipped, a delay level's offset in ``delayOffset.json`` moved past its queue
-    or made no number; other files get a range zeroed."""
+    zeroed or flipped, a delay level's offset in ``delayOffset.json`` moved forward inside
+    its queue, moved past it or made no number; other files get a range zeroed."""
     name = os.path.basename(path)
     if name == "timercheck":
         with open(path, "r+b") as fh:
@@ -224,9 +224,15 @@ def _damage_field(path: str, rng: random.Random) -> str:
 
         data = read_lenient_json(path)
         if isinstance(data, dict) and isinstance(data.get("offsetTable"), dict):
-            level = rng.randrange(1, 19)
-            value = rng.choice((10**6, 2**62, "x", None))
-            data["offsetTable"][level] = value
+            if rng.random() < 0.5:  # moved forward, still inside the queue of a level in use
+                level = rng.randrange(1, 4)
+                table = {int(k): v for k, v in data["offsetTable"].items()}
+                value = int(table.get(level, 0)) + rng.randrange(1, 11)
+                data["offsetTable"] = {**table, level: value}
+            else:
+                level = rng.randrange(1, 19)
+                value = rng.choice((10**6, 2**62, "x", None))
+                data["offsetTable"][level] = value
             write_config(path, data)
             return f"delay level {level}'s offset set to {value!r}"
     with open(path, "r+b") as fh:

@@ -20,7 +20,9 @@ early; and there is no 1 s first delay or 100 ms polling, since the caller decid
 
 Progress: ``config/delayOffset.json`` = ``{"offsetTable": {level: next offset},
 "dataVersion": {...}, "deliverMark": -1, "storeId": "<the store's id>", "savedAt": <the
-CommitLog's end when saved>, "seal": "<crc32 of the offsets, savedAt and storeId>"}`` written
+CommitLog's end when saved>, "seal": "<crc32 of the offsets, savedAt and storeId>",
+"lastCopies": {level: [from, to]: the CommitLog range the copy of the level's last delivered
+entry was appended in, a hint}}`` written
 atomically in fastjson's text, as RocketMQ writes it (:mod:`store.files.broker_files`: integer
 keys unquoted, other fields kept); it is read leniently.  A file that names another store, or
 whose mark or offsets point past the CommitLog or their queues, is not used: the progress is
@@ -39,6 +41,17 @@ run that died is redone (:func:`~store.delayed.delivery.origins_since`).  A set-
 therefore delivers nothing twice and heals with the run's save.  The normal path costs one
 ``stat`` per run; another process's file costs one compiled scan of what was appended since
 that process saved.
+
+Such a file is checked forward too (:meth:`ScheduleService._check_forward`): the entries it
+calls delivered must have delivered copies, found from the file's ``lastCopies`` hint, from
+what this process saw at its own last save, or by probing back from the offset
+(:mod:`store.delayed.delivered_prefix`); an offset moved past them is lowered, with a mark,
+so the entries without a copy are delivered once, when due.  A RocketMQ broker's copies
+carry no origin: the first save in a store writes an owner mark
+(``config/delayOffset.json.rmq``, ``{"brokerOffsets": {...}, "crc": ...}``) holding the
+offsets of the broker's file it replaced (empty for a store rmq made); the entries below
+them count as delivered.  A file without rmq's fields in a store with no mark is a broker's,
+taken as it is.
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ from ..formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
 )
+from .delivered_prefix import OriginScan, copy_in, delivered_prefix
 from .restore import restore
 from .delivery import (
     check_headroom,
@@ -103,6 +117,11 @@ class LevelDelivery:
     def superseded(self, pairs, keep: np.ndarray) -> None:
         return None
 
+
+#: The owner mark next to ``delayOffset.json`` (see the module docstring).
+OWNER_MARK_SUFFIX = ".rmq"
+
+
 def _int_or(value: object, default: int) -> int:
     """``value`` as an int, or ``default`` when it is missing or not a number."""
     try:
@@ -141,6 +160,9 @@ class _Progress:
     saved_at: int = -1
     #: the file is the version this process saved last (no check against the CommitLog)
     trusted: bool = False
+    #: level -> the CommitLog range the copy of its last delivered entry was appended in (a
+    #: hint that makes the check of a file from an earlier process cheap; never trusted)
+    copies: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _seal(offsets: dict[int, int], saved_at: int, store_id: object) -> str:
@@ -170,6 +192,15 @@ class DelayLevelService:
         self._tried: set = set()
         #: the stamp of the file this process saved last (see :meth:`_load`)
         self._saved_stamp: tuple[int, int, int] | None = None
+        #: what this process knew when it saved last: ``(CommitLog offset, offsets)``, every
+        #: copy of an entry from those offsets on lies at or after that offset
+        self._known: tuple[int, dict[int, int]] | None = None
+        #: the stamp of the last file not saved here that was checked, and what it gave
+        self._checked: tuple[tuple[int, int, int] | None, _Progress] | None = None
+        #: the owner mark's broker offsets (None: not read yet, or no mark yet)
+        self._broker: dict[int, int] | None = None
+        #: RocketMQ's offsets read from a broker's file, kept for the owner mark
+        self._adopted: dict[int, int] = {}
         if not os.path.exists(self.path) and not os.path.exists(self.path + ".bak"):
             with store.write_lock():
                 if read_lenient_json(self.path) is None:
@@ -196,7 +227,25 @@ class DelayLevelService:
     # ------------------------------------------------------------------ progress
     def _load(self) -> _Progress:
         """Read ``delayOffset.json`` (the caller holds the write lock)."""
-        trusted = self._saved_stamp is not None and _stamp(self.path) == self._saved_stamp
+        stamp = _stamp(self.path)
+        trusted = self._saved_stamp is not None and stamp == self._saved_stamp
+        if not trusted and self._checked is not None and self._checked[0] == stamp \
+                and stamp is not None:
+            return dataclasses.replace(self._checked[1],
+                                       offsets=dict(self._checked[1].offsets))
+        progress = self._read(trusted)
+        if not progress.trusted:
+            for level, floor in (self._broker_floor() or {}).items():
+                # entries a RocketMQ broker delivered before rmq took the store over (its
+                # copies carry no origin): a file set back below them is damage
+                if progress.offsets.get(level, 0) < floor:
+                    progress.offsets[level] = floor
+            self._checked = (stamp, dataclasses.replace(progress,
+                                                        offsets=dict(progress.offsets)))
+        return progress
+
+    def _read(self, trusted: bool) -> _Progress:
+        """The progress the file holds, checked (see :meth:`_load`)."""
         data = read_lenient_json(self.path)
         if not isinstance(data, dict) or not isinstance(data.get("offsetTable"), dict):
             return self._lost()
@@ -212,6 +261,12 @@ class DelayLevelService:
                              _int_or(version.get("counter"), 0)
                              if isinstance(version, dict) else 0)
         saved_at = _int_or(data.get("savedAt"), -1)
+        copies = data.get("lastCopies")
+        for key, span in (copies.items() if isinstance(copies, dict) else ()):
+            if isinstance(span, list) and len(span) == 2:
+                level, lo, hi = _int_or(key, 0), _int_or(span[0], -1), _int_or(span[1], -1)
+                if 0 <= lo <= hi:
+                    progress.copies[level] = (lo, hi)
         if not damaged and data.get("seal") == _seal(offsets, saved_at,
                                                      data.get("storeId")):
             progress.saved_at = saved_at
@@ -224,7 +279,65 @@ class DelayLevelService:
             rebuilt.counter = progress.counter
             return rebuilt
         self._drop_impossible(progress)
+        if not progress.trusted:
+            if self._broker_floor() is None and not any(
+                    name in data for name in ("storeId", "seal", "savedAt")):
+                # a RocketMQ broker's file, before rmq saved one here: its deliveries carry
+                # no origins; its offsets are taken (and kept in the owner mark)
+                self._adopted = dict(progress.offsets)
+            else:
+                self._check_forward(progress)
         return progress
+
+    def _check_forward(self, progress: _Progress) -> None:
+        """Lower every level's offset a file not saved by this process moved past what the
+        CommitLog shows delivered (:mod:`store.delayed.delivered_prefix`), with a mark from
+        which the run collects the copies found, so the entries without one are delivered
+        once and those with one are skipped."""
+        store = self.store
+        confirmed = store.confirmed_offset()
+        known = self._known if self._known is not None and self._known[0] <= confirmed \
+            else None
+        broker = self._broker_floor() or {}
+        scan = OriginScan(store)
+        lowered = []
+        for level, claimed in sorted(progress.offsets.items()):
+            if not 1 <= level <= len(self.levels):
+                continue
+            queue = store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            # entries below RocketMQ's offsets were delivered by the broker (no origins)
+            first = max(queue.first_index(), broker.get(level, 0))
+            copies_from = None
+            if known is not None:
+                first = max(first, known[1].get(level, 0))
+                copies_from = known[0]
+            if copies_from is None and level in progress.copies \
+                    and copy_in(store, queue, claimed, progress.copies[level]):
+                continue  # the copy of the entry below the offset is where the file says
+            really = delivered_prefix(queue, first, claimed, scan, copies_from)
+            if really < claimed:
+                progress.offsets[level] = really
+                lowered.append(f"level {level}: {claimed} -> {really}")
+        if lowered:
+            log.warning("%s: offsets past what the CommitLog holds delivered (%s): the entries "
+                        "without a delivered copy are delivered when due", self.path,
+                        ", ".join(lowered))
+            progress.mark = scan.start if progress.mark < 0 else min(progress.mark, scan.start)
+
+    def _broker_floor(self) -> dict[int, int] | None:
+        """The owner mark's broker offsets (``{}`` for a store rmq made), or ``None`` when
+        rmq has not saved the file in this store yet (no mark)."""
+        if self._broker is None:
+            data = read_lenient_json(self.path + OWNER_MARK_SUFFIX)
+            if data is None and not os.path.exists(self.path + OWNER_MARK_SUFFIX):
+                return None
+            table = data.get("brokerOffsets") if isinstance(data, dict) else None
+            if not isinstance(table, dict) or data.get("crc") != _seal(table, 0, None):
+                log.warning("%s%s is damaged: no delay-level entry is taken as delivered by a "
+                            "RocketMQ broker", self.path, OWNER_MARK_SUFFIX)
+                table = {}
+            self._broker = {int(k): int(v) for k, v in table.items()}
+        return self._broker
 
     def _drop_impossible(self, progress: _Progress) -> None:
         """Restart every level whose saved offset lies past its queue from the queue's first
@@ -286,9 +399,17 @@ class DelayLevelService:
             "storeId": self.store.store_id,
             "savedAt": saved_at,
             "seal": _seal(offsets, saved_at, self.store.store_id),
+            "lastCopies": {int(k): list(v) for k, v in sorted(progress.copies.items())},
         })
         self._saved_stamp = _stamp(self.path)
+        self._known = (progress.mark if progress.mark >= 0 else saved_at, offsets)
         crash_point("delay_levels.offset_save", "after")
+        if self._broker is None and self._broker_floor() is None:
+            # after the first save: the file is rmq's from now on (see the module docstring)
+            broker = {int(k): int(v) for k, v in sorted(self._adopted.items())}
+            write_config(self.path + OWNER_MARK_SUFFIX,
+                         {"brokerOffsets": broker, "crc": _seal(broker, 0, None)})
+            self._broker = broker
 
     def retention_floor(self) -> int | None:
         """The CommitLog offset of the oldest delay-level message not yet delivered."""
@@ -358,9 +479,13 @@ class DelayLevelService:
                     stopped = stopped or start + budget < maxo
                     maxo = min(maxo, start + budget)
                     budget -= maxo - start
-                off, n = self._deliver_level(level, queue, start, maxo, now, done)
+                off, n, span = self._deliver_level(level, queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
+                if off > start:  # the hint follows the offset (or is dropped)
+                    progress.copies.pop(level, None)
+                    if span is not None:
+                        progress.copies[level] = span
             store.flush()  # the deliveries are durable before the offsets that claim them
             if not (redo and stopped):
                 # (a redo the budget stopped keeps the dead run's mark: that run may have
@@ -393,11 +518,13 @@ class DelayLevelService:
 
     def _deliver_level(self, level: int, queue, start: int, maxo: int, now: int,
                        done: np.ndarray) -> tuple[int, int]:
-        """Deliver the due head of one level's queue; return ``(next offset, delivered)``."""
+        """Deliver the due head of one level's queue; return ``(next offset, delivered, the
+        CommitLog range the last entry's copy was appended in or None)``."""
         store = self.store
         log = store.commit_log
         delivered = 0
         off = start
+        span = None
         while off < maxo:
             e = read_queue_entries(queue, off, min(maxo, off + SCHEDULE_CHUNK))
             if not len(e):
@@ -416,13 +543,16 @@ class DelayLevelService:
             live = live_mask(head, log.min_offset())
             if len(done):
                 live &= ~np.isin(head["offset"], done)
+            before = store.confirmed_offset()
             result = restore(store, head["offset"][live].astype(np.int64),
                              LevelDelivery(head["tags_code"][live].astype(np.int64)), now=now)
             delivered += result.delivered
+            # the last entry's copy, if it got one, lies in what this restore appended
+            span = (before, store.confirmed_offset()) if live[-1] else None
             off += k
             if k < len(e):
                 break
-        return off, delivered
+        return off, delivered, span
 
     # ------------------------------------------------------------------ housekeeping
     def pending_count(self) -> int:

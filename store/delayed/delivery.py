@@ -63,17 +63,18 @@ def check_headroom(store: StorePort, properties) -> None:
             f"(max_properties_size_bytes minus {DELIVERY_HEADROOM} for delivery bookkeeping)")
 
 
-def properties_since(store: StorePort, start: int, names):
-    """For the records from CommitLog offset ``start`` to the confirmed end, a run of records
-    at a time: ``(raw, found, vstart, vend)`` as :func:`scan_properties` gives them for
-    ``names`` over each record's properties (``raw``: the segment's bytes).
+def properties_since(store: StorePort, start: int, names, end: int | None = None):
+    """For the records from CommitLog offset ``start`` to ``end`` (the confirmed end when
+    ``None``), a run of records at a time: ``(raw, found, vstart, vend)`` as
+    :func:`scan_properties` gives them for ``names`` over each record's properties (``raw``:
+    the segment's bytes).
 
     The compiled walk, then one compiled pass over the properties: no Python step per
     record, so a step killed amid a burst of a million appends is redone without a
     per-record loop (the delay levels' and the schedules' ``deliverMark``).
     """
     log = store.commit_log
-    end = store.confirmed_offset()
+    end = store.confirmed_offset() if end is None else min(end, store.confirmed_offset())
     start = max(start, log.min_offset())
     if start >= end:
         return
@@ -95,12 +96,13 @@ def _properties_of(raw: np.ndarray, positions: np.ndarray) -> ByteSlices:
     return ByteSlices(raw, props_at, props_at + props_len)
 
 
-def origins_since(store: StorePort, start: int) -> np.ndarray:
+def origins_since(store: StorePort, start: int, end: int | None = None) -> np.ndarray:
     """Sorted origins (``__RMQ_DELAY_ORIGIN``) of the delivered records from CommitLog
-    offset ``start`` to the end (records without one, or with one that is no integer, give
-    none)."""
+    offset ``start`` to ``end`` (the confirmed end when ``None``; records without one, or
+    with one that is no integer, give none)."""
     found: list[np.ndarray] = []
-    for raw, has, vstart, vend in properties_since(store, start, [PROPERTY_DELAY_ORIGIN]):
+    for raw, has, vstart, vend in properties_since(store, start, [PROPERTY_DELAY_ORIGIN],
+                                                   end):
         values, ok = parse_int_ranges(raw, vstart[0][has[0]], vend[0][has[0]])
         found.append(values[ok])
     origins = np.sort(np.concatenate(found)) if found else np.empty(0, np.int64)

@@ -24,6 +24,12 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
 processes notice a new one by its inode and mtime.
+
+``config/timercheck.rmq`` (the *owner mark*, a few bytes of text) is written once the file
+holds a checkpoint rmq saved: from then on the timer files are rmq's, and a checkpoint that
+lacks rmq's fields is damage (bytes zeroed), never a RocketMQ broker's to take over.  Only
+the mark's presence counts; it is written after the first save (a crash in between leaves a
+checkpoint with rmq's fields, which is rmq's anyway) and never removed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import numpy as np
 
 from ..base.errors import ConfigMismatchError
 from ..files.fileio import atomic_write
+from .timer_log import UNIT_SIZE
 
 CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
@@ -90,12 +97,35 @@ def file_stamp(path: str) -> tuple[int, int, int] | None:
 _YEAR_2000_MS = 946_684_800_000
 
 
-def written_by_rocketmq(state: TimerCheckpoint) -> bool:
-    """Whether a loaded checkpoint lacks rmq's fields (RocketMQ 5 writes bytes 0..55 only)
-    and holds a broker's progress (a read time after 2000: a file of zeros, or one whose
-    read time was zeroed, is damage, not a broker's file, and is rebuilt)."""
+OWNER_MARK_SUFFIX = ".rmq"
+_OWNER_MARK_TEXT = b"the timer files of this store are rmq's (see store.timer.timer_checkpoint)\n"
+
+
+def owner_mark_path(path: str) -> str:
+    """The owner mark of the checkpoint at ``path`` (see the module docstring)."""
+    return path + OWNER_MARK_SUFFIX
+
+
+def marked_as_rmqs(path: str) -> bool:
+    """Whether rmq has saved the checkpoint at ``path`` before (its owner mark exists)."""
+    return os.path.exists(owner_mark_path(path))
+
+
+def mark_as_rmqs(path: str) -> None:
+    """Write the owner mark of the checkpoint at ``path`` (after rmq saved it)."""
+    if not marked_as_rmqs(path):
+        atomic_write(owner_mark_path(path), _OWNER_MARK_TEXT)
+
+
+def written_by_rocketmq(state: TimerCheckpoint, path: str | None = None) -> bool:
+    """Whether a loaded checkpoint is a RocketMQ 5 broker's: it lacks rmq's fields (RocketMQ
+    writes bytes 0..55 only), holds a broker's progress (a read time after 2000: a file of
+    zeros, or one whose read time was zeroed, is damage) and, when the file's ``path`` is
+    given, rmq never saved it (no owner mark): rmq's own checkpoint with its fields zeroed
+    is damage, rebuilt from the CommitLog, never taken over as a broker's."""
     return state.precision_ms == 0 and state.wheel_slots == 0 and state.deliver_mark == 0 \
-        and state.store_tag == 0 and state.last_read_time_ms >= _YEAR_2000_MS
+        and state.store_tag == 0 and state.last_read_time_ms >= _YEAR_2000_MS \
+        and (path is None or not marked_as_rmqs(path))
 
 
 def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,
@@ -142,7 +172,8 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
     It names another store (a process that had a removed store open wrote it into the new
     one at that path), or a field points past what it derives from: the timer topic's
     queue (``queue_end``), the TimerLog's files (``log_end``) or the CommitLog
-    (``commitlog_end``).  Such a checkpoint is never adopted: the timer is rebuilt from the
+    (``commitlog_end``), or its read time lies after the time it was saved (bits flipped
+    there would skip every slot between).  Such a checkpoint is never adopted: the timer is rebuilt from the
     timer topic's queue instead.
     """
     if state.store_tag not in (0, store_tag):
@@ -154,6 +185,16 @@ def foreign_or_impossible(state: TimerCheckpoint, *, store_tag: int, queue_end: 
     if not 0 <= state.last_timer_log_flush_pos <= log_end:
         return (f"its TimerLog end {state.last_timer_log_flush_pos} is past the TimerLog's "
                 f"files (0 to {log_end})")
+    if state.precision_ms > 0 and state.timestamp > 0 \
+            and state.last_read_time_ms > state.timestamp + state.precision_ms:
+        # (rmq's saves: the read time only moves to slots already due at the save's time)
+        return (f"its read time {state.last_read_time_ms} is after its own save time "
+                f"{state.timestamp}: slots not due yet cannot be done")
+    if not 0 <= state.slot_done <= state.last_timer_log_flush_pos // UNIT_SIZE:
+        # (a slot holds at most the units below the TimerLog's end; a small wrong count is
+        # not found here)
+        return (f"its count of handled units {state.slot_done} is more than the TimerLog "
+                f"holds below its end {state.last_timer_log_flush_pos}")
     if state.deliver_mark > commitlog_end:
         return (f"its delivery mark {state.deliver_mark} is past the CommitLog's end "
                 f"{commitlog_end}")

@@ -237,11 +237,17 @@ class TimerService:
                             self._check_path, problem)
                 self._state = None
                 disk = self._rebuild(None)
-        if disk is not None and ckpt.written_by_rocketmq(disk) and not self.wheel.created:
+        if disk is not None and ckpt.written_by_rocketmq(disk, self._check_path) \
+                and not self.wheel.created:
             disk = ckpt.adopt_rocketmq(disk, self.wheel.live_ticks(), self.precision, self.slots)
             self._save(disk)  # a RocketMQ 5 broker's progress, now rmq's
         if disk is None or disk.wheel_slots != self.slots or disk.precision_ms != self.precision \
                 or self.wheel.created:
+            if disk is not None and not self.wheel.created:
+                log.warning("%s: its wheel (precision %d ms, %d slots) is not this store's "
+                            "(%d ms, %d slots; zeroed fields are damage); the timer is rebuilt "
+                            "from the timer topic's queue", self._check_path, disk.precision_ms,
+                            disk.wheel_slots, self.precision, self.slots)
             disk = self._rebuild(disk)
         elif self._state is not None and disk.counter == self._state.counter:
             return self._state  # unchanged since we saved or loaded it
@@ -254,6 +260,7 @@ class TimerService:
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
             self.wheel.release_memory()
+            ckpt.mark_as_rmqs(self._check_path)  # after a save: the files are rmq's now
         self._state = disk
         return disk
 
@@ -277,7 +284,8 @@ class TimerService:
         problem = ckpt.foreign_or_impossible(
             disk, store_tag=self.store_tag, queue_end=queue.max_offset(confirmed),
             log_end=last.end if last is not None else 0, commitlog_end=confirmed)
-        if problem is None and self._state is None and not ckpt.written_by_rocketmq(disk):
+        if problem is None and self._state is None \
+                and not ckpt.written_by_rocketmq(disk, self._check_path):
             problem = self._log_contradicts(disk, queue)
         return problem
 
@@ -352,7 +360,9 @@ class TimerService:
 
     def _save(self, state: TimerCheckpoint) -> None:
         state.counter += 1
-        state.timestamp = self.store.now_ms()
+        # (never before the read time: a read time after its save time is damage, see
+        # checkpoint.foreign_or_impossible; a broker's read time may be ahead of this clock)
+        state.timestamp = max(self.store.now_ms(), state.last_read_time_ms)
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
         crash_point("timer.checkpoint", "before")

@@ -112,3 +112,84 @@ def test_another_process_grown_timer_log_is_no_damage(tmp_path, caplog):
     finally:
         second.close()
         first.close()
+
+
+def _delivered_then_pending_store(path, clock) -> int:
+    """Timer messages delivered already (10) and pending (21, due in 4 s)."""
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        p = store.producer("g")
+        for i in range(10):
+            p.send(Message("t", b"early%d" % i), delay_ms=1_000)
+        clock.advance(1_500)
+        assert store.deliver_due() == 10
+        for i in range(N):
+            p.send(Message("t", b"m%d" % i), delay_ms=4_000)
+        clock.advance(500)
+        store.deliver_due()
+    return 10 + N
+
+
+@pytest.mark.parametrize("start,end", [(12, 112), (16, 112), (8, 4096), (16, 4096)])
+def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, caplog, start, end):
+    """The read time intact and rmq's own fields zeroed (the fuzzer: zeroed [12, 112) after a
+    crash) looked like a RocketMQ 5 broker's checkpoint: it was adopted with queue offset 0
+    and every timer message delivered already was delivered again."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    total = _delivered_then_pending_store(path, clock)
+    _damage(path, start, end - start)
+    with caplog.at_level("WARNING", logger="store"), \
+            MessageStore.open(path, SMALL, clock=clock) as store:
+        assert "the timer is rebuilt" in caplog.text  # the store says so
+        store.deliver_due()
+        assert _visible(store) == 10  # nothing delivered again, nothing early
+        clock.advance(4_000)
+        for _ in range(3):
+            store.deliver_due()
+            clock.advance(SMALL.timer_precision_ms)
+        bodies = [v.body for q in store.queue_ids("t")
+                  for v in store.pull("t", q, 0, 100)]
+        assert sorted(bodies) == sorted({*bodies}) and len(bodies) == total
+
+
+@pytest.mark.parametrize("ahead_ms", [3 * 3_600_000, 1 << 36])
+def test_a_read_time_moved_forward_loses_nothing(tmp_path, ahead_ms):
+    """The fuzzer: bits flipped in the read time moved it hours ahead, and the slots between
+    (timer messages pending) were never fired.  A read time after the checkpoint's own save
+    time cannot be right."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    total = _delivered_then_pending_store(path, clock)
+    name = os.path.join(path, "config", "timercheck")
+    state = ckpt.load(name)
+    state.last_read_time_ms += ahead_ms
+    ckpt.save(name, state)
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        store.deliver_due()
+        assert _visible(store) == 10  # nothing early
+        clock.advance(4_000)
+        for _ in range(3):
+            store.deliver_due()
+            clock.advance(SMALL.timer_precision_ms)
+        assert _visible(store) == total
+
+
+def test_a_flipped_slot_done_loses_nothing(tmp_path):
+    """The fuzzer: a bit flipped in the high byte of ``slotDone`` (the units of a split slot
+    already handled) skipped the rest of that slot."""
+    clock, path = FakeClock(), str(tmp_path / "s")
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        p = store.producer("g")
+        for i in range(N):
+            p.send(Message("t", b"m%d" % i), delay_ms=2_000)
+        assert store.deliver_due() == 0  # in the wheel, one slot
+        clock.advance(3_000)
+        assert store.deliver_due(max_messages=5) == 5  # the slot is split: 5 of 21 done
+        assert store.timer.state().slot_done == 5
+    name = os.path.join(path, "config", "timercheck")
+    state = ckpt.load(name)
+    state.slot_done |= 1 << 56
+    ckpt.save(name, state)
+    with MessageStore.open(path, SMALL, clock=clock) as store:
+        for _ in range(3):
+            store.deliver_due()
+        bodies = [v.body for q in store.queue_ids("t") for v in store.pull("t", q, 0, 100)]
+        assert sorted(bodies) == sorted(b"m%d" % i for i in range(N))

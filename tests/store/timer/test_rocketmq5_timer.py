@@ -1,9 +1,9 @@
 """Taking over the timer of a store a RocketMQ 5 broker wrote.
 
 No RocketMQ 5 store is among the fixtures, so the broker's store is made from an rmq store
-with every file and field of rmq's own removed: ``config/store.json`` and
-``queueTable.json`` deleted, the ``checkpoint`` reduced to RocketMQ's 40 bytes and
-``config/timercheck`` to RocketMQ 5's 56 (``timerwheel``, ``timerlog`` and the timer
+with every file and field of rmq's own removed: ``config/store.json``, ``queueTable.json``
+and the timer's owner mark ``timercheck.rmq`` deleted, the ``checkpoint`` reduced to
+RocketMQ's 40 bytes and ``config/timercheck`` to RocketMQ 5's 56 (``timerwheel``, ``timerlog`` and the timer
 ConsumeQueue already have RocketMQ 5's layout, tag hashes included).
 """
 
@@ -24,7 +24,8 @@ from store.timer import timer_checkpoint as ckpt
 
 
 def _strip_rmq_fields(path: str) -> None:
-    for name in ("store.json", "store.json.bak", "queueTable.json", "queueTable.json.bak"):
+    for name in ("store.json", "store.json.bak", "queueTable.json", "queueTable.json.bak",
+                 "timercheck.rmq"):
         full = os.path.join(path, "config", name)
         if os.path.exists(full):
             os.remove(full)
@@ -88,8 +89,10 @@ def test_a_broker_wheel_of_another_precision_is_refused(store_path, clock):
     _broker_store(store_path, clock)
     with pytest.raises(ConfigMismatchError, match="timer_precision_ms"):
         MessageStore.open(store_path, SMALL.replace(timer_precision_ms=1000), clock=clock)
-    # nothing of the broker's timer was changed by the refused open
-    assert ckpt.written_by_rocketmq(ckpt.load(os.path.join(store_path, "config", "timercheck")))
+    # nothing of the broker's timer was changed by the refused open (no owner mark either)
+    path = os.path.join(store_path, "config", "timercheck")
+    assert ckpt.written_by_rocketmq(ckpt.load(path), path)
+    assert not ckpt.marked_as_rmqs(path)
 
 
 def _tree(path: str) -> dict[str, str]:
