@@ -66,7 +66,7 @@ def _deliver_everything(root: str, clock: FakeClock, n: int = 10) -> collections
         s.deliver_due()
         got = _counts(s)
         assert s.deliver_due() == 0
-        assert s.schedule.pending_count() == 0
+        assert s.delay_levels.pending_count() == 0
     want = {b"%s-%d-%d" % (k, level, i) for k in (b"old", b"new") for level in LEVELS
             for i in range(n)}
     assert set(got) == want, f"lost: {sorted(want - set(got))[:5]}"
@@ -206,7 +206,9 @@ def test_a_restored_store_with_a_newer_offsets_file(tmp_path):
 
 def test_the_normal_path_stays_a_stat(tmp_path, monkeypatch):
     """This process's own file is used as saved: no CommitLog scan."""
-    from store.delayed import delivered_prefix, routing, schedule
+    from store.delayed import delay_levels as schedule
+    from store.delayed import delivered_prefix
+    from store.delayed import delivery as routing
 
     clock, root = FakeClock(), str(tmp_path / "s")
     _store_with_delivered(root, clock)
@@ -225,14 +227,14 @@ def test_the_normal_path_stays_a_stat(tmp_path, monkeypatch):
         for _ in range(3):
             clock.advance(3_000)
             s.deliver_due()
-            s.schedule.pending_count()
+            s.delay_levels.pending_count()
         assert scans == []
 
 
 def test_a_file_from_an_earlier_process_is_proven_by_its_hint(tmp_path, monkeypatch):
     """The file says where the copy of each level's last delivered entry was appended
     (``lastCopies``): a new process checks that range, not the CommitLog since the entry."""
-    from store.delayed import schedule
+    from store.delayed import delay_levels as schedule
 
     clock, root = FakeClock(), str(tmp_path / "s")
     _store_with_delivered(root, clock)
@@ -293,11 +295,11 @@ def test_a_rocketmq_stores_delivered_levels_stay_delivered(rocketmq_root, tmp_pa
     shutil.copytree(os.path.join(rocketmq_root, "clean-shutdown"), path)
     far_future = 4_000_000_000_000
     with MessageStore.open(path, clock=lambda: far_future) as store:
-        assert store.schedule.offsets() == {1: 8, 2: 7}
+        assert store.delay_levels.offsets() == {1: 8, 2: 7}
         assert store.deliver_due() == 8  # level 18's, the ones RocketMQ had not delivered
     for table in (None, {1: 0, 2: 0, 18: 8}, {1: 8, 2: 7, 18: 0}):
         if table is not None:
             _edit(path, lambda _, t=table: t)
         with MessageStore.open(path, clock=lambda: far_future) as store:
             assert store.deliver_due() == 0
-            assert store.schedule.offsets() == {1: 8, 2: 7, 18: 8}
+            assert store.delay_levels.offsets() == {1: 8, 2: 7, 18: 8}
