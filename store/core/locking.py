@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .identity import DirectoryIdentity
     from .flushing import FlushService
     from .lock_lease import LockLease
+    from .ports import ReplicaAcks
 
 
 class AppendLocking:
@@ -61,6 +62,7 @@ class AppendLocking:
     _recovery_listeners: list
     identity: DirectoryIdentity
     replaced: str | None
+    replica_acks: ReplicaAcks | None
 
     if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore and StoreCore
         def _check_open(self) -> None: ...
@@ -126,12 +128,29 @@ class AppendLocking:
 
     @contextmanager
     def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
-        """Hold the append lock of this process and of the store directory."""
+        """Hold the append lock of this process and of the store directory; an outermost
+        holder that appended waits for the replicas after releasing it
+        (:meth:`_await_replicas`)."""
         outermost = self._lock(catch_up)
+        start = self.appender.write_offset
         try:
             yield
-        finally:
+        except BaseException:
             self._unlock(outermost)
+            raise
+        end = self.appender.write_offset
+        self._unlock(outermost)
+        if outermost and end != start:
+            self._await_replicas(end)
+
+    def _await_replicas(self, end: int) -> None:
+        """Acknowledge an append only once the replicas that must hold it do
+        (:class:`~store.core.ports.ReplicaAcks`; nothing to wait for outside a replica set
+        with ``min_insync_replicas`` above 1).  Called without the lock held, so that other
+        appends go on meanwhile and one wait covers them all."""
+        acks = self.replica_acks
+        if acks is not None:
+            acks.wait(end)
 
     def write_lock(self):
         """The store's append lock as a context manager (re-entrant within a process).

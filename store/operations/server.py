@@ -281,6 +281,8 @@ class StoreServer:
                  cfg.clean_resource_interval_ms, cfg.delete_when,
                  cfg.disk_max_used_space_ratio, cfg.disk_space_clean_forcibly_ratio)
         end = None if duration_s is None else time.monotonic() + duration_s
+        if self.replica is not None:  # its services' appends acknowledge no sender
+            self.replica.exempt_thread()
         try:
             while not self._stop.is_set():
                 try:
@@ -336,6 +338,10 @@ class StoreServer:
         next step tries again); it never ends the server.
         """
         c = self.counters
+        if self.replica is not None and self.replica.is_follower:
+            from ..replication.promote_request import serve_promotion_request
+
+            serve_promotion_request(self.replica)  # rmq promote on this running follower
         if self.replica is not None and self.replica.is_follower:
             # only the leader's services run: a follower gets their work from its log
             if time.monotonic() - self._last_beat >= BEAT_MS / 1000:

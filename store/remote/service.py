@@ -300,8 +300,10 @@ class StoreService(flight.FlightServerBase):
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
+        signal = None
         if self.replica is not None:
-            self.replica.follower_asked(context.peer(), request["from"])
+            self.replica.follower_asked(context.peer(), request["from"], request["replica"])
+            signal = self.replica.append_signal
         release = self._streams.admit(context.peer(), "replicate")
         try:
             reader = self._readers.borrow()
@@ -309,7 +311,7 @@ class StoreService(flight.FlightServerBase):
             release()
             raise
         try:
-            first = first_chunk(reader, request, self._closing.is_set)
+            first = first_chunk(reader, request, self._closing.is_set, signal)
         except BaseException:
             self._readers.give_back(reader)
             release()

@@ -5,7 +5,12 @@ A follower asks with a ``DoGet`` ticket (JSON)::
 
     {"op": "replicate", "from": <its CommitLog end>, "tail_crc": <CRC32 of its last bytes>,
      "file_size": <its segment size>, "max_bytes": <bound on the answer>,
-     "wait_ms": <how long to wait when nothing is new>}
+     "wait_ms": <how long to wait when nothing is new>,
+     "replica": <the follower's URL, optional>}
+
+``from`` is also the follower's report of what it holds (appended, and synced when its flush
+mode is ``SYNC_FLUSH``): a leader with ``min_insync_replicas`` above 1 counts it for the
+writers waiting (:mod:`.acks`) under the follower's ``replica`` URL.
 
 and gets batches of :data:`CHUNK_SCHEMA`, one row each: a chunk of whole records copied
 from the leader's mapped segments (:func:`~store.core.replica_log.read_chunk`), at most
@@ -34,6 +39,7 @@ import pyarrow as pa
 
 from ..core.replica_log import LogChunk, read_chunk
 from ..remote.wire import InvalidRequest, field
+from .acks import AppendSignal
 
 #: One row per chunk.
 CHUNK_SCHEMA = pa.schema([("offset", pa.int64()), ("end", pa.int64()),
@@ -62,7 +68,8 @@ def parse_request(body: dict) -> dict:
                "tail_crc": field(body, "tail_crc", int, what),
                "file_size": field(body, "file_size", int, what),
                "max_bytes": field(body, "max_bytes", int, what, default=64 << 20),
-               "wait_ms": field(body, "wait_ms", int, what, default=0)}
+               "wait_ms": field(body, "wait_ms", int, what, default=0),
+               "replica": field(body, "replica", str, what, optional=True)}
     if request["from"] < 0:
         raise InvalidRequest(f"{what}: from={request['from']}; allowed: 0 or more")
     if not 0 <= request["tail_crc"] <= 0xFFFFFFFF:
@@ -78,14 +85,21 @@ def parse_request(body: dict) -> dict:
     return request
 
 
-def first_chunk(reader, request: dict, stopping=lambda: False) -> LogChunk:
+def first_chunk(reader, request: dict, stopping=lambda: False,
+                signal: AppendSignal | None = None) -> LogChunk:
     """The first chunk of an answer: checked against the follower's tail, waiting up to
-    ``wait_ms`` for an append when nothing is new (``stopping()``: give up early)."""
+    ``wait_ms`` for an append when nothing is new (``stopping()``: give up early;
+    ``signal``: woken at once by a writer waiting for its copies, :mod:`.acks`)."""
+    seen = signal.seq if signal is not None else 0
     chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
                        follower_crc=request["tail_crc"], file_size=request["file_size"])
     deadline = time.monotonic() + request["wait_ms"] / 1000
     while not chunk.data and time.monotonic() < deadline and not stopping():
-        time.sleep(POLL_S)
+        if signal is None:
+            time.sleep(POLL_S)
+        else:
+            signal.pause(seen, POLL_S)
+            seen = signal.seq
         if reader.confirmed_offset() != chunk.offset:
             chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]))
     return chunk

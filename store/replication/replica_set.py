@@ -14,9 +14,12 @@ JSON::
 * ``leader`` (optional): the replica that takes writes; **the first of** ``replicas`` when
   not given.  Chosen statically: this file decides until it is changed (or ``rmq promote``).
 * ``witness`` (optional): a URL, accepted and checked but not used yet (elections come later).
-* ``min_insync_replicas`` (optional, default 1): replication is asynchronous; only 1 is
-  taken (a leader that acknowledged sends without the copies a larger value promises would
-  break it silently).
+* ``min_insync_replicas`` (optional, default 1): how many replicas, the leader counted,
+  hold a write before the leader acknowledges it (:mod:`.acks`); 1 is asynchronous
+  replication; at most the number of replicas.
+* ``replica_ack_timeout_ms`` (optional, default :data:`DEFAULT_ACK_TIMEOUT_MS`): how long a
+  write waits for those replicas before its sender gets
+  :class:`~store.errors.ReplicaAckTimeoutError`.
 * ``account`` and ``secret_file`` (optional, together): the credentials a follower presents
   to its leader when the leader checks accounts (``--acl``; the account needs
   ``"replicate": true``).  Without them a follower presents the server's token
@@ -37,7 +40,10 @@ from ..errors import InvalidConfigError
 from ..remote.address import RemoteAddress
 
 #: The fields a replica-set file may have.
-FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file")
+FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "replica_ack_timeout_ms",
+          "account", "secret_file")
+#: How long a write waits for its in-sync replicas, by default (ms).
+DEFAULT_ACK_TIMEOUT_MS = 3000
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -52,6 +58,7 @@ class ReplicaSet:
     min_insync_replicas: int
     account: str | None
     secret_file: str | None
+    replica_ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> ReplicaSet:
@@ -95,17 +102,23 @@ class ReplicaSet:
             raise InvalidConfigError(f"the replica-set file {path}: the witness {witness} is "
                                      "also a replica; allowed: a server of its own")
         insync = data.get("min_insync_replicas", 1)
-        if not isinstance(insync, int) or isinstance(insync, bool) or insync != 1:
+        if not isinstance(insync, int) or isinstance(insync, bool) \
+                or not 1 <= insync <= len(urls):
             raise InvalidConfigError(
                 f"the replica-set file {path}: min_insync_replicas={insync!r}; allowed: 1 "
-                "(replication is asynchronous in this version: acknowledging a send before "
-                "the copies a larger value promises would break that promise)")
+                f"(asynchronous) to {len(urls)} (every replica, the leader counted)")
+        timeout = data.get("replica_ack_timeout_ms", DEFAULT_ACK_TIMEOUT_MS)
+        if not isinstance(timeout, int) or isinstance(timeout, bool) \
+                or not 1 <= timeout <= 600_000:
+            raise InvalidConfigError(
+                f"the replica-set file {path}: replica_ack_timeout_ms={timeout!r}; allowed: "
+                "1 to 600000")
         account, secret_file = data.get("account"), data.get("secret_file")
         if (account is None) != (secret_file is None) or not all(
                 v is None or (isinstance(v, str) and v) for v in (account, secret_file)):
             raise InvalidConfigError(f"the replica-set file {path}: \"account\" and "
                                      "\"secret_file\" go together, each a non-empty string")
-        return cls(path, urls, leader, witness, insync, account, secret_file)
+        return cls(path, urls, leader, witness, insync, account, secret_file, timeout)
 
     def member(self, listen: RemoteAddress) -> str:
         """The URL of the replica that a server listening on ``listen`` is."""

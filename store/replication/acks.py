@@ -1,0 +1,117 @@
+"""Synchronous replication on the leader: a write is acknowledged once ``min_insync_replicas``
+replicas (the leader counted) hold it.
+
+Each follower's ``replicate`` request carries its CommitLog end, which it reports only after
+appending (and, with ``SYNC_FLUSH``, syncing) the bytes below it: the leader notes it
+(:meth:`InSyncAcks.report`), as RocketMQ's HA slave reports its max offset to its master.
+The acknowledged end is the ``min_insync_replicas - 1``-th highest end the followers
+reported; a writer waits (:meth:`InSyncAcks.wait`, called by the core once per outermost
+write-locked step that appended: a send, a batch, a table, a sink commit, a transaction end;
+never per message) until that end passes its own, outside the append lock, so that every
+writer waiting meanwhile is released by the same report.  A writer that starts waiting wakes
+the followers' long polls (:class:`AppendSignal`) instead of letting them find the append at
+their next look.
+
+Past ``replica_ack_timeout_ms`` the writer gets :class:`~store.errors.ReplicaAckTimeoutError`:
+the records are in the leader's log (its readers may see them) but were not acknowledged;
+the sender must assume they may or may not survive a change of leader, and retry (with a
+key, to recognise a duplicate), as a Kafka producer with ``acks=all`` does.
+
+The server's own services (delivery of due messages, check rounds) do not wait
+(:attr:`InSyncAcks.exempt_threads`): they acknowledge nobody, and their records reach the followers
+as every record does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import ReplicaAckTimeoutError
+
+
+class AppendSignal:
+    """Wakes the leader's waiting ``replicate`` answers when a writer needs its append copied
+    (a sequence number and a condition)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.seq = 0
+
+    def notify(self) -> None:
+        with self._cond:
+            self.seq += 1
+            self._cond.notify_all()
+
+    def pause(self, seen: int, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, or until :meth:`notify` was called after ``seen`` (the
+        :attr:`seq` read before the caller looked at the log)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.seq != seen, timeout_s)
+
+
+class InSyncAcks:
+    """The leader's count of its followers' reported ends (see the module docstring).
+
+    ``followers``: the other replicas' URLs (reports from others are ignored);
+    ``min_insync_replicas``: replicas that must hold a write, the leader counted;
+    ``timeout_ms``: how long a writer waits.
+    """
+
+    def __init__(self, followers, min_insync_replicas: int, timeout_ms: int,
+                 signal: AppendSignal | None = None, exempt_threads=()) -> None:
+        self.followers = frozenset(followers)
+        self.needed = int(min_insync_replicas) - 1
+        self.timeout_s = timeout_ms / 1000
+        self.signal = signal or AppendSignal()
+        self._ends: dict[str, int] = {}
+        self._acked = -1
+        self._cond = threading.Condition()
+        #: Threads (``threading.get_ident()``) whose appends wait for no replica.
+        self.exempt_threads = exempt_threads if isinstance(exempt_threads, set) \
+            else set(exempt_threads)
+        self.timeouts = 0
+
+    @property
+    def acked(self) -> int:
+        """The CommitLog end ``min_insync_replicas`` replicas hold (-1: not known yet)."""
+        return self._acked
+
+    def ends(self) -> dict[str, int]:
+        with self._cond:
+            return dict(self._ends)
+
+    def report(self, replica: str | None, end: int) -> None:
+        """Follower ``replica`` holds the leader's CommitLog up to ``end`` (durably as its
+        flush mode says)."""
+        if replica not in self.followers:
+            return
+        with self._cond:
+            self._ends[replica] = int(end)
+            ends = sorted(self._ends.values(), reverse=True)
+            acked = ends[self.needed - 1] if len(ends) >= self.needed else -1
+            grew = acked > self._acked
+            self._acked = acked
+            if grew:
+                self._cond.notify_all()
+
+    def wait(self, end: int) -> None:
+        """Return once :attr:`acked` reaches ``end``; :class:`ReplicaAckTimeoutError` past the
+        timeout."""
+        if self._acked >= end or threading.get_ident() in self.exempt_threads:
+            return
+        self.signal.notify()
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while self._acked < end:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.timeouts += 1
+                    raise ReplicaAckTimeoutError(
+                        f"the write ending at CommitLog offset {end} was appended on the leader "
+                        f"but {self.needed + 1} replicas (min_insync_replicas, the leader "
+                        f"counted) did not hold it within {self.timeout_s * 1000:.0f} ms "
+                        f"(followers hold up to {self._ends or 'nothing reported'}); it was "
+                        "not acknowledged and may or may not survive a change of leader: "
+                        "retry it (with a key to recognise a duplicate)")
+                self._cond.wait(left)
