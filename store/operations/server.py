@@ -281,8 +281,6 @@ class StoreServer:
                  cfg.clean_resource_interval_ms, cfg.delete_when,
                  cfg.disk_max_used_space_ratio, cfg.disk_space_clean_forcibly_ratio)
         end = None if duration_s is None else time.monotonic() + duration_s
-        if self.replica is not None:  # its services' appends acknowledge no sender
-            self.replica.exempt_thread()
         try:
             while not self._stop.is_set():
                 try:
@@ -337,6 +335,12 @@ class StoreServer:
         Returns the number of messages delivered.  A store error is logged and counted (the
         next step tries again); it never ends the server.
         """
+        if self.replica is None:
+            return self._step()
+        with self.replica.services():  # (its appends acknowledge no sender: no replica wait)
+            return self._step()
+
+    def _step(self) -> int:
         c = self.counters
         if self.replica is not None and self.replica.is_follower:
             from ..replication.promote_request import serve_promotion_request

@@ -18,7 +18,7 @@ the sender must assume they may or may not survive a change of leader, and retry
 key, to recognise a duplicate), as a Kafka producer with ``acks=all`` does.
 
 The server's own services (delivery of due messages, check rounds) do not wait
-(:attr:`InSyncAcks.exempt_threads`): they acknowledge nobody, and their records reach the followers
+(:meth:`~store.replication.replica.Replica.services`): they acknowledge nobody, and their records reach the followers
 as every record does.
 """
 
@@ -59,7 +59,7 @@ class InSyncAcks:
     """
 
     def __init__(self, followers, min_insync_replicas: int, timeout_ms: int,
-                 signal: AppendSignal | None = None, exempt_threads=()) -> None:
+                 signal: AppendSignal | None = None, exempt=lambda: False) -> None:
         self.followers = frozenset(followers)
         self.needed = int(min_insync_replicas) - 1
         self.timeout_s = timeout_ms / 1000
@@ -67,9 +67,8 @@ class InSyncAcks:
         self._ends: dict[str, int] = {}
         self._acked = -1
         self._cond = threading.Condition()
-        #: Threads (``threading.get_ident()``) whose appends wait for no replica.
-        self.exempt_threads = exempt_threads if isinstance(exempt_threads, set) \
-            else set(exempt_threads)
+        #: ``exempt()``: whether the calling thread's appends wait for no replica.
+        self.exempt = exempt
         self.timeouts = 0
 
     @property
@@ -98,7 +97,7 @@ class InSyncAcks:
     def wait(self, end: int) -> None:
         """Return once :attr:`acked` reaches ``end``; :class:`ReplicaAckTimeoutError` past the
         timeout."""
-        if self._acked >= end or threading.get_ident() in self.exempt_threads:
+        if self._acked >= end or self.exempt():
             return
         self.signal.notify()
         deadline = time.monotonic() + self.timeout_s

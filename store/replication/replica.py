@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 
 from ..errors import InvalidConfigError, NotLeaderError, ReplicaBehindError, StoreError
 from ..files.epoch_file import read_epochs, with_term, write_epochs
@@ -93,7 +94,7 @@ class Replica:
         #: Wakes the followers' waiting requests when a writer waits for its copies.
         self.append_signal = AppendSignal()
         self.acks: InSyncAcks | None = None
-        self._exempt_threads: set[int] = set()
+        self._exempt = threading.local()
         #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
         self.last_cut: dict | None = None
         store.appender.refusal = None  # (the server's process: its appends are waited for)
@@ -101,17 +102,26 @@ class Replica:
             self._install_acks()
         self._write_state()
 
-    def exempt_thread(self) -> None:
-        """Appends of the calling thread (the server's loop: delivery, check rounds) wait for
-        no replica, in this role and any later one."""
-        self._exempt_threads.add(threading.get_ident())
+    @contextmanager
+    def services(self):
+        """The server's services run inside: their appends (deliveries, check rounds)
+        acknowledge no sender, so they wait for no replica; they reach the followers as
+        every record does."""
+        self._exempt.depth = getattr(self._exempt, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._exempt.depth -= 1
+
+    def _exempted(self) -> bool:
+        return getattr(self._exempt, "depth", 0) > 0
 
     def _install_acks(self) -> None:
         rs = self.replica_set
         if rs.min_insync_replicas > 1:
             self.acks = InSyncAcks([u for u in rs.replicas if u != self.me],
                                    rs.min_insync_replicas, rs.replica_ack_timeout_ms,
-                                   self.append_signal, self._exempt_threads)
+                                   self.append_signal, self._exempted)
         self.store.replica_acks = self.acks
 
     def _write_state(self) -> None:
