@@ -18,6 +18,17 @@ leader, while a thread samples the leader's and the follower's confirmed CommitL
 * the lag: bytes behind the leader, p50 / p99 / max over the samples, and how long after
   the last acknowledged send the follower held everything.
 
+With ``--sync``, the synchronous case instead: a lone served store against a leader with
+one follower and ``min_insync_replicas: 2`` (every send waits until the follower holds it)::
+
+    PYTHONPATH=. python bench/bench_replication.py --sync [--messages N] [--table-rows R]
+        [--batch-size B] [--singles S]
+
+reports ``send_table`` (tables of R rows) and ``send_batch`` (batches of B messages)
+msgs/s to each and their ratio, and the latency of S single ``send`` calls (p50 / p99)
+to each; the added p99 is set beside the loopback round trip of one Flight call (the
+p50 of a ``snapshot`` action), which a synchronous send needs at least once more.
+
 Not collected by pytest.
 """
 
@@ -41,7 +52,7 @@ sys.path.insert(0, ROOT)
 import numpy as np
 import pyarrow as pa
 
-from store import StoreReader, connect, server_status
+from store import Message, StoreReader, connect, server_status
 
 ENV = dict(os.environ, PYTHONPATH=ROOT)
 
@@ -86,6 +97,78 @@ def send_all(url: str, n: int, rows: int) -> float:
         return time.perf_counter() - start
 
 
+def send_batches(url: str, n: int, size: int) -> float:
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        batch = [Message("bench", b"x" * 100, tags="t") for _ in range(size)]
+        start = time.perf_counter()
+        for _ in range(0, n, size):
+            p.send_batch(batch)
+        return time.perf_counter() - start
+
+
+def single_sends(url: str, count: int) -> np.ndarray:
+    """Latency (ms) of ``count`` single sends, one after another (after 100 to warm up)."""
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        message = Message("single", b"x" * 100, tags="t")
+        for _ in range(100):
+            p.send(message)
+        out = np.empty(count)
+        for i in range(count):
+            t = time.perf_counter()
+            p.send(message)
+            out[i] = (time.perf_counter() - t) * 1000
+        return out
+
+
+def round_trip_ms(url: str, count: int = 500) -> float:
+    """p50 of one Flight call with little to do (a ``snapshot`` action: the queue bounds),
+    in ms."""
+    with connect(url, timeout_s=60) as remote:
+        out = []
+        for _ in range(count):
+            t = time.perf_counter()
+            remote.refresh()
+            remote.topics()
+            out.append((time.perf_counter() - t) * 1000)
+        return float(np.percentile(out, 50))
+
+
+def sync_case(args, tmp: str, procs: list) -> None:
+    n, rows = args.messages, args.table_rows
+    base_port, lead_port, follow_port = free_port(), free_port(), free_port()
+    procs.append(serve(os.path.join(tmp, "alone"), base_port))
+    rs = os.path.join(tmp, "replicas.json")
+    with open(rs, "w") as fh:
+        json.dump({"replicas": [f"rmq://127.0.0.1:{lead_port}",
+                                f"rmq://127.0.0.1:{follow_port}"],
+                   "min_insync_replicas": 2, "replica_ack_timeout_ms": 30_000}, fh)
+    procs.append(serve(os.path.join(tmp, "leader"), lead_port, "--replica-set", rs))
+    procs.append(serve(os.path.join(tmp, "follower"), follow_port, "--replica-set", rs))
+    alone, leader = f"rmq://127.0.0.1:{base_port}", f"rmq://127.0.0.1:{lead_port}"
+    # (the leader first: its first send waits until the follower has connected)
+    single_sends(leader, 10)
+    figures = {}
+    for name, url in (("alone", alone), ("sync", leader)):
+        figures[name] = {"table": send_all(url, n, rows),
+                         "batch": send_batches(url, n, args.batch_size),
+                         "single": single_sends(url, args.singles)}
+    rtt = round_trip_ms(alone)
+    print(f"messages {n:,} (100-byte bodies); send_table in tables of {rows:,}, send_batch "
+          f"in batches of {args.batch_size:,}; one follower, min_insync_replicas 2, loopback")
+    for kind in ("table", "batch"):
+        a, s = figures["alone"][kind], figures["sync"][kind]
+        print(f"send_{kind:<5} lone store {n / a:12,.0f} msgs/s   synchronous leader "
+              f"{n / s:12,.0f} msgs/s   ratio {a / s:.2f}x")
+    a, s = figures["alone"]["single"], figures["sync"]["single"]
+    pa50, pa99 = np.percentile(a, [50, 99])
+    ps50, ps99 = np.percentile(s, [50, 99])
+    print(f"single send ({args.singles} in a row): lone p50 {pa50:.2f} ms p99 {pa99:.2f} ms; "
+          f"synchronous p50 {ps50:.2f} ms p99 {ps99:.2f} ms; added p99 {ps99 - pa99:.2f} ms "
+          f"(one Flight round trip on loopback: p50 {rtt:.2f} ms)")
+
+
 def confirmed(reader: StoreReader) -> int:
     return reader.confirmed_offset()
 
@@ -94,11 +177,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--table-rows", type=int, default=100_000)
+    ap.add_argument("--sync", action="store_true",
+                    help="the synchronous case (min_insync_replicas 2) against a lone store")
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--singles", type=int, default=2000)
     args = ap.parse_args()
     n, rows = args.messages, args.table_rows
     tmp = tempfile.mkdtemp(prefix="rmq-bench-replication-")
     procs = []
     try:
+        if args.sync:
+            sync_case(args, tmp, procs)
+            return
         base_port, lead_port, follow_port = free_port(), free_port(), free_port()
         procs.append(serve(os.path.join(tmp, "alone"), base_port))
         alone_s = send_all(f"rmq://127.0.0.1:{base_port}", n, rows)

@@ -30,7 +30,6 @@ due message is delivered twice nor early.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -43,7 +42,7 @@ from .follower import Follower
 from .replica_set import ReplicaSet
 from .truncation import cut_diverged_tail, set_aside_service_progress
 
-__all__ = ["Replica", "STATE_FILE", "read_state", "replication_status"]
+__all__ = ["STATE_FILE", "Replica", "read_state", "replication_status"]
 
 #: Actions a follower answers (reads; ``deliver_due`` delivers nothing there, as its leader
 #: delivers, so that readers asking for delivery, Spark's ``deliverDue`` and ``rmq tail``,
@@ -90,7 +89,7 @@ class Replica:
         self.follower: Follower | None = None
         self._asked: dict[str, tuple[int, float]] = {}
         self._notes = threading.Lock()  # (the followers' last requests)
-        self._lock = threading.RLock()  # (role changes)
+        self._lock = threading.RLock()  # (role changes, and a server step: see services)
         #: Wakes the followers' waiting requests when a writer waits for its copies.
         self.append_signal = AppendSignal()
         self.acks: InSyncAcks | None = None
@@ -104,14 +103,16 @@ class Replica:
 
     @contextmanager
     def services(self):
-        """The server's services run inside: their appends (deliveries, check rounds)
-        acknowledge no sender, so they wait for no replica; they reach the followers as
-        every record does."""
-        self._exempt.depth = getattr(self._exempt, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self._exempt.depth -= 1
+        """The server's services run inside (one step): their appends (deliveries, check
+        rounds) acknowledge no sender, so they wait for no replica (they reach the
+        followers as every record does); and no change of role happens meanwhile, so that a
+        step that began as leader never appends after the replica became a follower."""
+        with self._lock:
+            self._exempt.depth = getattr(self._exempt, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._exempt.depth -= 1
 
     def _exempted(self) -> bool:
         return getattr(self._exempt, "depth", 0) > 0

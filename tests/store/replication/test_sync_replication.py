@@ -13,14 +13,28 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from test_replica_set import (
+    SMALL,
+    Clock,
+    Commit,
+    caught_up,
+    commitlog_bytes,
+    free_port,
+    replica_file,
+)
 
-from store import (Message, MessageStore, ReplicaAckTimeoutError, ReplicaBehindError,
-                   ReplicaWriterError, StoreServer, connect, promote_replica)
+from store import (
+    Message,
+    MessageStore,
+    ReplicaAckTimeoutError,
+    ReplicaBehindError,
+    ReplicaWriterError,
+    StoreServer,
+    connect,
+    promote_replica,
+)
 from store.files.epoch_file import divergence, read_epochs
 from store.replication.replica import read_state
-
-from test_replica_set import (SMALL, Clock, Commit, caught_up, commitlog_bytes, free_port,
-                              replica_file)
 
 
 def serve(tmp_path, name, port, rs, clock=None):
