@@ -300,10 +300,12 @@ class StoreService(flight.FlightServerBase):
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
-        signal = None
-        if self.replica is not None:
-            self.replica.follower_asked(context.peer(), request["from"], request["replica"])
-            signal = self.replica.append_signal
+        signal, checked, replica = None, (lambda: None), self.replica
+        if replica is not None:
+            signal = replica.append_signal
+
+            def checked() -> None:  # (its log is a prefix of ours: its end counts)
+                replica.follower_asked(context.peer(), request["from"], request["replica"])
         release = self._streams.admit(context.peer(), "replicate")
         try:
             reader = self._readers.borrow()
@@ -311,7 +313,7 @@ class StoreService(flight.FlightServerBase):
             release()
             raise
         try:
-            first = first_chunk(reader, request, self._closing.is_set, signal)
+            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
         except BaseException:
             self._readers.give_back(reader)
             release()

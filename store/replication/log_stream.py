@@ -86,13 +86,16 @@ def parse_request(body: dict) -> dict:
 
 
 def first_chunk(reader, request: dict, stopping=lambda: False,
-                signal: AppendSignal | None = None) -> LogChunk:
+                signal: AppendSignal | None = None, checked=lambda: None) -> LogChunk:
     """The first chunk of an answer: checked against the follower's tail, waiting up to
     ``wait_ms`` for an append when nothing is new (``stopping()``: give up early;
-    ``signal``: woken at once by a writer waiting for its copies, :mod:`.acks`)."""
+    ``signal``: woken at once by a writer waiting for its copies, :mod:`.acks`;
+    ``checked()``: called once the follower's log is known to be a prefix of this one, so
+    that only such a follower's end is counted as holding this log, and before the wait)."""
     seen = signal.seq if signal is not None else 0
     chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
                        follower_crc=request["tail_crc"], file_size=request["file_size"])
+    checked()
     deadline = time.monotonic() + request["wait_ms"] / 1000
     while not chunk.data and time.monotonic() < deadline and not stopping():
         if signal is None:
