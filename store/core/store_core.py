@@ -99,6 +99,7 @@ class StoreCore(AppendLocking, ReadableStore):
         #: What must hold an append before it is acknowledged beyond this disk (a replica
         #: set's leader with min_insync_replicas above 1; set by its server).
         self.replica_acks: ReplicaAcks | None = None
+        self._replica_wait = threading.local()  # (a deferred wait: locking.WaitAfterLock)
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
                                 self._thread_lock)
         self.id_generator = MessageIdGenerator()

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 from pyarrow import flight
 
+from ..core.locking import WaitAfterLock
 from ..core.message_columns import projected_schema
 from ..errors import StoreError
 from ..files.accounts import AccountRights
@@ -185,7 +186,8 @@ class StoreService(flight.FlightServerBase):
         if not address.loopback and tls is None:
             log.warning("serving %s without TLS: tokens and messages travel in clear; give "
                         "--tls-cert and --tls-key to serve rmqs://", self.address.url)
-        self._write_lock = threading.Lock()
+        # (writes one at a time; a replica set's synchronous wait comes after the release)
+        self._write_lock = WaitAfterLock(store)
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
         #: The replica-set member this store is (:mod:`store.replication.replica`): a

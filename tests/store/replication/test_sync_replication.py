@@ -309,3 +309,33 @@ def test_a_diverged_follower_holds_nothing_for_the_leader(tmp_path):
     finally:
         b.close()
         a.close()
+
+
+def test_flight_writers_append_while_others_wait_for_their_replicas(tmp_path):
+    """The served store's write section is released before the replica wait: a second
+    sender appends while the first waits (and one report would release both)."""
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports, min_insync_replicas=2, replica_ack_timeout_ms=3000)
+    leader = serve(tmp_path, "a", ports[0], rs)  # its follower does not run: every wait is long
+    errors = []
+
+    def send(body: bytes) -> None:
+        with connect(leader.url) as remote:
+            try:
+                remote.producer("g").send(Message("t", body))
+            except ReplicaAckTimeoutError as exc:
+                errors.append(exc)
+
+    try:
+        senders = [threading.Thread(target=send, args=(b"w%d" % i,)) for i in range(3)]
+        for t in senders:
+            t.start()
+        deadline = time.monotonic() + 2.5  # (before the first sender's wait ends)
+        while bodies(leader.store, "t") != Counter({b"w0": 1, b"w1": 1, b"w2": 1}):
+            assert time.monotonic() < deadline, bodies(leader.store, "t")
+            time.sleep(0.01)
+        for t in senders:
+            t.join(30)
+        assert len(errors) == 3  # none acknowledged: no follower holds them
+    finally:
+        leader.close()
