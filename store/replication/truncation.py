@@ -44,7 +44,9 @@ TRUNCATED_DIR = os.path.join("config", "truncated")
 #: replicated, and a leader rebuilds them from its log (a lost file's path in each service).
 PROGRESS_FILES = (os.path.join("config", "delayOffset.json"),
                   os.path.join("config", "delayOffset.json.bak"),
-                  os.path.join("config", "timercheck"))
+                  os.path.join("config", "timercheck"),
+                  os.path.join("config", "transactionOffset.json"),
+                  os.path.join("config", "transactionOffset.json.bak"))
 PROGRESS_ASIDE_DIR = os.path.join("config", "progress-aside")
 
 
