@@ -24,11 +24,14 @@ from test_replica_set import (
 )
 
 from store import (
+    InvalidConfigError,
     Message,
     MessageStore,
+    NotLeaderError,
     ReplicaAckTimeoutError,
     ReplicaBehindError,
     ReplicaWriterError,
+    StoreError,
     StoreServer,
     connect,
     promote_replica,
@@ -339,3 +342,38 @@ def test_flight_writers_append_while_others_wait_for_their_replicas(tmp_path):
         assert len(errors) == 3  # none acknowledged: no follower holds them
     finally:
         leader.close()
+
+
+def test_running_replicas_swap_roles_and_the_deposed_leader_cuts_its_tail(tmp_path):
+    """become_leader on the running follower, then become_follower on the running leader
+    (what an election calls): the old leader's writes of its last moments are cut and set
+    aside, and it refuses writes naming the new leader."""
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports)
+    a, b = serve(tmp_path, "a", ports[0], rs), serve(tmp_path, "b", ports[1], rs)
+    try:
+        for i in range(10):
+            a.store.producer("g").send(Message("t", b"m-%d" % i))
+        shared = caught_up(a, b)
+        b.replica.follower.stop()  # (b hears no more: a's next write stays a's alone)
+        a.store.producer("g").send(Message("t", b"a-alone"))
+        done = b.replica.become_leader()
+        assert done["epoch"] == 2 and done["start_offset"] == shared  # (a-alone: not heard of)
+        assert b.replica.role == "leader" and b.replica.leader == b.replica.me
+        b.store.producer("g").send(Message("t", b"b-first"))
+        with pytest.raises(StoreError, match="leads"):
+            b.replica.become_leader()
+        with pytest.raises(InvalidConfigError):
+            a.replica.become_follower(a.replica.me)
+        a.replica.become_follower(b.replica.me, epoch=2)
+        end = same_log(b, a)
+        assert commitlog_bytes(a.path, end) == commitlog_bytes(b.path, end)
+        assert b"a-alone" not in bodies(a.store, "t") and bodies(a.store, "t")[b"b-first"] == 1
+        assert a.replica.status()["last_cut"]["records"] == 1
+        assert read_epochs(a.path) == [(1, 0), (2, shared)] == read_epochs(b.path)
+        with connect(a.url) as remote, pytest.raises(NotLeaderError, match=b.url):
+            remote.producer("g").send(Message("t", b"refused"))
+        assert read_state(a.path)["role"] == "follower"
+    finally:
+        a.close()
+        b.close()
