@@ -45,6 +45,7 @@ from .base.errors import (
                      StoreNotFoundError,
                      StoreReplacedError,
                      NotLeaderError,
+                     LeaderDeposedError,
                      ReplicaAckTimeoutError,
                      ReplicaBehindError,
                      SendOutcomeUnknownError,
@@ -104,7 +105,8 @@ __all__ = [
     "validate_topic",
     "connect", "is_remote", "read_token", "RemoteError", "AuthenticationError",
     "write_query_round", "read_query_round", "drop_query_rounds",
-    "NotLeaderError", "SendOutcomeUnknownError", "ReplicaAckTimeoutError", "ReplicaBehindError",
-    "ReplicaDivergedError", "ReplicationError", "ReplicaWriterError",
+    "NotLeaderError", "LeaderDeposedError", "SendOutcomeUnknownError",
+    "ReplicaAckTimeoutError", "ReplicaBehindError", "ReplicaDivergedError", "ReplicationError",
+    "ReplicaWriterError",
     "replication_status", "promote_replica", "Witness",
 ]

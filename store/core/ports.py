@@ -76,7 +76,7 @@ class ReplicaAcks(Protocol):
 
     def wait(self, end: int) -> None:
         """Return once enough replicas hold the CommitLog up to ``end``; raise
-        :class:`~store.errors.ReplicaAckTimeoutError` when they do not in time."""
+        :class:`~store.base.errors.ReplicaAckTimeoutError` when they do not in time."""
 
 
 class StorePort(Protocol):

@@ -19,6 +19,9 @@ replica refuses to start with a file that names another leader, so that two repl
 both take writes because of a file left unchanged.  The old leader, started with the new
 file, follows the new one, cutting first the tail the new leader's history does not hold
 (:mod:`store.replication.truncation`: set aside under ``config/truncated/``).
+
+A replica of an **elected** set (one with a witness) is never promoted by hand, running or
+stopped: its voters choose its leader (:mod:`store.replication.election`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ def promote_replica(path: str | os.PathLike, *, force: bool = False,
     if state is None:
         raise InvalidConfigError(f"{path} is no replica set's member (no {STATE_FILE}); "
                                  "allowed: a store served with --replica-set once")
+    if state.get("elected"):
+        raise StoreError(f"cannot promote {path}: its replica set elects its leader (it has a "
+                         "witness); allowed: stop the leader, and the voters elect the replica "
+                         "that holds every acknowledged message")
     if state.get("role") == "leader":
         raise StoreError(f"{path} leads its replica set already (epoch {state.get('epoch')})")
     with StoreReader.open(path) as reader:

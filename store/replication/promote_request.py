@@ -26,8 +26,8 @@ import os
 import secrets
 import time
 
-from .. import errors as store_errors
-from ..errors import StoreError
+from ..base import errors as store_errors
+from ..base.errors import StoreError
 from ..files.fileio import atomic_write
 
 log = logging.getLogger("store.replication")

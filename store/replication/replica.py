@@ -297,7 +297,8 @@ class Replica:
             with self.store.write_lock():
                 end = self.store.confirmed_offset()  # (the follower may have appended since)
                 terms = read_epochs(self.store.root)
-                known = max([self.epoch] + [e for e, _ in terms])
+                # (elected: the voters number the terms; only recorded terms are known)
+                known = max([0 if self.elected else self.epoch] + [e for e, _ in terms])
                 new = known + 1 if epoch is None else int(epoch)
                 if new <= known:
                     raise StoreError(f"epoch {new} for {self.me}'s new term; allowed: above "

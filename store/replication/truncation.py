@@ -34,8 +34,8 @@ import numpy as np
 
 from ..files.epoch_file import divergence, read_epochs
 from ..files.fileio import atomic_write, fsync_dir
-from ..formats.codec import FIXED_SIZE
-from ..kernels.scan_kernels import walk_records
+from ..formats.record_codec import FIXED_SIZE
+from ..kernels.segment_walk import walk_records
 
 log = logging.getLogger("store.replication")
 
@@ -81,7 +81,7 @@ def set_aside_service_progress(root: str, why: str) -> list[str]:
     """Move the services' progress files (:data:`PROGRESS_FILES`) into
     ``config/progress-aside/<ms>/``; each service, finding its file missing, rebuilds its
     progress from its queues with a mark, so that what its log shows delivered is not
-    delivered again (see :mod:`store.delayed.routing`).  Returns the files moved."""
+    delivered again (see :mod:`store.delayed.delivery`).  Returns the files moved."""
     moved = []
     aside = os.path.join(root, PROGRESS_ASIDE_DIR, str(int(time.time() * 1000)))
     for name in PROGRESS_FILES:

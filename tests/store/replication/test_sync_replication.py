@@ -144,7 +144,7 @@ def test_a_write_the_replicas_do_not_hold_in_time_is_an_error_to_its_sender(tmp_
 
 def test_the_grpc_face_answers_a_replica_timeout_with_a_persistence_status():
     pytest.importorskip("grpc")
-    from store.proxy.service import Code, store_error_code
+    from store.proxy.grpc_service import Code, store_error_code
 
     assert store_error_code(ReplicaAckTimeoutError("late")) == Code.SLAVE_PERSISTENCE_TIMEOUT
 
