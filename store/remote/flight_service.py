@@ -304,6 +304,7 @@ class StoreService(flight.FlightServerBase):
         request = parse_request(body)
         signal, checked, replica = None, (lambda: None), self.replica
         if replica is not None:
+            replica.check_source("replicate")  # (only a leader's log is copied)
             signal = replica.append_signal
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)

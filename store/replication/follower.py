@@ -9,9 +9,10 @@ on from its own end.  A leader that cannot be reached is asked again every
 :data:`RETRY_S`; a leader that says this log is not a prefix of its own stops the follower
 for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason).  At each
 (re)connection the leader's terms are handed to ``on_epochs`` first, which cuts a tail the
-leader's history does not hold (:mod:`.truncation`).  Each request reports this replica's end
-(what it appended, synced as its flush mode says) to the leader, which counts it for the
-writers waiting for their copies (:mod:`.acks`).
+leader's history does not hold (:mod:`.truncation`); a replica that does not lead yet (or
+no longer) is asked again: its terms are not taken, and it refuses to be copied.  Each
+request reports this replica's end (what it appended, synced as its flush mode says) to the
+leader, which counts it for the writers waiting for their copies (:mod:`.acks`).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
 answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
@@ -105,7 +106,11 @@ class Follower:
         store = self.store
         file_size = store.commit_log.file_size
         if self._on_epochs is not None:
-            self._on_epochs(self.leader.replica_epochs())
+            answer = self.leader.replica_epochs()
+            if answer.get("role") not in (None, "leader"):  # (elected: not leading yet)
+                raise StoreError(f"{self.leader.address.url} does not lead (yet): its terms "
+                                 "are not taken, nor its log copied")
+            self._on_epochs(answer)
         while not self._stop.is_set():
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),

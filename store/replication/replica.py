@@ -64,6 +64,9 @@ READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_mes
                           "view_message", "schedules", "known_transactions",
                           "last_check_round", "flush", "epochs", "deliver_due",
                           "leader"})
+#: How often a write whose copies came while its leader's lease had run out looks for a
+#: renewal (s).
+LEASE_POLL_S = 0.01
 #: Followers a leader keeps note of (the most recently seen).
 MAX_NOTED_FOLLOWERS = 64
 
@@ -190,10 +193,11 @@ class Replica:
         """What a follower asking ``epochs`` gets: this replica's epoch and terms; and what
         an election asks (:mod:`.election`): its CommitLog ``end``, the epoch of its last
         term (``last_epoch``) and of the last term it holds bytes of (``held_epoch``:
-        :func:`~store.files.epoch_file.held_epoch`), its follower ``state``."""
+        :func:`~store.files.epoch_file.held_epoch`), its ``role`` and follower ``state``."""
         terms = read_epochs(self.store.root)
         end = self.store.confirmed_offset()
         return {"epoch": self.epoch, "epochs": [list(t) for t in terms], "end": end,
+                "role": self.role,
                 "last_epoch": terms[-1][0] if terms else 0,
                 "held_epoch": held_epoch(terms, end),
                 "state": None if self.follower is None else self.follower.state,
@@ -339,15 +343,22 @@ class Replica:
             self.follow()
 
     def _still_leading(self) -> None:
-        """After a write waited for its copies: :class:`LeaderDeposedError` unless this
-        replica still leads (so that a deposed leader acknowledges nothing)."""
-        if self.leading():
-            return
-        raise LeaderDeposedError(
-            f"a write on {self.me} was appended and copied, but {self.me} no longer leads its "
-            f"replica set (now: {self.leader or 'no leader known'}); it was not acknowledged "
-            "and may or may not survive the change of leader; allowed: retry on the leader "
-            "(with a key, to recognise a duplicate)")
+        """After a write waited for its copies: return once this replica leads (elected:
+        within a lease), :class:`LeaderDeposedError` when it does not, so that a deposed
+        leader acknowledges nothing.  An elected leader whose lease ran out while the write
+        waited (a renewal late) may still acknowledge it when a renewal commits within the
+        election timeout: the voters then still name it in its epoch, so no other leader was
+        elected before the copies were made, and any later election finds them."""
+        deadline = time.monotonic() + self.replica_set.election_timeout_ms / 1000
+        while not self.leading():
+            if self.role != "leader" or self.acks is None or time.monotonic() >= deadline:
+                raise LeaderDeposedError(
+                    f"a write on {self.me} was appended and copied, but {self.me} no longer "
+                    f"leads its replica set (now: {self.leader or 'no leader known'}, its "
+                    "lease not renewed); it was not acknowledged and may or may not survive "
+                    "the change of leader; allowed: retry on the leader (with a key, to "
+                    "recognise a duplicate)")
+            time.sleep(LEASE_POLL_S)
 
     # ------------------------------------------------------------------ refusals, reports
     def check_write(self, what: str) -> None:
@@ -363,6 +374,15 @@ class Replica:
                                  "leader yet; allowed: writes to the leader, once elected")
         raise NotLeaderError(f"{what}: {self.me} is a follower of its replica set and "
                              f"takes no writes; allowed: writes to the leader {self.leader}")
+
+    def check_source(self, what: str) -> None:
+        """Refuse to be copied unless this replica is the leader (its role; the lease is for
+        acknowledgements): a follower copies only a leader's log, whose terms it was told
+        (:class:`NotLeaderError`, which the follower retries)."""
+        if self.role != "leader":
+            raise NotLeaderError(f"{what}: {self.me} does not lead its replica set (now: "
+                                 f"{self.leader or 'no leader known'}); allowed: copying from "
+                                 "the leader")
 
     def check_action(self, name: str) -> None:
         if name not in READ_ACTIONS:
