@@ -51,8 +51,10 @@ ASK_TIMEOUT_S = 1.0
 ASK_PAUSE_S = 0.1
 #: Calls that are not safe to repeat once sent (see the module docstring).
 ONCE_ONLY = frozenset({"send", "send_batch", "send_table", "send_half", "sink_stage"})
-#: Words of a transport error raised before the request left (nothing was sent).
-_NOT_SENT = ("failed to connect", "connection refused", "cannot be reached")
+#: Words of a transport error raised before the request left (nothing was sent).  Not the
+#: "cannot be reached" of every unavailable error: a stream removed mid-call (the server
+#: killed after it took the request) is one too, and it may have been stored.
+_NOT_SENT = ("failed to connect", "connection refused")
 
 
 def may_repeat(op: str, body: dict | None = None) -> bool:
