@@ -123,6 +123,10 @@ def test_the_leader_killed_mid_burst_is_replaced_and_the_client_follows(tmp_path
     try:
         for i in range(3):
             cluster.start(i)
+        if insync > 1:  # (a send waits for the follower: let it start and follow first)
+            wait_for("a replica follows the elected leader", lambda: any(
+                (cluster.replication(i) or {}).get("state") == "following" for i in (0, 1)),
+                cluster=cluster)
         with connect(cluster.url, timeout_s=10, failover_timeout_s=60) as client:
             p = client.producer("g")
             first = [p.send(Message("orders", b"before-%d" % i), queue_id=0) for i in range(50)]
