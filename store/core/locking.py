@@ -34,8 +34,6 @@ from .recovery import recover_tail
 from .recovery_start import dead_append_bounds
 
 if TYPE_CHECKING:  # pragma: no cover
-    import threading
-
     from ..base.errors import StoreReplacedError
     from ..files.checkpoint import StoreCheckpoint
     from ..files.commit_log import CommitLog

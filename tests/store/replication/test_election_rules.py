@@ -3,12 +3,11 @@ leader names, and a leader's lease on a fake clock."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
-
-import threading
-import time
 
 from store import LeaderDeposedError, Message, MessageStore, NotLeaderError, StoreError
 from store.files.epoch_file import held_epoch
@@ -88,6 +87,17 @@ def test_with_synchronous_replication_a_leader_is_named_only_when_enough_replica
     assert voter({a: down, b: {"epoch": 1, "end": 5}}, insync=2)._choose() == (b, 2)
 
 
+def _elected_leader(store, now: list) -> Replica:
+    """``store`` as the elected leader (epoch 1, a lease of 1.2 s on the clock ``now[0]``) of
+    two replicas and a witness with ``min_insync_replicas`` 2."""
+    rs = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2], "min_insync_replicas": 2,
+                        "replica_ack_timeout_ms": 30_000})
+    replica = Replica(store, rs, URLS[0], clock=lambda: now[0])
+    role_change.become_leader(replica, 1)
+    replica.lease_until = now[0] + 1.2
+    return replica
+
+
 def _sending(store):
     """A local send on its own thread; returns the thread and its outcome."""
     outcome: dict = {}
@@ -116,12 +126,8 @@ def test_a_write_copied_after_its_leader_lost_the_lease_is_not_acknowledged(tmp_
     timeout, fails (LeaderDeposedError, a NotLeaderError), even though the follower reported
     holding it."""
     now = [100.0]
-    rs = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2], "min_insync_replicas": 2,
-                        "replica_ack_timeout_ms": 30_000})
     with MessageStore.open(str(tmp_path / "a")) as store:
-        replica = Replica(store, rs, URLS[0], clock=lambda: now[0])
-        role_change.become_leader(replica, 1)
-        replica.lease_until = now[0] + 1.2
+        replica = _elected_leader(store, now)
         acks = replica.acks
         assert acks is not None and store.replica_acks is acks
         thread, outcome = _sending(store)
@@ -155,12 +161,8 @@ def test_a_write_copied_after_its_leader_lost_the_lease_is_not_acknowledged(tmp_
 
 def test_a_change_of_role_fails_the_writes_waiting_for_their_copies_at_once(tmp_path):
     now = [100.0]
-    rs = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2], "min_insync_replicas": 2,
-                        "replica_ack_timeout_ms": 30_000})
     with MessageStore.open(str(tmp_path / "a")) as store:
-        replica = Replica(store, rs, URLS[0], clock=lambda: now[0])
-        role_change.become_leader(replica, 1)
-        replica.lease_until = now[0] + 1.2
+        replica = _elected_leader(store, now)
         acks = replica.acks
         thread, outcome = _sending(store)
         _waiting(acks)
