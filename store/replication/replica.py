@@ -19,13 +19,13 @@ at, in its epoch file (:mod:`store.files.epoch_file`); a follower keeps a copy o
 leader's (asked with ``epochs`` at each connection).
 
 With a witness the set **elects** its leader (:mod:`.election`): every replica starts as a
-follower of nobody, and a leader takes writes only while its lease lasts (:meth:`Replica.leading`).
+follower of nobody, and a leader takes writes only while its lease lasts
+(:meth:`Replica.leading`); its epochs are the ones the voters name.
 
 **Role changes** happen in two methods, whoever decides them (``rmq promote`` on a running
-follower, an election through :mod:`.role_change`): :meth:`Replica.become_leader` and
-:meth:`Replica.become_follower`, under one lock that a server step holds too
-(:meth:`Replica.services`).
-A leader with ``min_insync_replicas`` above 1 acknowledges a write once enough followers
+follower of a static set, an election through :mod:`.role_change`):
+:meth:`Replica.become_leader` and :meth:`Replica.become_follower`, under one lock that a
+server step holds too (:meth:`Replica.services`).  A leader with ``min_insync_replicas`` above 1 acknowledges a write once enough followers
 hold it (:mod:`.acks`).  A former leader that follows cuts the tail its new leader's history
 does not hold (:mod:`.truncation`).  Either change sets the services' progress files aside
 (:func:`~store.replication.truncation.set_aside_service_progress`): they were not copied, and
