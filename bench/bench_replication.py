@@ -18,6 +18,18 @@ leader, while a thread samples the leader's and the follower's confirmed CommitL
 * the lag: bytes behind the leader, p50 / p99 / max over the samples, and how long after
   the last acknowledged send the follower held everything.
 
+With ``--sync``, the synchronous case instead: a lone served store against a leader with
+one follower and ``min_insync_replicas: 2`` (every send waits until the follower holds it)::
+
+    PYTHONPATH=. python bench/bench_replication.py --sync [--messages N] [--table-rows R]
+        [--batch-size B] [--singles S]
+
+reports ``send_table`` (tables of R rows) and ``send_batch`` (batches of B messages)
+msgs/s to each and their ratio, the latency of S single ``send`` calls (p50 / p99)
+to each, and the msgs/s of 8 clients sending single messages at once; both cases run K
+times, alternated, and the best throughput of each (all the latencies) is kept; the added p99 is set beside the loopback round trip of one Flight call (the
+p50 of a ``snapshot`` action), which a synchronous send needs at least once more.
+
 Not collected by pytest.
 """
 
@@ -41,7 +53,7 @@ sys.path.insert(0, ROOT)
 import numpy as np
 import pyarrow as pa
 
-from store import StoreReader, connect, server_status
+from store import Message, StoreReader, connect, server_status
 
 ENV = dict(os.environ, PYTHONPATH=ROOT)
 
@@ -86,6 +98,115 @@ def send_all(url: str, n: int, rows: int) -> float:
         return time.perf_counter() - start
 
 
+def send_batches(url: str, n: int, size: int) -> float:
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        batch = [Message("bench", b"x" * 100, tags="t") for _ in range(size)]
+        start = time.perf_counter()
+        for _ in range(0, n, size):
+            p.send_batch(batch)
+        return time.perf_counter() - start
+
+
+def single_sends(url: str, count: int) -> np.ndarray:
+    """Latency (ms) of ``count`` single sends, one after another (after 100 to warm up)."""
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        message = Message("single", b"x" * 100, tags="t")
+        for _ in range(100):
+            p.send(message)
+        out = np.empty(count)
+        for i in range(count):
+            t = time.perf_counter()
+            p.send(message)
+            out[i] = (time.perf_counter() - t) * 1000
+        return out
+
+
+def concurrent_sends(url: str, threads: int, per_thread: int) -> float:
+    """msgs/s of ``threads`` clients each sending ``per_thread`` single messages at once."""
+    remotes = [connect(url, timeout_s=600) for _ in range(threads)]
+    message = Message("concurrent", b"x" * 100, tags="t")
+    for r in remotes:
+        r.producer("bench").send(message)
+    start = threading.Barrier(threads + 1)
+
+    def run(remote) -> None:
+        p = remote.producer("bench")
+        start.wait()
+        for _ in range(per_thread):
+            p.send(message)
+
+    workers = [threading.Thread(target=run, args=(r,)) for r in remotes]
+    for w in workers:
+        w.start()
+    start.wait()
+    t = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t
+    for r in remotes:
+        r.close()
+    return threads * per_thread / elapsed
+
+
+def round_trip_ms(url: str, count: int = 500) -> float:
+    """p50 of one Flight call with little to do (a ``snapshot`` action: the queue bounds),
+    in ms."""
+    with connect(url, timeout_s=60) as remote:
+        out = []
+        for _ in range(count):
+            t = time.perf_counter()
+            remote.refresh()
+            remote.topics()
+            out.append((time.perf_counter() - t) * 1000)
+        return float(np.percentile(out, 50))
+
+
+def sync_case(args, tmp: str, procs: list) -> None:
+    n, rows = args.messages, args.table_rows
+    base_port, lead_port, follow_port = free_port(), free_port(), free_port()
+    procs.append(serve(os.path.join(tmp, "alone"), base_port))
+    rs = os.path.join(tmp, "replicas.json")
+    with open(rs, "w") as fh:
+        json.dump({"replicas": [f"rmq://127.0.0.1:{lead_port}",
+                                f"rmq://127.0.0.1:{follow_port}"],
+                   "min_insync_replicas": 2, "replica_ack_timeout_ms": 30_000}, fh)
+    procs.append(serve(os.path.join(tmp, "leader"), lead_port, "--replica-set", rs))
+    procs.append(serve(os.path.join(tmp, "follower"), follow_port, "--replica-set", rs))
+    alone, leader = f"rmq://127.0.0.1:{base_port}", f"rmq://127.0.0.1:{lead_port}"
+    # (the leader first: its first send waits until the follower has connected)
+    single_sends(leader, 10)
+    figures = {"alone": {}, "sync": {}}
+    for _ in range(args.repeat):  # alternated, the best of each kept: the machine's noise
+        for name, url in (("alone", alone), ("sync", leader)):
+            got = {"table": send_all(url, n, rows),
+                   "batch": send_batches(url, n, args.batch_size),
+                   "single": single_sends(url, args.singles),
+                   "concurrent": concurrent_sends(url, 8, max(1, args.singles // 8))}
+            best = figures[name]
+            for kind in ("table", "batch"):  # seconds: the least
+                best[kind] = min(best.get(kind, got[kind]), got[kind])
+            best["concurrent"] = max(best.get("concurrent", 0.0), got["concurrent"])
+            best["single"] = np.concatenate([best.get("single", np.empty(0)), got["single"]])
+    rtt = round_trip_ms(alone)
+    print(f"messages {n:,} (100-byte bodies); send_table in tables of {rows:,}, send_batch "
+          f"in batches of {args.batch_size:,}; one follower, min_insync_replicas 2, loopback")
+    for kind in ("table", "batch"):
+        a, s = figures["alone"][kind], figures["sync"][kind]
+        print(f"send_{kind:<5} lone store {n / a:12,.0f} msgs/s   synchronous leader "
+              f"{n / s:12,.0f} msgs/s   ratio {a / s:.2f}x")
+    a, s = figures["alone"]["single"], figures["sync"]["single"]
+    pa50, pa99 = np.percentile(a, [50, 99])
+    ps50, ps99 = np.percentile(s, [50, 99])
+    print(f"single send ({args.singles} in a row, x{args.repeat}): lone p50 {pa50:.2f} ms p99 {pa99:.2f} ms; "
+          f"synchronous p50 {ps50:.2f} ms p99 {ps99:.2f} ms; added p99 {ps99 - pa99:.2f} ms "
+          f"(one Flight round trip on loopback: p50 {rtt:.2f} ms)")
+    a, s = figures["alone"]["concurrent"], figures["sync"]["concurrent"]
+    print(f"8 clients sending single messages at once: lone {a:,.0f} msgs/s, synchronous "
+          f"{s:,.0f} msgs/s, ratio {s / a:.2f}x (waiting writers share one follower report)")
+
+
 def confirmed(reader: StoreReader) -> int:
     return reader.confirmed_offset()
 
@@ -94,11 +215,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--table-rows", type=int, default=100_000)
+    ap.add_argument("--sync", action="store_true",
+                    help="the synchronous case (min_insync_replicas 2) against a lone store")
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--singles", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="--sync: rounds of both cases, alternated; the best of each kept")
     args = ap.parse_args()
     n, rows = args.messages, args.table_rows
     tmp = tempfile.mkdtemp(prefix="rmq-bench-replication-")
     procs = []
     try:
+        if args.sync:
+            sync_case(args, tmp, procs)
+            return
         base_port, lead_port, follow_port = free_port(), free_port(), free_port()
         procs.append(serve(os.path.join(tmp, "alone"), base_port))
         alone_s = send_all(f"rmq://127.0.0.1:{base_port}", n, rows)

@@ -175,6 +175,14 @@ class NotLeaderError(StoreError):
     message names it)."""
 
 
+class LeaderDeposedError(NotLeaderError):
+    """A write on a replica set's leader with ``min_insync_replicas`` above 1 was appended
+    there and waited for its copies, but the replica no longer led when they came (deposed
+    by the voters, or its lease ran out).  It was **not acknowledged**, but unlike a plain
+    :class:`NotLeaderError` it may be stored: the sender retries only what is safe to repeat
+    (with a key, to find a duplicate)."""
+
+
 class SendOutcomeUnknownError(RemoteError):
     """The connection to a replica set's leader broke during a send that is not safe to
     repeat: it may or may not be stored (the message says how to find out); the client
@@ -184,3 +192,16 @@ class SendOutcomeUnknownError(RemoteError):
 class ReplicaBehindError(ReplicationError):
     """A follower asked to become leader holds less than its leader acknowledged (as far as
     it last heard): promoting it would lose acknowledged messages (``--force`` does)."""
+
+
+class ReplicaAckTimeoutError(ReplicationError):
+    """A write on a replica set's leader with ``min_insync_replicas`` above 1 was appended
+    there, but not enough replicas reported holding it within ``replica_ack_timeout_ms``.
+    It was **not acknowledged**: the write may or may not survive a change of leader; the
+    sender retries (with a key, to find a duplicate) as after any unanswered send."""
+
+
+class ReplicaWriterError(ReplicationError):
+    """A process other than the replica set's server tried to append to a leader's directory
+    that requires ``min_insync_replicas`` above 1: its writes could not be waited for, so
+    they are refused (write through the server's URL)."""

@@ -166,6 +166,7 @@ class SingleAppend(NamedTuple):
 class AppendTarget(Protocol):
     """What the appender uses of its store (the :class:`~store.core.store_core.StoreCore`)."""
 
+    root: str
     config: StoreConfig
     commit_log: CommitLog
     checkpoint: StoreCheckpoint

@@ -37,7 +37,8 @@ from ..formats import record_codec as codec
 from ..formats.record_codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
                              RecordSpec, encode_blank, whole_record_layout)
 from ..base.crc import crc32
-from ..base.errors import InvalidMessageError, MessageTooLargeError
+from ..base.errors import InvalidMessageError, MessageTooLargeError, ReplicaWriterError
+from ..files.replication_state import writer_refusal
 from ..formats.byte_columns import ByteColumn
 from ..formats.message import is_valid_topic_name
 from .append_types import (AppendResult, AppendTarget, AssembledRecords, BatchAppendResult,
@@ -80,6 +81,10 @@ class Appender:
         #: ``topic -> queue count`` of the topics this process appended single records to
         #: (topics without a tagsCode rule; forgotten when a rule is registered)
         self._plain_topics: dict[str, int] = {}
+        #: Why this process may not append (a replica set's leader whose writes only its
+        #: server can acknowledge: :func:`~store.files.replication_state.writer_refusal`;
+        #: its server clears it), ``None`` when it may.
+        self.refusal: str | None = writer_refusal(core.root)
 
     # ------------------------------------------------------------------ atomic groups
     @contextmanager
@@ -450,7 +455,10 @@ class Appender:
         self._advance(end, now)
 
     def _begin(self) -> None:
-        """Mark an append in progress (an atomic group has marked its start already)."""
+        """Mark an append in progress (an atomic group has marked its start already), unless
+        this process may not append (:attr:`refusal`: nothing is written)."""
+        if self.refusal is not None:
+            raise ReplicaWriterError(self.refusal)
         if self._group_start is None:
             self.core.checkpoint.begin_append(self.write_offset)
 

@@ -24,6 +24,7 @@ everything else.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator
 
@@ -33,8 +34,6 @@ from .recovery import recover_tail
 from .recovery_start import dead_append_bounds
 
 if TYPE_CHECKING:  # pragma: no cover
-    import threading
-
     from ..base.errors import StoreReplacedError
     from ..files.checkpoint import StoreCheckpoint
     from ..files.commit_log import CommitLog
@@ -43,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .identity import DirectoryIdentity
     from .flushing import FlushService
     from .lock_lease import LockLease
+    from .ports import ReplicaAcks
 
 
 class AppendLocking:
@@ -61,6 +61,8 @@ class AppendLocking:
     _recovery_listeners: list
     identity: DirectoryIdentity
     replaced: str | None
+    replica_acks: ReplicaAcks | None
+    _replica_wait: threading.local
 
     if TYPE_CHECKING:  # pragma: no cover - provided by ReadableStore and StoreCore
         def _check_open(self) -> None: ...
@@ -126,12 +128,48 @@ class AppendLocking:
 
     @contextmanager
     def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
-        """Hold the append lock of this process and of the store directory."""
+        """Hold the append lock of this process and of the store directory; an outermost
+        holder that appended waits for the replicas after releasing it
+        (:meth:`_await_replicas`)."""
         outermost = self._lock(catch_up)
+        start = self.appender.write_offset
         try:
             yield
-        finally:
+        except BaseException:
             self._unlock(outermost)
+            raise
+        end = self.appender.write_offset
+        self._unlock(outermost)
+        if outermost and end != start:
+            self._await_replicas(end)
+
+    def _await_replicas(self, end: int) -> None:
+        """Acknowledge an append only once the replicas that must hold it do
+        (:class:`~store.core.ports.ReplicaAcks`; nothing to wait for outside a replica set
+        with ``min_insync_replicas`` above 1).  Called without the lock held, so that other
+        appends go on meanwhile and one wait covers them all."""
+        acks = self.replica_acks
+        if acks is None:
+            return
+        deferred = getattr(self._replica_wait, "end", None)
+        if deferred is not None:  # (inside a WaitAfterLock: waited for when it is released)
+            self._replica_wait.end = max(deferred, end)
+            return
+        acks.wait(end)
+
+    def defer_replica_wait(self) -> None:
+        """From now on, this thread's appends note the end to wait for instead of waiting
+        (:class:`WaitAfterLock`)."""
+        self._replica_wait.end = -1
+
+    def end_replica_wait(self, wait: bool = True) -> None:
+        """Stop deferring; with ``wait``, wait for the replicas of what was appended
+        meanwhile (after the caller released its own lock)."""
+        end = getattr(self._replica_wait, "end", None)
+        self._replica_wait.end = None
+        acks = self.replica_acks
+        if wait and end is not None and end >= 0 and acks is not None:
+            acks.wait(end)
 
     def write_lock(self):
         """The store's append lock as a context manager (re-entrant within a process).
@@ -190,3 +228,22 @@ class AppendLocking:
     def _recover(self, start_offset: int, limit: int | None = None) -> None:
         recover_tail(self, start_offset, limit=limit, listeners=self._recovery_listeners)
         self.recovered = True
+
+
+class WaitAfterLock:
+    """A caller's own lock around store writes (a served store's write section) whose
+    holder waits for the replicas of what it appended only after releasing it, so that
+    writers behind it append meanwhile and one report of the followers releases them all
+    (:meth:`AppendLocking.defer_replica_wait`).  Not re-entrant."""
+
+    def __init__(self, store: AppendLocking) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._store.defer_replica_wait()
+        self._lock.acquire()
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self._lock.release()
+        self._store.end_replica_wait(wait=kind is None)

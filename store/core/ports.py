@@ -68,6 +68,17 @@ class RecoveryScan:
 RecoveryListener = Callable[["StorePort", RecoveryScan], None]
 
 
+class ReplicaAcks(Protocol):
+    """What acknowledges an append beyond this disk (a replica set's leader with
+    ``min_insync_replicas`` above 1: :mod:`store.replication.acks`).  The core calls
+    :meth:`wait` once per outermost write-locked step that appended (a send, a batch, a
+    table, an atomic group), after releasing the lock."""
+
+    def wait(self, end: int) -> None:
+        """Return once enough replicas hold the CommitLog up to ``end``; raise
+        :class:`~store.base.errors.ReplicaAckTimeoutError` when they do not in time."""
+
+
 class StorePort(Protocol):
     """What a service may use of the core (see the module docstring)."""
 

@@ -49,7 +49,7 @@ from .integrity import check_at_open, write_queue_table
 from .lock_lease import LockLease
 from .locking import AppendLocking
 from .pipeline import THREADS
-from .ports import RecoveryListener, RetentionGuard, RetentionListener, TagsCodeRule
+from .ports import RecoveryListener, ReplicaAcks, RetentionGuard, RetentionListener, TagsCodeRule
 from .write_placement import Allocate
 from .reading import Clock, ReadableStore, ensure_store_id
 from .recovery_start import (
@@ -98,6 +98,10 @@ class StoreCore(AppendLocking, ReadableStore):
         self.key_index.identity_problem = self.identity.problem
         #: Why this process stopped writing to the store (it was removed or replaced).
         self.replaced: str | None = None
+        #: What must hold an append before it is acknowledged beyond this disk (a replica
+        #: set's leader with min_insync_replicas above 1; set by its server).
+        self.replica_acks: ReplicaAcks | None = None
+        self._replica_wait = threading.local()  # (a deferred wait: locking.WaitAfterLock)
         self._lease = LockLease(self._write_lock_fd, self.config.append_lock_lease_ms,
                                 self._thread_lock)
         self.id_generator = MessageIdGenerator()
@@ -343,9 +347,15 @@ class StoreCore(AppendLocking, ReadableStore):
                                         queue_id)
         outermost = self._lock(True, True)  # with a lease: the next send skips the flock
         try:
-            return self.appender.append_one(one)
-        finally:
+            done = self.appender.append_one(one)
+            end = self.appender.write_offset
+        except BaseException:
             self._unlock(outermost)
+            raise
+        self._unlock(outermost)
+        if outermost and self.replica_acks is not None:
+            self._await_replicas(end)
+        return done
 
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,
                      tags: Sequence[str | None] | None = None, flags=0,

@@ -13,7 +13,7 @@ Epochs rise strictly and start offsets never fall.  A leader adds its term when 
 leading (``rmq serve --replica-set`` as the leader, ``rmq promote``); a follower keeps a copy
 of its leader's.  A term ends where the next starts: the history of offsets below a term's
 start is that of the earlier terms, which is how a replica that led once finds where its log
-and the new leader's part (cutting that tail comes with a later step).
+and the new leader's part (:func:`divergence`).
 
 A file that cannot be read (not this format, epochs not rising) raises
 :class:`~store.base.errors.StoreError` naming it; it is never overwritten by a reader.
@@ -76,3 +76,39 @@ def with_term(terms, epoch: int, start: int) -> list[tuple[int, int]]:
     ``start`` (a history this log does not hold) dropped first."""
     kept = [(e, s) for e, s in terms if s <= start and e < epoch]
     return kept + [(epoch, start)]
+
+
+def held_epoch(terms, end: int) -> int:
+    """The epoch of the last of ``terms`` a log ending at ``end`` holds bytes of, or starts
+    exactly at: the last term starting at or below ``end`` (0: none).  A follower copies
+    its leader's terms before their bytes, so its last term may start past its end: its
+    bytes are then still those of an earlier term (an election compares this epoch,
+    :mod:`store.replication.election`)."""
+    held = [int(e) for e, s in terms if int(s) <= end]
+    return held[-1] if held else 0
+
+
+def divergence(mine, theirs) -> int | None:
+    """Where a log whose terms are ``mine`` stops agreeing with a log whose terms are
+    ``theirs`` (its leader's), as Kafka's leader-epoch truncation finds it; ``None`` when
+    nothing of ``mine`` lies outside ``theirs`` as far as the terms tell (or no term is
+    shared: nothing can be said).
+
+    Both logs agree up to the end of the latest term they share (same epoch, same start):
+    each holds that term's bytes as its one leader wrote them, up to where the term ends in
+    that log (the next term's start; a last term has not ended).
+    """
+    theirs = [(int(e), int(s)) for e, s in theirs]
+    shared = set(theirs)
+    common = [i for i, term in enumerate(mine) if tuple(term) in shared]
+    if not common:
+        return None
+    last = common[-1]
+    epoch = int(mine[last][0])
+    ends = []
+    if last + 1 < len(mine):
+        ends.append(int(mine[last + 1][1]))
+    later = [s for e, s in theirs if e > epoch]
+    if later:
+        ends.append(min(later))
+    return min(ends) if ends else None

@@ -342,7 +342,17 @@ class StoreServer:
         Returns the number of messages delivered.  A store error is logged and counted (the
         next step tries again); it never ends the server.
         """
+        if self.replica is None:
+            return self._step()
+        with self.replica.services():  # (its appends acknowledge no sender: no replica wait)
+            return self._step()
+
+    def _step(self) -> int:
         c = self.counters
+        if self.replica is not None and self.replica.is_follower:
+            from ..replication.promote_request import serve_promotion_request
+
+            serve_promotion_request(self.replica)  # rmq promote on this running follower
         if self.replica is not None and self.replica.is_follower:
             # only the leader's services run: a follower gets their work from its log
             if time.monotonic() - self._last_beat >= BEAT_MS / 1000:

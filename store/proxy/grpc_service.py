@@ -47,8 +47,8 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
-                      MessageTooLargeError, StoreError, TimerFlowControlError,
-                      TransactionStateError, UnknownTopicError)
+                           MessageTooLargeError, ReplicaAckTimeoutError, StoreError,
+                           TimerFlowControlError, TransactionStateError, UnknownTopicError)
 from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
                        sharding_queue)
 from ..transaction.check_views import CheckViews
@@ -103,6 +103,8 @@ def store_error_code(exc: StoreError) -> int:
         return Code.INVALID_TRANSACTION_ID
     if isinstance(exc, InvalidMessageError):
         return Code.BAD_REQUEST
+    if isinstance(exc, ReplicaAckTimeoutError):  # (appended, not acknowledged: see the docs)
+        return Code.SLAVE_PERSISTENCE_TIMEOUT
     return Code.INTERNAL_SERVER_ERROR
 
 

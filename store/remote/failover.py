@@ -12,6 +12,9 @@ passed; then the last error is raised.
 **What is called again**, and what is not:
 
 * a call refused with ``NotLeaderError`` stored nothing: always called again on the leader;
+  but for :class:`~store.base.errors.LeaderDeposedError` (a write appended on a leader that
+  was deposed while it waited for its copies: it may survive), which is treated as a
+  broken connection below;
 * a call that could not reach its server (``failed to connect``, connection refused) was
   never sent: always called again;
 * a call whose connection broke after it was sent (the server killed mid-call, a timeout)
@@ -31,6 +34,7 @@ import time
 from ..base.errors import (
     AccessDeniedError,
     AuthenticationError,
+    LeaderDeposedError,
     NotLeaderError,
     RemoteError,
     SendOutcomeUnknownError,
@@ -47,8 +51,10 @@ ASK_TIMEOUT_S = 1.0
 ASK_PAUSE_S = 0.1
 #: Calls that are not safe to repeat once sent (see the module docstring).
 ONCE_ONLY = frozenset({"send", "send_batch", "send_table", "send_half", "sink_stage"})
-#: Words of a transport error raised before the request left (nothing was sent).
-_NOT_SENT = ("failed to connect", "connection refused", "cannot be reached")
+#: Words of a transport error raised before the request left (nothing was sent).  Not the
+#: "cannot be reached" of every unavailable error: a stream removed mid-call (the server
+#: killed after it took the request) is one too, and it may have been stored.
+_NOT_SENT = ("failed to connect", "connection refused")
 
 
 def may_repeat(op: str, body: dict | None = None) -> bool:
@@ -71,21 +77,29 @@ def with_failover(remote, op: str, call, repeat: bool):
             return call()
         except (AuthenticationError, AccessDeniedError):
             raise
+        except LeaderDeposedError as exc:  # (stored there, maybe copied: not a plain refusal)
+            last = exc
+            if not repeat:
+                remote._leader_unknown = True
+                raise _outcome_unknown(remote, op, exc) from None
         except NotLeaderError as exc:
             last = exc
         except RemoteError as exc:
             last = exc
             if not repeat and not _not_sent(exc):
                 remote._leader_unknown = True
-                raise SendOutcomeUnknownError(
-                    f"{op} to {remote.address.url}, the leader of {remote.root}: the connection "
-                    f"broke after it was sent ({exc}); it may or may not be stored, and is not "
-                    "sent again; allowed: read the queue back to find it, or send with a key "
-                    "(keyed sends are repeated)") from None
+                raise _outcome_unknown(remote, op, exc) from None
         if time.monotonic() >= deadline:
             raise last
         log.info("%s: %s; finding the leader of %s again", op, last, remote.root)
         remote._leader_unknown = True
+
+
+def _outcome_unknown(remote, op: str, exc: StoreError) -> SendOutcomeUnknownError:
+    return SendOutcomeUnknownError(
+        f"{op} to {remote.address.url}, the leader of {remote.root}: its outcome is unknown "
+        f"({exc}); it may or may not be stored, and is not sent again; allowed: read the "
+        "queue back to find it, or send with a key (keyed sends are repeated)")
 
 
 def _not_sent(exc: StoreError) -> bool:

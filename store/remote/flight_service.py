@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 from pyarrow import flight
 
+from ..core.locking import WaitAfterLock
 from ..core.message_columns import projected_schema
 from ..base.errors import StoreError
 from ..files.accounts import AccountRights
@@ -185,7 +186,8 @@ class StoreService(flight.FlightServerBase):
         if not address.loopback and tls is None:
             log.warning("serving %s without TLS: tokens and messages travel in clear; give "
                         "--tls-cert and --tls-key to serve rmqs://", self.address.url)
-        self._write_lock = threading.Lock()
+        # (writes one at a time; a replica set's synchronous wait comes after the release)
+        self._write_lock = WaitAfterLock(store)
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
         #: The replica-set member this store is (:mod:`store.replication.replica`): a
@@ -300,8 +302,13 @@ class StoreService(flight.FlightServerBase):
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
-        if self.replica is not None:
-            self.replica.follower_asked(context.peer(), request["from"])
+        signal, checked, replica = None, (lambda: None), self.replica
+        if replica is not None:
+            replica.check_source("replicate")  # (only a leader's log is copied)
+            signal = replica.append_signal
+
+            def checked() -> None:  # (its log is a prefix of ours: its end counts)
+                replica.follower_asked(context.peer(), request["from"], request["replica"])
         release = self._streams.admit(context.peer(), "replicate")
         try:
             reader = self._readers.borrow()
@@ -309,7 +316,7 @@ class StoreService(flight.FlightServerBase):
             release()
             raise
         try:
-            first = first_chunk(reader, request, self._closing.is_set)
+            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
         except BaseException:
             self._readers.give_back(reader)
             release()

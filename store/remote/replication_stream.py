@@ -5,7 +5,12 @@ A follower asks with a ``DoGet`` ticket (JSON)::
 
     {"op": "replicate", "from": <its CommitLog end>, "tail_crc": <CRC32 of its last bytes>,
      "file_size": <its segment size>, "max_bytes": <bound on the answer>,
-     "wait_ms": <how long to wait when nothing is new>}
+     "wait_ms": <how long to wait when nothing is new>,
+     "replica": <the follower's URL, optional>}
+
+``from`` is also the follower's report of what it holds (appended, and synced when its flush
+mode is ``SYNC_FLUSH``): a leader with ``min_insync_replicas`` above 1 counts it for the
+writers waiting (:mod:`store.replication.acks`) under the follower's ``replica`` URL.
 
 and gets batches of :data:`CHUNK_SCHEMA`, one row each: a chunk of whole records copied
 from the leader's mapped segments (:func:`~store.core.replica_log.read_chunk`), at most
@@ -28,6 +33,7 @@ names it); a follower whose log is not a prefix of the leader's is refused
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -47,6 +53,26 @@ MAX_WAIT_MS = 10_000
 POLL_S = 0.002
 
 
+class AppendSignal:
+    """Wakes the leader's waiting ``replicate`` answers when a writer needs its append copied
+    (a sequence number and a condition)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.seq = 0
+
+    def notify(self) -> None:
+        with self._cond:
+            self.seq += 1
+            self._cond.notify_all()
+
+    def pause(self, seen: int, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, or until :meth:`notify` was called after ``seen`` (the
+        :attr:`seq` read before the caller looked at the log)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.seq != seen, timeout_s)
+
+
 def chunk_batch(chunk: LogChunk) -> pa.RecordBatch:
     """One chunk as a batch of :data:`CHUNK_SCHEMA`."""
     return pa.record_batch([pa.array([chunk.offset], pa.int64()),
@@ -62,7 +88,8 @@ def parse_request(body: dict) -> dict:
                "tail_crc": field(body, "tail_crc", int, what),
                "file_size": field(body, "file_size", int, what),
                "max_bytes": field(body, "max_bytes", int, what, default=64 << 20),
-               "wait_ms": field(body, "wait_ms", int, what, default=0)}
+               "wait_ms": field(body, "wait_ms", int, what, default=0),
+               "replica": field(body, "replica", str, what, optional=True)}
     if request["from"] < 0:
         raise InvalidRequest(f"{what}: from={request['from']}; allowed: 0 or more")
     if not 0 <= request["tail_crc"] <= 0xFFFFFFFF:
@@ -78,14 +105,24 @@ def parse_request(body: dict) -> dict:
     return request
 
 
-def first_chunk(reader, request: dict, stopping=lambda: False) -> LogChunk:
+def first_chunk(reader, request: dict, stopping=lambda: False,
+                signal: AppendSignal | None = None, checked=lambda: None) -> LogChunk:
     """The first chunk of an answer: checked against the follower's tail, waiting up to
-    ``wait_ms`` for an append when nothing is new (``stopping()``: give up early)."""
+    ``wait_ms`` for an append when nothing is new (``stopping()``: give up early;
+    ``signal``: woken at once by a writer waiting for its copies, :mod:`.acks`;
+    ``checked()``: called once the follower's log is known to be a prefix of this one, so
+    that only such a follower's end is counted as holding this log, and before the wait)."""
+    seen = signal.seq if signal is not None else 0
     chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
                        follower_crc=request["tail_crc"], file_size=request["file_size"])
+    checked()
     deadline = time.monotonic() + request["wait_ms"] / 1000
     while not chunk.data and time.monotonic() < deadline and not stopping():
-        time.sleep(POLL_S)
+        if signal is None:
+            time.sleep(POLL_S)
+        else:
+            signal.pause(seen, POLL_S)
+            seen = signal.seq
         if reader.confirmed_offset() != chunk.offset:
             chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]))
     return chunk

@@ -8,13 +8,21 @@ Three rules sit on it:
 
 * **Who is chosen.**  Raft's own election knows nothing of our CommitLog, so the Raft leader
   does not make itself the data leader: when no data leader holds a lease, it asks every
-  data replica it can reach for its position (the epoch of its last term, its CommitLog end,
-  whether it diverged) and commits ``set_leader(url, epoch)`` naming the one with the
-  highest ``(epoch, end)`` (ties: the file's order) in the epoch after every one it saw.
-  The highest last epoch holds the newest leader's history; within it, the longest log
-  holds every message any of them holds.  With synchronous replication every acknowledged
-  message is on ``min_insync_replicas`` replicas, so when the reachable ones include one of
-  them, the chosen one holds it; with asynchronous replication it holds what was copied.
+  data replica it can reach for its position (its CommitLog end, the epoch of the last term
+  it holds bytes of, whether it diverged) and commits ``set_leader(url, epoch)`` naming the
+  one with the highest ``(epoch, end)`` (ties: the file's order) in the epoch after every
+  one it saw.  The epoch compared is the last term starting at or below the replica's end
+  (:func:`~store.files.epoch_file.held_epoch`), not merely the last term in its epoch file:
+  a follower copies its leader's terms before their bytes, and one that has the newest term
+  on file but not yet its leader's older bytes must not win over one that holds them.
+  With synchronous replication (``min_insync_replicas`` m of n replicas) the choice is
+  made only once n - m + 1 replicas answered (:meth:`Voter.quorum`; with 2 replicas and
+  m = 2: one), so that the answers include a holder of every acknowledged message; the
+  replica with the highest ``(epoch, end)`` then holds it too: a replica holding bytes of a
+  later term copied them from a leader that held the message when elected, and those of
+  the message's own term are prefixes of its one leader's log, the longest holding the
+  most.  With asynchronous replication one answer suffices, and the chosen one holds what
+  was copied.
 * **The lease.**  The named replica leads only while it holds a lease: it commits
   ``renew(url, epoch)`` through the Raft log every ``election_timeout_ms / 5`` and, when the
   voters committed it, acknowledges writes until ``sent + LEASE_SHARE * timeout``
@@ -199,7 +207,8 @@ class Voter:
         return raft.leader is None or self.clock() - raft.confirmed_at > self.timeout_s
 
     def _choose(self) -> tuple[str | None, int]:
-        """The reachable replica with the highest ``(epoch, end)``, and the next epoch."""
+        """The reachable replica with the highest ``(held epoch, end)``, and the next epoch;
+        nobody while fewer replicas answer than :meth:`quorum` asks."""
         seen, top = [], self.raft.epoch
         for rank, url in enumerate(self.replica_set.replicas):
             try:
@@ -211,10 +220,25 @@ class Voter:
             top = max(top, epoch, int(position.get("elected_epoch") or 0))  # (epochs once)
             if position.get("state") == "diverged":
                 continue
-            seen.append(((epoch, end, -rank), url))
-        if not seen:
+            held = position.get("held_epoch")
+            seen.append(((epoch if held is None else int(held), end, -rank), url))
+        if len(seen) < self.quorum():
+            if seen:
+                log.warning("election: %d replica(s) answered, %d needed to be sure of "
+                            "holding every acknowledged message (min_insync_replicas %d of "
+                            "%d): no leader named yet", len(seen), self.quorum(),
+                            self.replica_set.min_insync_replicas,
+                            len(self.replica_set.replicas))
             return None, top
         return max(seen)[1], top + 1
+
+    def quorum(self) -> int:
+        """How many replicas must answer before one is named: with synchronous replication
+        every acknowledged message is on ``min_insync_replicas`` (m) of the n replicas, so
+        any n - m + 1 of them include one that holds it; asynchronous (m = 1), any one (what
+        was acknowledged but not copied is lost then, as the docs say)."""
+        m, n = self.replica_set.min_insync_replicas, len(self.replica_set.replicas)
+        return 1 if m <= 1 else n - m + 1
 
     # ------------------------------------------------------------------ a data replica
     def _lease_step(self) -> None:

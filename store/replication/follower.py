@@ -7,8 +7,12 @@ the leader for the CommitLog from its own end (:mod:`store.remote.replication_st
 dispatched through the store's one dispatch path), and asks again.  After a restart it goes
 on from its own end.  A leader that cannot be reached is asked again every
 :data:`RETRY_S`; a leader that says this log is not a prefix of its own stops the follower
-for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason): cutting the tail
-back is not done here.
+for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason).  At each
+(re)connection the leader's terms are handed to ``on_epochs`` first, which cuts a tail the
+leader's history does not hold (:mod:`.truncation`); a replica that does not lead yet (or
+no longer) is asked again: its terms are not taken, and it refuses to be copied.  Each
+request reports this replica's end (what it appended, synced as its flush mode says) to the
+leader, which counts it for the writers waiting for their copies (:mod:`.acks`).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
 answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
@@ -41,9 +45,10 @@ class Follower:
     """Copies ``leader`` (a :class:`~store.remote.flight_client.RemoteStore`) into ``store`` (an
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, store, leader, on_epochs=None) -> None:
+    def __init__(self, store, leader, on_epochs=None, me: str | None = None) -> None:
         self.store = store
         self.leader = leader
+        self.me = me  # this replica's URL, sent with each request (synchronous acks count it)
         self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
         self.state = "starting"
         self.error: str | None = None
@@ -101,12 +106,16 @@ class Follower:
         store = self.store
         file_size = store.commit_log.file_size
         if self._on_epochs is not None:
-            self._on_epochs(self.leader.replica_epochs())
+            answer = self.leader.replica_epochs()
+            if answer.get("role") not in (None, "leader"):  # (elected: not leading yet)
+                raise StoreError(f"{self.leader.address.url} does not lead (yet): its terms "
+                                 "are not taken, nor its log copied")
+            self._on_epochs(answer)
         while not self._stop.is_set():
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
                                                  file_size=file_size, max_bytes=REQUEST_BYTES,
-                                                 wait_ms=WAIT_MS))
+                                                 wait_ms=WAIT_MS, replica=self.me))
             first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
             if first is not None and _has_data(first):
                 # one answer is one atomic group: readers see it whole, as the leader's

@@ -17,22 +17,46 @@ leader recorded than the file names; ``rmq promote`` (:mod:`store.operations.pro
 starts a new one.  A leader records each term it starts, with the CommitLog offset it starts
 at, in its epoch file (:mod:`store.files.epoch_file`); a follower keeps a copy of its
 leader's (asked with ``epochs`` at each connection).
+
+With a witness the set **elects** its leader (:mod:`.election`): every replica starts as a
+follower of nobody, and a leader takes writes only while its lease lasts
+(:meth:`Replica.leading`); its epochs are the ones the voters name.
+
+**Role changes** happen in two methods, whoever decides them (``rmq promote`` on a running
+follower of a static set, an election through :mod:`.role_change`):
+:meth:`Replica.become_leader` and :meth:`Replica.become_follower`, under one lock that a
+server step holds too (:meth:`Replica.services`).  A leader with ``min_insync_replicas`` above 1 acknowledges a write once enough followers
+hold it (:mod:`.acks`).  A former leader that follows cuts the tail its new leader's history
+does not hold (:mod:`.truncation`).  Either change sets the services' progress files aside
+(:func:`~store.replication.truncation.set_aside_service_progress`): they were not copied, and
+a leader rebuilds them from its log, where every delivered copy names its origin, so that no
+due message is delivered twice nor early.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 
-from ..base.errors import InvalidConfigError, NotLeaderError, StoreError
-from ..files.epoch_file import read_epochs, with_term, write_epochs
-from ..files.fileio import atomic_write
+from ..base.errors import (
+    InvalidConfigError,
+    LeaderDeposedError,
+    NotLeaderError,
+    ReplicaBehindError,
+    StoreError,
+)
+from ..files.epoch_file import held_epoch, read_epochs, with_term, write_epochs
+from ..files.replication_state import STATE_FILE, read_state, write_state
+from ..remote.replication_stream import AppendSignal
+from .acks import InSyncAcks
 from .follower import Follower
 from .replica_set import ReplicaSet
+from .truncation import cut_diverged_tail, set_aside_service_progress
 
-STATE_FILE = os.path.join("config", "replication.json")
+__all__ = ["STATE_FILE", "Replica", "read_state", "replication_status"]
+
 #: Actions a follower answers (reads; ``deliver_due`` delivers nothing there, as its leader
 #: delivers, so that readers asking for delivery, Spark's ``deliverDue`` and ``rmq tail``,
 #: read a follower as they read any store); every other call is a write, refused.
@@ -40,19 +64,11 @@ READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_mes
                           "view_message", "schedules", "known_transactions",
                           "last_check_round", "flush", "epochs", "deliver_due",
                           "leader"})
+#: How often a write whose copies came while its leader's lease had run out looks for a
+#: renewal (s).
+LEASE_POLL_S = 0.01
 #: Followers a leader keeps note of (the most recently seen).
 MAX_NOTED_FOLLOWERS = 64
-
-
-def read_state(root: str) -> dict | None:
-    """The recorded ``config/replication.json`` of the store at ``root`` (``None``: none, or
-    unreadable)."""
-    try:
-        with open(os.path.join(root, STATE_FILE), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class Replica:
@@ -75,11 +91,21 @@ class Replica:
             self._init_elected(recorded)
         else:
             self._init_static(recorded)
-        self._write_state()
         self._credentials = credentials
         self.follower: Follower | None = None
         self._asked: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
+        self._notes = threading.Lock()  # (the followers' last requests)
+        self._lock = threading.RLock()  # (role changes, and a server step: see services)
+        #: Wakes the followers' waiting requests when a writer waits for its copies.
+        self.append_signal = AppendSignal()
+        self.acks: InSyncAcks | None = None
+        self._exempt = threading.local()
+        #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
+        self.last_cut: dict | None = None
+        store.appender.refusal = None  # (the server's process: its appends are waited for)
+        if self.role == "leader":
+            self._install_acks()
+        self._write_state()
 
     def _init_elected(self, recorded: dict) -> None:
         self.leader = None
@@ -107,21 +133,55 @@ class Replica:
             if not terms or terms[-1][0] < epoch:
                 write_epochs(store.root, with_term(
                     terms, epoch, store.confirmed_offset() if terms else 0))
+            if recorded.get("role") == "follower":  # its progress files were not copied
+                set_aside_service_progress(store.root, "a follower starting as leader")
         self.epoch = epoch
         self._promoted = bool(recorded.get("promoted")) and self.role == "leader"
 
+    @contextmanager
+    def services(self):
+        """The server's services run inside (one step): their appends (deliveries, check
+        rounds) acknowledge no sender, so they wait for no replica (they reach the
+        followers as every record does); and no change of role happens meanwhile, so that a
+        step that began as leader never appends after the replica became a follower."""
+        with self._lock:
+            self._exempt.depth = getattr(self._exempt, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._exempt.depth -= 1
+
+    def _exempted(self) -> bool:
+        return getattr(self._exempt, "depth", 0) > 0
+
+    def _install_acks(self) -> None:
+        rs = self.replica_set
+        if rs.min_insync_replicas > 1:
+            self.acks = InSyncAcks([u for u in rs.replicas if u != self.me],
+                                   rs.min_insync_replicas, rs.replica_ack_timeout_ms,
+                                   self.append_signal, self._exempted,
+                                   still_leading=self._still_leading)
+        self.store.replica_acks = self.acks
+
     def _write_state(self) -> None:
         state = {"role": self.role, "epoch": self.epoch, "leader": self.leader,
-                 "self": self.me, "replicas": list(self.replica_set.replicas)}
+                 "self": self.me, "replicas": list(self.replica_set.replicas),
+                 "min_insync_replicas": self.replica_set.min_insync_replicas}
         if self._promoted:
             state["promoted"] = True
-        atomic_write(os.path.join(self.store.root, STATE_FILE),
-                     json.dumps(state, sort_keys=True).encode())
+        if self.elected:
+            state["elected"] = True
+        write_state(self.store.root, state)
 
     def leader_epochs(self, answer: dict) -> None:
-        """Keep the leader's terms (its ``epochs`` answer) as this follower's: its epoch
-        file and recorded epoch."""
+        """Take the leader's terms (its ``epochs`` answer): first cut this log back to where
+        the histories part, when it holds a tail the leader's history does not
+        (:func:`~store.replication.truncation.cut_diverged_tail`), then keep them as this
+        follower's epoch file and recorded epoch."""
         terms = [tuple(t) for t in answer.get("epochs") or []]
+        cut = cut_diverged_tail(self.store, terms, self.leader)
+        if cut is not None:
+            self.last_cut = cut
         if terms:
             write_epochs(self.store.root, terms)
         epoch = answer.get("epoch")
@@ -132,11 +192,14 @@ class Replica:
     def epochs_answer(self) -> dict:
         """What a follower asking ``epochs`` gets: this replica's epoch and terms; and what
         an election asks (:mod:`.election`): its CommitLog ``end``, the epoch of its last
-        term (``last_epoch``), its follower ``state``."""
+        term (``last_epoch``) and of the last term it holds bytes of (``held_epoch``:
+        :func:`~store.files.epoch_file.held_epoch`), its ``role`` and follower ``state``."""
         terms = read_epochs(self.store.root)
-        return {"epoch": self.epoch, "epochs": [list(t) for t in terms],
-                "end": self.store.confirmed_offset(),
+        end = self.store.confirmed_offset()
+        return {"epoch": self.epoch, "epochs": [list(t) for t in terms], "end": end,
+                "role": self.role,
                 "last_epoch": terms[-1][0] if terms else 0,
+                "held_epoch": held_epoch(terms, end),
                 "state": None if self.follower is None else self.follower.state,
                 "elected_epoch": None if self.voter is None else self.voter.raft.epoch}
 
@@ -173,7 +236,7 @@ class Replica:
         from ..remote.flight_client import RemoteStore
 
         self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
-                                 on_epochs=self.leader_epochs)
+                                 on_epochs=self.leader_epochs, me=self.me)
         self.follower.start()
 
     def _probe(self, url: str) -> dict:
@@ -184,11 +247,120 @@ class Replica:
         return probe_replica(url, self._credentials)
 
     def stop(self) -> None:
+        """Stop voting and copying (its last figures stay in :meth:`status`)."""
         if self.voter is not None:
             self.voter.stop()
         if self.follower is not None:
             self.follower.stop()
 
+    def _stop_following(self) -> None:
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            follower.stop()
+
+    # ------------------------------------------------------------------ role changes
+    def become_leader(self, *, force: bool = False, epoch: int | None = None) -> dict:
+        """Make this running follower the leader of a new term; returns ``epoch``,
+        ``start_offset`` (its CommitLog end, where the term starts), ``leader_end`` (the
+        old leader's end as last heard), ``lost_bytes`` and ``forced``.
+
+        Refused (:class:`~store.base.errors.ReplicaBehindError`) when it holds less than its
+        leader's confirmed end as last heard, or never heard from it, unless ``force`` (an
+        election forces: its choice of the replica is what protects acknowledged messages,
+        :mod:`.election`).  ``epoch``: the new term's epoch (an election's); by default the
+        one after every epoch this replica knows.  The follower thread is stopped first, the
+        term recorded in the epoch file and ``config/replication.json``, the services'
+        progress set aside (they rebuild it from the log at their next run), the
+        synchronous acks installed, and writes are taken from then on (elected: while its
+        lease lasts): the server's next step delivers what is due.  A leader already:
+        ``StoreError``, but for an elected leader named again in a later ``epoch`` (its new
+        term is recorded).  An elected set's replica is not promoted by hand (``epoch``
+        ``None``): its voters choose."""
+        with self._lock:
+            if epoch is None and self.elected:
+                raise StoreError(
+                    f"cannot promote {self.me}: its replica set elects its leader (it has a "
+                    f"witness, {self.replica_set.witness}); allowed: stop the leader, and the "
+                    "voters elect the replica that holds every acknowledged message")
+            if self.role == "leader" and (epoch is None or epoch == self.epoch):
+                raise StoreError(f"{self.me} leads its replica set already (epoch "
+                                 f"{self.epoch})")
+            heard = self.follower.status() if self.follower is not None else {}
+            end = self.store.confirmed_offset()
+            leader_end = heard.get("leader_end")
+            lost = None if leader_end is None else max(0, int(leader_end) - end)
+            if not force and (leader_end is None or lost):
+                why = (f"it never heard from its leader {self.leader}" if leader_end is None
+                       else f"it holds the CommitLog up to {end}, its leader {self.leader} "
+                            f"had confirmed up to {leader_end} ({lost} bytes would be lost)")
+                raise ReplicaBehindError(
+                    f"cannot promote {self.me}: {why}; allowed: a follower that holds "
+                    "everything its leader acknowledged, or force=True (rmq promote --force) "
+                    "to give the rest up")
+            self._stop_following()
+            with self.store.write_lock():
+                end = self.store.confirmed_offset()  # (the follower may have appended since)
+                terms = read_epochs(self.store.root)
+                # (elected: the voters number the terms; only recorded terms are known)
+                known = max([0 if self.elected else self.epoch] + [e for e, _ in terms])
+                new = known + 1 if epoch is None else int(epoch)
+                if new <= known:
+                    raise StoreError(f"epoch {new} for {self.me}'s new term; allowed: above "
+                                     f"{known}, every epoch it knows")
+                write_epochs(self.store.root, with_term(terms, new, end if terms else 0))
+                set_aside_service_progress(self.store.root, f"{self.me} becoming leader")
+                self.leader, self.role, self.epoch = self.me, "leader", new
+                self._promoted = not self.elected
+                if self.acks is None:  # (a leader named again keeps its followers' reports)
+                    self._install_acks()
+                self._write_state()
+            return {"epoch": new, "start_offset": end, "leader_end": leader_end,
+                    "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}
+
+    def become_follower(self, leader_url: str, *, epoch: int | None = None) -> None:
+        """Follow ``leader_url`` (one of the replica set's URLs) from now on: writes are
+        refused (elected: the lease is dropped first), writers waiting for their copies fail
+        (:class:`~store.base.errors.LeaderDeposedError`), the services stop (the server's
+        steps skip them), the services' progress is set aside, and the follower thread
+        starts; at its first contact it cuts this log's diverged tail, if any
+        (:meth:`leader_epochs`).  ``epoch``: the leader's, when known (the follower takes the
+        leader's at contact anyway)."""
+        if leader_url not in self.replica_set.replicas or leader_url == self.me:
+            raise InvalidConfigError(f"{leader_url} to follow; allowed: another replica of "
+                                     f"{list(self.replica_set.replicas)}")
+        self.lease_until = 0.0  # (first, before any lock: no write is acknowledged from here)
+        with self._lock:
+            self._stop_following()
+            with self.store.write_lock():  # (no service step appends meanwhile)
+                self.leader, self.role, self._promoted = leader_url, "follower", False
+                acks, self.store.replica_acks, self.acks = self.acks, None, None
+                if acks is not None:
+                    acks.close()
+                if epoch is not None and epoch > self.epoch:
+                    self.epoch = int(epoch)
+                set_aside_service_progress(self.store.root, f"{self.me} becoming follower")
+                self._write_state()
+            self.follow()
+
+    def _still_leading(self) -> None:
+        """After a write waited for its copies: return once this replica leads (elected:
+        within a lease), :class:`LeaderDeposedError` when it does not, so that a deposed
+        leader acknowledges nothing.  An elected leader whose lease ran out while the write
+        waited (a renewal late) may still acknowledge it when a renewal commits within the
+        election timeout: the voters then still name it in its epoch, so no other leader was
+        elected before the copies were made, and any later election finds them."""
+        deadline = time.monotonic() + self.replica_set.election_timeout_ms / 1000
+        while not self.leading():
+            if self.role != "leader" or self.acks is None or time.monotonic() >= deadline:
+                raise LeaderDeposedError(
+                    f"a write on {self.me} was appended and copied, but {self.me} no longer "
+                    f"leads its replica set (now: {self.leader or 'no leader known'}, its "
+                    "lease not renewed); it was not acknowledged and may or may not survive "
+                    "the change of leader; allowed: retry on the leader (with a key, to "
+                    "recognise a duplicate)")
+            time.sleep(LEASE_POLL_S)
+
+    # ------------------------------------------------------------------ refusals, reports
     def check_write(self, what: str) -> None:
         """Refuse a write unless leading (:class:`NotLeaderError` naming the leader)."""
         if self.leading():
@@ -203,14 +375,27 @@ class Replica:
         raise NotLeaderError(f"{what}: {self.me} is a follower of its replica set and "
                              f"takes no writes; allowed: writes to the leader {self.leader}")
 
+    def check_source(self, what: str) -> None:
+        """Refuse to be copied unless this replica is the leader (its role; the lease is for
+        acknowledgements): a follower copies only a leader's log, whose terms it was told
+        (:class:`NotLeaderError`, which the follower retries)."""
+        if self.role != "leader":
+            raise NotLeaderError(f"{what}: {self.me} does not lead its replica set (now: "
+                                 f"{self.leader or 'no leader known'}); allowed: copying from "
+                                 "the leader")
+
     def check_action(self, name: str) -> None:
         if name not in READ_ACTIONS:
             self.check_write(name)
 
-    def follower_asked(self, peer: str, offset: int) -> None:
-        """A follower at ``peer`` asked for the log from ``offset`` (its end)."""
-        with self._lock:
-            self._asked[peer] = (offset, time.monotonic())
+    def follower_asked(self, peer: str, offset: int, replica: str | None = None) -> None:
+        """A follower at ``peer`` (``replica``: its URL, when it says) asked for the log from
+        ``offset``: its end, which it holds (counted for synchronous acks)."""
+        acks = self.acks
+        if acks is not None:
+            acks.report(replica, offset)
+        with self._notes:
+            self._asked[replica or peer] = (offset, time.monotonic())
             if len(self._asked) > MAX_NOTED_FOLLOWERS:
                 oldest = min(self._asked, key=lambda p: self._asked[p][1])
                 del self._asked[oldest]
@@ -219,15 +404,20 @@ class Replica:
         """``role``, ``epoch``, ``leader``, ``self``, ``lag_bytes`` and ``lag_messages``
         (a leader's: 0; a follower's: see :mod:`.follower`), and for a leader its followers'
         last requests."""
-        out = {"role": self.role, "epoch": self.epoch, "leader": self.leader, "self": self.me}
+        out = {"role": self.role, "epoch": self.epoch, "leader": self.leader, "self": self.me,
+               "min_insync_replicas": self.replica_set.min_insync_replicas}
         if self.voter is not None:
             out.update(self.voter.status(), leading=self.leading())
+        if self.last_cut is not None:
+            out["last_cut"] = self.last_cut
+        if self.acks is not None:
+            out.update(acked_end=self.acks.acked, ack_timeouts=self.acks.timeouts)
         if self.follower is not None:
             out.update(self.follower.status())
             return out
         end = self.store.confirmed_offset()
         now = time.monotonic()
-        with self._lock:
+        with self._notes:
             asked = dict(self._asked)
         out.update(lag_bytes=0, lag_messages=0, end=end, followers=[
             {"peer": peer, "end": offset, "lag_bytes": max(0, end - offset),

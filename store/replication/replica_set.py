@@ -23,9 +23,12 @@ JSON::
 * ``election_timeout_ms`` (optional, default 1500, with a witness): the lease of a leader: it
   acknowledges writes only while a renewal of its lease committed by the voters is younger
   than this; a leader silent for longer is replaced (:mod:`.election`).
-* ``min_insync_replicas`` (optional, default 1): replication is asynchronous; only 1 is
-  taken (a leader that acknowledged sends without the copies a larger value promises would
-  break it silently).
+* ``min_insync_replicas`` (optional, default 1): how many replicas, the leader counted,
+  hold a write before the leader acknowledges it (:mod:`.acks`); 1 is asynchronous
+  replication; at most the number of replicas.
+* ``replica_ack_timeout_ms`` (optional, default :data:`DEFAULT_ACK_TIMEOUT_MS`): how long a
+  write waits for those replicas before its sender gets
+  :class:`~store.base.errors.ReplicaAckTimeoutError`.
 * ``account`` and ``secret_file`` (optional, together): the credentials a follower presents
   to its leader when the leader checks accounts (``--acl``; the account needs
   ``"replicate": true``).  Without them a follower presents the server's token
@@ -46,8 +49,10 @@ from ..base.errors import InvalidConfigError
 from ..base.remote_address import RemoteAddress
 
 #: The fields a replica-set file may have.
-FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "account", "secret_file",
-          "raft", "election_timeout_ms")
+FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "replica_ack_timeout_ms",
+          "account", "secret_file", "raft", "election_timeout_ms")
+#: How long a write waits for its in-sync replicas, by default (ms).
+DEFAULT_ACK_TIMEOUT_MS = 3000
 #: Default lease of an elected leader (ms) and its bounds.
 ELECTION_TIMEOUT_MS = 1500
 MIN_ELECTION_TIMEOUT_MS, MAX_ELECTION_TIMEOUT_MS = 300, 60_000
@@ -65,6 +70,7 @@ class ReplicaSet:
     min_insync_replicas: int
     account: str | None
     secret_file: str | None
+    replica_ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
     raft: tuple[tuple[str, str], ...] = ()
     election_timeout_ms: int = ELECTION_TIMEOUT_MS
 
@@ -129,11 +135,17 @@ class ReplicaSet:
             raise InvalidConfigError(f"the replica-set file {path}: the witness {witness} is "
                                      "also a replica; allowed: a server of its own")
         insync = data.get("min_insync_replicas", 1)
-        if not isinstance(insync, int) or isinstance(insync, bool) or insync != 1:
+        if not isinstance(insync, int) or isinstance(insync, bool) \
+                or not 1 <= insync <= len(urls):
             raise InvalidConfigError(
                 f"the replica-set file {path}: min_insync_replicas={insync!r}; allowed: 1 "
-                "(replication is asynchronous in this version: acknowledging a send before "
-                "the copies a larger value promises would break that promise)")
+                f"(asynchronous) to {len(urls)} (every replica, the leader counted)")
+        ack_timeout = data.get("replica_ack_timeout_ms", DEFAULT_ACK_TIMEOUT_MS)
+        if not isinstance(ack_timeout, int) or isinstance(ack_timeout, bool) \
+                or not 1 <= ack_timeout <= 600_000:
+            raise InvalidConfigError(
+                f"the replica-set file {path}: replica_ack_timeout_ms={ack_timeout!r}; "
+                "allowed: 1 to 600000")
         account, secret_file = data.get("account"), data.get("secret_file")
         if (account is None) != (secret_file is None) or not all(
                 v is None or (isinstance(v, str) and v) for v in (account, secret_file)):
@@ -156,7 +168,7 @@ class ReplicaSet:
             raise InvalidConfigError(
                 f"the replica-set file {path}: election_timeout_ms={timeout!r}; allowed: an "
                 f"int from {MIN_ELECTION_TIMEOUT_MS} to {MAX_ELECTION_TIMEOUT_MS}")
-        return cls(path, urls, leader, witness, insync, account, secret_file,
+        return cls(path, urls, leader, witness, insync, account, secret_file, ack_timeout,
                    tuple(sorted(raft.items())), timeout)
 
     def member(self, listen: RemoteAddress, *, witness: bool = False) -> str:

@@ -128,5 +128,7 @@ def test_follow_checks_its_arguments_at_the_call(served):
 
 
 def test_a_url_naming_several_servers_says_what_to_use():
-    with pytest.raises(InvalidConfigError, match="names several servers.*store group"):
+    # (several servers are the replicas of one replica set: connect() takes them)
+    with pytest.raises(InvalidConfigError,
+                       match="names several servers.*replica set go to connect"):
         RemoteAddress.parse("rmq://h1:7911,h2:7911")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from store import InvalidConfigError, connect
+from store import InvalidConfigError, RemoteError, connect
 from store.base.remote_address import RemoteAddress, parse_replicas, replicas_url
-from store.remote.failover import may_repeat
+from store.remote.failover import _not_sent, may_repeat
 
 
 def test_a_url_may_name_several_replicas():
@@ -45,3 +45,14 @@ def test_only_sends_that_are_safe_to_repeat_are_repeated_after_a_lost_answer():
     for again in ("read", "snapshot", "sink_commit", "end_transactions", "replace_table",
                   "schedule", "cancel"):
         assert may_repeat(again)
+
+
+def test_a_stream_removed_mid_call_is_not_taken_for_a_request_never_sent():
+    """A server killed after it took a send breaks the stream with an "unavailable" error,
+    as a refused connection does; only the latter says nothing was sent (the former, taken
+    for it, re-sent a stored message to the new leader: a duplicate)."""
+    where = "the store server rmq://127.0.0.1:1 cannot be reached (Flight returned unavailable"
+    assert _not_sent(RemoteError(f"{where} error, with message: failed to connect to all "
+                                 "addresses; last error: Connection refused)"))
+    assert not _not_sent(RemoteError(f"{where} error, with message: Stream removed (Socket "
+                                     "closed))"))

@@ -3,23 +3,28 @@ leader names, and a leader's lease on a fake clock."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from store import MessageStore, NotLeaderError, StoreError
+from store import LeaderDeposedError, Message, MessageStore, NotLeaderError, StoreError
+from store.files.epoch_file import held_epoch
 from store.replication import role_change
 from store.replication.election import Voter
 from store.replication.replica import Replica
 from store.replication.replica_set import ReplicaSet
 
-URLS = ["rmq://127.0.0.1:7911", "rmq://127.0.0.2:7911", "rmq://127.0.0.3:7911"]
+URLS = ["rmq://127.0.0.1:7911", "rmq://127.0.0.2:7911", "rmq://127.0.0.3:7911",
+        "rmq://127.0.0.4:7911"]
 
 
-def voter(positions: dict, epoch: int = 0) -> Voter:
+def voter(positions: dict, epoch: int = 0, replicas: int = 2, insync: int = 1) -> Voter:
     """A voter whose Raft state and probes are given (its Raft node is never made)."""
     v = object.__new__(Voter)
-    v.replica_set = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2]})
+    v.replica_set = ReplicaSet.of({"replicas": URLS[:replicas], "witness": URLS[replicas],
+                                   "min_insync_replicas": insync})
 
     def probe(url):
         found = positions[url]
@@ -42,6 +47,135 @@ def test_the_replica_with_the_highest_epoch_then_end_is_named_in_a_new_epoch():
     assert voter({a: {"epoch": 3, "end": 9, "state": "diverged"},
                   b: {"epoch": 1, "end": 5}})._choose() == (b, 4)
     assert voter({a: StoreError("down"), b: StoreError("down")})._choose()[0] is None
+
+
+def test_the_epoch_compared_is_that_of_the_last_term_a_replica_holds_bytes_of():
+    """A follower copies its leader's terms before their bytes: with the newest term on file
+    but not yet the older bytes, it must not win over a replica that holds them (an
+    acknowledged message would be lost)."""
+    terms = [(1, 0), (2, 5000)]
+    assert [held_epoch(terms, end) for end in (0, 4999, 5000, 9000)] == [1, 1, 2, 2]
+    assert held_epoch([], 10) == 0
+    a, b, c = URLS[:3]
+    # a: the old leader's bytes up to 6000 (epoch 1); b: elected in 2 at 5000, then gone;
+    # c: b's follower, its terms copied, its bytes only up to 3000 (still epoch 1's)
+    positions = {a: {"epoch": 1, "held_epoch": 1, "end": 6000},
+                 b: StoreError("down"),
+                 c: {"epoch": 2, "held_epoch": 1, "end": 3000}}
+    assert voter(positions, 2, replicas=3, insync=2)._choose() == (a, 3)
+    # without held_epoch (an older replica's answer) its last term counts, as before
+    assert voter({a: {"epoch": 1, "end": 6000}, b: StoreError("down"),
+                  c: {"epoch": 2, "end": 3000}}, 2, replicas=3)._choose() == (c, 3)
+
+
+def test_with_synchronous_replication_a_leader_is_named_only_when_enough_replicas_answer():
+    """min_insync_replicas m of n: an acknowledged message is on m replicas, so n - m + 1
+    answers include one; fewer answers name nobody."""
+    a, b, c = URLS[:3]
+    down = StoreError("down")
+    assert voter({a: down, b: down, c: {"epoch": 1, "end": 5}}, replicas=3,
+                 insync=2)._choose()[0] is None
+    assert voter({a: down, b: {"epoch": 1, "end": 9}, c: {"epoch": 1, "end": 5}}, replicas=3,
+                 insync=2)._choose() == (b, 2)
+    # a diverged replica counts for nothing
+    assert voter({a: down, b: {"epoch": 1, "end": 9, "state": "diverged"},
+                  c: {"epoch": 1, "end": 5}}, replicas=3, insync=2)._choose()[0] is None
+    # every replica in sync (m = n): any one answer; asynchronous: any one too
+    assert voter({a: down, b: down, c: {"epoch": 1, "end": 5}}, replicas=3,
+                 insync=3)._choose() == (c, 2)
+    assert voter({a: down, b: {"epoch": 1, "end": 5}})._choose() == (b, 2)
+    assert voter({a: down, b: {"epoch": 1, "end": 5}}, insync=2)._choose() == (b, 2)
+
+
+def _elected_leader(store, now: list) -> Replica:
+    """``store`` as the elected leader (epoch 1, a lease of 1.2 s on the clock ``now[0]``) of
+    two replicas and a witness with ``min_insync_replicas`` 2."""
+    rs = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2], "min_insync_replicas": 2,
+                        "replica_ack_timeout_ms": 30_000})
+    replica = Replica(store, rs, URLS[0], clock=lambda: now[0])
+    role_change.become_leader(replica, 1)
+    replica.lease_until = now[0] + 1.2
+    return replica
+
+
+def _sending(store):
+    """A local send on its own thread; returns the thread and its outcome."""
+    outcome: dict = {}
+
+    def send():
+        try:
+            outcome["done"] = store.producer("g").send(Message("t", b"x"))
+        except StoreError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread, outcome
+
+
+def _waiting(acks, seen: int = 0) -> None:
+    deadline = time.monotonic() + 10
+    while acks.signal.seq == seen:  # (a writer that waits wakes the followers' polls first)
+        assert time.monotonic() < deadline, "the send never waited for its copy"
+        time.sleep(0.005)
+
+
+def test_a_write_copied_after_its_leader_lost_the_lease_is_not_acknowledged(tmp_path):
+    """Synchronous acks check the lease before acknowledging: a write that waited for its
+    copy on a leader whose lease ran out meanwhile, and was not renewed within the election
+    timeout, fails (LeaderDeposedError, a NotLeaderError), even though the follower reported
+    holding it."""
+    now = [100.0]
+    with MessageStore.open(str(tmp_path / "a")) as store:
+        replica = _elected_leader(store, now)
+        acks = replica.acks
+        assert acks is not None and store.replica_acks is acks
+        thread, outcome = _sending(store)
+        _waiting(acks)
+        now[0] += 2.0  # the lease ran out while the write waited
+        replica.follower_asked("peer", store.confirmed_offset(), URLS[1])
+        thread.join(10)
+        assert isinstance(outcome.get("error"), LeaderDeposedError), outcome
+        assert isinstance(outcome["error"], NotLeaderError)
+        # within the lease, the same report acknowledges
+        replica.lease_until = now[0] + 1.2
+        seen = acks.signal.seq
+        thread, outcome = _sending(store)
+        _waiting(acks, seen)
+        replica.follower_asked("peer", store.confirmed_offset(), URLS[1])
+        thread.join(10)
+        assert "done" in outcome, outcome
+        # the lease ran out while it waited, but a renewal commits within the election
+        # timeout: the voters still name it, so the write is acknowledged
+        seen = acks.signal.seq
+        thread, outcome = _sending(store)
+        _waiting(acks, seen)
+        now[0] += 2.0
+        replica.follower_asked("peer", store.confirmed_offset(), URLS[1])
+        time.sleep(0.2)
+        assert thread.is_alive()  # (waiting for a renewal)
+        replica.lease_until = now[0] + 1.2
+        thread.join(10)
+        assert "done" in outcome, outcome
+
+
+def test_a_change_of_role_fails_the_writes_waiting_for_their_copies_at_once(tmp_path):
+    now = [100.0]
+    with MessageStore.open(str(tmp_path / "a")) as store:
+        replica = _elected_leader(store, now)
+        acks = replica.acks
+        thread, outcome = _sending(store)
+        _waiting(acks)
+        started = time.monotonic()
+        replica.follow = lambda: None  # (no copying in this test)
+        role_change.become_follower(replica, URLS[1], 2)
+        thread.join(10)
+        assert time.monotonic() - started < 5  # not the 30 s of the ack timeout
+        assert isinstance(outcome.get("error"), LeaderDeposedError), outcome
+        assert store.replica_acks is None and replica.acks is None
+        # and the elected replica set's replica is not promoted by hand
+        with pytest.raises(StoreError, match="elects its leader"):
+            replica.become_leader(force=True)
 
 
 def test_a_leader_takes_writes_only_within_its_lease(tmp_path):

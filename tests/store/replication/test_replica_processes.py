@@ -127,3 +127,50 @@ def test_two_rmq_serve_processes_replicate_and_the_follower_catches_up(tmp_path)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+def test_a_synchronous_leader_killed_and_the_running_follower_promoted_by_rmq_promote(
+        tmp_path):
+    """Two ``rmq serve`` processes with ``min_insync_replicas: 2``: every acknowledged send
+    is on the follower when the leader is SIGKILLed; ``rmq promote`` on the running
+    follower makes it the leader, which takes writes and delivers the timers due."""
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports, min_insync_replicas=2, replica_ack_timeout_ms=10_000)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    procs = {}
+    try:
+        procs["a"] = serve(a, ports[0], rs, str(token_file))
+        procs["b"] = serve(b, ports[1], rs, str(token_file))
+        wait_for("the leader serves", lambda: served(a, procs["a"]), procs["a"])
+        wait_for("the follower serves", lambda: served(b, procs["b"]), procs["b"])
+        acked = []
+        with connect(f"rmq://127.0.0.1:{ports[0]}", token=TOKEN, timeout_s=30) as leader:
+            p = leader.producer("g")
+            for i in range(30):
+                p.send(Message("orders", b"m-%d" % i))
+                acked.append(b"m-%d" % i)
+            p.send(Message("orders", b"timer"), delay_ms=3_000)  # due after the failover
+            acked.append(b"timer")
+        procs["a"].send_signal(signal.SIGKILL)
+        procs["a"].wait(timeout=30)
+        out = subprocess.run([sys.executable, "-m", "rmq_cli.cli", "promote", "--store", b,
+                              "--json"], env=ENV, capture_output=True, timeout=120,
+                             check=False)
+        assert out.returncode == 0, out.stderr.decode()[-2000:]
+        assert json.loads(out.stdout)["epoch"] == 2
+        with connect(f"rmq://127.0.0.1:{ports[1]}", token=TOKEN, timeout_s=30) as new:
+            def delivered():
+                bodies = [v for q in new.queue_ids("orders") for v in new.read_arrow(
+                    "orders", q, 0, new.max_offset("orders", q)).column("body").to_pylist()]
+                return bodies if b"timer" in bodies else None
+
+            bodies = wait_for("the new leader delivers the timer", delivered, procs["b"])
+            assert sorted(bodies) == sorted(acked)  # every acknowledged send, each once
+        assert stats_json(b)["role"] == "leader"
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
