@@ -299,6 +299,7 @@ class TimerService:
         enqueued yet (and rolls: those are not looked at).  A zeroed or stale end or offset
         breaks one of these: the unit just below the end names a record the checkpoint says
         was not enqueued, or the first unit past the end one it says was.
+        With no mark (no run under way), nothing lies past the end at all.
         """
         q = disk.last_timer_queue_offset
         enqueued_to = -1  # CommitLog offset of the last record the checkpoint says is enqueued
@@ -318,6 +319,11 @@ class TimerService:
                 return (f"the TimerLog below its checkpointed end {end} holds a unit of a "
                         f"message the checkpointed queue offset {q} says was not enqueued yet")
         past = next(self.log.valid_units(end, end + UNIT_SIZE), None)
+        if past is not None and len(past[1]) and disk.deliver_mark < 0:
+            # units are appended only inside a run, after its mark is saved: with no mark,
+            # nothing lies past the end (a redo or a rebuild zeroes it)
+            return (f"the TimerLog goes on past its checkpointed end {end} though no run was "
+                    "under way")
         if past is not None and not past[1]["magic"][0] & MAGIC_ROLL \
                 and int(past[1]["offset_py"][0]) <= enqueued_to:
             return (f"the TimerLog goes on past its checkpointed end {end} with a message the "

@@ -129,7 +129,7 @@ def _delivered_then_pending_store(path, clock) -> int:
     return 10 + N
 
 
-@pytest.mark.parametrize("start,end", [(12, 112), (16, 112), (8, 4096), (16, 4096)])
+@pytest.mark.parametrize("start,end", [(12, 112), (16, 112), (8, 4096), (16, 4096), (11, 31)])
 def test_a_damaged_rmq_checkpoint_is_never_taken_for_rocketmqs(tmp_path, caplog, start, end):
     """The read time intact and rmq's own fields zeroed (the fuzzer: zeroed [12, 112) after a
     crash) looked like a RocketMQ 5 broker's checkpoint: it was adopted with queue offset 0
