@@ -62,11 +62,27 @@ TICK_S = 0.05
 PROBE_TIMEOUT_S = 0.5
 
 
+
+def _import_pysyncobj():
+    """Import pysyncobj keeping the ``socket`` module as it was: one of its dependencies
+    (win_inet_pton) may replace ``socket.inet_ntop``/``inet_pton`` with Windows-only
+    versions, which broke every later IPv6 address formatting in the process."""
+    import socket
+
+    saved = socket.inet_ntop, socket.inet_pton
+    try:
+        import pysyncobj
+    finally:
+        socket.inet_ntop, socket.inet_pton = saved
+    return pysyncobj
+
+
 def raft_conf(timeout_s: float, journal_dir: str | None, bind: str | None = None):
     """pysyncobj's settings for an election timeout of ``timeout_s``: Raft elects its own
     leader in 0.4 to 0.8 of it, so that a lost Raft leader is replaced before the data
     leader's lease is even due.  ``bind``: the Raft port's ``HOST:PORT`` (pysyncobj binds
     every interface otherwise)."""
+    _import_pysyncobj()
     from pysyncobj import SyncObjConf
 
     conf = {"raftMinTimeout": 0.4 * timeout_s, "raftMaxTimeout": 0.8 * timeout_s,
@@ -82,6 +98,7 @@ def raft_conf(timeout_s: float, journal_dir: str | None, bind: str | None = None
 
 
 def _state_class():
+    _import_pysyncobj()
     from pysyncobj import SyncObj, replicated
 
     class LeaderState(SyncObj):

@@ -54,8 +54,10 @@ def test_delay_offsets_written_back_in_rocketmqs_text(rocketmq_root, tmp_path):
     text = open(file, encoding="utf-8").read()
     assert "\t\"offsetTable\":{\n\t\t1:8,\n\t\t2:7,\n\t\t18:8\n\t}" in text
     data = read_lenient_json(file)
-    assert dumps_fastjson({**data, "offsetTable": {int(k): v for k, v in
-                                                   data["offsetTable"].items()}}) == text
+    # (tables keyed by level are written with number keys, as fastjson writes them)
+    data = {k: ({int(q): w for q, w in v.items()} if isinstance(v, dict)
+                and v and all(str(q).isdigit() for q in v) else v) for k, v in data.items()}
+    assert dumps_fastjson(data) == text
     # the broker's copy before rmq's run is the .bak
     assert read_lenient_json(file + ".bak")["offsetTable"] == {"1": 8, "2": 7}
 

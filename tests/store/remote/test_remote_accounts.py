@@ -126,8 +126,9 @@ def test_spark_options_name_the_account_and_its_secret_as_they_name_the_token(tm
 def test_queries_by_key_and_id_need_the_right_to_read_the_topic(tmp_path):
     """``query_messages`` and ``view_message`` return message bodies: an account reads
     only topics it may SUB (they were answered to any account)."""
-    from store import StoreConfig
+    from store import MessageStore, StoreConfig
 
+    MessageStore.open(str(tmp_path / "s"), StoreConfig(message_index_enable=True)).close()
     acl = tmp_path / "acl.json"
     acl.write_text(json.dumps({"accounts": ACCOUNTS}))
     served = StoreServer(str(tmp_path / "s"), StoreConfig(message_index_enable=True),
