@@ -138,6 +138,9 @@ class KeyIndex:
         self.entry_count = config.max_index_num
         #: whether appends are indexed (``message_index_enable`` on a writable store)
         self.enabled = bool(config.message_index_enable) and not read_only
+        #: whether the store keeps an index (``message_index_enable``), read-only or not: a
+        #: reader then finds what the writer's builder has not reached yet by the tail walk
+        self.configured = bool(config.message_index_enable)
         self.read_only = read_only
         self.commit_log = commit_log
         self.checkpoint = checkpoint

@@ -81,7 +81,7 @@ def query_messages(store: ReadableStore, topic: str, key: str | None = None,
     if not isinstance(key, str) or not key:
         raise InvalidMessageError(f"key={key!r}; allowed: a non-empty str or None")
     index = store.key_index
-    if not index.enabled and not index.has_files():
+    if not index.configured and not index.has_files():
         raise KeyIndexUnavailableError(
             f"store {store.root} keeps no message-key index (message_index_enable=False and "
             "no index/ files); open it with message_index_enable=True (the index is then "

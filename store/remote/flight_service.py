@@ -179,7 +179,7 @@ class StoreService(flight.FlightServerBase):
         self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
-        self._readers = ReaderPool(lambda: StoreReader.open(self.path))
+        self._readers = ReaderPool(lambda: StoreReader.open(self.path, store.config))
         self._streams = stream_limits or StreamLimits()
         self._call = threading.local()  # the account of the action a thread answers
         self._opened = OpenedTransactions()

@@ -16,7 +16,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from rmq_cli.cli import main as cli
-from store import Message, MessageStore
+from store import Message, MessageStore, StoreReader
 from tests.conftest import ROOT, SMALL
 
 #: a writer process: sends ``count`` messages of keys ``w{writer}-{i}`` to topic T in batches
@@ -91,6 +91,10 @@ def test_a_query_sees_what_the_index_has_not_reached(tmp_path):
         want = [first.msg_id] + [r.msg_id for r in batch]
         assert [v.msg_id for v in store.query_messages("T", key="k")] == want
         assert store.view_message(batch[2].msg_id).msg_id == batch[2].msg_id
+        # a reader of the store (a server's, another process's) before any index file exists
+        with StoreReader.open(store.root, SMALL) as reader:
+            assert not reader.key_index.has_files()
+            assert [v.msg_id for v in reader.query_messages("T", key="k")] == want
         store.key_index.build(store.confirmed_offset())
         assert store.key_index.indexed_to() == store.confirmed_offset()
         assert len(store.key_index.lookup("T", "k", 64)) == 6
