@@ -26,8 +26,8 @@ import logging
 import threading
 import time
 
-from ..core.replica_log import append_chunk, tail_crc
 from ..base.errors import ReplicaDivergedError, StoreError
+from ..core.replica_log import append_chunk, tail_crc
 
 log = logging.getLogger("store.replication")
 

@@ -44,7 +44,6 @@ from ..base.errors import (
     InvalidConfigError,
     LeaderDeposedError,
     NotLeaderError,
-    ReplicaBehindError,
     StoreError,
 )
 from ..files.epoch_file import held_epoch, read_epochs, with_term, write_epochs
@@ -52,6 +51,7 @@ from ..files.replication_state import STATE_FILE, read_state, write_state
 from ..remote.replication_stream import AppendSignal
 from .acks import InSyncAcks
 from .follower import Follower
+from .promote_request import refuse_if_behind
 from .replica_set import ReplicaSet
 from .truncation import cut_diverged_tail, set_aside_service_progress
 
@@ -288,15 +288,7 @@ class Replica:
             heard = self.follower.status() if self.follower is not None else {}
             end = self.store.confirmed_offset()
             leader_end = heard.get("leader_end")
-            lost = None if leader_end is None else max(0, int(leader_end) - end)
-            if not force and (leader_end is None or lost):
-                why = (f"it never heard from its leader {self.leader}" if leader_end is None
-                       else f"it holds the CommitLog up to {end}, its leader {self.leader} "
-                            f"had confirmed up to {leader_end} ({lost} bytes would be lost)")
-                raise ReplicaBehindError(
-                    f"cannot promote {self.me}: {why}; allowed: a follower that holds "
-                    "everything its leader acknowledged, or force=True (rmq promote --force) "
-                    "to give the rest up")
+            lost = refuse_if_behind(self.me, self.leader, end, leader_end, force)
             self._stop_following()
             with self.store.write_lock():
                 end = self.store.confirmed_offset()  # (the follower may have appended since)

@@ -59,6 +59,33 @@ def served(path, proc):
     return status if ok else None
 
 
+def start_pair(tmp_path, **fields):
+    """Two ``rmq serve`` processes of one replica set (the first leads), each serving:
+    ``(ports, token_file, leader dir, follower dir, {"a": proc, "b": proc})``.  The caller
+    kills what is still running (``stop_all``)."""
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports, **fields)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    procs = {"a": serve(a, ports[0], rs, str(token_file))}
+    try:
+        procs["b"] = serve(b, ports[1], rs, str(token_file))
+        wait_for("the leader serves", lambda: served(a, procs["a"]), procs["a"])
+        wait_for("the follower serves", lambda: served(b, procs["b"]), procs["b"])
+    except BaseException:
+        stop_all(procs)
+        raise
+    return ports, rs, token_file, a, b, procs
+
+
+def stop_all(procs):
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def stats_json(path) -> dict:
     out = subprocess.run([sys.executable, "-m", "rmq_cli.cli", "stats", "--store", path,
                           "--json"], env=ENV, capture_output=True, timeout=120, check=True)
@@ -66,17 +93,8 @@ def stats_json(path) -> dict:
 
 
 def test_two_rmq_serve_processes_replicate_and_the_follower_catches_up(tmp_path):
-    ports = free_port(), free_port()
-    rs = replica_file(tmp_path, ports)
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    procs = {}
+    ports, rs, token_file, a, b, procs = start_pair(tmp_path)
     try:
-        procs["a"] = serve(a, ports[0], rs, str(token_file))
-        procs["b"] = serve(b, ports[1], rs, str(token_file))
-        wait_for("the leader serves", lambda: served(a, procs["a"]), procs["a"])
-        wait_for("the follower serves", lambda: served(b, procs["b"]), procs["b"])
         with connect(f"rmq://127.0.0.1:{ports[0]}", token=TOKEN, timeout_s=30) as leader:
             p = leader.producer("g")
             ids = [p.send(Message("orders", b"single-%d" % i)).msg_id for i in range(20)]
@@ -123,10 +141,7 @@ def test_two_rmq_serve_processes_replicate_and_the_follower_catches_up(tmp_path)
         assert stopped["lag_bytes"] is None
         assert stats_json(a)["role"] == "leader"
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_all(procs)
 
 
 def test_a_synchronous_leader_killed_and_the_running_follower_promoted_by_rmq_promote(
@@ -134,17 +149,9 @@ def test_a_synchronous_leader_killed_and_the_running_follower_promoted_by_rmq_pr
     """Two ``rmq serve`` processes with ``min_insync_replicas: 2``: every acknowledged send
     is on the follower when the leader is SIGKILLed; ``rmq promote`` on the running
     follower makes it the leader, which takes writes and delivers the timers due."""
-    ports = free_port(), free_port()
-    rs = replica_file(tmp_path, ports, min_insync_replicas=2, replica_ack_timeout_ms=10_000)
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    procs = {}
+    ports, _rs, _token, _a, b, procs = start_pair(tmp_path, min_insync_replicas=2,
+                                                 replica_ack_timeout_ms=10_000)
     try:
-        procs["a"] = serve(a, ports[0], rs, str(token_file))
-        procs["b"] = serve(b, ports[1], rs, str(token_file))
-        wait_for("the leader serves", lambda: served(a, procs["a"]), procs["a"])
-        wait_for("the follower serves", lambda: served(b, procs["b"]), procs["b"])
         acked = []
         with connect(f"rmq://127.0.0.1:{ports[0]}", token=TOKEN, timeout_s=30) as leader:
             p = leader.producer("g")
@@ -170,7 +177,4 @@ def test_a_synchronous_leader_killed_and_the_running_follower_promoted_by_rmq_pr
             assert sorted(bodies) == sorted(acked)  # every acknowledged send, each once
         assert stats_json(b)["role"] == "leader"
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_all(procs)
