@@ -14,7 +14,7 @@ import pytest
 from pyarrow import flight
 
 from store import LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer, connect
-from store.base.errors import AccessDeniedError, InvalidConfigError
+from store.base.errors import AccessDeniedError, InvalidConfigError, ReplicaWriterError
 from store.base.remote_address import RemoteAddress
 from store.remote.wire import dumps
 from store.replication.replica import read_state
@@ -146,6 +146,12 @@ def test_a_follower_refuses_writes_naming_the_leader_and_serves_reads(pair):
         assert remote.topics() == []  # reads are answered
         assert remote.deliver_due() == 0  # the leader delivers: readers asking get nothing
     assert follower.store.confirmed_offset() == 0
+    # another process opening the follower's directory may read it, never append to it
+    with MessageStore.open(follower.path, SMALL) as other:
+        with pytest.raises(ReplicaWriterError, match="is a follower .* allowed: writes to "
+                                                     "the leader"):
+            other.producer("g").send(Message("t", b"bypass"))
+        assert other.confirmed_offset() == 0
 
 
 def test_only_the_leader_delivers_and_its_deliveries_are_replicated(pair):
