@@ -597,6 +597,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """End the transactions of checked requests (:meth:`checked_end`) together: one
         lookup of their origins and one append per member and kind; per request ``None``
         or its failure (one request's failure is its own)."""
+        self.check_leading("EndTransaction")  # (before the origins: a follower may lack them)
         results: list[Exception | None] = [None] * len(ends)
         todo: dict[tuple[int, bool], list[int]] = {}
         origins = [m.store.transaction_origins([tid for _, tid, _, _ in ends])
@@ -650,6 +651,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def RecallMessage(self, request, context):
         def body():
+            self.check_leading("RecallMessage")
             account = self._account(context)
             topic, msg_id, index, i = parse_recall_handle(self.signer, request.recall_handle,
                                                           len(self.members))

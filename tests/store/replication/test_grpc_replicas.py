@@ -6,6 +6,7 @@ client given both endpoints sends and consumes through either."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
@@ -84,6 +85,21 @@ def test_a_follower_passes_sends_on_to_the_leader_and_routes_name_both(static_se
         assert refused.status.code == pb.Code.HA_NOT_AVAILABLE, refused.status
         assert follower.replica.leader in refused.status.message
         assert bodies(leader.store, topic) == [b"one"]  # nothing stored
+        passed_on = (("x-rmq-forwarded", "1"),)
+        where = {"group": pb.Resource(name="g"), "topic": pb.Resource(name=topic)}
+        for call, request in (
+                ("EndTransaction", rpc.EndTransactionRequest(
+                    topic=pb.Resource(name=topic), transaction_id="T1", message_id="T1",
+                    resolution=pb.TransactionResolution.COMMIT)),
+                ("RecallMessage", rpc.RecallMessageRequest(topic=pb.Resource(name=topic),
+                                                           recall_handle="x")),
+                ("AckMessage", rpc.AckMessageRequest(**where, entries=[
+                    rpc.AckMessageEntry(message_id="M", receipt_handle="h")])),
+                ("ChangeInvisibleDuration", rpc.ChangeInvisibleDurationRequest(
+                    **where, receipt_handle="h", invisible_duration={"seconds": 5})),
+                ("QueryAssignment", rpc.QueryAssignmentRequest(**where))):
+            answer = getattr(stub, call)(request, metadata=passed_on)
+            assert answer.status.code == pb.Code.HA_NOT_AVAILABLE, (call, answer.status)
         # the consumer groups are the leader's: a receive through the follower hands out
         # the leader's messages, an ack through it acks there
         got = list(stub.ReceiveMessage(rpc.ReceiveMessageRequest(
@@ -140,3 +156,25 @@ def test_the_official_client_given_both_endpoints_sends_and_consumes(static_set)
     finally:
         consumer.shutdown()
     assert set(got) == ids
+
+
+def test_no_change_of_role_comes_between_the_check_and_the_append(static_set):
+    """A write of the gRPC face holds the store's append lock from its check to its append:
+    a change of role (which takes that lock) waits for it, and the next write is refused."""
+    leader, follower = static_set
+    service = leader.endpoint.service
+    changed = threading.Event()
+
+    def depose():
+        leader.replica.become_follower(follower.replica.me)
+        changed.set()
+
+    with service.leader_write("SendMessage"):
+        thread = threading.Thread(target=depose)
+        thread.start()
+        assert not changed.wait(0.5)  # (waits for the write in progress)
+    assert changed.wait(10)
+    thread.join(10)
+    with pytest.raises(NotLeaderError):
+        with service.leader_write("SendMessage"):
+            pass
