@@ -121,7 +121,10 @@ class StoreServer:
         ``HOST:PORT`` to serve RocketMQ 5 clients on (``rmq serve --grpc``;
         :mod:`store.proxy`); needs the ``grpc`` extra.  The server then also runs the
         transaction check rounds and asks the endpoint's producers about their open
-        transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.
+        transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.  In a
+        replica set the file's ``grpc`` must give every replica's endpoint: writes only
+        while leading, a follower passes the leader's calls on
+        (:mod:`store.proxy.follower_calls`).
     acl : str, optional
         The accounts file (:mod:`store.files.accounts`) of the gRPC endpoint and of the
         Flight service: per account a secret and per-topic rights (:mod:`store.remote.rights`).
