@@ -32,8 +32,14 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from .convert import Refused
-from .follower_calls import (FIFO_HEADER, FORWARDED_HEADER, FORWARDED_UNARY, LeaderChannel,
-                             forward_stream, forward_unary)
+from .follower_calls import (
+    FIFO_HEADER,
+    FORWARDED_HEADER,
+    FORWARDED_UNARY,
+    LeaderChannel,
+    forward_stream,
+    forward_unary,
+)
 from .grpc_service import MessagingService, status
 
 _OK = status()

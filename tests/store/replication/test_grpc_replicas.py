@@ -14,16 +14,22 @@ import pytest
 
 pytest.importorskip("rocketmq.grpc_protocol")
 
-import grpc  # noqa: E402
-from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message,  # noqa: E402
-                      Producer, SimpleConsumer)
-from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
-from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
-from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
-from test_replica_set import SMALL, caught_up, free_port  # noqa: E402
+import grpc
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+from test_replica_set import SMALL, caught_up, free_port
 
-from store import StoreServer  # noqa: E402
-from store.base.errors import NotLeaderError  # noqa: E402
+from store import StoreServer
+from store.base.errors import NotLeaderError
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -121,15 +127,14 @@ def test_a_replica_that_does_not_lead_refuses_every_write_of_the_grpc_face(stati
     lapsed): every write and consumer-group call of the face, before anything is stored."""
     _, follower = static_set
     service = follower.endpoint.service
-    with pytest.raises(NotLeaderError, match="follower"):
-        with service.leader_write("SendMessage"):
-            pass
+    with pytest.raises(NotLeaderError, match="follower"), service.leader_write("SendMessage"):
+        pass
     with pytest.raises(NotLeaderError):
         service.check_leading("AckMessage")
 
 
 def test_the_official_client_given_both_endpoints_sends_and_consumes(static_set):
-    leader, follower = static_set
+    leader, _ = static_set
     topic, group = "payments", "billing"
     endpoints = ";".join(s.grpc_endpoint for s in static_set)
     config = ClientConfiguration(endpoints, Credentials(), request_timeout=10)
@@ -175,6 +180,5 @@ def test_no_change_of_role_comes_between_the_check_and_the_append(static_set):
         assert not changed.wait(0.5)  # (waits for the write in progress)
     assert changed.wait(10)
     thread.join(10)
-    with pytest.raises(NotLeaderError):
-        with service.leader_write("SendMessage"):
-            pass
+    with pytest.raises(NotLeaderError), service.leader_write("SendMessage"):
+        pass
