@@ -15,7 +15,8 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 (signed recall and receipt handles), :mod:`~store.proxy.grpc_limits` (held calls, log lines),
 :mod:`~store.proxy.grpc_service` (the calls), :mod:`~store.proxy.aio_calls` (the calls on one
 ``grpc.aio`` event loop, sends stored by group commit), :mod:`~store.proxy.processes` (the
-endpoint as several processes on one port: ``rmq serve --grpc-processes N``).
+endpoint as several processes on one port: ``rmq serve --grpc-processes N``),
+:mod:`~store.proxy.follower_calls` (a replica set's follower passing the leader's calls on).
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ class GrpcEndpoint:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rmq-grpc-loop",
                                         daemon=True)
         self._thread.start()
+        self._limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
+        self._tls = tls
         try:
             self.port = self._run(self._start(
-                stores, address, store.config.max_message_size_bytes * 2 + HEADROOM_BYTES,
+                stores, address, self._limit,
                 max_held_calls + short_call_workers * 4, tls, access, held,
                 reuse_port or processes > 1, writer_thread))
             if processes > 1:  # the others join the port (store.proxy.processes)
@@ -186,6 +189,16 @@ class GrpcEndpoint:
     def endpoint(self) -> str:
         """``HOST:PORT`` clients connect to."""
         return f"{self.host}:{self.port}"
+
+    def serve_replica(self, replica) -> None:
+        """Serve as the member ``replica`` (a :class:`~store.replication.replica.Replica`) of
+        its replica set, whose file gives every replica's gRPC endpoint: writes only while
+        it leads, the leader's calls passed on to it meanwhile, and routes naming every
+        replica (:mod:`~store.proxy.follower_calls`)."""
+        members = replica.replica_set
+        endpoints = [RemoteAddress.listen(members.grpc_address(url)) for url in members.replicas]
+        self.service.serve_replica(replica, [(a.host, a.port) for a in endpoints],
+                                   max_message_bytes=self._limit, tls=self._tls)
 
     def check_round(self) -> int:
         """One transaction check round asked of this endpoint's producers."""

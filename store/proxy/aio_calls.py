@@ -32,6 +32,14 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from .convert import Refused
+from .follower_calls import (
+    FIFO_HEADER,
+    FORWARDED_HEADER,
+    FORWARDED_UNARY,
+    LeaderChannel,
+    forward_stream,
+    forward_unary,
+)
 from .grpc_service import MessagingService, status
 
 _OK = status()
@@ -151,14 +159,30 @@ class AsyncMessagingService(MessagingService):
         self.commits = GroupCommit(self._store_sends, loop, writer_thread=writer_thread)
         self.ends = GroupCommit(self._end_transactions, loop, writer_thread=True,
                                 name="rmq-grpc-end")
+        self.leader: LeaderChannel | None = None
+
+    def serve_replica(self, replica, endpoints, *, max_message_bytes: int = 1 << 26,
+                      tls=None) -> None:
+        """As :meth:`MessagingService.serve_replica`, and while not leading, pass the
+        leader's calls on to its endpoint (:mod:`store.proxy.follower_calls`)."""
+        super().serve_replica(replica, endpoints)
+        self.leader = LeaderChannel(replica, max_message_bytes, tls)
+
+    def leader_stub(self, context):
+        """The leader's stub when ``context``'s call goes on to it, else ``None``."""
+        return None if self.leader is None else self.leader.stub(context)
 
     def _store_sends(self, group: list[list]) -> list:
         results = []
-        for checked in group:
-            try:
-                results.append((self.send_checked(checked), None))
-            except Exception as exc:  # noqa: BLE001 - the send's own failure, told to it alone
-                results.append((None, exc))
+        try:  # (a replica's group is checked and waited for once: MessagingService.leader_write)
+            with self.leader_write("SendMessage"):
+                for checked in group:
+                    try:
+                        results.append((self.send_checked(checked), None))
+                    except Exception as exc:  # noqa: BLE001 - the send's own failure, told to
+                        results.append((None, exc))  # it alone
+        except Exception as exc:  # noqa: BLE001 - not leading, or the copies not made in time:
+            results = [(None, exc)] * len(group)  # no send of the group is acknowledged
         self.wake_receivers()
         return results
 
@@ -172,6 +196,8 @@ class AsyncMessagingService(MessagingService):
         super().close()
         self.commits.close()
         self.ends.close()
+        if self.leader is not None:
+            asyncio.run_coroutine_threadsafe(self.leader.close(), self.loop)
 
     async def SendMessage(self, request, context):
         try:
@@ -206,7 +232,25 @@ class AsyncMessagingService(MessagingService):
                                 lambda s: rpc.EndTransactionResponse(status=s), exc)
         return rpc.EndTransactionResponse(status=_OK)
 
+    # answered where they arrive, by a pool thread (as grpc.aio runs a plain method), unless
+    # passed on to the leader (below)
+    async def RecallMessage(self, request, context):
+        return await self.loop.run_in_executor(self.pool, MessagingService.RecallMessage,
+                                               self, request, _HeldContext(context))
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        return await self.loop.run_in_executor(
+            self.pool, MessagingService.ForwardMessageToDeadLetterQueue, self, request,
+            _HeldContext(context))
+
     async def ReceiveMessage(self, request, context):
+        stub = self.leader_stub(context)
+        if stub is not None:  # (the consumer groups are the leader's: follower_calls)
+            fifo = ((FIFO_HEADER, "1"),) if self._fifo(request.group.name) else ()
+            async for response in forward_stream(stub, "ReceiveMessage", request, context,
+                                                 ((FORWARDED_HEADER, "1"),) + fifo):
+                yield response
+            return
         held = _HeldContext(context)
         try:
             deliveries, _ = await self.loop.run_in_executor(self.pool, self._receive,
@@ -221,6 +265,22 @@ class AsyncMessagingService(MessagingService):
             return
         for response in self.receive_responses(deliveries):
             yield response
+
+
+def _or_leader(name: str, local):
+    """Call ``name`` answered by ``local`` here, or passed on to the leader while this
+    replica follows (:mod:`store.proxy.follower_calls`)."""
+    async def call(self, request, context):
+        stub = self.leader_stub(context)
+        if stub is not None:
+            return await forward_unary(stub, name, request, context, ((FORWARDED_HEADER, "1"),))
+        return await local(self, request, context)
+    call.__name__ = name
+    return call
+
+
+for _name in FORWARDED_UNARY:
+    setattr(AsyncMessagingService, _name, _or_leader(_name, getattr(AsyncMessagingService, _name)))
 
 
 class _Malformed:

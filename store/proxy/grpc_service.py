@@ -33,11 +33,13 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import ipaddress
 import logging
 import queue
 import random
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -46,9 +48,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
-                           MessageTooLargeError, ReplicaAckTimeoutError, StoreError,
-                           TimerFlowControlError, TransactionStateError, UnknownTopicError)
+from ..base.errors import (InvalidConfigError, InvalidDelayError, InvalidMessageError, InvalidTopicError,
+                           LeaderDeposedError, MessageTooLargeError, NotLeaderError,
+                           ReplicaAckTimeoutError, StoreError, TimerFlowControlError,
+                           TransactionStateError, UnknownTopicError)
 from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
                        sharding_queue)
 from ..transaction.check_views import CheckViews
@@ -57,6 +60,7 @@ from .access import OPEN, AccessControl, Account
 from .consumers import ConsumerGroups, Delivery, tag_filter
 from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
                       check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
+from .follower_calls import forwarded_fifo
 from .handles import Signer, store_secret
 from .grpc_limits import HeldCalls, LogBudget
 
@@ -103,8 +107,10 @@ def store_error_code(exc: StoreError) -> int:
         return Code.INVALID_TRANSACTION_ID
     if isinstance(exc, InvalidMessageError):
         return Code.BAD_REQUEST
-    if isinstance(exc, ReplicaAckTimeoutError):  # (appended, not acknowledged: see the docs)
-        return Code.SLAVE_PERSISTENCE_TIMEOUT
+    if isinstance(exc, (ReplicaAckTimeoutError, LeaderDeposedError)):
+        return Code.SLAVE_PERSISTENCE_TIMEOUT  # (appended, not acknowledged: see the docs)
+    if isinstance(exc, NotLeaderError):  # (nothing stored: the clients retry, elsewhere)
+        return Code.HA_NOT_AVAILABLE
     return Code.INTERNAL_SERVER_ERROR
 
 
@@ -208,6 +214,51 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.signer = Signer(store_secret(self.store.root))
         self.held = held if held is not None else HeldCalls()
         self.refusals = LogBudget(log)
+        #: The replica-set member the store is (:mod:`store.replication.replica`), set by
+        #: its server (:meth:`serve_replica`): writes only while it leads; ``None`` alone.
+        self.replica = None
+        #: What route answers name: every replica's endpoint (``None``: this one's).
+        self.routes: pb.Endpoints | None = None
+
+    def serve_replica(self, replica, endpoints: list[tuple[str, int]]) -> None:
+        """Serve as a member of a replica set: writes (and the consumer groups' calls) only
+        while ``replica`` leads, each checked under the store's append lock (so that no
+        change of role comes between the check and the append); routes name ``endpoints``,
+        every replica's ``(host, port)``, so that a client's channel reaches whichever
+        replica is up (:mod:`store.proxy.follower_calls`)."""
+        versions = set()
+        for host, _ in endpoints:
+            try:
+                versions.add(ipaddress.ip_address(host).version)
+            except ValueError:
+                versions.add(None)
+        if len(versions) != 1 or None in versions:  # (a client takes one domain name only)
+            raise InvalidConfigError(
+                f"the replicas' gRPC endpoints {[f'{h}:{p}' for h, p in endpoints]}: a route "
+                "names them all, which the clients take as IP addresses of one version; "
+                "allowed: IPv4 (or IPv6) addresses in the replica-set file's \"grpc\"")
+        scheme = pb.AddressScheme.IPv4 if versions == {4} else pb.AddressScheme.IPv6
+        self.routes = pb.Endpoints(scheme=scheme, addresses=[
+            pb.Address(host=host, port=port) for host, port in endpoints])
+        self.replica = replica
+
+    @contextmanager
+    def leader_write(self, what: str):
+        """Inside: this replica leads and keeps leading (the store's append lock, which a
+        change of role takes too), and a write's wait for its copies comes when the block
+        ends; outside a replica set, nothing.  ``NotLeaderError`` otherwise."""
+        replica = self.replica
+        if replica is None:
+            yield
+            return
+        with self.store.write_lock():
+            replica.check_write(what)
+            yield
+
+    def check_leading(self, what: str) -> None:
+        """``NotLeaderError`` unless this replica leads (outside a replica set: nothing)."""
+        if self.replica is not None:
+            self.replica.check_write(what)
 
     # -- plumbing -----------------------------------------------------------------------
     def _account(self, context) -> Account:
@@ -291,6 +342,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return True
 
     def _endpoints(self, requested) -> pb.Endpoints:
+        if self.routes is not None:
+            return self.routes
         if requested is not None and requested.addresses:
             return requested
         host, port = self.address
@@ -315,8 +368,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if not self._may(account, topic, "PUB"):
                     raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
                                                         "producer's first send creates it)")
-                for m in self.members:  # created on first use by whoever may send to it
-                    m.store.ensure_topic(topic)
+                with self.leader_write("creating a topic"):  # on first use by whoever may
+                    for m in self.members:                      # send to it
+                        m.store.ensure_topic(topic)
             count = len(self._route(topic))
             endpoints = self._endpoints(request.endpoints)
             return rpc.QueryRouteResponse(
@@ -513,7 +567,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def send_checked(self, checked: list[Incoming]) -> list[rpc.SendResultEntry]:
         """Store checked messages (:meth:`checked_sends`); their result entries."""
-        return [self._send_one(m) for m in checked]
+        with self.leader_write("SendMessage"):
+            return [self._send_one(m) for m in checked]
 
     def SendMessage(self, request, context):
         def body():
@@ -542,6 +597,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """End the transactions of checked requests (:meth:`checked_end`) together: one
         lookup of their origins and one append per member and kind; per request ``None``
         or its failure (one request's failure is its own)."""
+        self.check_leading("EndTransaction")  # (before the origins: a follower may lack them)
         results: list[Exception | None] = [None] * len(ends)
         todo: dict[tuple[int, bool], list[int]] = {}
         origins = [m.store.transaction_origins([tid for _, tid, _, _ in ends])
@@ -562,6 +618,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 continue
             todo.setdefault((i, from_check), []).append(k)
         committed = False
+        with self.leader_write("EndTransaction"):
+            self._end_members(ends, todo, results)
+            committed = any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE
+                            for ks in todo.values() for k in ks)
+        if committed:
+            self.wake_receivers()
+        return results
+
+    def _end_members(self, ends: list, todo: dict, results: list) -> None:
         for (i, from_check), ks in todo.items():
             store = self.members[i].store
             try:
@@ -574,10 +639,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                                from_check=from_check)
                     except StoreError as exc:
                         results[k] = exc
-            committed |= any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE for k in ks)
-        if committed:
-            self.wake_receivers()
-        return results
 
     def EndTransaction(self, request, context):
         def body():
@@ -590,6 +651,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def RecallMessage(self, request, context):
         def body():
+            self.check_leading("RecallMessage")
             account = self._account(context)
             topic, msg_id, index, i = parse_recall_handle(self.signer, request.recall_handle,
                                                           len(self.members))
@@ -597,7 +659,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
                                                 f"{request.topic.name!r}")
             account.check_topic(topic, "PUB")
-            if not self.members[i].producer.cancel(topic, msg_id, stored_queue_offset=index):
+            with self.leader_write("RecallMessage"):
+                cancelled = self.members[i].producer.cancel(topic, msg_id,
+                                                            stored_queue_offset=index)
+            if not cancelled:
                 raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
                                               f"{topic!r} (delivered, recalled, or unknown)")
             return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
@@ -606,6 +671,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     # -- consuming ----------------------------------------------------------------------
     def _consumer(self, context, group: str, topic: str) -> Account:
+        # (a consumer group's hand-outs and leases are the leader's: see follower_calls)
+        self.check_leading("a consumer group's call")
         account = self._account(context)
         check_group_name(group)
         account.check_group(group)
@@ -682,7 +749,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             raise Refused(Code.ILLEGAL_FILTER_EXPRESSION,
                           "SQL92 filters are not supported here; allowed: TAG filters")
         tags = tag_filter(expr.expression)
-        fifo = self._fifo(group)
+        fifo = self._fifo(group) or forwarded_fifo(context)  # (a follower's sessions')
         deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
         if deliveries or polling == 0:
             return deliveries, invisible
@@ -752,10 +819,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         the member that held it."""
         from ..formats.message import Message
 
-        member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
-                                   keys=list(view.keys) or None,
-                                   properties=dict(view.properties)),
-                           msg_id=view.msg_id)
+        with self.leader_write("dead-lettering"):
+            member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body),
+                                         tags=view.tags, keys=list(view.keys) or None,
+                                         properties=dict(view.properties)),
+                                 msg_id=view.msg_id)
         log.info("message %s of %s moved to %%DLQ%%%s after %d hand-outs", view.msg_id,
                  view.topic, group, member.groups.max_attempts)
 

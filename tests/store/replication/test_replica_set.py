@@ -317,13 +317,20 @@ def test_the_replica_set_file_is_checked(tmp_path):
         StoreServer(str(tmp_path / "s"), replica_set=rs)
     ports = free_port(), free_port()
     rs = replica_file(tmp_path, ports)
-    with pytest.raises(InvalidConfigError, match="no RocketMQ gRPC"):
+    for grpc_field, why in (({"rmq://h9:1": "127.0.0.1:1"}, "no replica"),
+                            ({"rmq://h1:1": "nohostport"}, "HOST:PORT"), ([], "must map")):
+        with pytest.raises(InvalidConfigError, match=why):
+            parse({"replicas": ["rmq://h1:1"], "grpc": grpc_field})
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports)  # (no "grpc": a replica's gRPC face needs every one)
+    with pytest.raises(InvalidConfigError, match="does not give the gRPC endpoint"):
         StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
                     grpc="127.0.0.1:0")
-    elected = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1")
-    with pytest.raises(InvalidConfigError, match="elected replica set"):  # not even the first
-        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=elected,
-                    grpc="127.0.0.1:0")
+    rs = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1",
+                      grpc={f"rmq://127.0.0.1:{p}": f"127.0.0.1:{p + 1}" for p in ports})
+    with pytest.raises(InvalidConfigError, match="one process"):
+        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=rs,
+                    grpc=f"127.0.0.1:{ports[0] + 1}", grpc_processes=2)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")
