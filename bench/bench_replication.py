@@ -36,7 +36,7 @@ With ``--rate``, the lag under a sustained load instead::
 
 sends ``rate`` messages a second (100-byte bodies, a tag) for ``seconds`` s with
 ``send_table``, a table every 10 ms of what is due by then (a sender that fell behind
-catches up with a larger one), to a leader with one asynchronous follower, then to a leader
+catches up with a larger one, of at most 100 ms of messages), to a leader with one asynchronous follower, then to a leader
 with one synchronous follower (``min_insync_replicas: 2``), each pair fresh.  A thread samples
 every 5 ms, in read-only opens of both directories, the confirmed CommitLog ends and the
 queue ends; reported for each: the rate reached, and the follower's lag in bytes and in
@@ -234,15 +234,15 @@ def queued(reader: StoreReader, topic: str) -> int:
 
 
 def paced_send(url: str, rate: int, seconds: float) -> tuple[int, float]:
-    """Send ``rate`` msgs/s for ``seconds`` s (a table every 10 ms of what is due by then);
-    the messages sent and the seconds it took."""
+    """Send ``rate`` msgs/s for ``seconds`` s (a table every 10 ms of what is due by then,
+    at most 100 ms of messages); the messages sent and the seconds it took."""
     body = np.frombuffer(b"x" * 100, dtype=np.uint8)
     with connect(url, timeout_s=600) as remote:
         p = remote.producer("bench")
         p.send(Message("paced", b"warm", tags="t"))
         sent, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
-            k = int(rate * elapsed) - sent
+            k = min(int(rate * elapsed) - sent, max(1, rate // 10))
             if k > 0:
                 offsets = np.arange(k + 1, dtype=np.int32) * 100
                 bodies = pa.Array.from_buffers(pa.binary(), k, [

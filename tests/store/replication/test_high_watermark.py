@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import time
 
+import json
+
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from test_replica_set import SMALL, caught_up, free_port, replica_file
 from test_sync_replication import following, serve
 
@@ -21,6 +24,7 @@ from store import (
     promote_replica,
 )
 from store.remote import flight_service
+from rmq_cli.cli import main
 from store.replication.replica import read_state
 
 SYNC = {"min_insync_replicas": 2, "replica_ack_timeout_ms": 300}
@@ -75,6 +79,10 @@ def test_a_reader_of_the_leader_sees_a_record_only_once_its_follower_holds_it(tm
         a.step()  # the watermark recorded: a restarted leader shows what it showed
         assert read_state(a.path)["high_watermark"] == acked_end
         a.close()
+        shown = CliRunner().invoke(main, ["stats", "--store", a.path, "--json"])
+        assert json.loads(shown.output)["replication"]["high_watermark"] == acked_end
+        shown = CliRunner().invoke(main, ["stats", "--store", a.path])
+        assert f"readers see the CommitLog below {acked_end} (high watermark)" in shown.output
         a = serve(tmp_path, "a", ports[0], rs)
         assert seen(a.url) == [b"m-%d" % i for i in range(5)]
         b = serve(tmp_path, "b", ports[1], rs)  # the follower back: the mark advances
