@@ -112,8 +112,12 @@ class Replica:
         #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
         self.last_cut: dict | None = None
         store.appender.refusal = None  # (the server's process: its appends are waited for)
+        # the recurring schedules' book is recorded in the log, and so copied
+        store.recurring.replicated = True
         if self.role == "leader":
             self._install_acks()
+            with self.services():  # (a book the log lacks yet: the followers get it)
+                store.recurring.record()
         self._write_state()
 
     def _init_elected(self, recorded: dict) -> None:

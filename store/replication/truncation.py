@@ -46,7 +46,11 @@ PROGRESS_FILES = (os.path.join("config", "delayOffset.json"),
                   os.path.join("config", "delayOffset.json.bak"),
                   os.path.join("config", "timercheck"),
                   os.path.join("config", "transactionOffset.json"),
-                  os.path.join("config", "transactionOffset.json.bak"))
+                  os.path.join("config", "transactionOffset.json.bak"),
+                  # (the recurring schedules' book: its copy in the log is the replicated one)
+                  os.path.join("config", "rmq_schedules.json"),
+                  os.path.join("config", "rmq_schedules.json.bak"),
+                  os.path.join("config", "rmq_schedules.mark"))
 PROGRESS_ASIDE_DIR = os.path.join("config", "progress-aside")
 
 

@@ -72,7 +72,7 @@ def test_spark_reads_a_synchronous_leader_up_to_its_high_watermark(spark, tmp_pa
     ports = _port(), _port()
     rs = tmp_path / "replicas.json"
     rs.write_text(json.dumps({"replicas": [f"rmq://127.0.0.1:{p}" for p in ports],
-                              "min_insync_replicas": 2, "replica_ack_timeout_ms": 300}))
+                              "min_insync_replicas": 2, "replica_ack_timeout_ms": 2000}))
 
     def serve(name, port):
         return StoreServer(str(tmp_path / name), listen=f"127.0.0.1:{port}",
@@ -80,6 +80,10 @@ def test_spark_reads_a_synchronous_leader_up_to_its_high_watermark(spark, tmp_pa
 
     leader, follower = serve("a", ports[0]), serve("b", ports[1])
     try:
+        deadline = time.monotonic() + 60
+        while follower.replica.status().get("state") != "following":
+            assert time.monotonic() < deadline, "the follower never followed"
+            time.sleep(0.05)
         for i in range(10):
             leader.store.producer("g").send(Message("paid", f"p{i}".encode()))
         follower.close()
