@@ -32,7 +32,9 @@ does not hold (:mod:`.truncation`).  Either change sets the services' progress f
 a leader rebuilds them from its log, where every delivered copy names its origin, so that no
 due message is delivered twice nor early.
 
-Clients of a replica read only below its **high watermark** (:mod:`.watermark`,
+The recurring schedules' book is recorded in the log (:attr:`~store.schedule.schedule_book.
+ScheduleBook.replicated`, set here), so a follower holds it and a new leader goes on with
+it.  Clients of a replica read only below its **high watermark** (:mod:`.watermark`,
 :meth:`Replica.high_watermark`); a follower's retention follows its leader's
 (:meth:`Replica.follow_retention`).
 """
