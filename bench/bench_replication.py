@@ -36,13 +36,13 @@ With ``--rate``, the lag under a sustained load instead::
 
 sends ``rate`` messages a second (100-byte bodies, a tag) for ``seconds`` s with
 ``send_table``, a table every 10 ms of what is due by then (a sender that fell behind
-catches up with a larger one, of at most 100 ms of messages), to a leader with one asynchronous follower, then to a leader
-with one synchronous follower (``min_insync_replicas: 2``), each pair fresh.  A thread samples
-every 5 ms, in read-only opens of both directories, the confirmed CommitLog ends and the
-queue ends; reported for each: the rate reached, and the follower's lag in bytes and in
-messages (the leader's end minus the follower's) and in ms (for each sample, the time
-until the follower held the leader's end of that moment), p50 / p99 / max, with the load
-average of the machine.
+catches up with a larger one, of at most 100 ms of messages), to a leader with one
+asynchronous follower, then to a leader with one synchronous follower
+(``min_insync_replicas: 2``), each pair fresh. A thread samples every 5 ms, in read-only
+opens of both directories, the confirmed CommitLog ends and the queue ends; reported for
+each: the rate reached, and the follower's lag in bytes and in messages (the leader's end
+minus the follower's) and in ms (for each sample, the time until the follower held the
+leader's end of that moment), p50 / p99 / max, with the load average of the machine.
 
 Not collected by pytest.
 """

@@ -10,11 +10,11 @@ JSON, replaced atomically (temp file, fsync, ``os.replace``)::
 (:mod:`store.replication.watermark`), recorded at most once a second when it moved; -1
 before any is known.
 
-Written by the server (:mod:`store.replication.replica`) at start, at each change of
-role and when its high watermark moved; read by ``rmq stats`` and ``rmq promote`` for a stopped store, and by every process
-that opens the directory for writing: a leader that requires ``min_insync_replicas`` above
-1 takes appends from its server's process only (:func:`writer_refusal`).  A file that cannot
-be read counts as none.
+Written by the server (:mod:`store.replication.replica`) at start, at each change of role
+and when its high watermark moved; read by ``rmq stats`` and ``rmq promote`` for a stopped
+store, and by every process that opens the directory for writing: a leader that requires
+``min_insync_replicas`` above 1 takes appends from its server's process only
+(:func:`writer_refusal`). A file that cannot be read counts as none.
 """
 
 from __future__ import annotations

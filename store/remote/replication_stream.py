@@ -15,14 +15,15 @@ writers waiting (:mod:`store.replication.acks`) under the follower's ``replica``
 
 and gets batches of :data:`CHUNK_SCHEMA`, one row each (each row also carries the leader's
 ``high_watermark``, :mod:`store.replication.watermark`, and ``leader_min``, the oldest
-CommitLog offset it keeps, which a follower's retention follows; both as the row was sent): a chunk of whole records copied
-from the leader's mapped segments (:func:`~store.core.replica_log.read_chunk`), at most
-:data:`CHUNK_BYTES` each (a larger single record travels alone), in order, until
-``max_bytes`` were sent or the follower is caught up.  When nothing is new the leader waits
-up to ``wait_ms`` for an append (a long poll, checking its confirmed end every
-:data:`POLL_S`), unless its high watermark is past the one the follower last heard (then
-it answers at once, so that the follower's readers see what its report just made safe); the last batch always tells the leader's confirmed end, an empty chunk
-when nothing more was there.  The follower then asks again from its new end.
+CommitLog offset it keeps, which a follower's retention follows; both as the row was sent):
+a chunk of whole records copied from the leader's mapped segments
+(:func:`~store.core.replica_log.read_chunk`), at most :data:`CHUNK_BYTES` each (a larger
+single record travels alone), in order, until ``max_bytes`` were sent or the follower is
+caught up. When nothing is new the leader waits up to ``wait_ms`` for an append (a long
+poll, checking its confirmed end every :data:`POLL_S`), unless its high watermark is past
+the one the follower last heard (then it answers at once, so that the follower's readers see
+what its report just made safe); the last batch always tells the leader's confirmed end, an
+empty chunk when nothing more was there. The follower then asks again from its new end.
 
 An answer ends at a confirmed end of the leader's (the one it had when the answer began,
 or a later one), never inside an append, unless ``max_bytes`` came first: the follower

@@ -4,10 +4,9 @@ on loopback, steps called by hand."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-
-import json
 
 import pyarrow as pa
 import pytest
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 from test_replica_set import SMALL, caught_up, free_port, replica_file
 from test_sync_replication import following, serve
 
+from rmq_cli.cli import main
 from store import (
     Message,
     OffsetOutOfRangeError,
@@ -24,7 +24,6 @@ from store import (
     promote_replica,
 )
 from store.remote import flight_service
-from rmq_cli.cli import main
 from store.replication.replica import read_state
 
 SYNC = {"min_insync_replicas": 2, "replica_ack_timeout_ms": 300}
