@@ -52,11 +52,18 @@ def eventually(check, timeout_s: float = 20.0):
         time.sleep(0.02)
 
 
-def test_a_reader_of_the_leader_sees_a_record_only_once_its_follower_holds_it(tmp_path):
+def sync_pair(tmp_path):
+    """A leader and its follower (following), ``min_insync_replicas: 2``: the ports, the
+    replica-set file and the two servers."""
     ports = free_port(), free_port()
     rs = replica_file(tmp_path, ports, **SYNC)
     a, b = serve(tmp_path, "a", ports[0], rs), serve(tmp_path, "b", ports[1], rs)
     following(b)
+    return ports, rs, a, b
+
+
+def test_a_reader_of_the_leader_sees_a_record_only_once_its_follower_holds_it(tmp_path):
+    ports, rs, a, b = sync_pair(tmp_path)
     try:
         for i in range(5):
             a.store.producer("g").send(Message("t", b"m-%d" % i), queue_id=0)
@@ -95,10 +102,7 @@ def test_a_reader_of_the_leader_sees_a_record_only_once_its_follower_holds_it(tm
 
 
 def test_after_a_change_of_leader_nothing_a_reader_saw_is_gone(tmp_path):
-    ports = free_port(), free_port()
-    rs = replica_file(tmp_path, ports, **SYNC)
-    a, b = serve(tmp_path, "a", ports[0], rs), serve(tmp_path, "b", ports[1], rs)
-    following(b)
+    ports, rs, a, b = sync_pair(tmp_path)
     try:
         for i in range(10):
             a.store.producer("g").send(Message("t", b"m-%d" % i))
