@@ -32,9 +32,9 @@ does not hold (:mod:`.truncation`).  Either change sets the services' progress f
 a leader rebuilds them from its log, where every delivered copy names its origin, so that no
 due message is delivered twice nor early.
 
-The recurring schedules' book is recorded in the log (:attr:`~store.schedule.schedule_book.
-ScheduleBook.replicated`, set here), so a follower holds it and a new leader goes on with
-it.  Clients of a replica read only below its **high watermark** (:mod:`.watermark`,
+The recurring schedules' book is recorded in the log
+(:attr:`~store.schedule.schedule_book.ScheduleBook.replicated`, set here), so a follower
+holds it and a new leader goes on with it.  Clients of a replica read only below its **high watermark** (:mod:`.watermark`,
 :meth:`Replica.high_watermark`); a follower's retention follows its leader's
 (:meth:`Replica.follow_retention`).
 """
@@ -59,7 +59,7 @@ from ..remote.replication_stream import AppendSignal
 from .acks import InSyncAcks
 from .follower import Follower
 from .replica_set import ReplicaSet
-from .truncation import cut_diverged_tail, set_aside_service_progress
+from .truncation import cut_diverged_tail, set_aside_progress_of
 from .watermark import HighWatermark
 
 __all__ = ["STATE_FILE", "Replica", "read_state", "replication_status"]
@@ -149,7 +149,7 @@ class Replica:
                 write_epochs(store.root, with_term(
                     terms, epoch, store.confirmed_offset() if terms else 0))
             if recorded.get("role") == "follower":  # its progress files were not copied
-                set_aside_service_progress(store.root, "a follower starting as leader")
+                set_aside_progress_of(store, "a follower starting as leader")
         self.epoch = epoch
         self._promoted = bool(recorded.get("promoted")) and self.role == "leader"
 
@@ -332,12 +332,14 @@ class Replica:
                                      f"{known}, every epoch it knows")
                 write_epochs(self.store.root, with_term(terms, new, end if terms else 0))
                 self.watermark.cut(end)  # (forced: it holds less than it heard)
-                set_aside_service_progress(self.store.root, f"{self.me} becoming leader")
+                set_aside_progress_of(self.store, f"{self.me} becoming leader")
                 self.leader, self.role, self.epoch = self.me, "leader", new
                 self._promoted = not self.elected
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
                 self._write_state()
+            with self.services():  # (a book never recorded, kept: the followers get it)
+                self.store.recurring.record()
             return {"epoch": new, "start_offset": end, "leader_end": leader_end,
                     "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}
 
@@ -366,7 +368,7 @@ class Replica:
                     acks.close()
                 if epoch is not None and epoch > self.epoch:
                     self.epoch = int(epoch)
-                set_aside_service_progress(self.store.root, f"{self.me} becoming follower")
+                set_aside_progress_of(self.store, f"{self.me} becoming follower")
                 self._write_state()
             self.follow()
 

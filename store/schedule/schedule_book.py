@@ -50,17 +50,19 @@ the resume; the fires due while it was paused are skipped.
 **In a replica set** (:attr:`ScheduleBook.replicated`, set by the replica's server) the book
 is recorded in the CommitLog too, so that it is copied with everything else: each write of
 the book first appends one record of :data:`BOOK_TOPIC` (queue 0; the body: the book's JSON
-as the file holds it), then writes the file, which names that record (``logOffset``).  The
+as the file holds it), then writes the file, which names that record (``logOffset``). The
 file is then a cache of the log: whoever finds a later record in the log than the one its
 file names, or no file (a follower; a replica that changed role, whose file was set aside),
-takes the book from the latest record and counts the fired copies appended since it as
-fired, as the mark's settlement does (:func:`_fired_since`; incrementally, for a follower's
-readers).  A firing step appends its copies, then the book's record: a new leader goes on
-with every schedule's phase and count, whether or not the old leader's step had reached its
-record.  The leader records the book again once its latest record lies
-:data:`RECORD_AGAIN_BYTES` behind the log's end (so that taking it never reads far), and
-retention keeps the segment that holds the latest record (:meth:`ScheduleBook.
-retention_floor`).  A book is one record: at most ``max_message_size_bytes`` of JSON.
+takes the book from the latest record and counts the fired copies appended since it as fired
+(a replica sets its book's files aside at each change of role or cut of its tail once the
+book was recorded, :func:`recorded_book_files`), as the mark's settlement does
+(:func:`_fired_since`; incrementally, for a follower's readers). A firing step appends its
+copies, then the book's record: a new leader goes on with every schedule's phase and count,
+whether or not the old leader's step had reached its record. The leader records the book
+again once its latest record lies :data:`RECORD_AGAIN_BYTES` behind the log's end (so that
+taking it never reads far), and retention keeps the segment that holds the latest record
+(:meth:`ScheduleBook.retention_floor`). A book is one record: at most
+``max_message_size_bytes`` of JSON.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ MARK_NAME = os.path.join("config", "rmq_schedules.mark")
 BOOK_TOPIC = "rmq_sys_schedule_book"
 #: A leader records its book again once its latest record is this far behind the log's end.
 RECORD_AGAIN_BYTES = 64 << 20
+#: The book's files (what a replica sets aside, :func:`recorded_book_files`).
+BOOK_FILES = (FILE_NAME, FILE_NAME + ".bak", MARK_NAME)
 
 
 @dataclass(slots=True)
@@ -318,17 +322,13 @@ class ScheduleBook:
 
     # -- the book in the log (a replica set's) ------------------------------------------------
     def _latest_record(self) -> int:
-        """The CommitLog offset of the latest record of the book (-1: none kept)."""
-        store = self.store
-        if store.topic_table.cached_queue_count(BOOK_TOPIC) is None \
-                and store.topic_table.queue_count(BOOK_TOPIC) is None:
-            return -1
-        queue = store.consume_queue(BOOK_TOPIC, 0)
-        count = queue.max_offset(store.confirmed_offset())
-        entry = queue.entry(count - 1) if count else None
-        if entry is None or entry[0] < store.commit_log.min_offset():
-            return -1
-        return entry[0]
+        return latest_book_record(self.store)
+
+    def forget(self) -> None:
+        """Drop what this object holds of the book (a replica's change of role or cut moved
+        its files, or cut the log): the next call reads the file, or the log, again."""
+        self._cached = self._parsed = self._from_log_cache = None
+        self._own_mark = -1
 
     def _from_log(self, latest: int) -> dict[str, Schedule]:
         """The book of the record at ``latest``, with the copies fired since counted (read
@@ -603,6 +603,34 @@ class ScheduleBook:
         count = store.ensure_topic(s.topic)
         return RecordSpec(topic=s.topic, body=s.body, properties=props,
                           queue_id=sharding_queue(s.key, count), born_timestamp_ms=now)
+
+
+def latest_book_record(store) -> int:
+    """The CommitLog offset of the latest record of the book in ``store``'s log (an open
+    store, writable or not; -1: none kept)."""
+    if store.topic_table.cached_queue_count(BOOK_TOPIC) is None \
+            and store.topic_table.queue_count(BOOK_TOPIC) is None:
+        return -1
+    queue = store.consume_queue(BOOK_TOPIC, 0)
+    count = queue.max_offset(store.confirmed_offset())
+    entry = queue.entry(count - 1) if count else None
+    if entry is None or entry[0] < store.commit_log.min_offset():
+        return -1
+    return entry[0]
+
+
+def recorded_book_files(store) -> tuple[str, ...]:
+    """:data:`BOOK_FILES` when the book of ``store`` (open, writable or not) was recorded in
+    its log (the log holds a record, or the file names one): a replica sets them aside at a
+    change of role or a cut and takes the book from the log; ``()`` for a book never
+    recorded (a store that led a replica set before its book was recorded keeps its file,
+    and records it once it leads)."""
+    if latest_book_record(store) >= 0:
+        return BOOK_FILES
+    data = read_lenient_json(os.path.join(store.root, FILE_NAME),
+                             valid=lambda d: isinstance(d, dict))
+    recorded = (data or {}).get("logOffset")
+    return BOOK_FILES if isinstance(recorded, int) and recorded >= 0 else ()
 
 
 def read_schedules(root: str) -> list[ScheduleInfo]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from test_replica_set import Clock, caught_up, free_port, replica_file
+from test_replica_set import SMALL, Clock, caught_up, free_port, replica_file
 from test_sync_replication import following, serve
 
 from store import Message, MessageStore, connect
@@ -81,3 +81,21 @@ def test_copies_fired_after_the_books_last_record_are_counted(tmp_path):
     with MessageStore.open(str(tmp_path / "s"), clock=clock) as store:
         (info,) = store.schedules()  # a lone store reads its file, as before
         assert info.fires == 3 and info.next_fire_ms == first + 3000
+
+
+def test_a_book_written_before_its_store_led_a_replica_set_reaches_its_follower(tmp_path):
+    clock = Clock()
+    with MessageStore.open(str(tmp_path / "a"), SMALL, clock=clock) as store:  # (alone)
+        store.producer("g").schedule(Message("ticks", b"tick"), key="tick", every_ms=1000)
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports)
+    a, b = serve(tmp_path, "a", ports[0], rs, clock), serve(tmp_path, "b", ports[1], rs, clock)
+    try:
+        following(b)
+        caught_up(a, b)
+        with connect(b.url) as remote:
+            assert [s.key for s in remote.schedules()] == ["tick"]
+        assert [s.key for s in a.store.schedules()] == ["tick"]  # (still the leader's)
+    finally:
+        b.close()
+        a.close()
