@@ -34,9 +34,9 @@ due message is delivered twice nor early.
 
 The recurring schedules' book is recorded in the log
 (:attr:`~store.schedule.schedule_book.ScheduleBook.replicated`, set here), so a follower
-holds it and a new leader goes on with it.  Clients of a replica read only below its **high watermark** (:mod:`.watermark`,
-:meth:`Replica.high_watermark`); a follower's retention follows its leader's
-(:meth:`Replica.follow_retention`).
+holds it and a new leader goes on with it.  Clients of a replica read only below its
+**high watermark** (:mod:`.watermark`, :meth:`Replica.high_watermark`); a follower's
+retention follows its leader's (:meth:`Replica.follow_retention`).
 """
 
 from __future__ import annotations
