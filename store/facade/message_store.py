@@ -103,6 +103,7 @@ class MessageStore(StoreCore):
         for service in (self.delay_levels, self.timer, self.transactions):
             self.add_retention_listener(service.on_retention)
             self.add_retention_guard(service.retention_floor)
+        self.add_retention_guard(self.recurring.retention_floor)  # (a replica set's book)
 
     def _close_services(self) -> None:
         for name in ("timer", "delay_levels", "transactions"):

@@ -4,14 +4,17 @@ JSON, replaced atomically (temp file, fsync, ``os.replace``)::
 
     {"role": "leader" | "follower", "epoch": 3, "leader": "rmq://h1:7911",
      "self": "rmq://h2:7911", "replicas": [...], "min_insync_replicas": 2,
-     "promoted": true}
+     "promoted": true, "high_watermark": 123456}
 
-Written by the server (:mod:`store.replication.replica`) at start and at each change of
-role; read by ``rmq stats`` and ``rmq promote`` for a stopped store, and by every process
-that opens the directory for writing: a follower, and a leader that requires
-``min_insync_replicas`` above 1, take appends from their server's process only
-(:func:`writer_refusal`).  A file that cannot
-be read counts as none.
+``high_watermark``: the CommitLog offset its readers saw below
+(:mod:`store.replication.watermark`), recorded at most once a second when it moved; -1
+before any is known.
+
+Written by the server (:mod:`store.replication.replica`) at start, at each change of role
+and when its high watermark moved; read by ``rmq stats`` and ``rmq promote`` for a stopped
+store, and by every process that opens the directory for writing: a follower, and a leader
+that requires ``min_insync_replicas`` above 1, take appends from their server's process only
+(:func:`writer_refusal`). A file that cannot be read counts as none.
 """
 
 from __future__ import annotations

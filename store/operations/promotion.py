@@ -34,6 +34,7 @@ from ..files.epoch_file import read_epochs, with_term, write_epochs
 from ..files.replication_state import STATE_FILE, read_state, write_state
 from ..replication.promote_request import refuse_if_behind, request_promotion
 from ..replication.truncation import set_aside_service_progress
+from ..schedule.schedule_book import recorded_book_files
 from .server import server_status
 
 
@@ -60,13 +61,14 @@ def promote_replica(path: str | os.PathLike, *, force: bool = False,
         raise StoreError(f"{path} leads its replica set already (epoch {state.get('epoch')})")
     with StoreReader.open(path) as reader:
         end = reader.confirmed_offset()
+        book = recorded_book_files(reader)  # (taken from the log by the new leader)
     heard = status.get("replication") if isinstance(status.get("replication"), dict) else {}
     leader_end = heard.get("leader_end")
     lost = refuse_if_behind(path, state.get("leader"), end, leader_end, force)
     terms = read_epochs(path)
     epoch = max([int(state.get("epoch") or 1)] + [e for e, _ in terms]) + 1
     write_epochs(path, with_term(terms, epoch, end))
-    set_aside_service_progress(path, f"promoted to leader in epoch {epoch}")
+    set_aside_service_progress(path, f"promoted to leader in epoch {epoch}", book)
     state.update(role="leader", epoch=epoch, previous_leader=state.get("leader"),
                  leader=state.get("self"), promoted=True)
     write_state(path, state)

@@ -345,7 +345,9 @@ class StoreServer:
         if self.replica is None:
             return self._step()
         with self.replica.services():  # (its appends acknowledge no sender: no replica wait)
-            return self._step()
+            delivered = self._step()
+            self.replica.save_watermark()  # (recorded when it moved: readers after a restart)
+            return delivered
 
     def _step(self) -> int:
         c = self.counters

@@ -59,6 +59,9 @@ ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_
 
 #: Queue offsets read per batch of a ``DoGet`` (the Spark source's batch size).
 READ_CHUNK = 65536
+#: How long a read past a replica's high watermark waits for it (s): a reader that planned
+#: its range on the leader before a change of leader reads it once the new one's moves.
+READ_BOUND_WAIT_S = 5.0
 #: The version of the calls (:mod:`store.remote.wire`) this service answers.
 WIRE_VERSION = 1
 
@@ -179,7 +182,7 @@ class StoreService(flight.FlightServerBase):
         self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
-        self._readers = ReaderPool(lambda: StoreReader.open(self.path, store.config))
+        self._readers = ReaderPool(self._open_reader)
         self._streams = stream_limits or StreamLimits()
         self._call = threading.local()  # the account of the action a thread answers
         self._opened = OpenedTransactions()
@@ -217,6 +220,17 @@ class StoreService(flight.FlightServerBase):
 
     def close_readers(self) -> None:
         self._readers.close()
+
+    def _open_reader(self) -> StoreReader:
+        """A reader for the pool: a replica's readers see only below its high watermark
+        (:meth:`~store.replication.replica.Replica.high_watermark`)."""
+        reader = StoreReader.open(self.path, self.store.config)
+        reader.read_bound, reader.read_bound_wait_s = self._read_bound, READ_BOUND_WAIT_S
+        return reader
+
+    def _read_bound(self) -> int | None:
+        replica = self.replica
+        return None if replica is None else replica.high_watermark()
 
     def shutdown(self) -> None:
         """Stop serving: waiting replication requests answer at once, then the calls in
@@ -302,10 +316,10 @@ class StoreService(flight.FlightServerBase):
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
-        signal, checked, replica = None, (lambda: None), self.replica
+        signal, checked, replica, marks = None, (lambda: None), self.replica, None
         if replica is not None:
             replica.check_source("replicate")  # (only a leader's log is copied)
-            signal = replica.append_signal
+            signal, marks = replica.append_signal, replica.answer_marks
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
@@ -316,7 +330,7 @@ class StoreService(flight.FlightServerBase):
             release()
             raise
         try:
-            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
+            first = first_chunk(reader, request, self._closing.is_set, signal, checked, marks)
         except BaseException:
             self._readers.give_back(reader)
             release()
@@ -325,7 +339,7 @@ class StoreService(flight.FlightServerBase):
         def batches():
             try:
                 yield None  # (primed below: a started generator runs its finally when dropped)
-                yield from answer(reader, request, first)
+                yield from answer(reader, request, first, marks)
             except StoreError as exc:
                 raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
             finally:

@@ -12,7 +12,12 @@ for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason).  At 
 leader's history does not hold (:mod:`.truncation`); a replica that does not lead yet (or
 no longer) is asked again: its terms are not taken, and it refuses to be copied.  Each
 request reports this replica's end (what it appended, synced as its flush mode says) to the
-leader, which counts it for the writers waiting for their copies (:mod:`.acks`).
+leader, which counts it for the writers waiting for their copies (:mod:`.acks`).  Each answer
+tells the leader's high watermark, handed to ``on_watermark`` as each batch arrives (this
+replica's readers see below it and below this replica's end, :mod:`.watermark`; it goes
+back with the next request, and a leader whose watermark moved past it answers at once),
+and the oldest CommitLog offset the leader keeps, handed to ``on_leader_min`` once the
+answer is appended (this replica's retention follows the leader's).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
 answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
@@ -45,11 +50,17 @@ class Follower:
     """Copies ``leader`` (a :class:`~store.remote.flight_client.RemoteStore`) into ``store`` (an
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, store, leader, on_epochs=None, me: str | None = None) -> None:
+    def __init__(self, store, leader, on_epochs=None, me: str | None = None,
+                 on_watermark=None, on_leader_min=None) -> None:
         self.store = store
         self.leader = leader
         self.me = me  # this replica's URL, sent with each request (synchronous acks count it)
         self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
+        self._on_watermark = on_watermark or (lambda mark: None)
+        self._on_leader_min = on_leader_min or (lambda offset: None)
+        #: The leader's high watermark and oldest offset kept, as the last answer gave them.
+        self.high_watermark: int | None = None
+        self.leader_min: int | None = None
         self.state = "starting"
         self.error: str | None = None
         self.leader_end: int | None = None
@@ -81,6 +92,7 @@ class Follower:
         return {"state": self.state, "error": self.error, "leader_end": self.leader_end,
                 "end": self.store.confirmed_offset(), "lag_bytes": self.lag_bytes(),
                 "lag_messages": self.lag_messages, "last_contact_ms": self.last_contact_ms,
+                "leader_high_watermark": self.high_watermark, "leader_min": self.leader_min,
                 "chunks": self.chunks}
 
     # ------------------------------------------------------------------ the loop
@@ -115,7 +127,8 @@ class Follower:
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
                                                  file_size=file_size, max_bytes=REQUEST_BYTES,
-                                                 wait_ms=WAIT_MS, replica=self.me))
+                                                 wait_ms=WAIT_MS, replica=self.me,
+                                                 high_watermark=self.high_watermark))
             first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
             if first is not None and _has_data(first):
                 # one answer is one atomic group: readers see it whole, as the leader's
@@ -126,11 +139,18 @@ class Follower:
                         self._apply(batch)
             elif first is not None:
                 self._apply(first)
+            if first is not None and self.leader_min is not None:
+                self._on_leader_min(self.leader_min)
             self.state, self.error = "following", None
             self.last_contact_ms = store.now_ms()
             self._count_lag_messages()
 
     def _apply(self, batch) -> None:
+        if batch.num_rows and "high_watermark" in batch.schema.names:  # (else: an earlier
+            # version's leader; learned first: readers see below this replica's end anyway)
+            self.high_watermark = int(batch.column("high_watermark")[0].as_py())
+            self.leader_min = int(batch.column("leader_min")[0].as_py())
+            self._on_watermark(self.high_watermark)
         offsets = batch.column("offset").to_pylist()  # (one row per chunk: a few per call)
         ends = batch.column("end").to_pylist()
         data = batch.column("data")
