@@ -257,45 +257,20 @@ class StoreService(flight.FlightServerBase):
             schema = projected_schema(columns)
         except ValueError as exc:
             raise InvalidRequest(f"read: {exc}") from None
-        release = self._streams.admit(context.peer(), "read")
-        try:
-            reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
-        except BaseException:
-            release()
-            raise
 
-        def read(lo: int, hi: int):
+        def read(reader, lo: int, hi: int):
             return reader.read_arrow(topic, queue_id, lo, hi, tags=tags, columns=columns,
                                      verify_crc=verify_crc, skip_corrupt=skip_corrupt)
 
-        try:
-            first = read(start, min(end, start + READ_CHUNK))
-        except BaseException:
-            self._readers.give_back(reader)
-            release()
-            raise
+        def rest(reader, first):
+            yield first
+            for lo in range(start + READ_CHUNK, end, READ_CHUNK):
+                batch = read(reader, lo, min(end, lo + READ_CHUNK))
+                if batch.num_rows:
+                    yield batch
 
-        def batches():
-            try:
-                yield None  # (primed below: a started generator runs its finally when dropped)
-                yield first
-                lo = start + READ_CHUNK
-                while lo < end:
-                    try:
-                        batch = read(lo, min(end, lo + READ_CHUNK))
-                    except StoreError as exc:
-                        raise flight.FlightServerError(error_text(exc),
-                                                       extra_info=error_info(exc)) from None
-                    if batch.num_rows:
-                        yield batch
-                    lo += READ_CHUNK
-            finally:
-                self._readers.give_back(reader)
-                release()
-
-        stream = batches()
-        next(stream)
-        return flight.GeneratorStream(schema, stream)
+        return self._reading_stream(context, "read", schema,
+                                    lambda r: read(r, start, min(end, start + READ_CHUNK)), rest)
 
     def _replicate(self, context, body: dict):
         """The CommitLog from a follower's end (:mod:`store.remote.replication_stream`): whole
@@ -309,32 +284,48 @@ class StoreService(flight.FlightServerBase):
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
-        release = self._streams.admit(context.peer(), "replicate")
+
+        return self._reading_stream(
+            context, "replicate", CHUNK_SCHEMA,
+            lambda r: first_chunk(r, request, self._closing.is_set, signal, checked),
+            lambda r, first: answer(r, request, first))
+
+    def _reading_stream(self, context, what: str, schema, first_of, rest):
+        """A ``DoGet`` answer read by a reader lent from the pool: one counted stream of the
+        caller's (:meth:`_stream`) for as long as it is sent.  ``first_of(reader)`` runs
+        before the answer starts (its errors reach the client typed); ``rest(reader, first)``
+        yields every batch, ``first`` included, as the client takes them.  The reader goes
+        back and the stream's count ends once the last batch is sent, or when gRPC drops a
+        stream cut off (the generator is started here, so it runs its ``finally`` then)."""
+        release = self._streams.admit(context.peer(), what)
         try:
             reader = self._readers.borrow()
         except BaseException:
             release()
             raise
-        try:
-            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
-        except BaseException:
+
+        def done() -> None:
             self._readers.give_back(reader)
             release()
+
+        try:
+            first = first_of(reader)
+        except BaseException:
+            done()
             raise
 
         def batches():
             try:
                 yield None  # (primed below: a started generator runs its finally when dropped)
-                yield from answer(reader, request, first)
+                yield from rest(reader, first)
             except StoreError as exc:
                 raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
             finally:
-                self._readers.give_back(reader)
-                release()
+                done()
 
         stream = batches()
         next(stream)
-        return flight.GeneratorStream(CHUNK_SCHEMA, stream)
+        return flight.GeneratorStream(schema, stream)
 
     def _round(self, body: dict, op: str):
         """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
