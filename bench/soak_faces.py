@@ -364,28 +364,79 @@ def sample(pid: int, detail: bool = False) -> dict:
             **({"fd_targets": fd_kinds(pid), "mapped": maps_kinds(pid)} if detail else {})}
 
 
-def serve_patched(argv: list[str]) -> None:
-    """``rmq serve`` with the Flight service's store readers kept per OS thread (a dict on
-    ``threading.get_ident()``) instead of per ``threading.local`` (which a call on a pyarrow
-    Flight worker thread sees fresh each time, so each call opens a reader the service keeps
-    for ever).  A diagnostic only (``--patch-reader-cache``): it shows what else a soak finds
-    once that leak is out of the way; the stock server is what the soak measures."""
-    from store.remote import flight_service as service
+def _mallinfo() -> dict:
+    """glibc's own view of its heap (``mallinfo2``): bytes in use vs held free, in arenas and
+    in ``mmap``-ed blocks; empty where the C library has no ``mallinfo2``."""
+    import ctypes
 
-    def _reader(self):
-        readers = self.__dict__.setdefault("_soak_readers", {})
-        key = threading.get_ident()
-        reader = readers.get(key)
-        if reader is None:
-            reader = readers[key] = service.StoreReader.open(self.path)
-            with self._readers_lock:
-                self._readers.append(reader)
-        return reader
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
 
-    service.StoreService._reader = _reader
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = Info
+    info = fn()
+    return {"arena_mib": info.arena >> 20, "mmap_mib": info.hblkhd >> 20,
+            "in_use_mib": info.uordblks >> 20, "free_mib": info.fordblks >> 20}
+
+
+def _heap_tracer(out_dir: str, every_s: float, frames: int) -> None:
+    """Every ``every_s``: the server's heap by owner, appended to ``out_dir/heap.jsonl``:
+    ``RssAnon``; what ``tracemalloc`` traces (Python's allocations) and its 25 largest
+    growths since the first snapshot (by traceback of ``frames`` frames); Arrow's memory
+    pool; glibc's ``mallinfo2``; threads; the most numerous live object types."""
+    import gc
+    import tracemalloc
+
+    import pyarrow as pa
+
+    first = None
+    t0 = time.monotonic()
+    with open(os.path.join(out_dir, "heap.jsonl"), "a", buffering=1) as out:
+        while True:
+            time.sleep(every_s)
+            snap = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)])
+            if first is None:
+                first = snap
+            growth = snap.compare_to(first, "traceback")[:25]
+            types = Counter(type(o).__name__ for o in gc.get_objects())
+            with open("/proc/self/status") as f:
+                status = dict(line.split(":", 1) for line in f)
+            out.write(json.dumps({
+                "minute": round((time.monotonic() - t0) / 60, 1),
+                "rss_anon_mib": int(status["RssAnon"].split()[0]) >> 10,
+                "threads": int(status["Threads"]),
+                "traced_mib": round(tracemalloc.get_traced_memory()[0] / 2**20, 1),
+                "arrow_pool_mib": round(pa.total_allocated_bytes() / 2**20, 1),
+                "malloc": _mallinfo(),
+                "objects": types.most_common(15),
+                "growth": [[round(s.size_diff / 2**10), s.count_diff,
+                            [f"{fr.filename.rsplit('/', 3)[-1]}:{fr.lineno}"
+                             for fr in s.traceback[:frames]]] for s in growth],
+            }) + "\n")
+
+
+def serve_traced(argv: list[str]) -> None:
+    """``rmq serve`` under ``tracemalloc``, its heap by owner written every minute to
+    ``heap.jsonl`` in the soak's directory (``--trace-heap``; see :func:`_heap_tracer`).  A
+    diagnostic: tracing slows every allocation, so the soak's figures are not the stock
+    server's."""
+    import faulthandler
+    import tracemalloc
+
+    faulthandler.enable(all_threads=True)  # (a crash's stacks go to the server's log)
+    out_dir, frames = argv[0], int(argv[1])
+    tracemalloc.start(frames)
+    threading.Thread(target=_heap_tracer, args=(out_dir, 60.0, frames), daemon=True,
+                     name="soak-heap-tracer").start()
     from rmq_cli.cli import main as cli_main
 
-    sys.argv = ["rmq", *argv]
+    sys.argv = ["rmq", *argv[2:]]
     cli_main()
 
 
@@ -531,11 +582,12 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=None, help="default: min(300, run / 4)")
     ap.add_argument("--settle-s", type=float, default=30)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
-    ap.add_argument("--patch-reader-cache", action="store_true",
-                    help="diagnostic: run the server with its Flight readers cached per OS "
-                         "thread (see serve_patched); not the stock server")
-    if len(sys.argv) > 1 and sys.argv[1] == "--serve-patched":
-        serve_patched(sys.argv[2:])
+    ap.add_argument("--trace-heap", type=int, default=0, metavar="FRAMES",
+                    help="diagnostic: run the server under tracemalloc (tracebacks of FRAMES "
+                         "frames), its heap by owner written each minute to DIR/heap.jsonl "
+                         "(see serve_traced); not the stock server's speed")
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-traced":
+        serve_traced(sys.argv[2:])
         return 0
     args = ap.parse_args()
 
@@ -550,8 +602,8 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
     server_log = open(os.path.join(run, "server.log"), "w")  # noqa: SIM115
-    launcher = [os.path.abspath(__file__), "--serve-patched"] if args.patch_reader_cache \
-        else ["-m", "rmq_cli.cli"]
+    launcher = [os.path.abspath(__file__), "--serve-traced", run, str(args.trace_heap)] \
+        if args.trace_heap else ["-m", "rmq_cli.cli"]
     server = subprocess.Popen(
         [sys.executable, *launcher, "serve", "--store", store_path, "--create",
          "--listen", f"127.0.0.1:{port}", "--token-file", token_file,
@@ -570,7 +622,7 @@ def main() -> int:
     kills: Counter = Counter()
     samples: list[dict] = []
     summary: dict = {"minutes": args.minutes, "dir": run,
-                     "server": "patched reader cache" if args.patch_reader_cache else "stock"}
+                     "server": f"traced ({args.trace_heap} frames)" if args.trace_heap else "stock"}
     died_at = None
     try:
         wait_port(port, server)
