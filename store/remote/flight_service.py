@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -52,6 +53,8 @@ from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidReque
                    error_info, error_text, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
+#: Producer groups of half messages whose producers a server keeps (a client names any).
+HALF_PRODUCER_GROUPS = 64
 
 #: Actions only an admin account (or the server's token) may call (see :mod:`.rights`).
 ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_due",
@@ -188,8 +191,9 @@ class StoreService(flight.FlightServerBase):
                         "--tls-cert and --tls-key to serve rmqs://", self.address.url)
         # (writes one at a time; a replica set's synchronous wait comes after the release)
         self._write_lock = WaitAfterLock(store)
-        self._producers: dict[str, object] = {}
-        self._half_producers: dict[str, object] = {}
+        # (a producer of each group a client names: made per call, but for half messages,
+        # whose producer registers its group's listener: at most HALF_PRODUCER_GROUPS kept)
+        self._half_producers: OrderedDict[str, object] = OrderedDict()
         #: The replica-set member this store is (:mod:`store.replication.replica`): a
         #: follower refuses writes; ``None`` outside a replica set.
         self.replica = None
@@ -201,10 +205,20 @@ class StoreService(flight.FlightServerBase):
 
     # ------------------------------------------------------------------ helpers
     def _producer(self, group: str):
-        found = self._producers.get(group)
-        if found is None:
-            found = self._producers[group] = self.store.producer(group)
-        return found
+        return self.store.producer(group)  # (two attributes: nothing worth keeping per group)
+
+    def _half_producer(self, group: str):
+        """The producer of half messages of ``group`` (called under the write lock); the
+        least recently used of more than :data:`HALF_PRODUCER_GROUPS` is let go, with its
+        listener (a ``LeaveOpen``: the same answer as none)."""
+        producer = self._half_producers.pop(group, None)
+        if producer is None:  # the caller runs the local transaction and ends it
+            producer = self.store.transaction_producer(group, LeaveOpen())
+        self._half_producers[group] = producer
+        while len(self._half_producers) > HALF_PRODUCER_GROUPS:
+            old_group, old = self._half_producers.popitem(last=False)
+            self.store.transactions.forget_listener(old_group, old.listener)
+        return producer
 
     @contextmanager
     def _stream(self, context, what: str):
@@ -593,11 +607,7 @@ class StoreService(flight.FlightServerBase):
         group = _named(body, "group", "send_half", validate_group)
         message = self._message(body.get("message"), "send_half")
         with self._write_lock:
-            producer = self._half_producers.get(group)
-            if producer is None:  # the caller runs the local transaction and ends it
-                producer = self._half_producers[group] = self.store.transaction_producer(
-                    group, LeaveOpen())
-            result = producer.send_in_transaction(message)
+            result = self._half_producer(group).send_in_transaction(message)
         self._opened.opened(self._account(), result.transaction_id)
         out = _result(result)
         out["half_topic"] = result.half_topic
