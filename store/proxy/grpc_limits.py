@@ -44,7 +44,7 @@ SHORT_CALL_WORKERS = 64
 #: Lines a second logged about refused calls.
 REFUSALS_LOGGED_PER_S = 20
 #: How long a call may wait for its request message, and how many calls may wait at once.
-REQUEST_WAIT_S = 10.0
+REQUEST_WAIT_S = 30.0
 MAX_WAITING_REQUESTS = 4096
 #: HTTP/2 streams (calls in progress) one connection may have open (a client opening more
 #: at once may see the extra ones refused, UNAVAILABLE).
@@ -67,7 +67,8 @@ def transport_options() -> list[tuple[str, int]]:
 
 class RequestWaits:
     """Calls waiting for their request message (see the module docstring); used from the
-    event loop only."""
+    event loop only.  One timer sweeps out the calls that waited too long (every
+    ``wait_s / 4``, at most a second), rather than a timer per call."""
 
     def __init__(self, limit: int = MAX_WAITING_REQUESTS, wait_s: float = REQUEST_WAIT_S
                  ) -> None:
@@ -76,7 +77,8 @@ class RequestWaits:
                              "a time above 0")
         self.limit = limit
         self.wait_s = wait_s
-        self._waiting: OrderedDict[asyncio.Task, None] = OrderedDict()
+        self._waiting: OrderedDict[asyncio.Task, float] = OrderedDict()  # oldest first
+        self._sweep_timer: asyncio.TimerHandle | None = None
         #: calls that gave up waiting (what a test reads)
         self.given_up = 0
 
@@ -89,11 +91,13 @@ class RequestWaits:
         stream ended first); ``None`` when nothing came in time (the call waited too long,
         or was pushed out by newer ones)."""
         task = asyncio.current_task()
-        self._waiting[task] = None
+        loop = task.get_loop()
+        self._waiting[task] = loop.time()
         if len(self._waiting) > self.limit:
             oldest, _ = self._waiting.popitem(last=False)
             oldest.cancel()
-        timer = task.get_loop().call_later(self.wait_s, task.cancel)
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_later(min(1.0, self.wait_s / 4), self._sweep, loop)
         try:
             request = await context.read()
         except asyncio.CancelledError:
@@ -103,9 +107,20 @@ class RequestWaits:
             self.given_up += 1
             return None
         finally:
-            timer.cancel()
             self._waiting.pop(task, None)
         return request
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweep_timer = None
+        since = loop.time() - self.wait_s
+        while self._waiting:
+            task, started = next(iter(self._waiting.items()))
+            if started > since:
+                break
+            self._waiting.popitem(last=False)
+            task.cancel()
+        if self._waiting:
+            self._sweep_timer = loop.call_later(min(1.0, self.wait_s / 4), self._sweep, loop)
 
 
 class HeldCalls:

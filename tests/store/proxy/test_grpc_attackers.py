@@ -28,44 +28,13 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from store import MessageStore, StoreConfig, StoreReader, StoreServer
-from store.proxy import GrpcEndpoint
-from tests.store.proxy.signing import message, stub
+from store import StoreConfig
+from tests.store.proxy.signing import message, serving, stored, stub
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
 TOPIC = "attacked"
 SEND = "/apache.rocketmq.v2.MessagingService/SendMessage"
-
-
-@pytest.fixture
-def endpoint_of(tmp_path):
-    made = []
-
-    def make(**options) -> GrpcEndpoint:
-        store = MessageStore.open(str(tmp_path / f"store{len(made)}"),
-                                  StoreConfig(max_message_size_bytes=1 << 20))
-        endpoint = GrpcEndpoint(store, "127.0.0.1:0", **options)
-        made.append((endpoint, store))
-        return endpoint
-
-    yield make
-    for endpoint, store in made:
-        endpoint.close(grace_s=0)
-        store.close()
-
-
-@pytest.fixture
-def two_processes(tmp_path):
-    srv = StoreServer(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
-                      grpc="127.0.0.1:0", grpc_processes=2)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        thread.join(timeout=60)
 
 
 @pytest.fixture
@@ -174,13 +143,15 @@ def test_1500_half_open_calls_leave_short_calls_answering(endpoint_of):
 
 
 @pytest.mark.slow
-def test_3000_half_open_calls_leave_two_processes_answering(two_processes):
+def test_3000_half_open_calls_leave_two_processes_answering(tmp_path):
     """Spread over both processes (the code before: 1,280 calls at most in each)."""
-    endpoint = two_processes.grpc_endpoint
-    _short_calls_take(endpoint, n=1)
-    with HalfOpen(endpoint, 3000, connections=30):
-        time.sleep(3.0)
-        took = [t for _ in range(4) for t in _short_calls_take(endpoint, n=3, timeout=1.0)]
+    with serving(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
+                 grpc_processes=2) as (srv, _):
+        endpoint = srv.grpc_endpoint
+        _short_calls_take(endpoint, n=1)
+        with HalfOpen(endpoint, 3000, connections=30):
+            time.sleep(3.0)
+            took = [t for _ in range(4) for t in _short_calls_take(endpoint, n=3, timeout=1.0)]
     assert max(took) < 1.0, took
 
 
@@ -199,23 +170,25 @@ def test_calls_waiting_for_their_request_give_up_in_time_and_beyond_the_bound(en
     assert set(load.codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}, set(load.codes)
 
 
+class _Waiting:
+    """A call's context whose request arrives when the test says."""
+
+    def __init__(self) -> None:
+        self.arrived = asyncio.get_running_loop().create_future()
+
+    def done(self) -> bool:
+        return False
+
+    async def read(self):
+        return await self.arrived
+
+
 def test_request_waits_push_out_the_longest_waiting():
     from store.proxy.grpc_limits import RequestWaits
 
     async def main():
         waits = RequestWaits(limit=2, wait_s=60)
-
-        class Context:
-            def __init__(self):
-                self.arrived = asyncio.get_running_loop().create_future()
-
-            def done(self):
-                return False
-
-            async def read(self):
-                return await self.arrived
-
-        contexts = [Context() for _ in range(3)]
+        contexts = [_Waiting() for _ in range(3)]
         tasks = [asyncio.ensure_future(waits.request(c)) for c in contexts]
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -225,6 +198,24 @@ def test_request_waits_push_out_the_longest_waiting():
 
     results, given_up, waiting = asyncio.run(main())
     assert results == [None, "second", "third"] and given_up == 1 and waiting == 0
+
+
+def test_request_waits_give_up_after_their_time():
+    from store.proxy.grpc_limits import RequestWaits
+
+    async def main():
+        waits = RequestWaits(limit=10, wait_s=0.2)
+        late, soon = _Waiting(), _Waiting()
+        start = asyncio.get_running_loop().time()
+        tasks = [asyncio.ensure_future(waits.request(c)) for c in (late, soon)]
+        await asyncio.sleep(0.05)
+        soon.arrived.set_result("soon")
+        results = await asyncio.gather(*tasks)
+        return results, asyncio.get_running_loop().time() - start, waits.given_up
+
+    results, took, given_up = asyncio.run(main())
+    assert results == [None, "soon"] and given_up == 1
+    assert 0.2 <= took < 0.6, took
 
 
 # --------------------------------------------------------------------------- raw HTTP/2
@@ -254,20 +245,10 @@ def _grpc_frame(body: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(body)) + body
 
 
-def _stored(store_root: str) -> int:
-    reader = StoreReader.open(store_root)
-    try:
-        if TOPIC not in reader.topics():
-            return 0
-        return sum(reader.max_offset(TOPIC, q) for q in reader.queue_ids(TOPIC))
-    finally:
-        reader.close()
-
-
 def test_a_request_cut_off_mid_message_stores_nothing(endpoint_of):
     endpoint = endpoint_of()
     _short_calls_take(endpoint.endpoint, n=1)
-    before = _stored(endpoint.service.store.root)
+    before = stored(endpoint.service.store.root, TOPIC)
     body = rpc.SendMessageRequest(messages=[message(TOPIC, b"cut" * 1000)]).SerializeToString()
     for cut in (1, 5, len(body) // 2, len(body) + 4):
         with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as sock:
@@ -277,7 +258,7 @@ def test_a_request_cut_off_mid_message_stores_nothing(endpoint_of):
     assert _wait(lambda: endpoint.service.waits.waiting == 0, timeout=10)
     took = _short_calls_take(endpoint.endpoint, n=3, timeout=1.0)
     assert max(took) < 1.0, took
-    assert _stored(endpoint.service.store.root) == before + 3  # the short sends, no cut one
+    assert stored(endpoint.service.store.root, TOPIC) == before + 3  # the short sends, no cut one
 
 
 def test_a_request_trickled_byte_by_byte_is_given_up(endpoint_of):
@@ -286,7 +267,7 @@ def test_a_request_trickled_byte_by_byte_is_given_up(endpoint_of):
     endpoint = endpoint_of()
     endpoint.service.waits.wait_s = 1.0
     _short_calls_take(endpoint.endpoint, n=1)
-    before = _stored(endpoint.service.store.root)
+    before = stored(endpoint.service.store.root, TOPIC)
     body = _grpc_frame(rpc.SendMessageRequest(
         messages=[message(TOPIC, b"slow")]).SerializeToString())
     with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as sock:
@@ -302,7 +283,7 @@ def test_a_request_trickled_byte_by_byte_is_given_up(endpoint_of):
             if endpoint.service.waits.given_up:
                 break
         assert endpoint.service.waits.given_up == 1, (sent_all, endpoint.service.waits.waiting)
-    assert _stored(endpoint.service.store.root) == before
+    assert stored(endpoint.service.store.root, TOPIC) == before
 
 
 def _closed_by_peer(sock: socket.socket, within_s: float) -> bool:
@@ -464,8 +445,7 @@ def test_a_client_that_never_reads_its_responses_holds_no_one_else(endpoint_of):
 
 def test_an_oversized_request_is_refused_and_the_endpoint_serves_on(endpoint_of):
     endpoint = endpoint_of()  # a store of 1 MiB messages: gRPC's limit is 2 MiB and a little
-    before = _stored(endpoint.service.store.root) if os.path.isdir(
-        endpoint.service.store.root) else 0
+    before = stored(endpoint.service.store.root, TOPIC)
     s, channel = stub(endpoint.endpoint)
     try:
         with pytest.raises(grpc.RpcError) as refused:
@@ -476,4 +456,4 @@ def test_an_oversized_request_is_refused_and_the_endpoint_serves_on(endpoint_of)
         channel.close()
     took = _short_calls_take(endpoint.endpoint, n=2, timeout=1.0)
     assert max(took) < 1.0, took
-    assert _stored(endpoint.service.store.root) == before + 2
+    assert stored(endpoint.service.store.root, TOPIC) == before + 2
