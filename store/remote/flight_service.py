@@ -133,6 +133,12 @@ def _unless_quiet(fn):
                                            extra_info=error_info(StoreError("out of memory"))
                                            ) from None
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server
+            if isinstance(exc, OSError) and context.is_cancelled():
+                # the client went away before its answer (killed, or cut off): one line
+                # within the refusals' rate, no stack (else one per call a client drops)
+                _refused("the client %s of a %s call went away before its answer: %s",
+                         context.peer(), fn.__name__, exc)
+                raise flight.FlightCancelledError("the client went away") from None
             log.exception("request from %s failed", context.peer())
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
 
