@@ -772,9 +772,9 @@ def main() -> int:
         after = [x for x in samples if warm and x["t"] >= warm["t"]]
         mid = samples[len(samples) // 2] if samples else None  # a leak grows in both halves
         mid_ratios = {k: round(end[k] / mid[k], 3) for k in keys} if mid and end else {}
-        summary["resources"] = {"warm": warm, "warm_at_min": round(
-                                    (warm["t"] - early[0]["t"]) / 60 + 0.5, 1)
-                                if warm and early else None,
+        summary["resources"] = {"warm": warm, "end": end,
+                                "warm_at_min": round((warm["t"] - t0_wall) / 60, 1)
+                                if warm else None,
                                 "heap_settled_by_a_third": warm_settled,
                                 "heap_mib_per_10_min_after_warm": _slope(after),
                                 "ratio_end_to_warm": ratios,
