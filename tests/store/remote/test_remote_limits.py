@@ -82,8 +82,8 @@ def test_half_messages_of_many_groups_keep_a_bounded_number_of_producers(tmp_pat
     """A client names any producer group: the server keeps the producers (and their
     listeners in the store's transaction service) of the most recent
     ``HALF_PRODUCER_GROUPS`` only; the code before kept one of each group for ever."""
-    from store.remote import flight_service
     from store.produce.transaction_producer import LeaveOpen
+    from store.remote import flight_service
 
     class Undecided:
         def execute_local_transaction(self, message, arg):
