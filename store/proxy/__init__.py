@@ -28,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..base.errors import InvalidConfigError
 from ..base.remote_address import RemoteAddress
-from .grpc_limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
+from .grpc_limits import (MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls,
+                          transport_options)
 
 log = logging.getLogger("store.proxy")
 
@@ -106,8 +107,7 @@ class GrpcEndpoint:
         try:
             self.port = self._run(self._start(
                 stores, address, self._limit,
-                max_held_calls + short_call_workers * 4, tls, access, held,
-                reuse_port or processes > 1, writer_thread))
+                tls, access, held, reuse_port or processes > 1, writer_thread))
             if processes > 1:  # the others join the port (store.proxy.processes)
                 from .processes import Workers
 
@@ -134,18 +134,20 @@ class GrpcEndpoint:
         """Run ``coroutine`` on the endpoint's loop; its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
-    async def _start(self, stores, address: RemoteAddress, limit: int, concurrent: int, tls,
-                     access, held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
+    async def _start(self, stores, address: RemoteAddress, limit: int, tls, access,
+                     held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
         import grpc
 
         from .aio_calls import AsyncMessagingService, add_to_server
 
+        # no bound on calls in all (maximum_concurrent_rpcs): half-open streams that cost
+        # their client nothing would fill it; calls wait for their requests within bounds
+        # and the transport bounds the rest (store.proxy.grpc_limits)
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool,
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 1 if reuse_port else 0)],
-            maximum_concurrent_rpcs=concurrent)
+                     ("grpc.so_reuseport", 1 if reuse_port else 0), *transport_options()])
         target = f"[{address.host}]:{address.port}" if ":" in address.host else \
             f"{address.host}:{address.port}"
         try:

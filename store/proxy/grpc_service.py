@@ -449,20 +449,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             log.warning("client %s sent an unexpected telemetry command %s", session.client_id,
                         which)
 
-    def Telemetry(self, request_iterator, context):
+    def open_session(self, context) -> Session:
+        """The session of a telemetry stream starting (counted as a held call, the client
+        id's earlier session ended); ``Refused`` when the call is not allowed, with
+        ``TOO_MANY_REQUESTS`` beyond the held calls' bounds.  ``context`` is read here only:
+        a stream's context is read on the event loop, never from another thread."""
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
-        try:
-            account = self._account(context)
-            check_client_id(client_id)
-        except Refused as exc:
-            self._refused("Telemetry", context, exc)
-            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
-            return
+        account = self._account(context)
+        check_client_id(client_id)
         if not self.held.acquire(client_id):
-            text = (f"{self.held.total} telemetry streams and long polls are held (at most "
-                    f"{self.held.per_client} per client); open the stream again later")
-            self._refused("Telemetry", context, Refused(Code.TOO_MANY_REQUESTS, text))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
+            raise Refused(Code.TOO_MANY_REQUESTS,
+                          f"{self.held.total} telemetry streams and long polls are held (at "
+                          f"most {self.held.per_client} per client); open the stream again "
+                          "later")
         session = Session(client_id, context.peer(), account)
         try:
             with self._sessions_lock:
@@ -470,39 +469,32 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if old is not None:
                     _check_owner(old, account)
                 self._sessions[client_id] = session
-        except Refused as exc:
+        except Refused:
             self.held.release(client_id)
-            self._refused("Telemetry", context, exc)
-            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
-            return
+            raise
         if old is not None:
             old.open = False
             old.outbox.put(_Closed)
+        return session
 
-        def read() -> None:
-            try:
-                for command in request_iterator:
-                    self._on_command(session, command)
-            except Exception as exc:  # noqa: BLE001 - the client went away mid-stream
-                log.info("telemetry stream of %s ended: %s", client_id, exc)
-            finally:
-                session.outbox.put(_Closed)
+    def close_session(self, session: Session) -> None:
+        """The end of ``session``'s telemetry stream (once, however it ended)."""
+        self.held.release(session.client_id)
+        session.open = False
+        with self._sessions_lock:
+            if self._sessions.get(session.client_id) is session:
+                del self._sessions[session.client_id]
 
-        context.add_callback(lambda: session.outbox.put(_Closed))
-        threading.Thread(target=read, name=f"rmq-telemetry-{client_id[:24]}",
-                         daemon=True).start()
-        try:
-            while not self._closing.is_set():
-                item = session.outbox.get()
-                if item is _Closed:
-                    break
-                yield item
-        finally:
-            self.held.release(client_id)
-            session.open = False
-            with self._sessions_lock:
-                if self._sessions.get(client_id) is session:
-                    del self._sessions[client_id]
+    def next_command(self, session: Session):
+        """The next command for ``session``'s stream, waiting for one; ``None`` once the
+        stream is to end."""
+        item = session.outbox.get() if not self._closing.is_set() else _Closed
+        return None if item is _Closed or self._closing.is_set() else item
+
+    @staticmethod
+    def end_stream(session: Session) -> None:
+        """Make the wait of :meth:`next_command` end (the stream's call ended)."""
+        session.outbox.put(_Closed)
 
     def _permitted(self, session: Session, topics, right: str) -> frozenset[str]:
         """The ``topics`` a session's account may ``right`` (the others are left out, and
