@@ -20,7 +20,7 @@ One Python process answers at most about one core's worth of calls (the GIL).  W
   a receipt handle any other gave, and a message is handed out once across processes.
 
 A worker's long polls wait in the primary; a send through a worker wakes them within the
-primary's poll interval (:data:`~store.proxy.grpc_service.POLL_INTERVAL_MS`).  Workers read
+primary's poll interval (:data:`~store.proxy.consumer_calls.POLL_INTERVAL_MS`).  Workers read
 their settings from their standard input and end when it closes (when ``rmq serve``
 ends, however it ends).
 """
