@@ -20,6 +20,11 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     88   8     storeTag                ours: the store it belongs to (store.core.identity's
                                        tag of the store id); 0 when written before stores
                                        had ids (or by RocketMQ)
+    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the run
+                                       that last moved slotDone appended (where the
+                                       delivered copies of that slot's last handled units
+                                       lie; a hint for checking slotDone, see
+                                       store.timer.validation); 0: none
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -49,6 +54,7 @@ CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
     "deliver_mark", "precision_ms", "wheel_slots", "slot_done", "store_tag",
+    "slot_done_from",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -70,6 +76,7 @@ class TimerCheckpoint:
     wheel_slots: int = 0
     slot_done: int = 0
     store_tag: int = 0
+    slot_done_from: int = 0
 
     def pack(self) -> bytes:
         """The checkpoint as its on-disk bytes."""
@@ -150,7 +157,7 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
             f"{precision_ms} (read time {read}, slot times {times[:3].tolist()}); open the store "
             "with StoreConfig(timer_precision_ms=<the broker's timerPrecisionMs>)")
     return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
-                               deliver_mark=-1, slot_done=0)
+                               deliver_mark=-1, slot_done=0, slot_done_from=0)
 
 
 def load(path: str) -> TimerCheckpoint | None:

@@ -72,7 +72,7 @@ from .wheel_placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
-from .validation import copy_aside, timer_files_problem
+from .validation import copy_aside, handled_in_slot, timer_files_problem
 from .wheel import open_timer_files
 
 log = logging.getLogger("store")
@@ -259,6 +259,13 @@ class TimerService:
             problem = timer_files_problem(self.store, self.wheel, self.log, disk)
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
+            elif (handled := handled_in_slot(self.store, self.wheel, self.log, disk)) \
+                    is not None:
+                log.warning("%s: its count of handled units of the slot at %d ms (slotDone "
+                            "%d) is not what the delivered copies say (%d); corrected",
+                            self._check_path, disk.last_read_time_ms, disk.slot_done, handled)
+                disk.slot_done = handled
+                self._save(disk)
             self.wheel.release_memory()
             ckpt.mark_as_rmqs(self._check_path)  # after a save: the files are rmq's now
         self._state = disk
