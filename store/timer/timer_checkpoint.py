@@ -148,6 +148,16 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
     :class:`~store.base.errors.ConfigMismatchError` otherwise: rebuilding the wheel instead would
     deliver again what the broker already delivered.
     """
+    check_broker_precision(state, live_ticks, precision_ms, slots)
+    return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
+                               deliver_mark=-1, slot_done=0, slot_done_from=0)
+
+
+def check_broker_precision(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,
+                           slots: int) -> None:
+    """Raise :class:`~store.base.errors.ConfigMismatchError` when a RocketMQ 5 broker's
+    timer (its checkpoint ``state`` and the ``live_ticks`` of its wheel of ``slots`` slots)
+    cannot have been written with ``precision_ms`` (see :func:`adopt_rocketmq`)."""
     read = state.last_read_time_ms
     times = live_ticks.astype(np.int64) * precision_ms
     span = slots * precision_ms
@@ -156,8 +166,6 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
             f"the timer files were written by a RocketMQ broker whose timerPrecisionMs is not "
             f"{precision_ms} (read time {read}, slot times {times[:3].tolist()}); open the store "
             "with StoreConfig(timer_precision_ms=<the broker's timerPrecisionMs>)")
-    return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
-                               deliver_mark=-1, slot_done=0, slot_done_from=0)
 
 
 def load(path: str) -> TimerCheckpoint | None:

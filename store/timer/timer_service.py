@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..base.config import StoreConfig
 from ..files.crash_points import crash_point
 from ..formats.record_codec import RecordSpec
 from ..core.identity import store_tag
@@ -73,7 +74,7 @@ from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
 from .validation import copy_aside, handled_in_slot, timer_files_problem
-from .wheel import open_timer_files
+from .wheel import open_timer_files, read_live_ticks
 
 log = logging.getLogger("store")
 
@@ -93,6 +94,25 @@ def register_timer_topic(port: StorePort) -> None:
     """Make the timer topic known to the core: one queue (tagsCode: the tag hash, as RocketMQ
     5 dispatches it; fire times are read from the records, see :mod:`.timer_queue`)."""
     port.register_system_topic(TIMER_TOPIC, 1)
+
+
+def refuse_broker_timer_of_another_precision(root: str, config: StoreConfig) -> None:
+    """Before a writable open of ``root`` writes anything: raise
+    :class:`~store.base.errors.ConfigMismatchError` when the timer files are a RocketMQ 5
+    broker's (its checkpoint, never saved by rmq; no ``config/store.json`` yet) and cannot
+    have been written with ``config.timer_precision_ms`` (see
+    :func:`~store.timer.timer_checkpoint.check_broker_precision`).  The open would refuse
+    them later anyway, after recording the wrong precision in ``config/store.json`` and
+    rewriting the checkpoint and the queue table."""
+    if os.path.exists(os.path.join(root, "config", "store.json")):
+        return  # the store's own settings: the recorded precision is used
+    path = os.path.join(root, "config", "timercheck")
+    state = ckpt.load(path)
+    if state is None or not ckpt.written_by_rocketmq(state, path):
+        return
+    wheel = read_live_ticks(os.path.join(root, "timerwheel"))
+    if wheel is not None:
+        ckpt.check_broker_precision(state, wheel[0], config.timer_precision_ms, wheel[1])
 
 
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
