@@ -74,6 +74,7 @@ from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
 from .validation import copy_aside, handled_in_slot, timer_files_problem
+from .timer_seal import seal_holds, write_seal
 from .wheel import open_timer_files, read_live_ticks
 
 log = logging.getLogger("store")
@@ -276,7 +277,10 @@ class TimerService:
             # being updated by a run that died, which its redo repairs the same way), and
             # damage inside the files is looked for before they are used
             repair_wheel(self.wheel, self.log, disk, self.shape)
-            problem = timer_files_problem(self.store, self.wheel, self.log, disk)
+            # (files a clean close sealed and nothing changed since need no check)
+            problem = None if seal_holds(self._check_path, self.wheel, self.log,
+                                         disk.last_timer_log_flush_pos) \
+                else timer_files_problem(self.store, self.wheel, self.log, disk)
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
             elif (handled := handled_in_slot(self.store, self.wheel, self.log, disk)) \
@@ -390,6 +394,19 @@ class TimerService:
         self.wheel.created = False
         self._save(state)
         return state
+
+    def _seal(self) -> None:
+        """Write the seal when no run is under way and the checkpoint on disk is the one this
+        process saved or loaded last (its files as it left them)."""
+        st = self._state
+        if st is None or st.deliver_mark >= 0:
+            return
+        disk = ckpt.load(self._check_path)
+        if disk is None or disk.counter != st.counter or disk.deliver_mark >= 0:
+            return
+        self.wheel.flush()
+        self.log.flush()
+        write_seal(self._check_path, self.wheel, self.log, disk.last_timer_log_flush_pos)
 
     def _save(self, state: TimerCheckpoint) -> None:
         state.counter += 1
@@ -562,6 +579,12 @@ class TimerService:
         self.log.delete_expired(commitlog_min)
 
     def close(self) -> None:
+        """Seal the timer files when this process leaves them clean (see
+        :mod:`store.timer.timer_seal`; the caller holds the write lock), then close them."""
+        try:
+            self._seal()
+        except Exception:  # a seal only saves the next open a check: never fail a close
+            log.exception("sealing the timer files failed; the next open checks them")
         self.keys.close()
         self.wheel.close()
         self.log.close()

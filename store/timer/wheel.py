@@ -179,6 +179,10 @@ class TimerWheel:
             t % self.slots == idx)
         return t[keep] * self.precision, self._slots["num"][keep].astype(np.int64)
 
+    def raw_bytes(self) -> memoryview:
+        """The whole file's bytes, as mapped (read them only)."""
+        return memoryview(self._map)
+
     def live_ticks(self) -> np.ndarray:
         """``time`` (slot time / precision) of every slot holding units."""
         return live_ticks_of(self._slots)
