@@ -73,10 +73,10 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s")
         figures: dict[str, list[tuple[float, float]]] = {"check": [], "verify": []}
         for _ in range(args.repeat):
-            for method in figures:
+            for method, turns in figures.items():
                 seconds, result = timed(path, args.slots, args.entries, method)
                 assert result is None, result
-                figures[method].append(seconds)
+                turns.append(seconds)
         for method, seconds in figures.items():
             wall, cpu = zip(*seconds)
             print(f"{method:7s} wall best {min(wall):.3f} s, worst {max(wall):.3f} s; "

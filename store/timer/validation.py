@@ -214,9 +214,9 @@ def handled_in_slot(store: StorePort, wheel: TimerWheel, log: TimerLog,
         # nothing can tell which were handled, and no count loses or repeats a message
         return None if k <= len(units) else len(units)
     hint = state.slot_done_from - 1
-    if k <= len(units) and store.commit_log.min_offset() <= hint <= store.confirmed_offset():
-        if _consistent(k, leaves_copy, np.isin(source, origins_since(store, hint)), redo):
-            return None
+    if k <= len(units) and store.commit_log.min_offset() <= hint <= store.confirmed_offset() \
+            and _consistent(k, leaves_copy, np.isin(source, origins_since(store, hint)), redo):
+        return None
     start = max(int(source[leaves_copy].min()), store.commit_log.min_offset())
     has_copy = np.isin(source, origins_since(store, start)) & leaves_copy
     if k <= len(units) and _consistent(k, leaves_copy, has_copy, redo):

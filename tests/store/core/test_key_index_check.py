@@ -73,10 +73,10 @@ def test_a_reader_answers_every_key_of_a_damaged_file_from_the_commitlog(tmp_pat
     path = str(tmp_path / "s")
     offsets = _store_with_keys(path)
     DAMAGE[damage](_files(path)[which])
-    with caplog.at_level(logging.WARNING, "store.core.key_index"):
-        with StoreReader.open(path, SMALL) as reader:
-            _answers(reader, offsets)
-            assert reader.view_message(reader.query_messages("T", key="k3")[0].msg_id)
+    with caplog.at_level(logging.WARNING, "store.core.key_index"), \
+            StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+        assert reader.view_message(reader.query_messages("T", key="k3")[0].msg_id)
     assert "is damaged" in caplog.text and "rmq repair" in caplog.text
     assert len(_files(path)) == 2  # a reader changes nothing
 
