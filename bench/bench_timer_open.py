@@ -80,8 +80,9 @@ print(json.dumps({"import": t1 - t0, "open": t2 - t1, "first_deliver_due": t3 - 
 
 def _run(code: str, root: str, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=root)
+    # (run in ``root``: ``python -c`` puts the working directory first on the path)
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, check=True,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=root)
     return out.stdout
 
 
