@@ -471,25 +471,37 @@ class KeyIndex:
 
     # -- the first-use check --------------------------------------------------------------------
     def _chain_problem(self, f: IndexFile) -> str | None:
-        """Why ``f`` cannot answer every key it holds (``None``: it can), its header and size
-        (:meth:`IndexFile.problem`) and, once per file and process, its slots and chains
-        (:meth:`IndexFile.check_chains`, columnar over the mapping).  A file another
-        process's builder may be writing fails the check while a put is half-published:
-        a failure is checked again holding the builders' lock before it counts."""
+        """Why ``f`` cannot answer every key it holds (``None``: it can): its size and
+        header (:meth:`IndexFile.problem`) and, once per file and process, its slots and
+        chains (:meth:`IndexFile.check_chains`, one compiled pass over the mapping)."""
         problem = f.problem()
         if problem is None and f.chain_problem == UNCHECKED:
-            problem = f.check_chains()
-            if problem is not None and self._holder != threading.get_ident():
-                with self._quiet_builders():
-                    problem = f.check_chains()
-            f.chain_problem = problem
-        problem = problem or f.chain_problem
-        if problem is not None and f.path not in self._warned:
-            self._warned.add(f.path)
-            log.warning("index file %s is damaged (%s): a query walks the CommitLog records "
-                        "it held instead (slower) until `rmq repair` or a writable open "
-                        "rebuilds the index", f.path, problem)
-        return problem
+            f.chain_problem = f.check_chains()
+        return problem or f.chain_problem
+
+    def _problems(self) -> dict[str, str]:
+        """The files found damaged, by name (a query's first look at each file).  Another
+        process's builder may be creating a file (not sized yet) or writing one (a put
+        half-published): a file that fails is looked at again holding the builders' lock
+        before it counts, and then said once."""
+        self._refresh()
+        found = {n: p for n in self._order if (p := self._chain_problem(self._files[n]))}
+        if found and self._holder != threading.get_ident():
+            with self._quiet_builders():
+                for name in found:
+                    if name in self._files:
+                        self._files[name].chain_problem = UNCHECKED
+                self._refresh(force=True)  # (a file of another size is opened again)
+                found = {n: p for n in self._order
+                         if (p := self._chain_problem(self._files[n]))}
+        for name, problem in found.items():
+            path = self._files[name].path
+            if path not in self._warned:
+                self._warned.add(path)
+                log.warning("index file %s is damaged (%s): a query walks the CommitLog "
+                            "records it held instead (slower) until `rmq repair` or a "
+                            "writable open rebuilds the index", path, problem)
+        return found
 
     @contextmanager
     def _quiet_builders(self) -> Iterator[None]:
@@ -515,13 +527,13 @@ class KeyIndex:
         held: from the last record of the sound file before each (the log's start when
         none) to the first record of the sound file after it (the log's end when none),
         so a query walks them instead (see :meth:`tail`)."""
-        self._refresh()
+        problems = self._problems()
         files: list[IndexFile] = []
         gaps: list[tuple[int, int]] = []
         open_gap = False
         for name in self._order:
             f = self._files[name]
-            if self._chain_problem(f) is not None:
+            if name in problems:
                 if not open_gap:
                     ends = [g.end_phy_offset for g in files if g.end_phy_offset >= 0]
                     gaps.append((ends[-1] if ends else 0, _LOG_END))
