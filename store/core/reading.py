@@ -300,7 +300,7 @@ class ReadableStore:
         From the checkpoint when rmq wrote it; otherwise (a store written by RocketMQ, or a
         damaged checkpoint, opened read-only) where the valid records end.
         """
-        if self.checkpoint.trusted:
+        if self.checkpoint.trusted_now():
             return self.checkpoint.get("confirm_phy_offset")
         return self.commit_log.valid_end()
 
