@@ -28,8 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..base.errors import InvalidConfigError
 from ..base.remote_address import RemoteAddress
-from .grpc_limits import (MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls,
-                          transport_options)
+from .grpc_limits import (
+    MAX_HELD_CALLS,
+    MAX_HELD_CALLS_PER_CLIENT,
+    SHORT_CALL_WORKERS,
+    HeldCalls,
+    transport_options,
+)
 
 log = logging.getLogger("store.proxy")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -35,9 +34,7 @@ from .convert import (
 )
 from .follower_calls import forwarded_fifo
 from .handles import HANDLE_MAX_LENGTH
-
-if TYPE_CHECKING:
-    from .grpc_service import Member
+from .members import Member
 
 log = logging.getLogger("store.proxy")
 

@@ -55,7 +55,6 @@ from ..formats.message import (
     is_valid_topic_name,
     sharding_queue,
 )
-from ..produce.transaction_producer import LeaveOpen
 from ..transaction.check_views import CheckViews
 from .access import OPEN, AccessControl, Account
 from .consumer_calls import (
@@ -63,7 +62,6 @@ from .consumer_calls import (
     RECEIVE_BATCH_MAX,
     ConsumerCalls,
 )
-from .consumers import ConsumerGroups
 from .convert import (
     Code,
     Incoming,
@@ -79,12 +77,10 @@ from .convert import (
 )
 from .grpc_limits import HeldCalls, LogBudget
 from .handles import HANDLE_MAX_LENGTH, Signer, store_secret
+from .members import PRODUCER_GROUP, Member
 
 log = logging.getLogger("store.proxy")
 
-#: The producer group of the half messages sent through this endpoint (the check-back asks
-#: the endpoint's producers about them, by topic, as RocketMQ's proxy does).
-PRODUCER_GROUP = "rmq-grpc"
 #: What the endpoint tells clients (RocketMQ's proxy defaults).
 SEND_ATTEMPTS = 3
 _ACCEPTED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
@@ -148,17 +144,6 @@ def _check_owner(session: Session, account: Account) -> None:
 
 class _Closed:
     """Ends a session's outgoing stream."""
-
-
-class Member:
-    """One store the endpoint serves, with its producers and consumer groups."""
-
-    def __init__(self, name: str, store) -> None:
-        self.name = name
-        self.store = store
-        self.producer = store.producer(PRODUCER_GROUP)
-        self.transactions = store.transaction_producer(PRODUCER_GROUP, LeaveOpen())
-        self.groups = ConsumerGroups(store)
 
 
 
