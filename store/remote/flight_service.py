@@ -161,13 +161,20 @@ class StoreService(flight.FlightServerBase):
         The accounts of an ACL file (:mod:`store.files.accounts`): each call is then made by
         an account (or with ``token``, as an admin) and checked by what it touches
         (:mod:`.rights`).
+    replica : Replica, optional
+        The replica-set member this store is (:mod:`store.replication.replica`): writes
+        are refused unless it leads.
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
                  tls: tuple[bytes, bytes] | None = None,
                  max_request_bytes: int = MAX_MESSAGE_BYTES,
                  stream_limits: StreamLimits | None = None,
-                 accounts: list[AccountRights] | None = None) -> None:
+                 accounts: list[AccountRights] | None = None, replica=None) -> None:
+        #: The replica-set member this store is (:mod:`store.replication.replica`): a
+        #: follower refuses writes; ``None`` outside a replica set.  Set before the server
+        #: listens, so that no request is taken as a lone store's.
+        self.replica = replica
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
@@ -190,9 +197,6 @@ class StoreService(flight.FlightServerBase):
         self._write_lock = WaitAfterLock(store)
         self._producers: dict[str, object] = {}
         self._half_producers: dict[str, object] = {}
-        #: The replica-set member this store is (:mod:`store.replication.replica`): a
-        #: follower refuses writes; ``None`` outside a replica set.
-        self.replica = None
         self._closing = threading.Event()
 
     @property
