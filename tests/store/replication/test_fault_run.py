@@ -94,8 +94,9 @@ def test_the_fault_schedule_is_the_seed_s():
 
 @pytest.mark.slow
 def test_a_bounded_fault_run_finds_no_violation(tmp_path):
-    """About a minute and a half: 36 s of faults (kills of the leader and of followers, partitions,
-    freezes, slow links) against three replicas with synchronous replication."""
+    """About a minute and a half: 36 s of faults (kills of the leader and of followers,
+    partitions, freezes, slow links) against three replicas with synchronous
+    replication."""
     summary = _tool().run(minutes=0.6, seed=3, replicas=3, sync=True, producers=2,
                           out=str(tmp_path / "out"), log=lambda text: None)
     assert summary["violations"] == [], summary["violations"][:20]
