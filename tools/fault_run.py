@@ -388,8 +388,10 @@ class Cluster:
         cmd = [sys.executable, "-m", "rmq_cli.cli", "serve", *where, "--listen", listen,
                "--replica-set", self.rs, "--insecure", "--log-level", "WARNING"]
         with open(os.path.join(self.work, f"serve-{i}.log"), "ab") as log:
+            # (a session of its own: a Ctrl-C meant for the tool does not stop the servers)
             self.procs[i] = subprocess.Popen(self.hosts.wrap(i, cmd), env=self.env,
-                                             stdout=subprocess.DEVNULL, stderr=log)
+                                             stdout=subprocess.DEVNULL, stderr=log,
+                                             start_new_session=True)
         self.stopped.discard(i)
 
     def alive(self, i: int) -> bool:
@@ -662,6 +664,8 @@ def run(*, minutes: float, seed: int, replicas: int, sync: bool, producers: int 
         for w in workers:
             w.start()
         nemesis.start()
+        # SIGINT or SIGTERM (the main thread only): end the faults now, heal and check
+        _on_signals(nemesis.stop.set)
         nemesis.join(minutes * 60 + 120)
         nemesis.stop.set()
         nemesis.join(60)
@@ -737,6 +741,16 @@ def run(*, minutes: float, seed: int, replicas: int, sync: bool, producers: int 
             src = os.path.join(work, f"serve-{i}.log")
             if os.path.exists(src):
                 shutil.copy(src, out)
+
+
+def _on_signals(handler) -> bool:
+    """``handler()`` on SIGINT and SIGTERM, where this is the main thread (a test may run
+    :func:`run` on another); whether it was installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: handler())
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
