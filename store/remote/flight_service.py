@@ -307,9 +307,18 @@ class StoreService(flight.FlightServerBase):
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
         signal, checked, replica = None, (lambda: None), self.replica
+        bound = stopping = None
         if replica is not None:
             replica.check_source("replicate")  # (only a leader's log is copied)
+            epoch = replica.epoch if request["epoch"] is None else request["epoch"]
+            replica.check_term("replicate", epoch)
             signal = replica.append_signal
+
+            def bound() -> int | None:  # (a term begun since: its bytes wait for its terms)
+                return replica.term_bound(epoch)
+
+            def stopping() -> bool:
+                return self._closing.is_set() or bound() is not None
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
@@ -320,7 +329,8 @@ class StoreService(flight.FlightServerBase):
             release()
             raise
         try:
-            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
+            first = first_chunk(reader, request, stopping or self._closing.is_set, signal,
+                                checked, bound or (lambda: None))
         except BaseException:
             self._readers.give_back(reader)
             release()
@@ -329,7 +339,7 @@ class StoreService(flight.FlightServerBase):
         def batches():
             try:
                 yield None  # (primed below: a started generator runs its finally when dropped)
-                yield from answer(reader, request, first)
+                yield from answer(reader, request, first, bound or (lambda: None))
             except StoreError as exc:
                 raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
             finally:

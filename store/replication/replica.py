@@ -384,6 +384,24 @@ class Replica:
                                  f"{self.leader or 'no leader known'}); allowed: copying from "
                                  "the leader")
 
+    def check_term(self, what: str, epoch: int) -> None:
+        """Refuse a follower's request made under another epoch than this leader's
+        (:class:`NotLeaderError`): the follower takes this leader's terms again first, so
+        that it never holds bytes of a term it does not know (:mod:`.election` compares
+        replicas by the term of the bytes they hold)."""
+        if epoch != self.epoch:
+            raise NotLeaderError(f"{what}: asked under epoch {epoch}, but {self.me} leads in "
+                                 f"epoch {self.epoch}; allowed: a follower that took its "
+                                 "leader's terms (it takes them again)")
+
+    def term_bound(self, epoch: int) -> int | None:
+        """Where the first term after ``epoch`` starts in this log; ``None`` while this
+        replica is still in ``epoch`` (or no later term is recorded)."""
+        if self.epoch == epoch:
+            return None
+        later = [start for e, start in read_epochs(self.store.root) if e > epoch]
+        return min(later) if later else None
+
     def check_action(self, name: str) -> None:
         if name not in READ_ACTIONS:
             self.check_write(name)

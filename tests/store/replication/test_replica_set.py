@@ -187,8 +187,10 @@ def test_a_follower_restarted_goes_on_from_its_own_end(tmp_path):
                 end = caught_up(leader, follower)
                 assert end > first
                 assert commitlog_bytes(follower.path, end) == commitlog_bytes(leader.path, end)
-                asked = leader.replica.status()["followers"]
-                assert [f["end"] for f in asked if f["end"] == end]  # the leader saw it come
+                deadline = time.monotonic() + 10  # (its next request reports the end)
+                while not [f for f in leader.replica.status()["followers"] if f["end"] == end]:
+                    assert time.monotonic() < deadline, leader.replica.status()  # never seen
+                    time.sleep(0.01)
             finally:
                 follower.close()
     finally:
