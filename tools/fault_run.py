@@ -56,7 +56,8 @@ to be due, reads the topic back from the leader and runs :func:`check` on the hi
 
 It prints a summary (operations, acknowledged, lost, doubled, early, order violations,
 faults by kind, leader changes) as JSON and exits 1 on any violation.  The suite runs it
-bounded (``tests/tools/test_fault_run.py``); docs/benchmarks.md lists longer runs.
+bounded (``tests/store/replication/test_fault_run.py``); docs/benchmarks.md lists
+longer runs.
 The schedule of faults (kinds, targets by role, pauses) is the same for a seed; what it
 hits, and the workload's interleaving, depend on timing.
 """
@@ -68,6 +69,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -104,6 +106,8 @@ UNKNOWN = (SendOutcomeUnknownError, ReplicaAckTimeoutError, LeaderDeposedError)
 #: Operation kinds of the workload and their weights.
 OP_WEIGHTS = {"send": 45, "batch": 15, "keys": 15, "delayed": 15, "timer-key": 10}
 DELAY_MS = (1000, 5000)
+#: A server's log line when its replica starts a term as leader.
+_LEADS = re.compile(r"(\S+) leads its replica set in epoch (\d+) from")
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,6 +222,19 @@ def check(ops: list[dict], stored: list[dict], *, sync: bool, leader_changes: in
                  "redelivered_keyed"):
         counts.setdefault(name, 0)
     return {"counts": dict(counts), "violations": violations}
+
+
+def leader_terms(logs: list[str]) -> list[tuple[int, str]]:
+    """``(epoch, leader URL)`` of every term the replicas' logs say they led, in order."""
+    found = set()
+    for path in logs:
+        if os.path.exists(path):
+            with open(path, errors="replace") as fh:
+                for line in fh:
+                    m = _LEADS.search(line)
+                    if m:
+                        found.add((int(m.group(2)), m.group(1)))
+    return sorted(found)
 
 
 def commitlog_bytes(store_dir: str, end: int) -> bytes:
@@ -708,7 +725,9 @@ def run(*, minutes: float, seed: int, replicas: int, sync: bool, producers: int 
                         if n.endswith(".bin")])
                    for d in cluster.dirs if os.path.isdir(os.path.join(d, "config",
                                                                        "truncated")))
-        report = check(ops, stored, sync=sync, leader_changes=last_epoch - first_epoch,
+        terms = leader_terms([os.path.join(work, f"serve-{i}.log") for i in range(replicas)])
+        changes = sum(1 for (_, a), (_, b) in itertools.pairwise(terms) if a != b)
+        report = check(ops, stored, sync=sync, leader_changes=changes,
                        diverged=compare_logs(logs)
                        + [f"replica {k} holds {len(v)} bytes, the leader {end}"
                           for k, v in logs.items() if len(v) != end])
@@ -723,7 +742,8 @@ def run(*, minutes: float, seed: int, replicas: int, sync: bool, producers: int 
             "replication": "sync (min_insync_replicas 2)" if sync else "async",
             "hosts": net.kind, "seconds": round(time.monotonic() - started, 1),
             **report["counts"], "faults": dict(faults), "faults_total": len(nemesis.done),
-            "leader_changes": last_epoch - first_epoch, "tails_cut": cuts,
+            "leader_changes": changes, "terms": last_epoch - first_epoch,
+            "tails_cut": cuts,
             "commitlog_bytes": end, "history": os.path.join(out, "history.jsonl"),
             "violations": report["violations"],
         }
