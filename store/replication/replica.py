@@ -105,7 +105,15 @@ class Replica:
         store.appender.refusal = None  # (the server's process: its appends are waited for)
         if self.role == "leader":
             self._install_acks()
+            self._take_delay_keys()
         self._write_state()
+
+    def _take_delay_keys(self) -> None:
+        """A leader's timer drops the keyed messages that a later send replaced or a cancel
+        cancelled (:mod:`store.timer.delay_keys`) only once its key table exists; a follower
+        never made one (it sends nothing), so a new leader builds it from the timer topic
+        it copied: one scan of that topic, at each change to leader."""
+        self.store.timer.keys.ensure()
 
     def _init_elected(self, recorded: dict) -> None:
         self.leader = None
@@ -314,6 +322,7 @@ class Replica:
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
                 self._write_state()
+            self._take_delay_keys()  # (before a service step delivers: the lock is held)
             return {"epoch": new, "start_offset": end, "leader_end": leader_end,
                     "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}
 
