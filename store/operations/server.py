@@ -186,6 +186,15 @@ class StoreServer:
         self._asks = None     # the gRPC endpoint this server's check rounds ask (its own, or
         try:                  # a store group's, shared by its members' servers)
             self._lock_fd = _take_lock(self.path)
+            self.replica = None
+            if members is not None:
+                from ..replication.replica import Replica
+
+                credentials = ({"account": members.account, "secret_file": members.secret_file}
+                               if members.account is not None else {"token": token})
+                # (before the Flight face listens: a request it takes must meet the
+                # replica's refusal; a replica set's member never acts as a lone store)
+                self.replica = Replica(self.store, members, me, **credentials)
             if address is not None:
                 # (pyarrow.flight: only when serving)
                 from ..remote.flight_service import StoreService
@@ -197,25 +206,16 @@ class StoreServer:
 
                     limits["accounts"] = read_accounts(acl)
                 self.service = StoreService(self.store, address, token=token, tls=tls,
-                                            **limits)
+                                            replica=self.replica, **limits)
             if grpc is not None:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 
                 # (a synchronous replica's sends wait for their copies: in groups, off the loop)
                 self.endpoint = GrpcEndpoint(
                     self.store, grpc, acl=acl, tls=tls, processes=grpc_processes,
-                    writer_thread=members is not None and members.min_insync_replicas > 1)
+                    writer_thread=members is not None and members.min_insync_replicas > 1,
+                    replica=self.replica)  # (writes while leading; else to the leader)
             self._asks = self.endpoint
-            self.replica = None
-            if members is not None:
-                from ..replication.replica import Replica
-
-                credentials = ({"account": members.account, "secret_file": members.secret_file}
-                               if members.account is not None else {"token": token})
-                self.replica = self.service.replica = Replica(self.store, members, me,
-                                                              **credentials)
-                if self.endpoint is not None:  # (writes while leading; else to the leader)
-                    self.endpoint.serve_replica(self.replica)
         except BaseException:
             if self.service is not None:
                 self.service.shutdown()

@@ -73,7 +73,7 @@ class GrpcEndpoint:
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
                  short_call_workers: int = SHORT_CALL_WORKERS, processes: int = 1,
                  reuse_port: bool = False, writer_thread: bool = False,
-                 primary: str | None = None) -> None:
+                 primary: str | None = None, replica=None) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
@@ -109,6 +109,7 @@ class GrpcEndpoint:
         self._thread.start()
         self._limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
         self._tls = tls
+        self._replica = replica  # (served as such before the port takes a call)
         try:
             self.port = self._run(self._start(
                 stores, address, self._limit,
@@ -179,6 +180,8 @@ class GrpcEndpoint:
             self.service = ForwardingMessagingService(stores, primary=self._primary,
                                                       max_message_bytes=limit, **options)
         add_to_server(self.service, self._server)
+        if self._replica is not None:
+            self.serve_replica(self._replica)
         await self._server.start()
         return port
 

@@ -173,13 +173,20 @@ class StoreService(flight.FlightServerBase):
         The accounts of an ACL file (:mod:`store.files.accounts`): each call is then made by
         an account (or with ``token``, as an admin) and checked by what it touches
         (:mod:`.rights`).
+    replica : Replica, optional
+        The replica-set member this store is (:mod:`store.replication.replica`): writes
+        are refused unless it leads.
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
                  tls: tuple[bytes, bytes] | None = None,
                  max_request_bytes: int = MAX_MESSAGE_BYTES,
                  stream_limits: StreamLimits | None = None,
-                 accounts: list[AccountRights] | None = None) -> None:
+                 accounts: list[AccountRights] | None = None, replica=None) -> None:
+        #: The replica-set member this store is (:mod:`store.replication.replica`): a
+        #: follower refuses writes; ``None`` outside a replica set.  Set before the server
+        #: listens, so that no request is taken as a lone store's.
+        self.replica = replica
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
@@ -203,9 +210,6 @@ class StoreService(flight.FlightServerBase):
         # (a producer of each group a client names: made per call, but for half messages,
         # whose producer registers its group's listener: at most HALF_PRODUCER_GROUPS kept)
         self._half_producers: OrderedDict[str, object] = OrderedDict()
-        #: The replica-set member this store is (:mod:`store.replication.replica`): a
-        #: follower refuses writes; ``None`` outside a replica set.
-        self.replica = None
         self._closing = threading.Event()
 
     @property
@@ -312,17 +316,26 @@ class StoreService(flight.FlightServerBase):
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
         signal, checked, replica, marks = None, (lambda: None), self.replica, None
+        bound, stopping = (lambda: None), self._closing.is_set
         if replica is not None:
             replica.check_source("replicate")  # (only a leader's log is copied)
+            epoch = replica.epoch if request["epoch"] is None else request["epoch"]
+            replica.check_term("replicate", epoch)
             signal, marks = replica.append_signal, replica.answer_marks
+
+            def bound() -> int | None:  # (a term begun since: its bytes wait for its terms)
+                return replica.term_bound(epoch)
+
+            def stopping() -> bool:
+                return self._closing.is_set() or bound() is not None
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
 
         return self._reading_stream(
             context, "replicate", CHUNK_SCHEMA,
-            lambda r: first_chunk(r, request, self._closing.is_set, signal, checked, marks),
-            lambda r, first: answer(r, request, first, marks))
+            lambda r: first_chunk(r, request, stopping, signal, checked, marks, bound),
+            lambda r, first: answer(r, request, first, marks, bound))
 
     def _reading_stream(self, context, what: str, schema, first_of, rest):
         """A ``DoGet`` answer read by a reader lent from the pool: one counted stream of the

@@ -7,7 +7,8 @@ A follower asks with a ``DoGet`` ticket (JSON)::
      "file_size": <its segment size>, "max_bytes": <bound on the answer>,
      "wait_ms": <how long to wait when nothing is new>,
      "replica": <the follower's URL, optional>,
-     "high_watermark": <the leader's high watermark as the follower last heard, optional>}
+     "high_watermark": <the leader's high watermark as the follower last heard, optional>,
+     "epoch": <the leader's epoch as the follower took its terms, optional>}
 
 ``from`` is also the follower's report of what it holds (appended, and synced when its flush
 mode is ``SYNC_FLUSH``): a leader with ``min_insync_replicas`` above 1 counts it for the
@@ -30,6 +31,12 @@ or a later one), never inside an append, unless ``max_bytes`` came first: the fo
 appends each answer as one atomic group, so its readers see the leader's atomic groups
 (a sink commit, a transaction end) whole, but for an answer cut by its bound (a follower
 more than ``max_bytes`` behind).
+
+A follower copies a term's bytes only once it holds the term: a request made under another
+epoch than the leader's is refused (``NotLeaderError``: the follower takes the terms again,
+at once), and an answer never goes past the start of a term begun after its request was
+taken (the voters may name the same leader again in a later epoch while its followers'
+connections go on).
 
 Every field is checked before the log is read (:class:`~store.remote.wire.InvalidRequest`
 names it); a follower whose log is not a prefix of the leader's is refused
@@ -100,7 +107,8 @@ def parse_request(body: dict) -> dict:
                "max_bytes": field(body, "max_bytes", int, what, default=64 << 20),
                "wait_ms": field(body, "wait_ms", int, what, default=0),
                "replica": field(body, "replica", str, what, optional=True),
-               "high_watermark": field(body, "high_watermark", int, what, optional=True)}
+               "high_watermark": field(body, "high_watermark", int, what, optional=True),
+               "epoch": field(body, "epoch", int, what, optional=True)}
     if request["from"] < 0:
         raise InvalidRequest(f"{what}: from={request['from']}; allowed: 0 or more")
     if not 0 <= request["tail_crc"] <= 0xFFFFFFFF:
@@ -116,19 +124,30 @@ def parse_request(body: dict) -> dict:
     return request
 
 
+def clipped(chunk: LogChunk, at: int | None) -> LogChunk:
+    """``chunk`` without its bytes from CommitLog offset ``at`` on (``None``: all of it);
+    ``at`` is a record's start (a term's)."""
+    if at is None or chunk.end <= at:
+        return chunk
+    keep = max(0, at - chunk.offset)
+    return LogChunk(chunk.offset, chunk.data[:keep], chunk.offset + keep, chunk.leader_end)
+
+
 def first_chunk(reader, request: dict, stopping=lambda: False,
                 signal: AppendSignal | None = None, checked=lambda: None,
-                marks=None) -> LogChunk:
+                marks=None, bound=lambda: None) -> LogChunk:
     """The first chunk of an answer: checked against the follower's tail, waiting up to
     ``wait_ms`` for an append when nothing is new (``stopping()``: give up early;
     ``signal``: woken at once by a writer waiting for its copies, :mod:`.acks`;
     ``checked()``: called once the follower's log is known to be a prefix of this one, so
     that only such a follower's end is counted as holding this log, and before the wait;
     ``marks()``: the leader's high watermark and oldest offset: no wait when the watermark
-    is past the one the follower last heard)."""
+    is past the one the follower last heard; ``bound()``: where a term begun since the
+    request was taken starts, ``None`` while none did: no byte from there on is sent)."""
     seen = signal.seq if signal is not None else 0
-    chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
-                       follower_crc=request["tail_crc"], file_size=request["file_size"])
+    chunk = clipped(read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]),
+                               follower_crc=request["tail_crc"],
+                               file_size=request["file_size"]), bound())
     checked()
     heard = request.get("high_watermark")
     if marks is not None and heard is not None and marks()[0] > heard:
@@ -141,13 +160,15 @@ def first_chunk(reader, request: dict, stopping=lambda: False,
             signal.pause(seen, POLL_S)
             seen = signal.seq
         if reader.confirmed_offset() != chunk.offset:
-            chunk = read_chunk(reader, request["from"], min(CHUNK_BYTES, request["max_bytes"]))
+            chunk = clipped(read_chunk(reader, request["from"],
+                                       min(CHUNK_BYTES, request["max_bytes"])), bound())
     return chunk
 
 
-def answer(reader, request: dict, first: LogChunk, marks=None):
+def answer(reader, request: dict, first: LogChunk, marks=None, bound=lambda: None):
     """The batches of an answer from ``first`` on (see the module docstring); ``marks()``:
-    the leader's high watermark and oldest offset kept, sent with each batch."""
+    the leader's high watermark and oldest offset kept, sent with each batch; ``bound``: as
+    :func:`first_chunk`'s."""
     chunk, sent = first, 0
     while True:
         yield chunk_batch(chunk, None if marks is None else marks())
@@ -155,4 +176,5 @@ def answer(reader, request: dict, first: LogChunk, marks=None):
         if not chunk.data or sent >= request["max_bytes"] or chunk.end >= min(
                 chunk.leader_end, first.leader_end):
             return  # (at a confirmed end, unless the bound came first: see the module doc)
-        chunk = read_chunk(reader, chunk.end, min(CHUNK_BYTES, request["max_bytes"] - sent))
+        chunk = clipped(read_chunk(reader, chunk.end,
+                                   min(CHUNK_BYTES, request["max_bytes"] - sent)), bound())

@@ -11,6 +11,9 @@ for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason).  At 
 (re)connection the leader's terms are handed to ``on_epochs`` first, which cuts a tail the
 leader's history does not hold (:mod:`.truncation`); a replica that does not lead yet (or
 no longer) is asked again: its terms are not taken, and it refuses to be copied.  Each
+request names the leader's epoch as the follower took its terms: a leader named again in a
+later epoch refuses it (``NotLeaderError``), and the follower takes its terms again at
+once, before any byte of the new term (:mod:`store.remote.replication_stream`).  Each
 request reports this replica's end (what it appended, synced as its flush mode says) to the
 leader, which counts it for the writers waiting for their copies (:mod:`.acks`).  Each answer
 tells the leader's high watermark, handed to ``on_watermark`` as each batch arrives (this
@@ -31,7 +34,7 @@ import logging
 import threading
 import time
 
-from ..base.errors import ReplicaDivergedError, StoreError
+from ..base.errors import NotLeaderError, ReplicaDivergedError, StoreError
 from ..core.replica_log import append_chunk, tail_crc
 
 log = logging.getLogger("store.replication")
@@ -67,6 +70,9 @@ class Follower:
         self.lag_messages: int | None = None
         self.last_contact_ms: int | None = None
         self.chunks = 0
+        #: the leader's epoch when its terms were taken (sent with each request: a later
+        #: term's bytes are refused until its terms are taken again)
+        self.leader_epoch: int | None = None
         self._lag_counted = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-follower", daemon=True)
@@ -104,6 +110,9 @@ class Follower:
                 self.state, self.error = "diverged", str(exc)
                 log.error("stopped following %s: %s", self.leader.address.url, exc)
                 return
+            except NotLeaderError as exc:  # (a new term: its terms are taken again at once)
+                log.info("following %s: %s", self.leader.address.url, exc)
+                self._stop.wait(RETRY_S / 10)
             except StoreError as exc:
                 if self.state != "unreachable" or self.error != str(exc):
                     log.warning("following %s: %s; retrying", self.leader.address.url, exc)
@@ -123,12 +132,15 @@ class Follower:
                 raise StoreError(f"{self.leader.address.url} does not lead (yet): its terms "
                                  "are not taken, nor its log copied")
             self._on_epochs(answer)
+            epoch = answer.get("epoch")
+            self.leader_epoch = epoch if isinstance(epoch, int) else None
         while not self._stop.is_set():
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
                                                  file_size=file_size, max_bytes=REQUEST_BYTES,
                                                  wait_ms=WAIT_MS, replica=self.me,
-                                                 high_watermark=self.high_watermark))
+                                                 high_watermark=self.high_watermark,
+                                                 epoch=self.leader_epoch))
             first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
             if first is not None and _has_data(first):
                 # one answer is one atomic group: readers see it whole, as the leader's

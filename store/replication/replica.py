@@ -118,9 +118,17 @@ class Replica:
         store.recurring.replicated = True
         if self.role == "leader":
             self._install_acks()
+            self._take_delay_keys()
             with self.services():  # (a book the log lacks yet: the followers get it)
                 store.recurring.record()
         self._write_state()
+
+    def _take_delay_keys(self) -> None:
+        """A leader's timer drops the keyed messages that a later send replaced or a cancel
+        cancelled (:mod:`store.timer.delay_keys`) only once its key table exists; a follower
+        never made one (it sends nothing), so a new leader builds it from the timer topic
+        it copied: one scan of that topic, at each change to leader."""
+        self.store.timer.keys.ensure()
 
     def _init_elected(self, recorded: dict) -> None:
         self.leader = None
@@ -330,6 +338,7 @@ class Replica:
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
                 self._write_state()
+            self._take_delay_keys()  # (before a service step delivers: the lock is held)
             with self.services():  # (a book never recorded, kept: the followers get it)
                 self.store.recurring.record()
             return {"epoch": new, "start_offset": end, "leader_end": leader_end,
@@ -406,6 +415,23 @@ class Replica:
                                  f"{self.leader or 'no leader known'}); allowed: copying from "
                                  "the leader")
 
+    def check_term(self, what: str, epoch: int) -> None:
+        """Refuse a follower's request made under another epoch than this leader's
+        (:class:`NotLeaderError`): the follower takes this leader's terms again first, so
+        that it never holds bytes of a term it does not know (:mod:`.election` compares
+        replicas by the term of the bytes they hold)."""
+        if epoch != self.epoch:
+            raise NotLeaderError(f"{what}: asked under epoch {epoch}, but {self.me} leads in "
+                                 f"epoch {self.epoch}; allowed: a follower that took its "
+                                 "leader's terms (it takes them again)")
+
+    def term_bound(self, epoch: int) -> int | None:
+        """Where the first term after ``epoch`` starts in this log; ``None`` while this
+        replica is still in ``epoch`` (or no later term is recorded)."""
+        if self.epoch == epoch:
+            return None
+        later = [start for e, start in read_epochs(self.store.root) if e > epoch]
+        return min(later) if later else None
     # ------------------------------------------------------------------ the high watermark
     def high_watermark(self) -> int | None:
         """The CommitLog offset below which this replica's readers see records

@@ -27,7 +27,7 @@ class StandIn:
         self.cuts = 0
 
     def log_chunks(self, start, *, tail_crc, file_size, max_bytes, wait_ms, replica=None,
-                   high_watermark=None):
+                   high_watermark=None, epoch=None):
         request = log_stream.parse_request({"from": start, "tail_crc": tail_crc,
                                             "file_size": file_size, "max_bytes": max_bytes,
                                             "wait_ms": min(wait_ms, 50)})

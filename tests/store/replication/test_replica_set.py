@@ -193,9 +193,9 @@ def test_a_follower_restarted_goes_on_from_its_own_end(tmp_path):
                 end = caught_up(leader, follower)
                 assert end > first
                 assert commitlog_bytes(follower.path, end) == commitlog_bytes(leader.path, end)
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 30  # (its next request reports the end)
                 while not [f for f in leader.replica.status()["followers"] if f["end"] == end]:
-                    assert time.monotonic() < deadline  # the leader sees it come
+                    assert time.monotonic() < deadline, leader.replica.status()  # never seen
                     time.sleep(0.01)
             finally:
                 follower.close()
