@@ -36,7 +36,7 @@ _STAGE_AND_VANISH = """
 import os, sys, threading, time
 import pyarrow as pa
 from store import connect
-n = 300_000
+n = 600_000
 table = pa.table({"topic": ["t"] * n, "body": pa.array([b"x" * 50] * n, pa.binary())})
 threading.Thread(target=connect(sys.argv[1]).sink("s1").stage, args=(table,),
                  daemon=True).start()
@@ -57,7 +57,7 @@ def test_a_client_gone_before_its_answer_logs_one_line_without_a_stack(tmp_path,
     caplog.set_level(logging.WARNING, logger="store.remote")
     server = StoreServer(str(tmp_path / "s"), listen="127.0.0.1:0")
     try:
-        for delay in (0.5, 0.8, 1.1, 1.5, 2.0, 3.0):  # until one exits between the two
+        for delay in (0.3, 0.5, 0.8, 1.1, 1.5, 2.0, 3.0, 4.5, 6.0):  # until one exits between
             subprocess.run([sys.executable, "-c", _STAGE_AND_VANISH, server.url, str(delay)],
                            env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120,
                            check=False)
