@@ -25,8 +25,9 @@ replays the same ranges.
 * ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages)
   raises :class:`DataLossError`; a start, or a replayed batch's end, above a queue's end
   (the store lost messages the query had read: a failover to a replica that had not copied
-  them) raises :class:`OffsetsPastEndError`.  With ``false`` the reader moves to the queue's
-  minimum / end.  A query cannot see a loss that new messages have already covered again
+  them) raises :class:`OffsetsPastEndError`, as does a subscribed queue of the checkpoint
+  that the store no longer has (its end is taken as 0).  With ``false`` the reader moves to
+  the queue's minimum / end.  A query cannot see a loss that new messages have already covered again
   (the queue grew back past its checkpoint before it looked): it reads on from its
   checkpoint, as Kafka's source does after an unclean leader election.
 * The option ``keys`` filters the stream: every message is read and only those carrying one
@@ -225,6 +226,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             grant = backlog
         end = dict(starts)  # queues no longer listed keep their offset
+        for key in starts.keys() - bounds.keys():
+            if self.options.matches_topic(key[1]):  # subscribed, yet gone from the store
+                end[key] = self._not_past_end(key, starts[key], 0)
         for key, begin in from_here.items():
             end[key] = begin + grant[key]
         return self._to_spark(end)

@@ -143,6 +143,14 @@ def test_offsets_past_the_end_after_a_failover(opened, store_path):
                                     queue_id=0)
     end = lenient.latestOffset({"a": {"0": 10, **others}}, ReadAllAvailable())
     assert end == {"a": {"0": 13, **others}}
+    # a subscribed queue the store no longer has (a topic created on the old leader only):
+    # its end is 0; a topic no longer subscribed keeps its offset, unchecked
+    gone = {"a": {"0": 13, **others}, "b": {"0": 7}}
+    with pytest.raises(OffsetsPastEndError, match=r"queue b/0 now ends at offset 0, but "):
+        reader(store_path, subscribe="a,b").latestOffset(gone, ReadAllAvailable())
+    assert reader(store_path, subscribe="a,b", failOnDataLoss="false").latestOffset(
+        gone, ReadAllAvailable())["b"] == {"0": 0}
+    assert strict.latestOffset(gone, ReadAllAvailable())["b"] == {"0": 7}
     # once the queue grew back past the checkpoint the loss cannot be seen from the queue's
     # end: the query reads on from its checkpoint (offsets 10 to 13 are not read), as Kafka's
     # source after an unclean leader election (docs/operations.md says so)
