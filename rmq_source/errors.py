@@ -17,3 +17,10 @@ class InvalidOptionError(RmqSourceError, ValueError):
 
 class DataLossError(RmqSourceError):
     """Requested offsets were removed by retention and ``failOnDataLoss`` is ``true``."""
+
+
+class OffsetsPastEndError(DataLossError):
+    """A query's offsets (its checkpoint, or a batch planned before a restart) lie past a
+    queue's end: the store no longer holds messages the query had read, or planned to read
+    (a failover to a replica that had not copied them, a restore from an older copy, a crash
+    with ``ASYNC_FLUSH``), and ``failOnDataLoss`` is ``true``."""

@@ -22,9 +22,14 @@ replays the same ranges.
   level (``{"store": {"topic": {"queue_id": n}}}``), queues are keyed ``(store, topic,
   queue)`` inside, ``maxOffsetsPerTrigger`` is shared by the queues of every store, and
   each partition reads one store.  One store keeps the offsets without a store level.
-* ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages),
-  or above its end (the store lost messages the query had read), raises
-  :class:`DataLossError`, or with ``false`` the reader moves to the queue's minimum / end.
+* ``failOnDataLoss``: a start below a queue's minimum offset (retention removed messages)
+  raises :class:`DataLossError`; a start, or a replayed batch's end, above a queue's end
+  (the store lost messages the query had read: a failover to a replica that had not copied
+  them) raises :class:`OffsetsPastEndError`, as does a subscribed queue of the checkpoint
+  that the store no longer has (its end is taken as 0).  With ``false`` the reader moves to
+  the queue's minimum / end.  A query cannot see a loss that new messages have already covered again
+  (the queue grew back past its checkpoint before it looked): it reads on from its
+  checkpoint, as Kafka's source does after an unclean leader election.
 * The option ``keys`` filters the stream: every message is read and only those carrying one
   of the keys are returned (no key index: a stream reads every offset anyway, and its
   offsets still move over every message, as with ``tags``).
@@ -45,7 +50,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .delivery import TRIGGER_DELIVERY_MESSAGES, close_kept_open, deliver_due_kept_open
-from .errors import DataLossError
+from .errors import OffsetsPastEndError
 from .offsets import (
     QueueKey,
     flatten,
@@ -96,6 +101,21 @@ def distribute_rows(max_rows: int, available: Mapping[QueueKey, int],
         more = np.flatnonzero(backlog > lo)[:left]
         grant[more] += 1
     return dict(zip(keys, grant.tolist()))
+
+
+def past_end_message(key: FlatKey, offset: int, high: int, what: str = "start") -> str:
+    """The :class:`OffsetsPastEndError` text: the queue, the query's offset, the queue's end,
+    the likely causes and what to do."""
+    where = f" of store {key[0]}" if key[0] else ""
+    had = ("this query's checkpoint says it already read up to offset" if what == "start"
+           else "a batch this query planned before a restart ends at offset")
+    return (f"queue {key[1]}/{key[2]}{where} now ends at offset {high}, but {had} "
+            f"{offset}: the store no longer holds messages {high} to {offset - 1} "
+            "(a failover to a replica that had not copied them, with asynchronous "
+            "replication; a store restored from an older copy; a crash with ASYNC_FLUSH); "
+            f"set option failOnDataLoss=false to go on from offset {high} (the messages "
+            "stored there from now on are read), or start the query with a new "
+            "checkpointLocation")
 
 
 class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -206,21 +226,22 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             grant = backlog
         end = dict(starts)  # queues no longer listed keep their offset
+        for key in starts.keys() - bounds.keys():
+            if self.options.matches_topic(key[1]):  # subscribed, yet gone from the store
+                end[key] = self._not_past_end(key, starts[key], 0)
         for key, begin in from_here.items():
             end[key] = begin + grant[key]
         return self._to_spark(end)
 
-    def _not_past_end(self, key: FlatKey, start: int, high: int) -> int:
-        """A start past the queue's end means the store lost messages this query read."""
+    def _not_past_end(self, key: FlatKey, start: int, high: int, what: str = "start") -> int:
+        """An offset of the query past the queue's end: the store lost messages the query
+        read (``what`` "start": the checkpoint) or planned to read ("end": a batch planned
+        before a restart).  :class:`OffsetsPastEndError`, or with ``failOnDataLoss=false``
+        the queue's end."""
         if start <= high:
             return start
         if self.options.fail_on_data_loss:
-            where = f" of store {key[0]}" if key[0] else ""
-            raise DataLossError(
-                f"queue {key[1]}/{key[2]}{where} now ends at offset {high}, but this query "
-                f"already read up to {start}: the store lost messages it had (restored from an "
-                "older copy, or recovered after a crash with ASYNC_FLUSH); set option "
-                f"failOnDataLoss=false to go on from offset {high}")
+            raise OffsetsPastEndError(past_end_message(key, start, high, what))
         return high
 
     def reportLatestOffset(self) -> dict | None:
@@ -233,6 +254,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.options
         keys = sorted(k for k in ends if ends[k] > starts.get(k, -1))
         bounds = self._bounds(keys)
+        # a batch planned before a restart, replayed from the offsets log: its ends must
+        # still be in the queues (a failover may have put a shorter log in their place)
+        ends.update((k, self._not_past_end(k, ends[k], bounds[k][1], "end")) for k in keys)
         begins = {k: starts.get(k, bounds[k][0]) for k in keys}
         begins = apply_data_loss(begins, bounds, opts.fail_on_data_loss)
         planned = [(path, [QueueRange(t, q, begins[k], max(begins[k], ends[k]))

@@ -8,7 +8,7 @@ import pickle
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
-from rmq_source.errors import DataLossError, InvalidOptionError
+from rmq_source.errors import DataLossError, InvalidOptionError, OffsetsPastEndError
 from rmq_source.options import parse_options
 from rmq_source.partitions import RmqPartition
 from rmq_source.stream_reader import RmqStreamReader
@@ -106,9 +106,57 @@ def test_data_loss_fails_or_skips(opened, store_path, small_config, clock):
         reader(store_path, subscribe="a", startingOffsets=json.dumps(start)).initialOffset()
     # a start past a queue's end: the store lost messages this query had read
     ahead = {"a": {str(q): opened.max_offset("a", q) + 5 for q in low}}
-    with pytest.raises(DataLossError, match=r"now ends at offset \d+, but this query already"):
+    with pytest.raises(DataLossError, match=r"now ends at offset \d+, but this query's "
+                       r"checkpoint says it already read up to offset"):
         strict.latestOffset(ahead, ReadAllAvailable())
     assert lenient.latestOffset(ahead, ReadAllAvailable()) == end
+
+
+def test_offsets_past_the_end_after_a_failover(opened, store_path):
+    """A new leader holding less than the old one (asynchronous replication): the query's
+    checkpoint, or the end of a batch it planned before a restart, lies past a queue's end.
+    ``failOnDataLoss=true``: a typed error naming the queue, both offsets and what to do;
+    ``false``: the query goes on from the queue's end and reads what is stored there next."""
+    opened.producer("p").send_batch([Message("a", b"x%d" % i) for i in range(10)], queue_id=0)
+    strict, lenient = reader(store_path, subscribe="a"), reader(
+        store_path, subscribe="a", failOnDataLoss="false")
+    others = {"1": 0, "2": 0, "3": 0}
+    checkpoint = {"a": {"0": 14, **others}}  # read up to 14 on the old leader
+    with pytest.raises(OffsetsPastEndError) as err:
+        strict.latestOffset(checkpoint, ReadAllAvailable())
+    text = str(err.value)
+    assert "queue a/0 now ends at offset 10" in text and "up to offset 14" in text
+    assert "messages 10 to 13" in text and "failover" in text
+    assert "failOnDataLoss=false" in text and "checkpointLocation" in text
+    # a batch planned on the old leader (5 to 16), replayed after a restart: refused on the
+    # driver, not left to a task failing on offsets that are not written
+    planned = ({"a": {"0": 5, **others}}, {"a": {"0": 16, **others}})
+    with pytest.raises(OffsetsPastEndError, match=r"a batch this query planned before a "
+                       r"restart ends at offset 16"):
+        strict.partitions(*planned)
+    # failOnDataLoss=false: the replayed batch reads what the queue still holds, and the
+    # query goes on from the queue's end, so the new leader's next messages are read
+    ranges = [x for p in lenient.partitions(*planned) for x in p.ranges]
+    assert [(x.start, x.end) for x in ranges] == [(5, 10)]
+    assert lenient.latestOffset(checkpoint, ReadAllAvailable()) == {"a": {"0": 10, **others}}
+    opened.producer("p").send_batch([Message("a", b"new%d" % i) for i in range(3)],
+                                    queue_id=0)
+    end = lenient.latestOffset({"a": {"0": 10, **others}}, ReadAllAvailable())
+    assert end == {"a": {"0": 13, **others}}
+    # a subscribed queue the store no longer has (a topic created on the old leader only):
+    # its end is 0; a topic no longer subscribed keeps its offset, unchecked
+    gone = {"a": {"0": 13, **others}, "b": {"0": 7}}
+    with pytest.raises(OffsetsPastEndError, match=r"queue b/0 now ends at offset 0, but "):
+        reader(store_path, subscribe="a,b").latestOffset(gone, ReadAllAvailable())
+    assert reader(store_path, subscribe="a,b", failOnDataLoss="false").latestOffset(
+        gone, ReadAllAvailable())["b"] == {"0": 0}
+    assert strict.latestOffset(gone, ReadAllAvailable())["b"] == {"0": 7}
+    # once the queue grew back past the checkpoint the loss cannot be seen from the queue's
+    # end: the query reads on from its checkpoint (offsets 10 to 13 are not read), as Kafka's
+    # source after an unclean leader election (docs/operations.md says so)
+    opened.producer("p").send_batch([Message("a", b"more%d" % i) for i in range(3)],
+                                    queue_id=0)
+    assert strict.latestOffset(checkpoint, ReadAllAvailable()) == {"a": {"0": 16, **others}}
 
 
 def test_starting_offsets_checked_against_the_store(opened, store_path, clock):
