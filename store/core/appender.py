@@ -70,6 +70,8 @@ class Appender:
         self._round_robin: dict[str, itertools.count] = {}
         self._group_start: int | None = None   # where the open atomic group began
         self._group_now: int | None = None
+        #: what the open atomic group runs once published (a commit marker's entries)
+        self._after: list = []
         #: settings the single-record path reads per append
         self.file_size = self.config.commitlog_file_size_bytes
         #: the largest record a segment takes (a message at the size limit, with room for
@@ -106,13 +108,34 @@ class Appender:
             yield
         except BaseException:
             self._group_start = None
+            self._after = []
             self.core.drop_tail(start)
+            if cp.get("index_commit_pending") >= start:
+                cp.set("index_commit_pending", 0)
             raise
         self._group_start = None
         if self._group_now is not None:
             self._publish(self._group_now)
         else:
             cp.set("write_in_progress", -1)
+        after, self._after = self._after, []
+        for action in after:
+            action()
+
+    def after_publish(self, marker: int, action) -> None:
+        """Run ``action`` once the open atomic group is published, with the checkpoint's
+        ``index_commit_pending`` set to ``marker`` until then (see
+        :mod:`store.core.index_commit`: a writer that dies between publishing and the
+        action leaves it set, and the next writer redoes the action).  One marker per
+        group."""
+        if self._group_start is None:
+            raise InvalidMessageError("after_publish needs an open atomic group")
+        cp = self.core.checkpoint
+        if self._after:
+            raise InvalidMessageError("one commit marker per atomic group; allowed: commit "
+                                      "the staged ranges of a group with one marker")
+        cp.set("index_commit_pending", marker)
+        self._after.append(action)
 
     @property
     def in_group(self) -> bool:

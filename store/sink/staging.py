@@ -28,12 +28,14 @@ from ..formats.record_codec import (
     MESSAGE_MAGIC_CODE_V1,
     STORE_PORT,
     TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
     RecordSpec,
     body_crc,
     decode_properties,
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
+from ..core.index_commit import placed_ranges, staged
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
@@ -102,6 +104,26 @@ def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
         topics=[TRANS_HALF_TOPIC], topic_ids=np.zeros(1, np.int64),
         queue_ids=np.array([HALF_QUEUE_ID], np.int64), tags_codes=np.array([code], np.int64),
         dispatched=True)
+
+
+def stage_rows(store, rows, *, topic: str | None = None) -> list[tuple[int, int]]:
+    """Append ``rows`` (a table as for ``send_table``, or prepared rows) as staged records
+    (:mod:`store.core.index_commit`: in their real topics and queues, invisible until a
+    commit marker names them); return their CommitLog ranges.
+
+    Each chunk of the producer's is encoded (routed, CRCs computed) with the transaction
+    type PREPARED, given its tagsCodes in PREPAREDTRANSACTIONOFFSET and appended once: the
+    rows are written here and never again.  Queues are chosen for every chunk first (a
+    delayed row's routing names its real queue)."""
+    file_size = store.config.commitlog_file_size_bytes
+
+    def make(chunk):  # on either of two threads (see store.core.pipeline)
+        return staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE)), None
+
+    placed = append_table_chunks(store, rows, make, topic=topic, create_topics=False,
+                                 placements=True)
+    return [r for _, p in placed
+            for r in placed_ranges(p.commitlog_offsets, p.sizes, file_size)]
 
 
 def _half_header(born_ms: int, body_len: int) -> np.ndarray:
