@@ -360,10 +360,12 @@ class Appender:
     def _queue_ids_in_range(self, records: AssembledRecords) -> np.ndarray:
         """The records' queue ids, an id outside its topic's queues taken modulo their count
         (missing topics are created; a name no record uses and no topic can have, left in
-        the list by a damaged record dropped on the way, is not: the topic table refuses it)."""
+        the list by a damaged record dropped on the way, is not: the topic table refuses it).
+        Records without queue entries (staged ones) create no topic: their commit does."""
         used = np.zeros(len(records.topics), dtype=bool)
         used[records.topic_ids] = True
-        counts = np.array([self.core.ensure_topic(t)
+        count_of = self.core.ensure_topic if records.dispatched else self.core.queue_count_for
+        counts = np.array([count_of(t)
                            if used[i] or is_valid_topic_name(t) else np.iinfo(np.int64).max
                            for i, t in enumerate(records.topics)], dtype=np.int64)
         qids = records.queue_ids

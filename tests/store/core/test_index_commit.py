@@ -57,7 +57,7 @@ def _commit(store, ranges):
 def test_staged_rows_are_invisible_until_the_marker_then_read_once(tmp_path, small_config,
                                                                   clock):
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
-        ranges = stage_rows(store, _table(1500))
+        ranges = stage_rows(store, _table(1500)).ranges
         assert len(ranges) > 1  # small segments: several ranges
         assert _bodies(store, "orders") == []
         store.producer("p").send_table(_table(5, start=1000))  # a writer meanwhile
@@ -78,7 +78,7 @@ def test_staged_rows_are_invisible_until_the_marker_then_read_once(tmp_path, sma
 def test_rebuilt_queues_replay_markers(tmp_path, small_config, clock):
     path = str(tmp_path / "s")
     with MessageStore.open(path, small_config, clock=clock) as store:
-        committed = stage_rows(store, _table(200))
+        committed = stage_rows(store, _table(200)).ranges
         stage_rows(store, _table(50, start=500))  # never committed
         store.producer("p").send_table(_table(7, start=900))
         _commit(store, committed)
@@ -119,7 +119,7 @@ _KILLER = textwrap.dedent("""
     path, where = sys.argv[1], sys.argv[2]
     store = MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=1 << 16))
     ranges = stage_rows(store, pa.table({{"topic": ["t"] * 400,
-                                         "body": [b"r%d" % i for i in range(400)]}}))
+                                         "body": [b"r%d" % i for i in range(400)]}})).ranges
     if where == "staged":
         os.kill(os.getpid(), signal.SIGKILL)
     if where == "published":  # the marker is published, its entries not yet written
@@ -183,7 +183,7 @@ def test_matches_a_model(tmp_path_factory, small_config, steps):
             table = pa.table({"topic": ["t"] * count, "body": bodies,
                               "queue_id": pa.array([0] * count, pa.int32())})
             if op == "stage":
-                pending += stage_rows(store, table)
+                pending += stage_rows(store, table).ranges
                 staged_rows += bodies
             elif op == "send":
                 store.producer("p").send_table(table)
