@@ -380,3 +380,29 @@ def test_retention_keeps_the_staged_records_of_an_open_stage(tmp_path, small_con
         assert sink.commit(0, staged).rows == 1500
         assert len(_visible(store, "orders")) == 1500
         assert store.clean_expired_files(force=True) > 0  # nothing keeps them any more
+
+
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_keyed_rows_replace_their_keys_pending_message_when_committed(tmp_path, small_config,
+                                                                      clock, commit):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        sink = store.sink("keys", commit=commit)
+
+        def keyed(body):
+            return pa.table({"topic": ["t"], "body": [body], "key": ["a"],
+                             "delay_ms": pa.array([10_000], pa.int64())})
+
+        sink.commit(0, sink.stage(keyed(b"v1")))
+        staged = sink.stage(keyed(b"v2"))
+        clock.advance(10_500)
+        store.deliver_due()  # v2 not committed: v1 is still the key's message
+        assert [r[0] for r in _visible(store, "t")] == [b"v1"]
+        sink.commit(1, staged)
+        clock.advance(10_000)
+        store.deliver_due()
+        assert sorted(r[0] for r in _visible(store, "t")) == [b"v1", b"v2"]
+        sink.commit(2, sink.stage(keyed(b"v3")))
+        sink.commit(3, sink.stage(keyed(b"v4")))  # replaces v3 before it is due
+        clock.advance(10_500)
+        store.deliver_due()
+        assert sorted(r[0] for r in _visible(store, "t")) == [b"v1", b"v2", b"v4"]
