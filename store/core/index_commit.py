@@ -62,15 +62,27 @@ entries would land before the marker's); a commit appends its marker last.
 from __future__ import annotations
 
 import struct
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..base.errors import CorruptRecordError, InvalidMessageError
-from ..formats.record_codec import (FIELD_OFFSET, FIXED_SIZE, STAGED_QUEUE_OFFSET,
-                                    TRANSACTION_PREPARED_TYPE, TRANSACTION_TYPE_MASK,
-                                    RecordSpec)
-from ..kernels.recovery_scan import index_records
+from ..formats.record_codec import (
+    FIELD_OFFSET,
+    STAGED_QUEUE_OFFSET,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_TYPE_MASK,
+    RecordSpec,
+)
+from ..kernels.staged_walk import (
+    BAD_END,
+    BAD_RECORD,
+    MAX_TOPICS,
+    NOT_STAGED,
+    TOO_MANY_TOPICS,
+    staged_records,
+)
 from .append_types import AssembledRecords
 from .queue_dispatch import QueueEntries
 
@@ -135,69 +147,97 @@ class StagedColumns:
 
 def walk_staged(core, ranges: list[tuple[int, int]]) -> StagedColumns:
     """The staged records of ``ranges`` (structural checks of every record, no body CRC: the
-    records were checked when staged); :class:`CorruptRecordError` when a range does not
-    hold back-to-back staged records exactly."""
+    records were checked when staged), by one compiled walk per segment
+    (:func:`~store.kernels.staged_walk.staged_records`); :class:`CorruptRecordError` when a
+    range does not hold back-to-back staged records exactly."""
     log = core.commit_log
     names: dict[str, int] = {}
     parts = []
+    by_segment: dict[int, list[tuple[int, int]]] = {}
     for start, end in ranges:
-        if end <= start:
-            raise CorruptRecordError(log.directory, start, f"staged range ends at {end}, not "
-                                     "after its start")
         f = log.files.find(start)
-        if f is None or end > f.end:
+        if end <= start or f is None or end > f.end:
             raise CorruptRecordError(log.directory, start, f"staged range up to {end} is not "
                                      "inside one stored CommitLog segment (removed by "
                                      "retention, or never written)")
+        by_segment.setdefault(f.start, []).append((start - f.start, end - f.start))
+    for base, pieces in by_segment.items():
+        f = log.files.find(base)
         raw = np.frombuffer(f.buffer(), dtype=np.uint8)
-        pos, limit = start - f.start, end - f.start
-        index, reached, _ = index_records(raw, pos, limit, check_crc=False,
-                                          max_records=(limit - pos) // FIXED_SIZE + 1)
-        if reached != limit or not len(index):
-            raise CorruptRecordError(f.path, f.start + reached, "staged range holds no whole "
-                                     f"records up to {end} (damaged, or not a staged range)")
-        bad = ((index.sys_flags & TRANSACTION_TYPE_MASK) != TRANSACTION_PREPARED_TYPE) \
-            | (index.queue_offsets != STAGED_QUEUE_OFFSET)
-        if bad.any():
-            raise CorruptRecordError(f.path, f.start + int(index.positions[int(np.argmax(bad))]),
-                                     "record in a staged range that is not staged (its sys "
-                                     "flag is not PREPARED or its queue offset is not -1)")
+        bounds = np.array(pieces, dtype=np.int64)
+        cols, topics, problem, where = staged_records(raw, bounds[:, 0], bounds[:, 1])
+        if problem:
+            raise CorruptRecordError(f.path, base + where, _PROBLEMS.get(problem, "?"))
         local = np.array([names.setdefault(t.decode("utf-8", "replace"), len(names))
-                          for t in index.topics], dtype=np.int64)
-        at = index.positions[:, None] + _PREPARED_AT + _BYTES8
-        codes = raw[at.ravel()].view(">i8").astype(np.int64)
-        parts.append((local[index.topic_ids], index.queue_ids.copy(),
-                      index.positions + f.start, index.sizes.copy(), codes))
+                          for t in topics], dtype=np.int64)
+        parts.append((local[cols[4]] if len(local) else cols[4], cols[2], cols[0] + base,
+                      cols[1], cols[3]))
     if not parts:
         empty = np.empty(0, np.int64)
         return StagedColumns([], empty, empty, empty, empty, empty)
-    cols = [np.concatenate(c) for c in zip(*parts)]
+    cols = [np.concatenate(c) if len(parts) > 1 else c[0] for c in zip(*parts)]
     return StagedColumns(list(names), *cols)
 
 
-def _groups(cols: StagedColumns) -> tuple[list[tuple[str, int]], np.ndarray]:
-    """The queues of the records (in the order the records meet them) and each record's."""
+_PROBLEMS = {BAD_RECORD: "not a whole record in a staged range (damaged, or not a staged "
+                         "range)",
+             NOT_STAGED: "record in a staged range that is not staged (its sys flag is not "
+                         "PREPARED or its queue offset is not -1)",
+             BAD_END: "staged range that does not end at a record's end",
+             TOO_MANY_TOPICS: f"staged range of records of more than {MAX_TOPICS} topics "
+                              "in one segment; allowed: fewer topics per commit"}
+
+
+#: More runs of one queue than this in a commit: the records are grouped by a sort.
+_MAX_RUNS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRuns:
+    """The records of a commit by queue: the queues in the order the records meet them,
+    each one's record count and its records (a slice when they are consecutive: a chunk of
+    staged records is usually one run of one queue, and nothing is sorted or copied)."""
+
+    keys: list[tuple[str, int]]
+    counts: np.ndarray
+    picks: list
+
+
+def _groups(cols: StagedColumns) -> QueueRuns:
     key = (cols.topic_ids << 32) | (cols.queue_ids & 0xFFFFFFFF)
-    uniq, first_at, group = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(first_at, kind="stable")  # queues in the order the records meet them
-    renum = np.empty(len(order), np.int64)
-    renum[order] = np.arange(len(order))
-    group = renum[group.ravel()]
-    keys = [(cols.topics[int(uniq[g]) >> 32], int(cols.queue_ids[first_at[g]])) for g in order]
-    return keys, group
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    if len(cuts) >= _MAX_RUNS:  # (rows of many queues interleaved)
+        uniq, first_at, group = np.unique(key, return_index=True, return_inverse=True)
+        order = np.argsort(first_at, kind="stable")
+        renum = np.empty(len(order), np.int64)
+        renum[order] = np.arange(len(order))
+        group = renum[group.ravel()]
+        by = np.argsort(group, kind="stable")
+        counts = np.bincount(group, minlength=len(order))
+        ends = np.cumsum(counts).tolist()
+        return QueueRuns([(cols.topics[int(uniq[g]) >> 32], int(cols.queue_ids[first_at[g]]))
+                          for g in order.tolist()], counts,
+                         [by[e - c:e] for e, c in zip(ends, counts.tolist())])
+    starts = np.concatenate(([0], cuts)).tolist()
+    stops = np.concatenate((cuts, [len(key)])).tolist()
+    index: dict[int, int] = {}
+    keys: list[tuple[str, int]] = []
+    runs: list[list[tuple[int, int]]] = []
+    for a, b in zip(starts, stops):  # one step per run of one queue (fewer than _MAX_RUNS)
+        g = index.setdefault(int(key[a]), len(keys))
+        if g == len(keys):
+            keys.append((cols.topics[int(cols.topic_ids[a])], int(cols.queue_ids[a])))
+            runs.append([])
+        runs[g].append((a, b))
+    counts = np.array([sum(b - a for a, b in r) for r in runs], dtype=np.int64)
+    picks = [slice(*r[0]) if len(r) == 1 else np.concatenate([np.arange(a, b) for a, b in r])
+             for r in runs]
+    return QueueRuns(keys, counts, picks)
 
 
-def _entries(cols: StagedColumns, group: np.ndarray, firsts: np.ndarray,
-             keys: list[tuple[str, int]]) -> QueueEntries:
-    out: QueueEntries = {}
-    by = np.argsort(group, kind="stable")
-    counts = np.bincount(group, minlength=len(keys))
-    at = 0
-    for g, key in enumerate(keys):
-        mine = by[at:at + counts[g]]
-        at += counts[g]
-        out[key] = (int(firsts[g]), cols.offsets[mine], cols.sizes[mine], cols.codes[mine])
-    return out
+def _entries(cols: StagedColumns, groups: QueueRuns, firsts: np.ndarray) -> QueueEntries:
+    return {key: (int(firsts[g]), cols.offsets[pick], cols.sizes[pick], cols.codes[pick])
+            for g, (key, pick) in enumerate(zip(groups.keys, groups.picks))}
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -284,18 +324,18 @@ def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int
     if not len(cols):
         return IndexCommit(-1, 0, 0)
     appender = core.appender
-    keys, group = _groups(cols)
+    groups = _groups(cols)
+    keys, counts = groups.keys, groups.counts
     for topic, _ in keys:
         core.ensure_topic(topic)
     firsts = np.array([appender.next_queue_offset(k) for k in keys], dtype=np.int64)
-    counts = np.bincount(group, minlength=len(keys))
     body = encode_marker(Marker(ranges, keys, firsts, counts))
     now = core.now_ms() if born_timestamp_ms is None else born_timestamp_ms
     with appender.atomic_group():  # (joins the caller's): pending is set before publishing
         [result] = core.append([RecordSpec(topic=INDEX_COMMIT_TOPIC, body=body, queue_id=0,
                                            properties={}, born_timestamp_ms=now)])
         offset = int(result.commitlog_offset)
-        entries = _entries(cols, group, firsts, keys)
+        entries = _entries(cols, groups, firsts)
         for g, key in enumerate(keys):  # later appends of this process go after them
             appender.queue_next[key] = int(firsts[g] + counts[g])
         appender.after_publish(offset, lambda: _dispatch(core, offset, entries))
@@ -316,12 +356,11 @@ def marker_entries(core, offset: int) -> QueueEntries:
     record = core.commit_log.read_record(offset)
     marker = decode_marker(record.body, core.commit_log.directory, offset)
     cols = walk_staged(core, marker.ranges)
-    keys, group = _groups(cols)
-    counts = np.bincount(group, minlength=len(keys))
-    if keys != marker.keys or not np.array_equal(counts, marker.counts):
+    groups = _groups(cols)
+    if groups.keys != marker.keys or not np.array_equal(groups.counts, marker.counts):
         raise CorruptRecordError(core.commit_log.directory, offset, "commit marker whose "
                                  "ranges do not hold the records it counts")
-    return _entries(cols, group, marker.firsts, keys)
+    return _entries(cols, groups, marker.firsts)
 
 
 def finish_pending_commit(core) -> bool:
@@ -341,6 +380,63 @@ def finish_pending_commit(core) -> bool:
             pass
     cp.set("index_commit_pending", 0)
     return wrote
+
+
+def is_staged(sys_flag: int, queue_offset: int) -> bool:
+    """Whether a record's header fields say it is a staged one."""
+    return (sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE \
+        and queue_offset == STAGED_QUEUE_OFFSET
+
+
+class _Committed:
+    """The ranges the published markers of one store name, read from the marker queue
+    once and then from where the last call stopped (one per store object, see
+    :func:`committed`)."""
+
+    def __init__(self) -> None:
+        self.read_to = 0
+        self.starts = np.empty(0, np.int64)
+        self.ends = np.empty(0, np.int64)
+
+    def refresh(self, store) -> None:
+        limit = store.confirmed_offset()
+        queue = store.consume_queue(INDEX_COMMIT_TOPIC, 0)
+        hi = queue.max_offset(limit)
+        lo = max(self.read_to, queue.min_offset(store.commit_log.min_offset(), limit))
+        if lo >= hi:
+            return
+        pairs = []
+        for off in queue.entries(lo, hi)["offset"].tolist():  # one step per marker
+            try:
+                record = store.commit_log.read_record(int(off))
+                pairs += decode_marker(record.body, store.commit_log.directory, off).ranges
+            except CorruptRecordError:  # removed by retention: its records went first
+                continue
+        self.read_to = hi
+        if pairs:
+            both = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+            starts = np.concatenate((self.starts, both[:, 0]))
+            order = np.argsort(starts, kind="stable")
+            self.starts = starts[order]
+            self.ends = np.concatenate((self.ends, both[:, 1]))[order]
+
+
+_COMMITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def committed(store, offsets) -> np.ndarray:
+    """Which staged records at CommitLog ``offsets`` a published commit marker names (a
+    query by key or id finds staged records through the key index, which indexes every
+    record it walks: one no marker names is not shown)."""
+    state = _COMMITTED.get(store)
+    if state is None:
+        state = _COMMITTED[store] = _Committed()
+    state.refresh(store)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    at = np.searchsorted(state.starts, offsets, side="right") - 1
+    inside = at >= 0
+    inside[inside] &= offsets[inside] < state.ends[at[inside]]
+    return inside
 
 
 def marker_rows(core, offsets: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
@@ -363,7 +459,20 @@ def marker_rows(core, offsets: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
     return {key: np.concatenate(parts) for key, parts in rows.items()}
 
 
-__all__ = ["INDEX_COMMIT_TOPIC", "IndexCommit", "Marker", "STAGED_QUEUE_OFFSET", "StagedColumns",
-           "commit_staged", "decode_marker", "encode_marker", "finish_pending_commit",
-           "marker_entries", "marker_rows", "placed_ranges", "register_index_commits", "staged",
-           "walk_staged"]
+__all__ = [
+    "INDEX_COMMIT_TOPIC",
+    "STAGED_QUEUE_OFFSET",
+    "IndexCommit",
+    "Marker",
+    "StagedColumns",
+    "commit_staged",
+    "decode_marker",
+    "encode_marker",
+    "finish_pending_commit",
+    "marker_entries",
+    "marker_rows",
+    "placed_ranges",
+    "register_index_commits",
+    "staged",
+    "walk_staged",
+]
