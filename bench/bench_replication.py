@@ -30,6 +30,20 @@ to each, and the msgs/s of 8 clients sending single messages at once; both cases
 times, alternated, and the best throughput of each (all the latencies) is kept; the added p99 is set beside the loopback round trip of one Flight call (the
 p50 of a ``snapshot`` action), which a synchronous send needs at least once more.
 
+With ``--rate``, the lag under a sustained load instead::
+
+    PYTHONPATH=. python bench/bench_replication.py --rate 100000 --seconds 30
+
+sends ``rate`` messages a second (100-byte bodies, a tag) for ``seconds`` s with
+``send_table``, a table every 10 ms of what is due by then (a sender that fell behind
+catches up with a larger one, of at most 100 ms of messages), to a leader with one
+asynchronous follower, then to a leader with one synchronous follower
+(``min_insync_replicas: 2``), each pair fresh. A thread samples every 5 ms, in read-only
+opens of both directories, the confirmed CommitLog ends and the queue ends; reported for
+each: the rate reached, and the follower's lag in bytes and in messages (the leader's end
+minus the follower's) and in ms (for each sample, the time until the follower held the
+leader's end of that moment), p50 / p99 / max, with the load average of the machine.
+
 Not collected by pytest.
 """
 
@@ -211,6 +225,104 @@ def confirmed(reader: StoreReader) -> int:
     return reader.confirmed_offset()
 
 
+def queued(reader: StoreReader, topic: str) -> int:
+    """Messages the queues of ``topic`` hold (0 before it exists)."""
+    reader.topic_table.reload()
+    if topic not in reader.topics():
+        return 0
+    return sum(reader.max_offset(topic, q) for q in reader.queue_ids(topic))
+
+
+def paced_send(url: str, rate: int, seconds: float) -> tuple[int, float]:
+    """Send ``rate`` msgs/s for ``seconds`` s (a table every 10 ms of what is due by then,
+    at most 100 ms of messages); the messages sent and the seconds it took."""
+    body = np.frombuffer(b"x" * 100, dtype=np.uint8)
+    with connect(url, timeout_s=600) as remote:
+        p = remote.producer("bench")
+        p.send(Message("paced", b"warm", tags="t"))
+        sent, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            k = min(int(rate * elapsed) - sent, max(1, rate // 10))
+            if k > 0:
+                offsets = np.arange(k + 1, dtype=np.int32) * 100
+                bodies = pa.Array.from_buffers(pa.binary(), k, [
+                    None, pa.py_buffer(offsets), pa.py_buffer(np.tile(body, k))])
+                p.send_table(pa.table({"body": bodies, "tags": pa.array(["t"] * k)}),
+                             topic="paced")
+                sent += k
+            time.sleep(max(0.0, 0.01 - (time.perf_counter() - start - elapsed)))
+        return sent, time.perf_counter() - start
+
+
+def paced_case(args, tmp: str, procs: list, insync: int) -> dict:
+    """One leader and one follower (``min_insync_replicas`` ``insync``) under
+    :func:`paced_send`: the lag figures (see the module docstring)."""
+    lead_port, follow_port = free_port(), free_port()
+    rs = os.path.join(tmp, f"replicas-{insync}.json")
+    with open(rs, "w") as fh:
+        json.dump({"replicas": [f"rmq://127.0.0.1:{lead_port}",
+                                f"rmq://127.0.0.1:{follow_port}"],
+                   "min_insync_replicas": insync, "replica_ack_timeout_ms": 30_000}, fh)
+    a, b = os.path.join(tmp, f"leader-{insync}"), os.path.join(tmp, f"follower-{insync}")
+    procs.append(serve(a, lead_port, "--replica-set", rs))
+    procs.append(serve(b, follow_port, "--replica-set", rs))
+    deadline = time.monotonic() + 60
+    while ((server_status(b) or {}).get("replication") or {}).get("state") != "following":
+        if time.monotonic() > deadline:
+            raise SystemExit("the follower did not start following")
+        time.sleep(0.05)
+    readers = StoreReader.open(a), StoreReader.open(b)
+    samples: list[tuple[float, int, int, int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            t = time.perf_counter()
+            lead, follow = readers
+            samples.append((t, confirmed(lead), confirmed(follow), queued(lead, "paced"),
+                            queued(follow, "paced")))
+            time.sleep(max(0.0, 0.005 - (time.perf_counter() - t)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    sent, took = paced_send(f"rmq://127.0.0.1:{lead_port}", args.rate, args.seconds)
+    end = confirmed(readers[0])
+    while confirmed(readers[1]) < end:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    done.set()
+    sampler.join()
+    for r in readers:
+        r.close()
+    t, lead, follow, lead_q, follow_q = (np.array(c) for c in zip(*samples))
+    # ms lag: for each sample, when did the follower first hold the leader's end of then
+    # (from the sample on: the follower's end is read after the leader's)
+    held = np.maximum(np.searchsorted(np.maximum.accumulate(follow), lead, side="left"),
+                      np.arange(len(t)))
+    ok = held < len(t)
+    lag_ms = (t[held[ok]] - t[ok]) * 1000
+    return {"sent": sent, "rate": sent / took, "samples": len(t),
+            "bytes": lead - follow, "messages": lead_q - follow_q, "ms": lag_ms,
+            "mb": end / 1e6}
+
+
+def paced(args, tmp: str, procs: list) -> None:
+    load = os.getloadavg()
+    print(f"paced: {args.rate:,} msgs/s asked for {args.seconds:g} s (100-byte bodies, a "
+          f"table every 10 ms); load average before {load[0]:.1f} {load[1]:.1f} "
+          f"{load[2]:.1f} on {os.cpu_count()} cores")
+    for insync, name in ((1, "asynchronous"), (2, "synchronous (min_insync_replicas 2)")):
+        got = paced_case(args, tmp, procs, insync)
+        print(f"{name}: {got['sent']:,} messages, {got['rate']:,.0f} msgs/s reached, "
+              f"CommitLog {got['mb']:.0f} MB, {got['samples']} samples every 5 ms")
+        for what, unit in (("bytes", "bytes"), ("messages", "messages"), ("ms", "ms")):
+            v = got[what]
+            print(f"  lag {unit:<9} p50 {np.percentile(v, 50):>12,.1f}  p99 "
+                  f"{np.percentile(v, 99):>12,.1f}  max {v.max():>12,.1f}")
+    load = os.getloadavg()
+    print(f"load average after {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -221,11 +333,17 @@ def main() -> None:
     ap.add_argument("--singles", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=2,
                     help="--sync: rounds of both cases, alternated; the best of each kept")
+    ap.add_argument("--rate", type=int, default=0,
+                    help="the lag under a sustained rate (msgs/s): asynchronous and synchronous")
+    ap.add_argument("--seconds", type=float, default=30.0, help="--rate: for how long")
     args = ap.parse_args()
     n, rows = args.messages, args.table_rows
     tmp = tempfile.mkdtemp(prefix="rmq-bench-replication-")
     procs = []
     try:
+        if args.rate:
+            paced(args, tmp, procs)
+            return
         if args.sync:
             sync_case(args, tmp, procs)
             return

@@ -27,8 +27,10 @@ not merely saturated):
 Every message carries a unique body ``worker:incarnation:seq``.  Before a send the client
 appends the ids it is about to send to its ``attempt`` file, after the acknowledgement to its
 ``ack`` file (flushed at once).  The server's ``VmRSS``, ``RssAnon``, thread count and open
-files are sampled after a warm-up (5 min, a quarter of shorter runs), every 30 s, and at the end after
-the clients stopped and a settle period (30 s; delayed messages come due meanwhile).  Then
+files are sampled from the end of a warm-up (at least 2 min, a sixth of shorter runs, then
+until the heap has settled, at most a third of the run: see ``_warm_up``), every 30 s, and
+at the end after the clients stopped and a settle period (30 s; delayed messages come due
+meanwhile).  Then
 the server is stopped (SIGTERM), the store opened and checked (after one ``deliver_due()`` of
 the stopped store, which delivers what a server that died left pending):
 
@@ -37,7 +39,9 @@ the stopped store, which delivers what a server that died left pending):
   that were never acknowledged may be there, once, or not at all);
 * no request is stored in part (a table or a sink batch: all of its rows or none);
 * ``RssAnon`` (the heap), threads and open files at the end are at most 1.10x the
-  warm-up's (``VmRSS`` is reported too: it counts the mapped pages of the growing store).
+  warm-up's and 1.05x the run's middle, and the heap settled within the first third of the
+  run (``VmRSS`` is reported too: it counts the mapped pages of the growing store); the
+  heap's growth after the warm-up is reported in MiB per 10 minutes.
 
 Prints a JSON summary; exits 1 on any violation.  Not collected by pytest.
 """
@@ -364,28 +368,103 @@ def sample(pid: int, detail: bool = False) -> dict:
             **({"fd_targets": fd_kinds(pid), "mapped": maps_kinds(pid)} if detail else {})}
 
 
-def serve_patched(argv: list[str]) -> None:
-    """``rmq serve`` with the Flight service's store readers kept per OS thread (a dict on
-    ``threading.get_ident()``) instead of per ``threading.local`` (which a call on a pyarrow
-    Flight worker thread sees fresh each time, so each call opens a reader the service keeps
-    for ever).  A diagnostic only (``--patch-reader-cache``): it shows what else a soak finds
-    once that leak is out of the way; the stock server is what the soak measures."""
-    from store.remote import flight_service as service
+def _mallinfo() -> dict:
+    """glibc's own view of its heap (``mallinfo2``): bytes in use vs held free, in arenas and
+    in ``mmap``-ed blocks; empty where the C library has no ``mallinfo2``."""
+    import ctypes
 
-    def _reader(self):
-        readers = self.__dict__.setdefault("_soak_readers", {})
-        key = threading.get_ident()
-        reader = readers.get(key)
-        if reader is None:
-            reader = readers[key] = service.StoreReader.open(self.path)
-            with self._readers_lock:
-                self._readers.append(reader)
-        return reader
+    class Info(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
 
-    service.StoreService._reader = _reader
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = Info
+    info = fn()
+    return {"arena_mib": info.arena >> 20, "mmap_mib": info.hblkhd >> 20,
+            "in_use_mib": info.uordblks >> 20, "free_mib": info.fordblks >> 20}
+
+
+def _containers(min_len: int = 64) -> dict:
+    """The dicts, lists, sets and deques held as attributes of rmq's and gRPC's objects,
+    by ``Class.attribute``, with at least ``min_len`` items (summed over instances): where a
+    map that grows with clients or calls shows itself."""
+    import collections
+    import gc
+
+    sizes: Counter = Counter()
+    kinds = (dict, list, set, collections.deque, collections.OrderedDict)
+    for obj in gc.get_objects():
+        module = getattr(type(obj), "__module__", None)
+        if not isinstance(module, str) or not module.startswith(
+                ("store.", "rmq_cli", "grpc", "rocketmq")):
+            continue
+        attributes = getattr(obj, "__dict__", None)
+        for name, value in (attributes.items() if isinstance(attributes, dict) else ()):
+            if isinstance(value, kinds):
+                sizes[f"{type(obj).__name__}.{name}"] += len(value)
+    return {k: v for k, v in sizes.most_common(25) if v >= min_len}
+
+
+def _heap_tracer(out_dir: str, every_s: float, frames: int) -> None:
+    """Every ``every_s``: the server's heap by owner, appended to ``out_dir/heap.jsonl``:
+    ``RssAnon``; Arrow's memory pool; glibc's ``mallinfo2`` (in use and held free); threads;
+    the most numerous live object types; the largest containers of rmq's and gRPC's objects
+    (:func:`_containers`); with ``frames`` > 0, what ``tracemalloc`` traces and its 25
+    largest growths since the first sample (by traceback of ``frames`` frames; slow: a
+    snapshot walks every traced block)."""
+    import gc
+    import tracemalloc
+
+    import pyarrow as pa
+
+    first = None
+    t0 = time.monotonic()
+    with open(os.path.join(out_dir, "heap.jsonl"), "a", buffering=1) as out:
+        while True:
+            time.sleep(every_s)
+            with open("/proc/self/status") as f:
+                status = dict(line.split(":", 1) for line in f)
+            row = {"minute": round((time.monotonic() - t0) / 60, 1),
+                   "rss_anon_mib": int(status["RssAnon"].split()[0]) >> 10,
+                   "threads": int(status["Threads"]),
+                   "arrow_pool_mib": round(pa.total_allocated_bytes() / 2**20, 1),
+                   "malloc": _mallinfo(),
+                   "objects": Counter(type(o).__name__ for o in gc.get_objects()
+                                      ).most_common(15),
+                   "containers": _containers()}
+            if frames:
+                snap = tracemalloc.take_snapshot()  # (no filter_traces: a Python loop a trace)
+                first = first or snap
+                row["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 1)
+                row["growth"] = [[round(st.size_diff / 2**10), st.count_diff,
+                                  [f"{fr.filename.rsplit('/', 3)[-1]}:{fr.lineno}"
+                                   for fr in st.traceback[:frames]]]
+                                 for st in snap.compare_to(first, "traceback")[:25]]
+            out.write(json.dumps(row) + "\n")
+
+
+def serve_traced(argv: list[str]) -> None:
+    """``rmq serve`` with its heap by owner written every 30 s to ``heap.jsonl`` in the
+    soak's directory (``--heap-log``; see :func:`_heap_tracer`), a crash's stacks to its
+    log; with ``--trace-frames N`` under ``tracemalloc`` too.  A diagnostic: the samples
+    (and tracing, much more) take the server's time, so the soak's figures are not the
+    stock server's."""
+    import faulthandler
+    import tracemalloc
+
+    faulthandler.enable(all_threads=True)
+    out_dir, frames = argv[0], int(argv[1])
+    if frames:
+        tracemalloc.start(frames)
+    threading.Thread(target=_heap_tracer, args=(out_dir, 30.0, frames), daemon=True,
+                     name="soak-heap-tracer").start()
     from rmq_cli.cli import main as cli_main
 
-    sys.argv = ["rmq", *argv]
+    sys.argv = ["rmq", *argv[2:]]
     cli_main()
 
 
@@ -517,6 +596,52 @@ def acked_ops(run: str) -> dict:
 
 
 # --------------------------------------------------------------------------- main
+#: The heap has settled when the last SETTLE_SAMPLES samples (30 s apart) of RssAnon are
+#: within SETTLE_SPREAD of their mean.
+SETTLE_SAMPLES = 4
+SETTLE_SPREAD = 0.03
+
+
+def _warm_up(server, t0: float, least_s: float, most_s: float, early: list
+             ) -> tuple[dict | None, bool | None, float | None]:
+    """Wait out the warm-up: ``(warm sample, settled, died after s)``.
+
+    What grows in a fresh server's first minutes, then stays (a run with ``--heap-log``,
+    docs/benchmarks.md): the numba kernels loaded and the modules imported on the first
+    call of each kind (a rare call, such as a delayed message coming due or a check round,
+    can come minutes in), and the allocators' free lists -- glibc's per-thread arenas and
+    Python's own -- filling to the high-water mark of the calls in flight at once; the live
+    heap stays flat.  So the warm-up sample is the first taken once the heap has settled
+    (:data:`SETTLE_SAMPLES` samples within :data:`SETTLE_SPREAD`), at least ``least_s`` in
+    and at most ``most_s``: a heap still growing by then is reported (``settled`` False:
+    a leak, or a run too short for its warm-up); samples go to ``early``."""
+    while time.monotonic() - t0 < least_s and server.poll() is None:
+        time.sleep(1)
+    while server.poll() is None:
+        early.append(sample(server.pid, detail=True))
+        heaps = [x["rss_anon_kib"] for x in early[-SETTLE_SAMPLES:]]
+        mean = sum(heaps) / len(heaps)
+        if len(heaps) == SETTLE_SAMPLES and max(heaps) - min(heaps) <= SETTLE_SPREAD * mean:
+            return early[-1], True, None
+        if time.monotonic() - t0 >= most_s:
+            return early[-1], False, None
+        end_nap = time.monotonic() + 30
+        while time.monotonic() < end_nap and server.poll() is None:
+            time.sleep(1)
+    return None, None, round(time.monotonic() - t0, 1)
+
+
+def _slope(samples: list[dict]) -> float | None:
+    """The heap's growth over ``samples`` (least squares), MiB per 10 minutes."""
+    if len(samples) < 3:
+        return None
+    import numpy as np
+
+    t = np.array([x["t"] for x in samples]) / 600.0
+    heap = np.array([x["rss_anon_kib"] for x in samples]) / 1024.0
+    return round(float(np.polyfit(t - t[0], heap, 1)[0]), 2)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30)
@@ -531,11 +656,14 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=None, help="default: min(300, run / 4)")
     ap.add_argument("--settle-s", type=float, default=30)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
-    ap.add_argument("--patch-reader-cache", action="store_true",
-                    help="diagnostic: run the server with its Flight readers cached per OS "
-                         "thread (see serve_patched); not the stock server")
-    if len(sys.argv) > 1 and sys.argv[1] == "--serve-patched":
-        serve_patched(sys.argv[2:])
+    ap.add_argument("--heap-log", action="store_true",
+                    help="diagnostic: the server writes its heap by owner every 30 s to "
+                         "DIR/heap.jsonl (see serve_traced)")
+    ap.add_argument("--trace-frames", type=int, default=0, metavar="N",
+                    help="with --heap-log: run the server under tracemalloc too (tracebacks "
+                         "of N frames; slows it several times)")
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-traced":
+        serve_traced(sys.argv[2:])
         return 0
     args = ap.parse_args()
 
@@ -550,18 +678,18 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
     server_log = open(os.path.join(run, "server.log"), "w")  # noqa: SIM115
-    launcher = [os.path.abspath(__file__), "--serve-patched"] if args.patch_reader_cache \
-        else ["-m", "rmq_cli.cli"]
+    launcher = [os.path.abspath(__file__), "--serve-traced", run, str(args.trace_frames)] \
+        if args.heap_log else ["-m", "rmq_cli.cli"]
     server = subprocess.Popen(
         [sys.executable, *launcher, "serve", "--store", store_path, "--create",
          "--listen", f"127.0.0.1:{port}", "--token-file", token_file,
          "--grpc", f"127.0.0.1:{gport}", "--log-level", "WARNING"],
         env=env, stdout=server_log, stderr=subprocess.STDOUT)
     seconds = args.minutes * 60
-    # the heap grows for the first minutes (allocator arenas, Arrow pools, gRPC's per-channel
-    # state) and then stays: a 30-minute run here rose 169 -> 229 MiB by minute 6, then
-    # 228-233 MiB to the end; the warm-up sample is taken after that
-    warmup = args.warmup_s if args.warmup_s is not None else min(300.0, seconds / 4)
+    # the heap grows for the first minutes, then stays (see _warm_up): the warm-up sample is
+    # the first once it has settled, at least `warmup` and at most a third of the run in
+    warmup = args.warmup_s if args.warmup_s is not None else min(120.0, seconds / 6)
+    early: list[dict] = []
     cfg = {"run": run, "url": f"rmq://127.0.0.1:{port}", "token_file": token_file,
            "grpc": f"127.0.0.1:{gport}"}
     ctx = mp.get_context("spawn")
@@ -570,7 +698,8 @@ def main() -> int:
     kills: Counter = Counter()
     samples: list[dict] = []
     summary: dict = {"minutes": args.minutes, "dir": run,
-                     "server": "patched reader cache" if args.patch_reader_cache else "stock"}
+                     "server": "stock" if not args.heap_log else
+                     f"heap log, tracemalloc {args.trace_frames} frames"}
     died_at = None
     try:
         wait_port(port, server)
@@ -600,14 +729,10 @@ def main() -> int:
                    for i in range(args.vanishing)]
         for t in threads:
             t.start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < warmup and server.poll() is None:
-            time.sleep(1)
-        if server.poll() is None:
-            warm = sample(server.pid, detail=True)
+        t0, t0_wall = time.monotonic(), time.time()
+        warm, warm_settled, died_at = _warm_up(server, t0, warmup, seconds / 3, early)
+        if warm is not None:
             samples.append(warm)
-        else:
-            died_at, warm = round(time.monotonic() - t0, 1), None
         while died_at is None and time.monotonic() - t0 < seconds:
             nap = min(30, max(0.0, seconds - (time.monotonic() - t0)))
             end_nap = time.monotonic() + nap
@@ -644,17 +769,23 @@ def main() -> int:
         summary["check"] = check_store(store_path, run)
         keys = ("rss_kib", "rss_anon_kib", "threads", "fds")
         ratios = {k: round(end[k] / warm[k], 3) for k in keys} if warm and end else {}
+        after = [x for x in samples if warm and x["t"] >= warm["t"]]
         mid = samples[len(samples) // 2] if samples else None  # a leak grows in both halves
         mid_ratios = {k: round(end[k] / mid[k], 3) for k in keys} if mid and end else {}
-        summary["resources"] = {"warm": warm, "end": end, "ratio_end_to_warm": ratios,
+        summary["resources"] = {"warm": warm, "end": end,
+                                "warm_at_min": round((warm["t"] - t0_wall) / 60, 1)
+                                if warm else None,
+                                "heap_settled_by_a_third": warm_settled,
+                                "heap_mib_per_10_min_after_warm": _slope(after),
+                                "ratio_end_to_warm": ratios,
                                 "ratio_end_to_mid": mid_ratios,
                                 "max_during": {k: max(s[k] for s in samples)
                                                for k in keys} if samples else {},
                                 "samples": len(samples),
                                 # minute into the run: heap MiB, threads, open files
-                                "series": [[round((x["t"] - samples[0]["t"] + warmup) / 60, 1),
+                                "series": [[round((x["t"] - t0_wall) / 60, 1),
                                             x["rss_anon_kib"] // 1024, x["threads"], x["fds"]]
-                                           for x in samples]}
+                                           for x in early + samples[1:]]}
     finally:
         stop.set()
         for p in procs:
@@ -682,6 +813,9 @@ def main() -> int:
     for key, ratio in summary["resources"].get("ratio_end_to_mid", {}).items():
         if ratio > 1.05 and key != "rss_kib":
             violations.append(f"{key} at the end {ratio}x the run's middle")
+    if summary["resources"].get("heap_settled_by_a_third") is False:
+        violations.append("the heap had not settled by a third of the run (a leak, or a "
+                          "warm-up too long for this run: run longer)")
     if died_at is not None:
         violations.append(f"the server died {died_at} s into the run (exit "
                           f"{summary['server_exit']}; see {run}/server.log)")

@@ -47,7 +47,8 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 @click.option("--grpc", "grpc_listen", default=None, metavar="HOST:PORT",
               help="Also serve RocketMQ 5 clients (Java, Go, Node.js, Python...) here: the "
                    "apache.rocketmq.v2 gRPC protocol; needs the grpc extra (pip install "
-                   "'.[grpc]').")
+                   "'.[grpc]').  With --replica-set, the file's \"grpc\" gives every "
+                   "replica's endpoint: a follower passes writes on to the leader.")
 @click.option("--grpc-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Serve --grpc as this many processes on one port (SO_REUSEPORT), each "
                    "appending to the store; consumer state stays in the first.")

@@ -140,8 +140,11 @@ def render_stats(data: dict) -> None:
     if rep:
         lag = (f"{rep['lag_bytes']} bytes, {rep['lag_messages']} messages behind"
                if rep.get("running") else "lag shown while it is served")
+        mark = rep.get("high_watermark")
         console.print(f"replica set: {rep['role']} (epoch {rep['epoch']}), leader "
-                      f"{rep['leader']}; {lag}")
+                      f"{rep['leader']}; {lag}"
+                      + ("" if mark is None else f"; readers see the CommitLog below {mark}"
+                         " (high watermark)"))
     ret = data.get("retention")
     if ret:
         console.print(f"retention: disk {ret['disk_used_percent']}% used (runs at any hour above "

@@ -61,6 +61,7 @@ from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
 from ..files.index_file import (
+    UNCHECKED,
     IndexFile,
     file_name,
     is_index_name,
@@ -81,6 +82,8 @@ BUILD_INTERVAL_S = 0.02
 BUILD_STEP_BYTES = 64 << 20
 #: The lock file of the builders (in the store directory).
 LOCK_FILE = "index.lock"
+#: A range's end past any CommitLog offset.
+_LOG_END = 1 << 62
 
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
@@ -151,6 +154,8 @@ class KeyIndex:
         self._rows = np.empty((3, max(_ROWS, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
         #: one builder per process at a time (the ``flock`` serialises processes)
         self._thread_lock = threading.Lock()
+        self._holder: int | None = None  # the thread holding it
+        self._warned: set[str] = set()  # files found damaged (said once)
         self._lock_fd: int | None = None
         #: ``() -> str | None``: what happened to the store directory since this process
         #: opened it (removed, replaced), set by the writing core; a builder writes nothing
@@ -195,6 +200,7 @@ class KeyIndex:
             now += 1  # names must grow: a lookup reads the newest first
         f = IndexFile(os.path.join(self.directory, name), self.slot_count, self.entry_count,
                       create=True)
+        f.chain_problem = None  # this process's own: nothing to check
         self._files[name] = f
         self._order.append(name)
         return f
@@ -235,6 +241,7 @@ class KeyIndex:
         if not self._thread_lock.acquire(blocking=wait):
             yield False
             return
+        self._holder = threading.get_ident()
         try:
             if self._lock_fd is None:
                 self._lock_fd = os.open(os.path.join(self.root, LOCK_FILE),
@@ -250,6 +257,7 @@ class KeyIndex:
                 if held:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
+            self._holder = None
             self._thread_lock.release()
 
     # -- writing -------------------------------------------------------------------------------
@@ -363,7 +371,7 @@ class KeyIndex:
         with self._building():
             self._refresh(force=True)
             damaged = [(n, p) for n in self._order
-                       if (p := self._files[n].problem()) is not None]
+                       if (p := self._chain_problem(self._files[n])) is not None]
             if damaged:
                 for name, problem in damaged:
                     log.warning("index file %s is damaged (%s): the index is set aside and "
@@ -461,6 +469,82 @@ class KeyIndex:
             self.enabled = enabled
         return moved, bool(problems or missing)
 
+    # -- the first-use check --------------------------------------------------------------------
+    def _chain_problem(self, f: IndexFile) -> str | None:
+        """Why ``f`` cannot answer every key it holds (``None``: it can): its size and
+        header (:meth:`IndexFile.problem`) and, once per file and process, its slots and
+        chains (:meth:`IndexFile.check_chains`, one compiled pass over the mapping)."""
+        problem = f.problem()
+        if problem is None and f.chain_problem == UNCHECKED:
+            f.chain_problem = f.check_chains()
+        return problem or f.chain_problem
+
+    def _problems(self) -> dict[str, str]:
+        """The files found damaged, by name (a query's first look at each file).  Another
+        process's builder may be creating a file (not sized yet) or writing one (a put
+        half-published): a file that fails is looked at again holding the builders' lock
+        before it counts, and then said once."""
+        self._refresh()
+        found = {n: p for n in self._order if (p := self._chain_problem(self._files[n]))}
+        if found and self._holder != threading.get_ident():
+            with self._quiet_builders():
+                for name in found:
+                    if name in self._files:
+                        self._files[name].chain_problem = UNCHECKED
+                self._refresh(force=True)  # (a file of another size is opened again)
+                found = {n: p for n in self._order
+                         if (p := self._chain_problem(self._files[n]))}
+        for name, problem in found.items():
+            path = self._files[name].path
+            if path not in self._warned:
+                self._warned.add(path)
+                log.warning("index file %s is damaged (%s): a query walks the CommitLog "
+                            "records it held instead (slower) until `rmq repair` or a "
+                            "writable open rebuilds the index", path, problem)
+        return found
+
+    @contextmanager
+    def _quiet_builders(self) -> Iterator[None]:
+        """No builder writes while this is held: the builders' lock (a reader takes it
+        shared, without creating ``index.lock``; none there: no builder ever ran)."""
+        if not self.read_only:
+            with self._building():
+                yield
+            return
+        try:
+            fd = os.open(os.path.join(self.root, LOCK_FILE), os.O_RDONLY)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # (lets the lock go)
+
+    def _checked(self) -> tuple[list[IndexFile], list[tuple[int, int]]]:
+        """The files a lookup can trust, oldest first, and the CommitLog ranges the others
+        held: from the last record of the sound file before each (the log's start when
+        none) to the first record of the sound file after it (the log's end when none),
+        so a query walks them instead (see :meth:`tail`)."""
+        problems = self._problems()
+        files: list[IndexFile] = []
+        gaps: list[tuple[int, int]] = []
+        open_gap = False
+        for name in self._order:
+            f = self._files[name]
+            if name in problems:
+                if not open_gap:
+                    ends = [g.end_phy_offset for g in files if g.end_phy_offset >= 0]
+                    gaps.append((ends[-1] if ends else 0, _LOG_END))
+                open_gap = True
+            elif f.index_count > 1:
+                files.append(f)
+                if open_gap:
+                    gaps[-1] = (gaps[-1][0], f.header()[2])
+                open_gap = False
+        return files, gaps
+
     # -- reading -------------------------------------------------------------------------------
     def lookup(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
                end_ms: int = (1 << 63) - 1) -> list[int]:
@@ -469,7 +553,7 @@ class KeyIndex:
         can add another key's record: callers check the records."""
         key_hash = java_hash_text(f"{topic}#{key}")
         found: list[int] = []
-        for f in reversed(self._refresh()):
+        for f in reversed(self._checked()[0]):
             if len(found) >= max_results:
                 break
             if f.overlaps(begin_ms, end_ms):
@@ -481,16 +565,23 @@ class KeyIndex:
         not indexed yet, from ``index_phy_offset`` to ``end``, walked without writing.  A
         checkpoint rmq did not write (a RocketMQ broker's store, read as it is) has no such
         offset: its index is taken to reach its newest entry's record."""
+        files, gaps = self._checked()
+        ends = [f.end_phy_offset for f in files if f.end_phy_offset >= 0]
         reached = (self.indexed_to() if self.checkpoint.trusted
-                   else max(self._last_entry(), 0))
-        start = max(reached, self.commit_log.min_offset())
+                   else max(ends[-1] if ends else -1, 0))
+        low = self.commit_log.min_offset()
         parts: list[np.ndarray] = []
         rows = np.empty((3, max(1 << 12, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
 
         def keep(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
             parts.append(np.stack([hashes, phys, stamps]))
-        if start < end:  # (own rows: the builder thread may be using the index's)
-            self._walk(start, end, keep, rows)
+        walked = -1
+        # what damaged files held (their gaps between sound files), then the unindexed tail;
+        # each range starts at a record (a file's first or last record, a segment's start)
+        for begin, stop in sorted([*gaps, (reached, end)]):
+            begin, stop = max(begin, low, walked), min(stop, end)
+            if begin < stop:  # (own rows: the builder thread may be using the index's)
+                walked = max(walked, self._walk(begin, stop, keep, rows))
         return np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
 
     def find(self, topic: str, key: str, max_results: int, begin_ms: int = 0,

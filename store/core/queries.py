@@ -56,7 +56,7 @@ def _carries(rec: Record, key: str) -> bool:
 def _records_at(store: ReadableStore, offsets: list[int]) -> list[Record]:
     """The visible records at ``offsets`` (ascending, each once); offsets past the confirmed
     end or below the CommitLog's first segment, or not holding a record, are skipped."""
-    limit = store.confirmed_offset()
+    limit = store.visible_offset()
     low = store.commit_log.min_offset()
     records = []
     for offset in sorted(set(offsets)):
@@ -95,7 +95,7 @@ def query_messages(store: ReadableStore, topic: str, key: str | None = None,
             f"store {store.root} keeps no message-key index (message_index_enable=False and "
             "no index/ files); open it with message_index_enable=True (the index is then "
             "built from the CommitLog) or query by time only")
-    offsets = index.find(topic, key, max, begin, end, tail=index.tail(store.confirmed_offset()))
+    offsets = index.find(topic, key, max, begin, end, tail=index.tail(store.visible_offset()))
     views = [record_view(rec) for rec in _records_at(store, offsets)
              if rec.topic == topic and begin <= rec.store_timestamp_ms <= end
              and _carries(rec, key)]
@@ -136,7 +136,7 @@ def view_message(store: ReadableStore, msg_id: str, topic: str | None = None
             return record_view(records[0])
     topics = [topic] if topic is not None else store.topics(include_system=True)
     found: list[Record] = []
-    tail = store.key_index.tail(store.confirmed_offset())
+    tail = store.key_index.tail(store.visible_offset())
     for name in topics:
         offsets = store.key_index.find(name, msg_id, 64, tail=tail)
         found.extend(rec for rec in _records_at(store, offsets)

@@ -4,6 +4,15 @@
 read-only :class:`~store.facade.store_reader.StoreReader` share: the store's files and every read.  It
 takes no lock: it reads ``confirm_phy_offset`` first and never looks at bytes past it, so it
 never sees a partly written record.
+
+**The visible end.**  Every read takes its upper bound from one method,
+:meth:`ReadableStore.visible_offset`: the confirmed end, or less when a *read bound* is set
+(:attr:`ReadableStore.read_bound`).  A served replica sets one on the readers its clients
+use: its high watermark, the CommitLog offset enough replicas hold
+(:mod:`store.replication.watermark`), so that nothing a client read can be cut from the log
+by a change of leader.  The store's own services (delivery of due messages, check rounds,
+replication) take :meth:`ReadableStore.confirmed_offset`, the whole log.  A store opened
+alone has no bound and pays nothing for it.
 """
 
 from __future__ import annotations
@@ -143,6 +152,12 @@ class ReadableStore:
     root: str
     config: StoreConfig
     read_only: bool = True
+    #: The CommitLog offset this store's readers see records below, besides the confirmed
+    #: end (``read_bound()``; ``None`` from it: the confirmed end), or ``None``: no bound
+    #: (see the module docstring).
+    read_bound: Callable[[], int | None] | None = None
+    #: How long a read of queue offsets past the bound waits for the bound to pass them (s).
+    read_bound_wait_s: float = 0.0
 
     def _open_files(self, path: str, config: StoreConfig | Mapping | None,
                     clock: Clock | None, *, record_layout: bool) -> None:
@@ -285,20 +300,30 @@ class ReadableStore:
         From the checkpoint when rmq wrote it; otherwise (a store written by RocketMQ, or a
         damaged checkpoint, opened read-only) where the valid records end.
         """
-        if self.checkpoint.trusted:
+        if self.checkpoint.trusted_now():
             return self.checkpoint.get("confirm_phy_offset")
         return self.commit_log.valid_end()
+
+    def visible_offset(self) -> int:
+        """CommitLog offset below which readers see records: :meth:`confirmed_offset`, or
+        the read bound when one is set and lower (see the module docstring)."""
+        end = self.confirmed_offset()
+        bound = self.read_bound
+        if bound is None:
+            return end
+        limit = bound()
+        return end if limit is None or limit >= end else max(0, limit)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """One past the newest visible message of the queue (0 for an empty queue)."""
         self._check_open()
-        return self._check_queue(topic, queue_id).max_offset(self.confirmed_offset())
+        return self._check_queue(topic, queue_id).max_offset(self.visible_offset())
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The oldest offset still readable (retention moves it forward)."""
         self._check_open()
         queue = self._check_queue(topic, queue_id)
-        return queue.min_offset(self.commit_log.min_offset(), self.confirmed_offset())
+        return queue.min_offset(self.commit_log.min_offset(), self.visible_offset())
 
     def queue_bounds(self, queues: Iterable[tuple[str, int]]
                      ) -> dict[tuple[str, int], tuple[int, int]]:
@@ -311,7 +336,7 @@ class ReadableStore:
         """
         self._check_open()
         table = self.topic_table.reload()
-        confirmed = self.confirmed_offset()
+        confirmed = self.visible_offset()
         self.commit_log.files.refresh()  # retention in another process moves the minimum
         commitlog_min = self.commit_log.min_offset()
         out = {}
@@ -413,7 +438,7 @@ class ReadableStore:
             raise OffsetOutOfRangeError(f"offset={offset!r}; allowed: an int queue offset")
         offset = int(offset)
         queue = self._check_queue(topic, queue_id)
-        limit = self.confirmed_offset()
+        limit = self.visible_offset()
         maxo = queue.max_offset(limit)
         mino = queue.min_offset(self.commit_log.min_offset(), limit)
         if offset < mino or offset > maxo:
@@ -519,6 +544,8 @@ class ReadableStore:
         CommitLog first (in memory for a read-only store, :mod:`store.core.queue_healing`).
         """
         self._check_open()
+        if self.read_bound is not None and end > start and self.read_bound() is not None:
+            self._await_visible(topic, queue_id, int(end))
 
         def read(skip: bool):
             return read_queue_batch(self, topic, queue_id, start, end, tags=tags,
@@ -530,3 +557,20 @@ class ReadableStore:
             if not self._heal(topic, queue_id) and not skip_corrupt:
                 raise
             return read(skip_corrupt)
+
+    def _await_visible(self, topic: str, queue_id: int, end: int) -> None:
+        """With a read bound: return once queue offsets below ``end`` are visible, waiting
+        up to :attr:`read_bound_wait_s` for the bound to move (a reader that planned its
+        range on another replica, whose bound was ahead of this one's);
+        :class:`OffsetOutOfRangeError` past it."""
+        queue = self._check_queue(topic, queue_id)
+        deadline = time.monotonic() + self.read_bound_wait_s
+        while (visible := queue.max_offset(self.visible_offset())) < end:
+            if time.monotonic() >= deadline:
+                written = queue.max_offset(self.confirmed_offset())
+                raise OffsetOutOfRangeError(
+                    f"queue offsets up to {end} of {topic}/{queue_id} are not readable yet: "
+                    f"readers see up to {visible} (the high watermark: what enough replicas "
+                    f"hold{'; the queue holds ' + str(written) if written > visible else ''}); "
+                    f"allowed: end <= {visible}, or read again once the replicas hold more")
+            time.sleep(0.005)

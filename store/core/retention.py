@@ -10,6 +10,10 @@ always stays.  Then ConsumeQueue files (never a queue's last file) whose entries
 below the new CommitLog minimum are deleted; queue minimum offsets follow from the CommitLog
 minimum.  Last, the retention listeners the services registered are told the new CommitLog
 minimum.
+
+A replica set's follower deletes what its leader no longer keeps instead (``below``: the
+leader's oldest CommitLog offset): every segment that ends at or below it goes, whatever its
+age, as the leader's retention chose (its guards counted there, where the services run).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def retention_floor(guards: Sequence[RetentionGuard]) -> int | None:
 
 
 def retention_plan(store: CoreParts, *, force: bool = False,
-                   guards: Sequence[RetentionGuard] = ()) -> list[dict]:
+                   guards: Sequence[RetentionGuard] = (), below: int | None = None
+                   ) -> list[dict]:
     """What retention would do now, oldest segment first, deleting nothing.
 
     One dict per segment: ``file``, ``start``, ``end``, ``newest_ms`` (store time of the
@@ -38,13 +43,15 @@ def retention_plan(store: CoreParts, *, force: bool = False,
     the newest segment) and ``action``: ``"delete"``, or why it stays: ``"newest"``,
     ``"needed"`` (a pending delayed message or an open half message lies in it or before
     it), ``"young"`` (not yet ``file_reserved_time_hours`` old) or ``"after a kept
-    segment"`` (deletion stops at the first segment that stays).
+    segment"`` (deletion stops at the first segment that stays).  With ``below`` (a
+    follower's plan): ``"kept by the leader"`` instead of the last three, for a segment
+    ending past ``below``.
     """
     log = store.commit_log
     files = log.files.refresh()
     now = store.now_ms()
     reserved = store.config.file_reserved_time_ms
-    floor = retention_floor(guards)
+    floor = retention_floor(guards) if below is None else None
     plan, stopped = [], False
     for i, current in enumerate(files):
         nxt = files[i + 1] if i + 1 < len(files) else None
@@ -57,6 +64,8 @@ def retention_plan(store: CoreParts, *, force: bool = False,
             action = "after a kept segment"
         elif nxt is None:
             action = "newest"
+        elif below is not None:
+            action = "delete" if current.end <= below else "kept by the leader"
         elif floor is not None and current.end > floor:
             action = "needed"
         elif not force and (newest is None or newest + reserved > now):
@@ -71,14 +80,17 @@ def retention_plan(store: CoreParts, *, force: bool = False,
 
 def delete_expired_segments(store: CoreParts, listeners: Sequence[RetentionListener] = (), *,
                             force: bool = False,
-                            guards: Sequence[RetentionGuard] = ()) -> int:
+                            guards: Sequence[RetentionGuard] = (),
+                            below: int | None = None) -> int:
     """Delete expired CommitLog segments (all but the newest when ``force``, and never one
-    holding a record a guard needs); return how many.  See :func:`retention_plan`.
+    holding a record a guard needs; with ``below``, those ending at or below it); return
+    how many.  See :func:`retention_plan`.
 
     The caller holds the write lock.
     """
     log = store.commit_log
-    doomed = {p["start"] for p in retention_plan(store, force=force, guards=guards)
+    doomed = {p["start"] for p in retention_plan(store, force=force, guards=guards,
+                                                 below=below)
               if p["action"] == "delete"}
     deleted = 0
     for f in list(log.files.files):

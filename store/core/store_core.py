@@ -476,15 +476,17 @@ class StoreCore(AppendLocking, ReadableStore):
         with self.write_lock():
             return self.key_index.rebuild(self.confirmed_offset())
 
-    def clean_expired_files(self, *, force: bool = False) -> int:
+    def clean_expired_files(self, *, force: bool = False, below: int | None = None) -> int:
         """Delete CommitLog segments older than ``file_reserved_time_hours``; return how many.
 
         See :mod:`store.core.retention`: never the newest segment, never a segment holding a
         delayed message not yet delivered or an open half message (not even with ``force``);
         queue files and minimum offsets follow, and the retention listeners are told the new
-        CommitLog minimum.
+        CommitLog minimum.  ``below`` (a replica set's follower, whose leader keeps nothing
+        below that offset): delete instead the segments that end at or below it, whatever
+        their age (the leader's retention chose them, its services' needs counted).
         """
         self._check_writable()
         with self.write_lock():
             return delete_expired_segments(self, self._retention_listeners, force=force,
-                                           guards=self._retention_guards)
+                                           guards=self._retention_guards, below=below)

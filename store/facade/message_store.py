@@ -36,7 +36,8 @@ from .store_reader import StoreReader
 from ..schedule.schedule_book import ScheduleBook, ScheduleInfo
 from ..sink.sink import Sink, register_sink_topic, settle_check_views, sink_retention_floor
 from .pending_stats import pending_delayed_stats
-from ..timer.timer_service import TimerService, register_timer_topic
+from ..timer.timer_service import (TimerService, refuse_broker_timer_of_another_precision,
+                                   register_timer_topic)
 from ..transaction.check_loop import CheckResult
 from ..produce.transaction_producer import TransactionProducer
 from ..transaction.commit_repair import register_transaction_recovery
@@ -84,6 +85,11 @@ class MessageStore(StoreCore):
 
     def __init__(self, path: str, config: StoreConfig | Mapping | None = None, *,
                  clock: Clock | None = None, flush_service: bool = True) -> None:
+        given = (StoreConfig.from_dict(dict(config)) if isinstance(config, Mapping)
+                 else config or StoreConfig())
+        if isinstance(given, StoreConfig):
+            # a broker's timer this open would refuse: refused before anything is written
+            refuse_broker_timer_of_another_precision(os.path.abspath(path), given)
         super().__init__(path, config, clock=clock)
         # hooks recovery needs, before it runs
         register_schedule_topic(self)
@@ -105,6 +111,7 @@ class MessageStore(StoreCore):
             self.add_retention_guard(service.retention_floor)
         # the staged records of open stage notes lie before the notes
         self.add_retention_guard(lambda: sink_retention_floor(self))
+        self.add_retention_guard(self.recurring.retention_floor)  # (a replica set's book)
 
     def _close_services(self) -> None:
         for name in ("timer", "delay_levels", "transactions"):

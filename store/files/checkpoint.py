@@ -131,22 +131,36 @@ class StoreCheckpoint:
     def _open_read_only(self, legacy_layout: bool) -> None:
         self.created = False
         self._live = False
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            fd = -1
-        if fd >= 0:
-            try:
-                if os.fstat(fd).st_size >= CHECKPOINT_FILE_SIZE:
-                    # a read-only shared mapping: every process's writes show at once
-                    self._map = mmap.mmap(fd, CHECKPOINT_FILE_SIZE, access=mmap.ACCESS_READ)
-                    self._live = True
-            finally:
-                os.close(fd)
+        self._map_if_full()
         if not self._live:
             self._reload()
         self.trusted = self._raw("layout_version") == LAYOUT_MAGIC or (
             legacy_layout and self._live and self._plausible_legacy())
+
+    def _map_if_full(self) -> None:
+        """Map the file read-only and shared once it has its full size (every process's
+        writes then show at once)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            if os.fstat(fd).st_size >= CHECKPOINT_FILE_SIZE:
+                self._map = mmap.mmap(fd, CHECKPOINT_FILE_SIZE, access=mmap.ACCESS_READ)
+                self._live = True
+        finally:
+            os.close(fd)
+
+    def trusted_now(self) -> bool:
+        """:attr:`trusted`, looked at again while it is not: a read-only process that opened
+        the store before its creator (or a recovering writer) made the checkpoint rmq's
+        follows the checkpoint from then on, rather than validating the records itself for
+        as long as it stays open (a walk that races the writers' appends)."""
+        if not self.trusted and not self.writable:
+            if not self._live:
+                self._map_if_full()
+            self.get("layout_version")  # (sets trusted once the file carries the magic)
+        return self.trusted
 
     def _plausible_legacy(self) -> bool:
         """Whether the fields read like an earlier rmq layout's (not zeros or garbage).

@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from ..formats.binary_layout import layout
-from ..kernels.key_walk import chain_entries
+from ..kernels.key_walk import chain_entries, check_chains
 from .fileio import allocate
 
 HEADER_FIELDS = (
@@ -82,6 +82,11 @@ _RESERVE_STEP = 1 << 20
 _SCALAR_MAX = 8
 #: Linux's ``MADV_POPULATE_WRITE`` (5.14+; Python's ``mmap`` names it from 3.12 only).
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+#: and ``MADV_POPULATE_READ``.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+#: :attr:`IndexFile.chain_problem` until its owner has run :meth:`IndexFile.check_chains`.
+UNCHECKED = "not checked yet"
 
 #: How a file name is made from its creation time (RocketMQ's ``yyyyMMddHHmmssSSS``).
 NAME_LENGTH = 17
@@ -168,6 +173,9 @@ class IndexFile:
         finally:
             os.close(fd)
         self.size = size
+        #: what :meth:`check_chains` found when the owner ran it (``None``: sound; the
+        #: owner's marker until it has run, see :class:`~store.core.key_index.KeyIndex`)
+        self.chain_problem: str | None = UNCHECKED
         #: where the blocks reserved for writing end (writes through a mapping into a hole
         #: of a full filesystem would be a SIGBUS: blocks are reserved first, as the
         #: CommitLog's are); the header and slots at once, entries ahead of each put
@@ -207,8 +215,8 @@ class IndexFile:
         """Why the file's slots or entries cannot be trusted (``None``: they can), past what
         :meth:`problem` checks: every slot head within the entries written, every entry's
         keyHash non-negative, its ``prevIndex`` an earlier entry, its record offsets in
-        CommitLog order, inside the header's range and before ``log_end``.  ``rmq repair``'s
-        check (it reads the whole file)."""
+        CommitLog order, inside the header's range and before ``log_end``, and its chains
+        (:meth:`check_chains`).  ``rmq repair``'s check (it reads the whole file)."""
         problem = self.problem()
         if problem is not None:
             return problem
@@ -241,7 +249,63 @@ class IndexFile:
         if len(phys) > 1 and (np.diff(phys) < 0).any():
             at = int(np.flatnonzero(np.diff(phys) < 0)[0]) + 2
             return f"entry {at} has a phyOffset before the previous entry's; allowed: ascending"
+        return self.check_chains()
+
+    def check_chains(self) -> str | None:
+        """Why the slots and chains cannot answer every published entry (``None``: they can):
+        every slot head is the newest entry hashing to that slot, every entry's
+        ``prevIndex`` the newest older entry of its slot (0 for the slot's oldest), every
+        keyHash non-negative, and ``hashSlotCount`` the number of slots in use.  One compiled
+        pass over the entries in order (:func:`~store.kernels.key_walk.check_chains`), then
+        NumPy over the slots: no loop per entry in Python.
+
+        A put publishes its entries and slot heads before the header (a put in progress, or
+        one a killed writer left torn, shows heads past ``indexCount``): the entries up to
+        the largest head are checked with the published ones, and ``hashSlotCount`` only
+        when no head is past them.  The check a process runs the first time it uses the file
+        (see :class:`~store.core.key_index.KeyIndex`); its cost on a full file is in
+        docs/benchmarks.md."""
+        problem = self.problem()
+        if problem is not None:
+            return problem
+        count = self.index_count
+        heads = self._slots().astype(np.int32)  # a copy: a writer may move them meanwhile
+        top = int(heads.max(initial=0))
+        wrong = np.flatnonzero((heads < 0) | (heads >= self.entry_count))
+        if len(wrong):
+            at = int(wrong[0])
+            return (f"slot {at} points at entry {int(heads[at])}; allowed: 0 to "
+                    f"{self.entry_count - 1}")
+        last = max(count - 1, top)  # entries 1 .. last are checked
+        if not self._populated and last > 0:
+            self._read_ahead(HEADER_SIZE + SLOT_SIZE * self.slot_count, ENTRY_SIZE * (last + 1))
+        newest, code, entry, value = check_chains(
+            np.frombuffer(self._mm, dtype=np.uint8), HEADER_SIZE + SLOT_SIZE * self.slot_count,
+            self.slot_count, last)
+        if code == 1:
+            return f"entry {entry} has keyHash {value}; allowed: a non-negative int"
+        if code == 2:
+            return (f"entry {entry} has prevIndex {value}; allowed: the newest earlier entry "
+                    "of its slot (0 when it is the slot's first)")
+        wrong = np.flatnonzero(heads != newest)
+        if len(wrong):
+            at = int(wrong[0])
+            return (f"slot {at} points at entry {int(heads[at])}; allowed: {int(newest[at])}, "
+                    f"the newest entry of that slot ({len(wrong)} slots are wrong)")
+        slots_used = self.header()[4]
+        if top < count and slots_used != (used := int(np.count_nonzero(heads))):
+            return f"hashSlotCount {slots_used}; allowed: {used} (the slots in use)"
         return None
+
+    def _read_ahead(self, offset: int, length: int) -> None:
+        """Fault ``length`` bytes from ``offset`` in at once (a whole-file read: one
+        ``madvise`` rather than a page fault per page)."""
+        page = mmap.PAGESIZE
+        begin = offset - offset % page
+        try:
+            self._mm.madvise(_MADV_POPULATE_READ, begin, min(offset + length, len(self._mm)) - begin)
+        except (OSError, ValueError, AttributeError):  # an older kernel: fault as they come
+            pass
 
     def header(self) -> tuple[int, int, int, int, int, int]:
         """``(begin_timestamp, end_timestamp, begin_phy_offset, end_phy_offset,

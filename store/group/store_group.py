@@ -41,11 +41,16 @@ import pyarrow as pa
 from ..base.config import StoreConfig
 from ..core.following import follow_members
 from ..core.reading import Clock
-from ..base.errors import InvalidGroupError, UnknownMessageError
+from ..base.errors import (
+    InvalidGroupError,
+    InvalidMessageError,
+    KeyIndexUnavailableError,
+    UnknownMessageError,
+)
 from ..files.group_file import GroupLayout, is_group, read_group, write_group
 from .member_routing import route_rows
 from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
-from ..formats.message import validate_topic
+from ..formats.message import MessageView, validate_topic
 from ..facade.message_store import MessageStore
 from ..facade.store_reader import StoreReader
 from ..remote import connect
@@ -245,6 +250,53 @@ class StoreGroup:
         topic where it is missing (a writable group): what sharding keys are hashed over."""
         validate_topic(topic)
         return [(i, q) for i, s in enumerate(self._stores) for q in range(s.ensure_topic(topic))]
+
+    def query_messages(self, topic: str, key: str | None = None, begin_ms: int | None = None,
+                       end_ms: int | None = None, max: int = 64
+                       ) -> list[tuple[str, MessageView]]:
+        """``(store name, view)`` of the messages of ``topic`` by key and/or store time in
+        every member (as :meth:`MessageStore.query_messages
+        <store.MessageStore.query_messages>` asks one store), at most ``max``: with
+        ``key``, the newest ``max`` of every member's answers, oldest first; without, the
+        first ``max`` stored in ``[begin_ms, end_ms]``, in store-time order.  A member
+        without the topic answers nothing; a member that keeps no key index raises
+        :class:`~store.base.errors.KeyIndexUnavailableError` for a key, naming it."""
+        found: list[tuple[str, MessageView]] = []
+        for name, store in self.stores():
+            if topic not in store.topics():
+                continue
+            try:
+                views = store.query_messages(topic, key=key, begin_ms=begin_ms,
+                                             end_ms=end_ms, max=max)
+            except KeyIndexUnavailableError as exc:
+                raise KeyIndexUnavailableError(f"store {name!r} of the group {self.root}: "
+                                               f"{exc}") from None
+            found.extend((name, v) for v in views)
+        found.sort(key=lambda nv: (nv[1].store_timestamp_ms, self.names.index(nv[0]),
+                                   nv[1].commitlog_offset))
+        return found[-max:] if key is not None else found[:max]
+
+    def view_message(self, msg_id: str, *, topic: str | None = None
+                     ) -> tuple[str, MessageView] | None:
+        """``(store name, view)`` of the message of ``msg_id`` in the group, ``None`` when
+        no member has it (as :meth:`MessageStore.view_message
+        <store.MessageStore.view_message>`).  A unique key (``SendResult.msg_id``) is found
+        in the member that holds it; an offset message id names a CommitLog offset, which
+        several members may hold a message at (their store host is one): it is answered
+        only when one member does, else :class:`~store.base.errors.InvalidMessageError`
+        names them."""
+        answers = [(name, view) for name, store in self.stores()
+                   if (view := store.view_message(msg_id, topic=topic)) is not None]
+        if len(answers) > 1:
+            exact = [(n, v) for n, v in answers if v.msg_id == msg_id]
+            if len(exact) == 1:
+                return exact[0]
+            raise InvalidMessageError(
+                f"msg_id {msg_id!r} names a message in more than one store of the group "
+                f"{self.root} ({', '.join(n for n, _ in answers)}): an offset message id "
+                "names a CommitLog offset, which each store has; allowed: the unique key "
+                "(SendResult.msg_id), or the member's own store (group.store(name))")
+        return answers[0] if answers else None
 
     # ------------------------------------------------------------------ writing
     def producer(self, group: str = "DEFAULT_PRODUCER") -> GroupProducer:

@@ -197,9 +197,76 @@ def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, 
     return fresh
 
 
+def _check_chains(buf, entry_base, slot_count, last, newest, slot_at, work_s, work_p, work_n,
+                  starts, width):
+    """Check the entries ``1 .. last`` of an index file mapped as ``buf`` against their
+    slots' newest earlier entry, kept in ``newest`` (zeros, one per slot): see
+    :func:`check_chains`.  In blocks of ``len(slot_at)`` entries, each block's entries are
+    first laid out by slot range (``len(starts)`` ranges of ``width`` slots, entry order kept
+    within each) so that the pass over ``newest`` touches one range at a time: a slot per
+    entry at random is a cache miss each, most of the time of a plain pass."""
+    block = slot_at.shape[0]
+    ranges = starts.shape[0]
+    lo = 1
+    while lo <= last:
+        hi = min(last, lo + block - 1)
+        starts[:] = 0
+        for n in range(lo, hi + 1):
+            h = _i32(buf, entry_base + 20 * n)
+            if h < 0:
+                return 1, n, h
+            s = h % slot_count
+            slot_at[n - lo] = s
+            starts[s // width] += 1
+        total = 0
+        for r in range(ranges):
+            c = starts[r]
+            starts[r] = total
+            total += c
+        for n in range(lo, hi + 1):
+            s = slot_at[n - lo]
+            r = s // width
+            k = starts[r]
+            starts[r] = k + 1
+            work_s[k] = s
+            work_p[k] = _i32(buf, entry_base + 20 * n + 16)
+            work_n[k] = n
+        for k in range(hi - lo + 1):
+            s = work_s[k]
+            if work_p[k] != newest[s]:
+                return 2, work_n[k], work_p[k]
+            newest[s] = work_n[k]
+        lo = hi + 1
+    return 0, 0, 0
+
+
 _KERNELS = kernel_set(globals(), helpers=("_i32", "_next_pair", "_record_size", "_two_values",
                                         "_hash_utf8", "_key_hash", "_put_be"),
-                    kernels=("_record_keys", "_chain_entries"))
+                    kernels=("_record_keys", "_chain_entries", "_check_chains"))
+
+
+#: Entries :func:`check_chains` lays out at a time, and the slot ranges it lays them out by.
+_CHECK_BLOCK, _CHECK_RANGES = 1 << 21, 256
+
+
+def check_chains(buf: np.ndarray, entry_base: int, slot_count: int, last: int
+                 ) -> tuple[np.ndarray, int, int, int]:
+    """The chains of an index file's entries ``1 .. last`` (``buf``: the file as uint8, the
+    entries at ``entry_base``), compiled: each entry's ``prevIndex`` must be the newest
+    earlier entry of its slot (``keyHash mod slot_count``), 0 for a slot's first.  Returns
+    ``(newest, code, entry, value)``: ``newest``, each slot's newest entry (what its head
+    must be), and ``code`` 0 when every link holds, 1 when ``entry`` has the negative
+    keyHash ``value``, 2 when its prevIndex ``value`` is not its slot's newest before it
+    (the first such entry of a block's slot range)."""
+    slot_count, last = int(slot_count), int(last)
+    newest = np.zeros(slot_count, dtype=np.int32)
+    block = max(1, min(_CHECK_BLOCK, last))
+    work = [np.empty(block, dtype=np.int32) for _ in range(4)]
+    ranges = max(1, min(_CHECK_RANGES, slot_count))
+    code, entry, value = _KERNELS(last)["_check_chains"](
+        buf, int(entry_base), slot_count, last, newest, *work,
+        np.zeros(ranges, dtype=np.int64), -(-slot_count // ranges))
+    return newest, int(code), int(entry), int(value)
 
 
 def chain_entries(buf: np.ndarray, slot_base: int, entry_base: int, slot_count: int,

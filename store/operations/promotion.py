@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import os
 
-from ..base.errors import InvalidConfigError, ReplicaBehindError, StoreError
-from ..files.epoch_file import read_epochs, with_term, write_epochs
+from ..base.errors import InvalidConfigError, StoreError
 from ..facade.store_reader import StoreReader
+from ..files.epoch_file import read_epochs, with_term, write_epochs
 from ..files.replication_state import STATE_FILE, read_state, write_state
-from ..replication.promote_request import request_promotion
+from ..replication.promote_request import refuse_if_behind, request_promotion
 from ..replication.truncation import set_aside_service_progress
+from ..schedule.schedule_book import recorded_book_files
 from .server import server_status
 
 
@@ -60,20 +61,14 @@ def promote_replica(path: str | os.PathLike, *, force: bool = False,
         raise StoreError(f"{path} leads its replica set already (epoch {state.get('epoch')})")
     with StoreReader.open(path) as reader:
         end = reader.confirmed_offset()
+        book = recorded_book_files(reader)  # (taken from the log by the new leader)
     heard = status.get("replication") if isinstance(status.get("replication"), dict) else {}
     leader_end = heard.get("leader_end")
-    lost = None if leader_end is None else max(0, int(leader_end) - end)
-    if not force and (leader_end is None or lost):
-        why = (f"it never heard from its leader {state.get('leader')}" if leader_end is None
-               else f"it holds the CommitLog up to {end}, its leader {state.get('leader')} "
-                    f"had acknowledged up to {leader_end} ({lost} bytes would be lost)")
-        raise ReplicaBehindError(f"cannot promote {path}: {why}; allowed: a follower that "
-                                 "holds everything its leader acknowledged, or force=True "
-                                 "(rmq promote --force) to give the rest up")
+    lost = refuse_if_behind(path, state.get("leader"), end, leader_end, force)
     terms = read_epochs(path)
     epoch = max([int(state.get("epoch") or 1)] + [e for e, _ in terms]) + 1
     write_epochs(path, with_term(terms, epoch, end))
-    set_aside_service_progress(path, f"promoted to leader in epoch {epoch}")
+    set_aside_service_progress(path, f"promoted to leader in epoch {epoch}", book)
     state.update(role="leader", epoch=epoch, previous_leader=state.get("leader"),
                  leader=state.get("self"), promoted=True)
     write_state(path, state)

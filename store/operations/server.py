@@ -121,7 +121,10 @@ class StoreServer:
         ``HOST:PORT`` to serve RocketMQ 5 clients on (``rmq serve --grpc``;
         :mod:`store.proxy`); needs the ``grpc`` extra.  The server then also runs the
         transaction check rounds and asks the endpoint's producers about their open
-        transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.
+        transactions.  A non-loopback address needs ``acl`` or ``insecure=True``.  In a
+        replica set the file's ``grpc`` must give every replica's endpoint: writes only
+        while leading, a follower passes the leader's calls on
+        (:mod:`store.proxy.follower_calls`).
     acl : str, optional
         The accounts file (:mod:`store.files.accounts`) of the gRPC endpoint and of the
         Flight service: per account a secret and per-topic rights (:mod:`store.remote.rights`).
@@ -172,15 +175,8 @@ class StoreServer:
                                          "allowed: replica_set together with listen")
             members = ReplicaSet.read(replica_set)
             me = members.member(address)
-            if grpc is not None and me != members.leader:  # (its sends would bypass the
-                raise InvalidConfigError(                    # follower's refusal)
-                    f"{me} follows {members.leader}: a follower serves no RocketMQ gRPC "
-                    "endpoint; allowed: --grpc on the leader")
-            if grpc is not None and members.elected:  # (any replica may become a follower)
-                raise InvalidConfigError(
-                    f"{me} is a replica of an elected replica set (it has a witness): no "
-                    "replica serves a RocketMQ gRPC endpoint yet; allowed: --grpc without a "
-                    "witness, on the leader")
+            if grpc is not None:
+                _check_grpc_replica(members, grpc, grpc_processes)
         # the compiled loops load while the store opens and recovers (store.base.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
@@ -190,6 +186,15 @@ class StoreServer:
         self._asks = None     # the gRPC endpoint this server's check rounds ask (its own, or
         try:                  # a store group's, shared by its members' servers)
             self._lock_fd = _take_lock(self.path)
+            self.replica = None
+            if members is not None:
+                from ..replication.replica import Replica
+
+                credentials = ({"account": members.account, "secret_file": members.secret_file}
+                               if members.account is not None else {"token": token})
+                # (before the Flight face listens: a request it takes must meet the
+                # replica's refusal; a replica set's member never acts as a lone store)
+                self.replica = Replica(self.store, members, me, **credentials)
             if address is not None:
                 # (pyarrow.flight: only when serving)
                 from ..remote.flight_service import StoreService
@@ -201,21 +206,16 @@ class StoreServer:
 
                     limits["accounts"] = read_accounts(acl)
                 self.service = StoreService(self.store, address, token=token, tls=tls,
-                                            **limits)
+                                            replica=self.replica, **limits)
             if grpc is not None:
                 from ..proxy import GrpcEndpoint  # (grpcio: only when serving RocketMQ clients)
 
-                self.endpoint = GrpcEndpoint(self.store, grpc, acl=acl, tls=tls,
-                                             processes=grpc_processes)
+                # (a synchronous replica's sends wait for their copies: in groups, off the loop)
+                self.endpoint = GrpcEndpoint(
+                    self.store, grpc, acl=acl, tls=tls, processes=grpc_processes,
+                    writer_thread=members is not None and members.min_insync_replicas > 1,
+                    replica=self.replica)  # (writes while leading; else to the leader)
             self._asks = self.endpoint
-            self.replica = None
-            if members is not None:
-                from ..replication.replica import Replica
-
-                credentials = ({"account": members.account, "secret_file": members.secret_file}
-                               if members.account is not None else {"token": token})
-                self.replica = self.service.replica = Replica(self.store, members, me,
-                                                              **credentials)
         except BaseException:
             if self.service is not None:
                 self.service.shutdown()
@@ -345,7 +345,9 @@ class StoreServer:
         if self.replica is None:
             return self._step()
         with self.replica.services():  # (its appends acknowledge no sender: no replica wait)
-            return self._step()
+            delivered = self._step()
+            self.replica.save_watermark()  # (recorded when it moved: readers after a restart)
+            return delivered
 
     def _step(self) -> int:
         c = self.counters
@@ -485,6 +487,23 @@ def _check_grpc_access(grpc: str, acl: str | None, insecure: bool) -> None:
             f"serving RocketMQ clients on {grpc} (not a loopback address) needs an ACL "
             "(--acl FILE); allowed: an ACL, or --insecure to serve anyone who can reach "
             "the port")
+
+
+def _check_grpc_replica(members, grpc: str, processes: int) -> None:
+    """A replica set's member may serve ``--grpc`` when the file gives every replica's gRPC
+    endpoint (:mod:`store.proxy.follower_calls`), in one process."""
+    missing = [u for u in members.replicas if members.grpc_address(u) is None]
+    if missing:
+        raise InvalidConfigError(
+            f"--grpc {grpc} on a replica of {members.path}, whose \"grpc\" does not give the "
+            f"gRPC endpoint of {missing}; allowed: \"grpc\": {{replica URL: \"HOST:PORT\"}} "
+            "for every replica (a follower passes the leader's calls on to it, and routes "
+            "name them all)")
+    if processes > 1:
+        raise InvalidConfigError(
+            f"--grpc-processes {processes} on a replica of {members.path}: the other "
+            "processes would write the store around the replica's checks; allowed: one "
+            "process (--grpc-processes 1) in a replica set")
 
 
 def _take_lock(path: str) -> int:

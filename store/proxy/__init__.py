@@ -15,7 +15,8 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 (signed recall and receipt handles), :mod:`~store.proxy.grpc_limits` (held calls, log lines),
 :mod:`~store.proxy.grpc_service` (the calls), :mod:`~store.proxy.aio_calls` (the calls on one
 ``grpc.aio`` event loop, sends stored by group commit), :mod:`~store.proxy.processes` (the
-endpoint as several processes on one port: ``rmq serve --grpc-processes N``).
+endpoint as several processes on one port: ``rmq serve --grpc-processes N``),
+:mod:`~store.proxy.follower_calls` (a replica set's follower passing the leader's calls on).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..base.errors import InvalidConfigError
 from ..base.remote_address import RemoteAddress
-from .grpc_limits import MAX_HELD_CALLS, MAX_HELD_CALLS_PER_CLIENT, SHORT_CALL_WORKERS, HeldCalls
+from .grpc_limits import (
+    MAX_HELD_CALLS,
+    MAX_HELD_CALLS_PER_CLIENT,
+    SHORT_CALL_WORKERS,
+    HeldCalls,
+    transport_options,
+)
 
 log = logging.getLogger("store.proxy")
 
@@ -66,7 +73,7 @@ class GrpcEndpoint:
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
                  short_call_workers: int = SHORT_CALL_WORKERS, processes: int = 1,
                  reuse_port: bool = False, writer_thread: bool = False,
-                 primary: str | None = None) -> None:
+                 primary: str | None = None, replica=None) -> None:
         if not grpc_available():
             raise InvalidConfigError(
                 "serving RocketMQ 5 clients (--grpc) needs the grpc extra; install it with "
@@ -100,11 +107,13 @@ class GrpcEndpoint:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rmq-grpc-loop",
                                         daemon=True)
         self._thread.start()
+        self._limit = store.config.max_message_size_bytes * 2 + HEADROOM_BYTES
+        self._tls = tls
+        self._replica = replica  # (served as such before the port takes a call)
         try:
             self.port = self._run(self._start(
-                stores, address, store.config.max_message_size_bytes * 2 + HEADROOM_BYTES,
-                max_held_calls + short_call_workers * 4, tls, access, held,
-                reuse_port or processes > 1, writer_thread))
+                stores, address, self._limit,
+                tls, access, held, reuse_port or processes > 1, writer_thread))
             if processes > 1:  # the others join the port (store.proxy.processes)
                 from .processes import Workers
 
@@ -131,18 +140,20 @@ class GrpcEndpoint:
         """Run ``coroutine`` on the endpoint's loop; its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
-    async def _start(self, stores, address: RemoteAddress, limit: int, concurrent: int, tls,
-                     access, held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
+    async def _start(self, stores, address: RemoteAddress, limit: int, tls, access,
+                     held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
         import grpc
 
         from .aio_calls import AsyncMessagingService, add_to_server
 
+        # no bound on calls in all (maximum_concurrent_rpcs): half-open streams that cost
+        # their client nothing would fill it; calls wait for their requests within bounds
+        # and the transport bounds the rest (store.proxy.grpc_limits)
         self._server = grpc.aio.server(
             migration_thread_pool=self._pool,
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 1 if reuse_port else 0)],
-            maximum_concurrent_rpcs=concurrent)
+                     ("grpc.so_reuseport", 1 if reuse_port else 0), *transport_options()])
         target = f"[{address.host}]:{address.port}" if ":" in address.host else \
             f"{address.host}:{address.port}"
         try:
@@ -169,6 +180,8 @@ class GrpcEndpoint:
             self.service = ForwardingMessagingService(stores, primary=self._primary,
                                                       max_message_bytes=limit, **options)
         add_to_server(self.service, self._server)
+        if self._replica is not None:
+            self.serve_replica(self._replica)
         await self._server.start()
         return port
 
@@ -186,6 +199,16 @@ class GrpcEndpoint:
     def endpoint(self) -> str:
         """``HOST:PORT`` clients connect to."""
         return f"{self.host}:{self.port}"
+
+    def serve_replica(self, replica) -> None:
+        """Serve as the member ``replica`` (a :class:`~store.replication.replica.Replica`) of
+        its replica set, whose file gives every replica's gRPC endpoint: writes only while
+        it leads, the leader's calls passed on to it meanwhile, and routes naming every
+        replica (:mod:`~store.proxy.follower_calls`)."""
+        members = replica.replica_set
+        endpoints = [RemoteAddress.listen(members.grpc_address(url)) for url in members.replicas]
+        self.service.serve_replica(replica, [(a.host, a.port) for a in endpoints],
+                                   max_message_bytes=self._limit, tls=self._tls)
 
     def check_round(self) -> int:
         """One transaction check round asked of this endpoint's producers."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -31,10 +32,20 @@ from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from .convert import Refused
+from .convert import Code, Refused
+from .follower_calls import (
+    FIFO_HEADER,
+    FORWARDED_HEADER,
+    FORWARDED_UNARY,
+    LeaderChannel,
+    forward_stream,
+    forward_unary,
+)
+from .grpc_limits import RequestWaits
 from .grpc_service import MessagingService, status
 
 _OK = status()
+log = logging.getLogger("store.proxy")
 
 
 class GroupCommit:
@@ -120,12 +131,18 @@ class GroupCommit:
 
 
 class _HeldContext:
-    """What a receive run in a pool thread asks of its call's (``grpc.aio``) context."""
+    """What a call run in a pool thread asks of its call's (``grpc.aio``) context, read on
+    the event loop when the call starts: a ``grpc.aio`` context is not to be read from
+    another thread (the call's memory may be freed meanwhile when its client goes away)."""
 
     def __init__(self, context) -> None:
-        self._context = context
         self._metadata = context.invocation_metadata()
         self._peer = context.peer()
+        self._active = True
+        context.add_done_callback(self._ended)
+
+    def _ended(self, _context) -> None:
+        self._active = False
 
     def invocation_metadata(self):
         return self._metadata
@@ -134,7 +151,7 @@ class _HeldContext:
         return self._peer
 
     def is_active(self) -> bool:
-        return not self._context.done()
+        return self._active
 
 
 class AsyncMessagingService(MessagingService):
@@ -144,21 +161,39 @@ class AsyncMessagingService(MessagingService):
     method there)."""
 
     def __init__(self, stores, *, loop: asyncio.AbstractEventLoop, pool: ThreadPoolExecutor,
-                 writer_thread: bool = False, **options) -> None:
+                 writer_thread: bool = False, waits: RequestWaits | None = None,
+                 **options) -> None:
         super().__init__(stores, **options)
         self.loop = loop
         self.pool = pool
         self.commits = GroupCommit(self._store_sends, loop, writer_thread=writer_thread)
         self.ends = GroupCommit(self._end_transactions, loop, writer_thread=True,
                                 name="rmq-grpc-end")
+        self.waits = waits if waits is not None else RequestWaits()
+        self.leader: LeaderChannel | None = None
+
+    def serve_replica(self, replica, endpoints, *, max_message_bytes: int = 1 << 26,
+                      tls=None) -> None:
+        """As :meth:`MessagingService.serve_replica`, and while not leading, pass the
+        leader's calls on to its endpoint (:mod:`store.proxy.follower_calls`)."""
+        super().serve_replica(replica, endpoints)
+        self.leader = LeaderChannel(replica, max_message_bytes, tls)
+
+    def leader_stub(self, context):
+        """The leader's stub when ``context``'s call goes on to it, else ``None``."""
+        return None if self.leader is None else self.leader.stub(context)
 
     def _store_sends(self, group: list[list]) -> list:
         results = []
-        for checked in group:
-            try:
-                results.append((self.send_checked(checked), None))
-            except Exception as exc:  # noqa: BLE001 - the send's own failure, told to it alone
-                results.append((None, exc))
+        try:  # (a replica's group is checked and waited for once: MessagingService.leader_write)
+            with self.leader_write("SendMessage"):
+                for checked in group:
+                    try:
+                        results.append((self.send_checked(checked), None))
+                    except Exception as exc:  # noqa: BLE001 - the send's own failure, told to
+                        results.append((None, exc))  # it alone
+        except Exception as exc:  # noqa: BLE001 - not leading, or the copies not made in time:
+            results = [(None, exc)] * len(group)  # no send of the group is acknowledged
         self.wake_receivers()
         return results
 
@@ -172,6 +207,8 @@ class AsyncMessagingService(MessagingService):
         super().close()
         self.commits.close()
         self.ends.close()
+        if self.leader is not None:
+            asyncio.run_coroutine_threadsafe(self.leader.close(), self.loop)
 
     async def SendMessage(self, request, context):
         try:
@@ -206,7 +243,63 @@ class AsyncMessagingService(MessagingService):
                                 lambda s: rpc.EndTransactionResponse(status=s), exc)
         return rpc.EndTransactionResponse(status=_OK)
 
+    # answered where they arrive, by a pool thread (as grpc.aio runs a plain method), unless
+    # passed on to the leader (below)
+    async def RecallMessage(self, request, context):
+        return await self.loop.run_in_executor(self.pool, MessagingService.RecallMessage,
+                                               self, request, _HeldContext(context))
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        return await self.loop.run_in_executor(
+            self.pool, MessagingService.ForwardMessageToDeadLetterQueue, self, request,
+            _HeldContext(context))
+
+    async def Telemetry(self, request_iterator, context):
+        """A client's session: its commands read on the loop, the commands for it (settings
+        replies, check-backs) waited for in a pool thread (a held call's).  The call's
+        context is only touched on the loop: read from a pool thread it may be freed under
+        the reader when the client goes away (a segmentation fault under load)."""
+        try:
+            session = self.open_session(context)
+        except Refused as exc:
+            self._refused("Telemetry", context, exc)
+            if exc.code == Code.TOO_MANY_REQUESTS:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.text)
+            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
+            return
+        context.add_done_callback(lambda _: self.end_stream(session))
+        reader = asyncio.ensure_future(self._read_commands(session, request_iterator))
+        try:
+            while True:
+                command = await self.loop.run_in_executor(self.pool, self.next_command,
+                                                          session)
+                if command is None:
+                    break
+                yield command
+        finally:
+            reader.cancel()
+            self.end_stream(session)  # (a pool thread still waiting ends its wait)
+            self.close_session(session)
+
+    async def _read_commands(self, session, request_iterator) -> None:
+        try:
+            async for command in request_iterator:
+                self._on_command(session, command)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the client went away mid-stream
+            log.info("telemetry stream of %s ended: %s", session.client_id, exc)
+        finally:
+            self.end_stream(session)
+
     async def ReceiveMessage(self, request, context):
+        stub = self.leader_stub(context)
+        if stub is not None:  # (the consumer groups are the leader's: follower_calls)
+            fifo = ((FIFO_HEADER, "1"),) if self._fifo(request.group.name) else ()
+            async for response in forward_stream(stub, "ReceiveMessage", request, context,
+                                                 ((FORWARDED_HEADER, "1"),) + fifo):
+                yield response
+            return
         held = _HeldContext(context)
         try:
             deliveries, _ = await self.loop.run_in_executor(self.pool, self._receive,
@@ -221,6 +314,22 @@ class AsyncMessagingService(MessagingService):
             return
         for response in self.receive_responses(deliveries):
             yield response
+
+
+def _or_leader(name: str, local):
+    """Call ``name`` answered by ``local`` here, or passed on to the leader while this
+    replica follows (:mod:`store.proxy.follower_calls`)."""
+    async def call(self, request, context):
+        stub = self.leader_stub(context)
+        if stub is not None:
+            return await forward_unary(stub, name, request, context, ((FORWARDED_HEADER, "1"),))
+        return await local(self, request, context)
+    call.__name__ = name
+    return call
+
+
+for _name in FORWARDED_UNARY:
+    setattr(AsyncMessagingService, _name, _or_leader(_name, getattr(AsyncMessagingService, _name)))
 
 
 class _Malformed:
@@ -240,37 +349,49 @@ def _lenient(parse):
     return parse_or_mark
 
 
-def _refusing(service: MessagingService, name: str, behavior):
-    """``behavior`` (of any of grpc.aio's four shapes) refusing a malformed request with
-    ``INVALID_ARGUMENT``, logged within the refusals' budget."""
-    def note(context) -> None:
-        service.refusals.warning("%s from %s refused: %s", name, context.peer(), _UNPARSED)
+def _reading(service: AsyncMessagingService, name: str, behavior):
+    """``behavior`` (a method taking one request, of any of grpc.aio's four shapes) as a
+    request-streaming one that reads its request itself: waiting for it within
+    ``service.waits`` (:class:`~store.proxy.grpc_limits.RequestWaits`), refusing a call
+    whose request did not come (``DEADLINE_EXCEEDED``), a stream ended without one or a
+    request that does not parse (``INVALID_ARGUMENT``), logged within the refusals' budget.
+    A plain method or generator runs in ``service.pool`` as ``grpc.aio`` would run it."""
+    waits = service.waits
+
+    async def request_of(context):
+        request = await waits.request(context)
+        if request is None:
+            code, text = grpc.StatusCode.DEADLINE_EXCEEDED, (
+                f"the request did not arrive within {waits.wait_s:g} s, or "
+                f"{waits.limit} calls were waiting for theirs and this one waited longest")
+        elif request is grpc.aio.EOF:
+            code, text = grpc.StatusCode.INVALID_ARGUMENT, "the call ended without a request"
+        elif request is _MALFORMED:
+            code, text = grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED
+        else:
+            return request
+        service.refusals.warning("%s from %s refused: %s", name, context.peer(), text)
+        await context.abort(code, text)
 
     if inspect.iscoroutinefunction(behavior):
-        async def call(request, context):
-            if request is _MALFORMED:
-                note(context)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
-            return await behavior(request, context)
+        async def call(request_iterator, context):
+            return await behavior(await request_of(context), context)
     elif inspect.isasyncgenfunction(behavior):
-        async def call(request, context):
-            if request is _MALFORMED:
-                note(context)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
-            async for response in behavior(request, context):
+        async def call(request_iterator, context):
+            async for response in behavior(await request_of(context), context):
                 yield response
     elif inspect.isgeneratorfunction(behavior):
-        def call(request, context):
-            if request is _MALFORMED:
-                note(context)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
-            yield from behavior(request, context)
+        async def call(request_iterator, context):
+            request, held = await request_of(context), _HeldContext(context)
+            responses = await asyncio.get_running_loop().run_in_executor(
+                service.pool, lambda: list(behavior(request, held)))
+            for response in responses:
+                yield response
     else:
-        def call(request, context):
-            if request is _MALFORMED:
-                note(context)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _UNPARSED)
-            return behavior(request, context)
+        async def call(request_iterator, context):
+            request = await request_of(context)
+            return await asyncio.get_running_loop().run_in_executor(
+                service.pool, behavior, request, _HeldContext(context))
     return call
 
 
@@ -284,23 +405,24 @@ class _Collect:
         pass
 
 
-def add_to_server(service: MessagingService, server) -> None:
-    """Serve ``service`` on ``server`` as the generated code would, but with every request
-    that does not parse refused as ``INVALID_ARGUMENT`` (not an unknown error and a stack
-    trace per request)."""
+def add_to_server(service: AsyncMessagingService, server) -> None:
+    """Serve ``service`` on ``server`` as the generated code would, but with every method
+    that takes one request reading it itself (:func:`_reading`): a call waits a bounded
+    time for its request, and one that does not parse is refused as ``INVALID_ARGUMENT``
+    (not an unknown error and a stack trace per request)."""
     collect = _Collect()
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, collect)
     handlers = {}
     for name, h in collect.handler._method_handlers.items():
         method = name.rpartition("/")[2]
         if h.request_streaming:
-            handlers[method] = h._replace(request_deserializer=h.request_deserializer)
+            handlers[method] = h
             continue
-        behavior = h.unary_unary or h.unary_stream
-        wrapped = _refusing(service, method, behavior)
-        field = "unary_unary" if h.unary_unary is not None else "unary_stream"
-        handlers[method] = h._replace(request_deserializer=_lenient(h.request_deserializer),
-                                      **{field: wrapped})
+        field = "stream_unary" if h.unary_unary is not None else "stream_stream"
+        handlers[method] = h._replace(
+            request_streaming=True, request_deserializer=_lenient(h.request_deserializer),
+            unary_unary=None, unary_stream=None,
+            **{field: _reading(service, method, h.unary_unary or h.unary_stream)})
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "apache.rocketmq.v2.MessagingService", handlers),))
 

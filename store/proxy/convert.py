@@ -22,8 +22,20 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from ..base.errors import (
+    InvalidDelayError,
+    InvalidMessageError,
+    InvalidTopicError,
+    LeaderDeposedError,
+    MessageTooLargeError,
+    NotLeaderError,
+    ReplicaAckTimeoutError,
+    StoreError,
+    TimerFlowControlError,
+    TransactionStateError,
+    UnknownTopicError,
+)
 from ..delayed.delivery import DELIVERY_HEADROOM
-from ..base.errors import InvalidTopicError
 from ..formats.message import (
     GROUP_MAX_LENGTH,
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
@@ -343,3 +355,31 @@ def outgoing(view: MessageView, *, receipt_handle: str | None = None,
     if attempt is not None:
         sp.delivery_attempt = attempt
     return out
+
+
+def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
+    """A RocketMQ status (``OK`` by default)."""
+    return pb.Status(code=code, message=text)
+
+
+def store_error_code(exc: StoreError) -> int:
+    """The protocol's status code for a store error."""
+    if isinstance(exc, UnknownTopicError):
+        return Code.TOPIC_NOT_FOUND
+    if isinstance(exc, InvalidTopicError):
+        return Code.ILLEGAL_TOPIC
+    if isinstance(exc, MessageTooLargeError):
+        return Code.MESSAGE_BODY_TOO_LARGE
+    if isinstance(exc, InvalidDelayError):
+        return Code.ILLEGAL_DELIVERY_TIME
+    if isinstance(exc, TimerFlowControlError):
+        return Code.TOO_MANY_REQUESTS
+    if isinstance(exc, TransactionStateError):
+        return Code.INVALID_TRANSACTION_ID
+    if isinstance(exc, InvalidMessageError):
+        return Code.BAD_REQUEST
+    if isinstance(exc, (ReplicaAckTimeoutError, LeaderDeposedError)):
+        return Code.SLAVE_PERSISTENCE_TIMEOUT  # (appended, not acknowledged: see the docs)
+    if isinstance(exc, NotLeaderError):  # (nothing stored: the clients retry, elsewhere)
+        return Code.HA_NOT_AVAILABLE
+    return Code.INTERNAL_SERVER_ERROR

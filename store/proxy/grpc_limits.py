@@ -13,15 +13,28 @@ counts held calls in all and per client:
 * a receive beyond a bound does not long-poll: it answers at once with what is there
   (``MESSAGE_NOT_FOUND`` when nothing), as a receive with a zero polling time does.
 
+**Calls whose request has not arrived.**  A call is an HTTP/2 stream: its headers open it,
+its request message may come later, or never (a half-open stream costs its client nothing).
+So no bound counts calls in all (``grpc.aio``'s ``maximum_concurrent_rpcs`` did: about 1,300
+half-open streams from one client had every other call refused).  Instead
+(:class:`RequestWaits`) a call waits for its request at most :data:`REQUEST_WAIT_S`, and at
+most :data:`MAX_WAITING_REQUESTS` calls wait at once in all: one more makes the call that
+waited longest give up (``DEADLINE_EXCEEDED``), which is never a client sending whole
+requests (they arrive within milliseconds).  The transport bounds the rest
+(:func:`transport_options`): streams per connection, connections, and how long a connection
+may stay without a call or without finishing its handshake.
+
 Refused calls are logged, at most :data:`REFUSALS_LOGGED_PER_S` lines a second
 (:class:`LogBudget`); the lines left out are counted in the next one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from collections import OrderedDict
 
 #: Held calls (telemetry streams and long polls) at once, in all and per client.
 MAX_HELD_CALLS = 1024
@@ -30,6 +43,84 @@ MAX_HELD_CALLS_PER_CLIENT = 64
 SHORT_CALL_WORKERS = 64
 #: Lines a second logged about refused calls.
 REFUSALS_LOGGED_PER_S = 20
+#: How long a call may wait for its request message, and how many calls may wait at once.
+REQUEST_WAIT_S = 30.0
+MAX_WAITING_REQUESTS = 4096
+#: HTTP/2 streams (calls in progress) one connection may have open (a client opening more
+#: at once may see the extra ones refused, UNAVAILABLE).
+MAX_STREAMS_PER_CONNECTION = 1024
+#: Connections at once (beyond: closed as they come), and how long one may go without a call
+#: in progress or without finishing its TCP/TLS and HTTP/2 handshake.
+MAX_CONNECTIONS = 4096
+IDLE_CONNECTION_S = 300
+HANDSHAKE_S = 10
+
+
+def transport_options() -> list[tuple[str, int]]:
+    """The gRPC server options that bound connections and streams (see the module
+    docstring)."""
+    return [("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+            ("grpc.max_connection_idle_ms", IDLE_CONNECTION_S * 1000),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_S * 1000)]
+
+
+class RequestWaits:
+    """Calls waiting for their request message (see the module docstring); used from the
+    event loop only.  One timer sweeps out the calls that waited too long (every
+    ``wait_s / 4``, at most a second), rather than a timer per call."""
+
+    def __init__(self, limit: int = MAX_WAITING_REQUESTS, wait_s: float = REQUEST_WAIT_S
+                 ) -> None:
+        if limit < 1 or wait_s <= 0:
+            raise ValueError(f"request waits {limit}, {wait_s} s; allowed: 1 or more calls, "
+                             "a time above 0")
+        self.limit = limit
+        self.wait_s = wait_s
+        self._waiting: OrderedDict[asyncio.Task, float] = OrderedDict()  # oldest first
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        #: calls that gave up waiting (what a test reads)
+        self.given_up = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def request(self, context):
+        """What ``context.read()`` gives (the request message, or ``grpc.aio.EOF`` when the
+        stream ended first); ``None`` when nothing came in time (the call waited too long,
+        or was pushed out by newer ones)."""
+        task = asyncio.current_task()
+        loop = task.get_loop()
+        self._waiting[task] = loop.time()
+        if len(self._waiting) > self.limit:
+            oldest, _ = self._waiting.popitem(last=False)
+            oldest.cancel()
+        if self._sweep_timer is None:
+            self._sweep_timer = loop.call_later(min(1.0, self.wait_s / 4), self._sweep, loop)
+        try:
+            request = await context.read()
+        except asyncio.CancelledError:
+            if task.cancelling() > 1 or context.done():  # (not ours: the call ended)
+                raise
+            task.uncancel()
+            self.given_up += 1
+            return None
+        finally:
+            self._waiting.pop(task, None)
+        return request
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweep_timer = None
+        since = loop.time() - self.wait_s
+        while self._waiting:
+            task, started = next(iter(self._waiting.items()))
+            if started > since:
+                break
+            self._waiting.popitem(last=False)
+            task.cancel()
+        if self._waiting:
+            self._sweep_timer = loop.call_later(min(1.0, self.wait_s / 4), self._sweep, loop)
 
 
 class HeldCalls:

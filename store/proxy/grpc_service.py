@@ -32,84 +32,64 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
+import ipaddress
 import logging
 import queue
 import random
 import threading
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from ..base.errors import (InvalidDelayError, InvalidMessageError, InvalidTopicError,
-                           MessageTooLargeError, ReplicaAckTimeoutError, StoreError,
-                           TimerFlowControlError, TransactionStateError, UnknownTopicError)
-from ..formats.message import (TIMER_TOPIC, LocalTransactionState, MessageView, is_valid_topic_name,
-                       sharding_queue)
+from ..base.errors import (
+    InvalidConfigError,
+    StoreError,
+)
+from ..formats.message import (
+    TIMER_TOPIC,
+    LocalTransactionState,
+    is_valid_topic_name,
+    sharding_queue,
+)
 from ..transaction.check_views import CheckViews
-from ..produce.transaction_producer import LeaveOpen
 from .access import OPEN, AccessControl, Account
-from .consumers import ConsumerGroups, Delivery, tag_filter
-from .convert import (Code, Incoming, MessageType, Refused, check_client_id, check_group_name,
-                      check_topic_name, duration_ms, incoming, outgoing, set_duration_ms)
-from .handles import Signer, store_secret
+from .consumer_calls import (
+    LONG_POLLING_DEFAULT_MS,
+    RECEIVE_BATCH_MAX,
+    ConsumerCalls,
+)
+from .convert import (
+    Code,
+    Incoming,
+    MessageType,
+    Refused,
+    check_client_id,
+    check_topic_name,
+    incoming,
+    outgoing,
+    set_duration_ms,
+    status,
+    store_error_code,
+)
 from .grpc_limits import HeldCalls, LogBudget
+from .handles import HANDLE_MAX_LENGTH, Signer, store_secret
+from .members import PRODUCER_GROUP, Member
 
 log = logging.getLogger("store.proxy")
 
-#: The producer group of the half messages sent through this endpoint (the check-back asks
-#: the endpoint's producers about them, by topic, as RocketMQ's proxy does).
-PRODUCER_GROUP = "rmq-grpc"
 #: What the endpoint tells clients (RocketMQ's proxy defaults).
-LONG_POLLING_DEFAULT_MS = 20_000
-LONG_POLLING_MAX_MS = 30_000
-INVISIBLE_MIN_MS = 1_000
-INVISIBLE_MAX_MS = 12 * 3600_000
-RECEIVE_BATCH_MAX = 32
-#: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
-POLL_INTERVAL_MS = 100
 SEND_ATTEMPTS = 3
 _ACCEPTED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 _STATE = {pb.TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
           pb.TransactionResolution.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE}
 
 
-def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
-    return pb.Status(code=code, message=text)
-
-
 _OK = status()
 _TRANSACTION, _DELAY = MessageType.TRANSACTION, MessageType.DELAY
-
-
-def store_error_code(exc: StoreError) -> int:
-    """The protocol's status code for a store error."""
-    if isinstance(exc, UnknownTopicError):
-        return Code.TOPIC_NOT_FOUND
-    if isinstance(exc, InvalidTopicError):
-        return Code.ILLEGAL_TOPIC
-    if isinstance(exc, MessageTooLargeError):
-        return Code.MESSAGE_BODY_TOO_LARGE
-    if isinstance(exc, InvalidDelayError):
-        return Code.ILLEGAL_DELIVERY_TIME
-    if isinstance(exc, TimerFlowControlError):
-        return Code.TOO_MANY_REQUESTS
-    if isinstance(exc, TransactionStateError):
-        return Code.INVALID_TRANSACTION_ID
-    if isinstance(exc, InvalidMessageError):
-        return Code.BAD_REQUEST
-    if isinstance(exc, ReplicaAckTimeoutError):  # (appended, not acknowledged: see the docs)
-        return Code.SLAVE_PERSISTENCE_TIMEOUT
-    return Code.INTERNAL_SERVER_ERROR
-
-
-#: The longest recall or receipt handle read (what this server gives is far shorter).
-HANDLE_MAX_LENGTH = 512
 
 
 def recall_handle(signer: Signer, topic: str, msg_id: str, stored_queue_offset: int,
@@ -166,20 +146,9 @@ class _Closed:
     """Ends a session's outgoing stream."""
 
 
-class Member:
-    """One store the endpoint serves, with its producers and consumer groups."""
-
-    def __init__(self, name: str, store) -> None:
-        self.name = name
-        self.store = store
-        self.producer = store.producer(PRODUCER_GROUP)
-        self.transactions = store.transaction_producer(PRODUCER_GROUP, LeaveOpen())
-        self.groups = ConsumerGroups(store)
 
 
-
-
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer):
     """The calls (see the module docstring) over ``stores``: ``[(name, MessageStore)]``, one
     store or the members of a store group.
 
@@ -208,6 +177,51 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.signer = Signer(store_secret(self.store.root))
         self.held = held if held is not None else HeldCalls()
         self.refusals = LogBudget(log)
+        #: The replica-set member the store is (:mod:`store.replication.replica`), set by
+        #: its server (:meth:`serve_replica`): writes only while it leads; ``None`` alone.
+        self.replica = None
+        #: What route answers name: every replica's endpoint (``None``: this one's).
+        self.routes: pb.Endpoints | None = None
+
+    def serve_replica(self, replica, endpoints: list[tuple[str, int]]) -> None:
+        """Serve as a member of a replica set: writes (and the consumer groups' calls) only
+        while ``replica`` leads, each checked under the store's append lock (so that no
+        change of role comes between the check and the append); routes name ``endpoints``,
+        every replica's ``(host, port)``, so that a client's channel reaches whichever
+        replica is up (:mod:`store.proxy.follower_calls`)."""
+        versions = set()
+        for host, _ in endpoints:
+            try:
+                versions.add(ipaddress.ip_address(host).version)
+            except ValueError:
+                versions.add(None)
+        if len(versions) != 1 or None in versions:  # (a client takes one domain name only)
+            raise InvalidConfigError(
+                f"the replicas' gRPC endpoints {[f'{h}:{p}' for h, p in endpoints]}: a route "
+                "names them all, which the clients take as IP addresses of one version; "
+                "allowed: IPv4 (or IPv6) addresses in the replica-set file's \"grpc\"")
+        scheme = pb.AddressScheme.IPv4 if versions == {4} else pb.AddressScheme.IPv6
+        self.routes = pb.Endpoints(scheme=scheme, addresses=[
+            pb.Address(host=host, port=port) for host, port in endpoints])
+        self.replica = replica
+
+    @contextmanager
+    def leader_write(self, what: str):
+        """Inside: this replica leads and keeps leading (the store's append lock, which a
+        change of role takes too), and a write's wait for its copies comes when the block
+        ends; outside a replica set, nothing.  ``NotLeaderError`` otherwise."""
+        replica = self.replica
+        if replica is None:
+            yield
+            return
+        with self.store.write_lock():
+            replica.check_write(what)
+            yield
+
+    def check_leading(self, what: str) -> None:
+        """``NotLeaderError`` unless this replica leads (outside a replica set: nothing)."""
+        if self.replica is not None:
+            self.replica.check_write(what)
 
     # -- plumbing -----------------------------------------------------------------------
     def _account(self, context) -> Account:
@@ -291,6 +305,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return True
 
     def _endpoints(self, requested) -> pb.Endpoints:
+        if self.routes is not None:
+            return self.routes
         if requested is not None and requested.addresses:
             return requested
         host, port = self.address
@@ -315,8 +331,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if not self._may(account, topic, "PUB"):
                     raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist (a "
                                                         "producer's first send creates it)")
-                for m in self.members:  # created on first use by whoever may send to it
-                    m.store.ensure_topic(topic)
+                with self.leader_write("creating a topic"):  # on first use by whoever may
+                    for m in self.members:                      # send to it
+                        m.store.ensure_topic(topic)
             count = len(self._route(topic))
             endpoints = self._endpoints(request.endpoints)
             return rpc.QueryRouteResponse(
@@ -395,20 +412,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             log.warning("client %s sent an unexpected telemetry command %s", session.client_id,
                         which)
 
-    def Telemetry(self, request_iterator, context):
+    def open_session(self, context) -> Session:
+        """The session of a telemetry stream starting (counted as a held call, the client
+        id's earlier session ended); ``Refused`` when the call is not allowed, with
+        ``TOO_MANY_REQUESTS`` beyond the held calls' bounds.  ``context`` is read here only:
+        a stream's context is read on the event loop, never from another thread."""
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
-        try:
-            account = self._account(context)
-            check_client_id(client_id)
-        except Refused as exc:
-            self._refused("Telemetry", context, exc)
-            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
-            return
+        account = self._account(context)
+        check_client_id(client_id)
         if not self.held.acquire(client_id):
-            text = (f"{self.held.total} telemetry streams and long polls are held (at most "
-                    f"{self.held.per_client} per client); open the stream again later")
-            self._refused("Telemetry", context, Refused(Code.TOO_MANY_REQUESTS, text))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
+            raise Refused(Code.TOO_MANY_REQUESTS,
+                          f"{self.held.total} telemetry streams and long polls are held (at "
+                          f"most {self.held.per_client} per client); open the stream again "
+                          "later")
         session = Session(client_id, context.peer(), account)
         try:
             with self._sessions_lock:
@@ -416,39 +432,32 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if old is not None:
                     _check_owner(old, account)
                 self._sessions[client_id] = session
-        except Refused as exc:
+        except Refused:
             self.held.release(client_id)
-            self._refused("Telemetry", context, exc)
-            yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
-            return
+            raise
         if old is not None:
             old.open = False
             old.outbox.put(_Closed)
+        return session
 
-        def read() -> None:
-            try:
-                for command in request_iterator:
-                    self._on_command(session, command)
-            except Exception as exc:  # noqa: BLE001 - the client went away mid-stream
-                log.info("telemetry stream of %s ended: %s", client_id, exc)
-            finally:
-                session.outbox.put(_Closed)
+    def close_session(self, session: Session) -> None:
+        """The end of ``session``'s telemetry stream (once, however it ended)."""
+        self.held.release(session.client_id)
+        session.open = False
+        with self._sessions_lock:
+            if self._sessions.get(session.client_id) is session:
+                del self._sessions[session.client_id]
 
-        context.add_callback(lambda: session.outbox.put(_Closed))
-        threading.Thread(target=read, name=f"rmq-telemetry-{client_id[:24]}",
-                         daemon=True).start()
-        try:
-            while not self._closing.is_set():
-                item = session.outbox.get()
-                if item is _Closed:
-                    break
-                yield item
-        finally:
-            self.held.release(client_id)
-            session.open = False
-            with self._sessions_lock:
-                if self._sessions.get(client_id) is session:
-                    del self._sessions[client_id]
+    def next_command(self, session: Session):
+        """The next command for ``session``'s stream, waiting for one; ``None`` once the
+        stream is to end."""
+        item = session.outbox.get() if not self._closing.is_set() else _Closed
+        return None if item is _Closed or self._closing.is_set() else item
+
+    @staticmethod
+    def end_stream(session: Session) -> None:
+        """Make the wait of :meth:`next_command` end (the stream's call ended)."""
+        session.outbox.put(_Closed)
 
     def _permitted(self, session: Session, topics, right: str) -> frozenset[str]:
         """The ``topics`` a session's account may ``right`` (the others are left out, and
@@ -513,7 +522,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def send_checked(self, checked: list[Incoming]) -> list[rpc.SendResultEntry]:
         """Store checked messages (:meth:`checked_sends`); their result entries."""
-        return [self._send_one(m) for m in checked]
+        with self.leader_write("SendMessage"):
+            return [self._send_one(m) for m in checked]
 
     def SendMessage(self, request, context):
         def body():
@@ -542,6 +552,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """End the transactions of checked requests (:meth:`checked_end`) together: one
         lookup of their origins and one append per member and kind; per request ``None``
         or its failure (one request's failure is its own)."""
+        self.check_leading("EndTransaction")  # (before the origins: a follower may lack them)
         results: list[Exception | None] = [None] * len(ends)
         todo: dict[tuple[int, bool], list[int]] = {}
         origins = [m.store.transaction_origins([tid for _, tid, _, _ in ends])
@@ -562,6 +573,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 continue
             todo.setdefault((i, from_check), []).append(k)
         committed = False
+        with self.leader_write("EndTransaction"):
+            self._end_members(ends, todo, results)
+            committed = any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE
+                            for ks in todo.values() for k in ks)
+        if committed:
+            self.wake_receivers()
+        return results
+
+    def _end_members(self, ends: list, todo: dict, results: list) -> None:
         for (i, from_check), ks in todo.items():
             store = self.members[i].store
             try:
@@ -574,10 +594,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                                from_check=from_check)
                     except StoreError as exc:
                         results[k] = exc
-            committed |= any(ends[k][2] is LocalTransactionState.COMMIT_MESSAGE for k in ks)
-        if committed:
-            self.wake_receivers()
-        return results
 
     def EndTransaction(self, request, context):
         def body():
@@ -590,6 +606,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def RecallMessage(self, request, context):
         def body():
+            self.check_leading("RecallMessage")
             account = self._account(context)
             topic, msg_id, index, i = parse_recall_handle(self.signer, request.recall_handle,
                                                           len(self.members))
@@ -597,219 +614,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
                                                 f"{request.topic.name!r}")
             account.check_topic(topic, "PUB")
-            if not self.members[i].producer.cancel(topic, msg_id, stored_queue_offset=index):
+            with self.leader_write("RecallMessage"):
+                cancelled = self.members[i].producer.cancel(topic, msg_id,
+                                                            stored_queue_offset=index)
+            if not cancelled:
                 raise Refused(Code.NOT_FOUND, f"no pending delay message {msg_id} on topic "
                                               f"{topic!r} (delivered, recalled, or unknown)")
             return rpc.RecallMessageResponse(status=status(), message_id=msg_id)
         return self._guard(context, "RecallMessage",
                            lambda s: rpc.RecallMessageResponse(status=s), body)
-
-    # -- consuming ----------------------------------------------------------------------
-    def _consumer(self, context, group: str, topic: str) -> Account:
-        account = self._account(context)
-        check_group_name(group)
-        account.check_group(group)
-        check_topic_name(topic)
-        account.check_topic(topic, "SUB")
-        if not self._exists(topic):
-            raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
-                                                "(a send or a route query creates it)")
-        return account
-
-    def QueryAssignment(self, request, context):
-        def body():
-            self._consumer(context, request.group.name, request.topic.name)
-            mq = self._queue(request.topic.name, -1, self._endpoints(request.endpoints))
-            return rpc.QueryAssignmentResponse(status=status(),
-                                               assignments=[pb.Assignment(message_queue=mq)])
-        return self._guard(context, "QueryAssignment",
-                           lambda s: rpc.QueryAssignmentResponse(status=s), body)
-
-    def _fifo(self, group: str) -> bool:
-        with self._sessions_lock:
-            return any(s.fifo for s in self._sessions.values() if s.group == group)
-
-    def ReceiveMessage(self, request, context):
-        try:
-            deliveries, _ = self._receive(request, context)
-        except Refused as exc:
-            self._refused("ReceiveMessage", context, exc)
-            yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))
-            return
-        except StoreError as exc:
-            yield rpc.ReceiveMessageResponse(status=status(store_error_code(exc),
-                                                           self._text(exc)))
-            return
-        yield from self.receive_responses(deliveries)
-
-    def receive_responses(self, deliveries: list[Delivery]):
-        """The responses a receive streams for ``deliveries``."""
-        if not deliveries:
-            yield rpc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND,
-                                                           "no new message"))
-            return
-        yield rpc.ReceiveMessageResponse(status=status())
-        host, port = self.address
-        for d in deliveries:
-            yield rpc.ReceiveMessageResponse(message=outgoing(
-                d.view, receipt_handle=d.handle, invisible_ms=d.invisible_ms, attempt=d.attempt,
-                store_host=f"{host}:{port}"))
-        ts = rpc.ReceiveMessageResponse()
-        ts.delivery_timestamp.GetCurrentTime()
-        yield ts
-
-    def _receive(self, request, context):
-        group, topic = request.group.name, request.message_queue.topic.name
-        account = self._consumer(context, group, topic)
-        batch = request.batch_size or RECEIVE_BATCH_MAX
-        if batch < 1 or batch > RECEIVE_BATCH_MAX:
-            raise Refused(Code.BAD_REQUEST, f"batch_size {batch}; allowed: 1 to "
-                                            f"{RECEIVE_BATCH_MAX}")
-        invisible = (duration_ms(request.invisible_duration)
-                     if request.HasField("invisible_duration") else 30_000)
-        if not INVISIBLE_MIN_MS <= invisible <= INVISIBLE_MAX_MS:
-            raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
-                          f"invisible_duration {invisible} ms; allowed: {INVISIBLE_MIN_MS} to "
-                          f"{INVISIBLE_MAX_MS} ms")
-        polling = (duration_ms(request.long_polling_timeout)
-                   if request.HasField("long_polling_timeout") else LONG_POLLING_DEFAULT_MS)
-        if polling < 0 or polling > LONG_POLLING_MAX_MS:
-            raise Refused(Code.ILLEGAL_POLLING_TIME,
-                          f"long_polling_timeout {polling} ms; allowed: 0 to "
-                          f"{LONG_POLLING_MAX_MS} ms")
-        expr = request.filter_expression
-        if expr.type == pb.FilterType.SQL:
-            raise Refused(Code.ILLEGAL_FILTER_EXPRESSION,
-                          "SQL92 filters are not supported here; allowed: TAG filters")
-        tags = tag_filter(expr.expression)
-        fifo = self._fifo(group)
-        deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
-        if deliveries or polling == 0:
-            return deliveries, invisible
-        client = self._client(context)
-        if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
-            return deliveries, invisible
-        try:
-            deadline = time.monotonic() + polling / 1000
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not context.is_active() or self._closing.is_set():
-                    return deliveries, invisible
-                with self._arrived:
-                    self._waiting += 1
-                    try:
-                        self._arrived.wait(min(left, POLL_INTERVAL_MS / 1000))
-                    finally:
-                        self._waiting -= 1
-                deliveries = self._receive_members(account, group, topic, batch, invisible,
-                                                   tags, fifo)
-                if deliveries:
-                    return deliveries, invisible
-        finally:
-            self.held.release(client)
-
-    def _handle(self, account: Account, group: str, topic: str, i: int, inner: str) -> str:
-        """A receipt handle naming member ``i``, signed for the account, group and topic."""
-        text = f"{i}:{inner}"
-        return f"{text}:{self.signer.tag(text, account.access_key, group, topic)}"
-
-    def _receive_members(self, account: Account, group: str, topic: str, batch: int,
-                         invisible: int, tags, fifo: bool) -> list[Delivery]:
-        """Up to ``batch`` hand-outs from the members, starting at the next one in turn;
-        their handles name the member."""
-        n = len(self.members)
-        start = self._next()[0]
-        out: list[Delivery] = []
-        for k in range(n):
-            i = (start + k) % n
-            member = self.members[i]
-            got = member.groups.receive(
-                group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
-                fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
-            out += [dataclasses.replace(d, handle=self._handle(account, group, topic, i,
-                                                               d.handle)) for d in got]
-            if len(out) >= batch:
-                break
-        return out
-
-    def _held(self, account: Account, group: str, topic: str,
-              text: str) -> tuple[int, Member, str]:
-        """The member a receipt handle names (its position and itself) and the member's own
-        handle; ``INVALID_RECEIPT_HANDLE`` unless this server gave it to ``account`` for
-        ``group`` and ``topic``."""
-        signed, _, tag = text.rpartition(":")
-        i, sep, inner = signed.partition(":")
-        if (len(text) > HANDLE_MAX_LENGTH or not sep or not i.isdigit()
-                or int(i) >= len(self.members)
-                or not self.signer.valid(tag, signed, account.access_key, group, topic)):
-            raise Refused(Code.INVALID_RECEIPT_HANDLE,
-                          f"receipt handle {text[:80]!r} is not one this server gave this "
-                          "account for this group and topic")
-        return int(i), self.members[int(i)], inner
-
-    def _dead_letter(self, member: Member, group: str, view: MessageView) -> None:
-        """Store ``view`` in the group's dead-letter topic (RocketMQ's ``%DLQ%<group>``), in
-        the member that held it."""
-        from ..formats.message import Message
-
-        member.producer.send(Message(topic=f"%DLQ%{group}", body=bytes(view.body), tags=view.tags,
-                                   keys=list(view.keys) or None,
-                                   properties=dict(view.properties)),
-                           msg_id=view.msg_id)
-        log.info("message %s of %s moved to %%DLQ%%%s after %d hand-outs", view.msg_id,
-                 view.topic, group, member.groups.max_attempts)
-
-    def AckMessage(self, request, context):
-        def body():
-            group, topic = request.group.name, request.topic.name
-            account = self._consumer(context, group, topic)
-            entries = []
-            for e in request.entries:
-                try:
-                    _, member, inner = self._held(account, group, topic, e.receipt_handle)
-                    member.groups.ack(group, topic, inner)
-                    st = status()
-                except Refused as exc:
-                    st = status(exc.code, exc.text)
-                entries.append(rpc.AckMessageResultEntry(message_id=e.message_id,
-                                                         receipt_handle=e.receipt_handle,
-                                                         status=st))
-            failed = [e.status for e in entries if e.status.code != Code.OK]
-            top = status() if not failed else (
-                failed[0] if len(failed) == len(entries)
-                else status(Code.MULTIPLE_RESULTS, "some entries failed"))
-            return rpc.AckMessageResponse(status=top, entries=entries)
-        return self._guard(context, "AckMessage", lambda s: rpc.AckMessageResponse(status=s),
-                           body)
-
-    def ChangeInvisibleDuration(self, request, context):
-        def body():
-            group, topic = request.group.name, request.topic.name
-            account = self._consumer(context, group, topic)
-            invisible = duration_ms(request.invisible_duration)
-            if not 0 <= invisible <= INVISIBLE_MAX_MS:
-                raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
-                              f"invisible_duration {invisible} ms; allowed: 0 to "
-                              f"{INVISIBLE_MAX_MS} ms")
-            i, member, inner = self._held(account, group, topic, request.receipt_handle)
-            handle = member.groups.change_invisible(group, topic, inner, invisible)
-            return rpc.ChangeInvisibleDurationResponse(
-                status=status(), receipt_handle=self._handle(account, group, topic, i, handle))
-        return self._guard(context, "ChangeInvisibleDuration",
-                           lambda s: rpc.ChangeInvisibleDurationResponse(status=s), body)
-
-    def ForwardMessageToDeadLetterQueue(self, request, context):
-        def body():
-            group, topic = request.group.name, request.topic.name
-            account = self._consumer(context, group, topic)
-            _, member, inner = self._held(account, group, topic, request.receipt_handle)
-            view = member.groups.view_of(group, topic, inner)
-            if view is not None:
-                self._dead_letter(member, group, view)
-            member.groups.ack(group, topic, inner)
-            return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
-        return self._guard(context, "ForwardMessageToDeadLetterQueue",
-                           lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), body)
 
     # -- not offered --------------------------------------------------------------------
     def _not_implemented(self, name: str, response):

@@ -26,6 +26,9 @@ import secrets
 
 from ..files.fileio import atomic_write
 
+#: The longest recall or receipt handle read (what this server gives is far shorter).
+HANDLE_MAX_LENGTH = 512
+
 SECRET_FILE = os.path.join("config", "rmq_handle_secret")
 SECRET_BYTES = 32
 #: Bytes of the HMAC-SHA256 tag a handle carries (128 bits: not guessable).

@@ -20,7 +20,7 @@ One Python process answers at most about one core's worth of calls (the GIL).  W
   a receipt handle any other gave, and a message is handed out once across processes.
 
 A worker's long polls wait in the primary; a send through a worker wakes them within the
-primary's poll interval (:data:`~store.proxy.grpc_service.POLL_INTERVAL_MS`).  Workers read
+primary's poll interval (:data:`~store.proxy.consumer_calls.POLL_INTERVAL_MS`).  Workers read
 their settings from their standard input and end when it closes (when ``rmq serve``
 ends, however it ends).
 """
@@ -39,6 +39,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from ..base.errors import InvalidConfigError
 from .aio_calls import AsyncMessagingService
+from .follower_calls import client_headers, forward_stream, forward_unary, relay_failure
 
 log = logging.getLogger("store.proxy")
 
@@ -47,25 +48,11 @@ FORWARDED_UNARY = ("NotifyClientTermination", "AckMessage", "ChangeInvisibleDura
                    "ForwardMessageToDeadLetterQueue", "EndTransaction", "RecallMessage")
 #: How long a worker may take to start (open the store, listen).
 READY_TIMEOUT_S = 120
-#: Headers a forwarded call carries: the client's id and signature, RocketMQ's own.
-_FORWARDED_HEADER_PREFIX = "x-mq-"
-
-
-def _headers(context) -> tuple:
-    return tuple((k, v) for k, v in context.invocation_metadata()
-                 if k.startswith(_FORWARDED_HEADER_PREFIX) or k == "authorization")
-
-
-async def _relay_failure(context, exc: grpc.aio.AioRpcError) -> None:
-    await context.abort(exc.code(), exc.details() or "the endpoint's primary process failed")
 
 
 def _forward_unary(name: str):
     async def call(self, request, context):
-        try:
-            return await getattr(self.primary, name)(request, metadata=_headers(context))
-        except grpc.aio.AioRpcError as exc:
-            await _relay_failure(context, exc)
+        return await forward_unary(self.primary, name, request, context)
     call.__name__ = name
     return call
 
@@ -82,20 +69,16 @@ class ForwardingMessagingService(AsyncMessagingService):
         self.primary = service_pb2_grpc.MessagingServiceStub(self._channel)
 
     async def ReceiveMessage(self, request, context):
-        try:
-            async for response in self.primary.ReceiveMessage(request,
-                                                              metadata=_headers(context)):
-                yield response
-        except grpc.aio.AioRpcError as exc:
-            await _relay_failure(context, exc)
+        async for response in forward_stream(self.primary, "ReceiveMessage", request, context):
+            yield response
 
     async def Telemetry(self, request_iterator, context):
         try:
             async for command in self.primary.Telemetry(request_iterator,
-                                                        metadata=_headers(context)):
+                                                        metadata=client_headers(context)):
                 yield command
         except grpc.aio.AioRpcError as exc:
-            await _relay_failure(context, exc)
+            await relay_failure(context, exc)
 
     def ask(self, views) -> int:  # the primary's sessions are asked, never a worker's
         return 0

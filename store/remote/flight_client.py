@@ -316,16 +316,23 @@ class RemoteStore:
             self._failed(exc)
 
     def log_chunks(self, start: int, *, tail_crc: int, file_size: int, max_bytes: int,
-                   wait_ms: int, replica: str | None = None):
+                   wait_ms: int, replica: str | None = None, high_watermark: int | None = None,
+                   epoch: int | None = None):
         """The served store's CommitLog from offset ``start`` as batches of whole records, for
         a replica set's follower (:mod:`store.remote.replication_stream`; ``replica``: the
-        follower's URL, so that the leader counts ``start`` as what it holds); the account
-        needs the replication right."""
+        follower's URL, so that the leader counts ``start`` as what it holds;
+        ``high_watermark``: the leader's as last heard; ``epoch``: the leader's epoch when
+        the follower took its terms, so that a later term is refused until taken); the
+        account needs the replication right."""
         ticket = {"op": "replicate", "from": int(start), "tail_crc": int(tail_crc),
                   "file_size": int(file_size), "max_bytes": int(max_bytes),
                   "wait_ms": int(wait_ms)}
         if replica is not None:
             ticket["replica"] = replica
+        if high_watermark is not None:
+            ticket["high_watermark"] = int(high_watermark)
+        if epoch is not None:
+            ticket["epoch"] = int(epoch)
         try:
             stream = self._connection().do_get(
                 flight.Ticket(dumps(ticket)), self._options(self.timeout_s + wait_ms / 1000))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -52,6 +53,8 @@ from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidReque
                    error_info, error_text, field, loads, unb64)
 
 log = logging.getLogger("store.remote")
+#: Producer groups of half messages whose producers a server keeps (a client names any).
+HALF_PRODUCER_GROUPS = 64
 
 #: Actions only an admin account (or the server's token) may call (see :mod:`.rights`).
 ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_due",
@@ -59,6 +62,9 @@ ADMIN_ACTIONS = frozenset({"cancel_keys", "pending_keys", "schedules", "deliver_
 
 #: Queue offsets read per batch of a ``DoGet`` (the Spark source's batch size).
 READ_CHUNK = 65536
+#: How long a read past a replica's high watermark waits for it (s): a reader that planned
+#: its range on the leader before a change of leader reads it once the new one's moves.
+READ_BOUND_WAIT_S = 5.0
 #: The version of the calls (:mod:`store.remote.wire`) this service answers.
 WIRE_VERSION = 1
 
@@ -130,6 +136,12 @@ def _unless_quiet(fn):
                                            extra_info=error_info(StoreError("out of memory"))
                                            ) from None
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server
+            if isinstance(exc, OSError) and context.is_cancelled():
+                # the client went away before its answer (killed, or cut off): one line
+                # within the refusals' rate, no stack (else one per call a client drops)
+                _refused("the client %s of a %s call went away before its answer: %s",
+                         context.peer(), fn.__name__, exc)
+                raise flight.FlightCancelledError("the client went away") from None
             log.exception("request from %s failed", context.peer())
             raise flight.FlightInternalError(f"{type(exc).__name__}: {exc}") from None
 
@@ -161,13 +173,20 @@ class StoreService(flight.FlightServerBase):
         The accounts of an ACL file (:mod:`store.files.accounts`): each call is then made by
         an account (or with ``token``, as an admin) and checked by what it touches
         (:mod:`.rights`).
+    replica : Replica, optional
+        The replica-set member this store is (:mod:`store.replication.replica`): writes
+        are refused unless it leads.
     """
 
     def __init__(self, store, address: RemoteAddress, *, token: str | None = None,
                  tls: tuple[bytes, bytes] | None = None,
                  max_request_bytes: int = MAX_MESSAGE_BYTES,
                  stream_limits: StreamLimits | None = None,
-                 accounts: list[AccountRights] | None = None) -> None:
+                 accounts: list[AccountRights] | None = None, replica=None) -> None:
+        #: The replica-set member this store is (:mod:`store.replication.replica`): a
+        #: follower refuses writes; ``None`` outside a replica set.  Set before the server
+        #: listens, so that no request is taken as a lone store's.
+        self.replica = replica
         if address.tls and tls is None:
             raise StoreError("an rmqs:// (TLS) address needs a certificate and a key")
         middleware = {"token": _TokenCheck(token)} if token else {}
@@ -179,7 +198,7 @@ class StoreService(flight.FlightServerBase):
         self.max_request_bytes = int(max_request_bytes)
         self.path = store.root
         self.address = RemoteAddress(address.host, self.port, address.tls)
-        self._readers = ReaderPool(lambda: StoreReader.open(self.path, store.config))
+        self._readers = ReaderPool(self._open_reader)
         self._streams = stream_limits or StreamLimits()
         self._call = threading.local()  # the account of the action a thread answers
         self._opened = OpenedTransactions()
@@ -188,11 +207,9 @@ class StoreService(flight.FlightServerBase):
                         "--tls-cert and --tls-key to serve rmqs://", self.address.url)
         # (writes one at a time; a replica set's synchronous wait comes after the release)
         self._write_lock = WaitAfterLock(store)
-        self._producers: dict[str, object] = {}
-        self._half_producers: dict[str, object] = {}
-        #: The replica-set member this store is (:mod:`store.replication.replica`): a
-        #: follower refuses writes; ``None`` outside a replica set.
-        self.replica = None
+        # (a producer of each group a client names: made per call, but for half messages,
+        # whose producer registers its group's listener: at most HALF_PRODUCER_GROUPS kept)
+        self._half_producers: OrderedDict[str, object] = OrderedDict()
         self._closing = threading.Event()
 
     @property
@@ -201,10 +218,20 @@ class StoreService(flight.FlightServerBase):
 
     # ------------------------------------------------------------------ helpers
     def _producer(self, group: str):
-        found = self._producers.get(group)
-        if found is None:
-            found = self._producers[group] = self.store.producer(group)
-        return found
+        return self.store.producer(group)  # (two attributes: nothing worth keeping per group)
+
+    def _half_producer(self, group: str):
+        """The producer of half messages of ``group`` (called under the write lock); the
+        least recently used of more than :data:`HALF_PRODUCER_GROUPS` is let go, with its
+        listener (a ``LeaveOpen``: the same answer as none)."""
+        producer = self._half_producers.pop(group, None)
+        if producer is None:  # the caller runs the local transaction and ends it
+            producer = self.store.transaction_producer(group, LeaveOpen())
+        self._half_producers[group] = producer
+        while len(self._half_producers) > HALF_PRODUCER_GROUPS:
+            old_group, old = self._half_producers.popitem(last=False)
+            self.store.transactions.forget_listener(old_group, old.listener)
+        return producer
 
     @contextmanager
     def _stream(self, context, what: str):
@@ -217,6 +244,17 @@ class StoreService(flight.FlightServerBase):
 
     def close_readers(self) -> None:
         self._readers.close()
+
+    def _open_reader(self) -> StoreReader:
+        """A reader for the pool: a replica's readers see only below its high watermark
+        (:meth:`~store.replication.replica.Replica.high_watermark`)."""
+        reader = StoreReader.open(self.path, self.store.config)
+        reader.read_bound, reader.read_bound_wait_s = self._read_bound, READ_BOUND_WAIT_S
+        return reader
+
+    def _read_bound(self) -> int | None:
+        replica = self.replica
+        return None if replica is None else replica.high_watermark()
 
     def shutdown(self) -> None:
         """Stop serving: waiting replication requests answer at once, then the calls in
@@ -257,84 +295,84 @@ class StoreService(flight.FlightServerBase):
             schema = projected_schema(columns)
         except ValueError as exc:
             raise InvalidRequest(f"read: {exc}") from None
-        release = self._streams.admit(context.peer(), "read")
-        try:
-            reader = self._readers.borrow()  # lent to this stream until it ends or is dropped
-        except BaseException:
-            release()
-            raise
 
-        def read(lo: int, hi: int):
+        def read(reader, lo: int, hi: int):
             return reader.read_arrow(topic, queue_id, lo, hi, tags=tags, columns=columns,
                                      verify_crc=verify_crc, skip_corrupt=skip_corrupt)
 
-        try:
-            first = read(start, min(end, start + READ_CHUNK))
-        except BaseException:
-            self._readers.give_back(reader)
-            release()
-            raise
+        def rest(reader, first):
+            yield first
+            for lo in range(start + READ_CHUNK, end, READ_CHUNK):
+                batch = read(reader, lo, min(end, lo + READ_CHUNK))
+                if batch.num_rows:
+                    yield batch
 
-        def batches():
-            try:
-                yield None  # (primed below: a started generator runs its finally when dropped)
-                yield first
-                lo = start + READ_CHUNK
-                while lo < end:
-                    try:
-                        batch = read(lo, min(end, lo + READ_CHUNK))
-                    except StoreError as exc:
-                        raise flight.FlightServerError(error_text(exc),
-                                                       extra_info=error_info(exc)) from None
-                    if batch.num_rows:
-                        yield batch
-                    lo += READ_CHUNK
-            finally:
-                self._readers.give_back(reader)
-                release()
-
-        stream = batches()
-        next(stream)
-        return flight.GeneratorStream(schema, stream)
+        return self._reading_stream(context, "read", schema,
+                                    lambda r: read(r, start, min(end, start + READ_CHUNK)), rest)
 
     def _replicate(self, context, body: dict):
         """The CommitLog from a follower's end (:mod:`store.remote.replication_stream`): whole
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
         request = parse_request(body)
-        signal, checked, replica = None, (lambda: None), self.replica
+        signal, checked, replica, marks = None, (lambda: None), self.replica, None
+        bound, stopping = (lambda: None), self._closing.is_set
         if replica is not None:
             replica.check_source("replicate")  # (only a leader's log is copied)
-            signal = replica.append_signal
+            epoch = replica.epoch if request["epoch"] is None else request["epoch"]
+            replica.check_term("replicate", epoch)
+            signal, marks = replica.append_signal, replica.answer_marks
+
+            def bound() -> int | None:  # (a term begun since: its bytes wait for its terms)
+                return replica.term_bound(epoch)
+
+            def stopping() -> bool:
+                return self._closing.is_set() or bound() is not None
 
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
-        release = self._streams.admit(context.peer(), "replicate")
+
+        return self._reading_stream(
+            context, "replicate", CHUNK_SCHEMA,
+            lambda r: first_chunk(r, request, stopping, signal, checked, marks, bound),
+            lambda r, first: answer(r, request, first, marks, bound))
+
+    def _reading_stream(self, context, what: str, schema, first_of, rest):
+        """A ``DoGet`` answer read by a reader lent from the pool: one counted stream of the
+        caller's (:meth:`_stream`) for as long as it is sent.  ``first_of(reader)`` runs
+        before the answer starts (its errors reach the client typed); ``rest(reader, first)``
+        yields every batch, ``first`` included, as the client takes them.  The reader goes
+        back and the stream's count ends once the last batch is sent, or when gRPC drops a
+        stream cut off (the generator is started here, so it runs its ``finally`` then)."""
+        release = self._streams.admit(context.peer(), what)
         try:
             reader = self._readers.borrow()
         except BaseException:
             release()
             raise
-        try:
-            first = first_chunk(reader, request, self._closing.is_set, signal, checked)
-        except BaseException:
+
+        def done() -> None:
             self._readers.give_back(reader)
             release()
+
+        try:
+            first = first_of(reader)
+        except BaseException:
+            done()
             raise
 
         def batches():
             try:
                 yield None  # (primed below: a started generator runs its finally when dropped)
-                yield from answer(reader, request, first)
+                yield from rest(reader, first)
             except StoreError as exc:
                 raise flight.FlightServerError(error_text(exc), extra_info=error_info(exc)) from None
             finally:
-                self._readers.give_back(reader)
-                release()
+                done()
 
         stream = batches()
         next(stream)
-        return flight.GeneratorStream(CHUNK_SCHEMA, stream)
+        return flight.GeneratorStream(schema, stream)
 
     def _round(self, body: dict, op: str):
         """A check round's questions: a check-loop query's (kept by ``run_check_round``) or
@@ -603,11 +641,7 @@ class StoreService(flight.FlightServerBase):
         group = _named(body, "group", "send_half", validate_group)
         message = self._message(body.get("message"), "send_half")
         with self._write_lock:
-            producer = self._half_producers.get(group)
-            if producer is None:  # the caller runs the local transaction and ends it
-                producer = self._half_producers[group] = self.store.transaction_producer(
-                    group, LeaveOpen())
-            result = producer.send_in_transaction(message)
+            result = self._half_producer(group).send_in_transaction(message)
         self._opened.opened(self._account(), result.transaction_id)
         out = _result(result)
         out["half_topic"] = result.half_topic

@@ -53,8 +53,9 @@ from ..files.accounts import AccountRights
 #: The account of a call made with the server's token (or of any call without access
 #: control).
 ADMIN = AccountRights("", "", True, frozenset(), {}, frozenset(), {})
-#: Transaction ids remembered per server for their opener's end (oldest forgotten first).
-MAX_OPENED_TRANSACTIONS = 1_000_000
+#: Transaction ids remembered per server for their opener's end (oldest forgotten first;
+#: about 170 bytes each: 17 MB at the bound).
+MAX_OPENED_TRANSACTIONS = 100_000
 
 
 class Caller(flight.ServerMiddleware):

@@ -20,7 +20,8 @@ never succeeds, and a change of role wakes every waiting writer at once (:meth:`
 
 Past ``replica_ack_timeout_ms`` the writer gets
 :class:`~store.base.errors.ReplicaAckTimeoutError`: the records are in the leader's log (its
-readers may see them) but were not acknowledged; the sender must assume they may or may not
+readers see them only once enough replicas hold them: :mod:`.watermark`) but were not
+acknowledged; the sender must assume they may or may not
 survive a change of leader, and retry (with a key, to recognise a duplicate), as a Kafka
 producer with ``acks=all`` does.
 

@@ -11,8 +11,16 @@ for good (:attr:`Follower.state` ``"diverged"``, with the leader's reason).  At 
 (re)connection the leader's terms are handed to ``on_epochs`` first, which cuts a tail the
 leader's history does not hold (:mod:`.truncation`); a replica that does not lead yet (or
 no longer) is asked again: its terms are not taken, and it refuses to be copied.  Each
+request names the leader's epoch as the follower took its terms: a leader named again in a
+later epoch refuses it (``NotLeaderError``), and the follower takes its terms again at
+once, before any byte of the new term (:mod:`store.remote.replication_stream`).  Each
 request reports this replica's end (what it appended, synced as its flush mode says) to the
-leader, which counts it for the writers waiting for their copies (:mod:`.acks`).
+leader, which counts it for the writers waiting for their copies (:mod:`.acks`).  Each answer
+tells the leader's high watermark, handed to ``on_watermark`` as each batch arrives (this
+replica's readers see below it and below this replica's end, :mod:`.watermark`; it goes
+back with the next request, and a leader whose watermark moved past it answers at once),
+and the oldest CommitLog offset the leader keeps, handed to ``on_leader_min`` once the
+answer is appended (this replica's retention follows the leader's).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
 answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
@@ -26,8 +34,8 @@ import logging
 import threading
 import time
 
+from ..base.errors import NotLeaderError, ReplicaDivergedError, StoreError
 from ..core.replica_log import append_chunk, tail_crc
-from ..base.errors import ReplicaDivergedError, StoreError
 
 log = logging.getLogger("store.replication")
 
@@ -45,17 +53,26 @@ class Follower:
     """Copies ``leader`` (a :class:`~store.remote.flight_client.RemoteStore`) into ``store`` (an
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, store, leader, on_epochs=None, me: str | None = None) -> None:
+    def __init__(self, store, leader, on_epochs=None, me: str | None = None,
+                 on_watermark=None, on_leader_min=None) -> None:
         self.store = store
         self.leader = leader
         self.me = me  # this replica's URL, sent with each request (synchronous acks count it)
         self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
+        self._on_watermark = on_watermark or (lambda mark: None)
+        self._on_leader_min = on_leader_min or (lambda offset: None)
+        #: The leader's high watermark and oldest offset kept, as the last answer gave them.
+        self.high_watermark: int | None = None
+        self.leader_min: int | None = None
         self.state = "starting"
         self.error: str | None = None
         self.leader_end: int | None = None
         self.lag_messages: int | None = None
         self.last_contact_ms: int | None = None
         self.chunks = 0
+        #: the leader's epoch when its terms were taken (sent with each request: a later
+        #: term's bytes are refused until its terms are taken again)
+        self.leader_epoch: int | None = None
         self._lag_counted = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-follower", daemon=True)
@@ -81,6 +98,7 @@ class Follower:
         return {"state": self.state, "error": self.error, "leader_end": self.leader_end,
                 "end": self.store.confirmed_offset(), "lag_bytes": self.lag_bytes(),
                 "lag_messages": self.lag_messages, "last_contact_ms": self.last_contact_ms,
+                "leader_high_watermark": self.high_watermark, "leader_min": self.leader_min,
                 "chunks": self.chunks}
 
     # ------------------------------------------------------------------ the loop
@@ -92,6 +110,9 @@ class Follower:
                 self.state, self.error = "diverged", str(exc)
                 log.error("stopped following %s: %s", self.leader.address.url, exc)
                 return
+            except NotLeaderError as exc:  # (a new term: its terms are taken again at once)
+                log.info("following %s: %s", self.leader.address.url, exc)
+                self._stop.wait(RETRY_S / 10)
             except StoreError as exc:
                 if self.state != "unreachable" or self.error != str(exc):
                     log.warning("following %s: %s; retrying", self.leader.address.url, exc)
@@ -111,11 +132,15 @@ class Follower:
                 raise StoreError(f"{self.leader.address.url} does not lead (yet): its terms "
                                  "are not taken, nor its log copied")
             self._on_epochs(answer)
+            epoch = answer.get("epoch")
+            self.leader_epoch = epoch if isinstance(epoch, int) else None
         while not self._stop.is_set():
             offset = store.confirmed_offset()
             answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
                                                  file_size=file_size, max_bytes=REQUEST_BYTES,
-                                                 wait_ms=WAIT_MS, replica=self.me))
+                                                 wait_ms=WAIT_MS, replica=self.me,
+                                                 high_watermark=self.high_watermark,
+                                                 epoch=self.leader_epoch))
             first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
             if first is not None and _has_data(first):
                 # one answer is one atomic group: readers see it whole, as the leader's
@@ -126,11 +151,18 @@ class Follower:
                         self._apply(batch)
             elif first is not None:
                 self._apply(first)
+            if first is not None and self.leader_min is not None:
+                self._on_leader_min(self.leader_min)
             self.state, self.error = "following", None
             self.last_contact_ms = store.now_ms()
             self._count_lag_messages()
 
     def _apply(self, batch) -> None:
+        if batch.num_rows and "high_watermark" in batch.schema.names:  # (else: an earlier
+            # version's leader; learned first: readers see below this replica's end anyway)
+            self.high_watermark = int(batch.column("high_watermark")[0].as_py())
+            self.leader_min = int(batch.column("leader_min")[0].as_py())
+            self._on_watermark(self.high_watermark)
         offsets = batch.column("offset").to_pylist()  # (one row per chunk: a few per call)
         ends = batch.column("end").to_pylist()
         data = batch.column("data")

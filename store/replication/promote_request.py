@@ -27,13 +27,28 @@ import secrets
 import time
 
 from ..base import errors as store_errors
-from ..base.errors import StoreError
+from ..base.errors import ReplicaBehindError, StoreError
 from ..files.fileio import atomic_write
 
 log = logging.getLogger("store.replication")
 
 REQUEST_FILE = os.path.join("config", "promote.request")
 ANSWER_FILE = os.path.join("config", "promote.answer")
+
+
+def refuse_if_behind(who: str, leader, end: int, leader_end, force: bool) -> int | None:
+    """The bytes a promotion gives up (``None``: unknown, never heard from ``leader``); raise :class:`~store.base.errors.ReplicaBehindError` unless ``force`` when the replica
+    ``who`` (holding the CommitLog up to ``end``) never heard from ``leader`` (``leader_end``
+    ``None``) or holds less than the end ``leader`` had confirmed (``leader_end``)."""
+    lost = None if leader_end is None else max(0, int(leader_end) - end)
+    if force or (leader_end is not None and not lost):
+        return lost
+    why = (f"it never heard from its leader {leader}" if leader_end is None
+           else f"it holds the CommitLog up to {end}, its leader {leader} had confirmed up "
+                f"to {leader_end} ({lost} bytes would be lost)")
+    raise ReplicaBehindError(
+        f"cannot promote {who}: {why}; allowed: a follower that holds everything its leader "
+        "acknowledged, or force=True (rmq promote --force) to give the rest up")
 
 
 def request_promotion(root: str, *, force: bool = False, timeout_s: float = 15.0,

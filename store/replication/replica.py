@@ -31,6 +31,12 @@ does not hold (:mod:`.truncation`).  Either change sets the services' progress f
 (:func:`~store.replication.truncation.set_aside_service_progress`): they were not copied, and
 a leader rebuilds them from its log, where every delivered copy names its origin, so that no
 due message is delivered twice nor early.
+
+The recurring schedules' book is recorded in the log
+(:attr:`~store.schedule.schedule_book.ScheduleBook.replicated`, set here), so a follower
+holds it and a new leader goes on with it.  Clients of a replica read only below its
+**high watermark** (:mod:`.watermark`, :meth:`Replica.high_watermark`); a follower's
+retention follows its leader's (:meth:`Replica.follow_retention`).
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ from ..base.errors import (
     InvalidConfigError,
     LeaderDeposedError,
     NotLeaderError,
-    ReplicaBehindError,
     StoreError,
 )
 from ..files.epoch_file import held_epoch, read_epochs, with_term, write_epochs
@@ -52,8 +57,10 @@ from ..files.replication_state import STATE_FILE, read_state, write_state
 from ..remote.replication_stream import AppendSignal
 from .acks import InSyncAcks
 from .follower import Follower
+from .promote_request import refuse_if_behind
 from .replica_set import ReplicaSet
-from .truncation import cut_diverged_tail, set_aside_service_progress
+from .truncation import cut_diverged_tail, set_aside_progress_of
+from .watermark import HighWatermark
 
 __all__ = ["STATE_FILE", "Replica", "read_state", "replication_status"]
 
@@ -87,6 +94,10 @@ class Replica:
         self.lease_until = 0.0
         self.voter = None
         recorded = read_state(store.root) or {}
+        #: The highest high watermark known (:mod:`.watermark`), not past this log's end.
+        self.watermark = HighWatermark(recorded.get("high_watermark"))
+        self._state_lock = threading.Lock()  # (the state file: a step, a role change, ...)
+        self.watermark.cut(store.confirmed_offset())
         if self.elected:  # a follower of nobody until the voters name the leader
             self._init_elected(recorded)
         else:
@@ -103,9 +114,21 @@ class Replica:
         #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
         self.last_cut: dict | None = None
         store.appender.refusal = None  # (the server's process: its appends are waited for)
+        # the recurring schedules' book is recorded in the log, and so copied
+        store.recurring.replicated = True
         if self.role == "leader":
             self._install_acks()
+            self._take_delay_keys()
+            with self.services():  # (a book the log lacks yet: the followers get it)
+                store.recurring.record()
         self._write_state()
+
+    def _take_delay_keys(self) -> None:
+        """A leader's timer drops the keyed messages that a later send replaced or a cancel
+        cancelled (:mod:`store.timer.delay_keys`) only once its key table exists; a follower
+        never made one (it sends nothing), so a new leader builds it from the timer topic
+        it copied: one scan of that topic, at each change to leader."""
+        self.store.timer.keys.ensure()
 
     def _init_elected(self, recorded: dict) -> None:
         self.leader = None
@@ -134,7 +157,7 @@ class Replica:
                 write_epochs(store.root, with_term(
                     terms, epoch, store.confirmed_offset() if terms else 0))
             if recorded.get("role") == "follower":  # its progress files were not copied
-                set_aside_service_progress(store.root, "a follower starting as leader")
+                set_aside_progress_of(store, "a follower starting as leader")
         self.epoch = epoch
         self._promoted = bool(recorded.get("promoted")) and self.role == "leader"
 
@@ -164,9 +187,14 @@ class Replica:
         self.store.replica_acks = self.acks
 
     def _write_state(self) -> None:
+        with self._state_lock:  # (one temporary file per process: one writer at a time)
+            self._write_state_now()
+
+    def _write_state_now(self) -> None:
         state = {"role": self.role, "epoch": self.epoch, "leader": self.leader,
                  "self": self.me, "replicas": list(self.replica_set.replicas),
-                 "min_insync_replicas": self.replica_set.min_insync_replicas}
+                 "min_insync_replicas": self.replica_set.min_insync_replicas,
+                 "high_watermark": self.watermark.recorded()}
         if self._promoted:
             state["promoted"] = True
         if self.elected:
@@ -182,6 +210,7 @@ class Replica:
         cut = cut_diverged_tail(self.store, terms, self.leader)
         if cut is not None:
             self.last_cut = cut
+            self.watermark.cut(self.store.confirmed_offset())
         if terms:
             write_epochs(self.store.root, terms)
         epoch = answer.get("epoch")
@@ -236,7 +265,9 @@ class Replica:
         from ..remote.flight_client import RemoteStore
 
         self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
-                                 on_epochs=self.leader_epochs, me=self.me)
+                                 on_epochs=self.leader_epochs, me=self.me,
+                                 on_watermark=self.watermark.learn,
+                                 on_leader_min=self.follow_retention)
         self.follower.start()
 
     def _probe(self, url: str) -> dict:
@@ -288,15 +319,7 @@ class Replica:
             heard = self.follower.status() if self.follower is not None else {}
             end = self.store.confirmed_offset()
             leader_end = heard.get("leader_end")
-            lost = None if leader_end is None else max(0, int(leader_end) - end)
-            if not force and (leader_end is None or lost):
-                why = (f"it never heard from its leader {self.leader}" if leader_end is None
-                       else f"it holds the CommitLog up to {end}, its leader {self.leader} "
-                            f"had confirmed up to {leader_end} ({lost} bytes would be lost)")
-                raise ReplicaBehindError(
-                    f"cannot promote {self.me}: {why}; allowed: a follower that holds "
-                    "everything its leader acknowledged, or force=True (rmq promote --force) "
-                    "to give the rest up")
+            lost = refuse_if_behind(self.me, self.leader, end, leader_end, force)
             self._stop_following()
             with self.store.write_lock():
                 end = self.store.confirmed_offset()  # (the follower may have appended since)
@@ -308,12 +331,16 @@ class Replica:
                     raise StoreError(f"epoch {new} for {self.me}'s new term; allowed: above "
                                      f"{known}, every epoch it knows")
                 write_epochs(self.store.root, with_term(terms, new, end if terms else 0))
-                set_aside_service_progress(self.store.root, f"{self.me} becoming leader")
+                self.watermark.cut(end)  # (forced: it holds less than it heard)
+                set_aside_progress_of(self.store, f"{self.me} becoming leader")
                 self.leader, self.role, self.epoch = self.me, "leader", new
                 self._promoted = not self.elected
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
                 self._write_state()
+            self._take_delay_keys()  # (before a service step delivers: the lock is held)
+            with self.services():  # (a book never recorded, kept: the followers get it)
+                self.store.recurring.record()
             return {"epoch": new, "start_offset": end, "leader_end": leader_end,
                     "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}
 
@@ -333,12 +360,16 @@ class Replica:
             self._stop_following()
             with self.store.write_lock():  # (no service step appends meanwhile)
                 self.leader, self.role, self._promoted = leader_url, "follower", False
+                # (what its readers saw stays visible: the acknowledged end, or asynchronous
+                # its whole log; a cut tail lowers the mark at the first contact)
+                self.watermark.learn(self.store.confirmed_offset() if self.acks is None
+                                     else self.acks.acked)
                 acks, self.store.replica_acks, self.acks = self.acks, None, None
                 if acks is not None:
                     acks.close()
                 if epoch is not None and epoch > self.epoch:
                     self.epoch = int(epoch)
-                set_aside_service_progress(self.store.root, f"{self.me} becoming follower")
+                set_aside_progress_of(self.store, f"{self.me} becoming follower")
                 self._write_state()
             self.follow()
 
@@ -384,6 +415,59 @@ class Replica:
                                  f"{self.leader or 'no leader known'}); allowed: copying from "
                                  "the leader")
 
+    def check_term(self, what: str, epoch: int) -> None:
+        """Refuse a follower's request made under another epoch than this leader's
+        (:class:`NotLeaderError`): the follower takes this leader's terms again first, so
+        that it never holds bytes of a term it does not know (:mod:`.election` compares
+        replicas by the term of the bytes they hold)."""
+        if epoch != self.epoch:
+            raise NotLeaderError(f"{what}: asked under epoch {epoch}, but {self.me} leads in "
+                                 f"epoch {self.epoch}; allowed: a follower that took its "
+                                 "leader's terms (it takes them again)")
+
+    def term_bound(self, epoch: int) -> int | None:
+        """Where the first term after ``epoch`` starts in this log; ``None`` while this
+        replica is still in ``epoch`` (or no later term is recorded)."""
+        if self.epoch == epoch:
+            return None
+        later = [start for e, start in read_epochs(self.store.root) if e > epoch]
+        return min(later) if later else None
+    # ------------------------------------------------------------------ the high watermark
+    def high_watermark(self) -> int | None:
+        """The CommitLog offset below which this replica's readers see records
+        (:mod:`.watermark`); ``None`` on a leader with ``min_insync_replicas: 1``, whose
+        readers see its whole confirmed log."""
+        if self.role == "leader":
+            acks = self.acks
+            return None if acks is None else self.watermark.current(acks)
+        return self.watermark.current()
+
+    def answer_marks(self) -> tuple[int, int]:
+        """What each replication answer tells the followers: the high watermark (this
+        leader's confirmed end when its readers are not bound) and the oldest CommitLog
+        offset it keeps (their retention follows it)."""
+        mark = self.high_watermark()
+        store = self.store
+        return (store.confirmed_offset() if mark is None else mark,
+                store.commit_log.min_offset())
+
+    def follow_retention(self, leader_min: int) -> None:
+        """The leader's oldest CommitLog offset kept, as an answer gave it (on the follower
+        thread, once the answer is appended): the segments this follower holds wholly below
+        it, and not past its own end, are deleted with the queue and index files that
+        pointed into them (``clean_expired_files(below=...)``), as its leader's retention
+        did."""
+        store = self.store
+        if leader_min > store.commit_log.min_offset():
+            store.clean_expired_files(below=min(leader_min, store.confirmed_offset()))
+
+    def save_watermark(self) -> None:
+        """Record the high watermark when it moved (the server's step calls this)."""
+        if self.role == "leader" and self.acks is not None:
+            self.watermark.learn(self.watermark.current(self.acks))
+        if self.watermark.due():
+            self._write_state()
+
     def check_action(self, name: str) -> None:
         if name not in READ_ACTIONS:
             self.check_write(name)
@@ -412,6 +496,8 @@ class Replica:
             out["last_cut"] = self.last_cut
         if self.acks is not None:
             out.update(acked_end=self.acks.acked, ack_timeouts=self.acks.timeouts)
+        mark, end = self.high_watermark(), self.store.confirmed_offset()
+        out["high_watermark"] = end if mark is None else max(0, min(end, mark))
         if self.follower is not None:
             out.update(self.follower.status())
             return out
@@ -448,7 +534,8 @@ def replication_status(root: str, server: dict | None) -> dict | None:
         return None
     out = {"role": state.get("role"), "epoch": state.get("epoch"), "leader": state.get("leader"),
            "self": state.get("self"), "running": False, "lag_bytes": None, "lag_messages": None,
-           "promoted": bool(state.get("promoted"))}
+           "promoted": bool(state.get("promoted")),
+           "high_watermark": state.get("high_watermark")}
     try:
         out["epochs"] = [list(t) for t in read_epochs(root)]
     except StoreError as exc:  # a damaged epoch file is shown, not fatal to stats

@@ -29,6 +29,10 @@ JSON::
 * ``replica_ack_timeout_ms`` (optional, default :data:`DEFAULT_ACK_TIMEOUT_MS`): how long a
   write waits for those replicas before its sender gets
   :class:`~store.base.errors.ReplicaAckTimeoutError`.
+* ``grpc`` (optional): ``{URL: "HOST:PORT"}``, each replica's RocketMQ gRPC endpoint as
+  clients reach it (``rmq serve --grpc``); needed, for every replica, by a replica serving
+  ``--grpc``: a follower's gRPC face passes clients' calls on to the leader's, and route
+  answers name every replica's (:mod:`store.proxy.follower_calls`).
 * ``account`` and ``secret_file`` (optional, together): the credentials a follower presents
   to its leader when the leader checks accounts (``--acl``; the account needs
   ``"replicate": true``).  Without them a follower presents the server's token
@@ -50,7 +54,7 @@ from ..base.remote_address import RemoteAddress
 
 #: The fields a replica-set file may have.
 FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "replica_ack_timeout_ms",
-          "account", "secret_file", "raft", "election_timeout_ms")
+          "account", "secret_file", "raft", "election_timeout_ms", "grpc")
 #: How long a write waits for its in-sync replicas, by default (ms).
 DEFAULT_ACK_TIMEOUT_MS = 3000
 #: Default lease of an elected leader (ms) and its bounds.
@@ -73,6 +77,7 @@ class ReplicaSet:
     replica_ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
     raft: tuple[tuple[str, str], ...] = ()
     election_timeout_ms: int = ELECTION_TIMEOUT_MS
+    grpc: tuple[tuple[str, str], ...] = ()
 
     @property
     def elected(self) -> bool:
@@ -92,6 +97,11 @@ class ReplicaSet:
         address = RemoteAddress.parse(url)
         host = f"[{address.host}]" if ":" in address.host else address.host
         return f"{host}:{address.port + 1}"
+
+    def grpc_address(self, url: str) -> str | None:
+        """``HOST:PORT`` of replica ``url``'s RocketMQ gRPC endpoint; ``None`` when the file
+        does not give it."""
+        return dict(self.grpc).get(url)
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> ReplicaSet:
@@ -151,17 +161,9 @@ class ReplicaSet:
                 v is None or (isinstance(v, str) and v) for v in (account, secret_file)):
             raise InvalidConfigError(f"the replica-set file {path}: \"account\" and "
                                      "\"secret_file\" go together, each a non-empty string")
-        raft = data.get("raft", {})
         voters = urls + ((witness,) if witness is not None else ())
-        if not isinstance(raft, dict) or not all(isinstance(v, str) for v in raft.values()):
-            raise InvalidConfigError(f"the replica-set file {path}: \"raft\" must map voter "
-                                     "URLs to \"HOST:PORT\" strings")
-        raft = {_url(k, f"{path}: raft"): v for k, v in raft.items()}
-        for url, spec in raft.items():
-            if url not in voters:
-                raise InvalidConfigError(f"the replica-set file {path}: raft names {url}, "
-                                         f"which is no voter; allowed: one of {list(voters)}")
-            RemoteAddress.listen(spec)  # (raises on a malformed HOST:PORT)
+        raft = _addresses(data.get("raft", {}), voters, "raft", "voter", path)
+        grpc = _addresses(data.get("grpc", {}), urls, "grpc", "replica", path)
         timeout = data.get("election_timeout_ms", ELECTION_TIMEOUT_MS)
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not (
                 MIN_ELECTION_TIMEOUT_MS <= timeout <= MAX_ELECTION_TIMEOUT_MS):
@@ -169,7 +171,7 @@ class ReplicaSet:
                 f"the replica-set file {path}: election_timeout_ms={timeout!r}; allowed: an "
                 f"int from {MIN_ELECTION_TIMEOUT_MS} to {MAX_ELECTION_TIMEOUT_MS}")
         return cls(path, urls, leader, witness, insync, account, secret_file, ack_timeout,
-                   tuple(sorted(raft.items())), timeout)
+                   tuple(sorted(raft.items())), timeout, tuple(sorted(grpc.items())))
 
     def member(self, listen: RemoteAddress, *, witness: bool = False) -> str:
         """The URL of the replica (``witness``: of the witness) that a server listening on
@@ -185,6 +187,21 @@ class ReplicaSet:
                 f"{list(among)}, with the same host and port (a wildcard host matches the one "
                 "with its port)")
         return found[0]
+
+
+def _addresses(given: object, among: tuple[str, ...], name: str, what: str,
+               path: str) -> dict[str, str]:
+    """``{URL: "HOST:PORT"}`` of field ``name``, each URL one of ``among`` (a ``what``)."""
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise InvalidConfigError(f"the replica-set file {path}: \"{name}\" must map {what} "
+                                 "URLs to \"HOST:PORT\" strings")
+    out = {_url(k, f"{path}: {name}"): v for k, v in given.items()}
+    for url, spec in out.items():
+        if url not in among:
+            raise InvalidConfigError(f"the replica-set file {path}: {name} names {url}, "
+                                     f"which is no {what}; allowed: one of {list(among)}")
+        RemoteAddress.listen(spec)  # (raises on a malformed HOST:PORT)
+    return out
 
 
 def _url(value: object, where: str) -> str:

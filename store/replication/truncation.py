@@ -36,6 +36,7 @@ from ..files.epoch_file import divergence, read_epochs
 from ..files.fileio import atomic_write, fsync_dir
 from ..formats.record_codec import FIXED_SIZE
 from ..kernels.segment_walk import walk_records
+from ..schedule.schedule_book import recorded_book_files
 
 log = logging.getLogger("store.replication")
 
@@ -70,21 +71,31 @@ def cut_diverged_tail(store, leader_terms, leader: str) -> dict | None:
         atomic_write(base + ".json", json.dumps(note, sort_keys=True).encode())
         fsync_dir(os.path.dirname(base))
         store.drop_tail(cut)
-        set_aside_service_progress(store.root, f"a tail cut at {cut}")
+        set_aside_progress_of(store, f"a tail cut at {cut}")
     log.warning("cut this replica's CommitLog back from %d to %d, where its history and its "
                 "leader %s's part: %d bytes (%d records) set aside in %s.bin", end, cut, leader,
                 note["bytes"], note["records"], base)
     return note
 
 
-def set_aside_service_progress(root: str, why: str) -> list[str]:
-    """Move the services' progress files (:data:`PROGRESS_FILES`) into
+def set_aside_progress_of(store, why: str) -> list[str]:
+    """:func:`set_aside_service_progress` for an open store: with the recurring schedules'
+    book once it was recorded in the log (taken from there again,
+    :func:`~store.schedule.schedule_book.recorded_book_files`), whose parsed copy the store
+    then forgets."""
+    moved = set_aside_service_progress(store.root, why, recorded_book_files(store))
+    store.recurring.forget()
+    return moved
+
+
+def set_aside_service_progress(root: str, why: str, more: tuple[str, ...] = ()) -> list[str]:
+    """Move the services' progress files (:data:`PROGRESS_FILES`, and ``more``) into
     ``config/progress-aside/<ms>/``; each service, finding its file missing, rebuilds its
     progress from its queues with a mark, so that what its log shows delivered is not
     delivered again (see :mod:`store.delayed.delivery`).  Returns the files moved."""
     moved = []
     aside = os.path.join(root, PROGRESS_ASIDE_DIR, str(int(time.time() * 1000)))
-    for name in PROGRESS_FILES:
+    for name in PROGRESS_FILES + tuple(more):
         path = os.path.join(root, name)
         if os.path.exists(path):
             os.makedirs(aside, exist_ok=True)

@@ -46,6 +46,23 @@ since the mark, counts the copies found there as fired, and only then goes on.
 **Pause, resume, remove** take the same lock, so once they return no fire of that schedule
 happens that was not already written.  A resumed schedule fires from its next due time after
 the resume; the fires due while it was paused are skipped.
+
+**In a replica set** (:attr:`ScheduleBook.replicated`, set by the replica's server) the book
+is recorded in the CommitLog too, so that it is copied with everything else: each write of
+the book first appends one record of :data:`BOOK_TOPIC` (queue 0; the body: the book's JSON
+as the file holds it), then writes the file, which names that record (``logOffset``). The
+file is then a cache of the log: whoever finds a later record in the log than the one its
+file names, or no file (a follower; a replica that changed role, whose file was set aside),
+takes the book from the latest record and counts the fired copies appended since it as fired
+(a replica sets its book's files aside at each change of role or cut of its tail once the
+book was recorded, :func:`recorded_book_files`), as the mark's settlement does
+(:func:`_fired_since`; incrementally, for a follower's readers). A firing step appends its
+copies, then the book's record: a new leader goes on with every schedule's phase and count,
+whether or not the old leader's step had reached its record. The leader records the book
+again once its latest record lies :data:`RECORD_AGAIN_BYTES` behind the log's end (so that
+taking it never reads far), and retention keeps the segment that holds the latest record
+(:meth:`ScheduleBook.retention_floor`). A book is one record: at most
+``max_message_size_bytes`` of JSON.
 """
 
 from __future__ import annotations
@@ -81,6 +98,12 @@ LEGACY_CATCH_UP = "all"
 FIRE_CHUNK = 4096
 FILE_NAME = os.path.join("config", "rmq_schedules.json")
 MARK_NAME = os.path.join("config", "rmq_schedules.mark")
+#: The system topic a replicated book is recorded in (one queue; see the module).
+BOOK_TOPIC = "rmq_sys_schedule_book"
+#: A leader records its book again once its latest record is this far behind the log's end.
+RECORD_AGAIN_BYTES = 64 << 20
+#: The book's files (what a replica sets aside, :func:`recorded_book_files`).
+BOOK_FILES = (FILE_NAME, FILE_NAME + ".bak", MARK_NAME)
 
 
 @dataclass(slots=True)
@@ -246,6 +269,10 @@ class ScheduleBook:
         # mark stays set and the book unwritten until the last call; the parsed copy is then
         # ahead of the file, and a crash in between is settled from the mark as any other
         self._own_mark = -1
+        #: Whether the book is recorded in the CommitLog (a replica set's; see the module).
+        self.replicated = False
+        # a book taken from the log: (its record's offset, the log scanned up to, schedules)
+        self._from_log_cache: tuple[int, int, dict[str, Schedule]] | None = None
 
     # -- the file ---------------------------------------------------------------------------
     def _identity(self) -> tuple | None:
@@ -258,6 +285,20 @@ class ScheduleBook:
     def _summary(self) -> dict | None:
         """``{"earliest", "mark"}`` of the book as last written (``None``: no book); parses
         the file when another process wrote it since."""
+        summary = self._file_summary()
+        if not self.replicated:
+            return summary
+        latest = self._latest_record()
+        if latest < 0 or (summary is not None and summary["record"] >= latest):
+            return summary
+        schedules = self._from_log(latest)  # the log holds a later book than the file
+        key = ("log", latest)
+        summary = {"earliest": _earliest(schedules), "mark": -1, "record": latest}
+        self._cached, self._parsed = (key, summary), (key, schedules)
+        return summary
+
+    def _file_summary(self) -> dict | None:
+        """:meth:`_summary` of the file alone."""
         identity = self._identity()
         if identity is None:
             self._cached = self._parsed = None
@@ -271,11 +312,58 @@ class ScheduleBook:
         table = data.get("schedules") or {}
         schedules = {k: Schedule.from_json(k, v) for k, v in table.items()}
         legacy_mark = int(data.get("deliverMark", -1))  # a book an earlier version wrote
+        record = data.get("logOffset")
         del data, table  # the objects are the one copy kept
-        summary = {"earliest": _earliest(schedules), "mark": legacy_mark}
+        summary = {"earliest": _earliest(schedules), "mark": legacy_mark,
+                   "record": record if isinstance(record, int) else -1}
         self._cached = (identity, summary)
         self._parsed = (identity, schedules)
         return summary
+
+    # -- the book in the log (a replica set's) ------------------------------------------------
+    def _latest_record(self) -> int:
+        return latest_book_record(self.store)
+
+    def forget(self) -> None:
+        """Drop what this object holds of the book (a replica's change of role or cut moved
+        its files, or cut the log): the next call reads the file, or the log, again."""
+        self._cached = self._parsed = self._from_log_cache = None
+        self._own_mark = -1
+
+    def _from_log(self, latest: int) -> dict[str, Schedule]:
+        """The book of the record at ``latest``, with the copies fired since counted (read
+        on from where the last call stopped when it took the same record)."""
+        store = self.store
+        cached = self._from_log_cache
+        if cached is not None and cached[0] == latest:
+            _, scanned, schedules = cached
+        else:
+            data = json.loads(store.read_record(latest).body)
+            schedules = {k: Schedule.from_json(k, v) for k, v in data["schedules"].items()}
+            scanned = latest
+        end = store.confirmed_offset()
+        if end > scanned:
+            _count_fired(schedules, _fired_since(store, scanned))
+        self._from_log_cache = (latest, end, schedules)
+        return schedules
+
+    def retention_floor(self) -> int | None:
+        """The latest record of a replicated book: retention keeps its segment."""
+        if not self.replicated:
+            return None
+        latest = self._latest_record()
+        return latest if latest >= 0 else None
+
+    def record(self) -> bool:
+        """Record the book in the log now, when it has schedules the log does not hold (a
+        store that starts leading a replica set); whether it did."""
+        with self._changing():
+            schedules = self._settled()
+            summary = self._cached[1] if self._cached is not None else None
+            if not schedules or (summary is not None and summary["record"] >= 0):
+                return False
+            self._save(schedules)
+            return True
 
     def _read_mark(self) -> int:
         """The mark of a firing step under way (-1: none)."""
@@ -328,12 +416,23 @@ class ScheduleBook:
     def _save(self, schedules: dict[str, Schedule]) -> None:
         data = {"schedules": {k: s.to_json() for k, s in schedules.items()},
                 "deliverMark": -1}
+        record = -1
+        if self.replicated:  # the log first: a file naming a record the log lacks is never
+            store = self.store  # (the record is what the followers copy)
+            store.ensure_topic(BOOK_TOPIC)
+            body = json.dumps({"schedules": data["schedules"]}, separators=(",", ":"))
+            record = store.append([RecordSpec(topic=BOOK_TOPIC, body=body.encode("utf-8"),
+                                              properties={}, queue_id=0,
+                                              born_timestamp_ms=store.now_ms())])[0]
+            record = record.commitlog_offset
+            data["logOffset"] = record
         crash_point("schedules.book", "before")
         atomic_write(self.path, json.dumps(data, separators=(",", ":")).encode("utf-8"),
                      keep_backup=True)
         crash_point("schedules.book", "after")
         identity = self._identity()  # what was written is what the next read would parse
-        self._cached = (identity, {"earliest": _earliest(schedules), "mark": -1})
+        self._cached = (identity, {"earliest": _earliest(schedules), "mark": -1,
+                                   "record": record})
         self._parsed = (identity, schedules)
 
     def _settled(self) -> dict[str, Schedule]:
@@ -344,12 +443,7 @@ class ScheduleBook:
             return schedules  # our own step under way: the parsed copy is the newest
         self._own_mark = -1
         if mark >= 0:
-            for key, fire_ms in _fired_since(self.store, mark):
-                s = schedules.get(key)
-                if s is not None and s.next_fire_ms is not None and fire_ms >= s.next_fire_ms:
-                    s.fires += 1
-                    s.last_fire_ms = fire_ms
-                    s.next_fire_ms = s.following(fire_ms)
+            _count_fired(schedules, _fired_since(self.store, mark))
             self._save(schedules)
             self._clear_mark()
         return schedules
@@ -362,7 +456,7 @@ class ScheduleBook:
             try:
                 yield
             except BaseException:
-                self._parsed = None
+                self._parsed = self._from_log_cache = None
                 raise
 
     # -- changing ---------------------------------------------------------------------------
@@ -445,6 +539,8 @@ class ScheduleBook:
         flushed, the book written once, the mark removed.
         """
         if self._nothing_due(self.store.now_ms()):
+            if self.replicated:
+                self._record_again()
             return 0  # nothing due, or no schedule at all: no lock taken
         store = self.store
         budget = None if max_messages is None else max(1, int(max_messages))
@@ -480,6 +576,15 @@ class ScheduleBook:
                 self._clear_mark()
         return len(fires)
 
+    def _record_again(self) -> None:
+        """Record a replicated book again when its latest record lies
+        :data:`RECORD_AGAIN_BYTES` behind the log's end (see the module)."""
+        latest = self._latest_record()
+        if latest < 0 or self.store.confirmed_offset() - latest < RECORD_AGAIN_BYTES:
+            return
+        with self._changing():
+            self._save(self._settled())
+
     def _finish(self, schedules: dict[str, Schedule]) -> None:
         """Write the book of a step this process left under way (bounded calls), if any."""
         if self._own_mark >= 0:
@@ -498,6 +603,34 @@ class ScheduleBook:
         count = store.ensure_topic(s.topic)
         return RecordSpec(topic=s.topic, body=s.body, properties=props,
                           queue_id=sharding_queue(s.key, count), born_timestamp_ms=now)
+
+
+def latest_book_record(store) -> int:
+    """The CommitLog offset of the latest record of the book in ``store``'s log (an open
+    store, writable or not; -1: none kept)."""
+    if store.topic_table.cached_queue_count(BOOK_TOPIC) is None \
+            and store.topic_table.queue_count(BOOK_TOPIC) is None:
+        return -1
+    queue = store.consume_queue(BOOK_TOPIC, 0)
+    count = queue.max_offset(store.confirmed_offset())
+    entry = queue.entry(count - 1) if count else None
+    if entry is None or entry[0] < store.commit_log.min_offset():
+        return -1
+    return entry[0]
+
+
+def recorded_book_files(store) -> tuple[str, ...]:
+    """:data:`BOOK_FILES` when the book of ``store`` (open, writable or not) was recorded in
+    its log (the log holds a record, or the file names one): a replica sets them aside at a
+    change of role or a cut and takes the book from the log; ``()`` for a book never
+    recorded (a store that led a replica set before its book was recorded keeps its file,
+    and records it once it leads)."""
+    if latest_book_record(store) >= 0:
+        return BOOK_FILES
+    data = read_lenient_json(os.path.join(store.root, FILE_NAME),
+                             valid=lambda d: isinstance(d, dict))
+    recorded = (data or {}).get("logOffset")
+    return BOOK_FILES if isinstance(recorded, int) and recorded >= 0 else ()
 
 
 def read_schedules(root: str) -> list[ScheduleInfo]:
@@ -557,6 +690,17 @@ def _info(s: Schedule) -> ScheduleInfo:
     return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
                         s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms,
                         s.catch_up, s.catch_up_window_ms)
+
+
+def _count_fired(schedules: dict[str, Schedule], fired: list[tuple[str, int]]) -> None:
+    """Count the fired copies ``fired`` (``(key, fire time)``, in log order) in the
+    schedules they belong to: each one not counted yet moves its schedule on."""
+    for key, fire_ms in fired:
+        s = schedules.get(key)
+        if s is not None and s.next_fire_ms is not None and fire_ms >= s.next_fire_ms:
+            s.fires += 1
+            s.last_fire_ms = fire_ms
+            s.next_fire_ms = s.following(fire_ms)
 
 
 def _fired_since(store, start: int) -> list[tuple[str, int]]:

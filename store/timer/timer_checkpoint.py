@@ -20,6 +20,11 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     88   8     storeTag                ours: the store it belongs to (store.core.identity's
                                        tag of the store id); 0 when written before stores
                                        had ids (or by RocketMQ)
+    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the run
+                                       that last moved slotDone appended (where the
+                                       delivered copies of that slot's last handled units
+                                       lie; a hint for checking slotDone, see
+                                       store.timer.validation); 0: none
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -49,6 +54,7 @@ CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
     "deliver_mark", "precision_ms", "wheel_slots", "slot_done", "store_tag",
+    "slot_done_from",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -70,6 +76,7 @@ class TimerCheckpoint:
     wheel_slots: int = 0
     slot_done: int = 0
     store_tag: int = 0
+    slot_done_from: int = 0
 
     def pack(self) -> bytes:
         """The checkpoint as its on-disk bytes."""
@@ -141,6 +148,16 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
     :class:`~store.base.errors.ConfigMismatchError` otherwise: rebuilding the wheel instead would
     deliver again what the broker already delivered.
     """
+    check_broker_precision(state, live_ticks, precision_ms, slots)
+    return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
+                               deliver_mark=-1, slot_done=0, slot_done_from=0)
+
+
+def check_broker_precision(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms: int,
+                           slots: int) -> None:
+    """Raise :class:`~store.base.errors.ConfigMismatchError` when a RocketMQ 5 broker's
+    timer (its checkpoint ``state`` and the ``live_ticks`` of its wheel of ``slots`` slots)
+    cannot have been written with ``precision_ms`` (see :func:`adopt_rocketmq`)."""
     read = state.last_read_time_ms
     times = live_ticks.astype(np.int64) * precision_ms
     span = slots * precision_ms
@@ -149,8 +166,6 @@ def adopt_rocketmq(state: TimerCheckpoint, live_ticks: np.ndarray, precision_ms:
             f"the timer files were written by a RocketMQ broker whose timerPrecisionMs is not "
             f"{precision_ms} (read time {read}, slot times {times[:3].tolist()}); open the store "
             "with StoreConfig(timer_precision_ms=<the broker's timerPrecisionMs>)")
-    return dataclasses.replace(state, precision_ms=precision_ms, wheel_slots=slots,
-                               deliver_mark=-1, slot_done=0)
 
 
 def load(path: str) -> TimerCheckpoint | None:

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..base.config import StoreConfig
 from ..files.crash_points import crash_point
 from ..formats.record_codec import RecordSpec
 from ..core.identity import store_tag
@@ -72,8 +73,9 @@ from .wheel_placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
-from .validation import copy_aside, timer_files_problem
-from .wheel import open_timer_files
+from .validation import copy_aside, handled_in_slot, timer_files_problem
+from .timer_seal import seal_holds, write_seal
+from .wheel import open_timer_files, read_live_ticks
 
 log = logging.getLogger("store")
 
@@ -93,6 +95,25 @@ def register_timer_topic(port: StorePort) -> None:
     """Make the timer topic known to the core: one queue (tagsCode: the tag hash, as RocketMQ
     5 dispatches it; fire times are read from the records, see :mod:`.timer_queue`)."""
     port.register_system_topic(TIMER_TOPIC, 1)
+
+
+def refuse_broker_timer_of_another_precision(root: str, config: StoreConfig) -> None:
+    """Before a writable open of ``root`` writes anything: raise
+    :class:`~store.base.errors.ConfigMismatchError` when the timer files are a RocketMQ 5
+    broker's (its checkpoint, never saved by rmq; no ``config/store.json`` yet) and cannot
+    have been written with ``config.timer_precision_ms`` (see
+    :func:`~store.timer.timer_checkpoint.check_broker_precision`).  The open would refuse
+    them later anyway, after recording the wrong precision in ``config/store.json`` and
+    rewriting the checkpoint and the queue table."""
+    if os.path.exists(os.path.join(root, "config", "store.json")):
+        return  # the store's own settings: the recorded precision is used
+    path = os.path.join(root, "config", "timercheck")
+    state = ckpt.load(path)
+    if state is None or not ckpt.written_by_rocketmq(state, path):
+        return
+    wheel = read_live_ticks(os.path.join(root, "timerwheel"))
+    if wheel is not None:
+        ckpt.check_broker_precision(state, wheel[0], config.timer_precision_ms, wheel[1])
 
 
 def round_fire_time(deliver_ms: int, precision_ms: int) -> int:
@@ -256,9 +277,19 @@ class TimerService:
             # being updated by a run that died, which its redo repairs the same way), and
             # damage inside the files is looked for before they are used
             repair_wheel(self.wheel, self.log, disk, self.shape)
-            problem = timer_files_problem(self.store, self.wheel, self.log, disk)
+            # (files a clean close sealed and nothing changed since need no check)
+            problem = None if seal_holds(self._check_path, self.wheel, self.log,
+                                         disk.last_timer_log_flush_pos) \
+                else timer_files_problem(self.store, self.wheel, self.log, disk)
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
+            elif (handled := handled_in_slot(self.store, self.wheel, self.log, disk)) \
+                    is not None:
+                log.warning("%s: its count of handled units of the slot at %d ms (slotDone "
+                            "%d) is not what the delivered copies say (%d); corrected",
+                            self._check_path, disk.last_read_time_ms, disk.slot_done, handled)
+                disk.slot_done = handled
+                self._save(disk)
             self.wheel.release_memory()
             ckpt.mark_as_rmqs(self._check_path)  # after a save: the files are rmq's now
         self._state = disk
@@ -363,6 +394,19 @@ class TimerService:
         self.wheel.created = False
         self._save(state)
         return state
+
+    def _seal(self) -> None:
+        """Write the seal when no run is under way and the checkpoint on disk is the one this
+        process saved or loaded last (its files as it left them)."""
+        st = self._state
+        if st is None or st.deliver_mark >= 0:
+            return
+        disk = ckpt.load(self._check_path)
+        if disk is None or disk.counter != st.counter or disk.deliver_mark >= 0:
+            return
+        self.wheel.flush()
+        self.log.flush()
+        write_seal(self._check_path, self.wheel, self.log, disk.last_timer_log_flush_pos)
 
     def _save(self, state: TimerCheckpoint) -> None:
         state.counter += 1
@@ -535,6 +579,12 @@ class TimerService:
         self.log.delete_expired(commitlog_min)
 
     def close(self) -> None:
+        """Seal the timer files when this process leaves them clean (see
+        :mod:`store.timer.timer_seal`; the caller holds the write lock), then close them."""
+        try:
+            self._seal()
+        except Exception:  # a seal only saves the next open a check: never fail a close
+            log.exception("sealing the timer files failed; the next open checks them")
         self.keys.close()
         self.wheel.close()
         self.log.close()

@@ -21,6 +21,13 @@ with NumPy over the mapped files (no Python step per unit or slot):
 A unit whose record is gone to retention is not checked against it.  Any failure names the
 first thing found; the timer service then sets both files aside (copies, never deleted) and
 rebuilds the timer from the timer topic's queue (see :mod:`store.timer.timer_service`).
+
+:func:`handled_in_slot` checks the checkpoint's ``slotDone`` (how many units, in append
+order, of the slot at the read time a bounded run handled already) against the delivered
+copies: a handled unit's record was delivered (or re-put, a roll), and that copy carries the
+unit's CommitLog offset (``__RMQ_DELAY_ORIGIN``), so the units handled are exactly a prefix of
+the slot's units whose last one with a copy ends it.  A count too large would skip units
+never delivered, too small deliver some twice.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import shutil
 import numpy as np
 
 from ..core.ports import StorePort
-from ..delayed.delivery import release_commitlog_pages
+from ..delayed.delivery import origins_since, release_commitlog_pages
 from ..files.consume_queue import ENTRY_DTYPE
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
@@ -180,6 +187,52 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
         return (f"the TimerLog holds no valid unit at or after unit {seen} of the "
                 f"{expected} from {log_min} to its checkpointed end {end}")
     return tally.against(wheel, read_time)
+
+
+def handled_in_slot(store: StorePort, wheel: TimerWheel, log: TimerLog,
+                    state: TimerCheckpoint) -> int | None:
+    """The units of the slot at ``state``'s read time that were really handled, when
+    ``state.slot_done`` says otherwise (``None``: it is right, or nothing can tell).
+
+    Only the units whose handling leaves a copy count (a cancel marker leaves none, nor a
+    unit whose record retention removed): the last of those below ``slot_done`` must have a
+    copy and none from ``slot_done`` on may.  The copies are looked for from
+    ``slotDoneFrom`` (where the run that last moved the count began appending: a short scan)
+    and, when that contradicts the count (or there is no hint), from the oldest record of
+    the units in question on (a scan of the CommitLog since they were enqueued: once per
+    process, only when the count is not zero or the hint says a run handled units here)."""
+    if state.slot_done == 0 and state.slot_done_from == 0:
+        return None  # the normal case: no run stopped inside this slot
+    _first, last, num = wheel.get(state.last_read_time_ms)
+    _positions, units = log.walk_chain(last, state.last_timer_log_flush_pos, num)
+    units = units[::-1]  # append order
+    k, redo = state.slot_done, state.deliver_mark >= 0
+    source = units["offset_py"]
+    leaves_copy = (((units["magic"] & (MAGIC_DELETE | MAGIC_ROLL)) != MAGIC_DELETE)
+                   & (source >= store.commit_log.min_offset()))
+    if not leaves_copy.any():
+        # nothing can tell which were handled, and no count loses or repeats a message
+        return None if k <= len(units) else len(units)
+    hint = state.slot_done_from - 1
+    if k <= len(units) and store.commit_log.min_offset() <= hint <= store.confirmed_offset() \
+            and _consistent(k, leaves_copy, np.isin(source, origins_since(store, hint)), redo):
+        return None
+    start = max(int(source[leaves_copy].min()), store.commit_log.min_offset())
+    has_copy = np.isin(source, origins_since(store, start)) & leaves_copy
+    if k <= len(units) and _consistent(k, leaves_copy, has_copy, redo):
+        return None
+    done = np.flatnonzero(has_copy)
+    return int(done[-1]) + 1 if len(done) else 0
+
+
+def _consistent(k: int, leaves_copy: np.ndarray, has_copy: np.ndarray, redo: bool) -> bool:
+    """Whether the units before ``k`` end in a handled one and none from ``k`` on is (but
+    ``redo``: a run that died after the count was saved may have handled more, which its
+    redo skips by their copies)."""
+    if not redo and (has_copy[k:] & leaves_copy[k:]).any():
+        return False
+    before = np.flatnonzero(leaves_copy[:k])
+    return not len(before) or bool(has_copy[before[-1]])
 
 
 def copy_aside(path: str) -> str:

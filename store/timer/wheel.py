@@ -49,6 +49,29 @@ SLOT_FIELDS = (
 SLOT, SLOT_SIZE, SLOT_DTYPE = layout(SLOT_FIELDS).exports()  # 32 bytes
 
 
+def live_ticks_of(slots: np.ndarray) -> np.ndarray:
+    """``time`` (slot time / precision) of every slot of ``slots`` (:data:`SLOT_DTYPE`)
+    holding units."""
+    live = (slots["last_pos"] >= 0) & (slots["first_pos"] >= 0) & (slots["time"] > 0)
+    return slots["time"][live].astype(np.int64)
+
+
+def read_live_ticks(path: str) -> tuple[np.ndarray, int] | None:
+    """:func:`live_ticks_of` the wheel file at ``path`` and its slot count, read without
+    writing (``None``: no such file, or not a whole number of slots)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    if not size or size % SLOT_SIZE:
+        return None
+    slots = np.memmap(path, dtype=SLOT_DTYPE, mode="r")
+    try:
+        return live_ticks_of(slots), size // SLOT_SIZE
+    finally:
+        del slots
+
+
 class TimerWheel:
     """The shared ``timerwheel`` mapping.
 
@@ -156,11 +179,13 @@ class TimerWheel:
             t % self.slots == idx)
         return t[keep] * self.precision, self._slots["num"][keep].astype(np.int64)
 
+    def raw_bytes(self) -> memoryview:
+        """The whole file's bytes, as mapped (read them only)."""
+        return memoryview(self._map)
+
     def live_ticks(self) -> np.ndarray:
         """``time`` (slot time / precision) of every slot holding units."""
-        live = (self._slots["last_pos"] >= 0) & (self._slots["first_pos"] >= 0) & (
-            self._slots["time"] > 0)
-        return self._slots["time"][live].astype(np.int64)
+        return live_ticks_of(self._slots)
 
     def live_slot_count(self, from_ms: int) -> int:
         """How many slots hold units (``lastPos`` set) with a time at or after ``from_ms``,

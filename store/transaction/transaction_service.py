@@ -263,6 +263,11 @@ class TransactionService:
         """Ask ``listener.check_local_transaction`` about halves of producer ``group``."""
         self._listeners[group] = listener
 
+    def forget_listener(self, group: str, listener: object) -> None:
+        """Stop asking ``listener`` about ``group`` (if it is still the one registered)."""
+        if self._listeners.get(group) is listener:
+            del self._listeners[group]
+
     def _resolve_by_listener(self, view) -> object:
         listener = self._listeners.get(view.producer_group)
         if listener is None:  # no producer of that group in this process: nobody answers

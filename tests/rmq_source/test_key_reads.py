@@ -18,7 +18,6 @@ from rmq_source.errors import InvalidOptionError
 from rmq_source.options import parse_options
 from rmq_source.pushdown import PUSHDOWN_CONF
 from store import (
-    LocalTransactionState,
     Message,
     MessageStore,
     StoreGroup,
@@ -26,20 +25,13 @@ from store import (
     StoreServer,
 )
 from tests.conftest import SMALL, FakeClock
+from tests.rmq_source.mixed import send_mixed
 
 TOPICS = ("alpha", "beta")
 COLUMNS = ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "tags", "keys",
            "body", "transaction_id")
 NO_INDEX = replace(SMALL, message_index_enable=False)
 TOKEN = "key-reads-token"
-
-
-class CommitAll:
-    def execute_local_transaction(self, message, arg):
-        return LocalTransactionState.COMMIT_MESSAGE
-
-    def check_local_transaction(self, view):
-        return LocalTransactionState.COMMIT_MESSAGE
 
 
 def key_of(i: int) -> list[str]:
@@ -49,20 +41,8 @@ def key_of(i: int) -> list[str]:
 
 def fill(store, clock, session: int, n: int = 90) -> None:
     """Plain, tagged, delayed and transactional messages with keys, in two topics."""
-    producer = store.producer("keys")
-    transactions = store.transaction_producer("keys-tx", CommitAll())
-    for i in range(n):
-        m = Message(TOPICS[i % 2], b"body-%d-%d" % (session, i),
-                    tags=(None, "red", "blue")[i % 3], keys=key_of(i))
-        if i % 7 == 3:
-            producer.send(m, delay_ms=2_000 + 100 * i)
-        elif i % 11 == 5:
-            transactions.send_in_transaction(m)
-        else:
-            producer.send(m)
-        clock.advance(250)
-    clock.advance(40_000)
-    assert store.deliver_due() > 0
+    send_mixed(store, clock, "keys", session, n, TOPICS, (None, "red", "blue"), key_of,
+               settle_ms=40_000)
 
 
 def write_store(path: str, config) -> str:

@@ -11,20 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmq_source.pushdown import PUSHDOWN_CONF
-from store import LocalTransactionState, Message, MessageStore
+from store import MessageStore
+from tests.rmq_source.mixed import send_mixed
 
 pytestmark = pytest.mark.spark
 
 COLUMNS = ["topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "tags", "body",
            "transaction_id", "born_timestamp", "store_timestamp", "deliver_timestamp"]
-
-
-class CommitAll:
-    def execute_local_transaction(self, message, arg):
-        return LocalTransactionState.COMMIT_MESSAGE
-
-    def check_local_transaction(self, view):
-        return LocalTransactionState.COMMIT_MESSAGE
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +30,8 @@ def pushdown_store(tmp_path_factory):
     clock = FakeClock()
     for session in range(2):
         with MessageStore.open(path, SMALL, clock=clock) as store:
-            producer = store.producer("pushdown")
-            transactions = store.transaction_producer("pushdown-tx", CommitAll())
-            for i in range(60):
-                m = Message(("alpha", "beta")[i % 2], b"body-%d-%d" % (session, i),
-                            tags=(None, "red", "blue", "green", "red")[i % 5])
-                if i % 7 == 3:
-                    producer.send(m, delay_ms=2_000 + 100 * i)
-                elif i % 11 == 5:
-                    transactions.send_in_transaction(m)
-                else:
-                    producer.send(m)
-                clock.advance(250)
-            clock.advance(20_000)
-            assert store.deliver_due() > 0
+            send_mixed(store, clock, "pushdown", session, 60, ("alpha", "beta"),
+                       (None, "red", "blue", "green", "red"))
     return path
 
 

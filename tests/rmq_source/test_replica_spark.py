@@ -62,3 +62,41 @@ def test_spark_writes_and_reads_a_replica_set_across_a_failover(spark, tmp_path)
         for server in servers:
             server.close()
         witness.close()
+
+
+def test_spark_reads_a_synchronous_leader_up_to_its_high_watermark(spark, tmp_path):
+    """With min_insync_replicas 2 and the follower stopped, a write that timed out is in the
+    leader's log but not read; once the follower holds it, it is."""
+    from store import Message, ReplicaAckTimeoutError
+
+    ports = _port(), _port()
+    rs = tmp_path / "replicas.json"
+    rs.write_text(json.dumps({"replicas": [f"rmq://127.0.0.1:{p}" for p in ports],
+                              "min_insync_replicas": 2, "replica_ack_timeout_ms": 2000}))
+
+    def serve(name, port):
+        return StoreServer(str(tmp_path / name), listen=f"127.0.0.1:{port}",
+                           replica_set=str(rs))
+
+    leader, follower = serve("a", ports[0]), serve("b", ports[1])
+    try:
+        deadline = time.monotonic() + 60
+        while follower.replica.status().get("state") != "following":
+            assert time.monotonic() < deadline, "the follower never followed"
+            time.sleep(0.05)
+        for i in range(10):
+            leader.store.producer("g").send(Message("paid", f"p{i}".encode()))
+        follower.close()
+        with pytest.raises(ReplicaAckTimeoutError):
+            leader.store.producer("g").send(Message("paid", b"late"))
+        assert _bodies(spark, leader.url) == sorted(f"p{i}".encode() for i in range(10))
+        follower = serve("b", ports[1])
+        deadline = time.monotonic() + 60
+        while leader.replica.status()["high_watermark"] < leader.store.confirmed_offset():
+            assert time.monotonic() < deadline, "the watermark never moved"
+            time.sleep(0.05)
+        assert _bodies(spark, leader.url) == sorted([b"late"] + [f"p{i}".encode()
+                                                                 for i in range(10)])
+    finally:
+        follower.close()
+        leader.close()

@@ -116,3 +116,68 @@ def test_cli_query_by_key_id_and_time(filled):
     assert out.exit_code == 0 and len(out.output.splitlines()) == 2, out.output
     out = runner.invoke(main, ["query", "--store", path, "--key", "order-1"])
     assert out.exit_code == 2 and "--topic is required" in out.output
+
+
+def test_a_group_answers_queries_from_every_store_naming_each(tmp_path):
+    """``StoreGroup.query_messages`` / ``view_message`` ask every member: the messages of a
+    key spread over the stores come back together in store-time order, each naming its
+    store; an offset id that two stores hold a message at is refused, naming them."""
+    from store import StoreGroup
+
+    path = str(tmp_path / "g")
+    clock = FakeClock()
+    with StoreGroup.create(path, 2, SMALL, clock=clock) as group:
+        p = group.producer("g")
+        sent = []
+        for i in range(12):
+            clock.advance(1000)
+            sent.append(p.send(Message("orders", f"o{i}".encode(), keys=f"k{i % 3}")))
+    with StoreGroup.open(path, read_only=True) as group:
+        assert {r.store_name for r in sent} == set(group.names)  # spread over both
+        got = group.query_messages("orders", key="k1")
+        assert [(n, v.msg_id) for n, v in got] == [(r.store_name, r.msg_id) for r in sent[1::3]]
+        assert [v.msg_id for _, v in group.query_messages("orders", key="k1", max=2)] == [
+            r.msg_id for r in sent[1::3][-2:]]
+        first = group.query_messages("orders", begin_ms=0, max=5)
+        assert [v.msg_id for _, v in first] == [r.msg_id for r in sent[:5]]
+        name, view = group.view_message(sent[7].msg_id)
+        assert (name, view.body) == (sent[7].store_name, b"o7")
+        assert group.view_message("F" * 32) is None
+        assert group.query_messages("nowhere", key="k1") == []
+        with pytest.raises(InvalidMessageError, match="more than one store"):
+            group.view_message(offset_message_id(sent[0].commitlog_offset))
+    runner = CliRunner()
+    out = runner.invoke(main, ["query", "--store", path, "--topic", "orders", "--key", "k2",
+                               "--format", "json"])
+    assert out.exit_code == 0, out.output
+    rows = [json.loads(line) for line in out.output.splitlines()]
+    assert [(r["store"], r["msg_id"]) for r in rows] == [(s.store_name, s.msg_id)
+                                                         for s in sent[2::3]]
+
+
+def test_cli_query_over_rmq(tmp_path):
+    """``rmq query --store rmq://...`` asks the server (with its token), as
+    ``store.connect(...).query_messages`` does."""
+    from store import StoreConfig, StoreServer
+
+    token_file = tmp_path / "token"
+    token_file.write_text("query-token\n")
+    server = StoreServer(str(tmp_path / "s"), StoreConfig(message_index_enable=True),
+                         listen="127.0.0.1:0", token="query-token")
+    try:
+        sent = [server.store.producer("g").send(Message("orders", b"o%d" % i, keys=f"k{i % 2}"))
+                for i in range(6)]
+        runner = CliRunner()
+        out = runner.invoke(main, ["query", "--store", server.url, "--token-file",
+                                   str(token_file), "--topic", "orders", "--key", "k1",
+                                   "--format", "json"])
+        assert out.exit_code == 0, out.output
+        assert [json.loads(line)["msg_id"] for line in out.output.splitlines()] == [
+            r.msg_id for r in sent[1::2]]
+        out = runner.invoke(main, ["query", "--store", server.url, "--id", sent[0].msg_id])
+        assert out.exit_code != 0  # no token: refused, said
+        out = runner.invoke(main, ["query", "--store", str(tmp_path / "s"), "--token",
+                                   "x", "--id", sent[0].msg_id])
+        assert out.exit_code == 2 and "go with a served store's URL" in out.output
+    finally:
+        server.close()

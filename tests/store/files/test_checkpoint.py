@@ -174,3 +174,31 @@ def test_a_confirmed_end_moved_back_cuts_nothing_with_a_second_fault(store_path,
                    crashed=fault == "crashed-flush-behind") == expected
     with open(segment, "rb") as fh:
         assert fh.read(confirm) == log
+
+
+@pytest.mark.parametrize("state", ["no magic", "short"])
+def test_a_reader_opened_before_the_checkpoint_was_rmqs_follows_it_once_it_is(tmp_path, state):
+    """A reader that opened a store while its checkpoint was not rmq's yet (a new store
+    being created, a writer recovering) kept validating the records itself for as long as
+    it stayed open, a walk racing the writers' appends; it follows the checkpoint once a
+    writer has made it rmq's."""
+    path = str(tmp_path / "s")
+    with MessageStore.open(path) as store:
+        store.producer("g").send(Message("t", b"first"))
+    name = os.path.join(path, "checkpoint")
+    if state == "short":
+        os.truncate(name, 0)
+    else:
+        with open(name, "r+b") as fh:
+            fh.seek(40)
+            fh.write(bytes(32))  # rmq's fields and layout_version: not rmq's (yet)
+    reader = MessageStore.open(path, read_only=True)
+    try:
+        assert not reader.checkpoint.trusted
+        with MessageStore.open(path) as writer:  # recovers from the records, marks it rmq's
+            writer.producer("g").send(Message("t", b"second"))
+            assert reader.confirmed_offset() == writer.confirmed_offset()
+            assert reader.checkpoint.trusted
+            assert [v.body for v in reader.pull("t", 0, 0, 10)] == [b"first", b"second"]
+    finally:
+        reader.close()

@@ -19,7 +19,6 @@ from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 
-from store import MessageStore, StoreConfig  # noqa: E402
 from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget  # noqa: E402
 from tests.store.proxy.signing import message, stub  # noqa: E402
@@ -27,23 +26,6 @@ from tests.store.proxy.signing import message, stub  # noqa: E402
 pytestmark = pytest.mark.xdist_group("grpc")
 
 TOPIC = "idle"
-
-
-@pytest.fixture
-def endpoint_of(tmp_path):
-    made = []
-
-    def make(**bounds) -> GrpcEndpoint:
-        store = MessageStore.open(str(tmp_path / f"store{len(made)}"),
-                                  StoreConfig(max_message_size_bytes=1 << 20))
-        endpoint = GrpcEndpoint(store, "127.0.0.1:0", **bounds)
-        made.append((endpoint, store))
-        return endpoint
-
-    yield make
-    for endpoint, store in made:
-        endpoint.close(grace_s=0)
-        store.close()
 
 
 class HeldLoad:

@@ -76,3 +76,75 @@ def test_a_listener_off_loopback_without_tls_warns_that_tokens_travel_in_clear(
         assert ("travel in clear" in caplog.text) is warned
     finally:
         store.close()
+
+
+def test_half_messages_of_many_groups_keep_a_bounded_number_of_producers(tmp_path):
+    """A client names any producer group: the server keeps the producers (and their
+    listeners in the store's transaction service) of the most recent
+    ``HALF_PRODUCER_GROUPS`` only; the code before kept one of each group for ever."""
+    from store.produce.transaction_producer import LeaveOpen
+    from store.remote import flight_service
+
+    class Undecided:
+        def execute_local_transaction(self, message, arg):
+            return None
+
+    store = MessageStore.open(str(tmp_path / "s"))
+    service = StoreService(store, RemoteAddress.listen("127.0.0.1:0"))
+    bound = getattr(flight_service, "HALF_PRODUCER_GROUPS", 64)
+    groups = bound + 40
+    try:
+        with connect(service.url) as remote:
+            for i in range(groups):
+                result = remote.transaction_producer(f"g{i}", Undecided()).send_in_transaction(
+                    Message("t", b"half"))
+                assert result.transaction_id
+            mine = [g for g, listener in store.transactions._listeners.items()
+                    if isinstance(listener, LeaveOpen)]
+            assert len(service._half_producers) == bound
+            assert sorted(mine) == sorted(service._half_producers)
+            assert f"g{groups - 1}" in mine and "g0" not in mine
+            # an evicted group is made again; its halves end as any others
+            again = remote.transaction_producer("g0", Undecided()).send_in_transaction(
+                Message("t", b"half"))
+            assert remote.end_transaction(again.transaction_id, "COMMIT_MESSAGE")
+    finally:
+        service.shutdown()
+        service.close_readers()
+        store.close()
+
+
+def test_opened_transactions_forget_the_oldest_past_their_bound():
+    from store.base.errors import AccessDeniedError
+    from store.remote.rights import OpenedTransactions
+
+    class Account:
+        access_key, admin = "orders-svc", False
+
+    opened = OpenedTransactions(limit=3)
+    for t in ("a", "b", "c", "d"):
+        opened.opened(Account, t)
+    opened.require_own(Account, ["b", "c", "d"], "end")
+    with pytest.raises(AccessDeniedError, match="did not open transaction 'a'"):
+        opened.require_own(Account, ["a"], "end")  # the oldest, forgotten
+
+
+@pytest.mark.slow
+def test_opened_transactions_hold_under_32_mib_at_their_bound():
+    import os
+    import tracemalloc
+
+    from store.remote.rights import MAX_OPENED_TRANSACTIONS, OpenedTransactions
+
+    class Account:
+        access_key, admin = "orders-svc", False
+
+    full = OpenedTransactions()
+    tracemalloc.start()
+    try:
+        for _ in range(MAX_OPENED_TRANSACTIONS + 10):
+            full.opened(Account, os.urandom(16).hex().upper())
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 32 << 20, f"{held >> 20} MiB at the bound"  # (was 1M ids: about 170 MB)

@@ -26,7 +26,8 @@ class StandIn:
         self.cut_after = cut_after
         self.cuts = 0
 
-    def log_chunks(self, start, *, tail_crc, file_size, max_bytes, wait_ms, replica=None):
+    def log_chunks(self, start, *, tail_crc, file_size, max_bytes, wait_ms, replica=None,
+                   high_watermark=None, epoch=None):
         request = log_stream.parse_request({"from": start, "tail_crc": tail_crc,
                                             "file_size": file_size, "max_bytes": max_bytes,
                                             "wait_ms": min(wait_ms, 50)})

@@ -14,7 +14,7 @@ import pytest
 from pyarrow import flight
 
 from store import LocalTransactionState, Message, MessageStore, NotLeaderError, StoreServer, connect
-from store.base.errors import AccessDeniedError, InvalidConfigError
+from store.base.errors import AccessDeniedError, InvalidConfigError, ReplicaWriterError
 from store.base.remote_address import RemoteAddress
 from store.remote.wire import dumps
 from store.replication.replica import read_state
@@ -146,6 +146,12 @@ def test_a_follower_refuses_writes_naming_the_leader_and_serves_reads(pair):
         assert remote.topics() == []  # reads are answered
         assert remote.deliver_due() == 0  # the leader delivers: readers asking get nothing
     assert follower.store.confirmed_offset() == 0
+    # another process opening the follower's directory may read it, never append to it
+    with MessageStore.open(follower.path, SMALL) as other:
+        with pytest.raises(ReplicaWriterError, match="is a follower .* allowed: writes to "
+                                                     "the leader"):
+            other.producer("g").send(Message("t", b"bypass"))
+        assert other.confirmed_offset() == 0
 
 
 def test_only_the_leader_delivers_and_its_deliveries_are_replicated(pair):
@@ -187,8 +193,10 @@ def test_a_follower_restarted_goes_on_from_its_own_end(tmp_path):
                 end = caught_up(leader, follower)
                 assert end > first
                 assert commitlog_bytes(follower.path, end) == commitlog_bytes(leader.path, end)
-                asked = leader.replica.status()["followers"]
-                assert [f["end"] for f in asked if f["end"] == end]  # the leader saw it come
+                deadline = time.monotonic() + 30  # (its next request reports the end)
+                while not [f for f in leader.replica.status()["followers"] if f["end"] == end]:
+                    assert time.monotonic() < deadline, leader.replica.status()  # never seen
+                    time.sleep(0.01)
             finally:
                 follower.close()
     finally:
@@ -311,13 +319,20 @@ def test_the_replica_set_file_is_checked(tmp_path):
         StoreServer(str(tmp_path / "s"), replica_set=rs)
     ports = free_port(), free_port()
     rs = replica_file(tmp_path, ports)
-    with pytest.raises(InvalidConfigError, match="no RocketMQ gRPC"):
+    for grpc_field, why in (({"rmq://h9:1": "127.0.0.1:1"}, "no replica"),
+                            ({"rmq://h1:1": "nohostport"}, "HOST:PORT"), ([], "must map")):
+        with pytest.raises(InvalidConfigError, match=why):
+            parse({"replicas": ["rmq://h1:1"], "grpc": grpc_field})
+    ports = free_port(), free_port()
+    rs = replica_file(tmp_path, ports)  # (no "grpc": a replica's gRPC face needs every one)
+    with pytest.raises(InvalidConfigError, match="does not give the gRPC endpoint"):
         StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
                     grpc="127.0.0.1:0")
-    elected = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1")
-    with pytest.raises(InvalidConfigError, match="elected replica set"):  # not even the first
-        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=elected,
-                    grpc="127.0.0.1:0")
+    rs = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1",
+                      grpc={f"rmq://127.0.0.1:{p}": f"127.0.0.1:{p + 1}" for p in ports})
+    with pytest.raises(InvalidConfigError, match="one process"):
+        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=rs,
+                    grpc=f"127.0.0.1:{ports[0] + 1}", grpc_processes=2)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")

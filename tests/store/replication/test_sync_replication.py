@@ -258,6 +258,7 @@ def test_a_running_follower_is_promoted_and_due_timers_are_delivered_once_never_
         due[b"level-1"] = clock.now + 1000
         clock.now += 4500
         assert a.step() == 5  # timers 0-3 and the level: delivered by a, copied to b
+        caught_up(a, b)  # (a's services wait for no copy)
         before = bodies(b.store, "orders")
         assert set(before) == {b"timer-0", b"timer-1", b"timer-2", b"timer-3", b"level-1"}
     finally:

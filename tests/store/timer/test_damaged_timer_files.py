@@ -139,13 +139,97 @@ def test_damage_is_copied_aside_and_reported(template, tmp_path, caplog):
 
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_an_undamaged_store_is_not_rebuilt(template, tmp_path, caplog, monkeypatch, chunk):
-    """Read in chunks of 7 units too: slots whose units span chunks are tallied right."""
+    """Read in chunks of 7 units too: slots whose units span chunks are tallied right (the
+    seal removed: the files are checked unit by unit)."""
     if chunk is not None:
         monkeypatch.setattr(validation, "CHECK_CHUNK", chunk)
     root, now, due = template
     copy = str(tmp_path / "s")
     shutil.copytree(root, copy)
+    os.unlink(os.path.join(copy, "config", "timercheck.seal"))
     with caplog.at_level("WARNING", logger="store"):
         _deliver_all(copy, now, due)
     assert "rebuilt" not in caplog.text
     assert not os.path.exists(os.path.join(copy, "timerwheel.damaged-1"))
+
+
+def _checks(monkeypatch) -> list:
+    """The unit-by-unit checks run from now on (their results)."""
+    from store.timer import timer_service
+
+    ran = []
+    monkeypatch.setattr(timer_service, "timer_files_problem",
+                        lambda *a: ran.append(timer_files_problem(*a)) or ran[-1])
+    return ran
+
+
+def test_a_clean_close_seals_the_files_and_the_next_open_skips_the_check(template, tmp_path,
+                                                                         monkeypatch):
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    assert os.path.exists(os.path.join(copy, "config", "timercheck.seal"))
+    ran = _checks(monkeypatch)
+    MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert ran == []  # sealed, unchanged: no check
+    _deliver_all(copy, now, due)
+    assert ran == []
+    os.unlink(os.path.join(copy, "config", "timercheck.seal"))
+    MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert ran == [None]  # no seal: checked (and sound)
+
+
+@pytest.mark.parametrize("what", ["wheel", "timerlog", "checkpoint", "seal"])
+def test_a_seal_that_does_not_match_has_the_files_checked(template, tmp_path, monkeypatch,
+                                                          what):
+    """One bit changed anywhere the seal covers (or in the seal) and the check runs; damage
+    in the files is then found as without a seal."""
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    rng = random.Random(7)
+    directory = os.path.join(copy, "timerlog")
+    path = {"wheel": os.path.join(copy, "timerwheel"),
+            "timerlog": os.path.join(directory, max(os.listdir(directory))),
+            "checkpoint": os.path.join(copy, "config", "timercheck"),
+            "seal": os.path.join(copy, "config", "timercheck.seal")}[what]
+    if what == "wheel":
+        start = _live_slot_bytes(copy)[-1]
+        _flip(path, rng, start + 24, start + 28, bits=1)  # a live slot's num
+    elif what == "checkpoint":
+        _flip(path, rng, 40, 48, bits=1)  # dataVersion.timestamp: nothing else looks at it
+    else:
+        _flip(path, rng, bits=1)
+    ran = _checks(monkeypatch)
+    MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert len(ran) == 1
+    assert (ran[0] is not None) == (what in ("wheel", "timerlog"))
+    _deliver_all(copy, now, due)
+
+
+def test_no_seal_after_a_run_that_died(tmp_path, monkeypatch):
+    """A process that dies inside a delivery run leaves its mark: the next close of a
+    process that only redid nothing writes no seal before a run clears the mark."""
+    from store.timer.timer_seal import seal_path
+
+    clock, path = FakeClock(), str(tmp_path / "s")
+    with MessageStore.open(path, SMALL, clock=clock) as s:
+        s.producer("g").send(Message("t", b"x"), delay_ms=5_000)
+        s.deliver_due()
+        state = s.timer.state()
+    seal = seal_path(os.path.join(path, "config", "timercheck"))
+    assert os.path.exists(seal)
+    from store.timer import timer_checkpoint as ckpt
+
+    name = os.path.join(path, "config", "timercheck")
+    state = ckpt.load(name)
+    state.deliver_mark = 0  # as a run that died leaves it
+    state.counter += 1
+    ckpt.save(name, state)
+    os.unlink(seal)
+    with MessageStore.open(path, SMALL, clock=clock, flush_service=False) as s:
+        s.timer._seal()
+        assert not os.path.exists(seal)  # the mark is set: nothing sealed
+        clock.advance(6_000)
+        assert s.deliver_due() == 1
+    assert os.path.exists(seal)

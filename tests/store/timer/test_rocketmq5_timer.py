@@ -105,6 +105,19 @@ def _tree(path: str) -> dict[str, str]:
     return out
 
 
+def test_a_refused_open_writes_nothing(store_path, clock):
+    """A writable open refused for the broker's timer precision recorded that precision in
+    ``config/store.json`` (the next open then took it for the store's own)."""
+    _broker_store(store_path, clock)
+    before = _tree(store_path)
+    with pytest.raises(ConfigMismatchError, match="timer_precision_ms"):
+        MessageStore.open(store_path, SMALL.replace(timer_precision_ms=1000), clock=clock)
+    after = _tree(store_path)
+    assert ",".join(sorted(k for k, v in after.items() if before.get(k) != v)) == ""
+    with MessageStore.open(store_path, SMALL, clock=clock) as s:  # the right one still opens
+        assert s.config.timer_precision_ms == SMALL.timer_precision_ms
+
+
 def test_a_rocketmq5_store_reads_without_writing_a_byte(store_path, clock):
     sent, delivered, _ = _broker_store(store_path, clock)
     before = _tree(store_path)

@@ -1,0 +1,142 @@
+"""A replica's gRPC face while it does not lead: clients' calls go on to the leader's.
+
+A replica set's RocketMQ clients are given every replica's endpoint (``"h1:8081;h2:8081"``).
+The official clients make **one channel** of them (gRPC's ``pick_first`` over the
+addresses: it reaches the first that answers, and another when that one goes away), and
+refresh a topic's route only every 30 s; no status code makes them look elsewhere sooner
+(the Java and Python clients retry a failed send at once, up to its attempts, on a queue of
+the same cached route; ``TOO_MANY_REQUESTS`` alone ends the retries early).  So:
+
+* **routes name every replica** (the replica-set file's ``grpc`` field): a client's channel
+  reaches whichever replica is up, with no route refresh after a failover;
+* **a follower passes the calls that belong to the leader on to it** (:class:`LeaderChannel`:
+  sends, transaction ends, recalls, routes and assignments, and the consumer groups'
+  receives, acks, changes of invisibility and dead-lettering), with the caller's headers
+  (the leader checks the signature and the rights as for any call), once: a call passed on
+  is never passed on again (:data:`FORWARDED_HEADER`), so two replicas that each think the
+  other leads refuse rather than pass a call round;
+* a replica that leads nobody it knows (an election under way, its lease lapsed) or that
+  has no leader's address **refuses** those calls with ``HA_NOT_AVAILABLE``, which every
+  official client retries; a leader that could not be reached is told to the client as the
+  gRPC failure it was (``UNAVAILABLE``), also retried.
+
+Heartbeats and telemetry streams (the client's settings, a producer's transaction
+check-back) are answered by the replica the channel reaches; the leader's check rounds ask
+only the producers whose channel reaches the leader.  A FIFO consumer group's order is
+kept through a follower: the follower tells the leader which groups its sessions consume
+in order (:data:`FIFO_HEADER`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+#: Headers a passed-on call carries: the client's id and signature, RocketMQ's own.
+_CLIENT_HEADER_PREFIX = "x-mq-"
+#: Marks a call a replica passed on (it is answered where it arrives, never passed again).
+FORWARDED_HEADER = "x-rmq-forwarded"
+#: Set on a passed-on receive when the follower's sessions consume the group in order.
+FIFO_HEADER = "x-rmq-fifo"
+#: Unary calls a follower passes on to its leader (see the module docstring).
+FORWARDED_UNARY = ("QueryRoute", "QueryAssignment", "SendMessage", "EndTransaction",
+                   "RecallMessage", "AckMessage", "ChangeInvisibleDuration",
+                   "ForwardMessageToDeadLetterQueue")
+
+
+def client_headers(context) -> tuple:
+    """The headers of ``context``'s call that another endpoint needs to check it."""
+    return tuple((k, v) for k, v in context.invocation_metadata()
+                 if k.startswith(_CLIENT_HEADER_PREFIX) or k == "authorization")
+
+
+def forwarded(context) -> bool:
+    """Whether ``context``'s call was passed on by a replica."""
+    return any(k == FORWARDED_HEADER for k, _ in context.invocation_metadata())
+
+
+def forwarded_fifo(context) -> bool:
+    """Whether a replica passing the call on consumes its group in order."""
+    return any(k == FIFO_HEADER for k, _ in context.invocation_metadata()) and forwarded(context)
+
+
+async def relay_failure(context, exc: grpc.aio.AioRpcError) -> None:
+    """Fail ``context``'s call as the call passed on failed."""
+    await context.abort(exc.code(), exc.details() or "the endpoint the call went on to failed")
+
+
+def _timeout(context) -> float | None:
+    left = context.time_remaining()
+    return None if left is None or left <= 0 else left
+
+
+async def forward_unary(stub, name: str, request, context, extra: tuple = ()):
+    """Call ``name`` on ``stub`` with ``context``'s client headers (and ``extra``); its
+    answer, or ``context`` failed as it failed."""
+    try:
+        return await getattr(stub, name)(request, metadata=client_headers(context) + extra,
+                                         timeout=_timeout(context))
+    except grpc.aio.AioRpcError as exc:
+        await relay_failure(context, exc)
+
+
+async def forward_stream(stub, name: str, request, context, extra: tuple = ()):
+    """The responses of the server-streaming call ``name`` on ``stub`` (as
+    :func:`forward_unary`)."""
+    try:
+        async for response in getattr(stub, name)(
+                request, metadata=client_headers(context) + extra, timeout=_timeout(context)):
+            yield response
+    except grpc.aio.AioRpcError as exc:
+        await relay_failure(context, exc)
+
+
+class LeaderChannel:
+    """The channel to the gRPC endpoint of the leader ``replica`` (a
+    :class:`~store.replication.replica.Replica`) knows, made when the leader changes; used
+    on the endpoint's event loop only.  ``tls``: the endpoint's own ``(chain, key)``; the
+    leader's certificate is then checked against the system's roots."""
+
+    def __init__(self, replica, max_message_bytes: int, tls=None) -> None:
+        self.replica = replica
+        self._options = [("grpc.max_receive_message_length", max_message_bytes),
+                         ("grpc.max_send_message_length", max_message_bytes)]
+        self._tls = tls is not None
+        self._address: str | None = None
+        self._channel = None
+        self._stub = None
+
+    def stub(self, context):
+        """The leader's stub for ``context``'s call, or ``None``: the call is answered here
+        (this replica leads, knows no other leader or no address of its, or the call was
+        passed on already)."""
+        replica = self.replica
+        if replica.leading() or forwarded(context):
+            return None
+        leader = replica.leader
+        address = (None if leader is None or leader == replica.me
+                   else replica.replica_set.grpc_address(leader))
+        if address is None:
+            return None
+        if address != self._address:
+            old = self._channel
+            self._channel = (grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(),
+                                                     self._options)
+                             if self._tls else grpc.aio.insecure_channel(address, self._options))
+            self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
+            self._address = address
+            if old is not None:
+                asyncio.ensure_future(old.close())
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+__all__ = ["FIFO_HEADER", "FORWARDED_HEADER", "FORWARDED_UNARY", "LeaderChannel",
+           "client_headers", "forward_stream", "forward_unary", "forwarded", "forwarded_fifo",
+           "relay_failure"]
