@@ -20,7 +20,16 @@ Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
   files, one file per micro-batch (``Trigger.AvailableNow``), into Parquet and into the sink
   at the default exactly-once setting (rows/s over the whole query, JSON parsing included);
 
-and, without Spark, ``Sink.stage`` + ``Sink.commit`` against ``send_table`` of the same table.
+* ``... sinkCommit=copy``        the exactly-once sink with the copying commit;
+
+and, without Spark, ``Sink.stage`` + ``Sink.commit`` (by index and by copy) against
+``send_table`` of the same table, and the driver's part alone: ``Sink.commit`` of
+``--commit-rows`` staged rows (best of ``--repeat``), beside one ``fsync`` of a 4 KiB file.
+A store whose sink has no ``commit`` parameter (an older tree run as the baseline, see
+below) skips the copy cases.
+
+Baseline: copy this file into another tree (``cp bench/bench_sink.py /old/tree/bench/``) and
+run it there: it measures that tree's code (its root is the file's folder's parent).
 The DataFrame is cached and counted first, so every writer reads the same in-memory rows.
 The Spark cases run in ``--repeat`` rounds, every case once per round (in turns), and
 each reports its best and its median; the Python cases the best of ``--repeat``.  Not
@@ -30,6 +39,7 @@ collected by pytest.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -48,26 +58,73 @@ _NoopSink = _FileSink = None
 from store import MessageStore  # noqa: E402
 
 
-def python_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+def _has_commit_modes() -> bool:
+    return "commit" in inspect.signature(MessageStore.sink).parameters
+
+
+def _sink(store, commit: str | None):
+    return store.sink("bench") if commit is None else store.sink("bench", commit=commit)
+
+
+def _table(n: int) -> pa.Table:
     body = bytes(i % 256 for i in range(100))
-    table = pa.table({"topic": ["bench"] * n, "body": [body] * n, "tags": ["TagA"] * n,
-                      "keys": [f"k{i}" for i in range(n)]})
+    return pa.table({"topic": ["bench"] * n, "body": [body] * n, "tags": ["TagA"] * n,
+                     "keys": [f"k{i}" for i in range(n)]})
+
+
+def python_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+    table = _table(n)
+    modes = [("sink stage+commit", None)]
+    if _has_commit_modes():
+        modes = [("sink stage+commit (index)", "index"), ("sink stage+commit (copy)", "copy")]
     out = []
-    for name in ("send_table", "sink stage+commit"):
+    for name, commit in [("send_table", None), *modes]:
         best = None
         for r in range(repeat):
-            path = os.path.join(tmp, f"py-{name.split()[0]}-{r}")
+            path = os.path.join(tmp, f"py-{len(out)}-{r}")
             with MessageStore.open(path) as store:
                 t0 = time.perf_counter()
                 if name == "send_table":
                     store.producer().send_table(table)
                 else:
-                    sink = store.sink("bench")
+                    sink = _sink(store, commit)
                     sink.commit(0, sink.stage(table))
                 elapsed = time.perf_counter() - t0
             shutil.rmtree(path)
             best = elapsed if best is None else min(best, elapsed)
         out.append((name, best))
+    return out
+
+
+def commit_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
+    """The driver's part: ``Sink.commit`` of ``n`` rows staged before (best of ``repeat``),
+    and one fsync of a small file written just before (what "+ one fsync" stands for)."""
+    table = _table(n)
+    out = []
+    for commit in (["index", "copy"] if _has_commit_modes() else [None]):
+        best = None
+        for r in range(repeat):
+            path = os.path.join(tmp, f"commit-{commit}-{r}")
+            with MessageStore.open(path) as store:
+                sink = _sink(store, commit)
+                staged = sink.stage(table)
+                t0 = time.perf_counter()
+                done = sink.commit(0, staged)
+                elapsed = time.perf_counter() - t0
+                assert done.rows == n
+            shutil.rmtree(path)
+            best = elapsed if best is None else min(best, elapsed)
+        out.append((f"Sink.commit ({commit or 'default'})", best))
+    fsyncs = []
+    for _ in range(repeat):
+        name = os.path.join(tmp, "fsync-probe")
+        with open(name, "wb") as fh:
+            fh.write(os.urandom(4096))
+            fh.flush()
+            t0 = time.perf_counter()
+            os.fsync(fh.fileno())
+            fsyncs.append(time.perf_counter() - t0)
+    out.append(("one fsync of a 4 KiB file", min(fsyncs)))
     return out
 
 
@@ -172,6 +229,9 @@ def spark_cases(tmp: str, n: int, repeat: int, streaming: bool = True
         'df.write.format("rmq") at_least_once': lambda p: df.write.format("rmq").option(
             "guarantee", "at_least_once").mode("append").save(p),
     }
+    if _has_commit_modes():
+        cases['df.write.format("rmq") sinkCommit=copy'] = lambda p: df.write.format(
+            "rmq").option("sinkCommit", "copy").mode("append").save(p)
     # in turns (every case once per round), so that a slow spell of the machine does not
     # fall on one case only; each case's best and median
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -220,6 +280,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--python-rows", type=int, default=200_000)
+    ap.add_argument("--commit-rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the streaming cases")
@@ -232,6 +293,10 @@ def main() -> None:
         print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs send_table':>14}")
         for name, s in py:
             print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
+        print(f"\nThe driver's commit of {args.commit_rows:,} staged rows (best of "
+              f"{args.repeat})")
+        for name, s in commit_cases(tmp, args.commit_rows, args.repeat):
+            print(f"{name:<40} {s:8.3f} s")
         if not args.no_spark:
             sp = spark_cases(tmp, args.rows, args.repeat, not args.no_stream)
             print(f"\nSpark local[2], {args.rows:,} rows ({args.repeat} rounds in turns; "
@@ -242,6 +307,14 @@ def main() -> None:
                 print(f"{name:<52} {best:7.3f} {median:7.3f} {args.rows / best:11,.0f} "
                       f"{sp[0][1] / best:10.2f}x {sp[1][1] / best:6.2f}x / "
                       f"{sp[1][2] / median:.2f}x")
+            by = {name: (best, median) for name, best, median in sp}
+            exactly, least = by['df.write.format("rmq")'], by['df.write.format("rmq") '
+                                                               'at_least_once']
+            durable = by["Python sink writing the batches to a file, fsync"]
+            print("targets (best / median): exactly once vs at least once "
+                  f"{least[0] / exactly[0]:.2f}x / {least[1] / exactly[1]:.2f}x (>= 0.9); "
+                  f"at least once vs the durable file sink {durable[0] / least[0]:.2f}x / "
+                  f"{durable[1] / least[1]:.2f}x (>= 0.6)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -27,7 +27,7 @@ OPTION_NAMES = {name.lower(): name for name in (
     "path", "subscribe", "subscribePattern", "tags", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "maxOffsetsPerTrigger", "failOnDataLoss",
     "deliverDue", "view", "action", "topic", "producerGroup", "guarantee", "sinkId",
-    "verifyCrc", "checkRounds", "token", "tokenFile", "tlsRootCerts", "timeoutMs",
+    "sinkCommit", "verifyCrc", "checkRounds", "token", "tokenFile", "tlsRootCerts", "timeoutMs",
     "account", "secret", "secretFile", "pushFilters", "keys",
 )}
 #: Options of an ``rmq://`` path (a served store), taken out of the option map at parse time.

@@ -26,7 +26,9 @@ Options: the Kafka source's spellings where the concept is the same (table: docs
   ``false`` (never push; :mod:`rmq_source.pushdown`);
 * a writer without ``action`` is the exactly-once sink (:mod:`rmq_source.sink_writer`):
   options ``topic``, ``producerGroup``, ``guarantee`` (``exactly_once`` or
-  ``at_least_once``) and ``sinkId``; ``action=end_transaction`` takes only ``path``.
+  ``at_least_once``), ``sinkId`` and ``sinkCommit`` (``index``, the default: each row is
+  written once and the commit indexes it; ``copy``: the commit copies the rows, for a store
+  Apache RocketMQ must open); ``action=end_transaction`` takes only ``path``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ DEFAULT_PRODUCER_GROUP = "rmq-spark-sink"
 
 #: options Spark itself may put into an option map (query name, checkpoint); ignored
 SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
-_WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid"})
+_WRITE_ONLY = frozenset({"action", "topic", "producergroup", "guarantee", "sinkid",
+                         "sinkcommit"})
+#: Values of option ``sinkCommit`` (see the module doc).
+SINK_COMMITS = ("index", "copy")
 _READ_ONLY = frozenset(k for k in OPTION_NAMES if k != "path" and k not in _WRITE_ONLY)
 _BATCH_ONLY = frozenset({"endingoffsets", "endingtimestamp", "pushfilters"})
 #: option pushFilters: with Spark's pushdown conf (auto), demand it (true), or never (false)
@@ -138,6 +143,7 @@ class RmqOptions:
     producer_group: str = DEFAULT_PRODUCER_GROUP
     guarantee: str = "exactly_once"
     sink_id: str | None = None
+    sink_commit: str = "index"
     streaming: bool | None = None
     columns: tuple[str, ...] | None = None
     push_filters: str = "auto"
@@ -213,7 +219,7 @@ def parse_keys(value: str) -> tuple[str, ...]:
 
 def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> RmqOptions:
     """Options of a writer: the sink's, or ``action=end_transaction`` with ``path`` only."""
-    sink_names = "path, topic, producerGroup, guarantee, sinkId"
+    sink_names = "path, topic, producerGroup, guarantee, sinkId, sinkCommit"
     for key in raw:
         if key in _READ_ONLY:
             raise _fail(key, raw[key], "applies to reading only",
@@ -223,7 +229,8 @@ def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> R
         if action.strip().lower() not in ACTIONS:
             raise _fail("action", action, "unknown action",
                         f"{', '.join(ACTIONS)}, or no action to write messages")
-        for key in sorted(raw.keys() & {"topic", "producergroup", "guarantee", "sinkid"}):
+        for key in sorted(raw.keys() & {"topic", "producergroup", "guarantee", "sinkid",
+                                        "sinkcommit"}):
             raise _fail(key, raw[key], "applies to writing messages, not to "
                         "action=end_transaction", "path and action")
         return RmqOptions(path=path, action=action.strip().lower(), streaming=streaming,
@@ -244,9 +251,13 @@ def _parse_write(raw: Mapping[str, str], path: str, streaming: bool | None) -> R
     sink_id = raw.get("sinkid")
     if sink_id is not None and not sink_id.strip():
         raise _fail("sinkId", sink_id, "is empty", "a non-empty string naming the sink")
+    sink_commit = raw.get("sinkcommit", "index").strip().lower()
+    if sink_commit not in SINK_COMMITS:
+        raise _fail("sinkCommit", raw["sinkcommit"], "unknown way to commit",
+                    ", ".join(SINK_COMMITS))
     return RmqOptions(path=path, topic=topic, producer_group=group, guarantee=guarantee,
-                      sink_id=sink_id.strip() if sink_id else None, streaming=streaming,
-                      raw=raw)
+                      sink_id=sink_id.strip() if sink_id else None, sink_commit=sink_commit,
+                      streaming=streaming, raw=raw)
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool | None,

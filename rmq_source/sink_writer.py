@@ -209,7 +209,7 @@ def _write_task(options: RmqOptions, sink_id: str, iterator: Iterator) -> SinkCo
                 else:
                     producer.send_table(table, topic=topic)
         else:
-            sink = store.sink(sink_id, options.producer_group)
+            sink = store.sink(sink_id, options.producer_group, commit=options.sink_commit)
 
             def write(table, topic):
                 staged = sink.stage(table, topic=topic)

@@ -70,6 +70,8 @@ class Appender:
         self._round_robin: dict[str, itertools.count] = {}
         self._group_start: int | None = None   # where the open atomic group began
         self._group_now: int | None = None
+        #: what the open atomic group runs once published (a commit marker's entries)
+        self._after: list = []
         #: settings the single-record path reads per append
         self.file_size = self.config.commitlog_file_size_bytes
         #: the largest record a segment takes (a message at the size limit, with room for
@@ -106,13 +108,34 @@ class Appender:
             yield
         except BaseException:
             self._group_start = None
+            self._after = []
             self.core.drop_tail(start)
+            if cp.get("index_commit_pending") >= start:
+                cp.set("index_commit_pending", 0)
             raise
         self._group_start = None
         if self._group_now is not None:
             self._publish(self._group_now)
         else:
             cp.set("write_in_progress", -1)
+        after, self._after = self._after, []
+        for action in after:
+            action()
+
+    def after_publish(self, marker: int, action) -> None:
+        """Run ``action`` once the open atomic group is published, with the checkpoint's
+        ``index_commit_pending`` set to ``marker`` until then (see
+        :mod:`store.core.index_commit`: a writer that dies between publishing and the
+        action leaves it set, and the next writer redoes the action).  One marker per
+        group."""
+        if self._group_start is None:
+            raise InvalidMessageError("after_publish needs an open atomic group")
+        cp = self.core.checkpoint
+        if self._after:
+            raise InvalidMessageError("one commit marker per atomic group; allowed: commit "
+                                      "the staged ranges of a group with one marker")
+        cp.set("index_commit_pending", marker)
+        self._after.append(action)
 
     @property
     def in_group(self) -> bool:
@@ -337,10 +360,12 @@ class Appender:
     def _queue_ids_in_range(self, records: AssembledRecords) -> np.ndarray:
         """The records' queue ids, an id outside its topic's queues taken modulo their count
         (missing topics are created; a name no record uses and no topic can have, left in
-        the list by a damaged record dropped on the way, is not: the topic table refuses it)."""
+        the list by a damaged record dropped on the way, is not: the topic table refuses it).
+        Records without queue entries (staged ones) create no topic: their commit does."""
         used = np.zeros(len(records.topics), dtype=bool)
         used[records.topic_ids] = True
-        counts = np.array([self.core.ensure_topic(t)
+        count_of = self.core.ensure_topic if records.dispatched else self.core.queue_count_for
+        counts = np.array([count_of(t)
                            if used[i] or is_valid_topic_name(t) else np.iinfo(np.int64).max
                            for i, t in enumerate(records.topics)], dtype=np.int64)
         qids = records.queue_ids

@@ -231,12 +231,16 @@ def _decode(store: QueueSource, topic: str, queue_id: int, entries: np.ndarray,
     sizes = entries["size"].astype(np.int64)
     n = len(phys)
     file_size = store.commit_log.file_size
-    if phys[0] < 0 or (np.diff(phys) <= 0).any():
-        i = 0 if phys[0] < 0 else int(np.argmax(np.diff(phys) <= 0))
+    if phys.min() < 0:
+        i = int(np.argmax(phys < 0))
         raise CorruptRecordError(f"consumequeue/{topic}/{queue_id}", int(queue_offsets[i]),
-                                 "entries out of CommitLog order after this queue offset: the "
-                                 "queue file is damaged; `rmq repair` rebuilds it")
-    bounds = [0, *(np.flatnonzero(np.diff(phys // file_size)) + 1).tolist(), n]
+                                 "entry with a negative CommitLog offset: the queue file is "
+                                 "damaged; `rmq repair` rebuilds it")
+    # one step per run of increasing offsets in one segment (an index commit's entries
+    # point back at records staged earlier: store.core.index_commit)
+    step = np.diff(phys)
+    bounds = [0, *(np.flatnonzero((np.diff(phys // file_size) != 0) | (step <= 0))
+                   + 1).tolist(), n]
     topic_bytes = topic.encode("utf-8")
     fields = {name: np.empty(n, dtype) for name, dtype in _FIELD_TYPES.items()}
     want_props = names is None or bool(names & PROPERTY_COLUMNS)

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..base.errors import FlushError
+from .index_commit import finish_pending_commit
 from .placement_chain import PlacementChain
 from .recovery import recover_tail
 from .recovery_start import dead_append_bounds
@@ -108,6 +109,11 @@ class AppendLocking:
                     self._catch_up()
                 elif generation != self.appender.generation:
                     self._catch_up()
+                if self.checkpoint.get("index_commit_pending"):
+                    # a commit marker published by a writer that died before writing its
+                    # entries: write them now (rolled forward, see index_commit)
+                    if finish_pending_commit(self):
+                        self._catch_up(force=True)
             except BaseException:
                 self._unlock(outermost)
                 raise

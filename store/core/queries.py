@@ -8,7 +8,8 @@
   before it began, without waiting for the index's builder; each record is
   read and kept when it really carries the key (``KEYS`` or ``UNIQ_KEY``: the index stores
   32-bit hashes only) in that topic, stored in the time range and visible (before the
-  confirmed offset, not removed by retention).
+  confirmed offset, not removed by retention, and, for a staged record, named by a commit
+  marker: :func:`~store.core.index_commit.committed`).
 * By time only: each queue of the topic is binary-searched on store time
   (:meth:`~store.core.reading.ReadableStore.offset_for_timestamp`) and read from there.
 * By id (:func:`view_message`): an offset message id (store host and CommitLog offset) is
@@ -18,11 +19,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..base.errors import CorruptRecordError, InvalidMessageError, KeyIndexUnavailableError
 from ..formats.record_codec import Record
 from ..formats.message_id import decode_offset_message_id
 from ..formats.message import (PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageView, is_system_topic,
                                record_view)
+
+from .index_commit import committed, is_staged
 
 #: What the queries read: a :class:`~store.core.reading.ReadableStore` (not imported: the
 #: store's methods import this module).
@@ -63,6 +68,10 @@ def _records_at(store: ReadableStore, offsets: list[int]) -> list[Record]:
             continue
         if rec.physical_offset == offset:
             records.append(rec)
+    staged = [r.physical_offset for r in records if is_staged(r.sys_flag, r.queue_offset)]
+    if staged:  # a staged record is visible once a commit marker named it
+        hidden = set(np.asarray(staged)[~committed(store, staged)].tolist())
+        records = [r for r in records if r.physical_offset not in hidden]
     return records
 
 

@@ -59,10 +59,11 @@ class QueueGroups:
 
     def queue_offsets(self, firsts: np.ndarray | None) -> np.ndarray:
         """Each record's queue offset: its queue's ``firsts[g]`` plus its rank in the group
-        (zeros when the records are not indexed, ``firsts`` ``None``)."""
+        (-1 when the records are not indexed, ``firsts`` ``None``: staged records, see
+        :mod:`store.core.index_commit`)."""
         n = self.n
         if firsts is None:
-            return np.zeros(n, dtype=np.int64)  # never indexed
+            return np.full(n, -1, dtype=np.int64)  # not indexed by their append
         if self.order is None:
             return firsts[0] + np.arange(n, dtype=np.int64)
         rank = np.empty(n, dtype=np.int64)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.record_codec import (FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1, Record,
-                                    body_crc, gather_headers)
+from ..formats.record_codec import (FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1,
+                                    STAGED_QUEUE_OFFSET, TRANSACTION_PREPARED_TYPE,
+                                    TRANSACTION_TYPE_MASK, Record, body_crc, gather_headers)
 from ..files.commit_log import CommitLog
 from ..base.errors import CorruptRecordError
 from ..kernels.segment_walk import body_crcs
@@ -29,8 +30,16 @@ def header_matches(header: np.ndarray, sizes: np.ndarray, phys: np.ndarray, queu
     body_len = header["body_length"].astype(np.int64)
     return ((header["magic"] == MESSAGE_MAGIC_CODE_V1) & (header["total_size"] == sizes)
             & (header["physical_offset"] == phys) & (header["queue_id"] == queue_id)
-            & (header["queue_offset"] == queue_offsets) & (body_len >= 0)
-            & (body_len <= sizes - FIXED_SIZE))
+            & queue_offset_matches(header["queue_offset"], header["sys_flag"], queue_offsets)
+            & (body_len >= 0) & (body_len <= sizes - FIXED_SIZE))
+
+
+def queue_offset_matches(stored, sys_flags, queue_offsets):
+    """Whether records whose headers say QUEUEOFFSET ``stored`` and SYSFLAG ``sys_flags``
+    can sit at ``queue_offsets``: the same number, or any for a staged record (PREPARED,
+    QUEUEOFFSET -1: its commit marker gave it its place, :mod:`store.core.index_commit`)."""
+    return (stored == queue_offsets) | ((stored == STAGED_QUEUE_OFFSET) & (
+        (sys_flags & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE))
 
 
 def check_body_crcs(f, mm, pos: np.ndarray, body_end: np.ndarray, stored: np.ndarray,
@@ -56,7 +65,8 @@ def record_entry_problem(rec: Record, queue_id: int, queue_offset: int, size: in
     if rec.physical_offset != position:
         return (f"record header says PHYSICALOFFSET {rec.physical_offset} but it lies at "
                 f"{position}: its header is damaged (the body CRC does not cover it)")
-    if (rec.queue_id, rec.queue_offset, rec.total_size) != (queue_id, queue_offset, size):
+    if (rec.queue_id, rec.total_size) != (queue_id, size) or not queue_offset_matches(
+            rec.queue_offset, rec.sys_flag, queue_offset):
         return (f"record of queue {rec.queue_id} offset {rec.queue_offset} ({rec.total_size} "
                 f"bytes) does not match its ConsumeQueue entry (queue {queue_id} offset "
                 f"{queue_offset}, {size} bytes): the queue file is damaged; `rmq repair` "

@@ -15,6 +15,9 @@ checkpoint's confirmed end, or followed by a segment that begins with a valid re
 skipped (:meth:`~store.files.commit_log.CommitLog.scan_batches`), never cut.  A clean close does
 not rescan anything.
 
+The staged records a commit marker in the scan names are indexed with it, at the queue
+offsets the marker gives (:func:`~store.core.index_commit.marker_rows`).
+
 Records are re-dispatched through the store's one :class:`~store.core.queue_dispatch.Dispatcher`.
 A scan without a limit (after a reboot, or on a clean open) may keep part of an append: the
 recovery listeners the services registered are told what was kept (a
@@ -45,6 +48,7 @@ from ..formats.record_codec import (
 from ..kernels.recovery_scan import INDEX_COLUMNS, RecordIndex, index_records
 from ..formats.message import is_valid_topic_name
 from ..kernels.segment_walk import STOP_FULL, first_record_start
+from .index_commit import INDEX_COMMIT_TOPIC, marker_rows
 from .pipeline import prepared_in_order
 from .ports import CoreParts, RecoveryListener, RecoveryScan
 
@@ -112,6 +116,13 @@ def scan_entries(store: CoreParts, start: int, *, limit: int | None = None,
         logger.warning("%d CommitLog record(s) whose header names an impossible queue or queue "
                        "offset (damaged; their body CRC does not cover it) were not indexed",
                        dropped)
+    markers = tables.get((INDEX_COMMIT_TOPIC, 0))
+    if markers is not None:  # the staged records each commit marker made visible
+        for key, table in marker_rows(store, markers[:, 1]).items():
+            if key in tables:
+                table = np.concatenate((tables[key], table))
+                table = table[np.argsort(table[:, 0], kind="stable")]
+            tables[key] = table
     return ScannedEntries(
         tables, np.concatenate(offsets) if offsets else np.empty(0, np.int64),
         np.concatenate(flags) if flags else np.empty(0, np.int64), last_ts, cut)

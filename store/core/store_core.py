@@ -41,6 +41,7 @@ from ..files.topics import default_queue_count
 from .append_types import (AppendResult, AssembledRecords, BatchAppendResult, EncodedAppend,
                            EncodedRecords, Presume, SingleAppend)
 from .appender import Appender
+from .index_commit import finish_pending_commit, register_index_commits
 from .queue_dispatch import Dispatcher
 from .flushing import FlushService
 from .key_index import KeyIndexService
@@ -111,6 +112,7 @@ class StoreCore(AppendLocking, ReadableStore):
         self.dispatcher = Dispatcher(self.consume_queue, lambda topic, queue_id: (
             self.topic_table.queue_written(topic, queue_id, self.now_ms())))
         self.appender = Appender(self)
+        register_index_commits(self)
         # the index files older than the CommitLog kept go with it (RocketMQ's rule)
         self._retention_listeners: list[RetentionListener] = [self.key_index.delete_expired]
         self._retention_guards: list[RetentionGuard] = []
@@ -188,6 +190,8 @@ class StoreCore(AppendLocking, ReadableStore):
                 self.recovered = True
             if sole and check_at_open(self, self._recovery_listeners):
                 self.recovered = True  # damaged segments or lost queue entries repaired
+            if self.checkpoint.get("index_commit_pending"):
+                finish_pending_commit(self)  # a commit marker published, entries not written
             self._catch_up(force=True)
             if sole:  # the index after recovery: set aside when damaged, cut, caught up
                 self.key_index.open_check(self.appender.write_offset,

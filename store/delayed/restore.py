@@ -32,7 +32,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..formats.record_codec import (TRANSACTION_COMMIT_TYPE, TRANSACTION_NOT_TYPE,
+from ..formats.record_codec import (STAGED_QUEUE_OFFSET, TRANSACTION_COMMIT_TYPE,
+                                    TRANSACTION_NOT_TYPE, TRANSACTION_PREPARED_TYPE,
                                     TRANSACTION_TYPE_MASK)
 from ..core.append_types import AssembledRecords, EncodedRecords
 from ..core.pipeline import prepared_in_order
@@ -252,11 +253,32 @@ def _prepare_chunk(store: StorePort, offsets: np.ndarray, delivery: Delivery, *,
                               closing_separators(props))
     props_len = props.lengths() + extras.lengths()
     records = EncodedRecords(
-        headers=src.headers[rows], bodies=bodies, properties=props,
+        headers=_committed(src.headers[rows]), bodies=bodies, properties=props,
         extra_properties=extras, properties_length=props_len, topics=topics,
         topic_ids=topic_ids[rows], queue_ids=qids[rows], tags_codes=codes[rows],
         store_timestamp_ms=now, body_crc_known=True)
     return records, len(selected) - n_roll, n_roll
+
+
+def _staged(headers: np.ndarray) -> np.ndarray:
+    """Which records are staged ones an index commit made visible (PREPARED, queue offset
+    -1: :mod:`store.core.index_commit`): delivered like COMMIT records."""
+    return (((headers["sys_flag"] & TRANSACTION_TYPE_MASK) == TRANSACTION_PREPARED_TYPE)
+            & (headers["queue_offset"] == STAGED_QUEUE_OFFSET))
+
+
+def _committed(headers: np.ndarray) -> np.ndarray:
+    """The headers the copies of the records get: a staged record's copy is a COMMIT
+    record whose PREPAREDTRANSACTIONOFFSET is the staged record's offset (a copy made in
+    place of a prepared one, as a transaction's commit record)."""
+    staged = _staged(headers)
+    if not staged.any():
+        return headers
+    headers = headers.copy()
+    flags = headers["sys_flag"][staged]
+    headers["sys_flag"][staged] = (flags & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT_TYPE
+    headers["prepared_transaction_offset"][staged] = headers["physical_offset"][staged]
+    return headers
 
 
 def _targets(src: SourceRecords, offsets: np.ndarray, pairs: RecordPairs, roll: np.ndarray,
@@ -267,7 +289,7 @@ def _targets(src: SourceRecords, offsets: np.ndarray, pairs: RecordPairs, roll: 
     found, v0, v1, data = pairs.found, pairs.start, pairs.end, pairs.data
     marker = found[_K_DEL]
     tx_type = src.headers["sys_flag"] & TRANSACTION_TYPE_MASK
-    keep = (src.ok & ((tx_type == _TX_OK[0]) | (tx_type == _TX_OK[1]))
+    keep = (src.ok & ((tx_type == _TX_OK[0]) | (tx_type == _TX_OK[1]) | _staged(src.headers))
             & found[_K_TOPIC] & (~marker | roll))
     deliver = keep & ~roll
     topic_ids = np.full(n, -1, dtype=np.int64)

@@ -34,7 +34,7 @@ from .pending_view import pending_messages
 from ..produce.producer import Producer
 from .store_reader import StoreReader
 from ..schedule.schedule_book import ScheduleBook, ScheduleInfo
-from ..sink.sink import Sink, register_sink_topic, settle_check_views
+from ..sink.sink import Sink, register_sink_topic, settle_check_views, sink_retention_floor
 from .pending_stats import pending_delayed_stats
 from ..timer.timer_service import (TimerService, refuse_broker_timer_of_another_precision,
                                    register_timer_topic)
@@ -109,6 +109,8 @@ class MessageStore(StoreCore):
         for service in (self.delay_levels, self.timer, self.transactions):
             self.add_retention_listener(service.on_retention)
             self.add_retention_guard(service.retention_floor)
+        # the staged records of open stage notes lie before the notes
+        self.add_retention_guard(lambda: sink_retention_floor(self))
         self.add_retention_guard(self.recurring.retention_floor)  # (a replica set's book)
 
     def _close_services(self) -> None:
@@ -123,11 +125,13 @@ class MessageStore(StoreCore):
         self._check_writable()
         return Producer(self, group)
 
-    def sink(self, sink_id: str, group: str = "rmq-sink") -> Sink:
-        """The exactly-once batch writer of ``sink_id`` (see :mod:`store.sink.sink`): stage rows as
-        half messages anywhere, commit a batch of them at once, idempotently."""
+    def sink(self, sink_id: str, group: str = "rmq-sink", *, commit: str = "index") -> Sink:
+        """The exactly-once batch writer of ``sink_id`` (see :mod:`store.sink.sink`): stage rows
+        invisible anywhere, commit a batch of them at once, idempotently.  ``commit``:
+        ``"index"`` (rows written once, made visible by indexing) or ``"copy"`` (rows staged
+        in half messages and copied by the commit: for a store Apache RocketMQ must open)."""
         self._check_writable()
-        return Sink(self, sink_id, group)
+        return Sink(self, sink_id, group, commit=commit)
 
     def transaction_producer(self, group: str, listener) -> TransactionProducer:
         """A producer that sends half messages and runs ``listener``'s local transaction."""

@@ -20,11 +20,15 @@ Layout (big-endian i64 fields).  Bytes 0..39 are RocketMQ's ``StoreCheckpoint`` 
                                       this CommitLog offset (a record boundary; 0 in a store
                                       of an earlier layout: the index is walked from the
                                       start, records already in it are skipped)
+    80   8     index_commit_pending   rmq: CommitLog offset of a commit marker published but
+                                      whose ConsumeQueue entries may not all be written
+                                      (:mod:`store.core.index_commit`); 0 when none (a
+                                      marker never lies at 0: its records precede it)
 
 Every process maps the file shared, so a field written by one is seen by all at once; each
 field is an aligned 8-byte store.
 
-**Trust.** rmq's own fields (40..63 and 72..79) mean something only when rmq wrote them: the file then
+**Trust.** rmq's own fields (40..63 and 72..87) mean something only when rmq wrote them: the file then
 carries :data:`LAYOUT_MAGIC` at byte 64.  A checkpoint without it is either an rmq store of an
 earlier layout (a full 4096-byte file in a directory with ``config/store.json`` whose fields
 read like rmq's: a positive ``write_generation`` and ordered offsets; they are trusted and the
@@ -56,6 +60,7 @@ CHECKPOINT_FIELDS = (
     "last_append_offset",
     "layout_version",
     "index_phy_offset",
+    "index_commit_pending",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FIELD = struct.Struct(">q")
@@ -75,7 +80,7 @@ _pack_field = CHECKPOINT_FIELD.pack_into
 _unpack_field = CHECKPOINT_FIELD.unpack_from
 #: rmq's own fields and what they mean when the file cannot be trusted.
 _UNTRUSTED_DEFAULTS = {"write_in_progress": -1, "write_generation": 0, "last_append_offset": -1,
-                       "layout_version": 0, "index_phy_offset": 0}
+                       "layout_version": 0, "index_phy_offset": 0, "index_commit_pending": 0}
 
 
 class StoreCheckpoint:

@@ -301,9 +301,13 @@ class ConsumeQueue:
             n = self._valid_count(entries, None)
             if n == 0:  # nothing written here (or already cut): look at the file before
                 continue
-            offs = entries["offset"][:n]
-            # entries are in CommitLog order (fillers, offset 0, first)
-            keep = int(np.searchsorted(offs.astype(np.int64), process_offset, side="left"))
+            offs = entries["offset"][:n].astype(np.int64)
+            # the first entry at or past the cut, in queue order: entries are in CommitLog
+            # order (fillers, offset 0, first) except those of an index commit, which point
+            # back at records staged before (store.core.index_commit); any entry after one
+            # at or past the cut was written after it and goes too
+            past = offs >= process_offset
+            keep = int(np.argmax(past)) if past.any() else n
             if keep < n:
                 zero_tail(f, keep * ENTRY_SIZE)
             if keep > 0:

@@ -86,6 +86,9 @@ TRANSACTION_NOT_TYPE = 0x0
 TRANSACTION_PREPARED_TYPE = 0x4
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
+#: QUEUEOFFSET of a staged record: its queue offset comes from the commit marker that makes
+#: it visible (:mod:`store.core.index_commit`).
+STAGED_QUEUE_OFFSET = -1
 
 LOCALHOST = bytes([127, 0, 0, 1])
 STORE_PORT = 10911

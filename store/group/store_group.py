@@ -303,9 +303,10 @@ class StoreGroup:
         """A :class:`GroupProducer` of producer group ``group`` over every member."""
         return GroupProducer(self, [named(s.producer(group), n) for n, s in self.stores()])
 
-    def sink(self, sink_id: str, group: str = "rmq-sink") -> GroupSink:
-        """The exactly-once batch writer of ``sink_id`` over every member (:class:`GroupSink`)."""
-        return GroupSink(self, [s.sink(sink_id, group) for s in self._stores])
+    def sink(self, sink_id: str, group: str = "rmq-sink", *, commit: str = "index") -> GroupSink:
+        """The exactly-once batch writer of ``sink_id`` over every member (:class:`GroupSink`;
+        ``commit``: see :meth:`MessageStore.sink <store.facade.message_store.MessageStore.sink>`)."""
+        return GroupSink(self, [s.sink(sink_id, group, commit=commit) for s in self._stores])
 
     def transaction_producer(self, group: str, listener) -> GroupTransactionProducer:
         """Transactional sends spread round robin over the members; each half message is

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.record_codec import FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1
+from ..formats.record_codec import (FIELD_OFFSET, FIXED_SIZE, HEADER_SIZE, MESSAGE_MAGIC_CODE_V1,
+                                    STAGED_QUEUE_OFFSET, TRANSACTION_PREPARED_TYPE,
+                                    TRANSACTION_TYPE_MASK)
 from ..base.jit import FALLBACK_MAX_WORK, kernel_set
 from .record_assembly import memcpy_function
 
@@ -44,6 +46,10 @@ UNIQ, TAGS, KEYS, DELIVER, TRANSACTION = range(5)
 _MAX_MS_DIGITS = 15
 #: Largest epoch-ms magnitude a header time may have here (ms * 1000 stays in int64).
 _MAX_MS = 9 * 10**15
+#: A staged record (QUEUEOFFSET -1, PREPARED) sits at the queue offset its commit marker
+#: gave it (store.core.index_commit): any offset matches.
+_STAGED, _TX_MASK, _TX_PREPARED = (STAGED_QUEUE_OFFSET, TRANSACTION_TYPE_MASK,
+                                   TRANSACTION_PREPARED_TYPE)
 
 
 def _copy(dst, w, src, a, b, mc):
@@ -272,9 +278,12 @@ def _check_records(seg, pos, sizes, phys, queue_id, queue_offsets, topic, at, ma
         p = pos[i]
         size = sizes[i]
         body_len = _be(seg, p + at[9], 4)
+        stored_offset = _be64(seg, p + at[7])
         if (_be(seg, p + at[0], 4) != size or _be(seg, p + at[1], 4) != magic
                 or _be(seg, p + at[2], 4) != queue_id
-                or _be64(seg, p + at[7]) != queue_offsets[i]
+                or (stored_offset != queue_offsets[i] and not (
+                    stored_offset == _STAGED and (_be(seg, p + at[3], 4) & _TX_MASK)
+                    == _TX_PREPARED))
                 or _be64(seg, p + at[8]) != phys[i]
                 or body_len < 0 or body_len > size - fixed_size):
             return i

@@ -176,9 +176,11 @@ class TableChunk:
 
 def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tuple], *,
                         topic: str | None = None, bounds: Callable | None = None,
-                        create_topics: bool = True, presume: bool = False) -> list:
+                        create_topics: bool = True, presume: bool = False,
+                        placements: bool = False) -> list:
     """Encode and append rows in chunks, one append each; return what ``make`` said of each
-    chunk.  The door of the exactly-once sink (:mod:`store.sink`) to the producer.
+    chunk (with ``placements``: ``(what make said, the chunk's EncodedAppend)``).  The door
+    of the exactly-once sink (:mod:`store.sink`) to the producer.
 
     ``rows``: a table as for :func:`send_table` (validated here: with a ``key`` column, as
     ``replace_table`` takes it), prepared rows, or only their placement columns (a named
@@ -240,8 +242,8 @@ def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tup
             for k, (records, result) in enumerate(made):
                 if first is None:  # chosen as the chunk is appended (its topic created then)
                     records = replace(records, queue_ids=queues(*cuts[k]))
-                store.append_assembled(records)
-                results.append(result)
+                placed = store.append_assembled(records)
+                results.append((result, placed) if placements else result)
         return results
 
 

@@ -410,9 +410,11 @@ class RemoteStore:
         local transaction here."""
         return RemoteTransactionProducer(self, group, listener)
 
-    def sink(self, sink_id: str, group: str = "rmq-sink") -> RemoteSink:
-        """The exactly-once sink ``sink_id`` of the served store."""
-        return RemoteSink(self, sink_id, group)
+    def sink(self, sink_id: str, group: str = "rmq-sink", *,
+             commit: str = "index") -> RemoteSink:
+        """The exactly-once sink ``sink_id`` of the served store (``commit``: see
+        :meth:`MessageStore.sink <store.facade.message_store.MessageStore.sink>`)."""
+        return RemoteSink(self, sink_id, group, commit)
 
     def end_transaction(self, transaction_id: str, state) -> bool:
         """End one transaction (see :meth:`MessageStore.end_transaction`)."""
@@ -592,17 +594,20 @@ class RemoteTransactionProducer(RemoteProducer):
 class RemoteSink:
     """The exactly-once sink ``sink_id`` on a served store (as :class:`~store.Sink`)."""
 
-    def __init__(self, store: RemoteStore, sink_id: str, group: str) -> None:
+    def __init__(self, store: RemoteStore, sink_id: str, group: str,
+                 commit: str = "index") -> None:
         self.store = store
         self.sink_id = sink_id
         self.group = group
+        self.commit_mode = commit
 
     def _body(self, **more) -> dict:
         return {"sink_id": self.sink_id, "group": self.group, **more}
 
     def stage(self, data, *, topic: str | None = None) -> list[str]:
         """Validate and stage rows on the server; return the halves' ids."""
-        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic)}, as_table(data))
+        raw = self.store._put({"op": "sink_stage", **self._body(topic=topic),
+                               "commit": self.commit_mode}, as_table(data))
         return list(loads(raw, "the answer of sink_stage")["transactions"])
 
     def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:

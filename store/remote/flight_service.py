@@ -412,8 +412,9 @@ class StoreService(flight.FlightServerBase):
             writer.write(pa.py_buffer(dumps({"rows": len(rows)})))
             return
         sink_id = own_sink_id(account, _named(body, "sink_id", op, validate_sink_id))
+        commit = field(body, "commit", str, op, default="index")  # (the Sink checks it)
         with self._write_lock:
-            staged = self.store.sink(sink_id, group).stage(table, topic=topic)
+            staged = self.store.sink(sink_id, group, commit=commit).stage(table, topic=topic)
         writer.write(pa.py_buffer(dumps({"transactions": staged})))
 
     @_unless_quiet

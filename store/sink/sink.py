@@ -1,24 +1,38 @@
-"""Exactly-once batches of rows: stage them as half messages, commit them all at once.
+"""Exactly-once batches of rows: stage them invisible, commit them all at once.
 
 This is what the Spark sink (``df.write.format("rmq")``) runs on; Python users can call it
 through :meth:`MessageStore.sink <store.facade.message_store.MessageStore.sink>` as well.  A *sink*
 is identified by a string (the Spark sink uses the query's checkpoint location); each of its
 batches by an integer (Spark's batch id).
 
+Two ways to commit, chosen when rows are staged (``commit``; a commit takes halves of
+both kinds):
+
+* ``"index"`` (the default): the rows are written once.  They are staged as records in
+  their real topics and queues that no reader sees (:mod:`store.core.index_commit`), and a
+  small half, the *stage note*, lists their CommitLog ranges; the commit appends one
+  index-commit marker, and dispatching it writes the rows' ConsumeQueue entries.
+* ``"copy"``: the rows are staged inside half messages (*framed halves*) and the commit
+  copies every record into its topic.  For a store that Apache RocketMQ itself must open:
+  a RocketMQ broker rebuilding its queues skips prepared records and knows no markers, so
+  it would not see rows committed by index (docs/sink.md).
+
 1. **Stage** (:meth:`Sink.stage`, on any process, e.g. a Spark task): the rows are validated
    exactly as :meth:`Producer.send_table <store.produce.producer.Producer.send_table>` validates them
    (a bad row raises its typed error and nothing is written), encoded as the records the
-   commit will write (routed to their queues, CRCs computed: the costly part of a write runs
-   in the tasks, in parallel) and appended as *sink halves* (:mod:`store.sink.staged_format`): half
-   messages holding up to about ``max_message_size_bytes`` of records each, invisible to
-   every reader.  Returns their transaction ids, which the task hands to the driver.
+   commit will make visible (routed to their queues, CRCs computed: the costly part of a
+   write runs in the tasks, in parallel) and appended, with their *sink halves*
+   (:mod:`store.sink.staged_format`): one stage note per call, or framed halves holding up
+   to about ``max_message_size_bytes`` of records each, invisible to every reader.  Returns
+   the halves' transaction ids, which the task hands to the driver.
 2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
    (:meth:`~store.core.store_core.StoreCore.atomic_append`: readers see all of it or none,
-   a crash drops all of it) the marker of ``(sink, batch)``, every row of the listed halves
-   in its real topic (or as a delayed message, due from the time the row was staged, not
-   from the commit) and the op messages ending the halves.  The rows' records are copied
-   out of the halves and only placed (:func:`~store.sink.staging.append_staged`), not
-   encoded again.  Halves of the sink that are open
+   a crash drops all of it) the marker of ``(sink, batch)``, the rows of framed halves
+   copied into their real topics (or as delayed messages, due from the time the rows were
+   staged, not from the commit; only placed, :func:`~store.sink.staging.append_staged`, not
+   encoded again), the op messages ending the halves and last the index-commit marker of
+   the stage notes' ranges (their entries are written once the group is published; a crash
+   after that rolls them forward).  Halves of the sink that are open
    but not listed (failed task attempts, an earlier attempt of the batch, a killed job) are
    rolled back in the same group.
 3. **Replay**: a commit of a batch whose marker exists (Spark re-running a batch after a
@@ -58,19 +72,25 @@ from ..formats.message import (
 )
 from ..formats.message import PROPERTY_SINK
 from .staged_format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC,
-                            decode_marker, decode_staged, encode_marker, is_sink_transaction,
-                            marker_code, marker_tags_code, new_transaction_id, sink_code, sink_key,
+                            decode_marker, decode_note, decode_staged, encode_marker,
+                            encode_note, is_note, is_sink_transaction, marker_code,
+                            marker_tags_code, new_transaction_id, sink_code, sink_key,
                             transaction_prefix)
 from .staging import (
     append_staged,
     framed_half,
     half_bounds,
     half_view,
+    stage_rows,
 )
+from ..core.index_commit import commit_staged
+from ..formats.message import SINK_TX_PREFIX, TRANS_HALF_TOPIC
 from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
 from ..transaction.op import op_specs
 
+#: How a sink commits the rows it stages (see the module doc).
+COMMIT_MODES = ("index", "copy")
 #: Rows of several halves a commit decodes and appends together.
 COMMIT_GROUP_ROWS = 65536
 _MARKER_CHUNK = 1 << 18
@@ -95,10 +115,15 @@ def register_sink_topic(store) -> None:
 class Sink:
     """Stage and commit batches of rows for one sink id (see the module docstring)."""
 
-    def __init__(self, store, sink_id: str, group: str = "rmq-sink") -> None:
+    def __init__(self, store, sink_id: str, group: str = "rmq-sink", *,
+                 commit: str = "index") -> None:
+        if commit not in COMMIT_MODES:
+            raise InvalidMessageError(f"sink commit {commit!r}; allowed: one of "
+                                      f"{', '.join(COMMIT_MODES)}")
         self.store = store
         self.sink_id = validate_sink_id(sink_id)
         self.group = validate_group(group)
+        self.commit_mode = commit
 
     # ------------------------------------------------------------------ staging
     def stage(self, data, *, topic: str | None = None) -> list[str]:
@@ -117,6 +142,8 @@ class Sink:
         chosen in order, on this thread: a delayed row's routing names its real queue; topics
         are created by the commit: a batch that never commits leaves none)."""
         store = self.store
+        if self.commit_mode == "index":
+            return self._stage_note(rows, topic)
 
         def make(chunk):  # on either of two threads (see store.core.pipeline)
             props = self._half_properties(chunk.rows)
@@ -125,13 +152,30 @@ class Sink:
         return append_table_chunks(store, rows, make, topic=topic, create_topics=False,
                                    bounds=lambda prepared: half_bounds(prepared, store))
 
+    def _stage_note(self, rows, topic: str | None) -> list[str]:
+        """Stage the rows as records (:func:`~store.sink.staging.stage_rows`), then the
+        note listing them (a crash between leaves records no note names: never visible)."""
+        store = self.store
+        done = stage_rows(store, rows, topic=topic)
+        if not done.rows:
+            return []
+        props = self._properties(done.topics[0], done.rows)
+        store.append([RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(done.ranges,
+                                                                          done.topics),
+                                 properties=props, queue_id=HALF_QUEUE_ID,
+                                 born_timestamp_ms=store.now_ms())])
+        return [props[PROPERTY_TRANSACTION_ID]]
+
     def _half_properties(self, part) -> dict[str, str]:
         """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
+        return self._properties(part.topic_names[int(part.topic_ids[0])], len(part))
+
+    def _properties(self, topic: str, rows: int) -> dict[str, str]:
+        """The properties of a new half of ``rows`` rows, the first of ``topic``."""
         return {PROPERTY_TRANSACTION_ID: new_transaction_id(self.sink_id),
                 PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: self.group,
-                PROPERTY_REAL_TOPIC: part.topic_names[int(part.topic_ids[0])],
-                PROPERTY_REAL_QUEUE_ID: "0", PROPERTY_SINK: self.sink_id,
-                PROPERTY_SINK_ROWS: str(len(part))}
+                PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: "0",
+                PROPERTY_SINK: self.sink_id, PROPERTY_SINK_ROWS: str(rows)}
 
     # ------------------------------------------------------------------ committing
     def commit(self, batch_id: int, transactions: Iterable[str]) -> SinkCommit:
@@ -174,12 +218,11 @@ class Sink:
                 chosen = set(commit)
             rollback = [tx for tx in open_rows if tx not in chosen]
             now = store.now_ms()
-            rows = 0
             if not replayed:
                 store.append([self._marker_spec(batch_id, listed, now)])
-            rows += self._commit_halves(transactions, [open_rows[tx] for tx in commit])
             ended = [open_rows[tx] for tx in commit + rollback]
-            self._end_halves(transactions, ended, now)
+            rows = self._commit_halves(transactions, [open_rows[tx] for tx in commit],
+                                       ended, now)
         if ended:
             transactions.mark_ended(ended)
         return SinkCommit(rows=rows, halves=len(commit), rolled_back=len(rollback),
@@ -259,11 +302,17 @@ class Sink:
     def _listed_by_markers(self) -> set[str]:
         return {tx for m in self._markers(None) for tx in m["transactions"]}
 
-    def _commit_halves(self, transactions, rows: list[int]) -> int:
-        """Append the rows of the halves ``rows`` (index rows) in their real topics, as
-        COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's; return how many."""
+    def _commit_halves(self, transactions, rows: list[int], ended: list[int],
+                       now: int) -> int:
+        """Make the rows of the halves ``rows`` (index rows) visible, end the halves
+        ``ended`` and return how many rows: framed halves' rows copied into their real
+        topics (COMMIT records whose PREPAREDTRANSACTIONOFFSET is their half's), then the
+        ops, then one index-commit marker of the stage notes' ranges (last: see
+        :mod:`store.core.index_commit`).  The caller holds an atomic group."""
         store = self.store
         total, group, count = 0, [], 0
+        ranges: list[tuple[int, int]] = []
+        topics: dict[str, None] = {}
         for row in rows:
             clog = transactions.latest_clog(row)
             props, body, _ = half_view(store, clog)
@@ -271,6 +320,11 @@ class Sink:
                 raise SinkCommitError(
                     f"transaction {transactions.transaction_id(row)} at CommitLog offset "
                     f"{clog} is not a half of sink {self.sink_id!r}")
+            if is_note(body):
+                more, names = decode_note(body, store.commit_log.directory, clog)
+                ranges += more
+                topics.update(dict.fromkeys(names))
+                continue
             table = decode_staged(body, store.commit_log.directory, clog)
             group.append((table, clog))
             count += table.num_rows
@@ -279,6 +333,11 @@ class Sink:
                 group, count = [], 0
         if group:
             total += append_staged(store, group)
+        self._end_halves(transactions, ended, now)
+        for topic in topics:  # (also of rows only delayed so far)
+            store.ensure_topic(topic)
+        if ranges:
+            total += commit_staged(store, ranges, born_timestamp_ms=now).rows
         return total
 
 
@@ -305,6 +364,26 @@ def _finish_listed(sink: Sink, listed: set[str]) -> None:
     with store.atomic_append():
         open_rows = sink._open_rows(transactions)
         rows = [row for tx, row in open_rows.items() if tx in listed]
-        sink._commit_halves(transactions, rows)
-        sink._end_halves(transactions, rows, store.now_ms())
+        sink._commit_halves(transactions, rows, rows, store.now_ms())
     transactions.mark_ended(rows)
+
+
+def sink_retention_floor(store) -> int | None:
+    """The lowest CommitLog offset an open stage note of any sink lists (its staged records
+    lie before the note, which the transaction service's floor keeps): a retention guard.
+    A note that cannot be read (removed, damaged) keeps nothing."""
+    transactions = store.transactions
+    floor = None
+    for row in transactions.open_rows_with_prefix(SINK_TX_PREFIX.encode("ascii")).values():
+        clog = transactions.latest_clog(row)
+        try:
+            _, body, _ = half_view(store, clog)
+            if not is_note(body):
+                continue
+            ranges, _ = decode_note(body, store.commit_log.directory, clog)
+        except CorruptRecordError:
+            continue
+        if ranges:
+            low = min(a for a, _ in ranges)
+            floor = low if floor is None else min(floor, low)
+    return floor

@@ -1,10 +1,25 @@
 """What the exactly-once sink stores: its half messages and its commit markers.
 
-The sink (:mod:`store.sink.sink`) writes the rows of a batch as *sink halves*: ordinary half
-messages (:mod:`store.transaction.half`) in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, each holding
-many rows, invisible until the batch commits.  On commit one *marker* record names the batch
-and the halves it committed, in the same atomic group as the committed rows and the op
-messages that end the halves.
+The sink (:mod:`store.sink.sink`) keeps each staging of rows open as a *sink half*: an
+ordinary half message (:mod:`store.transaction.half`) in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue
+0, invisible until the batch commits.  On commit one *marker* record names the batch and
+the halves it committed, in the same atomic group as the op messages that end the halves.
+A half is one of two kinds, told by the first four bytes of its body:
+
+* a *stage note* (``RMQR``, the default, index commits): the rows were appended as staged
+  records in their real topics (:mod:`store.core.index_commit`); the note lists their
+  CommitLog ranges and the commit makes them visible with one index-commit marker;
+* a *framed half* (``RMQF``, ``commit="copy"``): the half holds the rows' records; the
+  commit copies them into their topics.
+
+Stage note body (integers big-endian, R ranges)::
+
+    off     size   type      field
+    0       4      bytes     NOTE_MAGIC "RMQR"
+    4       4      i32       R
+    8       16R    i64[2R]   start, end of each range of staged records (CommitLog offsets)
+    8+16R   -      utf-8     the rows' own topics, each followed by "\n" (a delayed row's
+                             record is in a delay topic: the commit creates its topic too)
 
 Sink half (a CommitLog record, layout :mod:`store.formats.record_codec`)::
 
@@ -96,6 +111,8 @@ STAGED_RECORDS_SCHEMA = pa.schema([
 #: MAGICCODE of a record staged in a sink half (the commit writes the real one).
 STAGED_MAGIC = 0
 FRAME_MAGIC = b"RMQF"
+NOTE_MAGIC = b"RMQR"
+NOTE_PREFIX = struct.Struct(">4si")
 #: Magic, record count, topic count and topic names' length of a framed body.
 FRAME_PREFIX = struct.Struct(">4siii")
 
@@ -204,6 +221,40 @@ def decode_staged(body, file: str, position: int) -> pa.Table:
         raise CorruptRecordError(file, position, "sink half whose body is not framed records "
                                  f"(it does not start with {FRAME_MAGIC!r})")
     return _decode_framed(body, file, position)
+
+
+def encode_note(ranges: list[tuple[int, int]], topics: list[str]) -> bytes:
+    """The body of a stage note listing ``ranges`` of rows of ``topics``."""
+    return NOTE_PREFIX.pack(NOTE_MAGIC, len(ranges)) + np.asarray(
+        ranges, dtype=">i8").reshape(-1).tobytes() + "".join(
+            f"{t}\n" for t in topics).encode("utf-8")
+
+
+def is_note(body) -> bool:
+    """Whether a sink half's body is a stage note (else a framed half)."""
+    return bytes(memoryview(body)[:len(NOTE_MAGIC)]) == NOTE_MAGIC
+
+
+def decode_note(body, file: str, position: int) -> tuple[list[tuple[int, int]], list[str]]:
+    """The ranges and topics a stage note lists; :class:`CorruptRecordError` naming the
+    half when the body does not add up."""
+    view = memoryview(body)
+    if len(view) < NOTE_PREFIX.size:
+        raise CorruptRecordError(file, position, "stage note shorter than its prefix")
+    magic, count = NOTE_PREFIX.unpack_from(view, 0)
+    end = NOTE_PREFIX.size + 16 * count
+    text = bytes(view[end:]) if count >= 0 and end <= len(view) else b""
+    if magic != NOTE_MAGIC or count < 0 or end > len(view) or text[-1:] not in (b"", b"\n"):
+        raise CorruptRecordError(file, position, f"stage note of {len(view)} bytes that does "
+                                 f"not hold the {count} ranges it counts; its batch cannot "
+                                 "commit")
+    pairs = np.frombuffer(view[:end], ">i8", offset=NOTE_PREFIX.size).astype(np.int64)
+    try:
+        topics = text.decode("utf-8").split("\n")[:-1]
+    except UnicodeDecodeError:
+        raise CorruptRecordError(file, position, "stage note whose topics are not UTF-8") \
+            from None
+    return [(int(a), int(b)) for a, b in pairs.reshape(-1, 2).tolist()], topics
 
 
 def encode_marker(sink_id: str, batch_id: int, transactions: list[str]) -> bytes:

@@ -28,12 +28,14 @@ from ..formats.record_codec import (
     MESSAGE_MAGIC_CODE_V1,
     STORE_PORT,
     TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
     RecordSpec,
     body_crc,
     decode_properties,
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
+from ..core.index_commit import placed_ranges, staged
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
@@ -102,6 +104,40 @@ def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
         topics=[TRANS_HALF_TOPIC], topic_ids=np.zeros(1, np.int64),
         queue_ids=np.array([HALF_QUEUE_ID], np.int64), tags_codes=np.array([code], np.int64),
         dispatched=True)
+
+
+class StagedRows(NamedTuple):
+    """What :func:`stage_rows` appended: the CommitLog ranges of the staged records, how
+    many rows and the rows' own topics (the first row's first)."""
+
+    ranges: list
+    rows: int
+    topics: list
+
+
+def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
+    """Append ``rows`` (a table as for ``send_table``, or prepared rows) as staged records
+    (:mod:`store.core.index_commit`: in their real topics and queues, invisible until a
+    commit marker names them).
+
+    Each chunk of the producer's is encoded (routed, CRCs computed) with the transaction
+    type PREPARED, given its tagsCodes in PREPAREDTRANSACTIONOFFSET and appended once: the
+    rows are written here and never again.  Queues are chosen for every chunk first (a
+    delayed row's routing names its real queue)."""
+    file_size = store.config.commitlog_file_size_bytes
+
+    def make(chunk):  # on either of two threads (see store.core.pipeline)
+        part = chunk.rows
+        first = part.topic_names[int(part.topic_ids[0])]
+        return (staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE)),
+                [first, *(t for t in part.topic_names if t != first)])
+
+    placed = append_table_chunks(store, rows, make, topic=topic, create_topics=False,
+                                 placements=True)
+    return StagedRows([r for _, p in placed
+                       for r in placed_ranges(p.commitlog_offsets, p.sizes, file_size)],
+                      sum(len(p.sizes) for _, p in placed),
+                      list(dict.fromkeys(t for topics, _ in placed for t in topics)))
 
 
 def _half_header(born_ms: int, body_len: int) -> np.ndarray:

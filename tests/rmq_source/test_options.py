@@ -133,6 +133,11 @@ def test_writer_options():
                           "queryName": "q"}, streaming=True, write=True)
     assert (sink.topic, sink.producer_group, sink.guarantee, sink.sink_id) == (
         "Orders", "g1", "at_least_once", "orders-sink")
+    assert sink.sink_commit == "index"
+    assert parse_options({"path": "/s", "sinkCommit": "COPY"}, streaming=False,
+                         write=True).sink_commit == "copy"
+    with pytest.raises(InvalidOptionError, match=r"sinkCommit='twice'.*index, copy"):
+        parse_options({"path": "/s", "sinkCommit": "twice"}, streaming=False, write=True)
     with pytest.raises(InvalidOptionError, match=r"guarantee='twice'.*exactly_once, "
                                                  r"at_least_once"):
         parse_options({"path": "/s", "guarantee": "twice"}, streaming=False, write=True)

@@ -23,7 +23,8 @@ def _write_json(directory, name, rows):
         f.write("\n".join(json.dumps(r) for r in rows))
 
 
-def test_batch_write_every_column_round_trips(spark, tmp_path):
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_batch_write_every_column_round_trips(spark, tmp_path, commit):
     path = str(tmp_path / "store")  # a new store: the write creates it
     df = spark.sql("""
         SELECT CASE WHEN id % 2 = 0 THEN 'orders' ELSE 'payments' END AS topic,
@@ -32,7 +33,7 @@ def test_batch_write_every_column_round_trips(spark, tmp_path):
                array(concat('o', id), 'all') AS keys,
                map('amount', cast(id * 10 AS string), 'ü', '✓') AS properties
         FROM range(200)""")
-    df.write.format("rmq").mode("append").save(path)
+    df.write.format("rmq").mode("append").option("sinkCommit", commit).save(path)
     rows = _read(spark, path, "orders,payments").collect()
     assert len(rows) == 200
     by_body = {bytes(r["body"]).decode(): r for r in rows}

@@ -127,9 +127,10 @@ def test_errors_keep_their_types(served):
         assert remote.topics() == ["orders"]  # still serving
 
 
-def test_the_sink_commits_once_and_a_repeated_stage_adds_nothing(served):
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_the_sink_commits_once_and_a_repeated_stage_adds_nothing(served, commit):
     with connect(served.url, token=TOKEN) as remote:
-        sink = remote.sink("job-1")
+        sink = remote.sink("job-1", commit=commit)
         rows = pa.table({"topic": ["paid"] * 5, "body": [b"r%d" % i for i in range(5)]})
         first = sink.stage(rows)
         sink.stage(rows)  # a stage retried after a timeout: never listed in the commit
@@ -139,6 +140,11 @@ def test_the_sink_commits_once_and_a_repeated_stage_adds_nothing(served):
         assert sink.commit(7, first).replayed is True
         assert sink.open_halves() == [] and list(sink.committed_batches()) == [7]
         assert _all(remote, "paid") == sorted(rows.column("body").to_pylist())
+    with MessageStore.open(served.path, read_only=True) as store:  # the server staged it so
+        kinds = {bytes(store.read_record(int(o)).body[:4]) for o in store.queue_entries(
+            "RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
+        )["offset"].tolist()}
+        assert kinds == {b"RMQR" if commit == "index" else b"RMQF"}
 
 
 def test_transactions_end_from_a_remote_producer(served):

@@ -44,12 +44,16 @@ def _table(n, topic="orders", **extra):
     return pa.table({"topic": [topic] * n, "body": [b"m%d" % i for i in range(n)], **extra})
 
 
-def test_rows_invisible_until_commit_then_all_at_once(tmp_path, small_config, clock):
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_rows_invisible_until_commit_then_all_at_once(tmp_path, small_config, clock, commit):
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
-        sink = store.sink("job-1")
+        sink = store.sink("job-1", commit=commit)
         first = sink.stage(_table(300))
         second = sink.stage(_table(200, topic="payments"))
-        assert len(first) > 1  # several halves: 64 KiB segments bound a half
+        if commit == "copy":
+            assert len(first) > 1  # several halves: 64 KiB segments bound a half
+        else:
+            assert len(first) == 1  # one stage note per stage
         assert _visible(store, "orders") == [] and _visible(store, "payments") == []
         assert store.pending_transaction_stats()["pending"] == len(first) + len(second)
         result = sink.commit(0, first + second)
@@ -258,27 +262,31 @@ _KILLER = textwrap.dedent("""
     sk.COMMIT_GROUP_ROWS = 4096  # several appends in the commit's group
     cfg = StoreConfig(commitlog_file_size_bytes=64 * 1024)
     s = MessageStore.open(sys.argv[1], cfg)
-    sink = s.sink("k")
+    sink = s.sink("k", commit=sys.argv[4])
     staged = sink.stage(pa.table({{"topic": ["t"] * 20000,
                                    "body": [b"x%d" % i for i in range(20000)]}}))
     open(sys.argv[2], "w").write("\\n".join(staged))
     calls = [0]
-    real = StoreCore.append_assembled
-    def dying(self, *a, **k):  # the commit's appends, one per chunk of rows
+    # the commit's appends: copy, one per chunk of rows; index: the marker, the ops, the
+    # index-commit marker
+    name = "append_assembled" if sys.argv[4] == "copy" else "append"
+    real = getattr(StoreCore, name)
+    def dying(self, *a, **k):
         calls[0] += 1
         if calls[0] == int(sys.argv[3]):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(self, *a, **k)
-    StoreCore.append_assembled = dying
+    setattr(StoreCore, name, dying)
     sink.commit(0, staged)
 """)
 
 
-@pytest.mark.parametrize("die_at", [1, 3])
-def test_commit_killed_midway_shows_nothing_then_replays_once(tmp_path, die_at):
+@pytest.mark.parametrize("commit,die_at", [("copy", 1), ("copy", 3), ("index", 1),
+                                           ("index", 3)])
+def test_commit_killed_midway_shows_nothing_then_replays_once(tmp_path, commit, die_at):
     path, ids = str(tmp_path / "s"), str(tmp_path / "ids")
     proc = subprocess.run([sys.executable, "-c", _KILLER.format(root=ROOT), path, ids,
-                           str(die_at)], capture_output=True, text=True, timeout=120)
+                           str(die_at), commit], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     staged = open(ids).read().split("\n")
     with MessageStore.open(path) as store:
@@ -291,6 +299,38 @@ def test_commit_killed_midway_shows_nothing_then_replays_once(tmp_path, die_at):
         assert sink.commit(0, staged).replayed
     with MessageStore.open(path) as store:
         assert len(_visible(store, "t")) == 20000
+
+
+_DISPATCH_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    import pyarrow as pa
+    from store import MessageStore, StoreConfig
+    from store.core import index_commit
+    s = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=64 * 1024))
+    sink = s.sink("k")
+    staged = sink.stage(pa.table({{"topic": ["t"] * 5000,
+                                   "body": [b"x%d" % i for i in range(5000)]}}))
+    open(sys.argv[2], "w").write("\\n".join(staged))
+    # the group is published (marker, ops, index-commit marker): die before the entries
+    index_commit._dispatch = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+    sink.commit(0, staged)
+""")
+
+
+def test_commit_killed_after_publishing_is_rolled_forward_once(tmp_path):
+    path, ids = str(tmp_path / "s"), str(tmp_path / "ids")
+    proc = subprocess.run([sys.executable, "-c", _DISPATCH_KILLER.format(root=ROOT), path,
+                           ids], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    staged = open(ids).read().split("\n")
+    with MessageStore.open(path) as store:
+        assert len(_visible(store, "t")) == 5000  # rolled forward at the open
+        sink = store.sink("k")
+        assert sink.open_halves() == []
+        again = sink.commit(0, staged)  # Spark replays the batch: nothing new
+        assert again.replayed and again.rows == 0
+        assert len(_visible(store, "t")) == 5000
 
 
 _rows = st.lists(st.tuples(
@@ -326,3 +366,58 @@ def test_model_every_row_exactly_once(fresh_dir, batches, replays):
                for t in ("a", "b") for b, tg, k, p in _visible(store, t)]
         assert sorted(got, key=repr) == sorted(expected, key=repr)
         assert sink.open_halves() == []
+
+
+def test_retention_keeps_the_staged_records_of_an_open_stage(tmp_path, small_config, clock):
+    """The staged records lie before their stage note: retention keeps every segment from
+    the first one an open note lists, and frees them once the batch committed."""
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        sink = store.sink("r")
+        staged = sink.stage(_table(1500))  # over several 64 KiB segments
+        store.producer("p").send_table(_table(1500, topic="other"))  # more segments after
+        clock.advance(10 * 24 * 3600 * 1000)
+        assert store.clean_expired_files(force=True) == 0
+        assert sink.commit(0, staged).rows == 1500
+        assert len(_visible(store, "orders")) == 1500
+        assert store.clean_expired_files(force=True) > 0  # nothing keeps them any more
+
+
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_keyed_rows_replace_their_keys_pending_message_when_committed(tmp_path, small_config,
+                                                                      clock, commit):
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        sink = store.sink("keys", commit=commit)
+
+        def keyed(body):
+            return pa.table({"topic": ["t"], "body": [body], "key": ["a"],
+                             "delay_ms": pa.array([10_000], pa.int64())})
+
+        sink.commit(0, sink.stage(keyed(b"v1")))
+        staged = sink.stage(keyed(b"v2"))
+        clock.advance(10_500)
+        store.deliver_due()  # v2 not committed: v1 is still the key's message
+        assert [r[0] for r in _visible(store, "t")] == [b"v1"]
+        sink.commit(1, staged)
+        clock.advance(10_000)
+        store.deliver_due()
+        assert sorted(r[0] for r in _visible(store, "t")) == [b"v1", b"v2"]
+        sink.commit(2, sink.stage(keyed(b"v3")))
+        sink.commit(3, sink.stage(keyed(b"v4")))  # replaces v3 before it is due
+        clock.advance(10_500)
+        store.deliver_due()
+        assert sorted(r[0] for r in _visible(store, "t")) == [b"v1", b"v2", b"v4"]
+
+
+def test_a_query_by_key_finds_staged_rows_only_once_committed(tmp_path, small_config, clock):
+    """The key index indexes every record it walks, staged ones too: a query shows a staged
+    row only once a commit marker named it."""
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        sink = store.sink("q")
+        staged = sink.stage(pa.table({"topic": ["t"] * 3, "body": [b"a", b"b", b"c"],
+                                      "keys": pa.array([["k1"], ["k2"], ["k1"]],
+                                                       pa.list_(pa.string()))}))
+        abandoned = store.sink("other").stage(pa.table({"topic": ["t"], "body": [b"z"],
+                                                        "keys": [["k1"]]}))
+        assert abandoned and store.query_messages("t", key="k1") == []
+        sink.commit(0, staged)
+        assert sorted(m.body for m in store.query_messages("t", key="k1")) == [b"a", b"c"]

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from store import CorruptRecordError, MessageStore, SinkCommitError
-from store.formats.record_codec import HEADER_SIZE, TRANSACTION_COMMIT_TYPE, RecordSpec
+from store.formats.record_codec import (HEADER_SIZE, TRANSACTION_COMMIT_TYPE,
+                                       TRANSACTION_PREPARED_TYPE, RecordSpec)
 from store.formats.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
@@ -85,21 +86,28 @@ def _halves(store):
     return entries["offset"].tolist()
 
 
+@pytest.mark.parametrize("commit", ["index", "copy"])
 def test_committed_records_are_send_tables_records_field_by_field(tmp_path, small_config,
-                                                                  clock):
+                                                                  clock, commit):
     with MessageStore.open(str(tmp_path / "t"), small_config, clock=clock) as store:
         store.producer().send_table(_table(clock))
         expected = {b: _fields(r) for b, r in _records(store).items()}
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
         store.producer().send_table(pa.table({"topic": ["other"], "body": [b"first"]}))
-        sink = store.sink("x")
+        sink = store.sink("x", commit=commit)
         sink.commit(0, sink.stage(_table(clock)))
         records = _records(store)
         assert {b: _fields(r) for b, r in records.items()} == expected
-        assert {r.prepared_transaction_offset for r in records.values()} == set(_halves(store))
-        for rec in records.values():
-            assert rec.sys_flag == TRANSACTION_COMMIT_TYPE
-            assert rec.store_timestamp_ms == clock()
+        if commit == "copy":  # copies of the halves' records, stored at the commit
+            assert {r.prepared_transaction_offset for r in records.values()} == set(
+                _halves(store))
+            for rec in records.values():
+                assert rec.sys_flag == TRANSACTION_COMMIT_TYPE
+                assert rec.store_timestamp_ms == clock()
+        else:  # the staged records themselves, stored when staged
+            for rec in records.values():
+                assert rec.sys_flag & 0xC == TRANSACTION_PREPARED_TYPE
+                assert rec.queue_offset == -1
         delayed = [r for r in records.values() if PROPERTY_REAL_TOPIC in r.properties]
         assert len(delayed) == 18  # three of every four rows
         for rec in delayed:  # a delayed row names the queue it surfaces in, a real one
@@ -108,7 +116,7 @@ def test_committed_records_are_send_tables_records_field_by_field(tmp_path, smal
 
 def test_a_half_damaged_after_staging_never_commits(tmp_path, small_config, clock):
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
-        sink = store.sink("x")
+        sink = store.sink("x", commit="copy")
         staged = sink.stage(pa.table({"topic": ["orders"] * 50,
                                       "body": [b"m%d" % i for i in range(50)]}))
         end = store.confirmed_offset()
@@ -133,7 +141,7 @@ def test_staged_records_are_never_taken_for_records(tmp_path, small_config, cloc
     the next record start: the records staged inside the halves must not be found."""
     path = str(tmp_path / "s")
     with MessageStore.open(path, small_config, clock=clock) as store:
-        sink = store.sink("x")
+        sink = store.sink("x", commit="copy")
         sink.stage(pa.table({"topic": ["orders"] * 300,
                              "body": [b"m%d" % i for i in range(300)]}))
         halves = _halves(store)
@@ -153,7 +161,7 @@ def test_a_half_written_wrongly_never_commits(tmp_path, small_config, clock):
     real magic code): the commit refuses it and writes nothing."""
     for damage in ("size", "magic"):
         with MessageStore.open(str(tmp_path / damage), small_config, clock=clock) as store:
-            sink = store.sink("x")
+            sink = store.sink("x", commit="copy")
             sink.stage(pa.table({"topic": ["orders"] * 5, "body": [b"m%d" % i for i in range(5)]}))
             half = store.read_record(_halves(store)[0])
             table = decode_staged(half.body, "test", 0)
@@ -198,11 +206,12 @@ def test_commits_of_small_batches_spread_over_the_queues(tmp_path, small_config,
         assert len(filled) >= 2  # 16 batches into one queue: chance 4 ** -15
 
 
-def test_topics_are_created_by_the_commit_not_by_staging(tmp_path, small_config, clock):
+@pytest.mark.parametrize("commit", ["index", "copy"])
+def test_topics_are_created_by_the_commit_not_by_staging(tmp_path, small_config, clock, commit):
     """Staging creates no topic (a batch that never commits leaves none behind); the
     commit creates the rows' topics, also of rows that are only delayed so far."""
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
-        sink = store.sink("x")
+        sink = store.sink("x", commit=commit)
         staged = sink.stage(pa.table({"topic": ["later", "now"], "body": [b"a", b"b"],
                                       "delay_ms": pa.array([60_000, None], pa.int64())}))
         assert "later" not in store.topics() and "now" not in store.topics()
@@ -227,7 +236,7 @@ def test_a_framed_half_is_the_half_a_record_spec_makes(tmp_path, small_config, c
     """Halves are written straight into their buffer (the records assembled in place); the
     record is the one the core's own encoder makes of the same body and properties."""
     with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
-        store.sink("x").stage(_table(clock))
+        store.sink("x", commit="copy").stage(_table(clock))
         halves = [store.read_record(o) for o in _halves(store)]
         raws = [_raw(store, o) for o in _halves(store)]
         assert store.verify_commitlog().ok
