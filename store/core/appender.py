@@ -468,7 +468,9 @@ class Appender:
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
         next is taken), each inside one segment; ``entries`` are the queue entries (see
-        :data:`~store.core.queue_dispatch.QueueEntries`); ``end`` is where the log ends afterwards.
+        :data:`~store.core.queue_dispatch.QueueEntries`), or a function returning them once the
+        chunks are written (entries read from what was written); ``end`` is where the log ends
+        afterwards.
         Crash safety: mark the append, write, sync (SYNC_FLUSH), write the queue entries, then
         publish (the message-key index follows behind: :mod:`store.core.key_index`).
         """
@@ -476,7 +478,7 @@ class Appender:
         for off, data in chunks:
             self.core.commit_log.write(off, data)
         self._sync()
-        self.core.dispatcher.dispatch(entries)
+        self.core.dispatcher.dispatch(entries() if callable(entries) else entries)
         self._advance(end, now)
 
     def _begin(self) -> None:

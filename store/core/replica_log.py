@@ -36,6 +36,7 @@ from ..base.errors import ReplicaDivergedError, ReplicationError
 from ..formats.record_codec import BLANK, BLANK_MAGIC_CODE, FIELD_OFFSET, FIXED_SIZE
 from ..kernels.recovery_scan import index_records
 from ..kernels.segment_walk import STOP_BLANK, walk_records
+from .index_commit import INDEX_COMMIT_TOPIC, marker_rows
 from .recovery import index_entries
 
 #: Bytes before an offset whose CRC a follower sends (:func:`tail_crc`).
@@ -195,19 +196,32 @@ def append_chunk(core, offset: int, data: bytes) -> ChunkAppend:
             raise ReplicationError(
                 f"{dropped} record(s) of the chunk at CommitLog offset {offset} name an "
                 "impossible queue or queue offset; nothing of it was appended")
-        entries = {}
-        for key, table in rows.items():
-            core.ensure_topic(key[0])
-            first = appender.next_queue_offset(key)
-            if int(table[0, 0]) != first:
-                raise ReplicaDivergedError(
-                    f"the chunk at CommitLog offset {offset} continues queue {key[1]} of "
-                    f"{key[0]!r} at offset {int(table[0, 0])}, but this replica's queue ends "
-                    f"at {first}: its queues are not the leader's")
-            entries[key] = (first, table[:, 1], table[:, 2], table[:, 3])
+        markers = rows.get((INDEX_COMMIT_TOPIC, 0))
+
+        def queue_entries():  # (after the chunk is written: a marker's staged records are
+            if markers is not None:  # read through it, as recovery reads them)
+                for key, table in marker_rows(core, markers[:, 1]).items():
+                    if key in rows:
+                        table = np.concatenate((rows[key], table))
+                        table = table[np.argsort(table[:, 0], kind="stable")]
+                    rows[key] = table
+            entries = {}
+            for key, table in rows.items():
+                core.ensure_topic(key[0])
+                first = appender.next_queue_offset(key)
+                if int(table[0, 0]) != first:
+                    raise ReplicaDivergedError(
+                        f"the chunk at CommitLog offset {offset} continues queue {key[1]} of "
+                        f"{key[0]!r} at offset {int(table[0, 0])}, but this replica's queue "
+                        f"ends at {first}: its queues are not the leader's")
+                entries[key] = (first, table[:, 1], table[:, 2], table[:, 3])
+            return entries
+
+        if markers is None:
+            entries = queue_entries()  # (checked before anything is written)
         last_ts = int(index.store_timestamps[-1]) if len(index) else None
-        appender.commit([(offset, data)], entries, checked.end,
-                        last_ts if last_ts is not None else core.now_ms())
+        appender.commit([(offset, data)], queue_entries if markers is not None else entries,
+                        checked.end, last_ts if last_ts is not None else core.now_ms())
         for key, table in rows.items():
             appender.queue_next[key] = int(table[-1, 0]) + 1
     return ChunkAppend(checked.end, len(index), last_ts)

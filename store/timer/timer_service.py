@@ -105,8 +105,9 @@ def refuse_broker_timer_of_another_precision(root: str, config: StoreConfig) -> 
     :func:`~store.timer.timer_checkpoint.check_broker_precision`).  The open would refuse
     them later anyway, after recording the wrong precision in ``config/store.json`` and
     rewriting the checkpoint and the queue table."""
-    if os.path.exists(os.path.join(root, "config", "store.json")):
-        return  # the store's own settings: the recorded precision is used
+    if not os.path.isdir(root) or os.path.exists(os.path.join(root, "config", "store.json")):
+        return  # the open says what is wrong with a path that is no directory; a store's own
+        # settings: the recorded precision is used
     path = os.path.join(root, "config", "timercheck")
     state = ckpt.load(path)
     if state is None or not ckpt.written_by_rocketmq(state, path):

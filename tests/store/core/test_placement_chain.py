@@ -176,7 +176,7 @@ def test_a_sink_commit_copies_its_records_as_presumed(tmp_path, clock, patches):
     entry and record agrees, and the records read back as staged."""
     with MessageStore.open(str(tmp_path / "s"), CONFIG, clock=clock) as s:
         s.producer("g").send_table(_table(1))
-        sink = s.sink("job")
+        sink = s.sink("job", commit="copy")  # (the copying commit: its copies are presumed)
         staged = sink.stage(_table(N))
         clock.advance(5)
         patches.clear()

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -32,11 +29,11 @@ from rocketmq import (
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
-from test_election import ENV, HOSTS, wait_for
+from test_election import HOSTS, Cluster, wait_for
 from test_grpc_replicas import raw_message
 from test_replica_set import free_port
 
-from store import connect, server_status
+from store import connect
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grpc")]
 #: Sends resume on the new leader within this (s): the election, and the killed replica's
@@ -48,55 +45,29 @@ RESUME_S = 60.0
 START_S = 180.0
 
 
-class GrpcCluster:
-    """Two data replicas with ``--grpc`` and a witness; every process started is killed at
-    the end."""
+class GrpcCluster(Cluster):
+    """Two data replicas with ``--grpc`` (the replica-set file's ``"grpc"`` names each one's
+    endpoint) and a witness; every process started is killed at the end."""
 
     def __init__(self, tmp_path, **more) -> None:
-        port, raft, self.grpc_port = free_port(), free_port(), free_port()
-        self.urls = [f"rmq://{h}:{port}" for h in HOSTS]
+        super().__init__(tmp_path, **more)
+        self.grpc_port = free_port()
         self.grpc = [f"{h}:{self.grpc_port}" for h in HOSTS[:2]]
-        self.rs = str(tmp_path / "replicas.json")
+        with open(self.rs) as fh:
+            data = json.load(fh)
+        data["grpc"] = dict(zip(self.urls[:2], self.grpc))
         with open(self.rs, "w") as fh:
-            json.dump({"replicas": self.urls[:2], "witness": self.urls[2],
-                       "raft": {u: f"{h}:{raft}" for u, h in zip(self.urls, HOSTS)},
-                       "grpc": dict(zip(self.urls[:2], self.grpc)), **more}, fh)
-        self.dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
-        self.logs = tmp_path
-        self.procs: dict[int, subprocess.Popen] = {}
+            json.dump(data, fh)
 
-    def start(self, i: int) -> None:
-        host, port = self.urls[i].rpartition("/")[2].split(":")
-        where = (["--witness"] if i == 2 else
-                 ["--store", self.dirs[i], "--create", "--grpc", self.grpc[i]])
-        with open(self.logs / f"serve-{i}.log", "ab") as log:
-            self.procs[i] = subprocess.Popen(
-                [sys.executable, "-m", "rmq_cli.cli", "serve", *where, "--listen",
-                 f"{host}:{port}", "--replica-set", self.rs, "--log-level", "WARNING"],
-                env=ENV, stdout=subprocess.DEVNULL, stderr=log)
-
-    def kill(self, i: int) -> None:
-        self.procs[i].send_signal(signal.SIGKILL)
-        self.procs[i].wait(timeout=30)
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+    def serve_options(self, i: int) -> list[str]:
+        return ["--grpc", self.grpc[i]]
 
     def replication(self, i: int) -> dict:
-        status = server_status(self.dirs[i]) or {}
-        if status.get("attached") and status.get("pid") == self.procs[i].pid:
-            return status.get("replication") or {}
-        return {}
+        return super().replication(i) or {}
 
     def leader(self) -> int | None:
         found = [i for i in (0, 1) if self.replication(i).get("leading")]
         return found[0] if len(found) == 1 else None
-
-    def log(self) -> str:
-        return "".join((self.logs / f"serve-{i}.log").read_text()[-1500:] for i in range(3))
 
 
 def stored(url: str, topic: str) -> list[bytes]:

@@ -112,11 +112,17 @@ def test_every_kind_of_send_reaches_the_follower_byte_for_byte(pair):
         p.send(Message("orders", b"level"), delay_level=1)
         tx = remote.transaction_producer("tg", Commit())
         ids.append(tx.send_in_transaction(Message("orders", b"in-tx")).msg_id)
+        sink = remote.sink("job")  # (rows written once, made visible by a commit marker)
+        sink.commit(1, sink.stage(pa.table({"topic": ["sunk"] * 50,
+                                            "body": [b"s%d" % i for i in range(50)]})))
+        p.send(Message("sunk", b"after"))  # (the queue goes on past the marker's entries)
     end = caught_up(leader, follower)
     assert end > 3 * SMALL["commitlog_file_size_bytes"]  # (segments and their blanks crossed)
     assert commitlog_bytes(follower.path, end) == commitlog_bytes(leader.path, end)
-    topics = ["orders", "bulk"]
+    topics = ["orders", "bulk", "sunk"]
     assert queue_entries(follower.store, topics) == queue_entries(leader.store, topics)
+    assert sum(follower.store.max_offset("sunk", q) for q in follower.store.queue_ids("sunk")) \
+        == 51
     with connect(follower.url) as remote:
         for msg_id in ids[::97] + ids[-3:]:
             view = remote.view_message(msg_id)
