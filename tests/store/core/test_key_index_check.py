@@ -45,11 +45,17 @@ def _zero_slots(file: str) -> None:
 
 
 def _break_chain(file: str) -> None:
-    """Entry 700's prevIndex set to 0: the older entries of its slot fall off the chain."""
+    """The first entry from 700 on that links to an older one of its slot gets prevIndex 0:
+    the older entries of its slot fall off the chain.  (Which entries share a slot depends on
+    the messages' unique keys, different in each run.)"""
     with open(file, "r+b") as f:
-        f.seek(ENTRIES_AT + 20 * 700 + 16)
-        assert int.from_bytes(f.read(4), "big") != 0
-        f.seek(ENTRIES_AT + 20 * 700 + 16)
+        for entry in range(700, 1000):
+            f.seek(ENTRIES_AT + 20 * entry + 16)
+            if int.from_bytes(f.read(4), "big") != 0:
+                break
+        else:
+            raise AssertionError("no entry from 700 to 999 links to an older one")
+        f.seek(ENTRIES_AT + 20 * entry + 16)
         f.write(bytes(4))
 
 
