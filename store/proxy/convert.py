@@ -362,24 +362,22 @@ def status(code: int = Code.OK, text: str = "OK") -> pb.Status:
     return pb.Status(code=code, message=text)
 
 
+#: The protocol's status code of each kind of store error, the first that matches.
+_ERROR_CODES = (
+    (UnknownTopicError, Code.TOPIC_NOT_FOUND),
+    (InvalidTopicError, Code.ILLEGAL_TOPIC),
+    (MessageTooLargeError, Code.MESSAGE_BODY_TOO_LARGE),
+    (InvalidDelayError, Code.ILLEGAL_DELIVERY_TIME),
+    (TimerFlowControlError, Code.TOO_MANY_REQUESTS),
+    (TransactionStateError, Code.INVALID_TRANSACTION_ID),
+    (InvalidMessageError, Code.BAD_REQUEST),
+    # appended, not acknowledged (see the docs)
+    ((ReplicaAckTimeoutError, LeaderDeposedError), Code.SLAVE_PERSISTENCE_TIMEOUT),
+    (NotLeaderError, Code.HA_NOT_AVAILABLE),  # (nothing stored: the clients retry, elsewhere)
+)
+
+
 def store_error_code(exc: StoreError) -> int:
     """The protocol's status code for a store error."""
-    if isinstance(exc, UnknownTopicError):
-        return Code.TOPIC_NOT_FOUND
-    if isinstance(exc, InvalidTopicError):
-        return Code.ILLEGAL_TOPIC
-    if isinstance(exc, MessageTooLargeError):
-        return Code.MESSAGE_BODY_TOO_LARGE
-    if isinstance(exc, InvalidDelayError):
-        return Code.ILLEGAL_DELIVERY_TIME
-    if isinstance(exc, TimerFlowControlError):
-        return Code.TOO_MANY_REQUESTS
-    if isinstance(exc, TransactionStateError):
-        return Code.INVALID_TRANSACTION_ID
-    if isinstance(exc, InvalidMessageError):
-        return Code.BAD_REQUEST
-    if isinstance(exc, (ReplicaAckTimeoutError, LeaderDeposedError)):
-        return Code.SLAVE_PERSISTENCE_TIMEOUT  # (appended, not acknowledged: see the docs)
-    if isinstance(exc, NotLeaderError):  # (nothing stored: the clients retry, elsewhere)
-        return Code.HA_NOT_AVAILABLE
-    return Code.INTERNAL_SERVER_ERROR
+    return next((code for kinds, code in _ERROR_CODES if isinstance(exc, kinds)),
+                Code.INTERNAL_SERVER_ERROR)
