@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from typing import IO, Callable
 
 from ..base.errors import DiskFullError
@@ -102,13 +103,33 @@ def atomic_write(path: str, content: bytes | Callable[[IO[bytes]], None], *,
             pass
         raise disk_full(exc, path, "replacing the file") from None
     if keep_backup and os.path.exists(path):
-        try:
-            os.replace(path, path + ".bak")
-        except OSError:
-            pass
+        _keep_backup(path)
     os.replace(tmp, path)
     if sync:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def _keep_backup(path: str) -> None:
+    """Make ``path + ".bak"`` the current ``path`` while ``path`` itself stays in place (a
+    hard link, renamed over the old backup): a crash at any point leaves ``path`` readable
+    (renaming ``path`` to the backup would leave a moment with no ``path`` at all, and a
+    reader of that moment would take the file for missing)."""
+    link = f"{path}.bak.tmp.{os.getpid()}"
+    try:
+        try:
+            os.unlink(link)
+        except FileNotFoundError:
+            pass
+        os.link(path, link)
+        os.replace(link, path + ".bak")
+        return
+    except OSError:  # a file system without hard links: a copy
+        pass
+    try:
+        shutil.copyfile(path, link)
+        os.replace(link, path + ".bak")
+    except OSError:
+        pass  # no backup this time; the file itself is replaced atomically all the same
 
 
 def write_json_atomic(path: str, data: object) -> None:

@@ -276,11 +276,15 @@ class ScheduleBook:
 
     # -- the file ---------------------------------------------------------------------------
     def _identity(self) -> tuple | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        """The book file's identity (its ``.bak`` when the file is missing: an earlier
+        version killed between its two renames left only the backup, which the read takes)."""
+        for candidate in (self.path, self.path + ".bak"):
+            try:
+                st = os.stat(candidate)
+            except OSError:
+                continue
+            return (candidate, st.st_ino, st.st_size, st.st_mtime_ns)
+        return None
 
     def _summary(self) -> dict | None:
         """``{"earliest", "mark"}`` of the book as last written (``None``: no book); parses

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rmq_source.pushdown import PUSHDOWN_CONF
 from store import MessageStore
 from tests.rmq_source.mixed import send_mixed
+from tests.conftest import active_spark
 
 pytestmark = pytest.mark.spark
 
@@ -74,7 +75,8 @@ def conditions(draw, facts):
 
 
 @pytest.fixture(scope="module")
-def facts(spark, pushdown_store):
+def facts(_spark_session, pushdown_store):
+    spark = active_spark(_spark_session)
     rows = (spark.read.format("rmq").option("subscribe", "alpha,beta")
             .option("deliverDue", "false").load(pushdown_store).collect())
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,3 +126,31 @@ def _stringify_keys(value):
 @given(st.dictionaries(st.text(max_size=6), _values, max_size=5))
 def test_fastjson_text_reads_back_leniently(data):
     assert parse_lenient(dumps_fastjson(data)) == _stringify_keys(data)
+
+
+def test_a_replace_killed_before_its_last_rename_leaves_the_file_in_place(tmp_path, monkeypatch):
+    """With a backup kept, the file never goes missing: a process killed after the backup was
+    made and before the new file was renamed into place leaves the old file readable (an
+    earlier version renamed the file to its backup first, and a reader of that moment, or
+    of the store after a kill there, found no file)."""
+    from store.files import fileio
+
+    path = str(tmp_path / "book.json")
+    fileio.atomic_write(path, b'{"v": 1}', keep_backup=True)
+    fileio.atomic_write(path, b'{"v": 2}', keep_backup=True)
+    real_replace = os.replace
+
+    def killed_at_the_last_rename(src, dst):
+        if dst == path:
+            raise KeyboardInterrupt("killed")  # nothing after this line runs
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", killed_at_the_last_rename)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.atomic_write(path, b'{"v": 3}', keep_backup=True)
+    monkeypatch.undo()
+    assert open(path, "rb").read() == b'{"v": 2}'
+    assert open(path + ".bak", "rb").read() == b'{"v": 2}'
+    fileio.atomic_write(path, b'{"v": 4}', keep_backup=True)
+    assert open(path, "rb").read() == b'{"v": 4}'
+    assert open(path + ".bak", "rb").read() == b'{"v": 2}'

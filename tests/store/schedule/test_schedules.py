@@ -281,6 +281,26 @@ def test_a_process_killed_while_firing_leaves_each_fire_once(tmp_path):
             assert times == list(range(T0 + 1 + i % 100, end + 1, 100)), f"k{i}"
 
 
+def test_a_book_left_only_as_its_backup_keeps_every_schedule(tmp_path):
+    """An earlier version, killed between the two renames of a book write, left the book
+    only as ``rmq_schedules.json.bak``: the schedules are all still there and fire on (they
+    were read as none and the next write saved an empty book)."""
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, SMALL, clock=lambda: T0, flush_service=False) as store:
+        p = store.producer("g")
+        for i in range(3):
+            p.schedule(Message("orders", b"x"), key=f"k{i}", every_ms=100, start_at_ms=T0 + 100)
+    book = os.path.join(path, "config", "rmq_schedules.json")
+    os.replace(book, book + ".bak")
+    with MessageStore.open(path, SMALL, clock=lambda: T0 + 150, flush_service=False) as store:
+        assert [s.key for s in store.schedules()] == ["k0", "k1", "k2"]
+        assert store.deliver_due() == 3
+    with MessageStore.open(path, SMALL, clock=lambda: T0 + 250, flush_service=False) as store:
+        assert [s.key for s in store.schedules()] == ["k0", "k1", "k2"]
+        assert store.deliver_due() == 3
+        assert sorted(k for k, _, _ in fired(store)) == ["k0", "k0", "k1", "k1", "k2", "k2"]
+
+
 def test_a_read_only_view_lists_schedules_and_refuses_changes(tmp_path):
     from store import ReadOnlyStoreError, StoreReader
 
