@@ -208,11 +208,10 @@ def rocketmq_root(tmp_path_factory) -> str:
     return sparse
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2`` (pytest-xdist, ``--dist loadgroup``) every test of the shared Spark
-    session runs on one worker, so the suite still starts one session; the other tests are
-    shared out between both workers."""
-    for item in items:
-        if "_spark_session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+    """The long tests (marker ``slow``) run first: under ``-n 2`` (pytest-xdist) each worker
+    starts one of them while the short ones fill the gaps, instead of a long one starting
+    last while the other worker idles.  Each worker starts its own Spark session for the
+    tests that ask for it (xdist's ``xdist_group`` no longer holds them on one worker since
+    pytest 9.2 changed how node ids are stored)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
