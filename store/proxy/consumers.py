@@ -45,8 +45,8 @@ import threading
 from dataclasses import dataclass, field
 
 from ..base.errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
-from ..files.broker_files import read_lenient_json, write_config
 from ..facade.store_reader import StoreReader
+from ..files.broker_files import read_lenient_json, write_config
 from ..files.fileio import atomic_write
 from ..formats.message import MessageView
 from .convert import Code, Refused
