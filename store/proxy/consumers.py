@@ -14,6 +14,15 @@ A consumer group reads a topic's queues on its own, beside any Spark query.  For
 * the offsets acked out of order, until ``committed`` passes them; saved with the offsets,
   in ``config/rmq_consumer_acks.json``, so that a restart does not hand them out again.
 
+**What a group reads.**  Messages are handed out only below the store's visible end
+(:meth:`~store.core.reading.ReadableStore.visible_offset`).  A replica's endpoint reads
+through a :class:`~store.StoreReader` of the store whose read bound is the replica's high
+watermark (:meth:`ConsumerGroups.read_below`), as the Flight face's readers do: on a leader
+with synchronous replication, a message is handed out only once ``min_insync_replicas``
+replicas hold it, so that no change of leader takes back a message a consumer got.  (The
+progress below, leases and acks, is this replica's alone: after a change of leader the new
+leader hands out again what was not acked on its disk, at least once.)
+
 Leases live in memory: after a restart every unacked message from ``committed`` on is handed
 out again at once.  Acks reach the disk within :data:`SAVE_INTERVAL_S`: an ack that a crash
 (SIGKILL) caught before its save is lost, and its message handed out again (at least once,
@@ -36,6 +45,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..base.errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
+from ..facade.store_reader import StoreReader
 from ..files.broker_files import read_lenient_json, write_config
 from ..files.fileio import atomic_write
 from ..formats.message import MessageView
@@ -144,6 +154,9 @@ class ConsumerGroups:
 
     def __init__(self, store, *, max_attempts: int = MAX_DELIVERY_ATTEMPTS) -> None:
         self.store = store
+        #: What the groups read messages from (under ``_lock``): the store itself, or a
+        #: reader of it bounded by a replica's high watermark (:meth:`read_below`).
+        self._reads = store
         self.max_attempts = max_attempts
         self.path = os.path.join(store.root, OFFSETS_FILE)
         self.acks_path = os.path.join(store.root, ACKS_FILE)
@@ -200,13 +213,30 @@ class ConsumerGroups:
         self._closed.set()
         self._saver.join(timeout=5)
         self.save()
+        with self._lock:
+            reads, self._reads = self._reads, self.store
+        if reads is not self.store:
+            reads.close()
+
+    def read_below(self, read_bound) -> None:
+        """Hand out only messages below ``read_bound()`` from now on (a CommitLog offset;
+        ``None`` from it: the store's whole confirmed log), a replica's high watermark
+        (:meth:`~store.replication.replica.Replica.high_watermark`): the groups read
+        through a reader of the store with that read bound, as the Flight face's readers
+        (:attr:`~store.core.reading.ReadableStore.read_bound`)."""
+        reader = StoreReader.open(self.store.root, self.store.config)
+        reader.read_bound = read_bound
+        with self._lock:
+            old, self._reads = self._reads, reader
+        if old is not self.store:
+            old.close()
 
     # -- state --------------------------------------------------------------------------
     def _queue(self, group: str, topic: str, q: int) -> QueueProgress:
         key = (group, topic, q)
         p = self._progress.get(key)
         if p is None:
-            low = self.store.min_offset(topic, q)
+            low = self._reads.min_offset(topic, q)
             start = self._saved.get(key, low)
             start = max(start, low)  # retention removed what the group never read
             acked = {o for o in self._saved_acks.get(key, ()) if o >= start}
@@ -235,11 +265,11 @@ class ConsumerGroups:
         ``max_attempts`` times in the dead-letter topic (then it is acked).
         """
         out: list[Delivery] = []
-        try:
-            queues = self.store.queue_ids(topic)
-        except UnknownTopicError:  # nothing was sent to it yet
-            return out
         with self._lock:
+            try:
+                queues = self._reads.queue_ids(topic)
+            except UnknownTopicError:  # nothing was sent to it yet
+                return out
             now = self.store.now_ms()
             self._cursor += 1
             order = queues[self._cursor % len(queues):] + queues[:self._cursor % len(queues)]
@@ -277,12 +307,12 @@ class ConsumerGroups:
                 return
         if fifo and due:
             return
-        end = self.store.max_offset(topic, q)
+        end = self._reads.max_offset(topic, q)
         while room > 0 and p.next < end:
             views = self._pull(topic, q, p.next, min(room, end - p.next, 32))
             if not views:
-                if p.next < self.store.min_offset(topic, q):  # retention moved past us
-                    p.next = p.committed = self.store.min_offset(topic, q)
+                if p.next < self._reads.min_offset(topic, q):  # retention moved past us
+                    p.next = p.committed = self._reads.min_offset(topic, q)
                     continue
                 break
             for view in views:
@@ -302,7 +332,7 @@ class ConsumerGroups:
 
     def _pull(self, topic: str, q: int, offset: int, n: int) -> list[MessageView]:
         try:
-            return self.store.pull(topic, q, offset, n)
+            return self._reads.pull(topic, q, offset, n)
         except OffsetOutOfRangeError:
             return []
         except StoreError as exc:
@@ -354,5 +384,5 @@ class ConsumerGroups:
         """The message a current handle names (for dead-lettering), or ``None``."""
         with self._lock:
             _, handle = self._held(group, topic, text)
-        views = self._pull(topic, handle.queue_id, handle.offset, 1)
+            views = self._pull(topic, handle.queue_id, handle.offset, 1)
         return views[0] if views else None

@@ -188,7 +188,8 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         while ``replica`` leads, each checked under the store's append lock (so that no
         change of role comes between the check and the append); routes name ``endpoints``,
         every replica's ``(host, port)``, so that a client's channel reaches whichever
-        replica is up (:mod:`store.proxy.follower_calls`)."""
+        replica is up (:mod:`store.proxy.follower_calls`).  The consumer groups hand out
+        only what is below the replica's high watermark, as its Flight readers read."""
         versions = set()
         for host, _ in endpoints:
             try:
@@ -203,6 +204,8 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         scheme = pb.AddressScheme.IPv4 if versions == {4} else pb.AddressScheme.IPv6
         self.routes = pb.Endpoints(scheme=scheme, addresses=[
             pb.Address(host=host, port=port) for host, port in endpoints])
+        for member in self.members:
+            member.groups.read_below(replica.high_watermark)
         self.replica = replica
 
     @contextmanager

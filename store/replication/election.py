@@ -154,6 +154,8 @@ class Voter:
         self.clock = clock
         self.timeout_s = replica_set.election_timeout_ms / 1000
         self.elections = 0
+        #: The epoch the voters name this replica in but it cannot take (see :meth:`_takes`).
+        self._stale_term: int | None = None
         self._stop = threading.Event()
         self._changed = threading.Event()
         others = [replica_set.raft_address(u) for u in replica_set.voters if u != me]
@@ -187,9 +189,17 @@ class Voter:
                 "elections": self.elections}
 
     def _loop(self, step) -> None:
+        refused = None  # (the refusal last logged: one line each, not one per step)
         while not self._stop.is_set():
             try:
                 step()
+                refused = None
+            except StoreError as exc:  # a refusal of the store's: its message says why
+                if str(exc) != refused:
+                    log.warning("election step refused, retried every %.1f s: %s",
+                                self.timeout_s, exc)
+                refused = str(exc)
+                self._stop.wait(self.timeout_s)
             except Exception:  # a bug must not end the server: logged, retried
                 log.exception("election step failed")
                 self._stop.wait(self.timeout_s)
@@ -267,6 +277,8 @@ class Voter:
         leader, epoch = raft.leader, raft.epoch
         if leader is None:
             return
+        if leader == self.me and not self._takes(epoch):
+            return
         if leader != self.me:
             self._changed.clear()
             self.replica.lease_until = 0.0
@@ -287,3 +299,24 @@ class Voter:
             role_change.become_leader(self.replica, epoch)
         self.replica.lease_until = sent + LEASE_SHARE * self.timeout_s
         self._stop.wait(max(0.0, sent + self.timeout_s / RENEWALS_PER_TIMEOUT - self.clock()))
+
+    def _takes(self, epoch: int) -> bool:
+        """Whether this replica, named by the voters in ``epoch``, leads in it or can
+        (:meth:`~store.replication.replica.Replica.takes_term`).  A leader restarted while
+        the voters still name it in its old term cannot: it does not renew that term's
+        lease (a renewal would keep the voters from naming anyone) and waits, with one
+        warning, until they name a leader in a later epoch, which they do once no renewal
+        came for ``election_timeout_ms``."""
+        replica = self.replica
+        if (replica.role == "leader" and replica.epoch == epoch) or replica.takes_term(epoch):
+            self._stale_term = None
+            return True
+        if self._stale_term != epoch:
+            self._stale_term = epoch
+            log.warning("%s: the voters still name it leader in epoch %d, a term it held "
+                        "before it restarted and does not take again; waiting for them to "
+                        "name a leader in a later epoch (within election_timeout_ms, %d ms, "
+                        "of the last renewal)", self.me, epoch, round(self.timeout_s * 1000))
+        self._changed.clear()
+        self._changed.wait(self.timeout_s / RENEWALS_PER_TIMEOUT)
+        return False

@@ -324,8 +324,7 @@ class Replica:
             with self.store.write_lock():
                 end = self.store.confirmed_offset()  # (the follower may have appended since)
                 terms = read_epochs(self.store.root)
-                # (elected: the voters number the terms; only recorded terms are known)
-                known = max([0 if self.elected else self.epoch] + [e for e, _ in terms])
+                known = self._known_epoch(terms)
                 new = known + 1 if epoch is None else int(epoch)
                 if new <= known:
                     raise StoreError(f"epoch {new} for {self.me}'s new term; allowed: above "
@@ -343,6 +342,18 @@ class Replica:
                 self.store.recurring.record()
             return {"epoch": new, "start_offset": end, "leader_end": leader_end,
                     "lost_bytes": lost, "forced": bool(force and (leader_end is None or lost))}
+
+    def _known_epoch(self, terms) -> int:
+        """The epoch a new term of this replica's must be above (``terms``: its epoch
+        file's); elected, the voters number the terms: only recorded terms are known."""
+        return max([0 if self.elected else self.epoch] + [e for e, _ in terms])
+
+    def takes_term(self, epoch: int) -> bool:
+        """Whether :meth:`become_leader` takes a term of ``epoch`` (an election's): one
+        above every epoch this replica knows.  A leader restarted while the voters still
+        name it in its old term does not take that term again (:mod:`.election` waits for
+        a later one)."""
+        return int(epoch) > self._known_epoch(read_epochs(self.store.root))
 
     def become_follower(self, leader_url: str, *, epoch: int | None = None) -> None:
         """Follow ``leader_url`` (one of the replica set's URLs) from now on: writes are

@@ -52,6 +52,28 @@ def test_hand_out_ack_and_progress_survive_a_restart(tmp_path):
     store.close()
 
 
+def test_read_below_hands_out_only_below_the_bound(tmp_path):
+    """With a read bound (a replica's high watermark), nothing at or past it is handed out,
+    until it moves; ``None`` from it: the whole log."""
+    clock = FakeClock()
+    store = _store(tmp_path / "s", clock, queues=1)
+    _send(store, 2)
+    bound = [store.confirmed_offset()]
+    store.producer().send(Message("t", b"late"))
+    groups = ConsumerGroups(store)
+    groups.read_below(lambda: bound[0])
+    try:
+        got = groups.receive("g", "t", batch=32, invisible_ms=10_000)
+        assert [d.view.body for d in got] == [b"m0", b"m1"]
+        assert groups.receive("g", "t", batch=32, invisible_ms=10_000) == []
+        bound[0] = None
+        got = groups.receive("g", "t", batch=32, invisible_ms=10_000)
+        assert [d.view.body for d in got] == [b"late"]
+    finally:
+        groups.close()
+        store.close()
+
+
 def test_offsets_file_is_rocketmq_format(tmp_path):
     clock = FakeClock()
     store = _store(tmp_path / "s", clock, queues=1)

@@ -241,3 +241,68 @@ def test_the_replicated_leader_survives_a_restart_of_its_voter(tmp_path):
         assert (again.leader, again.epoch) == (URLS[1], 3)
     finally:
         again.destroy()
+
+
+def _lease_voter(replica: Replica, leader: str, epoch: int, renewals: list) -> Voter:
+    """A voter of ``replica`` whose Raft state names ``leader`` in ``epoch`` (its Raft node
+    is never made); each renewal asked is counted in ``renewals``."""
+    v = object.__new__(Voter)
+    v.replica, v.me, v.clock, v.timeout_s = replica, replica.me, time.monotonic, 0.05
+    v._stop, v._changed, v._stale_term = threading.Event(), threading.Event(), None
+
+    def renew(url, epoch_, **_):
+        renewals.append((url, epoch_))
+        return True
+
+    v.raft = SimpleNamespace(leader=leader, epoch=epoch, renew=renew)
+    return v
+
+
+def test_a_restarted_leader_still_named_in_its_old_term_waits_with_one_warning(tmp_path,
+                                                                              caplog):
+    """Restarted while the voters still name it in the term it led, a replica cannot take
+    that term again: it does not renew it (so the voters name a leader in a later epoch),
+    and says so once, not with a traceback per step; named in the later epoch, it leads."""
+    rs = ReplicaSet.of({"replicas": URLS[:2], "witness": URLS[2]})
+    with MessageStore.open(str(tmp_path / "a")) as store:
+        role_change.become_leader(Replica(store, rs, URLS[0]), 1)
+    with MessageStore.open(str(tmp_path / "a")) as store:  # restarted: a follower of nobody
+        replica = Replica(store, rs, URLS[0])
+        assert (replica.role, replica.epoch) == ("follower", 1)
+        assert not replica.takes_term(1) and replica.takes_term(2)
+        renewals: list = []
+        v = _lease_voter(replica, URLS[0], 1, renewals)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="store.replication"):
+            for _ in range(4):
+                v._lease_step()
+        assert renewals == [] and replica.role == "follower"
+        said = [r for r in caplog.records if r.name.startswith("store.replication")]
+        assert len(said) == 1 and not said[0].exc_info, said
+        assert "later epoch" in said[0].getMessage() and "epoch 1" in said[0].getMessage()
+        v.raft.epoch = 2  # the voters name it again, in a later epoch
+        v._lease_step()
+        assert renewals == [(URLS[0], 2)]
+        assert (replica.role, replica.epoch) == ("leader", 2) and replica.lease_until > 0
+
+
+def test_a_refused_election_step_is_logged_once_per_refusal(caplog):
+    """A step the store refuses (a typed StoreError) is logged as one line while the same
+    refusal repeats, without a traceback; another refusal is logged again."""
+    v = object.__new__(Voter)
+    v._stop, v.timeout_s = threading.Event(), 0.001
+    refusals = iter(["waiting for x"] * 5 + ["waiting for y"] * 3)
+
+    def step():
+        text = next(refusals, None)
+        if text is None:
+            v._stop.set()
+            return
+        raise StoreError(text)
+
+    with caplog.at_level("INFO", logger="store.replication.election"):
+        v._loop(step)
+    said = [r for r in caplog.records if r.name == "store.replication.election"]
+    assert [("waiting for x" in r.getMessage(), "waiting for y" in r.getMessage())
+            for r in said] == [(True, False), (False, True)]
+    assert not any(r.exc_info for r in said)

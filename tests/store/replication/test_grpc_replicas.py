@@ -48,20 +48,29 @@ def raw_message(topic: str, body: bytes) -> pb.Message:
     return m
 
 
-@pytest.fixture
-def static_set(tmp_path):
-    """A leader and a follower (a static set), each with its gRPC face."""
+def grpc_set(tmp_path, **more):
+    """``serve(i)``: starts replica ``i`` of a static set of two (0 leads), each with its
+    gRPC face; ``more``: further fields of the replica-set file."""
     ports, grpc_ports = (free_port(), free_port()), (free_port(), free_port())
     urls = [f"rmq://127.0.0.1:{p}" for p in ports]
     rs = tmp_path / "replicas.json"
     rs.write_text(json.dumps({"replicas": urls, "grpc": {
-        u: f"127.0.0.1:{g}" for u, g in zip(urls, grpc_ports)}}))
+        u: f"127.0.0.1:{g}" for u, g in zip(urls, grpc_ports)}, **more}))
+
+    def serve(i: int) -> StoreServer:
+        return StoreServer(str(tmp_path / f"s{i}"), SMALL, listen=f"127.0.0.1:{ports[i]}",
+                           replica_set=str(rs), grpc=f"127.0.0.1:{grpc_ports[i]}")
+    return serve
+
+
+@pytest.fixture
+def static_set(tmp_path):
+    """A leader and a follower (a static set), each with its gRPC face."""
+    serve = grpc_set(tmp_path)
     servers = []
     try:
         for i in (0, 1):
-            servers.append(StoreServer(str(tmp_path / f"s{i}"), SMALL,
-                                       listen=f"127.0.0.1:{ports[i]}", replica_set=str(rs),
-                                       grpc=f"127.0.0.1:{grpc_ports[i]}"))
+            servers.append(serve(i))
         yield servers
     finally:
         for s in servers:
@@ -182,3 +191,44 @@ def test_no_change_of_role_comes_between_the_check_and_the_append(static_set):
     thread.join(10)
     with pytest.raises(NotLeaderError), service.leader_write("SendMessage"):
         pass
+
+
+def receive(stub, topic: str, group: str = "g", wait_s: int = 1) -> list[bytes]:
+    """The bodies one ReceiveMessage of ``group`` hands out (up to 32, long polling
+    ``wait_s``)."""
+    got = stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=group), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic)), batch_size=32,
+        long_polling_timeout={"seconds": wait_s}), timeout=wait_s + 10)
+    return [r.message.body for r in got if r.HasField("message")]
+
+
+def test_a_grpc_consumer_gets_a_message_only_once_enough_replicas_hold_it(tmp_path):
+    """With ``min_insync_replicas: 2`` and the follower stopped, a send the leader stored
+    but could not acknowledge is not handed out (a failover would lose it) until the
+    follower, back, holds it: the consumer groups read below the high watermark."""
+    serve = grpc_set(tmp_path, min_insync_replicas=2, replica_ack_timeout_ms=300)
+    leader, follower = serve(0), serve(1)
+    topic = "orders"
+    try:
+        with grpc.insecure_channel(leader.grpc_endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            for body in (b"m-0", b"m-1"):
+                sent = stub.SendMessage(rpc.SendMessageRequest(
+                    messages=[raw_message(topic, body)]))
+                assert sent.status.code == pb.Code.OK, sent.status
+            follower.close()  # nothing new is held by two replicas from now on
+            sent = stub.SendMessage(rpc.SendMessageRequest(
+                messages=[raw_message(topic, b"late")]))
+            assert sent.status.code == pb.Code.SLAVE_PERSISTENCE_TIMEOUT, sent.status
+            assert sorted(bodies(leader.store, topic)) == [b"late", b"m-0", b"m-1"]
+            assert sorted(receive(stub, topic)) == [b"m-0", b"m-1"]
+            assert receive(stub, topic) == []  # "late" is in the log, not handed out
+            follower = serve(1)  # back: it copies "late", the watermark passes it
+            got, deadline = [], time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = receive(stub, topic)
+            assert got == [b"late"]
+    finally:
+        follower.close()
+        leader.close()
