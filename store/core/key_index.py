@@ -50,8 +50,8 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -61,7 +61,6 @@ from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
 from ..files.index_file import (
-    UNCHECKED,
     IndexFile,
     file_name,
     is_index_name,
@@ -70,6 +69,7 @@ from ..files.index_file import (
     key_hash_of_unsigned,
 )
 from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
+from .key_index_check import DamageVerdicts, file_problem, trusted_and_gaps
 
 log = logging.getLogger("store.core.key_index")
 
@@ -82,8 +82,6 @@ BUILD_INTERVAL_S = 0.02
 BUILD_STEP_BYTES = 64 << 20
 #: The lock file of the builders (in the store directory).
 LOCK_FILE = "index.lock"
-#: A range's end past any CommitLog offset.
-_LOG_END = 1 << 62
 
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
@@ -155,7 +153,8 @@ class KeyIndex:
         #: one builder per process at a time (the ``flock`` serialises processes)
         self._thread_lock = threading.Lock()
         self._holder: int | None = None  # the thread holding it
-        self._warned: set[str] = set()  # files found damaged (said once)
+        #: the files found damaged, each verdict kept for the file's identity
+        self._verdicts = DamageVerdicts()
         self._lock_fd: int | None = None
         #: ``() -> str | None``: what happened to the store directory since this process
         #: opened it (removed, replaced), set by the writing core; a builder writes nothing
@@ -183,13 +182,19 @@ class KeyIndex:
                                                   read_only=self.read_only)
             self._order = names
         for name in self._order:
-            if self._files[name].actual_size != self._files[name].size:
+            f = self._files[name]
+            if f.actual_size != f.size and not self._verdicts.settled(f.path):
                 # a file another process is creating (not yet sized), or of the wrong size
-                self._files[name].close()
-                self._files[name] = IndexFile(os.path.join(self.directory, name),
-                                              self.slot_count, self.entry_count,
-                                              read_only=self.read_only)
+                self._reopen(name)
         return [f for n in self._order if (f := self._files[n]).problem() is None]
+
+    def _reopen(self, name: str) -> IndexFile:
+        self._files[name].close()
+        if self._current is self._files[name]:
+            self._current = None
+        f = self._files[name] = IndexFile(os.path.join(self.directory, name), self.slot_count,
+                                          self.entry_count, read_only=self.read_only)
+        return f
 
     def _new_file(self) -> IndexFile:
         os.makedirs(self.directory, exist_ok=True)
@@ -371,7 +376,7 @@ class KeyIndex:
         with self._building():
             self._refresh(force=True)
             damaged = [(n, p) for n in self._order
-                       if (p := self._chain_problem(self._files[n])) is not None]
+                       if (p := file_problem(self._files[n])) is not None]
             if damaged:
                 for name, problem in damaged:
                     log.warning("index file %s is damaged (%s): the index is set aside and "
@@ -399,6 +404,7 @@ class KeyIndex:
             moved.append(move_aside(f.path))
         self._order = []
         self._current = None
+        self._verdicts.forget()
         self._refresh(force=True)
         self._set_indexed_to(0)
         return moved
@@ -416,6 +422,7 @@ class KeyIndex:
         for i, f in enumerate(files):
             if f.end_phy_offset >= log_end or (rechain_newest and i == len(files) - 1):
                 dropped += f.rechain(log_end)
+                self._verdicts.forget()
         if not self.read_only and self.indexed_to() > log_end:
             self._set_indexed_to(log_end)
         return dropped
@@ -469,38 +476,29 @@ class KeyIndex:
             self.enabled = enabled
         return moved, bool(problems or missing)
 
-    # -- the first-use check --------------------------------------------------------------------
-    def _chain_problem(self, f: IndexFile) -> str | None:
-        """Why ``f`` cannot answer every key it holds (``None``: it can): its size and
-        header (:meth:`IndexFile.problem`) and, once per file and process, its slots and
-        chains (:meth:`IndexFile.check_chains`, one compiled pass over the mapping)."""
-        problem = f.problem()
-        if problem is None and f.chain_problem == UNCHECKED:
-            f.chain_problem = f.check_chains()
-        return problem or f.chain_problem
-
+    # -- the first-use check (store.core.key_index_check) -------------------------------------
     def _problems(self) -> dict[str, str]:
-        """The files found damaged, by name (a query's first look at each file).  Another
-        process's builder may be creating a file (not sized yet) or writing one (a put
-        half-published): a file that fails is looked at again holding the builders' lock
-        before it counts, and then said once."""
+        """The files found damaged, by name.  A file that fails its first-use check is looked
+        at again, opened again, holding the builders' lock (another process's builder may be
+        creating it or writing it) before it counts; that verdict is kept for the file's
+        identity, so a later query pays neither the lock nor the listing for it until the
+        file is replaced or changed."""
         self._refresh()
-        found = {n: p for n in self._order if (p := self._chain_problem(self._files[n]))}
-        if found and self._holder != threading.get_ident():
+        found = {n: p for n in self._order if (p := file_problem(self._files[n]))}
+        again = [n for n in found if not self._verdicts.settled(self._files[n].path)]
+        if again and self._holder != threading.get_ident():
             with self._quiet_builders():
-                for name in found:
-                    if name in self._files:
-                        self._files[name].chain_problem = UNCHECKED
+                before = {n: self._files[n] for n in again}
                 self._refresh(force=True)  # (a file of another size is opened again)
-                found = {n: p for n in self._order
-                         if (p := self._chain_problem(self._files[n]))}
-        for name, problem in found.items():
-            path = self._files[name].path
-            if path not in self._warned:
-                self._warned.add(path)
-                log.warning("index file %s is damaged (%s): a query walks the CommitLog "
-                            "records it held instead (slower) until `rmq repair` or a "
-                            "writable open rebuilds the index", path, problem)
+                for name, f in before.items():
+                    if self._files.get(name) is f:
+                        self._reopen(name)  # (it may have been replaced since it was opened)
+                found = {n: p for n in self._order if (p := file_problem(self._files[n]))}
+                for name, problem in found.items():
+                    self._verdicts.keep(self._files[name], problem)
+        elif again:  # the builders' lock is this thread's: no builder is at work
+            for name in again:
+                self._verdicts.keep(self._files[name], found[name])
         return found
 
     @contextmanager
@@ -524,26 +522,10 @@ class KeyIndex:
 
     def _checked(self) -> tuple[list[IndexFile], list[tuple[int, int]]]:
         """The files a lookup can trust, oldest first, and the CommitLog ranges the others
-        held: from the last record of the sound file before each (the log's start when
-        none) to the first record of the sound file after it (the log's end when none),
-        so a query walks them instead (see :meth:`tail`)."""
+        held (:func:`~store.core.key_index_check.trusted_and_gaps`), which a query walks
+        instead (see :meth:`tail`)."""
         problems = self._problems()
-        files: list[IndexFile] = []
-        gaps: list[tuple[int, int]] = []
-        open_gap = False
-        for name in self._order:
-            f = self._files[name]
-            if name in problems:
-                if not open_gap:
-                    ends = [g.end_phy_offset for g in files if g.end_phy_offset >= 0]
-                    gaps.append((ends[-1] if ends else 0, _LOG_END))
-                open_gap = True
-            elif f.index_count > 1:
-                files.append(f)
-                if open_gap:
-                    gaps[-1] = (gaps[-1][0], f.header()[2])
-                open_gap = False
-        return files, gaps
+        return trusted_and_gaps([self._files[n] for n in self._order], problems)
 
     # -- reading -------------------------------------------------------------------------------
     def lookup(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
