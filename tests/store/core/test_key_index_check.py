@@ -1,4 +1,4 @@
-"""The first-use check of the message-key index files (store.core.key_index,
+"""The first-use check of the message-key index files (store.core.key_lookup,
 IndexFile.check_chains): a file whose slots or chains were damaged under an intact header,
 or that was cut short, is noticed by a writable open (set aside, rebuilt from the
 CommitLog) and by a reader (which answers from the CommitLog records the file held), so a
@@ -174,9 +174,9 @@ class _Counts:
     def __init__(self, monkeypatch) -> None:
         import fcntl
 
-        from store.core import key_index
+        from store.core import key_lookup
         self.listings = self.locks = self.opens = 0
-        listdir, flock, index_file = os.listdir, fcntl.flock, key_index.IndexFile
+        listdir, flock, index_file = os.listdir, fcntl.flock, key_lookup.IndexFile
 
         def counted_listdir(*args):
             self.listings += 1
@@ -191,7 +191,7 @@ class _Counts:
             return index_file(*args, **kwargs)
         monkeypatch.setattr(os, "listdir", counted_listdir)
         monkeypatch.setattr(fcntl, "flock", counted_flock)
-        monkeypatch.setattr(key_index, "IndexFile", counted_open)
+        monkeypatch.setattr(key_lookup, "IndexFile", counted_open)
 
     def reset(self) -> tuple[int, int, int]:
         got = self.listings, self.locks, self.opens
