@@ -3,6 +3,7 @@
 Run::
 
     PYTHONPATH=. /work/venv/bin/python bench/bench_index.py [--messages N] [--query-messages M]
+        [--queries Q] [--scans S]
 
 Measures, in one run:
 
@@ -15,10 +16,15 @@ Measures, in one run:
   second ("+ index") adds the wait, after the last send, until the index holds every
   message (the builder's whole cost, with none of it left behind); the third ("CPU") is the
   process's CPU seconds over that time, every thread's (what the index costs a busy host);
-* ``query_messages``: a store of ``--query-messages`` messages in one topic, written with
-  ``send_table``, where each key is carried by 10 messages spread over the whole log; the
-  time of ``store.query_messages(topic, key=K)`` for ``--queries`` random keys (fresh
-  process state: the index files and records are mapped, not read ahead), median and worst.
+* queries on ``--query-messages`` messages (default 10M) in one topic, written with
+  ``send_table`` without the index, each key carried by 10 messages spread over the whole
+  log: the index's build from the CommitLog (a writable open with the index on, less one with
+  it off; against the write of the store); on a fresh reader, ``store.query_messages(topic,
+  key=K)`` for ``--queries`` random keys, ``store.view_message`` of one message of each by its
+  unique key (through the index) and by its offset message id (the first call apart: it maps
+  the files and runs their first-use check; then median and worst); and the baseline in the
+  same run, the same answers found by a scan of the CommitLog (the compiled key walk over
+  every record, ``--scans`` keys).  ``--messages 0`` runs the queries alone.
 
 Not collected by pytest.
 """
@@ -40,6 +46,8 @@ import numpy as np
 import pyarrow as pa
 
 from store import Message, MessageStore, StoreConfig
+from store.files.index_file import java_hash_text
+from store.formats.message_id import offset_message_id
 
 BODY = bytes(range(100))
 
@@ -120,29 +128,103 @@ def compare(base: str, name: str, repeat: int, fn, *args) -> None:
               f"ratio on/off {on / off:.3f}", flush=True)
 
 
-def query_bench(base: str, n: int, queries: int) -> None:
+def query_bench(base: str, n: int, queries: int, scans: int) -> None:
+    """The store of ``n`` messages: written without the index, the index then built from the
+    CommitLog by a writable open, then queries by key and by id on a fresh reader, against
+    the same answers found by a scan of the CommitLog (the compiled key walk a query uses
+    for what the index misses, over the whole log), all in this run."""
     path = os.path.join(base, "query")
     distinct = max(1, n // 10)
-    with MessageStore.open(path, StoreConfig()) as store:
+    off, on = StoreConfig(), StoreConfig(message_index_enable=True)
+    with MessageStore.open(path, off) as store:
         producer = store.producer("bench")
         chunk = 1_000_000
         t0 = time.perf_counter()
         for start in range(0, n, chunk):
             rows = table(min(chunk, n - start), distinct)
             producer.send_table(rows if start == 0 else _shifted(rows, start, distinct))
-        print(f"store of {n:,} messages in one topic ({distinct:,} keys, 10 messages each) "
-              f"written in {time.perf_counter() - t0:.1f} s", flush=True)
-    with MessageStore.open(path, StoreConfig(), read_only=True) as reader:
-        rng = np.random.default_rng(7)
+        written = time.perf_counter() - t0
+        log_bytes = store.confirmed_offset()
+    print(f"store of {n:,} messages in one topic ({distinct:,} keys, 10 messages each; "
+          f"{log_bytes / 2**30:.2f} GiB of CommitLog) written without the index in "
+          f"{written:.1f} s", flush=True)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    with MessageStore.open(path, off, flush_service=False):
+        pass
+    plain = time.perf_counter() - t0, time.process_time() - cpu0
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    with MessageStore.open(path, on, flush_service=False) as store:
+        built = time.perf_counter() - t0, time.process_time() - cpu0
+        entries = sum(f.index_count - 1 for f in store.key_index._refresh())
+    build, build_cpu = built[0] - plain[0], built[1] - plain[1]
+    print(f"index build (a writable open with the index on, less one with it off: "
+          f"{built[0]:.1f} - {plain[0]:.1f} s): {build:.1f} s, {build_cpu:.1f} s CPU, "
+          f"{build / n * 1e6:.2f} us a message ({entries:,} entries); "
+          f"{build / written:.2f}x the write of the store", flush=True)
+    rng = np.random.default_rng(7)
+    keys = [f"k{k}" for k in rng.integers(0, distinct, queries).tolist()]
+    with MessageStore.open(path, on, read_only=True) as reader:
         times, found = [], []
-        for key in rng.integers(0, distinct, queries).tolist():
+        for key in keys:
             t0 = time.perf_counter()
-            got = reader.query_messages("bench", key=f"k{key}")
+            got = reader.query_messages("bench", key=key)
             times.append(time.perf_counter() - t0)
-            found.append(len(got))
-    print(f"query_messages(key) on {n:,} messages: median {statistics.median(times) * 1e3:.2f} "
-          f"ms, worst {max(times) * 1e3:.2f} ms over {queries} keys (bound: < 50 ms); "
-          f"messages found per key: {min(found)}..{max(found)}", flush=True)
+            found.append(got)
+        _report("query_messages(key)", n, times, f"messages per key: "
+                f"{min(map(len, found))}..{max(map(len, found))} (bound: < 50 ms)")
+        views = [v for got in found for v in got[:1]]
+        by_id = _timed(lambda v: reader.view_message(v.msg_id), views)
+        _report("view_message(unique key)", n, by_id[0], "")
+        assert all(a.commitlog_offset == b.commitlog_offset for a, b in zip(views, by_id[1]))
+        offset_ids = [offset_message_id(v.commitlog_offset) for v in views]
+        by_offset = _timed(reader.view_message, offset_ids)
+        _report("view_message(offset id)", n, by_offset[0], "")
+        scan_times = []
+        for key, got in list(zip(keys, found))[:scans]:
+            t0 = time.perf_counter()
+            offsets = _scan(reader, "bench", key)
+            scan_times.append(time.perf_counter() - t0)
+            assert offsets == [v.commitlog_offset for v in got], key
+        scan = statistics.median(scan_times)
+        print(f"scan of the CommitLog for one key (the same answers, {scans} keys): median "
+              f"{scan * 1e3:.0f} ms; query by key / scan {statistics.median(times) / scan:.6f}"
+              f", view_message(unique key) / scan {statistics.median(by_id[0]) / scan:.6f}",
+              flush=True)
+
+
+def _timed(fn, args: list) -> tuple[list[float], list]:
+    times, results = [], []
+    for a in args:
+        t0 = time.perf_counter()
+        results.append(fn(a))
+        times.append(time.perf_counter() - t0)
+    return times, results
+
+
+def _report(what: str, n: int, times: list[float], extra: str) -> None:
+    """The first call apart (it maps the files and runs their first-use check), then the
+    median and worst of the others."""
+    rest = times[1:] or times
+    print(f"{what} on {n:,} messages: first {times[0] * 1e3:.1f} ms, then median "
+          f"{statistics.median(rest) * 1e3:.2f} ms, worst {max(rest) * 1e3:.2f} ms over "
+          f"{len(rest)}; {extra}", flush=True)
+
+
+def _scan(reader, topic: str, key: str) -> list[int]:
+    """CommitLog offsets of the records of ``topic`` carrying ``key``, found without the
+    index: the compiled walk over every record's keys, its hashes matched, the records read
+    and checked (what a store without an index would have to do, at its cheapest)."""
+    key_hash = java_hash_text(f"{topic}#{key}")
+    hits: list[np.ndarray] = []
+
+    def keep(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
+        hits.append(phys[hashes == key_hash])
+    rows = np.empty((3, 1 << 16), dtype=np.int64)
+    reader.key_index._walk(reader.commit_log.min_offset(), reader.visible_offset(), keep, rows)
+    offsets = np.unique(np.concatenate(hits)).tolist() if hits else []
+    return [r.commitlog_offset for r in (reader.view_message(offset_message_id(o))
+                                         for o in offsets)
+            if r is not None and r.topic == topic and key in r.keys]
 
 
 def _shifted(rows: pa.Table, start: int, distinct: int) -> pa.Table:
@@ -153,22 +235,25 @@ def _shifted(rows: pa.Table, start: int, distinct: int) -> pa.Table:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--messages", type=int, default=200_000,
+                    help="messages of the send comparisons (0: none)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--single", type=int, default=50_000, help="messages for send")
     ap.add_argument("--query-messages", type=int, default=10_000_000)
     ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--scans", type=int, default=3, help="keys found by a scan too")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the stores go (default: a temp dir)")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="bench-index-", dir=args.dir)
     try:
-        msgs = messages(args.messages)
-        compare(base, "send_table", args.repeat, run_table, table(args.messages))
-        compare(base, "send_batch", args.repeat, run_batch, msgs, args.batch_size)
-        compare(base, "send", args.repeat, run_single, msgs[:args.single])
+        if args.messages:
+            msgs = messages(args.messages)
+            compare(base, "send_table", args.repeat, run_table, table(args.messages))
+            compare(base, "send_batch", args.repeat, run_batch, msgs, args.batch_size)
+            compare(base, "send", args.repeat, run_single, msgs[:args.single])
         if args.query_messages:
-            query_bench(base, args.query_messages, args.queries)
+            query_bench(base, args.query_messages, args.queries, args.scans)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -1,4 +1,7 @@
-"""The message-key index of a store: RocketMQ's IndexService over the ``index/`` files.
+"""The message-key index of a store, its writing side: RocketMQ's IndexService over the
+``index/`` files, built behind the sends, recovered, kept and repaired.  The files as a
+process sees them, which of them a query trusts, and the lookups are
+:mod:`store.core.key_lookup`'s (:class:`KeyIndex` extends its :class:`~store.core.key_lookup.KeyLookup`).
 
 The index is derived from the CommitLog like the ConsumeQueues, but behind the sends rather
 than inside them (RocketMQ feeds its IndexService from the reput thread, not the put path):
@@ -27,14 +30,9 @@ record; then whatever the log holds past it is indexed (a crash between an appen
 index, or an index turned on late).  A RocketMQ-written store's files are used as they are,
 and appended to while they have room.
 
-Lookups (:meth:`KeyIndex.lookup`) read the files newest first, as RocketMQ does, and work on
-a read-only store too (the files mapped read-only; a damaged one is skipped).  A query must
-also see what was acknowledged but is not indexed yet: :meth:`KeyIndex.find` adds the
-records of the not yet indexed tail (``index_phy_offset`` to the confirmed end), walked by
-the same kernel in the querying process without writing anything.  So a query never waits
-for the builder (which may be another process, or none: a reader of a store whose writers
-stopped), and the tail it walks is what the builder has not reached, some tens of ms of
-sends while a writer runs.
+A query (:mod:`store.core.key_lookup`) never waits for the builder: it walks, with the same
+kernel and without writing, what the builder has not reached yet (some tens of ms of sends
+while a writer runs) and what a damaged file held.
 
 Retention (:meth:`KeyIndex.delete_expired`): a file, the newest excepted, whose last entry
 lies below the oldest CommitLog segment kept is deleted with the segments.  ``rmq repair``
@@ -45,13 +43,11 @@ CommitLog when one fails or the index is missing.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -60,16 +56,9 @@ from ..base.errors import DiskFullError
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
-from ..files.index_file import (
-    UNCHECKED,
-    IndexFile,
-    file_name,
-    is_index_name,
-    java_hash_continue,
-    java_hash_text,
-    key_hash_of_unsigned,
-)
-from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
+from ..files.index_file import IndexFile, file_name, java_hash_continue, key_hash_of_unsigned
+from ..kernels.key_walk import MAX_ROWS_PER_RECORD
+from .key_lookup import KeyLookup, file_problem
 
 log = logging.getLogger("store.core.key_index")
 
@@ -80,10 +69,6 @@ _ROWS = 1 << 16
 BUILD_INTERVAL_S = 0.02
 #: CommitLog bytes one pass of the builder thread indexes at most (then the locks are let go).
 BUILD_STEP_BYTES = 64 << 20
-#: The lock file of the builders (in the store directory).
-LOCK_FILE = "index.lock"
-#: A range's end past any CommitLog offset.
-_LOG_END = 1 << 62
 
 
 def record_key_hashes(topic: str, properties: bytes) -> list[int]:
@@ -116,81 +101,27 @@ def record_key_hashes(topic: str, properties: bytes) -> list[int]:
 _PREFIX_HASHES: dict[str, int] = {}
 
 
-class KeyIndex:
-    """The ``index/`` directory of one open store (see the module docstring).
-
-    Parameters
-    ----------
-    root : str
-        The store directory.
-    config : StoreConfig
-        ``message_index_enable``, ``max_hash_slot_num``, ``max_index_num``.
-    commit_log : CommitLog
-        The records indexed.
-    checkpoint : StoreCheckpoint
-        Where ``index_phy_offset`` is kept (shared by every process).
-    read_only : bool
-        Only look up (a :class:`~store.StoreReader`).
+class KeyIndex(KeyLookup):
+    """The message-key index of one open store: the lookups of
+    :class:`~store.core.key_lookup.KeyLookup` and the writing side, building, recovery,
+    retention and repair (see the module docstring).  Parameters as
+    :class:`~store.core.key_lookup.KeyLookup`'s; ``message_index_enable`` on a writable
+    store has appends indexed.
     """
 
     def __init__(self, root: str, config: StoreConfig, commit_log: CommitLog,
                  checkpoint: StoreCheckpoint, *, read_only: bool) -> None:
-        self.root = root
-        self.directory = os.path.join(root, "index")
-        self.slot_count = config.max_hash_slot_num
-        self.entry_count = config.max_index_num
+        super().__init__(root, config, commit_log, checkpoint, read_only=read_only)
         #: whether appends are indexed (``message_index_enable`` on a writable store)
         self.enabled = bool(config.message_index_enable) and not read_only
-        #: whether the store keeps an index (``message_index_enable``), read-only or not: a
-        #: reader then finds what the writer's builder has not reached yet by the tail walk
-        self.configured = bool(config.message_index_enable)
-        self.read_only = read_only
-        self.commit_log = commit_log
-        self.checkpoint = checkpoint
-        self._files: dict[str, IndexFile] = {}
-        self._order: list[str] = []  # names, oldest first
-        self._listed = -1.0
-        self._current: IndexFile | None = None
+        self._current: IndexFile | None = None  # the file entries go to
         self._rows = np.empty((3, max(_ROWS, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
-        #: one builder per process at a time (the ``flock`` serialises processes)
-        self._thread_lock = threading.Lock()
-        self._holder: int | None = None  # the thread holding it
-        self._warned: set[str] = set()  # files found damaged (said once)
-        self._lock_fd: int | None = None
         #: ``() -> str | None``: what happened to the store directory since this process
         #: opened it (removed, replaced), set by the writing core; a builder writes nothing
         #: into whatever is at the path then (index files and ``index.lock`` go by path)
         self.identity_problem: Callable[[], str | None] | None = None
 
-    # -- the files -----------------------------------------------------------------------------
-    def _refresh(self, force: bool = False) -> list[IndexFile]:
-        """The usable files, oldest first (the directory listed again when it changed)."""
-        try:
-            stamp = os.stat(self.directory).st_mtime_ns
-        except FileNotFoundError:
-            stamp = 0
-        if force or stamp != self._listed:
-            self._listed = stamp
-            names = sorted(n for n in (os.listdir(self.directory) if stamp else ())
-                           if is_index_name(n))
-            for gone in set(self._files) - set(names):
-                self._files.pop(gone).close()
-                self._current = None
-            for name in names:
-                if name not in self._files:
-                    self._files[name] = IndexFile(os.path.join(self.directory, name),
-                                                  self.slot_count, self.entry_count,
-                                                  read_only=self.read_only)
-            self._order = names
-        for name in self._order:
-            if self._files[name].actual_size != self._files[name].size:
-                # a file another process is creating (not yet sized), or of the wrong size
-                self._files[name].close()
-                self._files[name] = IndexFile(os.path.join(self.directory, name),
-                                              self.slot_count, self.entry_count,
-                                              read_only=self.read_only)
-        return [f for n in self._order if (f := self._files[n]).problem() is None]
-
+    # -- the files written ------------------------------------------------------------------------
     def _new_file(self) -> IndexFile:
         os.makedirs(self.directory, exist_ok=True)
         now = int(time.time() * 1000)
@@ -226,41 +157,10 @@ class KeyIndex:
         ends = [f.end_phy_offset for f in files if f.end_phy_offset >= 0]
         return ends[-1] if ends else -1
 
-    # -- progress and the builders' lock -------------------------------------------------------
-    def indexed_to(self) -> int:
-        """Every record below this CommitLog offset is indexed (``index_phy_offset``)."""
-        return self.checkpoint.get("index_phy_offset")
-
     def _set_indexed_to(self, offset: int) -> None:
         self.checkpoint.set("index_phy_offset", offset)
 
-    @contextmanager
-    def _building(self, wait: bool = True) -> Iterator[bool]:
-        """Hold the build lock of this process and the ``flock`` of the store's builders;
-        yields False (holding nothing) when ``wait`` is False and another builder has it."""
-        if not self._thread_lock.acquire(blocking=wait):
-            yield False
-            return
-        self._holder = threading.get_ident()
-        try:
-            if self._lock_fd is None:
-                self._lock_fd = os.open(os.path.join(self.root, LOCK_FILE),
-                                        os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-                held = True
-            except BlockingIOError:
-                held = False
-            try:
-                yield held
-            finally:
-                if held:
-                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        finally:
-            self._holder = None
-            self._thread_lock.release()
-
-    # -- writing -------------------------------------------------------------------------------
+    # -- writing ----------------------------------------------------------------------------------
     def build(self, end: int, *, wait: bool = True, max_bytes: int | None = None) -> bool:
         """Index the records from ``index_phy_offset`` to ``end`` (at most ``max_bytes`` of
         the CommitLog) and move ``index_phy_offset``; returns whether it reached ``end``.
@@ -311,39 +211,6 @@ class KeyIndex:
         with self._building():
             return self._index_range(begin, end)
 
-    def _walk(self, begin: int, end: int, sink: Callable[[np.ndarray, np.ndarray, np.ndarray],
-                                                           None], rows: np.ndarray) -> int:
-        """Hand ``sink(key hashes, record offsets, store times)`` the key rows of the records
-        from ``begin`` (a record's start) to ``end``, in batches gathered in ``rows`` (see
-        :func:`~store.kernels.key_walk.record_keys`); returns the offset the walk reached
-        (``end``, or an invalid record's)."""
-        offset = begin
-        while offset < end:
-            segment = self.commit_log.files.find(offset)
-            try:
-                buf = None if segment is None else np.frombuffer(segment.buffer(),
-                                                                 dtype=np.uint8)
-            except FileNotFoundError:  # being deleted by retention in another thread
-                self.commit_log.files.refresh()
-                buf = None
-            if buf is None:
-                low = self.commit_log.min_offset()
-                if low > offset:  # retention deleted it meanwhile: nothing there to index
-                    offset = low
-                    continue
-                return offset
-            pos, limit = offset - segment.start, min(end, segment.end) - segment.start
-            while True:
-                got, pos, stop = record_keys(buf, pos, limit, rows)
-                if got.shape[1]:
-                    sink(got[0], got[1] + segment.start, got[2])
-                if stop != 2 or pos >= limit:
-                    break
-            if stop == 0:
-                return segment.start + pos
-            offset = segment.end if stop == 1 else segment.start + pos
-        return offset
-
     def _index_range(self, begin: int, end: int) -> int:
         skip = self._writable_newest().end_phy_offset
         if skip < 0 and len(self._order) > 1:
@@ -371,7 +238,7 @@ class KeyIndex:
         with self._building():
             self._refresh(force=True)
             damaged = [(n, p) for n in self._order
-                       if (p := self._chain_problem(self._files[n])) is not None]
+                       if (p := file_problem(self._files[n])) is not None]
             if damaged:
                 for name, problem in damaged:
                     log.warning("index file %s is damaged (%s): the index is set aside and "
@@ -399,6 +266,7 @@ class KeyIndex:
             moved.append(move_aside(f.path))
         self._order = []
         self._current = None
+        self._verdicts.forget()
         self._refresh(force=True)
         self._set_indexed_to(0)
         return moved
@@ -416,11 +284,12 @@ class KeyIndex:
         for i, f in enumerate(files):
             if f.end_phy_offset >= log_end or (rechain_newest and i == len(files) - 1):
                 dropped += f.rechain(log_end)
+                self._verdicts.forget()
         if not self.read_only and self.indexed_to() > log_end:
             self._set_indexed_to(log_end)
         return dropped
 
-    # -- retention and repair ------------------------------------------------------------------
+    # -- retention and repair ---------------------------------------------------------------------
     def delete_expired(self, commitlog_min: int) -> list[str]:
         """Delete the files (never the newest) whose last entry's record lies below
         ``commitlog_min``, the oldest CommitLog offset kept (retention's listener); returns
@@ -468,149 +337,6 @@ class KeyIndex:
         finally:
             self.enabled = enabled
         return moved, bool(problems or missing)
-
-    # -- the first-use check --------------------------------------------------------------------
-    def _chain_problem(self, f: IndexFile) -> str | None:
-        """Why ``f`` cannot answer every key it holds (``None``: it can): its size and
-        header (:meth:`IndexFile.problem`) and, once per file and process, its slots and
-        chains (:meth:`IndexFile.check_chains`, one compiled pass over the mapping)."""
-        problem = f.problem()
-        if problem is None and f.chain_problem == UNCHECKED:
-            f.chain_problem = f.check_chains()
-        return problem or f.chain_problem
-
-    def _problems(self) -> dict[str, str]:
-        """The files found damaged, by name (a query's first look at each file).  Another
-        process's builder may be creating a file (not sized yet) or writing one (a put
-        half-published): a file that fails is looked at again holding the builders' lock
-        before it counts, and then said once."""
-        self._refresh()
-        found = {n: p for n in self._order if (p := self._chain_problem(self._files[n]))}
-        if found and self._holder != threading.get_ident():
-            with self._quiet_builders():
-                for name in found:
-                    if name in self._files:
-                        self._files[name].chain_problem = UNCHECKED
-                self._refresh(force=True)  # (a file of another size is opened again)
-                found = {n: p for n in self._order
-                         if (p := self._chain_problem(self._files[n]))}
-        for name, problem in found.items():
-            path = self._files[name].path
-            if path not in self._warned:
-                self._warned.add(path)
-                log.warning("index file %s is damaged (%s): a query walks the CommitLog "
-                            "records it held instead (slower) until `rmq repair` or a "
-                            "writable open rebuilds the index", path, problem)
-        return found
-
-    @contextmanager
-    def _quiet_builders(self) -> Iterator[None]:
-        """No builder writes while this is held: the builders' lock (a reader takes it
-        shared, without creating ``index.lock``; none there: no builder ever ran)."""
-        if not self.read_only:
-            with self._building():
-                yield
-            return
-        try:
-            fd = os.open(os.path.join(self.root, LOCK_FILE), os.O_RDONLY)
-        except OSError:
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # (lets the lock go)
-
-    def _checked(self) -> tuple[list[IndexFile], list[tuple[int, int]]]:
-        """The files a lookup can trust, oldest first, and the CommitLog ranges the others
-        held: from the last record of the sound file before each (the log's start when
-        none) to the first record of the sound file after it (the log's end when none),
-        so a query walks them instead (see :meth:`tail`)."""
-        problems = self._problems()
-        files: list[IndexFile] = []
-        gaps: list[tuple[int, int]] = []
-        open_gap = False
-        for name in self._order:
-            f = self._files[name]
-            if name in problems:
-                if not open_gap:
-                    ends = [g.end_phy_offset for g in files if g.end_phy_offset >= 0]
-                    gaps.append((ends[-1] if ends else 0, _LOG_END))
-                open_gap = True
-            elif f.index_count > 1:
-                files.append(f)
-                if open_gap:
-                    gaps[-1] = (gaps[-1][0], f.header()[2])
-                open_gap = False
-        return files, gaps
-
-    # -- reading -------------------------------------------------------------------------------
-    def lookup(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
-               end_ms: int = (1 << 63) - 1) -> list[int]:
-        """CommitLog offsets of the records indexed under ``topic#key`` (newest files first,
-        at most ``max_results``), stored in ``[begin_ms, end_ms]``.  A 32-bit hash collision
-        can add another key's record: callers check the records."""
-        key_hash = java_hash_text(f"{topic}#{key}")
-        found: list[int] = []
-        for f in reversed(self._checked()[0]):
-            if len(found) >= max_results:
-                break
-            if f.overlaps(begin_ms, end_ms):
-                found.extend(f.lookup(key_hash, max_results - len(found), begin_ms, end_ms))
-        return found
-
-    def tail(self, end: int) -> np.ndarray:
-        """Key rows (keyHash, record offset, store time; shape ``(3, n)``) of the records
-        not indexed yet, from ``index_phy_offset`` to ``end``, walked without writing.  A
-        checkpoint rmq did not write (a RocketMQ broker's store, read as it is) has no such
-        offset: its index is taken to reach its newest entry's record."""
-        files, gaps = self._checked()
-        ends = [f.end_phy_offset for f in files if f.end_phy_offset >= 0]
-        reached = (self.indexed_to() if self.checkpoint.trusted
-                   else max(ends[-1] if ends else -1, 0))
-        low = self.commit_log.min_offset()
-        parts: list[np.ndarray] = []
-        rows = np.empty((3, max(1 << 12, 2 * MAX_ROWS_PER_RECORD)), dtype=np.int64)
-
-        def keep(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
-            parts.append(np.stack([hashes, phys, stamps]))
-        walked = -1
-        # what damaged files held (their gaps between sound files), then the unindexed tail;
-        # each range starts at a record (a file's first or last record, a segment's start)
-        for begin, stop in sorted([*gaps, (reached, end)]):
-            begin, stop = max(begin, low, walked), min(stop, end)
-            if begin < stop:  # (own rows: the builder thread may be using the index's)
-                walked = max(walked, self._walk(begin, stop, keep, rows))
-        return np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
-
-    def find(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
-             end_ms: int = (1 << 63) - 1, *, tail: np.ndarray) -> list[int]:
-        """:meth:`lookup` and the offsets of ``tail`` (:meth:`tail`) under ``topic#key``
-        stored in the time range (newest first, each once)."""
-        key_hash = java_hash_text(f"{topic}#{key}")
-        hit = (tail[0] == key_hash) & (tail[2] >= begin_ms) & (tail[2] <= end_ms)
-        recent = tail[1][hit][::-1].tolist()
-        older = self.lookup(topic, key, max_results, begin_ms, end_ms)
-        return list(dict.fromkeys(recent + older))
-
-    def has_files(self) -> bool:
-        """Whether the store has index files (written by rmq or RocketMQ)."""
-        return bool(self._refresh())
-
-    def flush(self) -> None:
-        for f in list(self._files.values()):
-            f.flush()
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-        self._order = []
-        self._current = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
 
 class KeyIndexService:

@@ -1,4 +1,4 @@
-"""The first-use check of the message-key index files (store.core.key_index,
+"""The first-use check of the message-key index files (store.core.key_lookup,
 IndexFile.check_chains): a file whose slots or chains were damaged under an intact header,
 or that was cut short, is noticed by a writable open (set aside, rebuilt from the
 CommitLog) and by a reader (which answers from the CommitLog records the file held), so a
@@ -166,3 +166,113 @@ def test_a_reader_checking_while_a_writer_indexes_sees_no_damage(tmp_path, caplo
             stop.set()
             sender.join()
     assert "is damaged" not in caplog.text
+
+
+class _Counts:
+    """Counts the directory listings, ``flock`` calls and index-file openings of a block."""
+
+    def __init__(self, monkeypatch) -> None:
+        import fcntl
+
+        from store.core import key_lookup
+        self.listings = self.locks = self.opens = 0
+        listdir, flock, index_file = os.listdir, fcntl.flock, key_lookup.IndexFile
+
+        def counted_listdir(*args):
+            self.listings += 1
+            return listdir(*args)
+
+        def counted_flock(*args):
+            self.locks += 1
+            return flock(*args)
+
+        def counted_open(*args, **kwargs):
+            self.opens += 1
+            return index_file(*args, **kwargs)
+        monkeypatch.setattr(os, "listdir", counted_listdir)
+        monkeypatch.setattr(fcntl, "flock", counted_flock)
+        monkeypatch.setattr(key_lookup, "IndexFile", counted_open)
+
+    def reset(self) -> tuple[int, int, int]:
+        got = self.listings, self.locks, self.opens
+        self.listings = self.locks = self.opens = 0
+        return got
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_file_costs_a_reader_the_lock_and_the_listing_once(tmp_path, monkeypatch,
+                                                                    damage):
+    """The verdict on a damaged file is kept for the file's identity: the second query takes
+    it without the builders' lock, a directory listing or opening the file again."""
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    DAMAGE[damage](_files(path)[0])
+    with StoreReader.open(path, SMALL) as reader:
+        counts = _Counts(monkeypatch)
+        _answers(reader, {"k1": offsets["k1"]})
+        listings, locks, _ = counts.reset()
+        assert listings >= 1 and locks >= 1  # the first look, under the builders' lock
+        _answers(reader, offsets)
+        assert counts.reset() == (0, 0, 0)
+
+
+def test_a_damaged_file_replaced_or_changed_is_checked_again(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    damaged = _files(path)[0]
+    with open(damaged, "rb") as f:
+        sound = f.read()
+    _truncate(damaged)
+    with StoreReader.open(path, SMALL) as reader:
+        counts = _Counts(monkeypatch)
+        _answers(reader, offsets)
+        assert reader.key_index._checked()[1]  # a range walked instead of the file
+        counts.reset()
+        os.truncate(damaged, ENTRIES_AT + 20 * 500)  # cut again, in place: checked again
+        _answers(reader, offsets)
+        _, locks, opens = counts.reset()
+        assert locks >= 1 and opens >= 1
+        _answers(reader, offsets)
+        assert counts.reset() == (0, 0, 0)
+        with open(damaged + ".repaired", "wb") as f:  # a sound copy put back in its place
+            f.write(sound)
+        os.replace(damaged + ".repaired", damaged)
+        _answers(reader, offsets)
+        assert counts.reset()[0] >= 1
+        assert reader.key_index._checked()[1] == []  # the file answers again
+        assert reader.key_index.tail(reader.confirmed_offset()).shape[1] == 0
+
+
+def test_a_writer_still_rebuilds_what_a_reader_found_damaged(tmp_path):
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    _break_chain(_files(path)[1])
+    with StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+        assert reader.key_index._checked()[1]
+        with MessageStore.open(path, SMALL, flush_service=False):
+            pass  # sets the damaged index aside and rebuilds it
+        _answers(reader, offsets)
+        assert reader.key_index._checked()[1] == []
+        for key, expected in offsets.items():
+            assert sorted(reader.key_index.lookup("T", key, 1000)) == expected
+
+
+@pytest.mark.parametrize("damage", ["zeroed slots", "a broken chain"])
+def test_a_reader_maps_a_sound_copy_put_back_under_the_same_name(tmp_path, damage):
+    """A file of the right size replaced by a sound copy: the reader opens the new file
+    (its old mapping still holds the damaged one) and answers from it."""
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    damaged = _files(path)[0]
+    with open(damaged, "rb") as f:
+        sound = f.read()
+    DAMAGE[damage](damaged)
+    with StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+        assert reader.key_index._checked()[1]
+        with open(damaged + ".repaired", "wb") as f:
+            f.write(sound)
+        os.replace(damaged + ".repaired", damaged)
+        _answers(reader, offsets)
+        assert reader.key_index._checked()[1] == []
