@@ -765,11 +765,13 @@ def run(*, minutes: float, seed: int, replicas: int, sync: bool, producers: int 
 
 def _on_signals(handler) -> bool:
     """``handler()`` on SIGINT and SIGTERM, where this is the main thread (a test may run
-    :func:`run` on another); whether it was installed."""
+    :func:`run` on another); whether it was installed.  The handler runs on a thread of its
+    own: run in the signal handler, a second signal arriving while the first one's
+    ``Event.set`` held the event's lock deadlocked the run (seen: two Ctrl-C)."""
     if threading.current_thread() is not threading.main_thread():
         return False
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: handler())
+        signal.signal(sig, lambda *_: threading.Thread(target=handler, daemon=True).start())
     return True
 
 
