@@ -20,19 +20,31 @@ the same cached route; ``TOO_MANY_REQUESTS`` alone ends the retries early).  So:
   official client retries; a leader that could not be reached is told to the client as the
   gRPC failure it was (``UNAVAILABLE``), also retried.
 
-Heartbeats and telemetry streams (the client's settings, a producer's transaction
-check-back) are answered by the replica the channel reaches; the leader's check rounds ask
-only the producers whose channel reaches the leader.  A FIFO consumer group's order is
-kept through a follower: the follower tells the leader which groups its sessions consume
-in order (:data:`FIFO_HEADER`).
+Heartbeats and telemetry streams (the client's settings) are answered by the replica the
+channel reaches.  A producer's check-back comes from the leader's check rounds, which ask
+the producers of the leader's sessions, so a follower **mirrors a producer's session on the
+leader** (:class:`LeaderSession`): a telemetry stream of its own to the leader's endpoint,
+opened with the producer's headers when the producer's settings arrive (the leader checks
+the signature, and keeps only the topics the account may publish to, as for any session),
+carrying the producer's settings; the leader's check-backs on it are handed to the
+producer's stream here, and the producer's answer (``EndTransaction``) goes on to the
+leader as any call.  When that stream ends while this replica still does not lead (the
+leader changed or went away), the producer's own stream is ended, so that the client opens
+it again with a fresh signature (its headers are never used for another stream).  A FIFO
+consumer group's order is kept through a follower: the follower tells the leader which
+groups its sessions consume in order (:data:`FIFO_HEADER`).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import logging
+
 import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc
+
+log = logging.getLogger("store.proxy")
 
 #: Headers a passed-on call carries: the client's id and signature, RocketMQ's own.
 _CLIENT_HEADER_PREFIX = "x-mq-"
@@ -112,8 +124,13 @@ class LeaderChannel:
         """The leader's stub for ``context``'s call, or ``None``: the call is answered here
         (this replica leads, knows no other leader or no address of its, or the call was
         passed on already)."""
+        return None if forwarded(context) else self.leader_stub()
+
+    def leader_stub(self):
+        """The leader's stub, or ``None`` when this replica leads, knows no other leader or
+        no address of its."""
         replica = self.replica
-        if replica.leading() or forwarded(context):
+        if replica.leading():
             return None
         leader = replica.leader
         address = (None if leader is None or leader == replica.me
@@ -137,6 +154,62 @@ class LeaderChannel:
             self._channel = None
 
 
-__all__ = ["FIFO_HEADER", "FORWARDED_HEADER", "FORWARDED_UNARY", "LeaderChannel",
+class LeaderSession:
+    """A producer's telemetry session on this follower, mirrored on the leader (see the
+    module docstring); made on the event loop when the producer's stream starts (``context``
+    is read then only) and used there.  ``deliver(command)``: hands a check-back to the
+    producer's stream; ``lost()``: called when the leader's stream ended otherwise than by
+    :meth:`close`."""
+
+    def __init__(self, channel: LeaderChannel, context, deliver, lost) -> None:
+        self._channel = channel
+        self._headers = client_headers(context) + ((FORWARDED_HEADER, "1"),)
+        self._passed_on = forwarded(context)  # (answered here only: never mirrored again)
+        self._deliver = deliver
+        self._lost = lost
+        self._requests: asyncio.Queue | None = None
+        self._reader: asyncio.Future | None = None
+        self._call = None
+
+    def pass_on(self, command) -> None:
+        """Pass the producer's ``command`` on: a producer's settings open the leader's
+        stream (while this replica follows a leader it knows); later settings go on it."""
+        if command.WhichOneof("command") != "settings":
+            return
+        if self._requests is None:
+            stub = None if self._passed_on else self._channel.leader_stub()
+            if stub is None or not command.settings.HasField("publishing"):
+                return
+            self._requests = asyncio.Queue()
+            self._reader = asyncio.ensure_future(self._read(stub))
+        self._requests.put_nowait(command)
+
+    async def _commands(self):
+        while (command := await self._requests.get()) is not None:
+            yield command
+
+    async def _read(self, stub) -> None:
+        try:
+            self._call = stub.Telemetry(self._commands(), metadata=self._headers)
+            async for command in self._call:
+                if command.HasField("recover_orphaned_transaction_command"):
+                    self._deliver(command)
+        except asyncio.CancelledError:
+            return  # closed: the producer's stream ended
+        except grpc.aio.AioRpcError as exc:
+            log.info("the leader's telemetry stream of a producer ended: %s %s",
+                     exc.code().name, exc.details())
+        self._lost()
+
+    def close(self) -> None:
+        """End the leader's stream (the producer's ended)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            self._requests.put_nowait(None)
+        if self._call is not None:
+            self._call.cancel()
+
+
+__all__ = ["FIFO_HEADER", "FORWARDED_HEADER", "FORWARDED_UNARY", "LeaderChannel", "LeaderSession",
            "client_headers", "forward_stream", "forward_unary", "forwarded", "forwarded_fifo",
            "relay_failure"]
