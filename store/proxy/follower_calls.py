@@ -52,6 +52,12 @@ _CLIENT_HEADER_PREFIX = "x-mq-"
 FORWARDED_HEADER = "x-rmq-forwarded"
 #: Set on a passed-on receive when the follower's sessions consume the group in order.
 FIFO_HEADER = "x-rmq-fifo"
+#: How often a follower looks whether the leader its producers' sessions are mirrored on
+#: still leads (seconds).
+LEADER_WATCH_S = 1.0
+#: How long a follower whose producer's mirror ended waits for the election to end before
+#: it ends the producer's stream (kept when this replica is elected; seconds).
+LEADER_SETTLE_S = 10.0
 #: Unary calls a follower passes on to its leader (see the module docstring).
 FORWARDED_UNARY = ("QueryRoute", "QueryAssignment", "SendMessage", "EndTransaction",
                    "RecallMessage", "AckMessage", "ChangeInvisibleDuration",
@@ -119,6 +125,8 @@ class LeaderChannel:
         self._address: str | None = None
         self._channel = None
         self._stub = None
+        self._mirrors: set[LeaderSession] = set()
+        self._watcher: asyncio.Future | None = None
 
     def stub(self, context):
         """The leader's stub for ``context``'s call, or ``None``: the call is answered here
@@ -148,7 +156,38 @@ class LeaderChannel:
                 asyncio.ensure_future(old.close())
         return self._stub
 
+    def watch(self, mirror: LeaderSession) -> None:
+        """End ``mirror`` once another replica leads (looked at every
+        :data:`LEADER_WATCH_S`, by one task for every mirror)."""
+        self._mirrors.add(mirror)
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    def unwatch(self, mirror: LeaderSession) -> None:
+        self._mirrors.discard(mirror)
+
+    async def _watch(self) -> None:
+        try:
+            while self._mirrors:
+                await asyncio.sleep(LEADER_WATCH_S)
+                leader = self.replica.leader
+                for mirror in [m for m in self._mirrors
+                               if leader is not None and m.leader != leader]:
+                    mirror.end()
+        finally:
+            self._watcher = None
+
+    async def settled(self, old: str | None) -> None:
+        """Return once this replica leads or knows a leader other than ``old`` (an election
+        over), or after :data:`LEADER_SETTLE_S`."""
+        end = asyncio.get_running_loop().time() + LEADER_SETTLE_S
+        while not self.replica.leading() and self.replica.leader in (None, old) \
+                and asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(0.05)
+
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -159,7 +198,7 @@ class LeaderSession:
     module docstring); made on the event loop when the producer's stream starts (``context``
     is read then only) and used there.  ``deliver(command)``: hands a check-back to the
     producer's stream; ``lost()``: called when the leader's stream ended otherwise than by
-    :meth:`close`."""
+    :meth:`close` (the leader ended it, went away, or another replica leads now)."""
 
     def __init__(self, channel: LeaderChannel, context, deliver, lost) -> None:
         self._channel = channel
@@ -170,44 +209,59 @@ class LeaderSession:
         self._requests: asyncio.Queue | None = None
         self._reader: asyncio.Future | None = None
         self._call = None
+        self._closed = False
+        #: The leader the mirror is on (:meth:`LeaderChannel.watch` ends it once another leads).
+        self.leader: str | None = None
 
     def pass_on(self, command) -> None:
         """Pass the producer's ``command`` on: a producer's settings open the leader's
         stream (while this replica follows a leader it knows); later settings go on it."""
-        if command.WhichOneof("command") != "settings":
+        if command.WhichOneof("command") != "settings" or self._closed:
             return
         if self._requests is None:
             stub = None if self._passed_on else self._channel.leader_stub()
             if stub is None or not command.settings.HasField("publishing"):
                 return
+            self.leader = self._channel.replica.leader
             self._requests = asyncio.Queue()
-            self._reader = asyncio.ensure_future(self._read(stub))
+            self._call = stub.Telemetry(self._commands(), metadata=self._headers)
+            self._reader = asyncio.ensure_future(self._read())
+            self._channel.watch(self)
         self._requests.put_nowait(command)
 
     async def _commands(self):
         while (command := await self._requests.get()) is not None:
             yield command
 
-    async def _read(self, stub) -> None:
+    async def _read(self) -> None:
         try:
-            self._call = stub.Telemetry(self._commands(), metadata=self._headers)
             async for command in self._call:
                 if command.HasField("recover_orphaned_transaction_command"):
                     self._deliver(command)
         except asyncio.CancelledError:
-            return  # closed: the producer's stream ended
+            pass  # closed, or ended by the watch
         except grpc.aio.AioRpcError as exc:
             log.info("the leader's telemetry stream of a producer ended: %s %s",
                      exc.code().name, exc.details())
-        self._lost()
+        finally:
+            self._channel.unwatch(self)
+        if not self._closed:
+            await self._channel.settled(self.leader)
+        if not self._closed:
+            self._lost()
+
+    def end(self) -> None:
+        """End the leader's stream (another replica leads now): ``lost()`` follows."""
+        if self._call is not None:
+            self._call.cancel()
 
     def close(self) -> None:
         """End the leader's stream (the producer's ended)."""
+        self._closed = True
         if self._reader is not None:
+            self._call.cancel()
             self._reader.cancel()
             self._requests.put_nowait(None)
-        if self._call is not None:
-            self._call.cancel()
 
 
 __all__ = ["FIFO_HEADER", "FORWARDED_HEADER", "FORWARDED_UNARY", "LeaderChannel", "LeaderSession",

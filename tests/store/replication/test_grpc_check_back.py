@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
 from test_grpc_replicas import bodies, grpc_set  # noqa: E402
 from test_replica_set import caught_up  # noqa: E402
 
+from store.proxy import follower_calls  # noqa: E402
 from tests.store.proxy.signing import (ACCOUNTS, Stream, message, metadata,  # noqa: E402
                                        stub)
 
@@ -70,7 +71,7 @@ def sessions_of(server) -> set[str]:
 
 @pytest.fixture
 def check_set(tmp_path):
-    """``make(**server options)``: a leader (on a clock the test moves) and a follower,
+    """``make(**server options)``: a leader and a follower (on a clock the test moves),
     each with its gRPC face; ``(leader, follower, clock)``."""
     made = []
 
@@ -78,7 +79,7 @@ def check_set(tmp_path):
         serve = grpc_set(tmp_path, **options)
         clock = Clock()
         made.append(serve(0, clock=clock))
-        made.append(serve(1))
+        made.append(serve(1, clock=clock))
         return made[0], made[1], clock
 
     yield make
@@ -96,7 +97,7 @@ def test_a_producer_on_a_follower_is_checked_back_and_its_answer_commits(check_s
         producer.send(producer_settings(topic))
         assert producer.wait(lambda c: c.HasField("settings"), 10)
         # the follower mirrors the producer's session on the leader (old code: never)
-        assert wait_for(lambda: md[1][1] in sessions_of(leader)), sessions_of(leader)
+        wait_for(lambda: md[1][1] in sessions_of(leader), 5)
         clock.ahead_ms = 60_000  # past the transaction's immunity
         assert leader.check_round() == 1
         assert producer.wait(is_check_back, 10)
@@ -151,9 +152,11 @@ def test_a_follower_mirrors_no_right_the_account_lacks(check_set, tmp_path):
         channel.close()
 
 
-def test_a_producer_stream_ends_when_its_leader_goes_away(check_set):
-    """The mirror's stream ends with the leader: the follower, still not leading, ends the
-    producer's stream, which the client opens again (signed anew) wherever it reaches."""
+def test_a_producer_stream_ends_when_its_leader_goes_away(check_set, monkeypatch):
+    """The mirror's stream ends with the leader: the follower, still not leading once the
+    election had its time, ends the producer's stream, which the client opens again
+    (signed anew) wherever it reaches."""
+    monkeypatch.setattr(follower_calls, "LEADER_SETTLE_S", 0.5)
     leader, follower, _ = check_set()
     md = metadata("orders-svc")
     s, channel = stub(follower.grpc_endpoint)
@@ -164,6 +167,34 @@ def test_a_producer_stream_ends_when_its_leader_goes_away(check_set):
         leader.close()
         producer._reader.join(timeout=10)
         assert not producer._reader.is_alive()  # the stream ended
+    finally:
+        producer.close()
+        channel.close()
+
+
+def test_a_follower_that_comes_to_lead_keeps_its_producers_and_asks_them(check_set):
+    """Another replica leads: the mirror on the old leader ends (looked at every second);
+    the new leader is this replica, so the producer's stream stays and its own check
+    rounds ask the producer."""
+    leader, follower, clock = check_set()
+    topic, md = "orders", metadata("orders-svc")
+    s, channel = stub(follower.grpc_endpoint)
+    producer = Stream(s, md)
+    try:
+        tid = open_half(s, md, topic, b"left open")
+        producer.send(producer_settings(topic))
+        assert wait_for(lambda: md[1][1] in sessions_of(leader))
+        caught_up(leader, follower)
+        follower.replica.become_leader(force=True)
+        leader.replica.become_follower(follower.replica.me)
+        assert wait_for(lambda: md[1][1] not in sessions_of(leader))  # the mirror ended
+        assert producer._reader.is_alive()  # the producer's stream did not
+        clock.ahead_ms = 60_000
+        assert follower.check_round() == 1
+        assert producer.wait(is_check_back, 10)
+        (check,) = [c.recover_orphaned_transaction_command for c in producer.received
+                    if is_check_back(c)]
+        assert check.transaction_id == tid
     finally:
         producer.close()
         channel.close()
