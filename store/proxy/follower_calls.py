@@ -28,9 +28,13 @@ opened with the producer's headers when the producer's settings arrive (the lead
 the signature, and keeps only the topics the account may publish to, as for any session),
 carrying the producer's settings; the leader's check-backs on it are handed to the
 producer's stream here, and the producer's answer (``EndTransaction``) goes on to the
-leader as any call.  When that stream ends while this replica still does not lead (the
-leader changed or went away), the producer's own stream is ended, so that the client opens
-it again with a fresh signature (its headers are never used for another stream).  A FIFO
+leader as any call.  That stream ends when the leader goes away or ends it, or (looked at
+every :data:`LEADER_WATCH_S`) once another replica leads; the follower then waits for the
+election (up to :data:`LEADER_SETTLE_S`) and, unless it was elected itself (its own rounds
+then ask the producer), ends the producer's stream, so that the client opens it again with
+a fresh signature (a client's headers are never used for a second stream).  A session
+opened on a leader that is later deposed is mirrored on the new leader at the producer's
+next settings (the official clients send them again every 5 minutes).  A FIFO
 consumer group's order is kept through a follower: the follower tells the leader which
 groups its sessions consume in order (:data:`FIFO_HEADER`).
 """
@@ -38,7 +42,6 @@ groups its sessions consume in order (:data:`FIFO_HEADER`).
 from __future__ import annotations
 
 import asyncio
-
 import logging
 
 import grpc
@@ -125,6 +128,7 @@ class LeaderChannel:
         self._address: str | None = None
         self._channel = None
         self._stub = None
+        self._closed = False
         self._mirrors: set[LeaderSession] = set()
         self._watcher: asyncio.Future | None = None
 
@@ -182,10 +186,11 @@ class LeaderChannel:
         over), or after :data:`LEADER_SETTLE_S`."""
         end = asyncio.get_running_loop().time() + LEADER_SETTLE_S
         while not self.replica.leading() and self.replica.leader in (None, old) \
-                and asyncio.get_running_loop().time() < end:
+                and not self._closed and asyncio.get_running_loop().time() < end:
             await asyncio.sleep(0.05)
 
     async def close(self) -> None:
+        self._closed = True
         if self._watcher is not None:
             self._watcher.cancel()
         if self._channel is not None:

@@ -13,14 +13,13 @@ import pytest
 
 pytest.importorskip("rocketmq.grpc_protocol")
 
-from rocketmq.grpc_protocol import definition_pb2 as pb  # noqa: E402
-from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
-from test_grpc_replicas import bodies, grpc_set  # noqa: E402
-from test_replica_set import caught_up  # noqa: E402
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from test_grpc_replicas import bodies, grpc_set
+from test_replica_set import caught_up
 
-from store.proxy import follower_calls  # noqa: E402
-from tests.store.proxy.signing import (ACCOUNTS, Stream, message, metadata,  # noqa: E402
-                                       stub)
+from store.proxy import follower_calls
+from tests.store.proxy.signing import ACCOUNTS, Stream, message, metadata, stub
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
