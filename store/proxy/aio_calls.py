@@ -38,6 +38,7 @@ from .follower_calls import (
     FORWARDED_HEADER,
     FORWARDED_UNARY,
     LeaderChannel,
+    LeaderSession,
     forward_stream,
     forward_unary,
 )
@@ -268,7 +269,8 @@ class AsyncMessagingService(MessagingService):
             yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
         context.add_done_callback(lambda _: self.end_stream(session))
-        reader = asyncio.ensure_future(self._read_commands(session, request_iterator))
+        mirror = self._mirror(session, context)
+        reader = asyncio.ensure_future(self._read_commands(session, request_iterator, mirror))
         try:
             while True:
                 command = await self.loop.run_in_executor(self.pool, self.next_command,
@@ -278,13 +280,29 @@ class AsyncMessagingService(MessagingService):
                 yield command
         finally:
             reader.cancel()
+            if mirror is not None:
+                mirror.close()
             self.end_stream(session)  # (a pool thread still waiting ends its wait)
             self.close_session(session)
 
-    async def _read_commands(self, session, request_iterator) -> None:
+    def _mirror(self, session, context) -> LeaderSession | None:
+        """On a replica set's member, the mirror of a producer's ``session`` on the leader
+        while this replica follows (:class:`~store.proxy.follower_calls.LeaderSession`):
+        the leader's check-backs reach the producer here."""
+        if self.leader is None:
+            return None
+
+        def lost() -> None:  # (a replica that leads now asks the producer itself)
+            if not self.replica.leading():
+                self.end_stream(session)  # the client opens its stream again, signed anew
+        return LeaderSession(self.leader, context, session.outbox.put, lost)
+
+    async def _read_commands(self, session, request_iterator, mirror=None) -> None:
         try:
             async for command in request_iterator:
                 self._on_command(session, command)
+                if mirror is not None:
+                    mirror.pass_on(command)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the client went away mid-stream

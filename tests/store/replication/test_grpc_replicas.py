@@ -48,18 +48,20 @@ def raw_message(topic: str, body: bytes) -> pb.Message:
     return m
 
 
-def grpc_set(tmp_path, **more):
+def grpc_set(tmp_path, server: dict | None = None, **more):
     """``serve(i)``: starts replica ``i`` of a static set of two (0 leads), each with its
-    gRPC face; ``more``: further fields of the replica-set file."""
+    gRPC face; ``server``: more arguments of the ``StoreServer``s (``serve(i, **options)``
+    adds more still); ``more``: further fields of the replica-set file."""
     ports, grpc_ports = (free_port(), free_port()), (free_port(), free_port())
     urls = [f"rmq://127.0.0.1:{p}" for p in ports]
     rs = tmp_path / "replicas.json"
     rs.write_text(json.dumps({"replicas": urls, "grpc": {
         u: f"127.0.0.1:{g}" for u, g in zip(urls, grpc_ports)}, **more}))
 
-    def serve(i: int) -> StoreServer:
+    def serve(i: int, **options) -> StoreServer:
         return StoreServer(str(tmp_path / f"s{i}"), SMALL, listen=f"127.0.0.1:{ports[i]}",
-                           replica_set=str(rs), grpc=f"127.0.0.1:{grpc_ports[i]}")
+                           replica_set=str(rs), grpc=f"127.0.0.1:{grpc_ports[i]}",
+                           **(server or {}), **options)
     return serve
 
 
