@@ -20,11 +20,12 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     88   8     storeTag                ours: the store it belongs to (store.core.identity's
                                        tag of the store id); 0 when written before stores
                                        had ids (or by RocketMQ)
-    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the run
-                                       that last moved slotDone appended (where the
-                                       delivered copies of that slot's last handled units
-                                       lie; a hint for checking slotDone, see
-                                       store.timer.validation); 0: none
+    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the
+                                       last delivery run appended (where the delivered
+                                       copies of the slot at lastReadTimeMs, if any, lie;
+                                       written with a slotDone of 0 too; a hint for
+                                       checking slotDone, see store.timer.validation);
+                                       0: none (an earlier version's checkpoint)
     104   8     logCrcFrom              ours: 1 + the TimerLog offset from which logCrc
                                        covers the log; 0: none (a checkpoint of an
                                        earlier version)

@@ -220,12 +220,13 @@ def handled_in_slot(store: StorePort, wheel: TimerWheel, log: TimerLog,
     unit whose record retention removed): the last of those below ``slot_done`` must have a
     copy and none from ``slot_done`` on may.  The copies are looked for from
     ``slotDoneFrom`` (where the run that last moved the count began appending: a short scan)
-    and, when that contradicts the count (or there is no hint), from the oldest record of
-    the units in question on (a scan of the CommitLog since they were enqueued: once per
-    process, only when the count is not zero or the hint says a run handled units here)."""
-    if state.slot_done == 0 and state.slot_done_from == 0:
-        return None  # the normal case: no run stopped inside this slot
+    and, when that contradicts the count (or there is no hint: a checkpoint of an earlier
+    version, whose count of 0 may be set back too), from the oldest record of the units in
+    question on (a scan of the CommitLog since they were enqueued: once per process).  An
+    empty slot with a count of 0 (the normal case) costs nothing."""
     _first, last, num = wheel.get(state.last_read_time_ms)
+    if last < 0 and state.slot_done == 0:
+        return None  # an empty slot, none handled: the normal case
     _positions, units = log.walk_chain(last, state.last_timer_log_flush_pos, num)
     units = units[::-1]  # append order
     k, redo = state.slot_done, state.deliver_mark >= 0
