@@ -9,8 +9,11 @@ store compares the queue with the entries the CommitLog gives for it
   its write lock: its files are set aside (renamed ``<name>.damaged-<n>`` by
   :func:`~store.files.fileio.move_aside`, never deleted), the entries are written anew, a
   warning names what was set aside.
-  A read-only store (a Spark task, ``rmq stats``) writes nothing: it serves that queue from
-  an in-memory :class:`RebuiltQueue` for as long as it is open.  The read is then retried.
+  A read-only store (a Spark task, ``rmq stats``) writes nothing: it serves the entries the
+  CommitLog gave from an in-memory :class:`RebuiltQueue` for as long as it is open, and the
+  entries past them from the queue's files as they are then (reopened when a writable open
+  replaced them): the writer goes on appending, and the reader must see the queue's end
+  move (a copy of its own would freeze it there).  The read is then retried.
 * they agree: the record is what is damaged (a header field outside the body CRC, a body
   failing its CRC); the read raises, or skips just that record with ``skip_corrupt``.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -36,10 +40,22 @@ log = logging.getLogger("store")
 _NATIVE = ENTRY_DTYPE.newbyteorder("=")
 
 
-class RebuiltQueue:
-    """A queue's entries rebuilt in memory (the reading half of :class:`ConsumeQueue`)."""
+def _files_stamp(directory: str) -> tuple:
+    """What identifies the queue's segment files as they are (names and inodes)."""
+    try:
+        with os.scandir(directory) as it:
+            return tuple(sorted((e.name, e.inode()) for e in it if e.name.isdigit()))
+    except FileNotFoundError:
+        return ()
 
-    def __init__(self, topic: str, queue_id: int, directory: str, rows: np.ndarray) -> None:
+
+class RebuiltQueue:
+    """A queue's entries rebuilt in memory (the reading half of :class:`ConsumeQueue`); the
+    entries past them are read from the queue's files (``reopen`` opens them as they are:
+    reopened whenever their files change), so the queue's end keeps moving."""
+
+    def __init__(self, topic: str, queue_id: int, directory: str, rows: np.ndarray,
+                 reopen: Callable[[], ConsumeQueue] | None = None) -> None:
         self.topic, self.queue_id, self.directory = topic, queue_id, directory
         end = int(rows[:, 0].max()) + 1 if len(rows) else 0
         self._entries = np.zeros(end, dtype=_NATIVE)
@@ -48,13 +64,29 @@ class RebuiltQueue:
             self._entries["offset"][at] = rows[:, 1]
             self._entries["size"][at] = rows[:, 2]
             self._entries["tags_code"][at] = rows[:, 3]
+        self._reopen = reopen
+        self._disk: ConsumeQueue | None = None
+        self._disk_stamp: tuple | None = None
+
+    def _on_disk(self) -> ConsumeQueue | None:
+        """The queue's files as they are now (``None``: nothing to read past the rebuild)."""
+        if self._reopen is None:
+            return None
+        stamp = _files_stamp(self.directory)
+        if stamp != self._disk_stamp:  # (set aside and written anew by a writable open)
+            if self._disk is not None:
+                self._disk.close()
+            self._disk, self._disk_stamp = self._reopen(), stamp
+        return self._disk
 
     def max_offset(self, limit_phys: int | None = None) -> int:
         e = self._entries
         ok = e["size"] > 0
         if limit_phys is not None:
             ok &= e["offset"] + e["size"] <= limit_phys
-        return int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+        own = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+        disk = self._on_disk()
+        return max(own, disk.max_offset(limit_phys)) if disk is not None else own
 
     def first_index(self) -> int:
         return 0
@@ -63,13 +95,23 @@ class RebuiltQueue:
         maxo = self.max_offset(limit_phys)
         e = self._entries[:maxo]
         live = (e["size"] > 0) & (e["offset"] >= commitlog_min)
-        return int(np.argmax(live)) if live.any() else maxo
+        # (none: the first entry past the rebuild, read from the files, is the first live)
+        return int(np.argmax(live)) if live.any() else min(maxo, len(self._entries))
 
     def entries(self, start: int, end: int) -> np.ndarray:
-        return self._entries[max(0, start):max(0, min(end, len(self._entries)))].copy()
+        n = len(self._entries)
+        head = self._entries[max(0, start):max(0, min(end, n))].copy()
+        disk = self._on_disk() if end > n else None
+        if disk is None:
+            return head
+        tail = disk.entries(max(start, n), end)
+        return np.concatenate((head, tail)) if len(head) else tail
 
     def entry(self, index: int) -> tuple[int, int, int] | None:
-        if not 0 <= index < len(self._entries):
+        if index >= len(self._entries):
+            disk = self._on_disk()
+            return disk.entry(index) if disk is not None else None
+        if index < 0:
             return None
         e = self._entries[index]
         return int(e["offset"]), int(e["size"]), int(e["tags_code"])
@@ -78,7 +120,9 @@ class RebuiltQueue:
         pass
 
     def close(self) -> None:
-        pass
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
 
 
 class _ReaderParts:
@@ -119,6 +163,9 @@ def heal_queue(store, topic: str, queue_id: int, healed: dict) -> bool:
     if len(have) == n and np.array_equal(have[live], want[live]):
         return False  # the queue says what the CommitLog says: the record is damaged
     if store.read_only:
+        rebuilt = RebuiltQueue(topic, queue_id, current.directory, rows, lambda: ConsumeQueue(
+            os.path.join(store.root, "consumequeue"), topic, queue_id,
+            store.config.consume_queue_file_entries, read_only=True))
         log.warning("the ConsumeQueue of %s/%d does not match the CommitLog (damaged): "
                     "served from an in-memory rebuild (a writable open repairs the file)",
                     topic, queue_id)

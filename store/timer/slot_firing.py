@@ -187,11 +187,13 @@ class SlotFiring:
             d, r = self._fire(_joined(parts), delete_keys, now)
             delivered, rolled = delivered + d, rolled + r
         if stop_at is None:
-            work.last_read_time_ms, work.slot_done, work.slot_done_from = floor_now, 0, 0
+            work.last_read_time_ms, work.slot_done = floor_now, 0
         else:
             work.last_read_time_ms, work.slot_done = stop_at
-            # this run's copies start at its mark (a redo's: the dead run's, earlier still)
-            work.slot_done_from = work.deliver_mark + 1 if work.deliver_mark >= 0 else 0
+        # this run's copies start at its mark (a redo's: the dead run's, earlier still); set
+        # with a count of 0 too, so that a count set back to 0 is found by a short scan (and
+        # a checkpoint without it is known to be an earlier version's)
+        work.slot_done_from = work.deliver_mark + 1 if work.deliver_mark >= 0 else 0
         return delivered, rolled, handled
 
     def _marker_keys_of(self, units: np.ndarray, keys: set[str]) -> None:

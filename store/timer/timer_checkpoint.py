@@ -20,11 +20,19 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
     88   8     storeTag                ours: the store it belongs to (store.core.identity's
                                        tag of the store id); 0 when written before stores
                                        had ids (or by RocketMQ)
-    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the run
-                                       that last moved slotDone appended (where the
-                                       delivered copies of that slot's last handled units
-                                       lie; a hint for checking slotDone, see
-                                       store.timer.validation); 0: none
+    96   8     slotDoneFrom            ours: 1 + the CommitLog offset from which the
+                                       last delivery run appended (where the delivered
+                                       copies of the slot at lastReadTimeMs, if any, lie;
+                                       written with a slotDone of 0 too; a hint for
+                                       checking slotDone, see store.timer.validation);
+                                       0: none (an earlier version's checkpoint)
+    104   8     logCrcFrom              ours: 1 + the TimerLog offset from which logCrc
+                                       covers the log; 0: none (a checkpoint of an
+                                       earlier version)
+    112   8     logCrc                  ours: CRC32 of the TimerLog's bytes from there to
+                                       lastTimerLogFlushPos, extended by every append (the
+                                       units below it need no unit-by-unit check after a
+                                       crash when it matches, see store.timer.validation)
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -54,7 +62,7 @@ CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
     "deliver_mark", "precision_ms", "wheel_slots", "slot_done", "store_tag",
-    "slot_done_from",
+    "slot_done_from", "log_crc_from", "log_crc",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -77,6 +85,8 @@ class TimerCheckpoint:
     slot_done: int = 0
     store_tag: int = 0
     slot_done_from: int = 0
+    log_crc_from: int = 0
+    log_crc: int = 0
 
     def pack(self) -> bytes:
         """The checkpoint as its on-disk bytes."""

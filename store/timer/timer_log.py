@@ -33,6 +33,7 @@ import struct
 
 import numpy as np
 
+from ..base.crc import crc32
 from ..formats.record_codec import BLANK_MAGIC_CODE
 from ..formats.binary_layout import layout
 from ..files.mapped_file import MappedFileQueue
@@ -268,6 +269,19 @@ class TimerLog:
             if n < len(chunk):
                 return
             pos = f.end if stop == len(arr) else f.start + stop * UNIT_SIZE
+
+    def crc(self, start: int, end: int, crc: int = 0) -> int | None:
+        """CRC32 of the log's bytes in ``[start, end)`` (file-end blanks and the zeros after
+        them included), going on from ``crc``; ``None`` when a file in the range is missing."""
+        at = start
+        while at < end:
+            f = self.files.find(at)
+            if f is None:
+                return None
+            stop = min(end, f.start + self.file_size)
+            crc = crc32(memoryview(f.buffer())[at - f.start:stop - f.start], crc)
+            at = stop
+        return crc
 
     # -- maintenance ------------------------------------------------------------------------
     def truncate(self, end: int) -> None:

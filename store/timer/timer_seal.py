@@ -71,18 +71,9 @@ def _fields(checkpoint_path: str, wheel: TimerWheel, log: TimerLog,
         return None
     files = log.files.refresh()
     log_min = files[0].start if files else log_end
-    log_crc = 0
-    at = log_min
-    for f in files:
-        if at >= log_end:
-            break
-        if f.start != at:
-            return None  # a file missing between
-        stop = min(log_end, f.start + log.file_size)
-        log_crc = crc32(memoryview(f.buffer())[:stop - f.start], log_crc)
-        at = stop
-    if at < log_end:
-        return None
+    log_crc = log.crc(log_min, log_end)
+    if log_crc is None:
+        return None  # a file missing between
     return (MAGIC, checkpoint, log_min, log_end, crc32(wheel.raw_bytes()), log_crc)
 
 

@@ -416,9 +416,28 @@ class TimerService:
         state.timestamp = max(self.store.now_ms(), state.last_read_time_ms)
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
+        self._cover_log(state)
         crash_point("timer.checkpoint", "before")
         ckpt.save(self._check_path, state)
         crash_point("timer.checkpoint", "after")
+
+    def _cover_log(self, state: TimerCheckpoint) -> None:
+        """Make ``state``'s CRC of the TimerLog start in a file still on disk.
+
+        A checkpoint without one (an earlier version's, a rebuild's) starts it at its end:
+        the units below were checked by this process's first use, but are not certified by
+        it.  One whose start retention deleted starts it again at the first file (the files
+        this process checked and has been using since; once per deleted file).
+        """
+        end = state.last_timer_log_flush_pos
+        start = state.log_crc_from - 1
+        if state.log_crc_from and start >= self.log.files.min_offset() and start <= end:
+            return
+        crc = self.log.crc(self.log.files.min_offset(), end) if state.log_crc_from else None
+        if crc is None:
+            state.log_crc_from, state.log_crc = end + 1, 0
+        else:
+            state.log_crc_from, state.log_crc = self.log.files.min_offset() + 1, crc
 
     # ------------------------------------------------------------------ delivering
     def deliver_due(self, max_messages: int | None = None) -> int:

@@ -74,6 +74,9 @@ def place_units(wheel: TimerWheel, log: TimerLog, work: TimerCheckpoint, offs: n
     crash_point("timer.log_append", "before")
     log.write(positions, units, blanks)
     crash_point("timer.log_append", "after")
+    if work.log_crc_from:  # the checkpoint's CRC of the log goes on over what was appended
+        crc = log.crc(work.last_timer_log_flush_pos, new_end, work.log_crc)
+        work.log_crc_from, work.log_crc = (work.log_crc_from, crc) if crc is not None else (0, 0)
     # the slots only after the units they point at are written
     crash_point("timer.wheel_update", "before")
     wheel.put(uniq, np.where(valid, first, positions[starts]),

@@ -113,6 +113,34 @@ def test_a_damaged_queue_file_is_rebuilt_by_the_read_that_finds_it(tmp_path, rea
         assert len(reader.pull("t", 0, 0, 2000)) == 1000             # rebuilt in memory again)
 
 
+@pytest.mark.parametrize("repaired", [False, True], ids=["file still damaged", "repaired"])
+def test_a_reader_serving_a_rebuilt_queue_sees_its_end_move(tmp_path, repaired):
+    """A reader that rebuilt a damaged queue in memory reads the entries a writer appends
+    after it (to the damaged file, or to the file a writable open wrote anew)."""
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, CONFIG) as store:
+        producer = store.producer("g")
+        for i in range(1000):
+            producer.send(Message("t", b"m%d" % i), queue_id=0)
+    _flip_queue_entries(path, 300, 5)
+    with MessageStore.open(path, CONFIG, read_only=True) as reader:
+        assert len(reader.pull("t", 0, 0, 2000)) == 1000  # served from the rebuild
+        with MessageStore.open(path, CONFIG) as writer:
+            if repaired:  # the writer meets the damage too: the file is set aside, rewritten
+                assert len(writer.pull("t", 0, 0, 2000)) == 1000
+            producer = writer.producer("g")
+            for i in range(1000, 1200):
+                producer.send(Message("t", b"m%d" % i), queue_id=0)
+            writer.flush()
+            assert reader.max_offset("t", 0) == 1200
+            views = reader.pull("t", 0, 990, 500)
+            assert [v.body for v in views] == [b"m%d" % i for i in range(990, 1200)]
+            assert [v.body for v in reader.pull("t", 0, 0, 2000)] == [
+                b"m%d" % i for i in range(1200)]
+    qdir = os.path.join(path, "consumequeue", "t", "0")
+    assert bool([n for n in os.listdir(qdir) if ".damaged" in n]) == repaired
+
+
 def _plain_checks(q: np.ndarray, phys: np.ndarray) -> np.ndarray:
     """The offset checks spelled out one entry at a time (the model)."""
     n = len(q)

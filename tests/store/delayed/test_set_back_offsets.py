@@ -84,6 +84,22 @@ def test_a_set_back_offset_delivers_nothing_twice(tmp_path, where):
     _deliver_everything(root, clock)
 
 
+@pytest.mark.parametrize("where", ["zero", "middle", "not a number"])
+def test_a_set_back_offset_is_not_counted_as_pending(tmp_path, where):
+    """Before any run heals the file, the entries it calls undelivered that have a delivered
+    copy are neither counted nor listed as pending."""
+    clock, root = FakeClock(), str(tmp_path / "s")
+    _store_with_delivered(root, clock)
+    value = {"zero": 0, "middle": 5, "not a number": "x"}[where]
+    _edit(root, lambda table: {level: value for level in table})
+    with MessageStore.open(root, SMALL, clock=clock) as s:
+        assert s.delay_levels.pending_count() == 10 * len(LEVELS)  # the "new" ones only
+        assert len(s.delay_levels.pending_due_ms()) == 10 * len(LEVELS)
+        s.producer("g").send(Message("other", b"x"))  # the scan goes on over it
+        assert s.delay_levels.pending_count() == 10 * len(LEVELS)
+    _deliver_everything(root, clock)
+
+
 def test_a_restored_backup_delivers_nothing_twice(tmp_path):
     """A backup is self-consistent (its seal holds): what was delivered after it was saved is
     found from its ``savedAt`` on."""

@@ -104,13 +104,17 @@ def test_flipped_wheel_bytes_lose_nothing(template, tmp_path, seed):
     _deliver_all(copy, now, due)
 
 
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "crashed"])
 @pytest.mark.parametrize("seed", range(8))
-def test_flipped_timer_log_bytes_lose_nothing(template, tmp_path, seed, monkeypatch):
+def test_flipped_timer_log_bytes_lose_nothing(template, tmp_path, seed, monkeypatch, sealed):
+    """Without the seal (a crash) the checkpoint's CRC of the TimerLog finds the flips."""
     if seed % 2:
         monkeypatch.setattr(validation, "CHECK_CHUNK", 5)
     root, now, due = template
     copy = str(tmp_path / "s")
     shutil.copytree(root, copy)
+    if not sealed:
+        os.unlink(os.path.join(copy, "config", "timercheck.seal"))
     rng = random.Random(100 + seed)
     directory = os.path.join(copy, "timerlog")
     name = os.path.join(directory, max(os.listdir(directory)))
@@ -233,3 +237,89 @@ def test_no_seal_after_a_run_that_died(tmp_path, monkeypatch):
         clock.advance(6_000)
         assert s.deliver_due() == 1
     assert os.path.exists(seal)
+
+
+def _record_reads(monkeypatch) -> list:
+    """How many pending units' records each step of the unit-by-unit check reads."""
+    reads = []
+    real = validation.record_fields
+
+    def counting(store, entries, mask):
+        reads.append(int(mask.sum()))
+        return real(store, entries, mask)
+
+    monkeypatch.setattr(validation, "record_fields", counting)
+    return reads
+
+
+def test_after_a_crash_the_units_the_checkpoint_certifies_are_not_read_again(
+        template, tmp_path, monkeypatch):
+    """No seal (the process died): the files are checked, but the records of the units the
+    checkpoint's CRC of the TimerLog covers (all of them here) are not read."""
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    os.unlink(os.path.join(copy, "config", "timercheck.seal"))
+    ran, reads = _checks(monkeypatch), _record_reads(monkeypatch)
+    MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert ran == [None] and sum(reads) == 0
+    _deliver_all(copy, now, due)
+
+
+@pytest.mark.parametrize("field", ["log_crc_from", "log_crc"])
+@pytest.mark.parametrize("flip", [False, True], ids=["zeroed", "flipped"])
+def test_a_damaged_log_crc_costs_the_reads_and_nothing_else(template, tmp_path, monkeypatch,
+                                                            field, flip):
+    from store.timer.timer_checkpoint import CHECKPOINT_FIELDS
+
+    root, now, due = template
+    copy = str(tmp_path / "s")
+    shutil.copytree(root, copy)
+    os.unlink(os.path.join(copy, "config", "timercheck.seal"))
+    name = os.path.join(copy, "config", "timercheck")
+    at = 8 * CHECKPOINT_FIELDS.index(field)
+    with open(name, "r+b") as fh:
+        fh.seek(at)
+        old = fh.read(8)
+        fh.seek(at)
+        fh.write(bytes(b ^ 0x10 for b in old) if flip else bytes(8))
+    ran, reads = _checks(monkeypatch), _record_reads(monkeypatch)
+    MessageStore.open(copy, SMALL, clock=FakeClock(now)).close()
+    assert ran == [None] and sum(reads) > N // 2  # every pending unit's record read
+    assert not os.path.exists(os.path.join(copy, "timerwheel.damaged-1"))
+    _deliver_all(copy, now, due)
+
+
+def test_the_log_crc_follows_appends_across_files_and_retention(tmp_path):
+    """Runs that append across TimerLog files extend the CRC; once retention deletes the
+    file it starts in, the next save starts it again at the first file left."""
+    from store.timer.validation import certified_from
+
+    clock = FakeClock()
+    with MessageStore.open(str(tmp_path / "s"), SMALL, clock=clock) as s:
+        p = s.producer("g")
+        for i in range(8):  # 3,200 units: three 64 KiB TimerLog files
+            for j in range(400):
+                p.send(Message("t", b"a-%d-%d" % (i, j)), delay_ms=2_000 + 10 * j)
+            clock.advance(100)
+            s.deliver_due()
+        log = s.timer.log
+        state = s.timer.state()
+        assert len(log.files.refresh()) >= 3
+        assert state.log_crc_from == 1  # from the first unit on
+        assert certified_from(log, state, 0) == 0
+        clock.advance(10_000)
+        s.deliver_due()  # every one delivered
+        later = p.send(Message("t", b"later"), delay_ms=60_000)
+        clock.advance(100)
+        s.deliver_due()
+        s.timer.on_retention(later.commitlog_offset)
+        first = log.files.refresh()[0].start
+        assert first > 0  # files deleted
+        p.send(Message("t", b"later-2"), delay_ms=60_000)
+        clock.advance(100)
+        s.deliver_due()
+        state = s.timer.state()
+        assert state.log_crc_from == first + 1
+        assert certified_from(log, state, first) == first
+
