@@ -29,7 +29,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from store import StoreConfig
-from tests.store.proxy.signing import message, serving, stored, stub
+from tests.store.proxy.signing import Stream, message, serving, stored, stub
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -457,3 +457,119 @@ def test_an_oversized_request_is_refused_and_the_endpoint_serves_on(endpoint_of)
     took = _short_calls_take(endpoint.endpoint, n=2, timeout=1.0)
     assert max(took) < 1.0, took
     assert stored(endpoint.service.store.root, TOPIC) == before + 2
+
+
+# --------------------------------------------------------------------------- idle sessions
+class IdleStreams:
+    """``count`` telemetry streams, each of a client id of its own, that never send a
+    command (an idle client), spread over ``connections`` connections and held by an
+    asyncio loop in a thread; ``codes`` gets the status each ends with."""
+
+    def __init__(self, endpoint: str, count: int, connections: int) -> None:
+        self.endpoint, self.count, self.connections = endpoint, count, connections
+        self.codes: list = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),),
+                                        daemon=True)
+        self._started = threading.Event()
+
+    async def _one(self, s, i: int) -> None:
+        async def idle():
+            await self._stop.wait()
+            yield rpc.TelemetryCommand()
+
+        call = s.Telemetry(idle(), metadata=[("x-mq-client-id", f"idle-{i}")])
+        self._calls.append(call)
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            self.codes.append(exc.code())
+
+    async def _main(self) -> None:
+        self._stop, self._calls = asyncio.Event(), []
+        channels = [grpc.aio.insecure_channel(self.endpoint, options=[
+            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(self.connections)]
+        stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
+        tasks = [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
+                 for i in range(self.count)]
+        self._started.set()
+        await self._stop.wait()
+        for call in self._calls:
+            call.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        self._started.wait(60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=60)
+
+
+def _streams_open(service) -> int:
+    streams = getattr(service, "streams", None)  # (the code before counted them as held)
+    return streams.open if streams is not None else service.held.held
+
+
+def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working(endpoint_of):
+    """The code before held a pool thread per telemetry stream and counted streams with
+    long polls (1,024 in all): 1,100 idle clients of distinct ids took every place, so a
+    long-polling receive answered at once with nothing and a new client's stream was
+    refused.  Now streams wait on the event loop (no thread each), have bounds of their
+    own, and the least recently active ones make room."""
+    endpoint = endpoint_of()
+    s, channel = stub(endpoint.endpoint)
+    try:
+        for topic in (TOPIC, "polled"):
+            r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=topic)), timeout=10)
+            assert r.status.code == pb.Code.OK, r.status
+        threads = threading.active_count()
+        with IdleStreams(endpoint.endpoint, 1100, connections=4) as idle:
+            assert _wait(lambda: _streams_open(endpoint.service) >= 1024, timeout=30), \
+                _streams_open(endpoint.service)
+            assert _wait(lambda: len(idle.codes) >= 1100 - 1024, timeout=10), len(idle.codes)
+            grew = threading.active_count() - threads
+
+            def send_later():
+                time.sleep(0.8)
+                s.SendMessage(rpc.SendMessageRequest(messages=[message("polled", b"awaited")]),
+                              timeout=5)
+
+            sender = threading.Thread(target=send_later)
+            start = time.monotonic()
+            sender.start()
+            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+                    topic=pb.Resource(name="polled")), batch_size=1,
+                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+                metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
+            polled = time.monotonic() - start
+            sender.join()
+            bodies = [a.message.body for a in answers if a.HasField("message")]
+            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+            assert 0.7 < polled < 5, polled
+
+            took = _short_calls_take(endpoint.endpoint, n=5, timeout=1.0)
+            assert max(took) < 1.0, took
+
+            session = Stream(s, [("x-mq-client-id", "legit-producer")])
+            try:
+                session.send(rpc.TelemetryCommand(settings=pb.Settings(
+                    client_type=pb.ClientType.PRODUCER,
+                    publishing=pb.Publishing(topics=[pb.Resource(name=TOPIC)]))))
+                assert session.wait(lambda c: c.HasField("settings"), timeout=5), \
+                    session.received
+            finally:
+                session.close()
+            codes = list(idle.codes)
+    finally:
+        channel.close()
+    assert grew < 64, f"{grew} threads for 1,100 idle streams"
+    assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, set(codes)
+    assert endpoint.service.streams.closed >= 1100 - 1024 + 1  # the oldest idle, for the
+    assert _wait(lambda: endpoint.service.streams.open == 0, timeout=10)  # legit session

@@ -108,14 +108,20 @@ def _short_calls_answer_within(endpoint: str, seconds: float, n: int = 10) -> li
     return took
 
 
+def _held(endpoint: GrpcEndpoint) -> int:
+    """Long polls held and telemetry streams open (the code before counted both as held)."""
+    streams = getattr(endpoint.service, "streams", None)
+    return endpoint.service.held.held + (streams.open if streams is not None else 0)
+
+
 def _wait_held(endpoint: GrpcEndpoint, count: int, timeout: float = 60) -> None:
     if not hasattr(endpoint.service, "held"):  # the code before: no count to wait for
         time.sleep(5)
         return
     end = time.monotonic() + timeout
-    while endpoint.service.held.held < count and time.monotonic() < end:
+    while _held(endpoint) < count and time.monotonic() < end:
         time.sleep(0.1)
-    assert endpoint.service.held.held >= count, endpoint.service.held.held
+    assert _held(endpoint) >= count, (endpoint.service.held.held, _held(endpoint))
 
 
 @pytest.mark.slow
@@ -130,24 +136,26 @@ def test_400_idle_streams_and_300_long_polls_leave_short_calls_answering(endpoin
     assert max(took) < 1.0, took
 
 
-def test_held_calls_beyond_the_bounds_are_refused_or_answered_at_once(endpoint_of):
-    """A small configured pool (40 held calls, 4 short-call threads) under 100 streams and
-    60 long polls: the streams beyond are refused with RESOURCE_EXHAUSTED, the receives
-    beyond answer at once, short calls answer within 1 s throughout."""
-    endpoint = endpoint_of(max_held_calls=40, short_call_workers=4)
+def test_held_calls_and_streams_beyond_their_bounds_are_answered_or_closed(endpoint_of):
+    """A small configured pool (40 held calls, 4 short-call threads) and 50 streams under
+    100 streams and 60 long polls: the receives beyond answer at once, the streams beyond
+    close the least recently active ones (RESOURCE_EXHAUSTED), short calls answer within 1 s
+    throughout."""
+    endpoint = endpoint_of(max_held_calls=40, short_call_workers=4, max_telemetry_streams=50)
     _short_calls_answer_within(endpoint.endpoint, 10, n=1)
     with HeldLoad(endpoint.endpoint, streams=100, polls=60) as load:
-        _wait_held(endpoint, 40)
+        _wait_held(endpoint, 40 + 50)
         end = time.monotonic() + 30
-        while len(load.codes) < 100 + 60 - 40 and time.monotonic() < end:
+        while len(load.codes) < 50 + 20 and time.monotonic() < end:
             time.sleep(0.1)
         took = _short_calls_answer_within(endpoint.endpoint, 1.0)
         assert endpoint.service.held.held == 40
+        assert endpoint.service.streams.open == 50
         codes = list(load.codes)
     assert max(took) < 1.0, took
-    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) + codes.count(
-        "MESSAGE_NOT_FOUND") == 100 + 60 - 40, codes
-    assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, "MESSAGE_NOT_FOUND"}
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 50, codes
+    assert codes.count("MESSAGE_NOT_FOUND") == 20, codes
+    assert endpoint.service.streams.closed == 50
 
 
 def test_held_calls_per_client_are_bounded():
