@@ -265,8 +265,10 @@ class AsyncMessagingService(MessagingService):
             self._refused("Telemetry", context, exc)
             yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
-        context.add_done_callback(lambda _: self.end_stream(session))
         reader = asyncio.ensure_future(self._read_commands(session, request_iterator))
+        # (the reader is cancelled once the call is done, not before: the call's status
+        # is sent first)
+        context.add_done_callback(lambda _: (self.end_stream(session), reader.cancel()))
         try:
             while True:
                 command = await self.next_command(session)
@@ -278,7 +280,6 @@ class AsyncMessagingService(MessagingService):
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, command.text)
                 yield command
         finally:
-            reader.cancel()
             self.close_session(session)
 
     def peer_of(self, context) -> str | None:
