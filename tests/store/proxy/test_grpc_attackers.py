@@ -29,7 +29,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from store import StoreConfig
-from tests.store.proxy.signing import Stream, message, serving, stored, stub
+from tests.store.proxy.signing import message, producer_session, serving, stored, stub
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -557,15 +557,7 @@ def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working
             took = _short_calls_take(endpoint.endpoint, n=5, timeout=1.0)
             assert max(took) < 1.0, took
 
-            session = Stream(s, [("x-mq-client-id", "legit-producer")])
-            try:
-                session.send(rpc.TelemetryCommand(settings=pb.Settings(
-                    client_type=pb.ClientType.PRODUCER,
-                    publishing=pb.Publishing(topics=[pb.Resource(name=TOPIC)]))))
-                assert session.wait(lambda c: c.HasField("settings"), timeout=5), \
-                    session.received
-            finally:
-                session.close()
+            producer_session(s, "legit-producer").close()  # (answered: not refused)
             codes = list(idle.codes)
     finally:
         channel.close()
@@ -609,10 +601,7 @@ def test_a_flood_of_streams_from_one_address_closes_only_that_address_s(endpoint
     sessions = []
     try:
         for client in ("first", "second"):
-            sessions.append(Stream(s, [("x-mq-client-id", client)]))
-            sessions[-1].send(rpc.TelemetryCommand(settings=pb.Settings(
-                client_type=pb.ClientType.PRODUCER)))
-            assert sessions[-1].wait(lambda c: c.HasField("settings"), timeout=5)
+            sessions.append(producer_session(s, client))
         flood = _raw_telemetry_streams(endpoint.port, "127.0.0.2", 40)
         try:
             assert _wait(lambda: streams.closed >= 35, timeout=10), streams.closed

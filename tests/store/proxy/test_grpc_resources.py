@@ -21,7 +21,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 
 from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
-from tests.store.proxy.signing import Stream, message, stub  # noqa: E402
+from tests.store.proxy.signing import message, producer_session, stub  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -264,17 +264,11 @@ def test_a_stream_whose_client_heartbeats_outlives_idle_ones(endpoint_of):
     streams = []
     try:
         for client in ("old-but-alive", "idle"):
-            streams.append(Stream(s, [("x-mq-client-id", client)]))
-            streams[-1].send(rpc.TelemetryCommand(settings=pb.Settings(
-                client_type=pb.ClientType.PRODUCER)))
-            assert streams[-1].wait(lambda c: c.HasField("settings"), timeout=5)
+            streams.append(producer_session(s, client))
         r = s.Heartbeat(rpc.HeartbeatRequest(), metadata=[("x-mq-client-id", "old-but-alive")],
                         timeout=5)
         assert r.status.code == pb.Code.OK
-        streams.append(Stream(s, [("x-mq-client-id", "newcomer")]))
-        streams[-1].send(rpc.TelemetryCommand(settings=pb.Settings(
-            client_type=pb.ClientType.PRODUCER)))
-        assert streams[-1].wait(lambda c: c.HasField("settings"), timeout=5)
+        streams.append(producer_session(s, "newcomer"))
         streams[1]._reader.join(timeout=5)
         assert streams[1].call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "least recently active" in streams[1].call.details()
