@@ -576,9 +576,10 @@ def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working
 TELEMETRY = "/apache.rocketmq.v2.MessagingService/Telemetry"
 
 
-def _raw_telemetry_streams(port: int, source: str, count: int) -> socket.socket:
+def _raw_telemetry_streams(port: int, source: str, count: int, name: str = "raw"
+                           ) -> socket.socket:
     """A connection from ``source`` (a loopback address) opening ``count`` telemetry
-    streams of client ids of their own that never send a command."""
+    streams of client ids of their own (``name-source-i``) that never send a command."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     frames = [PREFACE, _frame(4, 0, 0)]
     for i in range(count):
@@ -586,7 +587,7 @@ def _raw_telemetry_streams(port: int, source: str, count: int) -> socket.socket:
             (b":method", b"POST"), (b":scheme", b"http"), (b":path", TELEMETRY.encode()),
             (b":authority", f"127.0.0.1:{port}".encode()),
             (b"content-type", b"application/grpc"), (b"te", b"trailers"),
-            (b"x-mq-client-id", f"raw-{source}-{i}".encode())))
+            (b"x-mq-client-id", f"{name}-{source}-{i}".encode())))
         frames.append(_frame(1, 4, 2 * i + 1, headers))  # HEADERS, END_HEADERS
     sock.sendall(b"".join(frames))
     return sock
@@ -614,3 +615,22 @@ def test_a_flood_of_streams_from_one_address_closes_only_that_address_s(endpoint
         for session in sessions:
             session.close()
         channel.close()
+
+
+@pytest.mark.slow
+def test_streams_through_a_worker_process_count_under_their_client_s_address(tmp_path):
+    """With ``--grpc-processes 2`` the kernel hands some connections to the worker, which
+    passes their streams on to the primary over loopback: they are counted under the
+    client's address (the worker vouches for it), not under the worker's 127.0.0.1."""
+    with serving(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
+                 grpc_processes=2) as (srv, _):
+        streams = srv._asks.service.streams
+        port = int(srv.grpc_endpoint.rpartition(":")[2])
+        socks = [_raw_telemetry_streams(port, "127.0.0.2", 5, f"c{k}") for k in range(12)]
+        try:
+            assert _wait(lambda: streams.of_peer("127.0.0.2") == 60, timeout=30), \
+                (streams.of_peer("127.0.0.2"), streams.of_peer("127.0.0.1"))
+            assert streams.of_peer("127.0.0.1") == 0
+        finally:
+            for sock in socks:
+                sock.close()
