@@ -11,8 +11,8 @@ beyond a bound does not long-poll, it answers at once with what is there
 (``MESSAGE_NOT_FOUND`` when nothing), as a receive with a zero polling time does.
 
 **Telemetry streams** (one per client, for its life, idle nearly all of it) hold no thread:
-a stream waits for its next command on the event loop, so one costs a few kilobytes of
-memory and nothing else.  They have bounds of their own (:class:`TelemetryStreams`), apart
+a stream waits for its next command on the event loop, so one costs memory only (about
+20 KiB: 1,000 idle streams measured +19 MiB, and no thread).  They have bounds of their own (:class:`TelemetryStreams`), apart
 from the held calls', so that idle clients never take the room of the calls that work:
 :data:`MAX_TELEMETRY_STREAMS_PER_PEER` from one peer address and
 :data:`MAX_TELEMETRY_STREAMS` in all.  A stream beyond a bound is not refused: the **least
@@ -21,7 +21,8 @@ recently active** stream (of that address, else of all) is closed with the gRPC 
 active when its client sends a command on it or a heartbeat with its client id (the
 official clients heartbeat every 10 s): idle streams go first, a working client's last.
 The peer address of a stream a worker process passes on (``--grpc-processes``) is the
-client's, vouched for by the worker with the store's secret (:func:`vouched_peer`).
+client's, vouched for by the worker with the store's secret (:func:`vouched_peer`); a
+heartbeat a worker answers itself does not count as activity (its stream's commands do).
 
 **Calls whose request has not arrived.**  A call is an HTTP/2 stream: its headers open it,
 its request message may come later, or never (a half-open stream costs its client nothing).
