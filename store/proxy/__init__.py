@@ -31,8 +31,11 @@ from ..base.remote_address import RemoteAddress
 from .grpc_limits import (
     MAX_HELD_CALLS,
     MAX_HELD_CALLS_PER_CLIENT,
+    MAX_TELEMETRY_STREAMS,
+    MAX_TELEMETRY_STREAMS_PER_PEER,
     SHORT_CALL_WORKERS,
     HeldCalls,
+    TelemetryStreams,
     transport_options,
 )
 
@@ -59,8 +62,10 @@ class GrpcEndpoint:
     members of a store group, served as one endpoint.  ``acl``: the path of an ACL file
     (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
     chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
-    telemetry streams and long polls held at once in all (per client id);
-    ``short_call_workers``: threads only short calls reach (:mod:`store.proxy.grpc_limits`).
+    long polls held at once in all (per client id); ``short_call_workers``: threads only
+    short calls reach; ``max_telemetry_streams`` (``max_telemetry_streams_per_peer``):
+    telemetry streams open at once in all (per peer address), beyond which the least
+    recently active is closed (:mod:`store.proxy.grpc_limits`).
     ``processes``: serve as this many processes on the port (:mod:`store.proxy.processes`);
     ``reuse_port``: let other processes listen on it too; ``primary``: this is a worker
     process forwarding to the primary at ``HOST:PORT``; ``writer_thread``: store groups of
@@ -71,7 +76,10 @@ class GrpcEndpoint:
     def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
-                 short_call_workers: int = SHORT_CALL_WORKERS, processes: int = 1,
+                 short_call_workers: int = SHORT_CALL_WORKERS,
+                 max_telemetry_streams: int = MAX_TELEMETRY_STREAMS,
+                 max_telemetry_streams_per_peer: int = MAX_TELEMETRY_STREAMS_PER_PEER,
+                 processes: int = 1,
                  reuse_port: bool = False, writer_thread: bool = False,
                  primary: str | None = None, replica=None) -> None:
         if not grpc_available():
@@ -87,6 +95,7 @@ class GrpcEndpoint:
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
         held = HeldCalls(max_held_calls, max_held_calls_per_client)
+        streams = TelemetryStreams(max_telemetry_streams, max_telemetry_streams_per_peer)
         if processes < 1 or (processes > 1 and (len(stores) > 1 or primary is not None)):
             raise InvalidConfigError(f"{processes} endpoint processes; allowed: 1 or more for "
                                      "one store (a store group's endpoint is one process)")
@@ -98,8 +107,8 @@ class GrpcEndpoint:
         self.loopback = address.loopback
         self._closed = False
         self._close_lock = threading.Lock()
-        # one event loop answers every call (store.proxy.aio_calls); held calls (streams,
-        # long polls) never take more than their own share of the pool: short_call_workers
+        # one event loop answers every call (store.proxy.aio_calls); held calls (long
+        # polls) never take more than their own share of the pool: short_call_workers
         # threads stay for the short calls a plain method answers (store.proxy.grpc_limits)
         self._pool = ThreadPoolExecutor(max_workers=max_held_calls + short_call_workers,
                                         thread_name_prefix="rmq-grpc")
@@ -113,7 +122,7 @@ class GrpcEndpoint:
         try:
             self.port = self._run(self._start(
                 stores, address, self._limit,
-                tls, access, held, reuse_port or processes > 1, writer_thread))
+                tls, access, (held, streams), reuse_port or processes > 1, writer_thread))
             if processes > 1:  # the others join the port (store.proxy.processes)
                 from .processes import Workers
 
@@ -141,7 +150,8 @@ class GrpcEndpoint:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _start(self, stores, address: RemoteAddress, limit: int, tls, access,
-                     held: HeldCalls, reuse_port: bool, writer_thread: bool) -> int:
+                     bounds: tuple[HeldCalls, TelemetryStreams], reuse_port: bool,
+                     writer_thread: bool) -> int:
         import grpc
 
         from .aio_calls import AsyncMessagingService, add_to_server
@@ -169,7 +179,8 @@ class GrpcEndpoint:
                                      "address is in use or not this host's)")
         if self._processes > 1:  # where the workers forward (store.proxy.processes)
             self.private_port = self._server.add_insecure_port("127.0.0.1:0")
-        options = {"access": access, "address": (self._advertised(), port), "held": held,
+        options = {"access": access, "address": (self._advertised(), port),
+                   "held": bounds[0], "streams": bounds[1],
                    "loop": asyncio.get_running_loop(), "pool": self._pool,
                    "writer_thread": writer_thread}
         if self._primary is None:

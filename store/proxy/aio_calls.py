@@ -16,8 +16,9 @@ cores that measured slower (the hand-off and GIL switches cost more than the sto
 share of a send, about 20 us, leaves to share); it is kept for a store whose appends wait
 (``SYNC_FLUSH``).
 
-Held calls (telemetry streams, long-polling receives) keep threads of their own, from the
-pool :mod:`store.proxy.grpc_limits` bounds; a receive's answer is streamed by the loop.
+Long-polling receives keep threads of their own while they wait, from the pool
+:mod:`store.proxy.grpc_limits` bounds; a receive's answer is streamed by the loop.  A
+telemetry stream holds no thread: it awaits its next command on the loop.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from .convert import Code, Refused
+from .convert import Refused
 from .follower_calls import (
     FIFO_HEADER,
     FORWARDED_HEADER,
@@ -42,8 +43,8 @@ from .follower_calls import (
     forward_stream,
     forward_unary,
 )
-from .grpc_limits import RequestWaits
-from .grpc_service import MessagingService, status
+from .grpc_limits import RequestWaits, vouched_peer
+from .grpc_service import Evicted, MessagingService, status
 
 _OK = status()
 log = logging.getLogger("store.proxy")
@@ -256,34 +257,40 @@ class AsyncMessagingService(MessagingService):
             _HeldContext(context))
 
     async def Telemetry(self, request_iterator, context):
-        """A client's session: its commands read on the loop, the commands for it (settings
-        replies, check-backs) waited for in a pool thread (a held call's).  The call's
-        context is only touched on the loop: read from a pool thread it may be freed under
-        the reader when the client goes away (a segmentation fault under load)."""
+        """A client's session: its commands read and the commands for it (settings replies,
+        check-backs) awaited on the loop; no thread is held, however long the stream is
+        idle (:class:`~store.proxy.grpc_limits.TelemetryStreams` bounds how many)."""
         try:
-            session = self.open_session(context)
+            session = self.open_session(context, self.peer_of(context))
         except Refused as exc:
             self._refused("Telemetry", context, exc)
-            if exc.code == Code.TOO_MANY_REQUESTS:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.text)
             yield rpc.TelemetryCommand(status=status(exc.code, exc.text))
             return
-        context.add_done_callback(lambda _: self.end_stream(session))
         mirror = self._mirror(session, context)
         reader = asyncio.ensure_future(self._read_commands(session, request_iterator, mirror))
+        # (the reader is cancelled once the call is done, not before: the call's status
+        # is sent first)
+        context.add_done_callback(lambda _: (self.end_stream(session), reader.cancel()))
         try:
             while True:
-                command = await self.loop.run_in_executor(self.pool, self.next_command,
-                                                          session)
+                command = await self.next_command(session)
                 if command is None:
                     break
+                if isinstance(command, Evicted):
+                    self.refusals.warning("Telemetry from %s ended: %s", session.peer,
+                                          command.text)
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, command.text)
                 yield command
         finally:
-            reader.cancel()
             if mirror is not None:
                 mirror.close()
-            self.end_stream(session)  # (a pool thread still waiting ends its wait)
             self.close_session(session)
+
+    def peer_of(self, context) -> str | None:
+        """The peer address a stream is counted under when not the call's own: the
+        client's, that a worker process passing its stream on vouches for
+        (:func:`~store.proxy.grpc_limits.vouched_peer`)."""
+        return vouched_peer(dict(context.invocation_metadata()), self.signer)
 
     def _mirror(self, session, context) -> LeaderSession | None:
         """On a replica set's member, the mirror of a producer's ``session`` on the leader

@@ -30,13 +30,14 @@ consumers' offsets, lite topics) answer ``NOT_IMPLEMENTED``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import ipaddress
 import logging
-import queue
 import random
 import threading
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ from .convert import (
     status,
     store_error_code,
 )
-from .grpc_limits import HeldCalls, LogBudget
+from .grpc_limits import HeldCalls, LogBudget, TelemetryStreams, peer_host
 from .handles import HANDLE_MAX_LENGTH, Signer, store_secret
 from .members import PRODUCER_GROUP, Member
 
@@ -119,7 +120,38 @@ def parse_recall_handle(signer: Signer, text: str,
         raise Refused(Code.BAD_REQUEST, "the recall handle is not one this server gave") from None
 
 
-@dataclass
+class Outbox:
+    """The commands for one telemetry stream: put from any thread, awaited on the endpoint's
+    event loop (no thread waits for a stream's next command)."""
+
+    def __init__(self) -> None:
+        self._items: deque = deque()
+        self._ready: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def put(self, item) -> None:
+        self._items.append(item)
+        loop = self._loop  # (None: get has not run; it finds the item when it does)
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:  # the loop is closed: nothing waits any more
+                pass
+
+    async def get(self):
+        """The next item, waiting on the running loop for one."""
+        if self._loop is None:
+            self._ready = asyncio.Event()  # (before _loop: a put that sees _loop sets it)
+            self._loop = asyncio.get_running_loop()
+        while not self._items:
+            self._ready.clear()
+            if self._items:
+                break
+            await self._ready.wait()
+        return self._items.popleft()
+
+
+@dataclass(eq=False)  # (a session is counted by identity: TelemetryStreams)
 class Session:
     """One client's telemetry stream."""
 
@@ -130,7 +162,7 @@ class Session:
     topics: frozenset[str] = frozenset()
     group: str | None = None
     fifo: bool = False
-    outbox: queue.Queue = field(default_factory=queue.Queue)
+    outbox: Outbox = field(default_factory=Outbox)
     open: bool = True
 
 
@@ -144,6 +176,14 @@ def _check_owner(session: Session, account: Account) -> None:
 
 class _Closed:
     """Ends a session's outgoing stream."""
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """Ends a session's stream with ``RESOURCE_EXHAUSTED``: it was closed to make room
+    (:class:`~store.proxy.grpc_limits.TelemetryStreams`)."""
+
+    text: str
 
 
 
@@ -160,7 +200,8 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
 
     def __init__(self, stores, *, access: AccessControl | None = None,
                  address: tuple[str, int] = ("127.0.0.1", 0),
-                 held: HeldCalls | None = None) -> None:
+                 held: HeldCalls | None = None,
+                 streams: TelemetryStreams | None = None) -> None:
         self.members = [Member(name, store) for name, store in stores]
         if not self.members:
             raise ValueError("an endpoint serves one store at least")
@@ -176,6 +217,7 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         self._closing = threading.Event()
         self.signer = Signer(store_secret(self.store.root))
         self.held = held if held is not None else HeldCalls()
+        self.streams = streams if streams is not None else TelemetryStreams()
         self.refusals = LogBudget(log)
         #: The replica-set member the store is (:mod:`store.replication.replica`), set by
         #: its server (:meth:`serve_replica`): writes only while it leads; ``None`` alone.
@@ -347,7 +389,11 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
 
     def Heartbeat(self, request, context):
         def body():
-            self._account(context)
+            account = self._account(context)
+            session = self._sessions.get(dict(context.invocation_metadata()).get(
+                "x-mq-client-id", ""))
+            if session is not None and session.account.access_key == account.access_key:
+                self.streams.touch(session)  # (its stream is not idle)
             return rpc.HeartbeatResponse(status=status())
         return self._guard(context, "Heartbeat", lambda s: rpc.HeartbeatResponse(status=s), body)
 
@@ -394,6 +440,7 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         return rpc.TelemetryCommand(status=status(), settings=out)
 
     def _on_command(self, session: Session, command: rpc.TelemetryCommand) -> None:
+        self.streams.touch(session)
         which = command.WhichOneof("command")
         if which == "settings":
             s = command.settings
@@ -415,46 +462,45 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
             log.warning("client %s sent an unexpected telemetry command %s", session.client_id,
                         which)
 
-    def open_session(self, context) -> Session:
-        """The session of a telemetry stream starting (counted as a held call, the client
-        id's earlier session ended); ``Refused`` when the call is not allowed, with
-        ``TOO_MANY_REQUESTS`` beyond the held calls' bounds.  ``context`` is read here only:
-        a stream's context is read on the event loop, never from another thread."""
+    def open_session(self, context, peer: str | None = None) -> Session:
+        """The session of a telemetry stream starting (counted among the streams of its peer
+        address, ``peer`` or the call's; the client id's earlier session ended; the least
+        recently active streams closed when a bound is reached); ``Refused`` when the call
+        is not allowed.  ``context`` is read here only: a stream's context is read on the
+        event loop, never from another thread."""
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
         account = self._account(context)
         check_client_id(client_id)
-        if not self.held.acquire(client_id):
-            raise Refused(Code.TOO_MANY_REQUESTS,
-                          f"{self.held.total} telemetry streams and long polls are held (at "
-                          f"most {self.held.per_client} per client); open the stream again "
-                          "later")
         session = Session(client_id, context.peer(), account)
-        try:
-            with self._sessions_lock:
-                old = self._sessions.get(client_id)
-                if old is not None:
-                    _check_owner(old, account)
-                self._sessions[client_id] = session
-        except Refused:
-            self.held.release(client_id)
-            raise
+        with self._sessions_lock:
+            old = self._sessions.get(client_id)
+            if old is not None:
+                _check_owner(old, account)
+            self._sessions[client_id] = session
         if old is not None:
+            self.streams.remove(old)
             old.open = False
             old.outbox.put(_Closed)
+        for other, why in self.streams.add(session, peer or peer_host(context.peer())):
+            other.open = False
+            other.outbox.put(Evicted(
+                f"telemetry stream of client {other.client_id[:80]!r} closed to make room: "
+                f"{why} and it was the least recently active; open it again"))
         return session
 
     def close_session(self, session: Session) -> None:
         """The end of ``session``'s telemetry stream (once, however it ended)."""
-        self.held.release(session.client_id)
+        self.streams.remove(session)
         session.open = False
         with self._sessions_lock:
             if self._sessions.get(session.client_id) is session:
                 del self._sessions[session.client_id]
 
-    def next_command(self, session: Session):
-        """The next command for ``session``'s stream, waiting for one; ``None`` once the
-        stream is to end."""
-        item = session.outbox.get() if not self._closing.is_set() else _Closed
+    async def next_command(self, session: Session):
+        """The next command for ``session``'s stream, waiting on the event loop for one;
+        ``None`` once the stream is to end, an :class:`Evicted` when it is closed to make
+        room."""
+        item = await session.outbox.get() if not self._closing.is_set() else _Closed
         return None if item is _Closed or self._closing.is_set() else item
 
     @staticmethod

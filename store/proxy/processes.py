@@ -40,6 +40,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from ..base.errors import InvalidConfigError
 from .aio_calls import AsyncMessagingService
 from .follower_calls import client_headers, forward_stream, forward_unary, relay_failure
+from .grpc_limits import peer_host, vouch
 
 log = logging.getLogger("store.proxy")
 
@@ -74,8 +75,9 @@ class ForwardingMessagingService(AsyncMessagingService):
 
     async def Telemetry(self, request_iterator, context):
         try:
-            async for command in self.primary.Telemetry(request_iterator,
-                                                        metadata=client_headers(context)):
+            peer = vouch(peer_host(context.peer()), self.signer)  # (counted under its address)
+            async for command in self.primary.Telemetry(
+                    request_iterator, metadata=client_headers(context) + (peer,)):
                 yield command
         except grpc.aio.AioRpcError as exc:
             await relay_failure(context, exc)

@@ -14,6 +14,7 @@ import uuid
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 #: Accounts of the tests: the owner of ``orders``, an account that may publish only to
@@ -94,6 +95,17 @@ class Stream:
         self._out.put(None)
         self.call.cancel()
         self._reader.join(timeout=5)
+
+
+def producer_session(stub, client_id: str, timeout: float = 5.0) -> Stream:
+    """A producer's telemetry stream of ``client_id``, open once its settings are answered."""
+    session = Stream(stub, [("x-mq-client-id", client_id)])
+    session.send(rpc.TelemetryCommand(settings=pb.Settings(client_type=pb.ClientType.PRODUCER)))
+    if not session.wait(lambda c: c.HasField("settings"), timeout):
+        session.close()
+        raise AssertionError(f"the settings of {client_id!r} were not answered: "
+                             f"{session.received}")
+    return session
 
 
 def stored(path: str, topic: str) -> int:

@@ -29,7 +29,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from store import StoreConfig
-from tests.store.proxy.signing import message, serving, stored, stub
+from tests.store.proxy.signing import message, producer_session, serving, stored, stub
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -457,3 +457,180 @@ def test_an_oversized_request_is_refused_and_the_endpoint_serves_on(endpoint_of)
     took = _short_calls_take(endpoint.endpoint, n=2, timeout=1.0)
     assert max(took) < 1.0, took
     assert stored(endpoint.service.store.root, TOPIC) == before + 2
+
+
+# --------------------------------------------------------------------------- idle sessions
+class IdleStreams:
+    """``count`` telemetry streams, each of a client id of its own, that never send a
+    command (an idle client), spread over ``connections`` connections and held by an
+    asyncio loop in a thread; ``codes`` gets the status each ends with."""
+
+    def __init__(self, endpoint: str, count: int, connections: int) -> None:
+        self.endpoint, self.count, self.connections = endpoint, count, connections
+        self.codes: list = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),),
+                                        daemon=True)
+        self._started = threading.Event()
+
+    async def _one(self, s, i: int) -> None:
+        async def idle():
+            await self._stop.wait()
+            yield rpc.TelemetryCommand()
+
+        call = s.Telemetry(idle(), metadata=[("x-mq-client-id", f"idle-{i}")])
+        self._calls.append(call)
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            self.codes.append(exc.code())
+
+    async def _main(self) -> None:
+        self._stop, self._calls = asyncio.Event(), []
+        channels = [grpc.aio.insecure_channel(self.endpoint, options=[
+            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(self.connections)]
+        stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
+        tasks = [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
+                 for i in range(self.count)]
+        self._started.set()
+        await self._stop.wait()
+        for call in self._calls:
+            call.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        self._started.wait(60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=60)
+
+
+def _streams_open(service) -> int:
+    streams = getattr(service, "streams", None)  # (the code before counted them as held)
+    return streams.open if streams is not None else service.held.held
+
+
+def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working(endpoint_of):
+    """The code before held a pool thread per telemetry stream and counted streams with
+    long polls (1,024 in all): 1,100 idle clients of distinct ids took every place, so a
+    long-polling receive answered at once with nothing and a new client's stream was
+    refused.  Now streams wait on the event loop (no thread each), have bounds of their
+    own, and the least recently active ones make room."""
+    endpoint = endpoint_of()
+    s, channel = stub(endpoint.endpoint)
+    try:
+        for topic in (TOPIC, "polled"):
+            r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=topic)), timeout=10)
+            assert r.status.code == pb.Code.OK, r.status
+        threads = threading.active_count()
+        with IdleStreams(endpoint.endpoint, 1100, connections=4) as idle:
+            assert _wait(lambda: _streams_open(endpoint.service) >= 1024, timeout=30), \
+                _streams_open(endpoint.service)
+            assert _wait(lambda: len(idle.codes) >= 1100 - 1024, timeout=10), len(idle.codes)
+            grew = threading.active_count() - threads
+
+            def send_later():
+                time.sleep(0.8)
+                s.SendMessage(rpc.SendMessageRequest(messages=[message("polled", b"awaited")]),
+                              timeout=5)
+
+            sender = threading.Thread(target=send_later)
+            start = time.monotonic()
+            sender.start()
+            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+                    topic=pb.Resource(name="polled")), batch_size=1,
+                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+                metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
+            polled = time.monotonic() - start
+            sender.join()
+            bodies = [a.message.body for a in answers if a.HasField("message")]
+            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+            assert 0.7 < polled < 5, polled
+
+            took = _short_calls_take(endpoint.endpoint, n=5, timeout=1.0)
+            assert max(took) < 1.0, took
+
+            producer_session(s, "legit-producer").close()  # (answered: not refused)
+            codes = list(idle.codes)
+    finally:
+        channel.close()
+    assert grew < 64, f"{grew} threads for 1,100 idle streams"
+    # each stream beyond the bound closed one of the idlest (RESOURCE_EXHAUSTED), and one
+    # more made room for the legitimate session; a few streams of the flood may end
+    # CANCELLED on their way in, before the server ever counts them (the transport's)
+    exhausted, cancelled = (codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED),
+                            codes.count(grpc.StatusCode.CANCELLED))
+    assert exhausted + cancelled == len(codes) and cancelled <= 10, codes
+    closed = endpoint.service.streams.closed
+    assert closed == 1100 - cancelled - 1024 + 1 and exhausted >= closed - 1, (closed, codes)
+    assert _wait(lambda: endpoint.service.streams.open == 0, timeout=10)
+
+
+TELEMETRY = "/apache.rocketmq.v2.MessagingService/Telemetry"
+
+
+def _raw_telemetry_streams(port: int, source: str, count: int, name: str = "raw"
+                           ) -> socket.socket:
+    """A connection from ``source`` (a loopback address) opening ``count`` telemetry
+    streams of client ids of their own (``name-source-i``) that never send a command."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    frames = [PREFACE, _frame(4, 0, 0)]
+    for i in range(count):
+        headers = b"".join(_literal(k, v) for k, v in (
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", TELEMETRY.encode()),
+            (b":authority", f"127.0.0.1:{port}".encode()),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+            (b"x-mq-client-id", f"{name}-{source}-{i}".encode())))
+        frames.append(_frame(1, 4, 2 * i + 1, headers))  # HEADERS, END_HEADERS
+    sock.sendall(b"".join(frames))
+    return sock
+
+
+def test_a_flood_of_streams_from_one_address_closes_only_that_address_s(endpoint_of):
+    """Idle streams from 127.0.0.2 beyond the bound per address close the idlest of that
+    address's, never the (older, idle) streams of clients at other addresses."""
+    endpoint = endpoint_of(max_telemetry_streams_per_peer=5, max_telemetry_streams=100)
+    streams = endpoint.service.streams
+    s, channel = stub(endpoint.endpoint)
+    sessions = []
+    try:
+        for client in ("first", "second"):
+            sessions.append(producer_session(s, client))
+        flood = _raw_telemetry_streams(endpoint.port, "127.0.0.2", 40)
+        try:
+            assert _wait(lambda: streams.closed >= 35, timeout=10), streams.closed
+            assert streams.of_peer("127.0.0.2") == 5 and streams.of_peer("127.0.0.1") == 2
+            assert all(session._reader.is_alive() for session in sessions)
+        finally:
+            flood.close()
+        assert _wait(lambda: streams.open == 2, timeout=10), streams.open
+    finally:
+        for session in sessions:
+            session.close()
+        channel.close()
+
+
+@pytest.mark.slow
+def test_streams_through_a_worker_process_count_under_their_client_s_address(tmp_path):
+    """With ``--grpc-processes 2`` the kernel hands some connections to the worker, which
+    passes their streams on to the primary over loopback: they are counted under the
+    client's address (the worker vouches for it), not under the worker's 127.0.0.1."""
+    with serving(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
+                 grpc_processes=2) as (srv, _):
+        streams = srv._asks.service.streams
+        port = int(srv.grpc_endpoint.rpartition(":")[2])
+        socks = [_raw_telemetry_streams(port, "127.0.0.2", 5, f"c{k}") for k in range(12)]
+        try:
+            assert _wait(lambda: streams.of_peer("127.0.0.2") == 60, timeout=30), \
+                (streams.of_peer("127.0.0.2"), streams.of_peer("127.0.0.1"))
+            assert streams.of_peer("127.0.0.1") == 0
+        finally:
+            for sock in socks:
+                sock.close()

@@ -20,8 +20,8 @@ from rocketmq.grpc_protocol import service_pb2 as rpc  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 
 from store.proxy import GrpcEndpoint  # noqa: E402
-from store.proxy.grpc_limits import HeldCalls, LogBudget  # noqa: E402
-from tests.store.proxy.signing import message, stub  # noqa: E402
+from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
+from tests.store.proxy.signing import message, producer_session, stub  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -108,14 +108,20 @@ def _short_calls_answer_within(endpoint: str, seconds: float, n: int = 10) -> li
     return took
 
 
+def _held(endpoint: GrpcEndpoint) -> int:
+    """Long polls held and telemetry streams open (the code before counted both as held)."""
+    streams = getattr(endpoint.service, "streams", None)
+    return endpoint.service.held.held + (streams.open if streams is not None else 0)
+
+
 def _wait_held(endpoint: GrpcEndpoint, count: int, timeout: float = 60) -> None:
     if not hasattr(endpoint.service, "held"):  # the code before: no count to wait for
         time.sleep(5)
         return
     end = time.monotonic() + timeout
-    while endpoint.service.held.held < count and time.monotonic() < end:
+    while _held(endpoint) < count and time.monotonic() < end:
         time.sleep(0.1)
-    assert endpoint.service.held.held >= count, endpoint.service.held.held
+    assert _held(endpoint) >= count, (endpoint.service.held.held, _held(endpoint))
 
 
 @pytest.mark.slow
@@ -130,24 +136,26 @@ def test_400_idle_streams_and_300_long_polls_leave_short_calls_answering(endpoin
     assert max(took) < 1.0, took
 
 
-def test_held_calls_beyond_the_bounds_are_refused_or_answered_at_once(endpoint_of):
-    """A small configured pool (40 held calls, 4 short-call threads) under 100 streams and
-    60 long polls: the streams beyond are refused with RESOURCE_EXHAUSTED, the receives
-    beyond answer at once, short calls answer within 1 s throughout."""
-    endpoint = endpoint_of(max_held_calls=40, short_call_workers=4)
+def test_held_calls_and_streams_beyond_their_bounds_are_answered_or_closed(endpoint_of):
+    """A small configured pool (40 held calls, 4 short-call threads) and 50 streams under
+    100 streams and 60 long polls: the receives beyond answer at once, the streams beyond
+    close the least recently active ones (RESOURCE_EXHAUSTED), short calls answer within 1 s
+    throughout."""
+    endpoint = endpoint_of(max_held_calls=40, short_call_workers=4, max_telemetry_streams=50)
     _short_calls_answer_within(endpoint.endpoint, 10, n=1)
     with HeldLoad(endpoint.endpoint, streams=100, polls=60) as load:
-        _wait_held(endpoint, 40)
+        _wait_held(endpoint, 40 + 50)
         end = time.monotonic() + 30
-        while len(load.codes) < 100 + 60 - 40 and time.monotonic() < end:
+        while len(load.codes) < 50 + 20 and time.monotonic() < end:
             time.sleep(0.1)
         took = _short_calls_answer_within(endpoint.endpoint, 1.0)
         assert endpoint.service.held.held == 40
+        assert endpoint.service.streams.open == 50
         codes = list(load.codes)
     assert max(took) < 1.0, took
-    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) + codes.count(
-        "MESSAGE_NOT_FOUND") == 100 + 60 - 40, codes
-    assert set(codes) <= {grpc.StatusCode.RESOURCE_EXHAUSTED, "MESSAGE_NOT_FOUND"}
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 50, codes
+    assert codes.count("MESSAGE_NOT_FOUND") == 20, codes
+    assert endpoint.service.streams.closed == 50
 
 
 def test_held_calls_per_client_are_bounded():
@@ -212,3 +220,61 @@ def test_a_flood_of_refused_calls_logs_few_lines(endpoint_of, caplog):
     took = time.monotonic() - start
     lines = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) <= 20 + 20 * took + 1, (len(lines), took)  # REFUSALS_LOGGED_PER_S
+
+
+def test_telemetry_streams_close_the_least_recently_active_of_the_peer_then_of_all():
+    streams = TelemetryStreams(total=4, per_peer=2)
+    assert streams.add("a1", "A") == [] and streams.add("a2", "A") == []
+    streams.touch("a1")  # a2 is now the idlest of A
+    (closed, why), = streams.add("a3", "A")
+    assert closed == "a2" and "2 streams are open from A" in why
+    assert streams.add("b1", "B") == [] and streams.add("b2", "B") == []
+    streams.touch("a1")
+    (closed, why), = streams.add("c1", "C")  # all four taken: the idlest of all goes
+    assert closed == "a3" and "4 streams are open in all" in why
+    streams.remove("a3")  # (closed already: nothing)
+    streams.remove("b1")
+    assert streams.open == 3 and streams.of_peer("A") == 1 and streams.of_peer("B") == 1
+    assert streams.closed == 2
+    with pytest.raises(ValueError, match="allowed"):
+        TelemetryStreams(total=0)
+
+
+def test_peer_addresses_and_a_worker_s_vouching():
+    from store.proxy.grpc_limits import PEER_HEADER, peer_host, vouch, vouched_peer
+    from store.proxy.handles import Signer
+
+    assert peer_host("ipv4:10.1.2.3:5000") == "10.1.2.3"
+    assert peer_host("ipv6:[::1]:5000") == "::1"
+    assert peer_host("unix:/tmp/s") == "unix:/tmp/s"
+    signer = Signer(b"k" * 32)
+    header = vouch("10.1.2.3", signer)
+    assert vouched_peer(dict([header]), signer) == "10.1.2.3"
+    assert vouched_peer({}, signer) is None
+    forged = {PEER_HEADER: "10.9.9.9 " + header[1].split()[1]}
+    assert vouched_peer(forged, signer) is None  # another address under the tag
+    assert vouched_peer(dict([header]), Signer(b"o" * 32)) is None  # another store's
+
+
+def test_a_stream_whose_client_heartbeats_outlives_idle_ones(endpoint_of):
+    """Per peer address two streams: a third closes the one whose client was heard from
+    least recently, not the oldest (a heartbeat with its client id counts)."""
+    endpoint = endpoint_of(max_telemetry_streams_per_peer=2)
+    s, channel = stub(endpoint.endpoint)
+    streams = []
+    try:
+        for client in ("old-but-alive", "idle"):
+            streams.append(producer_session(s, client))
+        r = s.Heartbeat(rpc.HeartbeatRequest(), metadata=[("x-mq-client-id", "old-but-alive")],
+                        timeout=5)
+        assert r.status.code == pb.Code.OK
+        streams.append(producer_session(s, "newcomer"))
+        streams[1]._reader.join(timeout=5)
+        assert streams[1].call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "least recently active" in streams[1].call.details()
+        assert not streams[0]._reader.join(timeout=0.2) and streams[0]._reader.is_alive()
+        assert endpoint.service.streams.open == 2 and endpoint.service.streams.closed == 1
+    finally:
+        for stream in streams:
+            stream.close()
+        channel.close()
