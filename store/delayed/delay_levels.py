@@ -190,6 +190,9 @@ class DelayLevelService:
         self.path = os.path.join(store.root, "config", "delayOffset.json")
         #: Damaged queue entries a rebuild was tried for (delayed.routing.rebuilt_after_holes).
         self._tried: set = set()
+        #: queue entries this object's runs moved past (delivered, or skipped as replaced,
+        #: cancelled or already delivered): see ``TimerService.handled``
+        self.handled = 0
         #: the stamp of the file this process saved last (see :meth:`_load`)
         self._saved_stamp: tuple[int, int, int] | None = None
         #: what this process knew when it saved last: ``(CommitLog offset, offsets)``, every
@@ -484,6 +487,7 @@ class DelayLevelService:
                 off, n, span = self._deliver_level(level, queue, start, maxo, now, done)
                 progress.offsets[level] = off
                 delivered += n
+                self.handled += off - start
                 if off > start:  # the hint follows the offset (or is dropped)
                     progress.copies.pop(level, None)
                     if span is not None:

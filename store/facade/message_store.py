@@ -153,14 +153,20 @@ class MessageStore(StoreCore):
         while not jit.ready():
             step = jit.FALLBACK_MAX_WORK if max_messages is None else \
                 min(jit.FALLBACK_MAX_WORK, max_messages - delivered)
+            handled = self._handled()
             done = self._deliver_due(step)
             delivered += done
             # a step may deliver fewer than it may (the timer's budgeted run stops at a slot
-            # or a roll step) with more still due: only an empty step says none is left
-            if not done or (max_messages is not None and delivered >= max_messages):
+            # or a roll step, or spends its budget enqueuing) with more still due: only a
+            # step that neither delivered nor handled anything says none is left
+            if (not done and self._handled() == handled) \
+                    or (max_messages is not None and delivered >= max_messages):
                 return delivered
         return delivered + self._deliver_due(
             None if max_messages is None else max_messages - delivered)
+
+    def _handled(self) -> int:
+        return self.delay_levels.handled + self.timer.handled
 
     def _deliver_due(self, max_messages: int | None) -> int:
         if max_messages is None:

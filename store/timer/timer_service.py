@@ -155,6 +155,10 @@ class TimerService:
         self._check_path = os.path.join(store.root, "config", "timercheck")
         self.store_tag = store_tag(store.store_id) if store.store_id else 0
         self._state: TimerCheckpoint | None = None
+        #: units (queue records enqueued, wheel entries fired or rolled) this object's runs
+        #: handled: a bounded run may handle units and deliver none (enqueuing), and a
+        #: caller stepping through the work tells "nothing left" from "no copy yet" by it
+        self.handled = 0
         self._rng = random.Random()
         self._queued: QueuedFires | None = None
         with store.write_lock():  # one process creates and initialises the wheel
@@ -508,6 +512,7 @@ class TimerService:
             if not (redo and budget is not None and handled >= budget):
                 work.deliver_mark = -1
             self._save(work)
+            self.handled += handled
             if self.firing.split_slot is not None:
                 self.firing.split_slot = self.firing.split_slot._replace(counter=work.counter)
         except BaseException:

@@ -452,3 +452,28 @@ def test_timer_file_of_the_wrong_length_is_set_aside_and_rebuilt(store_path, clo
     assert sorted(v.msg_id for v in visible(s, "t")) == sorted(early + late)
     assert s.deliver_due() == 0
     s.close()
+
+
+@pytest.mark.parametrize("kind", ["timer", "levels", "keyed"])
+def test_one_call_delivers_every_due_message_before_the_compiled_loops_are_in(
+        tmp_path, clock, monkeypatch, kind, small_config):
+    """A fresh process steps through due work in small bounded runs until its compiled loops
+    are in: a step that only enqueued timer records, or only skipped replaced ones, delivers
+    nothing yet is not the end (the old loop stopped at it: one ``deliver_due()`` of a fresh
+    process under load delivered nothing of 300 due messages)."""
+    from store.base import jit
+
+    monkeypatch.setattr(jit, "ready", lambda: False)
+    monkeypatch.setattr(jit, "FALLBACK_MAX_WORK", 40)
+    with MessageStore.open(str(tmp_path / "s"), small_config, clock=clock) as store:
+        p = store.producer()
+        for i in range(300):
+            if kind == "timer":
+                p.send(Message("orders", b"%d" % i), delay_ms=60_000)
+            elif kind == "levels":
+                p.send(Message("orders", b"%d" % i), delay_level=3)
+            else:  # 300 sends over 3 keys: 297 replaced, skipped without a copy
+                p.send(Message("orders", b"%d" % i), delay_ms=60_000, key=f"k{i % 3}")
+        clock.advance(120_000)
+        assert store.deliver_due() == (3 if kind == "keyed" else 300)
+        assert store.deliver_due() == 0
