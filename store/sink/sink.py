@@ -74,16 +74,18 @@ from ..formats.message import PROPERTY_SINK
 from .staged_format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC,
                             decode_marker, decode_note, decode_staged, encode_marker,
                             encode_note, is_note, is_sink_transaction, marker_code,
-                            marker_tags_code, new_transaction_id, sink_code, sink_key,
-                            transaction_prefix)
+                            marker_tags_code, new_transaction_id, note_bounds, note_ranges,
+                            sink_code, sink_key, transaction_prefix)
 from .staging import (
     append_staged,
     framed_half,
     half_bounds,
+    half_budget,
     half_view,
     stage_rows,
 )
-from ..core.index_commit import commit_staged
+from ..core.index_commit import (StagedRanges, commit_placed, merged_ranges, sliced_columns,
+                                 staged_ranges, walk_staged)
 from ..formats.message import SINK_TX_PREFIX, TRANS_HALF_TOPIC
 from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
@@ -154,17 +156,23 @@ class Sink:
 
     def _stage_note(self, rows, topic: str | None) -> list[str]:
         """Stage the rows as records (:func:`~store.sink.staging.stage_rows`), then the
-        note listing them (a crash between leaves records no note names: never visible)."""
+        notes listing them with their columns, each within the size of a half (a crash
+        between leaves records no note names: never visible)."""
         store = self.store
         done = stage_rows(store, rows, topic=topic)
         if not done.rows:
             return []
-        props = self._properties(done.topics[0], done.rows)
-        store.append([RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(done.ranges,
-                                                                          done.topics),
-                                 properties=props, queue_id=HALF_QUEUE_ID,
-                                 born_timestamp_ms=store.now_ms())])
-        return [props[PROPERTY_TRANSACTION_ID]]
+        file_size = store.config.commitlog_file_size_bytes
+        specs = []
+        for lo, hi in note_bounds(done.columns, done.topics, half_budget(store),
+                                  file_size):
+            part = staged_ranges(sliced_columns(done.columns, lo, hi), file_size)
+            props = self._properties(done.topics[0], hi - lo)
+            specs.append(RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(part, done.topics),
+                                    properties=props, queue_id=HALF_QUEUE_ID,
+                                    born_timestamp_ms=store.now_ms()))
+        store.append(specs)
+        return [spec.properties[PROPERTY_TRANSACTION_ID] for spec in specs]
 
     def _half_properties(self, part) -> dict[str, str]:
         """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
@@ -311,7 +319,8 @@ class Sink:
         :mod:`store.core.index_commit`).  The caller holds an atomic group."""
         store = self.store
         total, group, count = 0, [], 0
-        ranges: list[tuple[int, int]] = []
+        notes: list[StagedRanges] = []
+        walk: list[tuple[int, int]] = []  # (earlier versions' notes: their records are read)
         topics: dict[str, None] = {}
         for row in rows:
             clog = transactions.latest_clog(row)
@@ -321,8 +330,11 @@ class Sink:
                     f"transaction {transactions.transaction_id(row)} at CommitLog offset "
                     f"{clog} is not a half of sink {self.sink_id!r}")
             if is_note(body):
-                more, names = decode_note(body, store.commit_log.directory, clog)
-                ranges += more
+                staged, ranges, names = decode_note(body, store.commit_log.directory, clog)
+                if staged is None:
+                    walk += ranges
+                else:
+                    notes.append(staged)
                 topics.update(dict.fromkeys(names))
                 continue
             table = decode_staged(body, store.commit_log.directory, clog)
@@ -336,8 +348,12 @@ class Sink:
         self._end_halves(transactions, ended, now)
         for topic in topics:  # (also of rows only delayed so far)
             store.ensure_topic(topic)
-        if ranges:
-            total += commit_staged(store, ranges, born_timestamp_ms=now).rows
+        if walk:
+            walk.sort()
+            notes.append(staged_ranges(walk_staged(store, walk),
+                                       store.config.commitlog_file_size_bytes))
+        if notes:
+            total += commit_placed(store, merged_ranges(notes), born_timestamp_ms=now).rows
         return total
 
 
@@ -380,7 +396,7 @@ def sink_retention_floor(store) -> int | None:
             _, body, _ = half_view(store, clog)
             if not is_note(body):
                 continue
-            ranges, _ = decode_note(body, store.commit_log.directory, clog)
+            ranges = note_ranges(body, store.commit_log.directory, clog)
         except CorruptRecordError:
             continue
         if ranges:
