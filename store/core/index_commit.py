@@ -38,27 +38,12 @@ integers big-endian, R ranges, Q queues)::
 The records of the ranges, in order, take their queue's offsets ``first, first + 1, ...``:
 a marker's dispatch writes the same entries every time (it is idempotent).
 
-What a commit reads.  A commit need not read its records: their stager knows each one's
-topic, queue id, size and tagsCode (it encoded and placed them) and hands them over as
-:class:`StagedRanges` (the exactly-once sink keeps them in its stage notes,
-:mod:`store.sink.staged_format`); :func:`commit_placed` groups those columns by queue and
-checks them against the CommitLog only cheaply, before appending anything
-(:func:`check_placed`):
-
-* checked: the ranges are sorted, do not overlap, each lies inside one stored segment below
-  the log's end and holds at least one record; the sizes of a range's records add up to its
-  length (its records back to back from its start); the first and the last record of each
-  range are whole staged records (magic code, sizes, PREPARED sys flag, QUEUEOFFSET -1)
-  whose size, queue id, tagsCode and topic are the columns';
-* not checked: the records between the first and the last of a range (their sizes, queues
-  and tagsCodes are the stager's word; the stage note holding them is covered by its body
-  CRC).  A queue rebuild, recovery and a follower read the records themselves
-  (:func:`marker_entries`, which refuses a marker whose ranges do not hold the records of
-  the queues it counts).
-
-:func:`commit_staged` takes the ranges only and reads every record's header (a compiled
-walk, :func:`walk_staged`): for callers without the columns (stage notes of an earlier
-version).
+What a commit reads.  :func:`commit_staged` reads the header of every record of its ranges
+(a compiled walk, :func:`walk_staged`).  A stager that kept what it placed (the
+exactly-once sink, in its stage notes) commits without reading the records:
+:mod:`store.core.placed_commit` writes the entries from its columns, after cheap checks
+against the CommitLog (that module says which).  Recovery, a queue rebuild and a follower
+always read the records (:func:`marker_entries`).
 
 Crash safety.  The marker is appended like any record; its records' entries are written
 only once the marker is *published* (confirmed), so that no reader sees a row of a commit a
@@ -86,6 +71,7 @@ from __future__ import annotations
 import struct
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -105,6 +91,7 @@ from ..kernels.staged_walk import (
     TOO_MANY_TOPICS,
     staged_records,
 )
+from ..files.consume_queue import ENTRY_DTYPE
 from .append_types import AssembledRecords
 from .queue_dispatch import QueueEntries
 
@@ -211,133 +198,6 @@ _PROBLEMS = {BAD_RECORD: "not a whole record in a staged range (damaged, or not 
 
 
 
-def _renumbered(parts: list[StagedColumns]) -> tuple[list[str], list[np.ndarray]]:
-    """One list of the topics of ``parts`` and each part's topic ids in it."""
-    names: dict[str, int] = {}
-    ids = []
-    for p in parts:
-        local = np.array([names.setdefault(t, len(names)) for t in p.topics], dtype=np.int64)
-        ids.append(local[p.topic_ids] if len(p) else np.empty(0, np.int64))
-    return list(names), ids
-
-
-def joined_columns(parts: list[StagedColumns]) -> StagedColumns:
-    """The rows of ``parts`` one after the other (their topics numbered anew)."""
-    topics, ids = _renumbered(parts)
-    if not parts:
-        empty = np.empty(0, np.int64)
-        return StagedColumns([], empty, empty, empty, empty, empty)
-    return StagedColumns(topics, np.concatenate(ids), *(
-        np.concatenate([np.asarray(getattr(p, name), dtype=np.int64) for p in parts])
-        for name in ("queue_ids", "offsets", "sizes", "codes")))
-
-
-def sliced_columns(cols: StagedColumns, lo: int, hi: int) -> StagedColumns:
-    """Rows ``lo:hi`` of ``cols`` (views)."""
-    return StagedColumns(cols.topics, cols.topic_ids[lo:hi], cols.queue_ids[lo:hi],
-                         cols.offsets[lo:hi], cols.sizes[lo:hi], cols.codes[lo:hi])
-
-
-@dataclass(frozen=True, slots=True)
-class StagedRanges:
-    """Staged records as their stager placed them: the CommitLog ranges ``(start, end)``
-    (an ``(R, 2)`` array, in order, each inside one segment), how many records each holds,
-    and the records' columns in range order (each range's records back to back from its
-    start)."""
-
-    ranges: np.ndarray
-    counts: np.ndarray
-    columns: StagedColumns
-
-    def __len__(self) -> int:
-        return len(self.columns)
-
-
-def staged_ranges(cols: StagedColumns, file_size: int) -> StagedRanges:
-    """The ranges of the records ``cols`` (sorted by offset): a range ends where the next
-    record does not follow back to back or lies in another segment."""
-    offsets, sizes = cols.offsets, cols.sizes
-    if not len(offsets):
-        return StagedRanges(np.empty((0, 2), np.int64), np.empty(0, np.int64), cols)
-    ends = offsets + sizes
-    cuts = np.flatnonzero((offsets[1:] != ends[:-1])
-                          | (offsets[1:] // file_size != offsets[:-1] // file_size)) + 1
-    lo = np.concatenate(([0], cuts))
-    hi = np.concatenate((cuts, [len(offsets)]))
-    return StagedRanges(np.stack([offsets[lo], ends[hi - 1]], axis=1), hi - lo, cols)
-
-
-def merged_ranges(parts: list[StagedRanges]) -> StagedRanges:
-    """The staged records of ``parts`` (several stagers' notes) in one, their ranges sorted
-    by start: the order a marker's dispatch takes them in."""
-    parts = [p for p in parts if len(p.counts)]
-    cols = joined_columns([p.columns for p in parts])
-    if not parts:
-        return StagedRanges(np.empty((0, 2), np.int64), np.empty(0, np.int64), cols)
-    ranges = np.concatenate([p.ranges for p in parts])
-    counts = np.concatenate([p.counts for p in parts])
-    order = np.argsort(ranges[:, 0], kind="stable")
-    if (np.diff(order) == 1).all():
-        return StagedRanges(ranges, counts, cols)
-    lows = np.cumsum(counts) - counts  # where each range's rows are now
-    counts = counts[order]
-    # row i of the result: row (i - where its range starts in the result) of its range
-    pick = np.arange(int(counts.sum())) + np.repeat(lows[order] - (np.cumsum(counts) - counts),
-                                                    counts)
-    return StagedRanges(ranges[order], counts, StagedColumns(
-        cols.topics, cols.topic_ids[pick], cols.queue_ids[pick], cols.offsets[pick],
-        cols.sizes[pick], cols.codes[pick]))
-
-
-def check_placed(core, staged: StagedRanges) -> None:
-    """The cheap checks of a commit's columns against the CommitLog (see the module doc);
-    :class:`CorruptRecordError` at the first that fails."""
-    log = core.commit_log
-    ranges, counts, cols = staged.ranges, staged.counts, staged.columns
-    starts, ends = ranges[:, 0], ranges[:, 1]
-    file_size = core.config.commitlog_file_size_bytes
-
-    def refuse(at: int, what: str):
-        return CorruptRecordError(log.directory, int(at), f"staged records {what}; the "
-                                  "commit is refused (nothing was made visible)")
-
-    bad = np.flatnonzero((ends <= starts) | (counts < 1) | (starts // file_size
-                                                            != (ends - 1) // file_size))
-    if len(bad):
-        k = int(bad[0])
-        raise refuse(starts[k], f"in range [{int(starts[k])}, {int(ends[k])}) of "
-                     f"{int(counts[k])} records (allowed: a nonempty range inside one "
-                     "segment)")
-    if len(starts) > 1 and (starts[1:] < ends[:-1]).any():
-        k = int(np.flatnonzero(starts[1:] < ends[:-1])[0]) + 1
-        raise refuse(starts[k], "in ranges that overlap")
-    write_end = core.appender.write_offset
-    if int(ends.max()) > write_end:
-        raise refuse(ends.max(), f"in a range past the log's end ({write_end})")
-    if int(counts.sum()) != len(cols) or (cols.sizes <= 0).any():
-        raise refuse(starts[0], f"counted as {int(counts.sum())} records of which the "
-                     f"columns hold {len(cols)} (or with sizes below one byte)")
-    first = np.cumsum(counts) - counts
-    last = first + counts - 1
-    tail = cols.offsets[last] + cols.sizes[last]
-    if (cols.offsets[first] != starts).any() or (tail != ends).any():
-        k = int(np.flatnonzero((cols.offsets[first] != starts) | (tail != ends))[0])
-        raise refuse(starts[k], f"whose sizes do not add up to their range [{int(starts[k])}, "
-                     f"{int(ends[k])})")
-    rows = np.unique(np.concatenate((first, last)))
-    seen = walk_staged(core, list(zip(cols.offsets[rows].tolist(),
-                                      (cols.offsets[rows] + cols.sizes[rows]).tolist())))
-    names = [seen.topics[t] for t in seen.topic_ids.tolist()]
-    said = [cols.topics[t] for t in cols.topic_ids[rows].tolist()]
-    differ = ((seen.sizes != cols.sizes[rows]) | (seen.queue_ids != cols.queue_ids[rows])
-              | (seen.codes != cols.codes[rows])
-              | np.array([a != b for a, b in zip(names, said)], dtype=bool))
-    if differ.any():
-        k = int(rows[np.flatnonzero(differ)[0]])
-        raise refuse(cols.offsets[k], "whose record header (size, queue id, tagsCode or "
-                     "topic) is not what their stager's columns say")
-
-
 #: More runs of one queue than this in a commit: the records are grouped by a sort.
 _MAX_RUNS = 1024
 
@@ -346,7 +206,8 @@ _MAX_RUNS = 1024
 class QueueRuns:
     """The records of a commit by queue: the queues in the order the records meet them,
     each one's record count and its records (a slice when they are consecutive: a chunk of
-    staged records is usually one run of one queue, and nothing is sorted or copied)."""
+    staged records is usually one run of one queue, and nothing is sorted or copied; a list
+    of slices for several runs; an index array after a sort)."""
 
     keys: list[tuple[str, int]]
     counts: np.ndarray
@@ -380,14 +241,31 @@ def _groups(cols: StagedColumns) -> QueueRuns:
             runs.append([])
         runs[g].append((a, b))
     counts = np.array([sum(b - a for a, b in r) for r in runs], dtype=np.int64)
-    picks = [slice(*r[0]) if len(r) == 1 else np.concatenate([np.arange(a, b) for a, b in r])
-             for r in runs]
+    picks = [slice(*r[0]) if len(r) == 1 else [slice(a, b) for a, b in r] for r in runs]
     return QueueRuns(keys, counts, picks)
 
 
 def _entries(cols: StagedColumns, groups: QueueRuns, firsts: np.ndarray) -> QueueEntries:
-    return {key: (int(firsts[g]), cols.offsets[pick], cols.sizes[pick], cols.codes[pick])
+    """Each queue's entries as units (laid out once for every record, then a view of them
+    for a queue of one run, the runs joined for another)."""
+    units = np.empty(len(cols), dtype=ENTRY_DTYPE)
+    units["offset"] = cols.offsets
+    units["size"] = cols.sizes
+    units["tags_code"] = cols.codes
+    return {key: (int(firsts[g]), _joined(units, pick) if isinstance(pick, list)
+                  else units[pick])
             for g, (key, pick) in enumerate(zip(groups.keys, groups.picks))}
+
+
+def _joined(units: np.ndarray, picks: list[slice]) -> np.ndarray:
+    """The units of ``picks`` one after the other (not ``np.concatenate``: it would give
+    the big-endian fields native byte order)."""
+    out = np.empty(sum(p.stop - p.start for p in picks), dtype=ENTRY_DTYPE)
+    at = 0
+    for p in picks:
+        out[at:at + p.stop - p.start] = units[p]
+        at += p.stop - p.start
+    return out
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -474,33 +352,24 @@ def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int
     return _commit_columns(core, ranges, walk_staged(core, ranges), born_timestamp_ms)
 
 
-def commit_placed(core, staged: StagedRanges, *, born_timestamp_ms: int | None = None
-                  ) -> IndexCommit:
-    """Append the commit marker of the staged records ``staged`` (their ranges sorted, as
-    :func:`merged_ranges` gives them), trusting their columns after the cheap checks of
-    :func:`check_placed`: no record is read but the first and the last of each range.  As
-    :func:`commit_staged` otherwise.
-
-    Raises
-    ------
-    CorruptRecordError
-        The columns disagree with the CommitLog where checked (nothing is appended).
-    """
-    if not len(staged):
-        return IndexCommit(-1, 0, 0)
-    check_placed(core, staged)
-    return _commit_columns(core, [(a, b) for a, b in staged.ranges.tolist()],
-                           staged.columns, born_timestamp_ms)
-
-
 def _commit_columns(core, ranges: list[tuple[int, int]], cols: StagedColumns,
                     born_timestamp_ms: int | None) -> IndexCommit:
     """The marker of the records ``cols`` of ``ranges`` (in range order), appended."""
     if not len(cols):
         return IndexCommit(-1, 0, 0)
-    appender = core.appender
     groups = _groups(cols)
-    keys, counts = groups.keys, groups.counts
+    return append_marker(core, ranges, groups.keys, groups.counts,
+                         lambda firsts: _entries(cols, groups, firsts), born_timestamp_ms)
+
+
+def append_marker(core, ranges: list[tuple[int, int]], keys: list[tuple[str, int]],
+                  counts: np.ndarray, entries: Callable[[np.ndarray], QueueEntries],
+                  born_timestamp_ms: int | None) -> IndexCommit:
+    """Append the marker of ``ranges`` whose records go ``counts[g]`` to queue ``keys[g]``
+    (creating their topics), and have their entries written once it is published:
+    ``entries(firsts)``, given each queue's first queue offset (the caller holds the write
+    lock and has checked the records)."""
+    appender = core.appender
     for topic, _ in keys:
         core.ensure_topic(topic)
     firsts = np.array([appender.next_queue_offset(k) for k in keys], dtype=np.int64)
@@ -510,11 +379,11 @@ def _commit_columns(core, ranges: list[tuple[int, int]], cols: StagedColumns,
         [result] = core.append([RecordSpec(topic=INDEX_COMMIT_TOPIC, body=body, queue_id=0,
                                            properties={}, born_timestamp_ms=now)])
         offset = int(result.commitlog_offset)
-        entries = _entries(cols, groups, firsts)
+        written = entries(firsts)
         for g, key in enumerate(keys):  # later appends of this process go after them
             appender.queue_next[key] = int(firsts[g] + counts[g])
-        appender.after_publish(offset, lambda: _dispatch(core, offset, entries))
-    return IndexCommit(offset, len(cols), len(keys))
+        appender.after_publish(offset, lambda: _dispatch(core, offset, written))
+    return IndexCommit(offset, int(np.sum(counts)), len(keys))
 
 
 def _dispatch(core, offset: int, entries: QueueEntries) -> None:
@@ -624,12 +493,12 @@ def marker_rows(core, offsets: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
             entries = marker_entries(core, offset)
         except CorruptRecordError:
             continue
-        for key, (first, phys, sizes, codes) in entries.items():
-            table = np.empty((len(phys), 4), dtype=np.int64)
-            table[:, 0] = first + np.arange(len(phys))
-            table[:, 1] = phys
-            table[:, 2] = sizes
-            table[:, 3] = codes
+        for key, (first, units) in entries.items():
+            table = np.empty((len(units), 4), dtype=np.int64)
+            table[:, 0] = first + np.arange(len(units))
+            table[:, 1] = units["offset"]
+            table[:, 2] = units["size"]
+            table[:, 3] = units["tags_code"]
             rows.setdefault(key, []).append(table)
     return {key: np.concatenate(parts) for key, parts in rows.items()}
 
@@ -640,21 +509,15 @@ __all__ = [
     "IndexCommit",
     "Marker",
     "StagedColumns",
-    "StagedRanges",
-    "check_placed",
-    "commit_placed",
+    "append_marker",
     "commit_staged",
     "decode_marker",
     "encode_marker",
     "finish_pending_commit",
-    "joined_columns",
     "marker_entries",
     "marker_rows",
-    "merged_ranges",
     "placed_ranges",
     "register_index_commits",
-    "sliced_columns",
     "staged",
-    "staged_ranges",
     "walk_staged",
 ]

@@ -84,8 +84,9 @@ from .staging import (
     half_view,
     stage_rows,
 )
-from ..core.index_commit import (StagedRanges, commit_placed, merged_ranges, sliced_columns,
-                                 staged_ranges, walk_staged)
+from ..core.index_commit import walk_staged
+from ..core.placed_commit import (StagedRuns, commit_placed, merged_runs, sliced_columns,
+                                  staged_runs)
 from ..formats.message import SINK_TX_PREFIX, TRANS_HALF_TOPIC
 from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
@@ -166,7 +167,7 @@ class Sink:
         specs = []
         for lo, hi in note_bounds(done.columns, done.topics, half_budget(store),
                                   file_size):
-            part = staged_ranges(sliced_columns(done.columns, lo, hi), file_size)
+            part = staged_runs(sliced_columns(done.columns, lo, hi), file_size)
             props = self._properties(done.topics[0], hi - lo)
             specs.append(RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(part, done.topics),
                                     properties=props, queue_id=HALF_QUEUE_ID,
@@ -319,7 +320,7 @@ class Sink:
         :mod:`store.core.index_commit`).  The caller holds an atomic group."""
         store = self.store
         total, group, count = 0, [], 0
-        notes: list[StagedRanges] = []
+        notes: list[StagedRuns] = []
         walk: list[tuple[int, int]] = []  # (earlier versions' notes: their records are read)
         topics: dict[str, None] = {}
         for row in rows:
@@ -350,10 +351,10 @@ class Sink:
             store.ensure_topic(topic)
         if walk:
             walk.sort()
-            notes.append(staged_ranges(walk_staged(store, walk),
-                                       store.config.commitlog_file_size_bytes))
+            notes.append(staged_runs(walk_staged(store, walk),
+                                     store.config.commitlog_file_size_bytes))
         if notes:
-            total += commit_placed(store, merged_ranges(notes), born_timestamp_ms=now).rows
+            total += commit_placed(store, merged_runs(notes), born_timestamp_ms=now).rows
         return total
 
 

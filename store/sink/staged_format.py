@@ -21,12 +21,12 @@ C runs of records of one tagsCode, T topics, L bytes of topic names)::
     4        24     i32[6]    R, N, U, C, T, L
     28       16R    i64[2R]   start, end of each range of staged records (CommitLog
                               offsets, one segment each, its records back to back)
-    +        4R     i32[R]    how many records each range holds
-    +        4N     i32[N]    each record's size, in range order
-    +        4U     i32[U]    the topic of each run of records of one queue (an index into
-                              the names)
+    +        4R     i32[R]    how many runs each range holds (its runs follow one another)
+    +        4N     i32[N]    each record's size, in CommitLog order
+    +        4U     i32[U]    the topic of each run (records of one queue, back to back in
+                              one range) as an index into the names
     +        4U     i32[U]    its queue id
-    +        4U     i32[U]    how many records it holds
+    +        4U     i32[U]    how many records it holds (its records follow the run before)
     +        8C     i64[C]    the tagsCode of each run of records of one tagsCode
     +        4C     i32[C]    how many records it holds
     +        4T     i32[T]    where each topic name ends in the names
@@ -35,7 +35,8 @@ C runs of records of one tagsCode, T topics, L bytes of topic names)::
                               the commit creates every topic named)
 
 The columns are what the stager placed (it encoded the records and kept where they
-landed), so the commit need not read the records; a note holds at most about
+landed), so the commit need not read the records (:mod:`store.core.placed_commit` says what
+it checks against them); a note holds at most about
 ``max_message_size_bytes`` (a stage of many rows writes several notes).  An earlier
 version's note (``RMQR``: R, then the ranges, then the topics each followed by ``"\n"``) is
 still committed, by reading its records.
@@ -116,7 +117,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..base.errors import CorruptRecordError
-from ..core.index_commit import StagedColumns, StagedRanges
+from ..core.index_commit import StagedColumns
+from ..core.placed_commit import StagedRuns
 from ..formats.message import PROPERTY_SINK, SINK_TX_PREFIX
 
 SINK_COMMIT_TOPIC = "rmq_sys_sink_commit"
@@ -247,18 +249,6 @@ def decode_staged(body, file: str, position: int) -> pa.Table:
     return _decode_framed(body, file, position)
 
 
-def note_size(ranges: int, rows: int, queue_runs: int, code_runs: int, names: int) -> int:
-    """Bytes of a stage note body of so many ranges, records, runs and bytes of names (and
-    topics: at most ``names`` of them)."""
-    return NOTE_HEAD.size + 20 * ranges + 4 * rows + 12 * queue_runs + 12 * code_runs \
-        + 4 * names + names
-
-
-def _run_starts(values: np.ndarray) -> np.ndarray:
-    """Where each run of equal values starts."""
-    return np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
-
-
 def note_bounds(cols: StagedColumns, topics: list[str], budget: int, file_size: int
                 ) -> list[tuple[int, int]]:
     """The rows ``(lo, hi)`` of each stage note of the records ``cols`` (of rows of
@@ -272,9 +262,10 @@ def note_bounds(cols: StagedColumns, topics: list[str], budget: int, file_size: 
     key = (cols.topic_ids << 32) | (cols.queue_ids & 0xFFFFFFFF)
     offsets = cols.offsets
     cost = np.full(n, 4, np.int64)  # each record's size, then what it starts
-    cost[1:] += 20 * ((offsets[1:] != offsets[:-1] + cols.sizes[:-1])
-                      | (offsets[1:] // file_size != offsets[:-1] // file_size))
-    cost[1:] += 12 * (key[1:] != key[:-1]) + 12 * (cols.codes[1:] != cols.codes[:-1])
+    new_range = ((offsets[1:] != offsets[:-1] + cols.sizes[:-1])
+                 | (offsets[1:] // file_size != offsets[:-1] // file_size))
+    cost[1:] += 20 * new_range + 12 * (new_range | (key[1:] != key[:-1])) \
+        + 12 * (cols.codes[1:] != cols.codes[:-1])
     cum = np.cumsum(cost)
     bounds, lo, base = [], 0, 0
     while lo < n:
@@ -284,25 +275,27 @@ def note_bounds(cols: StagedColumns, topics: list[str], budget: int, file_size: 
     return bounds
 
 
-def encode_note(staged: StagedRanges, topics: list[str]) -> bytes:
-    """The body of a stage note of the staged records ``staged`` of rows of ``topics``."""
-    cols = staged.columns
-    n = len(cols)
-    names = list(dict.fromkeys([*cols.topics, *topics]))
-    key = (cols.topic_ids << 32) | (cols.queue_ids & 0xFFFFFFFF)
-    runs = _run_starts(key) if n else np.empty(0, np.int64)
-    codes = _run_starts(cols.codes) if n else np.empty(0, np.int64)
+def note_size(ranges: int, rows: int, runs: int, code_runs: int, names: int) -> int:
+    """Bytes of a stage note body of so many ranges, records, runs and bytes of names (and
+    topics: at most ``names`` of them)."""
+    return NOTE_HEAD.size + 20 * ranges + 4 * rows + 12 * runs + 12 * code_runs \
+        + 4 * names + names
+
+
+def encode_note(staged: StagedRuns, topics: list[str]) -> bytes:
+    """The body of a stage note of the staged records ``staged`` (one stager's: its runs
+    follow one another) of rows of ``topics``."""
+    names = list(dict.fromkeys([*staged.topics, *topics]))
     encoded = [t.encode("utf-8") for t in names]
     text = b"".join(encoded)
     return b"".join([
-        NOTE_HEAD.pack(NOTE_MAGIC, len(staged.counts), n, len(runs), len(codes), len(names),
-                       len(text)),
-        np.asarray(staged.ranges, ">i8").tobytes(), np.asarray(staged.counts, ">i4").tobytes(),
-        np.asarray(cols.sizes, ">i4").tobytes(),
-        cols.topic_ids[runs].astype(">i4").tobytes(), cols.queue_ids[runs].astype(">i4").tobytes(),
-        np.diff(np.append(runs, n)).astype(">i4").tobytes(),
-        cols.codes[codes].astype(">i8").tobytes(),
-        np.diff(np.append(codes, n)).astype(">i4").tobytes(),
+        NOTE_HEAD.pack(NOTE_MAGIC, len(staged.ranges), len(staged.sizes),
+                       len(staged.run_first), len(staged.code_values), len(names), len(text)),
+        np.asarray(staged.ranges, ">i8").tobytes(), staged.range_runs.astype(">i4").tobytes(),
+        staged.sizes.astype(">i4").tobytes(), staged.run_topics.astype(">i4").tobytes(),
+        staged.run_queues.astype(">i4").tobytes(), staged.run_counts.astype(">i4").tobytes(),
+        staged.code_values.astype(">i8").tobytes(),
+        np.diff(staged.code_ends, prepend=0).astype(">i4").tobytes(),
         np.cumsum([len(b) for b in encoded], dtype=np.int64).astype(">i4").tobytes(), text])
 
 
@@ -311,12 +304,12 @@ def is_note(body) -> bool:
     return bytes(memoryview(body)[:len(NOTE_MAGIC)]) in (NOTE_MAGIC, OLD_NOTE_MAGIC)
 
 
-def decode_note(body, file: str, position: int) -> tuple[StagedRanges | None,
+def decode_note(body, file: str, position: int) -> tuple[StagedRuns | None,
                                                          list[tuple[int, int]], list[str]]:
     """What a stage note says: ``(staged, ranges, topics)``, ``staged`` the records'
     columns (``None`` for a note of an earlier version, which lists only its ``ranges``:
     its records must be read); :class:`CorruptRecordError` naming the half when the body
-    does not add up (the sizes of each range's records must add up to its length)."""
+    does not add up (what its columns say of the CommitLog is checked by the commit)."""
     view = memoryview(body)
     if bytes(view[:len(OLD_NOTE_MAGIC)]) == OLD_NOTE_MAGIC:
         ranges, topics = _decode_old_note(view, file, position)
@@ -330,7 +323,7 @@ def decode_note(body, file: str, position: int) -> tuple[StagedRanges | None,
         raise refuse(f"of {len(view)} bytes, shorter than its head")
     magic, r, n, u, c, t, length = NOTE_HEAD.unpack_from(view, 0)
     if magic != NOTE_MAGIC or min(r, n, u, c, t, length) < 0 \
-            or NOTE_HEAD.size + 20 * r + 4 * n + 12 * u + 12 * c + 4 * t + length != len(view):
+            or note_size(r, n, u, c, 0) + 4 * t + length != len(view):
         raise refuse(f"of {len(view)} bytes that does not hold the {r} ranges, {n} records, "
                      f"{u} + {c} runs and {t} topics it counts")
     raw = np.frombuffer(view, np.uint8)
@@ -344,7 +337,7 @@ def decode_note(body, file: str, position: int) -> tuple[StagedRanges | None,
         return out
 
     ranges = take(2 * r, ">i8").reshape(-1, 2)
-    counts, sizes = take(r, ">i4"), take(n, ">i4")
+    range_runs, sizes = take(r, ">i4"), take(n, ">i4")
     run_topics, run_queues, run_counts = take(u, ">i4"), take(u, ">i4"), take(u, ">i4")
     code_values, code_counts = take(c, ">i8"), take(c, ">i4")
     ends = take(t, ">i4")
@@ -356,21 +349,12 @@ def decode_note(body, file: str, position: int) -> tuple[StagedRanges | None,
             np.concatenate(([0], ends[:-1])).tolist(), ends.tolist())]
     except UnicodeDecodeError:
         raise refuse("whose topic names are not UTF-8") from None
-    if any(int(x.sum()) != n or (len(x) and int(x.min()) < 1)
-           for x in (counts, run_counts, code_counts)) or (u and (
-               int(run_topics.min()) < 0 or int(run_topics.max()) >= t
-               or int(run_queues.min()) < 0)) or (n and int(sizes.min()) < 1):
-        raise refuse(f"whose runs, ranges or sizes do not cover its {n} records")
-    # each record's offset: its range's start plus the sizes of the records before it there
-    before = np.cumsum(sizes) - sizes
-    first = np.cumsum(counts) - counts
-    offsets = before + np.repeat(ranges[:, 0] - before[first] if n else ranges[:, 0], counts)
-    if n and ((offsets[first + counts - 1] + sizes[first + counts - 1]) != ranges[:, 1]).any():
-        raise refuse("whose records' sizes do not add up to its ranges")
-    columns = StagedColumns(names, np.repeat(run_topics, run_counts),
-                            np.repeat(run_queues, run_counts), offsets, sizes,
-                            np.repeat(code_values, code_counts))
-    return StagedRanges(ranges, counts, columns), [(a, b) for a, b in ranges.tolist()], names
+    if (code_counts < 1).any() or int(code_counts.sum()) != n:
+        raise refuse(f"whose tagsCode runs do not cover its {n} records")
+    staged = StagedRuns(ranges, range_runs, names, run_topics, run_queues,
+                        np.cumsum(run_counts) - run_counts, run_counts, sizes, code_values,
+                        np.cumsum(code_counts))
+    return staged, [(a, b) for a, b in ranges.tolist()], names
 
 
 def _decode_old_note(view, file: str, position: int) -> tuple[list[tuple[int, int]], list[str]]:

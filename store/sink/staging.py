@@ -35,7 +35,8 @@ from ..formats.record_codec import (
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
-from ..core.index_commit import StagedColumns, joined_columns, placed_ranges, staged
+from ..core.index_commit import StagedColumns, placed_ranges, staged
+from ..core.placed_commit import joined_columns
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
