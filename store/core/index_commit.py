@@ -70,12 +70,13 @@ from __future__ import annotations
 
 import struct
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ..base.errors import CorruptRecordError, InvalidMessageError
+from ..files.consume_queue import ENTRY_DTYPE
 from ..formats.record_codec import (
     FIELD_OFFSET,
     STAGED_QUEUE_OFFSET,
@@ -91,7 +92,6 @@ from ..kernels.staged_walk import (
     TOO_MANY_TOPICS,
     staged_records,
 )
-from ..files.consume_queue import ENTRY_DTYPE
 from .append_types import AssembledRecords
 from .queue_dispatch import QueueEntries
 
@@ -349,12 +349,13 @@ def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int
         A range does not hold staged records only (nothing is appended).
     """
     ranges = sorted((int(a), int(b)) for a, b in ranges)
-    return _commit_columns(core, ranges, walk_staged(core, ranges), born_timestamp_ms)
+    return commit_columns(core, ranges, walk_staged(core, ranges), born_timestamp_ms)
 
 
-def _commit_columns(core, ranges: list[tuple[int, int]], cols: StagedColumns,
+def commit_columns(core, ranges: list[tuple[int, int]], cols: StagedColumns,
                     born_timestamp_ms: int | None) -> IndexCommit:
-    """The marker of the records ``cols`` of ``ranges`` (in range order), appended."""
+    """Append the marker of the records ``cols`` of ``ranges`` (one row each, in range
+    order), grouped by queue (as :func:`commit_staged` after its walk)."""
     if not len(cols):
         return IndexCommit(-1, 0, 0)
     groups = _groups(cols)
@@ -510,6 +511,7 @@ __all__ = [
     "Marker",
     "StagedColumns",
     "append_marker",
+    "commit_columns",
     "commit_staged",
     "decode_marker",
     "encode_marker",

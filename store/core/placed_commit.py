@@ -42,8 +42,8 @@ from ..files.consume_queue import ENTRY_DTYPE
 from .index_commit import (
     IndexCommit,
     StagedColumns,
-    _commit_columns,
     append_marker,
+    commit_columns,
     walk_staged,
 )
 
@@ -266,7 +266,7 @@ def commit_placed(core, staged: StagedRuns, *, born_timestamp_ms: int | None = N
     run_starts = check_placed(core, staged)
     ranges = [(a, b) for a, b in staged.ranges.tolist()]
     if len(run_starts) > MAX_RUNS:  # (rows of many queues interleaved: grouped by a sort)
-        return _commit_columns(core, ranges, _rows(staged, run_starts), born_timestamp_ms)
+        return commit_columns(core, ranges, _rows(staged, run_starts), born_timestamp_ms)
     keys, counts, units, spans = _units(staged, run_starts)
     return append_marker(core, ranges, keys, counts, lambda firsts: {
         key: (int(firsts[g]), units[a:b]) for g, (key, (a, b)) in enumerate(zip(keys, spans))},

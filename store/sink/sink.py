@@ -9,9 +9,11 @@ Two ways to commit, chosen when rows are staged (``commit``; a commit takes halv
 both kinds):
 
 * ``"index"`` (the default): the rows are written once.  They are staged as records in
-  their real topics and queues that no reader sees (:mod:`store.core.index_commit`), and a
-  small half, the *stage note*, lists their CommitLog ranges; the commit appends one
-  index-commit marker, and dispatching it writes the rows' ConsumeQueue entries.
+  their real topics and queues that no reader sees (:mod:`store.core.index_commit`), and
+  small halves, the *stage notes*, list their CommitLog ranges with the columns their
+  entries need (sizes, queues, tagsCodes: what staging placed); the commit appends one
+  index-commit marker, and dispatching it writes the rows' ConsumeQueue entries from those
+  columns, without reading the records (:mod:`store.core.placed_commit`).
 * ``"copy"``: the rows are staged inside half messages (*framed halves*) and the commit
   copies every record into its topic.  For a store that Apache RocketMQ itself must open:
   a RocketMQ broker rebuilding its queues skips prepared records and knows no markers, so
@@ -22,7 +24,8 @@ both kinds):
    (a bad row raises its typed error and nothing is written), encoded as the records the
    commit will make visible (routed to their queues, CRCs computed: the costly part of a
    write runs in the tasks, in parallel) and appended, with their *sink halves*
-   (:mod:`store.sink.staged_format`): one stage note per call, or framed halves holding up
+   (:mod:`store.sink.staged_format`): stage notes (one per call, more when one half cannot
+   hold the columns of all its rows), or framed halves holding up
    to about ``max_message_size_bytes`` of records each, invisible to every reader.  Returns
    the halves' transaction ids, which the task hands to the driver.
 2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group

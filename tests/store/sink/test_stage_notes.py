@@ -17,13 +17,24 @@ import pytest
 from store import CorruptRecordError, MessageStore
 from store.core import index_commit, placed_commit
 from store.core.placed_commit import StagedRuns
-from store.formats.message import (PROPERTY_PRODUCER_GROUP, PROPERTY_SINK,
-                                   PROPERTY_TRANSACTION_ID, PROPERTY_TRANSACTION_PREPARED,
-                                   TRANS_HALF_TOPIC)
+from store.formats.message import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_SINK,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    TRANS_HALF_TOPIC,
+)
 from store.formats.record_codec import RecordSpec
 from store.kernels import staged_walk
-from store.sink.staged_format import (OLD_NOTE_MAGIC, OLD_NOTE_PREFIX, PROPERTY_SINK_ROWS,
-                                      decode_note, encode_note, is_note, new_transaction_id)
+from store.sink.staged_format import (
+    OLD_NOTE_MAGIC,
+    OLD_NOTE_PREFIX,
+    PROPERTY_SINK_ROWS,
+    decode_note,
+    encode_note,
+    is_note,
+    new_transaction_id,
+)
 from store.sink.staging import half_view
 from store.transaction.half import HALF_QUEUE_ID
 
@@ -210,7 +221,7 @@ def test_notes_fit_in_a_half_and_round_trip(tmp_path, small_config, clock):
         assert all(len(body) <= budget for _, body in notes)
         rows = 0
         for _, body in notes:
-            staged, ranges, topics = decode_note(body, "t", 0)
+            staged, _, topics = decode_note(body, "t", 0)
             assert set(USER_TOPICS) <= set(topics)
             assert encode_note(staged, topics) == body
             assert int(staged.run_counts.sum()) == len(staged.sizes)
