@@ -349,8 +349,12 @@ def decode_note(body, file: str, position: int) -> tuple[StagedRuns | None,
             np.concatenate(([0], ends[:-1])).tolist(), ends.tolist())]
     except UnicodeDecodeError:
         raise refuse("whose topic names are not UTF-8") from None
-    if (code_counts < 1).any() or int(code_counts.sum()) != n:
-        raise refuse(f"whose tagsCode runs do not cover its {n} records")
+    if any((x < 1).any() or int(x.sum()) != total
+           for x, total in ((range_runs, u), (run_counts, n), (code_counts, n))) \
+            or (u and (int(run_topics.min()) < 0 or int(run_topics.max()) >= t
+                       or int(run_queues.min()) < 0)) or (n and int(sizes.min()) < 1):
+        raise refuse(f"whose ranges, runs or sizes do not cover its {n} records in {u} runs "
+                     f"of {t} topics")
     staged = StagedRuns(ranges, range_runs, names, run_topics, run_queues,
                         np.cumsum(run_counts) - run_counts, run_counts, sizes, code_values,
                         np.cumsum(code_counts))

@@ -229,3 +229,21 @@ def test_notes_fit_in_a_half_and_round_trip(tmp_path, small_config, clock):
         assert rows == 9000
         with pytest.raises(CorruptRecordError):
             decode_note(notes[0][1][:-1], "t", 0)
+
+
+@pytest.mark.parametrize("field", ["range runs", "run counts", "run topic", "code counts"])
+def test_a_note_that_does_not_add_up_is_refused_when_decoded(field):
+    staged = StagedRuns(np.array([[0, 300]]), np.array([2]), ["orders"], np.array([0, 0]),
+                        np.array([1, 2]), np.array([0, 1]), np.array([1, 2]),
+                        np.array([100, 100, 100]), np.array([7]), np.array([3]))
+    body = encode_note(staged, ["orders"])
+    back, ranges, topics = decode_note(body, "t", 0)
+    assert ranges == [(0, 300)] and topics == ["orders"]
+    assert back.run_first.tolist() == [0, 1] and back.code_ends.tolist() == [3]
+    bad = {"range runs": dict(range_runs=np.array([3])),
+           "run counts": dict(run_counts=np.array([1, 1])),
+           "run topic": dict(run_topics=np.array([0, 1])),
+           "code counts": dict(code_ends=np.array([2]))}[field]
+    fields = {name: getattr(staged, name) for name in StagedRuns.__slots__}
+    with pytest.raises(CorruptRecordError):
+        decode_note(encode_note(StagedRuns(**{**fields, **bad}), ["orders"]), "t", 0)
