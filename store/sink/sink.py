@@ -77,7 +77,8 @@ from ..formats.message import PROPERTY_SINK
 from .staged_format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC,
                             decode_marker, decode_note, decode_staged, encode_marker,
                             encode_note, is_note, is_sink_transaction, marker_code,
-                            marker_tags_code, new_transaction_id, note_bounds, note_ranges,
+                            marker_tags_code, new_transaction_id, note_bounds, note_fits,
+                            note_ranges,
                             sink_code, sink_key, transaction_prefix)
 from .staging import (
     append_staged,
@@ -166,12 +167,14 @@ class Sink:
         done = stage_rows(store, rows, topic=topic)
         if not done.rows:
             return []
-        file_size = store.config.commitlog_file_size_bytes
+        file_size, budget = store.config.commitlog_file_size_bytes, half_budget(store)
+        parts = [staged_runs(done.columns, file_size)]
+        if not note_fits(parts[0], done.topics, budget):  # (several notes: cut by rows)
+            parts = [staged_runs(sliced_columns(done.columns, lo, hi), file_size)
+                     for lo, hi in note_bounds(done.columns, done.topics, budget, file_size)]
         specs = []
-        for lo, hi in note_bounds(done.columns, done.topics, half_budget(store),
-                                  file_size):
-            part = staged_runs(sliced_columns(done.columns, lo, hi), file_size)
-            props = self._properties(done.topics[0], hi - lo)
+        for part in parts:
+            props = self._properties(done.topics[0], len(part))
             specs.append(RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(part, done.topics),
                                     properties=props, queue_id=HALF_QUEUE_ID,
                                     born_timestamp_ms=store.now_ms()))

@@ -282,6 +282,14 @@ def note_size(ranges: int, rows: int, runs: int, code_runs: int, names: int) -> 
         + 4 * names + names
 
 
+def note_fits(staged: StagedRuns, topics: list[str], budget: int) -> bool:
+    """Whether the stage note of ``staged`` (rows of ``topics``) is at most ``budget``
+    bytes."""
+    names = sum(len(t.encode("utf-8")) for t in dict.fromkeys([*staged.topics, *topics]))
+    return note_size(len(staged.ranges), len(staged.sizes), len(staged.run_first),
+                     len(staged.code_values), names) <= budget
+
+
 def encode_note(staged: StagedRuns, topics: list[str]) -> bytes:
     """The body of a stage note of the staged records ``staged`` (one stager's: its runs
     follow one another) of rows of ``topics``."""
