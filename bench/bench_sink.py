@@ -2,7 +2,7 @@
 
 Run::
 
-    PYTHONPATH=. /work/venv/bin/python bench/bench_sink.py [--rows N] [--repeat R] [--no-spark] [--no-stream]
+    PYTHONPATH=. /work/venv/bin/python bench/bench_sink.py [--rows N] [--repeat R] [--no-spark] [--no-stream] [--commit-only]
 
 Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
 
@@ -24,7 +24,9 @@ Measures, in one run and one directory (2 Spark partitions, ``local[2]``):
 
 and, without Spark, ``Sink.stage`` + ``Sink.commit`` (by index and by copy) against
 ``send_table`` of the same table, and the driver's part alone: ``Sink.commit`` of
-``--commit-rows`` staged rows (best of ``--repeat``), beside one ``fsync`` of a 4 KiB file.
+``--commit-rows`` staged rows (best of ``--repeat``; into a fresh store, where the commit
+creates the topics, and into a store whose topics exist), beside one ``fsync`` of a 4 KiB
+file.
 A store whose sink has no ``commit`` parameter (an older tree run as the baseline, see
 below) skips the copy cases.
 
@@ -98,23 +100,29 @@ def python_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
 
 def commit_cases(tmp: str, n: int, repeat: int) -> list[tuple[str, float]]:
     """The driver's part: ``Sink.commit`` of ``n`` rows staged before (best of ``repeat``),
-    and one fsync of a small file written just before (what "+ one fsync" stands for)."""
+    into a fresh store (the commit creates the topics) and into one whose topics a small
+    batch created (a later batch's commit), and one fsync of a small file written just
+    before (what "+ one fsync" stands for)."""
     table = _table(n)
     out = []
     for commit in (["index", "copy"] if _has_commit_modes() else [None]):
-        best = None
-        for r in range(repeat):
-            path = os.path.join(tmp, f"commit-{commit}-{r}")
-            with MessageStore.open(path) as store:
-                sink = _sink(store, commit)
-                staged = sink.stage(table)
-                t0 = time.perf_counter()
-                done = sink.commit(0, staged)
-                elapsed = time.perf_counter() - t0
-                assert done.rows == n
-            shutil.rmtree(path)
-            best = elapsed if best is None else min(best, elapsed)
-        out.append((f"Sink.commit ({commit or 'default'})", best))
+        for warm in (False, True):
+            best = None
+            for r in range(repeat):
+                path = os.path.join(tmp, f"commit-{commit}-{warm}-{r}")
+                with MessageStore.open(path) as store:
+                    sink = _sink(store, commit)
+                    if warm:
+                        sink.commit(1 << 20, sink.stage(_table(100)))
+                    staged = sink.stage(table)
+                    t0 = time.perf_counter()
+                    done = sink.commit(0, staged)
+                    elapsed = time.perf_counter() - t0
+                    assert done.rows == n
+                shutil.rmtree(path)
+                best = elapsed if best is None else min(best, elapsed)
+            where = "topics exist" if warm else "fresh store"
+            out.append((f"Sink.commit ({commit or 'default'}), {where}", best))
     fsyncs = []
     for _ in range(repeat):
         name = os.path.join(tmp, "fsync-probe")
@@ -284,20 +292,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the streaming cases")
+    ap.add_argument("--commit-only", action="store_true",
+                    help="only the driver's commit (no Python stage+commit, no Spark)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-sink-")
     try:
-        py = python_cases(tmp, args.python_rows, args.repeat)
-        base = py[0][1]
-        print(f"\nPython, {args.python_rows:,} rows of 100-byte bodies (best of {args.repeat})")
-        print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs send_table':>14}")
-        for name, s in py:
-            print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
+        if not args.commit_only:
+            py = python_cases(tmp, args.python_rows, args.repeat)
+            base = py[0][1]
+            print(f"\nPython, {args.python_rows:,} rows of 100-byte bodies (best of "
+                  f"{args.repeat})")
+            print(f"{'case':<40} {'s':>8} {'rows/s':>12} {'vs send_table':>14}")
+            for name, s in py:
+                print(f"{name:<40} {s:8.3f} {args.python_rows / s:12,.0f} {base / s:13.2f}x")
         print(f"\nThe driver's commit of {args.commit_rows:,} staged rows (best of "
               f"{args.repeat})")
         for name, s in commit_cases(tmp, args.commit_rows, args.repeat):
-            print(f"{name:<40} {s:8.3f} s")
-        if not args.no_spark:
+            print(f"{name:<44} {s:8.3f} s")
+        if not args.no_spark and not args.commit_only:
             sp = spark_cases(tmp, args.rows, args.repeat, not args.no_stream)
             print(f"\nSpark local[2], {args.rows:,} rows ({args.repeat} rounds in turns; "
                   "ratios of the best and of the median; streaming once)")

@@ -38,6 +38,13 @@ integers big-endian, R ranges, Q queues)::
 The records of the ranges, in order, take their queue's offsets ``first, first + 1, ...``:
 a marker's dispatch writes the same entries every time (it is idempotent).
 
+What a commit reads.  :func:`commit_staged` reads the header of every record of its ranges
+(a compiled walk, :func:`walk_staged`).  A stager that kept what it placed (the
+exactly-once sink, in its stage notes) commits without reading the records:
+:mod:`store.core.placed_commit` writes the entries from its columns, after cheap checks
+against the CommitLog (that module says which).  Recovery, a queue rebuild and a follower
+always read the records (:func:`marker_entries`).
+
 Crash safety.  The marker is appended like any record; its records' entries are written
 only once the marker is *published* (confirmed), so that no reader sees a row of a commit a
 crash could still undo.  Before publishing, the append sets the checkpoint's
@@ -63,11 +70,13 @@ from __future__ import annotations
 
 import struct
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..base.errors import CorruptRecordError, InvalidMessageError
+from ..files.consume_queue import ENTRY_DTYPE
 from ..formats.record_codec import (
     FIELD_OFFSET,
     STAGED_QUEUE_OFFSET,
@@ -188,6 +197,7 @@ _PROBLEMS = {BAD_RECORD: "not a whole record in a staged range (damaged, or not 
                               "in one segment; allowed: fewer topics per commit"}
 
 
+
 #: More runs of one queue than this in a commit: the records are grouped by a sort.
 _MAX_RUNS = 1024
 
@@ -196,7 +206,8 @@ _MAX_RUNS = 1024
 class QueueRuns:
     """The records of a commit by queue: the queues in the order the records meet them,
     each one's record count and its records (a slice when they are consecutive: a chunk of
-    staged records is usually one run of one queue, and nothing is sorted or copied)."""
+    staged records is usually one run of one queue, and nothing is sorted or copied; a list
+    of slices for several runs; an index array after a sort)."""
 
     keys: list[tuple[str, int]]
     counts: np.ndarray
@@ -230,14 +241,31 @@ def _groups(cols: StagedColumns) -> QueueRuns:
             runs.append([])
         runs[g].append((a, b))
     counts = np.array([sum(b - a for a, b in r) for r in runs], dtype=np.int64)
-    picks = [slice(*r[0]) if len(r) == 1 else np.concatenate([np.arange(a, b) for a, b in r])
-             for r in runs]
+    picks = [slice(*r[0]) if len(r) == 1 else [slice(a, b) for a, b in r] for r in runs]
     return QueueRuns(keys, counts, picks)
 
 
 def _entries(cols: StagedColumns, groups: QueueRuns, firsts: np.ndarray) -> QueueEntries:
-    return {key: (int(firsts[g]), cols.offsets[pick], cols.sizes[pick], cols.codes[pick])
+    """Each queue's entries as units (laid out once for every record, then a view of them
+    for a queue of one run, the runs joined for another)."""
+    units = np.empty(len(cols), dtype=ENTRY_DTYPE)
+    units["offset"] = cols.offsets
+    units["size"] = cols.sizes
+    units["tags_code"] = cols.codes
+    return {key: (int(firsts[g]), _joined(units, pick) if isinstance(pick, list)
+                  else units[pick])
             for g, (key, pick) in enumerate(zip(groups.keys, groups.picks))}
+
+
+def _joined(units: np.ndarray, picks: list[slice]) -> np.ndarray:
+    """The units of ``picks`` one after the other (not ``np.concatenate``: it would give
+    the big-endian fields native byte order)."""
+    out = np.empty(sum(p.stop - p.start for p in picks), dtype=ENTRY_DTYPE)
+    at = 0
+    for p in picks:
+        out[at:at + p.stop - p.start] = units[p]
+        at += p.stop - p.start
+    return out
 
 
 # ---------------------------------------------------------------------------- the marker
@@ -310,9 +338,10 @@ class IndexCommit:
 
 def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int | None = None
                   ) -> IndexCommit:
-    """Append the commit marker of the staged records of ``ranges`` (see the module doc);
-    their entries are written once the marker is published (at the end of the caller's
-    atomic group, or at once).  The caller holds the write lock.
+    """Append the commit marker of the staged records of ``ranges``, read by a walk over
+    their headers (see the module doc; :func:`commit_placed` does not read them); their
+    entries are written once the marker is published (at the end of the caller's atomic
+    group, or at once).  The caller holds the write lock.
 
     Raises
     ------
@@ -320,12 +349,28 @@ def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int
         A range does not hold staged records only (nothing is appended).
     """
     ranges = sorted((int(a), int(b)) for a, b in ranges)
-    cols = walk_staged(core, ranges)
+    return commit_columns(core, ranges, walk_staged(core, ranges), born_timestamp_ms)
+
+
+def commit_columns(core, ranges: list[tuple[int, int]], cols: StagedColumns,
+                    born_timestamp_ms: int | None) -> IndexCommit:
+    """Append the marker of the records ``cols`` of ``ranges`` (one row each, in range
+    order), grouped by queue (as :func:`commit_staged` after its walk)."""
     if not len(cols):
         return IndexCommit(-1, 0, 0)
-    appender = core.appender
     groups = _groups(cols)
-    keys, counts = groups.keys, groups.counts
+    return append_marker(core, ranges, groups.keys, groups.counts,
+                         lambda firsts: _entries(cols, groups, firsts), born_timestamp_ms)
+
+
+def append_marker(core, ranges: list[tuple[int, int]], keys: list[tuple[str, int]],
+                  counts: np.ndarray, entries: Callable[[np.ndarray], QueueEntries],
+                  born_timestamp_ms: int | None) -> IndexCommit:
+    """Append the marker of ``ranges`` whose records go ``counts[g]`` to queue ``keys[g]``
+    (creating their topics), and have their entries written once it is published:
+    ``entries(firsts)``, given each queue's first queue offset (the caller holds the write
+    lock and has checked the records)."""
+    appender = core.appender
     for topic, _ in keys:
         core.ensure_topic(topic)
     firsts = np.array([appender.next_queue_offset(k) for k in keys], dtype=np.int64)
@@ -335,11 +380,11 @@ def commit_staged(core, ranges: list[tuple[int, int]], *, born_timestamp_ms: int
         [result] = core.append([RecordSpec(topic=INDEX_COMMIT_TOPIC, body=body, queue_id=0,
                                            properties={}, born_timestamp_ms=now)])
         offset = int(result.commitlog_offset)
-        entries = _entries(cols, groups, firsts)
+        written = entries(firsts)
         for g, key in enumerate(keys):  # later appends of this process go after them
             appender.queue_next[key] = int(firsts[g] + counts[g])
-        appender.after_publish(offset, lambda: _dispatch(core, offset, entries))
-    return IndexCommit(offset, len(cols), len(keys))
+        appender.after_publish(offset, lambda: _dispatch(core, offset, written))
+    return IndexCommit(offset, int(np.sum(counts)), len(keys))
 
 
 def _dispatch(core, offset: int, entries: QueueEntries) -> None:
@@ -449,12 +494,12 @@ def marker_rows(core, offsets: np.ndarray) -> dict[tuple[str, int], np.ndarray]:
             entries = marker_entries(core, offset)
         except CorruptRecordError:
             continue
-        for key, (first, phys, sizes, codes) in entries.items():
-            table = np.empty((len(phys), 4), dtype=np.int64)
-            table[:, 0] = first + np.arange(len(phys))
-            table[:, 1] = phys
-            table[:, 2] = sizes
-            table[:, 3] = codes
+        for key, (first, units) in entries.items():
+            table = np.empty((len(units), 4), dtype=np.int64)
+            table[:, 0] = first + np.arange(len(units))
+            table[:, 1] = units["offset"]
+            table[:, 2] = units["size"]
+            table[:, 3] = units["tags_code"]
             rows.setdefault(key, []).append(table)
     return {key: np.concatenate(parts) for key, parts in rows.items()}
 
@@ -465,6 +510,8 @@ __all__ = [
     "IndexCommit",
     "Marker",
     "StagedColumns",
+    "append_marker",
+    "commit_columns",
     "commit_staged",
     "decode_marker",
     "encode_marker",

@@ -29,7 +29,9 @@ from ..formats.message import PROPERTY_TAGS, java_string_hash
 TagsCodeRule = Callable[[Mapping[str, str], int], "int | None"]
 
 #: ``entries[(topic, queue_id)] = (first queue offset, commitlog offsets, sizes, tags codes)``,
-#: the entries of consecutive queue offsets from ``first`` on.
+#: the entries of consecutive queue offsets from ``first`` on; or ``(first queue offset,
+#: units)``, the entries already laid out (an ``ENTRY_DTYPE`` array of
+#: :mod:`store.files.consume_queue`).
 QueueEntries = dict[tuple[str, int], tuple]
 
 _TAG_CACHE_LIMIT = 65536
@@ -116,9 +118,12 @@ class Dispatcher:
 
     def dispatch(self, entries: QueueEntries) -> None:
         """Write queue entries (see :data:`QueueEntries`); idempotent for the same records."""
-        for (topic, queue_id), (first, offsets, sizes, codes) in entries.items():
-            self._note((topic, queue_id))
-            self._consume_queue(topic, queue_id).put(first, offsets, sizes, codes)
+        for key, block in entries.items():
+            self._note(key)
+            if len(block) == 2:
+                self._consume_queue(*key).put_units(*block)
+            else:
+                self._consume_queue(*key).put(*block)
 
     def forget(self, key: tuple[str, int]) -> None:
         """Drop the queue object kept for ``key`` (the store replaced it: a rebuilt queue)."""

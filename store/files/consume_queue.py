@@ -232,9 +232,6 @@ class ConsumeQueue:
         n = len(offsets)
         if n == 0:
             return
-        hint = self._min_hint
-        if hint is not None and first_index < hint[1]:  # a rebuild rewrites the head
-            self._min_hint = None
         if n == 1:
             self.put_one(first_index, int(offsets[0]), int(sizes[0]), int(tags_codes[0]))
             return
@@ -246,7 +243,21 @@ class ConsumeQueue:
             arr["offset"] = offsets
             arr["size"] = sizes
             arr["tags_code"] = tags_codes
-            data = arr.tobytes()
+            data = memoryview(arr).cast("B")
+        self._write_units(first_index, n, data)
+
+    def put_units(self, first_index: int, units: np.ndarray) -> None:
+        """Write entries already laid out as units (an :data:`ENTRY_DTYPE` array) for queue
+        offsets ``first_index, first_index + 1, ...`` (what :meth:`put` writes, no copy)."""
+        if len(units):
+            self._write_units(first_index, len(units),
+                              memoryview(np.ascontiguousarray(units)).cast("B"))
+
+    def _write_units(self, first_index: int, n: int, data) -> None:
+        """Write ``n`` units' bytes ``data`` from queue offset ``first_index`` on."""
+        hint = self._min_hint
+        if hint is not None and first_index < hint[1]:  # a rebuild rewrites the head
+            self._min_hint = None
         i = 0
         while i < n:
             pos = (first_index + i) * ENTRY_SIZE

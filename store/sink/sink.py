@@ -9,9 +9,11 @@ Two ways to commit, chosen when rows are staged (``commit``; a commit takes halv
 both kinds):
 
 * ``"index"`` (the default): the rows are written once.  They are staged as records in
-  their real topics and queues that no reader sees (:mod:`store.core.index_commit`), and a
-  small half, the *stage note*, lists their CommitLog ranges; the commit appends one
-  index-commit marker, and dispatching it writes the rows' ConsumeQueue entries.
+  their real topics and queues that no reader sees (:mod:`store.core.index_commit`), and
+  small halves, the *stage notes*, list their CommitLog ranges with the columns their
+  entries need (sizes, queues, tagsCodes: what staging placed); the commit appends one
+  index-commit marker, and dispatching it writes the rows' ConsumeQueue entries from those
+  columns, without reading the records (:mod:`store.core.placed_commit`).
 * ``"copy"``: the rows are staged inside half messages (*framed halves*) and the commit
   copies every record into its topic.  For a store that Apache RocketMQ itself must open:
   a RocketMQ broker rebuilding its queues skips prepared records and knows no markers, so
@@ -22,7 +24,8 @@ both kinds):
    (a bad row raises its typed error and nothing is written), encoded as the records the
    commit will make visible (routed to their queues, CRCs computed: the costly part of a
    write runs in the tasks, in parallel) and appended, with their *sink halves*
-   (:mod:`store.sink.staged_format`): one stage note per call, or framed halves holding up
+   (:mod:`store.sink.staged_format`): stage notes (one per call, more when one half cannot
+   hold the columns of all its rows), or framed halves holding up
    to about ``max_message_size_bytes`` of records each, invisible to every reader.  Returns
    the halves' transaction ids, which the task hands to the driver.
 2. **Commit** (:meth:`Sink.commit`, once per batch, on the driver): in one atomic group
@@ -74,16 +77,20 @@ from ..formats.message import PROPERTY_SINK
 from .staged_format import (PROPERTY_SINK_BATCH, PROPERTY_SINK_ROWS, SINK_COMMIT_TOPIC,
                             decode_marker, decode_note, decode_staged, encode_marker,
                             encode_note, is_note, is_sink_transaction, marker_code,
-                            marker_tags_code, new_transaction_id, sink_code, sink_key,
-                            transaction_prefix)
+                            marker_tags_code, new_transaction_id, note_bounds, note_fits,
+                            note_ranges,
+                            sink_code, sink_key, transaction_prefix)
 from .staging import (
     append_staged,
     framed_half,
     half_bounds,
+    half_budget,
     half_view,
     stage_rows,
 )
-from ..core.index_commit import commit_staged
+from ..core.index_commit import walk_staged
+from ..core.placed_commit import (StagedRuns, commit_placed, merged_runs, sliced_columns,
+                                  staged_runs)
 from ..formats.message import SINK_TX_PREFIX, TRANS_HALF_TOPIC
 from ..produce.table_producer import append_table_chunks
 from ..transaction.half import HALF_QUEUE_ID
@@ -154,17 +161,25 @@ class Sink:
 
     def _stage_note(self, rows, topic: str | None) -> list[str]:
         """Stage the rows as records (:func:`~store.sink.staging.stage_rows`), then the
-        note listing them (a crash between leaves records no note names: never visible)."""
+        notes listing them with their columns, each within the size of a half (a crash
+        between leaves records no note names: never visible)."""
         store = self.store
         done = stage_rows(store, rows, topic=topic)
         if not done.rows:
             return []
-        props = self._properties(done.topics[0], done.rows)
-        store.append([RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(done.ranges,
-                                                                          done.topics),
-                                 properties=props, queue_id=HALF_QUEUE_ID,
-                                 born_timestamp_ms=store.now_ms())])
-        return [props[PROPERTY_TRANSACTION_ID]]
+        file_size, budget = store.config.commitlog_file_size_bytes, half_budget(store)
+        parts = [staged_runs(done.columns, file_size)]
+        if not note_fits(parts[0], done.topics, budget):  # (several notes: cut by rows)
+            parts = [staged_runs(sliced_columns(done.columns, lo, hi), file_size)
+                     for lo, hi in note_bounds(done.columns, done.topics, budget, file_size)]
+        specs = []
+        for part in parts:
+            props = self._properties(done.topics[0], len(part))
+            specs.append(RecordSpec(topic=TRANS_HALF_TOPIC, body=encode_note(part, done.topics),
+                                    properties=props, queue_id=HALF_QUEUE_ID,
+                                    born_timestamp_ms=store.now_ms()))
+        store.append(specs)
+        return [spec.properties[PROPERTY_TRANSACTION_ID] for spec in specs]
 
     def _half_properties(self, part) -> dict[str, str]:
         """The properties of a new half holding the rows ``part`` (a fresh transaction id)."""
@@ -311,7 +326,8 @@ class Sink:
         :mod:`store.core.index_commit`).  The caller holds an atomic group."""
         store = self.store
         total, group, count = 0, [], 0
-        ranges: list[tuple[int, int]] = []
+        notes: list[StagedRuns] = []
+        walk: list[tuple[int, int]] = []  # (earlier versions' notes: their records are read)
         topics: dict[str, None] = {}
         for row in rows:
             clog = transactions.latest_clog(row)
@@ -321,8 +337,11 @@ class Sink:
                     f"transaction {transactions.transaction_id(row)} at CommitLog offset "
                     f"{clog} is not a half of sink {self.sink_id!r}")
             if is_note(body):
-                more, names = decode_note(body, store.commit_log.directory, clog)
-                ranges += more
+                staged, ranges, names = decode_note(body, store.commit_log.directory, clog)
+                if staged is None:
+                    walk += ranges
+                else:
+                    notes.append(staged)
                 topics.update(dict.fromkeys(names))
                 continue
             table = decode_staged(body, store.commit_log.directory, clog)
@@ -336,8 +355,12 @@ class Sink:
         self._end_halves(transactions, ended, now)
         for topic in topics:  # (also of rows only delayed so far)
             store.ensure_topic(topic)
-        if ranges:
-            total += commit_staged(store, ranges, born_timestamp_ms=now).rows
+        if walk:
+            walk.sort()
+            notes.append(staged_runs(walk_staged(store, walk),
+                                     store.config.commitlog_file_size_bytes))
+        if notes:
+            total += commit_placed(store, merged_runs(notes), born_timestamp_ms=now).rows
         return total
 
 
@@ -380,7 +403,7 @@ def sink_retention_floor(store) -> int | None:
             _, body, _ = half_view(store, clog)
             if not is_note(body):
                 continue
-            ranges, _ = decode_note(body, store.commit_log.directory, clog)
+            ranges = note_ranges(body, store.commit_log.directory, clog)
         except CorruptRecordError:
             continue
         if ranges:

@@ -35,7 +35,8 @@ from ..formats.record_codec import (
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
-from ..core.index_commit import placed_ranges, staged
+from ..core.index_commit import StagedColumns, placed_ranges, staged
+from ..core.placed_commit import joined_columns
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
@@ -108,11 +109,13 @@ def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
 
 class StagedRows(NamedTuple):
     """What :func:`stage_rows` appended: the CommitLog ranges of the staged records, how
-    many rows and the rows' own topics (the first row's first)."""
+    many rows, the rows' own topics (the first row's first) and the records' columns as
+    they were placed (in CommitLog order: what a commit needs instead of reading them)."""
 
     ranges: list
     rows: int
     topics: list
+    columns: StagedColumns
 
 
 def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
@@ -123,21 +126,36 @@ def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
     Each chunk of the producer's is encoded (routed, CRCs computed) with the transaction
     type PREPARED, given its tagsCodes in PREPAREDTRANSACTIONOFFSET and appended once: the
     rows are written here and never again.  Queues are chosen for every chunk first (a
-    delayed row's routing names its real queue)."""
+    delayed row's routing names its real queue).  What each record was placed as (topic,
+    queue id, offset, size, tagsCode) is kept from the append, not read back."""
     file_size = store.config.commitlog_file_size_bytes
 
     def make(chunk):  # on either of two threads (see store.core.pipeline)
         part = chunk.rows
         first = part.topic_names[int(part.topic_ids[0])]
-        return (staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE)),
-                [first, *(t for t in part.topic_names if t != first)])
+        records = staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE))
+        # (the columns only: the chunk's bytes are not kept once appended)
+        return records, ([first, *(t for t in part.topic_names if t != first)],
+                         list(records.topics), records.topic_ids, records.tags_codes)
 
     placed = append_table_chunks(store, rows, make, topic=topic, create_topics=False,
                                  placements=True)
+    columns = joined_columns([
+        StagedColumns(names, np.asarray(topic_ids, np.int64), p.queue_ids,
+                      p.commitlog_offsets, p.sizes, np.asarray(codes, np.int64))
+        for (_, names, topic_ids, codes), p in placed])
     return StagedRows([r for _, p in placed
                        for r in placed_ranges(p.commitlog_offsets, p.sizes, file_size)],
-                      sum(len(p.sizes) for _, p in placed),
-                      list(dict.fromkeys(t for topics, _ in placed for t in topics)))
+                      len(columns),
+                      list(dict.fromkeys(t for (topics, *_), _ in placed for t in topics)),
+                      columns)
+
+
+def half_budget(store) -> int:
+    """Bytes of rows (or of a stage note) one sink half holds at most: ``HALF_FILL`` of the
+    message size limit, or of half a CommitLog segment when smaller."""
+    cfg = store.config
+    return int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
 
 
 def _half_header(born_ms: int, body_len: int) -> np.ndarray:
@@ -323,8 +341,7 @@ def half_bounds(rows, store) -> list[tuple[int, int]]:
     (or of half a CommitLog segment, when smaller); a single larger row gets a half of its
     own."""
     n = len(rows)
-    cfg = store.config
-    budget = int(min(cfg.max_message_size_bytes, cfg.commitlog_file_size_bytes // 2) * HALF_FILL)
+    budget = half_budget(store)
     topic_len = np.array([len(t.encode("utf-8")) for t in rows.topic_names], np.int64)
     delayed = (rows.levels > 0) | (rows.deliver_ms >= 0)
     # each row's record (an upper bound), plus Arrow's offset and topic / queue / code

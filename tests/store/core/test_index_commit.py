@@ -116,10 +116,12 @@ _KILLER = textwrap.dedent("""
     from store import MessageStore, StoreConfig
     from store.core import index_commit
     from store.sink.staging import stage_rows
-    path, where = sys.argv[1], sys.argv[2]
+    from store.core.placed_commit import commit_placed, staged_runs
+    path, where, how = sys.argv[1], sys.argv[2], sys.argv[3]
     store = MessageStore.open(path, StoreConfig(commitlog_file_size_bytes=1 << 16))
-    ranges = stage_rows(store, pa.table({{"topic": ["t"] * 400,
-                                         "body": [b"r%d" % i for i in range(400)]}})).ranges
+    done = stage_rows(store, pa.table({{"topic": ["t"] * 400,
+                                       "body": [b"r%d" % i for i in range(400)]}}))
+    ranges = done.ranges
     if where == "staged":
         os.kill(os.getpid(), signal.SIGKILL)
     if where == "published":  # the marker is published, its entries not yet written
@@ -128,9 +130,9 @@ _KILLER = textwrap.dedent("""
         real = index_commit._dispatch
         def half(core, offset, entries):
             key = sorted(entries)[0]
-            first, phys, sizes, codes = entries[key]
-            k = len(phys) // 2
-            core.dispatcher.dispatch({{key: (first, phys[:k], sizes[:k], codes[:k])}})
+            first, units = entries[key]
+            k = len(units) // 2
+            core.dispatcher.dispatch({{key: (first, units[:k])}})
             os.kill(os.getpid(), signal.SIGKILL)
         index_commit._dispatch = half
     if where == "before-publish":
@@ -140,16 +142,20 @@ _KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         store.appender.after_publish = die
     with store.write_lock():
-        index_commit.commit_staged(store, ranges)
+        if how == "walk":
+            index_commit.commit_staged(store, ranges)
+        else:  # (from the stager's columns, no record read)
+            commit_placed(store, staged_runs(done.columns, 1 << 16))
     os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
 @pytest.mark.parametrize("where,visible", [("staged", 0), ("before-publish", 0),
                                            ("published", 400), ("half", 400), ("done", 400)])
-def test_sigkill_between_stage_commit_and_dispatch(tmp_path, where, visible):
+@pytest.mark.parametrize("how", ["walk", "placed"])
+def test_sigkill_between_stage_commit_and_dispatch(tmp_path, where, visible, how):
     path = str(tmp_path / "s")
-    proc = subprocess.run([sys.executable, "-c", _KILLER.format(root=ROOT), path, where],
+    proc = subprocess.run([sys.executable, "-c", _KILLER.format(root=ROOT), path, where, how],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     from store import StoreConfig

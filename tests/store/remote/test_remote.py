@@ -144,7 +144,7 @@ def test_the_sink_commits_once_and_a_repeated_stage_adds_nothing(served, commit)
         kinds = {bytes(store.read_record(int(o)).body[:4]) for o in store.queue_entries(
             "RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, store.max_offset("RMQ_SYS_TRANS_HALF_TOPIC", 0)
         )["offset"].tolist()}
-        assert kinds == {b"RMQR" if commit == "index" else b"RMQF"}
+        assert kinds == {b"RMQN" if commit == "index" else b"RMQF"}  # stage notes: RMQN
 
 
 def test_transactions_end_from_a_remote_producer(served):
