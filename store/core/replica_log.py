@@ -146,7 +146,7 @@ class _Checked:
     end: int
 
 
-def check_chunk(file_size: int, offset: int, data: bytes) -> _Checked:
+def check_chunk(file_size: int, offset: int, data) -> _Checked:
     """``data`` (to be appended at ``offset``) checked as recovery checks the log: whole
     valid records (body CRC included), each naming ``offset`` plus its position as its
     physical offset, optionally closed by the BLANK that ends the segment; inside one
@@ -178,9 +178,10 @@ def check_chunk(file_size: int, offset: int, data: bytes) -> _Checked:
     return _Checked(raw, index, offset + positions, end)
 
 
-def append_chunk(core, offset: int, data: bytes) -> ChunkAppend:
+def append_chunk(core, offset: int, data) -> ChunkAppend:
     """Append a leader's chunk at ``offset``, the end of ``core``'s log (see the module
-    docstring); :class:`ReplicaDivergedError` when ``offset`` is not that end or the
+    docstring); ``data``: bytes, or any contiguous bytes-like object (an Arrow buffer: not
+    copied first); :class:`ReplicaDivergedError` when ``offset`` is not that end or the
     records do not continue this store's queues, :class:`ReplicationError` when they fail a
     check."""
     checked = check_chunk(core.commit_log.file_size, offset, data)

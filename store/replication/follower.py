@@ -169,7 +169,7 @@ class Follower:
         for i, offset in enumerate(offsets):
             chunk = data[i].as_buffer()
             if chunk is not None and chunk.size:
-                done = append_chunk(self.store, offset, chunk.to_pybytes())
+                done = append_chunk(self.store, offset, chunk)  # (the batch's own bytes)
                 if done.end != ends[i]:
                     raise ReplicaDivergedError(
                         f"the chunk at CommitLog offset {offset} ends at {done.end} here, at "
