@@ -154,7 +154,10 @@ class Follower:
                                              epoch=self.leader_epoch))
         first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
         self._unread_end = None  # (the answer before: its stream's end came long ago)
-        if first is not None and _has_data(first):
+        if first is not None and _has_data(first) and _is_last(first, first):
+            self._apply(first)  # (one chunk: one append, which readers see whole)
+            self._unread_end = answer
+        elif first is not None and _has_data(first):
             # one answer is one atomic group: readers see it whole, as the leader's
             # readers saw each of its appends (it ends at a confirmed end of the leader's)
             with store.atomic_append():
