@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore
-from store.core.replica_log import append_chunk, read_chunk, tail_crc
 from store.base.errors import ReplicaDivergedError, ReplicationError
+from store.core.replica_log import append_chunk, read_chunk, tail_crc
 from store.formats.record_codec import FIELD_OFFSET, HEADER_SIZE
 from store.remote.replication_stream import chunk_batch
 
