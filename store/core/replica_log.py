@@ -146,7 +146,7 @@ class _Checked:
     end: int
 
 
-def check_chunk(file_size: int, offset: int, data: bytes) -> _Checked:
+def check_chunk(file_size: int, offset: int, data) -> _Checked:
     """``data`` (to be appended at ``offset``) checked as recovery checks the log: whole
     valid records (body CRC included), each naming ``offset`` plus its position as its
     physical offset, optionally closed by the BLANK that ends the segment; inside one
@@ -168,8 +168,10 @@ def check_chunk(file_size: int, offset: int, data: bytes) -> _Checked:
             f"the chunk at CommitLog offset {offset} fails the record checks at offset "
             f"{offset + walked} (magic, size or body CRC); nothing of it was appended")
     positions = index.positions
-    at = positions[:, None] + FIELD_OFFSET["physical_offset"] + np.arange(8)
-    physical = np.ascontiguousarray(raw[at]).view(">i8").ravel() if len(positions) else positions
+    # every 8 bytes of the chunk as a big-endian int64 starting at each byte (a view, no
+    # copy): one gather reads each record's physical offset
+    words = np.ndarray((max(0, len(raw) - 7),), dtype=">i8", buffer=raw, strides=(1,))
+    physical = words[positions + FIELD_OFFSET["physical_offset"]]
     bad = np.flatnonzero(physical != offset + positions)
     if len(bad):
         raise ReplicationError(
@@ -178,9 +180,10 @@ def check_chunk(file_size: int, offset: int, data: bytes) -> _Checked:
     return _Checked(raw, index, offset + positions, end)
 
 
-def append_chunk(core, offset: int, data: bytes) -> ChunkAppend:
+def append_chunk(core, offset: int, data) -> ChunkAppend:
     """Append a leader's chunk at ``offset``, the end of ``core``'s log (see the module
-    docstring); :class:`ReplicaDivergedError` when ``offset`` is not that end or the
+    docstring); ``data``: bytes, or any contiguous bytes-like object (an Arrow buffer: not
+    copied first); :class:`ReplicaDivergedError` when ``offset`` is not that end or the
     records do not continue this store's queues, :class:`ReplicationError` when they fail a
     check."""
     checked = check_chunk(core.commit_log.file_size, offset, data)

@@ -74,6 +74,7 @@ class Follower:
         #: term's bytes are refused until its terms are taken again)
         self.leader_epoch: int | None = None
         self._lag_counted = 0.0
+        self._unread_end = None  # (see _take_answer)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-follower", daemon=True)
 
@@ -124,8 +125,6 @@ class Follower:
                 self._stop.wait(RETRY_S * 5)
 
     def _follow(self) -> None:
-        store = self.store
-        file_size = store.commit_log.file_size
         if self._on_epochs is not None:
             answer = self.leader.replica_epochs()
             if answer.get("role") not in (None, "leader"):  # (elected: not leading yet)
@@ -134,28 +133,51 @@ class Follower:
             self._on_epochs(answer)
             epoch = answer.get("epoch")
             self.leader_epoch = epoch if isinstance(epoch, int) else None
-        while not self._stop.is_set():
-            offset = store.confirmed_offset()
-            answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
-                                                 file_size=file_size, max_bytes=REQUEST_BYTES,
-                                                 wait_ms=WAIT_MS, replica=self.me,
-                                                 high_watermark=self.high_watermark,
-                                                 epoch=self.leader_epoch))
-            first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
-            if first is not None and _has_data(first):
-                # one answer is one atomic group: readers see it whole, as the leader's
-                # readers saw each of its appends (it ends at a confirmed end of the leader's)
-                with store.atomic_append():
-                    self._apply(first)
-                    for batch in answer:
-                        self._apply(batch)
-            elif first is not None:
+        try:
+            while not self._stop.is_set():
+                self._take_answer()
+        finally:
+            self._unread_end = None  # (dropped: its stream is closed, whatever its end said)
+
+    def _take_answer(self) -> None:
+        """One request and its answer, appended.  An answer whose last batch was applied
+        (:func:`_is_last`) is kept with its stream's end unread, so that the next request
+        (this replica's report, which writers may be waiting for) goes out without waiting
+        for that end; it is dropped (its stream closed) once the next answer has come."""
+        store = self.store
+        offset = store.confirmed_offset()
+        answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
+                                             file_size=store.commit_log.file_size,
+                                             max_bytes=REQUEST_BYTES, wait_ms=WAIT_MS,
+                                             replica=self.me,
+                                             high_watermark=self.high_watermark,
+                                             epoch=self.leader_epoch))
+        first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
+        self._unread_end = None  # (the answer before: its stream's end came long ago)
+        if first is not None and _has_data(first) and _is_last(first, first):
+            self._apply(first)  # (one chunk: one append, which readers see whole)
+            self._unread_end = answer
+        elif first is not None and _has_data(first):
+            # one answer is one atomic group: readers see it whole, as the leader's
+            # readers saw each of its appends (it ends at a confirmed end of the leader's)
+            with store.atomic_append():
                 self._apply(first)
-            if first is not None and self.leader_min is not None:
-                self._on_leader_min(self.leader_min)
-            self.state, self.error = "following", None
-            self.last_contact_ms = store.now_ms()
-            self._count_lag_messages()
+                batch = first
+                while not _is_last(batch, first):
+                    batch = next(answer, None)
+                    if batch is None:
+                        break
+                    self._apply(batch)
+            if batch is not None:
+                self._unread_end = answer
+        elif first is not None:  # (nothing new: the answer's last batch)
+            self._apply(first)
+            self._unread_end = answer
+        if first is not None and self.leader_min is not None:
+            self._on_leader_min(self.leader_min)
+        self.state, self.error = "following", None
+        self.last_contact_ms = store.now_ms()
+        self._count_lag_messages()
 
     def _apply(self, batch) -> None:
         if batch.num_rows and "high_watermark" in batch.schema.names:  # (else: an earlier
@@ -169,7 +191,7 @@ class Follower:
         for i, offset in enumerate(offsets):
             chunk = data[i].as_buffer()
             if chunk is not None and chunk.size:
-                done = append_chunk(self.store, offset, chunk.to_pybytes())
+                done = append_chunk(self.store, offset, chunk)  # (the batch's own bytes)
                 if done.end != ends[i]:
                     raise ReplicaDivergedError(
                         f"the chunk at CommitLog offset {offset} ends at {done.end} here, at "
@@ -195,6 +217,19 @@ class Follower:
                     mine = 0
                 behind += max(0, leader.max_offset(topic, queue_id) - mine)
         self.lag_messages = behind
+
+
+def _is_last(batch, first) -> bool:
+    """Whether ``batch`` (applied) ends its answer at a confirmed end of the leader's: it
+    reaches the leader's confirmed end it tells, and the one the answer's ``first`` batch
+    told (the leader's answer ends there, :mod:`store.remote.replication_stream`).  A leader
+    that sent more would only see the follower ask again from there: each answer ends at a
+    confirmed end, so stopping at one keeps the leader's atomic groups whole."""
+    if batch.num_rows != 1:  # (one row per batch: anything else is read to its end)
+        return False
+    end = batch.column("end")[0].as_py()
+    return end > batch.column("offset")[0].as_py() and end >= min(
+        batch.column("leader_end")[0].as_py(), first.column("leader_end")[0].as_py())
 
 
 def _has_data(batch) -> bool:

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 
 from store import Message, MessageStore
-from store.core.replica_log import append_chunk, read_chunk, tail_crc
 from store.base.errors import ReplicaDivergedError, ReplicationError
+from store.core.replica_log import append_chunk, read_chunk, tail_crc
 from store.formats.record_codec import FIELD_OFFSET, HEADER_SIZE
+from store.remote.replication_stream import chunk_batch
 
 SMALL = {"commitlog_file_size_bytes": 64 * 1024}
 
@@ -29,22 +30,33 @@ def leader(tmp_path):
         yield s
 
 
-def copy_all(leader, follower, max_bytes: int) -> int:
-    """Copy the leader's log in chunks of at most ``max_bytes``; returns how many."""
+def copy_all(leader, follower, max_bytes: int, as_batches: bool = False) -> int:
+    """Copy the leader's log in chunks of at most ``max_bytes``; returns how many.
+    ``as_batches``: each chunk goes through the replication stream's Arrow batch, and its
+    Arrow buffer is appended as the follower appends it (not copied to bytes)."""
     n = 0
     while follower.confirmed_offset() < leader.confirmed_offset():
         offset = follower.confirmed_offset()
         chunk = read_chunk(leader, offset, max_bytes, follower_crc=tail_crc(follower, offset),
                            file_size=SMALL["commitlog_file_size_bytes"])
-        done = append_chunk(follower, chunk.offset, chunk.data)
+        data = chunk.data
+        if as_batches:
+            batch = chunk_batch(chunk, (7, 3))
+            batch.validate(full=True)
+            assert batch.to_pylist() == [{"offset": chunk.offset, "end": chunk.end,
+                                          "leader_end": chunk.leader_end, "data": chunk.data,
+                                          "high_watermark": 7, "leader_min": 3}]
+            data = batch.column("data")[0].as_buffer()
+        done = append_chunk(follower, chunk.offset, data)
         assert done.end == chunk.end
         n += 1
     return n
 
 
-def test_chunks_of_whole_records_rebuild_the_same_log_and_queues(leader, tmp_path):
+@pytest.mark.parametrize("as_batches", [False, True], ids=["bytes", "arrow-buffers"])
+def test_chunks_of_whole_records_rebuild_the_same_log_and_queues(leader, tmp_path, as_batches):
     with MessageStore.open(str(tmp_path / "b"), SMALL) as follower:
-        chunks = copy_all(leader, follower, 5000)
+        chunks = copy_all(leader, follower, 5000, as_batches)
         end = leader.confirmed_offset()
         assert chunks > end // 5000 and end > 5 * SMALL["commitlog_file_size_bytes"]
         for offset in range(0, end, SMALL["commitlog_file_size_bytes"]):
