@@ -67,40 +67,31 @@ def _short_calls_take(endpoint: str, n: int = 10, timeout: float = 5.0) -> list[
     return took
 
 
-class HalfOpen:
-    """``count`` calls of ``path`` that send their headers and never their request, spread
-    over ``connections`` connections, held by an asyncio loop in a thread; ``codes`` gets
-    the status each ends with."""
+class _LoopCalls:
+    """``count`` calls spread over ``connections`` connections, held by an asyncio loop in
+    a thread until the ``with`` block ends; ``codes`` gets the status each ends with.  A
+    subclass makes the calls (:meth:`_tasks`)."""
 
-    def __init__(self, endpoint: str, count: int, connections: int, path: str = SEND) -> None:
-        self.endpoint, self.count, self.connections, self.path = (endpoint, count,
-                                                                   connections, path)
+    #: how long the calls get to reach the server before the ``with`` block starts (s)
+    settle_s = 0.0
+
+    def __init__(self, endpoint: str, count: int, connections: int) -> None:
+        self.endpoint, self.count, self.connections = endpoint, count, connections
         self.codes: list = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),),
                                         daemon=True)
         self._started = threading.Event()
 
-    async def _one(self, channel) -> None:
-        async def never():
-            await self._stop.wait()
-            yield b""
-
-        call = channel.stream_unary(self.path, request_serializer=bytes,
-                                    response_deserializer=bytes)(never())
-        self._calls.append(call)
-        try:
-            await call
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+    def _tasks(self, channels) -> list:
+        raise NotImplementedError
 
     async def _main(self) -> None:
         self._stop, self._calls = asyncio.Event(), []
         channels = [grpc.aio.insecure_channel(self.endpoint, options=[
             ("grpc.use_local_subchannel_pool", 1)]) for _ in range(self.connections)]
-        tasks = [asyncio.ensure_future(self._one(channels[i % self.connections]))
-                 for i in range(self.count)]
-        await asyncio.sleep(0.5)
+        tasks = self._tasks(channels)
+        await asyncio.sleep(self.settle_s)
         self._started.set()
         await self._stop.wait()
         for call in self._calls:
@@ -117,6 +108,35 @@ class HalfOpen:
     def __exit__(self, *exc) -> None:
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=60)
+
+
+class HalfOpen(_LoopCalls):
+    """``count`` calls of ``path`` that send their headers and never their request, spread
+    over ``connections`` connections, held by an asyncio loop in a thread; ``codes`` gets
+    the status each ends with."""
+
+    settle_s = 0.5
+
+    def __init__(self, endpoint: str, count: int, connections: int, path: str = SEND) -> None:
+        super().__init__(endpoint, count, connections)
+        self.path = path
+
+    async def _one(self, channel) -> None:
+        async def never():
+            await self._stop.wait()
+            yield b""
+
+        call = channel.stream_unary(self.path, request_serializer=bytes,
+                                    response_deserializer=bytes)(never())
+        self._calls.append(call)
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            self.codes.append(exc.code())
+
+    def _tasks(self, channels) -> list:
+        return [asyncio.ensure_future(self._one(channels[i % self.connections]))
+                for i in range(self.count)]
 
 
 def _wait(predicate, timeout: float = 30.0) -> bool:
@@ -460,18 +480,10 @@ def test_an_oversized_request_is_refused_and_the_endpoint_serves_on(endpoint_of)
 
 
 # --------------------------------------------------------------------------- idle sessions
-class IdleStreams:
+class IdleStreams(_LoopCalls):
     """``count`` telemetry streams, each of a client id of its own, that never send a
     command (an idle client), spread over ``connections`` connections and held by an
     asyncio loop in a thread; ``codes`` gets the status each ends with."""
-
-    def __init__(self, endpoint: str, count: int, connections: int) -> None:
-        self.endpoint, self.count, self.connections = endpoint, count, connections
-        self.codes: list = []
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),),
-                                        daemon=True)
-        self._started = threading.Event()
 
     async def _one(self, s, i: int) -> None:
         async def idle():
@@ -486,29 +498,10 @@ class IdleStreams:
         except grpc.aio.AioRpcError as exc:
             self.codes.append(exc.code())
 
-    async def _main(self) -> None:
-        self._stop, self._calls = asyncio.Event(), []
-        channels = [grpc.aio.insecure_channel(self.endpoint, options=[
-            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(self.connections)]
+    def _tasks(self, channels) -> list:
         stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
-        tasks = [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
-                 for i in range(self.count)]
-        self._started.set()
-        await self._stop.wait()
-        for call in self._calls:
-            call.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for channel in channels:
-            await channel.close()
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        self._started.wait(60)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout=60)
+        return [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
+                for i in range(self.count)]
 
 
 def _streams_open(service) -> int:
