@@ -127,8 +127,9 @@ class Replica:
         """A leader's timer drops the keyed messages that a later send replaced or a cancel
         cancelled (:mod:`store.timer.delay_keys`) only once its key table exists; a follower
         never made one (it sends nothing), so a new leader builds it from the timer topic
-        it copied: one scan of that topic, at each change to leader."""
-        self.store.timer.keys.ensure()
+        it copied: one scan of that topic, at each change to leader (its file, if it
+        had one, was set aside with the services' progress)."""
+        self.store.timer.keys.take_over()
 
     def _init_elected(self, recorded: dict) -> None:
         self.leader = None

@@ -47,7 +47,10 @@ PROGRESS_FILES = (os.path.join("config", "delayOffset.json"),
                   os.path.join("config", "delayOffset.json.bak"),
                   os.path.join("config", "timercheck"),
                   os.path.join("config", "transactionOffset.json"),
-                  os.path.join("config", "transactionOffset.json.bak"))
+                  os.path.join("config", "transactionOffset.json.bak"),
+                  # the delay-key table (store.timer.delay_keys): indexed to a timer-queue
+                  # offset, which a cut or another leader's log gives other records
+                  "timerkeys")
 PROGRESS_ASIDE_DIR = os.path.join("config", "progress-aside")
 
 

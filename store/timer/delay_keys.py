@@ -214,6 +214,13 @@ class DelayKeys:
         with self.store.write_lock():
             self.sync(create=True)
 
+    def take_over(self) -> None:
+        """A replica starting to lead: the table as its own log says (a follower never
+        updates it, and a cut or a change of role set its file aside: rebuilt from the
+        timer topic, one scan)."""
+        with self.store.write_lock():
+            self.sync(create=True)
+
     def sync(self, *, create: bool = False) -> DelayKeyTable | None:
         """The table, with every record of the timer topic applied (``None``: keys never
         used and ``create`` not asked).  The caller holds the write lock."""
@@ -232,9 +239,10 @@ class DelayKeys:
             try:
                 table.refresh()
                 return table
-            except FileNotFoundError:
+            except FileNotFoundError:  # set aside (a cut, a change of role): rebuilt
                 table.close()
                 self._table = None
+                create = True
         if not os.path.exists(self.path):
             if not create:
                 return None

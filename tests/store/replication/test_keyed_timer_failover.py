@@ -42,3 +42,32 @@ def test_a_replaced_keyed_timer_message_is_not_delivered_by_the_next_leader(tmp_
         assert bodies(b.store, "orders") == {b"second try": 1}
     finally:
         b.close()
+
+
+def test_a_tail_cut_under_the_key_table_rebuilds_it(tmp_path):
+    """Found by the hour-long fault run (seed 21): three keyed timer messages, each sent
+    again by its client across a failover, had their first try delivered by a later
+    leader, minutes after the second.  A former leader's delay-key table (``timerkeys``)
+    kept the queue offset it had indexed to; a tail cut dropped records below that offset
+    and its new leader's records took their places, which the table never read: it named
+    the first try still.  The table is now set aside with the services' progress at a cut
+    or a change of role, and a new leader rebuilds it from the timer topic."""
+    from store import MessageStore
+    from store.replication.truncation import set_aside_progress_of
+    from tests.conftest import SMALL
+
+    now = [1_790_000_000_000]
+    with MessageStore.open(str(tmp_path / "s"), SMALL, clock=lambda: now[0]) as store:
+        p = store.producer("g")
+        p.send(Message("orders", b"first try"), delay_ms=5_000, key="k")
+        cut = store.confirmed_offset()
+        p.send(Message("orders", b"other"), delay_ms=5_000, key="other")
+        store.deliver_due()  # the table reads both (indexed past the cut)
+        store.drop_tail(cut)  # a tail cut, as a former leader's on rejoining
+        set_aside_progress_of(store, "a tail cut (test)")
+        # the new leader's record, copied into the place of the cut one
+        p.send(Message("orders", b"second try"), delay_ms=6_000, key="k")
+        store.timer.keys.take_over()  # what a replica does as it starts leading
+        now[0] += 10_000
+        store.deliver_due()
+        assert bodies(store, "orders") == {b"second try": 1}
