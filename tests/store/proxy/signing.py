@@ -108,6 +108,23 @@ def producer_session(stub, client_id: str, timeout: float = 5.0) -> Stream:
     return session
 
 
+async def hold_idle_telemetry(stub, client_id: str, until, calls: list, codes: list) -> None:
+    """A telemetry stream of ``client_id`` that sends no command before ``until()`` (an
+    awaitable) returns: an idle client; the call goes into ``calls`` (to cancel it) and the
+    status it ends with into ``codes``."""
+    async def idle():
+        await until()
+        yield rpc.TelemetryCommand()
+
+    call = stub.Telemetry(idle(), metadata=[("x-mq-client-id", client_id)])
+    calls.append(call)
+    try:
+        async for _ in call:
+            pass
+    except grpc.aio.AioRpcError as exc:
+        codes.append(exc.code())
+
+
 def stored(path: str, topic: str) -> int:
     """How many messages the store at ``path`` holds in ``topic``."""
     from store import StoreReader

@@ -29,7 +29,14 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from store import StoreConfig
-from tests.store.proxy.signing import message, producer_session, serving, stored, stub
+from tests.store.proxy.signing import (
+    hold_idle_telemetry,
+    message,
+    producer_session,
+    serving,
+    stored,
+    stub,
+)
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -486,17 +493,7 @@ class IdleStreams(_LoopCalls):
     asyncio loop in a thread; ``codes`` gets the status each ends with."""
 
     async def _one(self, s, i: int) -> None:
-        async def idle():
-            await self._stop.wait()
-            yield rpc.TelemetryCommand()
-
-        call = s.Telemetry(idle(), metadata=[("x-mq-client-id", f"idle-{i}")])
-        self._calls.append(call)
-        try:
-            async for _ in call:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+        await hold_idle_telemetry(s, f"idle-{i}", self._stop.wait, self._calls, self.codes)
 
     def _tasks(self, channels) -> list:
         stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]

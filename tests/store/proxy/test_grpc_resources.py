@@ -21,7 +21,12 @@ from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 
 from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
-from tests.store.proxy.signing import message, producer_session, stub  # noqa: E402
+from tests.store.proxy.signing import (  # noqa: E402
+    hold_idle_telemetry,
+    message,
+    producer_session,
+    stub,
+)
 
 pytestmark = pytest.mark.xdist_group("grpc")
 
@@ -40,18 +45,9 @@ class HeldLoad:
         self._thread = threading.Thread(target=self.loop.run_until_complete,
                                         args=(self._main(),), daemon=True)
 
-    async def _stream(self, s, i: int) -> None:
-        async def idle():
-            await asyncio.Event().wait()  # never sends: an idle client
-            yield rpc.TelemetryCommand()
-
-        call = s.Telemetry(idle(), metadata=[("x-mq-client-id", f"idle-{i}")])
-        self._calls.append(call)
-        try:
-            async for _ in call:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+    async def _stream(self, s, i: int) -> None:  # never sends: an idle client
+        await hold_idle_telemetry(s, f"idle-{i}", asyncio.Event().wait, self._calls,
+                                  self.codes)
 
     async def _poll(self, s, i: int) -> None:
         call = s.ReceiveMessage(rpc.ReceiveMessageRequest(
