@@ -194,6 +194,11 @@ class ReplicaBehindError(ReplicationError):
     it last heard): promoting it would lose acknowledged messages (``--force`` does)."""
 
 
+class ConsumerProgressError(ReplicationError):
+    """A copy of a leader's consumer progress (the gRPC face's groups) was malformed or
+    beyond its bounds (the message says what); nothing of it was written."""
+
+
 class ReplicaAckTimeoutError(ReplicationError):
     """A write on a replica set's leader with ``min_insync_replicas`` above 1 was appended
     there, but not enough replicas reported holding it within ``replica_ack_timeout_ms``.

@@ -38,7 +38,6 @@ moved to the group's dead-letter topic ``%DLQ%<group>`` instead of a further han
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -46,15 +45,18 @@ from dataclasses import dataclass, field
 
 from ..base.errors import OffsetOutOfRangeError, StoreError, UnknownTopicError
 from ..facade.store_reader import StoreReader
-from ..files.broker_files import read_lenient_json, write_config
-from ..files.fileio import atomic_write
+from ..files.consumer_progress import (
+    ACKS_FILE,
+    OFFSETS_FILE,
+    ConsumerProgress,
+    read_progress,
+    write_progress,
+)
 from ..formats.message import MessageView
 from .convert import Code, Refused
 
 log = logging.getLogger("store.proxy")
 
-OFFSETS_FILE = os.path.join("config", "consumerOffset.json")
-ACKS_FILE = os.path.join("config", "rmq_consumer_acks.json")
 #: Longest time the group offsets stay unsaved after an ack (seconds).
 SAVE_INTERVAL_S = 0.2
 #: RocketMQ's default: a message is handed out at most this many times, then dead-lettered.
@@ -131,24 +133,6 @@ def tag_filter(expression: str | None):
     return tags.__contains__
 
 
-def _per_queue(table, convert) -> dict:
-    """``{(group, topic, queue): convert(value)}`` of a ``{"topic@group": {queue: value}}``
-    table (RocketMQ's ``offsetTable`` shape); entries that do not parse are skipped."""
-    out: dict = {}
-    if not isinstance(table, dict):
-        return out
-    for name, queues in table.items():
-        topic, sep, group = str(name).partition("@")
-        if not sep or not isinstance(queues, dict):
-            continue
-        for q, value in queues.items():
-            try:
-                out[(group, topic, int(q))] = convert(value)
-            except (TypeError, ValueError):
-                continue
-    return out
-
-
 class ConsumerGroups:
     """The groups' progress over one store (see the module docstring); thread-safe."""
 
@@ -162,8 +146,9 @@ class ConsumerGroups:
         self.acks_path = os.path.join(store.root, ACKS_FILE)
         self._lock = threading.Lock()
         self._progress: dict[tuple[str, str, int], QueueProgress] = {}
-        self._saved = self._load()
-        self._saved_acks = self._load_acks()
+        self._saved: dict[tuple[str, str, int], int] = {}
+        self._saved_acks: dict[tuple[str, str, int], set[int]] = {}
+        self._load()
         self._dirty = False
         self._epoch = store.now_ms() * 1000
         self._cursor = 0
@@ -173,13 +158,11 @@ class ConsumerGroups:
         self._saver.start()
 
     # -- persistence ----------------------------------------------------------------------
-    def _load(self) -> dict[tuple[str, str, int], int]:
-        data = read_lenient_json(self.path)
-        return _per_queue(data.get("offsetTable") if isinstance(data, dict) else None, int)
-
-    def _load_acks(self) -> dict[tuple[str, str, int], set[int]]:
-        return _per_queue(read_lenient_json(self.acks_path),
-                          lambda offsets: {int(o) for o in offsets})
+    def _load(self) -> None:
+        """Take the progress in the files (under ``_lock`` once the groups serve)."""
+        held = read_progress(self.store.root)
+        self._saved = dict(held.offsets)
+        self._saved_acks = {key: set(acked) for key, acked in held.acks.items()}
 
     def save(self) -> None:
         """Write the committed offsets and the acks above them now (if any changed)."""
@@ -190,20 +173,44 @@ class ConsumerGroups:
             for key, p in self._progress.items():
                 self._saved[key] = p.committed
                 self._saved_acks[key] = set(p.acked)
-            table: dict[str, dict[int, int]] = {}
-            for (group, topic, q), offset in sorted(self._saved.items()):
-                table.setdefault(f"{topic}@{group}", {})[q] = offset
-            acks: dict[str, dict[str, list[int]]] = {}
-            for (group, topic, q), offsets in sorted(self._saved_acks.items()):
-                if offsets:
-                    acks.setdefault(f"{topic}@{group}", {})[str(q)] = sorted(offsets)
+            progress = ConsumerProgress(dict(self._saved), {
+                key: frozenset(acked) for key, acked in self._saved_acks.items()})
         try:
-            atomic_write(self.acks_path, json.dumps(acks).encode(), sync=False)
-            write_config(self.path, {"offsetTable": table})
+            write_progress(self.store.root, progress)
         except OSError as exc:  # retried at the next save; the acks stay in memory
             log.error("saving consumer offsets to %s failed: %s", self.path, exc)
             with self._lock:
                 self._dirty = True
+
+    def take_role(self, role: str) -> None:
+        """A replica set's change of role (``"leader"`` or ``"follower"``; called by the
+        replica under the store's append lock, :mod:`store.replication.replica`).
+
+        A follower's groups are its leader's (their calls go there), and their progress
+        comes as copies into the files (:mod:`store.replication.consumer_progress`): what
+        this replica held in memory, leases and acks, is dropped, unsaved.  A new leader
+        takes the newest copy from the files, each committed offset no further than its
+        queue's end in this log (an offset copied past what this log holds would skip the
+        messages the new leader stores there); leases start afresh (what was in flight on
+        the old leader is handed out again)."""
+        with self._lock:
+            self._progress.clear()
+            self._dirty = False
+            if role != "leader":
+                return
+            self._load()
+            for key, offset in list(self._saved.items()):
+                group, topic, q = key
+                try:
+                    end = self.store.max_offset(topic, q)
+                except StoreError:  # a queue this log does not hold (yet)
+                    end = 0
+                if offset > end:
+                    self._saved[key] = end
+                    self._saved_acks.pop(key, None)
+                    log.warning("group %s on %s/%d: the copied offset %d is past this "
+                                "log's end %d; it goes on from there", group, topic, q,
+                                offset, end)
 
     def _save_loop(self) -> None:
         while not self._closed.wait(SAVE_INTERVAL_S):

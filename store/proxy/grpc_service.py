@@ -231,7 +231,8 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         change of role comes between the check and the append); routes name ``endpoints``,
         every replica's ``(host, port)``, so that a client's channel reaches whichever
         replica is up (:mod:`store.proxy.follower_calls`).  The consumer groups hand out
-        only what is below the replica's high watermark, as its Flight readers read."""
+        only what is below the replica's high watermark, as its Flight readers read, and
+        take the copied progress when the replica comes to lead (``take_role``)."""
         versions = set()
         for host, _ in endpoints:
             try:
@@ -248,6 +249,7 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
             pb.Address(host=host, port=port) for host, port in endpoints])
         for member in self.members:
             member.groups.read_below(replica.high_watermark)
+            replica.role_listeners.append(member.groups.take_role)  # (progress copied)
         self.replica = replica
 
     @contextmanager

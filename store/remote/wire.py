@@ -74,6 +74,7 @@ ACTIONS = {
     "query_messages": "messages by key or store time (MessageStore.query_messages)",
     "view_message": "one message by id (MessageStore.view_message)",
     "epochs": "a replica's epoch and its terms' start offsets (replication right)",
+    "consumer_progress": "the gRPC face's consumer groups' progress (replication right)",
     "leader": "who leads the replica set, as this server knows (clients with several URLs)",
 }
 #: The most messages one ``query_messages`` answer carries (what a client can make the

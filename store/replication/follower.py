@@ -20,7 +20,9 @@ tells the leader's high watermark, handed to ``on_watermark`` as each batch arri
 replica's readers see below it and below this replica's end, :mod:`.watermark`; it goes
 back with the next request, and a leader whose watermark moved past it answers at once),
 and the oldest CommitLog offset the leader keeps, handed to ``on_leader_min`` once the
-answer is appended (this replica's retention follows the leader's).
+answer is appended (this replica's retention follows the leader's).  Between two requests,
+``progress`` copies the leader's consumer progress when its interval has passed
+(:mod:`.consumer_progress`).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
 answer gave it) minus this store's end; ``lag_messages`` the messages of user topics the
@@ -54,13 +56,16 @@ class Follower:
     open :class:`~store.MessageStore`) on a thread, from :meth:`start` to :meth:`stop`."""
 
     def __init__(self, store, leader, on_epochs=None, me: str | None = None,
-                 on_watermark=None, on_leader_min=None) -> None:
+                 on_watermark=None, on_leader_min=None, progress=None) -> None:
         self.store = store
         self.leader = leader
         self.me = me  # this replica's URL, sent with each request (synchronous acks count it)
         self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
         self._on_watermark = on_watermark or (lambda mark: None)
         self._on_leader_min = on_leader_min or (lambda offset: None)
+        #: Copies the leader's consumer progress between requests (a
+        #: :class:`~.consumer_progress.ProgressCopy`), if any.
+        self.progress = progress
         #: The leader's high watermark and oldest offset kept, as the last answer gave them.
         self.high_watermark: int | None = None
         self.leader_min: int | None = None
@@ -100,7 +105,8 @@ class Follower:
                 "end": self.store.confirmed_offset(), "lag_bytes": self.lag_bytes(),
                 "lag_messages": self.lag_messages, "last_contact_ms": self.last_contact_ms,
                 "leader_high_watermark": self.high_watermark, "leader_min": self.leader_min,
-                "chunks": self.chunks}
+                "chunks": self.chunks,
+                **({} if self.progress is None else self.progress.status())}
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -136,6 +142,8 @@ class Follower:
         try:
             while not self._stop.is_set():
                 self._take_answer()
+                if self.progress is not None:
+                    self.progress.due()
         finally:
             self._unread_end = None  # (dropped: its stream is closed, whatever its end said)
 

@@ -56,6 +56,7 @@ from ..files.epoch_file import held_epoch, read_epochs, with_term, write_epochs
 from ..files.replication_state import STATE_FILE, read_state, write_state
 from ..remote.replication_stream import AppendSignal
 from .acks import InSyncAcks
+from .consumer_progress import ProgressCopy
 from .follower import Follower
 from .promote_request import refuse_if_behind
 from .replica_set import ReplicaSet
@@ -70,7 +71,7 @@ __all__ = ["STATE_FILE", "Replica", "read_state", "replication_status"]
 READ_ACTIONS = frozenset({"info", "snapshot", "offset_for_timestamp", "query_messages",
                           "view_message", "schedules", "known_transactions",
                           "last_check_round", "flush", "epochs", "deliver_due",
-                          "leader"})
+                          "leader", "consumer_progress"})
 #: How often a write whose copies came while its leader's lease had run out looks for a
 #: renewal (s).
 LEASE_POLL_S = 0.01
@@ -111,6 +112,10 @@ class Replica:
         self.append_signal = AppendSignal()
         self.acks: InSyncAcks | None = None
         self._exempt = threading.local()
+        #: Told ``"leader"`` or ``"follower"`` at each change of role, under the store's
+        #: append lock (the gRPC face's consumer groups, :meth:`~store.proxy.consumers.
+        #: ConsumerGroups.take_role`): a new leader's before it takes writes.
+        self.role_listeners: list = []
         #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
         self.last_cut: dict | None = None
         store.appender.refusal = None  # (the server's process: its appends are waited for)
@@ -265,10 +270,14 @@ class Replica:
         """Start copying :attr:`leader` (the role-change door, :mod:`.role_change`)."""
         from ..remote.flight_client import RemoteStore
 
-        self.follower = Follower(self.store, RemoteStore(self.leader, **self._credentials),
+        leader = RemoteStore(self.leader, **self._credentials)
+        self.follower = Follower(self.store, leader,
                                  on_epochs=self.leader_epochs, me=self.me,
                                  on_watermark=self.watermark.learn,
-                                 on_leader_min=self.follow_retention)
+                                 on_leader_min=self.follow_retention,
+                                 progress=ProgressCopy(
+                                     self.store, leader,
+                                     self.replica_set.consumer_progress_sync_ms))
         self.follower.start()
 
     def _probe(self, url: str) -> dict:
@@ -333,6 +342,8 @@ class Replica:
                 write_epochs(self.store.root, with_term(terms, new, end if terms else 0))
                 self.watermark.cut(end)  # (forced: it holds less than it heard)
                 set_aside_progress_of(self.store, f"{self.me} becoming leader")
+                if self.role != "leader":  # (named again: its groups' progress is its own)
+                    self._tell_role("leader")  # (the newest copy of the consumers' progress)
                 self.leader, self.role, self.epoch = self.me, "leader", new
                 self._promoted = not self.elected
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
@@ -382,8 +393,13 @@ class Replica:
                 if epoch is not None and epoch > self.epoch:
                     self.epoch = int(epoch)
                 set_aside_progress_of(self.store, f"{self.me} becoming follower")
+                self._tell_role("follower")
                 self._write_state()
             self.follow()
+
+    def _tell_role(self, role: str) -> None:
+        for listener in self.role_listeners:
+            listener(role)
 
     def _still_leading(self) -> None:
         """After a write waited for its copies: return once this replica leads (elected:

@@ -33,6 +33,9 @@ JSON::
   clients reach it (``rmq serve --grpc``); needed, for every replica, by a replica serving
   ``--grpc``: a follower's gRPC face passes clients' calls on to the leader's, and route
   answers name every replica's (:mod:`store.proxy.follower_calls`).
+* ``consumer_progress_sync_ms`` (optional, default :data:`CONSUMER_PROGRESS_SYNC_MS`): how
+  often a follower copies its leader's consumer progress (the gRPC face's consumer groups,
+  :mod:`.consumer_progress`); after a failover a group goes on from a copy at most this old.
 * ``account`` and ``secret_file`` (optional, together): the credentials a follower presents
   to its leader when the leader checks accounts (``--acl``; the account needs
   ``"replicate": true``).  Without them a follower presents the server's token
@@ -54,12 +57,17 @@ from ..base.remote_address import RemoteAddress
 
 #: The fields a replica-set file may have.
 FIELDS = ("replicas", "leader", "witness", "min_insync_replicas", "replica_ack_timeout_ms",
-          "account", "secret_file", "raft", "election_timeout_ms", "grpc")
+          "account", "secret_file", "raft", "election_timeout_ms", "grpc",
+          "consumer_progress_sync_ms")
 #: How long a write waits for its in-sync replicas, by default (ms).
 DEFAULT_ACK_TIMEOUT_MS = 3000
 #: Default lease of an elected leader (ms) and its bounds.
 ELECTION_TIMEOUT_MS = 1500
 MIN_ELECTION_TIMEOUT_MS, MAX_ELECTION_TIMEOUT_MS = 300, 60_000
+#: How often a follower copies its leader's consumer progress, by default (ms), and the
+#: bounds.
+CONSUMER_PROGRESS_SYNC_MS = 5000
+MIN_CONSUMER_PROGRESS_SYNC_MS, MAX_CONSUMER_PROGRESS_SYNC_MS = 10, 600_000
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -78,6 +86,7 @@ class ReplicaSet:
     raft: tuple[tuple[str, str], ...] = ()
     election_timeout_ms: int = ELECTION_TIMEOUT_MS
     grpc: tuple[tuple[str, str], ...] = ()
+    consumer_progress_sync_ms: int = CONSUMER_PROGRESS_SYNC_MS
 
     @property
     def elected(self) -> bool:
@@ -170,8 +179,15 @@ class ReplicaSet:
             raise InvalidConfigError(
                 f"the replica-set file {path}: election_timeout_ms={timeout!r}; allowed: an "
                 f"int from {MIN_ELECTION_TIMEOUT_MS} to {MAX_ELECTION_TIMEOUT_MS}")
+        sync = data.get("consumer_progress_sync_ms", CONSUMER_PROGRESS_SYNC_MS)
+        if not isinstance(sync, int) or isinstance(sync, bool) or not (
+                MIN_CONSUMER_PROGRESS_SYNC_MS <= sync <= MAX_CONSUMER_PROGRESS_SYNC_MS):
+            raise InvalidConfigError(
+                f"the replica-set file {path}: consumer_progress_sync_ms={sync!r}; allowed: "
+                f"an int from {MIN_CONSUMER_PROGRESS_SYNC_MS} to "
+                f"{MAX_CONSUMER_PROGRESS_SYNC_MS}")
         return cls(path, urls, leader, witness, insync, account, secret_file, ack_timeout,
-                   tuple(sorted(raft.items())), timeout, tuple(sorted(grpc.items())))
+                   tuple(sorted(raft.items())), timeout, tuple(sorted(grpc.items())), sync)
 
     def member(self, listen: RemoteAddress, *, witness: bool = False) -> str:
         """The URL of the replica (``witness``: of the witness) that a server listening on
