@@ -19,9 +19,12 @@ A consumer group reads a topic's queues on its own, beside any Spark query.  For
 through a :class:`~store.StoreReader` of the store whose read bound is the replica's high
 watermark (:meth:`ConsumerGroups.read_below`), as the Flight face's readers do: on a leader
 with synchronous replication, a message is handed out only once ``min_insync_replicas``
-replicas hold it, so that no change of leader takes back a message a consumer got.  (The
-progress below, leases and acks, is this replica's alone: after a change of leader the new
-leader hands out again what was not acked on its disk, at least once.)
+replicas hold it, so that no change of leader takes back a message a consumer got.  The
+leases are this replica's alone; the committed offsets and acks are copied by the
+followers from the files (:mod:`store.replication.consumer_progress`), and a follower that
+comes to lead takes the newest copy (:meth:`ConsumerGroups.take_role`): after a change of
+leader what was in flight, and what was acked since the last copy, is handed out again (at
+least once).
 
 Leases live in memory: after a restart every unacked message from ``committed`` on is handed
 out again at once.  Acks reach the disk within :data:`SAVE_INTERVAL_S`: an ack that a crash
@@ -205,9 +208,10 @@ class ConsumerGroups:
                     end = self.store.max_offset(topic, q)
                 except StoreError:  # a queue this log does not hold (yet)
                     end = 0
-                if offset > end:
+                if offset > end:  # (saved too: a restart must not take the copy again)
                     self._saved[key] = end
                     self._saved_acks.pop(key, None)
+                    self._dirty = True
                     log.warning("group %s on %s/%d: the copied offset %d is past this "
                                 "log's end %d; it goes on from there", group, topic, q,
                                 offset, end)

@@ -9,7 +9,8 @@ leader does everything a promotion does, under the lock a server step holds:
 
 * a new leader stops copying, records its term (the epoch, starting at its CommitLog end)
   in its epoch file and ``config/replication.json``, sets the services' progress files
-  aside (rebuilt from its log), and installs the synchronous acks (``min_insync_replicas``
+  aside (rebuilt from its log), has the gRPC face's consumer groups take the newest copy
+  of their progress (:mod:`.consumer_progress`), and installs the synchronous acks (``min_insync_replicas``
   above 1); from then on the server's loop runs the leader's services and the service takes
   writes, each for as long as the replica leads
   (:meth:`~store.replication.replica.Replica.leading`: its lease).  The election forces the

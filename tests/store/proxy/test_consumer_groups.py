@@ -270,3 +270,44 @@ def test_model(fresh_dir, ops):
     finally:
         groups.close()
         store.close()
+
+
+def test_a_new_leader_takes_the_copied_progress_and_drops_its_own(tmp_path):
+    """``take_role`` (a replica set's change of role): ``"leader"`` takes the progress in
+    the files (a follower's copy of its old leader's), each offset at most its queue's end
+    in this log; ``"follower"`` drops what was held in memory, unsaved."""
+    from store.files.consumer_progress import ConsumerProgress, read_progress, write_progress
+
+    clock = FakeClock()
+    store = _store(tmp_path / "s", clock, queues=1)
+    _send(store, 5)
+    groups = ConsumerGroups(store)  # (its files: nothing consumed yet)
+    try:
+        # a copy came while following: 3 acked, and 4 acked above them
+        write_progress(store.root, ConsumerProgress({("g", "t", 0): 3},
+                                                    {("g", "t", 0): frozenset({4})}, 7))
+        groups.take_role("leader")
+        got = groups.receive("g", "t", batch=32, invisible_ms=10_000)
+        assert [d.view.queue_offset for d in got] == [3]  # 0-2 and 4 were acked
+        groups.ack("g", "t", got[0].handle)
+        assert groups.committed("g", "t") == {0: 5}
+        # a copy past this log's end (copied ahead of the log, asynchronously): the
+        # messages this leader stores at those offsets are handed out
+        groups.take_role("follower")
+        write_progress(store.root, ConsumerProgress({("g", "t", 0): 9}, {}, 8))
+        groups.take_role("leader")
+        _send(store, 2)
+        got = groups.receive("g", "t", batch=32, invisible_ms=10_000)
+        assert [d.view.queue_offset for d in got] == [5, 6]
+        groups.save()
+        assert read_progress(store.root).offsets == {("g", "t", 0): 5}  # the end kept
+        # deposed: what it held is dropped, not saved over the copies to come
+        groups.ack("g", "t", got[0].handle)
+        groups.take_role("follower")
+        assert groups.committed("g", "t") == {}
+        before = read_progress(store.root)
+        groups.save()
+        assert read_progress(store.root) == before
+    finally:
+        groups.close()
+        store.close()
