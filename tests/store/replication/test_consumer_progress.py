@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from test_replica_set import SMALL, free_port
 
 from store import StoreServer, connect
 from store.base.errors import (
@@ -32,7 +33,6 @@ from store.files.consumer_progress import (
 from store.remote.wire import InvalidRequest
 from store.replication.consumer_progress import ProgressCopy
 from store.replication.replica_set import ReplicaSet
-from test_replica_set import SMALL, free_port
 
 # ---------------------------------------------------------------- the copy, checked
 
