@@ -20,8 +20,8 @@ tells the leader's high watermark, handed to ``on_watermark`` as each batch arri
 replica's readers see below it and below this replica's end, :mod:`.watermark`; it goes
 back with the next request, and a leader whose watermark moved past it answers at once),
 and the oldest CommitLog offset the leader keeps, handed to ``on_leader_min`` once the
-answer is appended (this replica's retention follows the leader's).  Between two requests,
-``progress`` copies the leader's consumer progress when its interval has passed
+answer is appended (this replica's retention follows the leader's).  Beside it,
+``progress`` copies the leader's consumer progress on a thread of its own
 (:mod:`.consumer_progress`).
 
 **Lag**, while it runs: ``lag_bytes`` is the leader's confirmed CommitLog end (as the last
@@ -63,8 +63,8 @@ class Follower:
         self._on_epochs = on_epochs  # told the leader's terms at each (re)connection
         self._on_watermark = on_watermark or (lambda mark: None)
         self._on_leader_min = on_leader_min or (lambda offset: None)
-        #: Copies the leader's consumer progress between requests (a
-        #: :class:`~.consumer_progress.ProgressCopy`), if any.
+        #: Copies the leader's consumer progress beside the log (a
+        #: :class:`~.consumer_progress.ProgressCopy`, started and stopped with this), if any.
         self.progress = progress
         #: The leader's high watermark and oldest offset kept, as the last answer gave them.
         self.high_watermark: int | None = None
@@ -85,11 +85,15 @@ class Follower:
 
     def start(self) -> Follower:
         self._thread.start()
+        if self.progress is not None:
+            self.progress.start()
         return self
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop after the request in progress (the leader answers within :data:`WAIT_MS`)."""
         self._stop.set()
+        if self.progress is not None:
+            self.progress.stop()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self.leader.close()
@@ -142,8 +146,6 @@ class Follower:
         try:
             while not self._stop.is_set():
                 self._take_answer()
-                if self.progress is not None:
-                    self.progress.due()
         finally:
             self._unread_end = None  # (dropped: its stream is closed, whatever its end said)
 

@@ -56,7 +56,7 @@ from ..files.epoch_file import held_epoch, read_epochs, with_term, write_epochs
 from ..files.replication_state import STATE_FILE, read_state, write_state
 from ..remote.replication_stream import AppendSignal
 from .acks import InSyncAcks
-from .consumer_progress import ProgressCopy
+from .consumer_progress import ASK_TIMEOUT_S, ProgressCopy
 from .follower import Follower
 from .promote_request import refuse_if_behind
 from .replica_set import ReplicaSet
@@ -270,13 +270,15 @@ class Replica:
         """Start copying :attr:`leader` (the role-change door, :mod:`.role_change`)."""
         from ..remote.flight_client import RemoteStore
 
-        leader = RemoteStore(self.leader, **self._credentials)
-        self.follower = Follower(self.store, leader,
+        def leader(**more):  # (a connection each: the log's copy never waits for the other)
+            return RemoteStore(self.leader, **self._credentials, **more)
+
+        self.follower = Follower(self.store, leader(),
                                  on_epochs=self.leader_epochs, me=self.me,
                                  on_watermark=self.watermark.learn,
                                  on_leader_min=self.follow_retention,
                                  progress=ProgressCopy(
-                                     self.store, leader,
+                                     self.store, leader(timeout_s=ASK_TIMEOUT_S),
                                      self.replica_set.consumer_progress_sync_ms))
         self.follower.start()
 

@@ -152,19 +152,27 @@ def test_no_group_moves_back_from_an_older_copy(tmp_path):
     assert merged(ConsumerProgress({key: 10}), new) == new
 
 
-def test_the_copy_runs_at_its_interval(tmp_path):
-    store, now = fake_store(tmp_path), [100.0]
+def test_the_copy_runs_on_its_thread_at_its_interval_until_stopped(tmp_path):
+    store = fake_store(tmp_path)
     leader = FakeLeader(answer())
-    copy = ProgressCopy(store, leader, 5000, clock=lambda: now[0])
-    copy.due()
-    assert copy.copies == 1
-    leader.answer = answer(offsets={"orders@billing": {"0": 20, "1": 4}}, acks={})
-    now[0] += 4.9
-    copy.due()
-    assert read_progress(store.root).offsets[("billing", "orders", 0)] == 10  # not yet
-    now[0] += 0.2
-    copy.due()
-    assert read_progress(store.root).offsets[("billing", "orders", 0)] == 20
+    leader.closed = False
+    leader.close = lambda: setattr(leader, "closed", True)
+    copy = ProgressCopy(store, leader, 50).start()
+    try:
+        _wait("the first copy", lambda: copy.copies == 1)
+        offset = ("billing", "orders", 0)
+        leader.answer = answer(offsets={"orders@billing": {"0": 20, "1": 4}}, acks={})
+        _wait("the next copy", lambda: read_progress(store.root).offsets[offset] == 20)
+        assert copy.status() == {"consumer_progress_copied_ms": 1,
+                                 "consumer_progress_error": None}
+    finally:
+        copy.stop()
+    leader.answer = answer(offsets={"orders@billing": {"0": 30, "1": 4}}, acks={})
+    time.sleep(0.3)  # (several intervals)
+    assert read_progress(store.root).offsets[offset] == 20  # nothing after stop
+    _wait("the connection closed by the thread", lambda: leader.closed)
+    assert copy.copy() is False  # (a copy asked after stop writes nothing either)
+    assert read_progress(store.root).offsets[offset] == 20
 
 
 def test_the_interval_is_a_field_of_the_replica_set_file():
