@@ -249,6 +249,7 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
             pb.Address(host=host, port=port) for host, port in endpoints])
         for member in self.members:
             member.groups.read_below(replica.high_watermark)
+            member.groups.take_role(replica.role)  # (a leader's offsets: in its log)
             replica.role_listeners.append(member.groups.take_role)  # (progress copied)
         self.replica = replica
 
