@@ -100,3 +100,43 @@ def test_a_promoted_follower_hands_out_after_what_the_group_acked(tmp_path):
     finally:
         follower.close()
         leader.close()
+
+
+@pytest.mark.slow
+def test_a_group_resumes_after_its_acks_when_the_elected_leader_is_killed(tmp_path):
+    """Three ``rmq serve`` processes (two replicas with ``--grpc``, a witness): the group
+    acks on the leader, the leader is SIGKILLed, and the elected follower hands out only
+    what was not acked."""
+    from test_election import wait_for
+    from test_grpc_failover import START_S, GrpcCluster
+
+    cluster = GrpcCluster(tmp_path, consumer_progress_sync_ms=200, election_timeout_ms=3000)
+    old = [b"old-%d" % i for i in range(10)]
+    try:
+        for i in range(3):
+            cluster.start(i)
+        wait_for("a replica follows the elected leader", lambda: any(
+            cluster.replication(i).get("state") == "following" for i in (0, 1)),
+            timeout_s=START_S, cluster=cluster)
+        (k,) = wait_for("one leader", lambda: (cluster.leader(),) if cluster.leader() is not None
+                        else None, timeout_s=START_S, cluster=cluster)
+        other = 1 - k
+        with grpc.insecure_channel(cluster.grpc[k]) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            send(stub, old)
+            got = receive_n(stub, len(old), timeout_s=60)
+            assert sorted(m.body for m in got) == old
+            ack(stub, got)
+        wait_for("the follower's copy of the group's progress",
+                 lambda: committed(cluster.dirs[other]) == len(old), timeout_s=60,
+                 cluster=cluster)
+        cluster.kill(k)
+        wait_for("the other replica leads", lambda: cluster.leader() == other,
+                 timeout_s=START_S, cluster=cluster)
+        with grpc.insecure_channel(cluster.grpc[other]) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            assert [m.body for m in receive(stub, wait_s=2)] == []  # nothing acked again
+            send(stub, [b"after"])
+            assert [m.body for m in receive_n(stub, 1, timeout_s=60)] == [b"after"]
+    finally:
+        cluster.close()
