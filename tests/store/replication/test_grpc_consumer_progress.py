@@ -113,13 +113,7 @@ def test_a_group_resumes_after_its_acks_when_the_elected_leader_is_killed(tmp_pa
     cluster = GrpcCluster(tmp_path, consumer_progress_sync_ms=200, election_timeout_ms=3000)
     old = [b"old-%d" % i for i in range(10)]
     try:
-        for i in range(3):
-            cluster.start(i)
-        wait_for("a replica follows the elected leader", lambda: any(
-            cluster.replication(i).get("state") == "following" for i in (0, 1)),
-            timeout_s=START_S, cluster=cluster)
-        (k,) = wait_for("one leader", lambda: (cluster.leader(),) if cluster.leader() is not None
-                        else None, timeout_s=START_S, cluster=cluster)
+        k = cluster.start_all()
         other = 1 - k
         with grpc.insecure_channel(cluster.grpc[k]) as channel:
             stub = service_pb2_grpc.MessagingServiceStub(channel)

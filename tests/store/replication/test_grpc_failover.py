@@ -69,6 +69,18 @@ class GrpcCluster(Cluster):
         found = [i for i in (0, 1) if self.replication(i).get("leading")]
         return found[0] if len(found) == 1 else None
 
+    def start_all(self) -> int:
+        """Start the three processes; the index of the elected leader, once the other
+        replica follows."""
+        for i in range(3):
+            self.start(i)
+        wait_for("a replica follows the elected leader", lambda: any(
+            self.replication(i).get("state") == "following" for i in (0, 1)),
+            timeout_s=START_S, cluster=self)
+        (k,) = wait_for("one leader", lambda: (self.leader(),) if self.leader() is not None
+                        else None, timeout_s=START_S, cluster=self)
+        return k
+
 
 def stored(url: str, topic: str) -> list[bytes]:
     with connect(url, timeout_s=10) as store:
@@ -83,13 +95,7 @@ def test_official_clients_keep_working_across_a_failover(tmp_path):
                           election_timeout_ms=3000)
     topic, group = "orders", "billing"
     try:
-        for i in range(3):
-            cluster.start(i)
-        wait_for("a replica follows the elected leader", lambda: any(
-            cluster.replication(i).get("state") == "following" for i in (0, 1)),
-            timeout_s=START_S, cluster=cluster)
-        (k,) = wait_for("one leader", lambda: (cluster.leader(),) if cluster.leader() is not None
-                        else None, timeout_s=START_S, cluster=cluster)
+        k = cluster.start_all()
         follower = 1 - k
         # a follower's gRPC face refuses a send it may not pass on, with the code the
         # official clients retry; nothing is stored
