@@ -32,10 +32,12 @@ from store import StoreConfig
 from tests.store.proxy.signing import (
     hold_idle_telemetry,
     message,
+    metadata,
     producer_session,
     serving,
     stored,
     stub,
+    write_acl,
 )
 
 pytestmark = pytest.mark.xdist_group("grpc")
@@ -624,3 +626,84 @@ def test_streams_through_a_worker_process_count_under_their_client_s_address(tmp
         finally:
             for sock in socks:
                 sock.close()
+
+
+# --------------------------------------------------------------------------- held calls
+class LongPolls(_LoopCalls):
+    """``count`` long-polling receives (30 s) of ``group`` on ``topic``, signed by
+    ``access_key``, each with a client id of its own, held by an asyncio loop in a thread;
+    ``codes`` gets the status each answers with."""
+
+    settle_s = 1.0
+
+    def __init__(self, endpoint: str, count: int, access_key: str, topic: str, group: str
+                 ) -> None:
+        super().__init__(endpoint, count, connections=2)
+        self.access_key, self.topic, self.group = access_key, topic, group
+
+    async def _one(self, s, i: int) -> None:
+        call = s.ReceiveMessage(rpc.ReceiveMessageRequest(
+            group=pb.Resource(name=self.group), message_queue=pb.MessageQueue(
+                topic=pb.Resource(name=self.topic)), batch_size=1,
+            invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 30}),
+            metadata=metadata(self.access_key, f"{self.access_key}-{i}"))
+        self._calls.append(call)
+        try:
+            async for r in call:
+                if r.HasField("status"):
+                    self.codes.append(pb.Code.Name(r.status.code))
+        except grpc.aio.AioRpcError as exc:
+            self.codes.append(exc.code())
+
+    def _tasks(self, channels) -> list:
+        stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
+        return [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
+                for i in range(self.count)]
+
+
+def test_one_account_inventing_client_ids_leaves_another_account_s_long_poll_held(
+        endpoint_of, tmp_path):
+    """Long polls were bounded per client id and in all only: an account inventing client
+    ids filled the pool, and every other client's long poll then answered at once with
+    nothing (a busy-poll storm).  Now the pool is shared out per account: another
+    account's long poll takes the place of the flooding account's oldest, waits, and gets
+    its message when one is sent; the flood's own newcomers are refused (answered at once)."""
+    endpoint = endpoint_of(acl=write_acl(tmp_path / "acl.json"), max_held_calls=40)
+    s, channel = stub(endpoint.endpoint)
+    try:
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="shared")),
+                         metadata=metadata("orders-svc"), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        with LongPolls(endpoint.endpoint, 60, "thief", "shared", "g-thief") as flood:
+            assert _wait(lambda: endpoint.service.held.held == 40, timeout=20), \
+                endpoint.service.held.held
+            assert _wait(lambda: len(flood.codes) >= 20, timeout=10), flood.codes
+
+            def send_later():
+                time.sleep(0.8)
+                r = s.SendMessage(rpc.SendMessageRequest(messages=[message("shared",
+                                                                           b"awaited")]),
+                                  metadata=metadata("orders-svc"), timeout=5)
+                assert r.status.code == pb.Code.OK, r.status
+
+            sender = threading.Thread(target=send_later)
+            start = time.monotonic()
+            sender.start()
+            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+                    topic=pb.Resource(name="shared")), batch_size=1,
+                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+                metadata=metadata("orders-svc", "legit-consumer"), timeout=10))
+            polled = time.monotonic() - start
+            sender.join()
+            bodies = [a.message.body for a in answers if a.HasField("message")]
+            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+            assert 0.7 < polled < 5, polled
+            assert endpoint.service.held.pushed_out == 1
+            # (the message went to the flood's group too: one of its polls ended with it)
+            assert endpoint.service.held.of("account", "thief") == 38
+            codes = list(flood.codes)
+    finally:
+        channel.close()
+    # the flood's calls beyond the pool, and the one pushed out, answered at once
+    assert codes.count("MESSAGE_NOT_FOUND") >= 21, codes
