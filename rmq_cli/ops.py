@@ -25,7 +25,7 @@ _BOUND_FLAGS = (
     ("grpc_held_calls_per_client", "--grpc-max-held-calls-per-client",
      "... per client id [default: 64]."),
     ("grpc_held_calls_per_peer", "--grpc-max-held-calls-per-peer",
-     "... per client IP address: clients behind one NAT share it [default: 256]."),
+     "... per client IP address: clients behind one NAT share it [default: 512]."),
     ("grpc_held_calls_per_account", "--grpc-max-held-calls-per-account",
      "... per account of --acl [default: 512]."),
     ("grpc_telemetry_streams", "--grpc-max-telemetry-streams",

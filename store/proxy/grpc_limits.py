@@ -57,7 +57,7 @@ from collections import OrderedDict
 #: Held calls (long polls) at once: in all, per client id, per peer address, per account.
 MAX_HELD_CALLS = 1024
 MAX_HELD_CALLS_PER_CLIENT = 64
-MAX_HELD_CALLS_PER_PEER = 256
+MAX_HELD_CALLS_PER_PEER = 512
 MAX_HELD_CALLS_PER_ACCOUNT = 512
 #: Telemetry streams open at once, in all and per peer address.
 MAX_TELEMETRY_STREAMS = 8192

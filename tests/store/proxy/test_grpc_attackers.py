@@ -572,15 +572,25 @@ def _raw_telemetry_streams(port: int, source: str, count: int, name: str = "raw"
                            ) -> socket.socket:
     """A connection from ``source`` (a loopback address) opening ``count`` telemetry
     streams of client ids of their own (``name-source-i``) that never send a command."""
+    return _raw_calls(port, source, count, TELEMETRY, name)
+
+
+def _raw_calls(port: int, source: str, count: int, path: str, name: str,
+               request: bytes | None = None) -> socket.socket:
+    """A connection from ``source`` (a loopback address) opening ``count`` calls of
+    ``path``, each of a client id of its own (``name-source-i``), that send ``request`` (a
+    serialized message; ``None``: nothing) and then never read their answers."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     frames = [PREFACE, _frame(4, 0, 0)]
     for i in range(count):
         headers = b"".join(_literal(k, v) for k, v in (
-            (b":method", b"POST"), (b":scheme", b"http"), (b":path", TELEMETRY.encode()),
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
             (b":authority", f"127.0.0.1:{port}".encode()),
             (b"content-type", b"application/grpc"), (b"te", b"trailers"),
             (b"x-mq-client-id", f"{name}-{source}-{i}".encode())))
         frames.append(_frame(1, 4, 2 * i + 1, headers))  # HEADERS, END_HEADERS
+        if request is not None:  # DATA, END_STREAM
+            frames.append(_frame(0, 1, 2 * i + 1, _grpc_frame(request)))
     sock.sendall(b"".join(frames))
     return sock
 
@@ -707,3 +717,80 @@ def test_one_account_inventing_client_ids_leaves_another_account_s_long_poll_hel
         channel.close()
     # the flood's calls beyond the pool, and the one pushed out, answered at once
     assert codes.count("MESSAGE_NOT_FOUND") >= 21, codes
+
+
+RECEIVE = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+
+
+def _long_polls_from(port: int, source: str, count: int, name: str) -> socket.socket:
+    """``count`` long-polling receives (30 s, group ``g``, topic ``polled``) from
+    ``source``, each of a client id of its own, on one raw connection."""
+    return _raw_calls(port, source, count, RECEIVE, name, rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="g"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="polled")), batch_size=1,
+        invisible_duration={"seconds": 30},
+        long_polling_timeout={"seconds": 30}).SerializeToString())
+
+
+def test_one_address_inventing_client_ids_leaves_another_address_s_long_poll_held(
+        endpoint_of):
+    """Without accounts, the pool is shared out per address: long polls of invented
+    client ids from 127.0.0.2 hold at most its bound, and when they fill the pool a long
+    poll from 127.0.0.1 takes the place of the oldest and gets its message when one is
+    sent.  The code before counted client ids only."""
+    endpoint = endpoint_of(max_held_calls=30, max_held_calls_per_peer=20)
+    held = endpoint.service.held
+    s, channel = stub(endpoint.endpoint)
+    try:
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="polled")), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        floods = [_long_polls_from(endpoint.port, "127.0.0.2", 25, "a")]
+        assert _wait(lambda: held.of("peer", "127.0.0.2") == 20, timeout=20), held.held
+        time.sleep(0.5)  # (its 5 newcomers beyond its bound: refused, not held)
+        assert held.of("peer", "127.0.0.2") == 20 and held.held == 20
+        # a second flood fills the pool, then takes 127.0.0.2's places until they are even
+        floods.append(_long_polls_from(endpoint.port, "127.0.0.3", 25, "b"))
+        assert _wait(lambda: held.of("peer", "127.0.0.3") == 15, timeout=20), held.held
+        time.sleep(0.5)
+        assert (held.of("peer", "127.0.0.2"), held.of("peer", "127.0.0.3")) == (15, 15)
+        assert held.held == 30 and held.pushed_out == 5
+        # a newcomer from another address takes the place of a flood's oldest
+        sender = threading.Thread(target=lambda: (time.sleep(0.8), s.SendMessage(
+            rpc.SendMessageRequest(messages=[message("polled", b"awaited")]), timeout=5)))
+        start = time.monotonic()
+        sender.start()
+        answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+            group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+                topic=pb.Resource(name="polled")), batch_size=1,
+            invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+            metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
+        polled = time.monotonic() - start
+        sender.join()
+        bodies = [a.message.body for a in answers if a.HasField("message")]
+        assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+        assert 0.7 < polled < 5, polled
+        assert held.pushed_out == 6
+        for sock in floods:
+            sock.close()
+    finally:
+        channel.close()
+
+
+def test_long_polls_through_a_worker_process_count_under_their_client_s_address(tmp_path):
+    """With ``--grpc-processes 2`` a worker passes its receives on to the primary, which
+    holds them: they count under the client's address (the worker vouches for it with a
+    dated header), not under the worker's 127.0.0.1."""
+    with serving(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
+                 grpc_processes=2) as (srv, s):
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="polled")), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        held = srv._asks.service.held
+        port = int(srv.grpc_endpoint.rpartition(":")[2])
+        socks = [_long_polls_from(port, "127.0.0.2", 4, f"c{k}") for k in range(12)]
+        try:
+            assert _wait(lambda: held.of("peer", "127.0.0.2") == 48, timeout=30), \
+                (held.of("peer", "127.0.0.2"), held.of("peer", "127.0.0.1"))
+            assert held.of("peer", "127.0.0.1") == 0
+        finally:
+            for sock in socks:
+                sock.close()
