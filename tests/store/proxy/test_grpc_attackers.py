@@ -776,6 +776,7 @@ def test_one_address_inventing_client_ids_leaves_another_address_s_long_poll_hel
         channel.close()
 
 
+@pytest.mark.slow
 def test_long_polls_through_a_worker_process_count_under_their_client_s_address(tmp_path):
     """With ``--grpc-processes 2`` a worker passes its receives on to the primary, which
     holds them: they count under the client's address (the worker vouches for it with a
