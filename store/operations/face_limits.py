@@ -13,14 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..base.errors import InvalidConfigError
-from ..proxy.grpc_limits import (
-    MAX_HELD_CALLS,
-    MAX_HELD_CALLS_PER_ACCOUNT,
-    MAX_HELD_CALLS_PER_CLIENT,
-    MAX_HELD_CALLS_PER_PEER,
-    MAX_TELEMETRY_STREAMS,
-    MAX_TELEMETRY_STREAMS_PER_PEER,
-)
+from ..proxy import grpc_limits
 from ..remote.flight_limits import MAX_STREAMS, MAX_STREAMS_PER_CLIENT, StreamLimits
 
 #: The most held calls in all: each holds a thread of the gRPC endpoint while it waits.
@@ -65,12 +58,12 @@ class FaceLimits:
         bound, its flag and what is allowed.
     """
 
-    grpc_held_calls: int = MAX_HELD_CALLS
-    grpc_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT
-    grpc_held_calls_per_peer: int = MAX_HELD_CALLS_PER_PEER
-    grpc_held_calls_per_account: int = MAX_HELD_CALLS_PER_ACCOUNT
-    grpc_telemetry_streams: int = MAX_TELEMETRY_STREAMS
-    grpc_telemetry_streams_per_peer: int = MAX_TELEMETRY_STREAMS_PER_PEER
+    grpc_held_calls: int = grpc_limits.MAX_HELD_CALLS
+    grpc_held_calls_per_client: int = grpc_limits.MAX_HELD_CALLS_PER_CLIENT
+    grpc_held_calls_per_peer: int = grpc_limits.MAX_HELD_CALLS_PER_PEER
+    grpc_held_calls_per_account: int = grpc_limits.MAX_HELD_CALLS_PER_ACCOUNT
+    grpc_telemetry_streams: int = grpc_limits.MAX_TELEMETRY_STREAMS
+    grpc_telemetry_streams_per_peer: int = grpc_limits.MAX_TELEMETRY_STREAMS_PER_PEER
     flight_streams: int = MAX_STREAMS
     flight_streams_per_host: int = MAX_STREAMS_PER_CLIENT
 

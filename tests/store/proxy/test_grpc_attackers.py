@@ -31,6 +31,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from store import StoreConfig
 from tests.store.proxy.signing import (
     hold_idle_telemetry,
+    hold_long_poll,
     message,
     metadata,
     producer_session,
@@ -508,6 +509,30 @@ def _streams_open(service) -> int:
     return streams.open if streams is not None else service.held.held
 
 
+def _long_poll_gets_what_is_sent(s, topic: str, md: list, send_md: list = ()) -> None:
+    """A long poll (5 s) of group ``legit`` on ``topic`` with headers ``md`` waits (is
+    held) and gets the message sent 0.8 s after it starts (with headers ``send_md``)."""
+    def send_later():
+        time.sleep(0.8)
+        r = s.SendMessage(rpc.SendMessageRequest(messages=[message(topic, b"awaited")]),
+                          metadata=list(send_md), timeout=5)
+        assert r.status.code == pb.Code.OK, r.status
+
+    sender = threading.Thread(target=send_later)
+    start = time.monotonic()
+    sender.start()
+    answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic)), batch_size=1,
+        invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+        metadata=md, timeout=10))
+    polled = time.monotonic() - start
+    sender.join()
+    bodies = [a.message.body for a in answers if a.HasField("message")]
+    assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+    assert 0.7 < polled < 5, polled
+
+
 def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working(endpoint_of):
     """The code before held a pool thread per telemetry stream and counted streams with
     long polls (1,024 in all): 1,100 idle clients of distinct ids took every place, so a
@@ -527,24 +552,7 @@ def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working
             assert _wait(lambda: len(idle.codes) >= 1100 - 1024, timeout=10), len(idle.codes)
             grew = threading.active_count() - threads
 
-            def send_later():
-                time.sleep(0.8)
-                s.SendMessage(rpc.SendMessageRequest(messages=[message("polled", b"awaited")]),
-                              timeout=5)
-
-            sender = threading.Thread(target=send_later)
-            start = time.monotonic()
-            sender.start()
-            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
-                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
-                    topic=pb.Resource(name="polled")), batch_size=1,
-                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
-                metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
-            polled = time.monotonic() - start
-            sender.join()
-            bodies = [a.message.body for a in answers if a.HasField("message")]
-            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
-            assert 0.7 < polled < 5, polled
+            _long_poll_gets_what_is_sent(s, "polled", [("x-mq-client-id", "legit-consumer")])
 
             took = _short_calls_take(endpoint.endpoint, n=5, timeout=1.0)
             assert max(took) < 1.0, took
@@ -652,18 +660,9 @@ class LongPolls(_LoopCalls):
         self.access_key, self.topic, self.group = access_key, topic, group
 
     async def _one(self, s, i: int) -> None:
-        call = s.ReceiveMessage(rpc.ReceiveMessageRequest(
-            group=pb.Resource(name=self.group), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name=self.topic)), batch_size=1,
-            invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 30}),
-            metadata=metadata(self.access_key, f"{self.access_key}-{i}"))
-        self._calls.append(call)
-        try:
-            async for r in call:
-                if r.HasField("status"):
-                    self.codes.append(pb.Code.Name(r.status.code))
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+        await hold_long_poll(s, self.group, self.topic,
+                             metadata(self.access_key, f"{self.access_key}-{i}"), self._calls,
+                             self.codes)
 
     def _tasks(self, channels) -> list:
         stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
@@ -689,26 +688,8 @@ def test_one_account_inventing_client_ids_leaves_another_account_s_long_poll_hel
                 endpoint.service.held.held
             assert _wait(lambda: len(flood.codes) >= 20, timeout=10), flood.codes
 
-            def send_later():
-                time.sleep(0.8)
-                r = s.SendMessage(rpc.SendMessageRequest(messages=[message("shared",
-                                                                           b"awaited")]),
-                                  metadata=metadata("orders-svc"), timeout=5)
-                assert r.status.code == pb.Code.OK, r.status
-
-            sender = threading.Thread(target=send_later)
-            start = time.monotonic()
-            sender.start()
-            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
-                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
-                    topic=pb.Resource(name="shared")), batch_size=1,
-                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
-                metadata=metadata("orders-svc", "legit-consumer"), timeout=10))
-            polled = time.monotonic() - start
-            sender.join()
-            bodies = [a.message.body for a in answers if a.HasField("message")]
-            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
-            assert 0.7 < polled < 5, polled
+            _long_poll_gets_what_is_sent(s, "shared", metadata("orders-svc", "legit-consumer"),
+                                         metadata("orders-svc"))
             assert endpoint.service.held.pushed_out == 1
             # (the message went to the flood's group too: one of its polls ended with it)
             assert endpoint.service.held.of("account", "thief") == 38
@@ -755,20 +736,7 @@ def test_one_address_inventing_client_ids_leaves_another_address_s_long_poll_hel
         assert (held.of("peer", "127.0.0.2"), held.of("peer", "127.0.0.3")) == (15, 15)
         assert held.held == 30 and held.pushed_out == 5
         # a newcomer from another address takes the place of a flood's oldest
-        sender = threading.Thread(target=lambda: (time.sleep(0.8), s.SendMessage(
-            rpc.SendMessageRequest(messages=[message("polled", b"awaited")]), timeout=5)))
-        start = time.monotonic()
-        sender.start()
-        answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
-            group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name="polled")), batch_size=1,
-            invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
-            metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
-        polled = time.monotonic() - start
-        sender.join()
-        bodies = [a.message.body for a in answers if a.HasField("message")]
-        assert bodies == [b"awaited"], (polled, [a.status for a in answers])
-        assert 0.7 < polled < 5, polled
+        _long_poll_gets_what_is_sent(s, "polled", [("x-mq-client-id", "legit-consumer")])
         assert held.pushed_out == 6
         for sock in floods:
             sock.close()

@@ -23,6 +23,7 @@ from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
 from tests.store.proxy.signing import (  # noqa: E402
     hold_idle_telemetry,
+    hold_long_poll,
     message,
     producer_session,
     stub,
@@ -50,17 +51,8 @@ class HeldLoad:
                                   self.codes)
 
     async def _poll(self, s, i: int) -> None:
-        call = s.ReceiveMessage(rpc.ReceiveMessageRequest(
-            group=pb.Resource(name="g"), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name=TOPIC)), batch_size=1,
-            long_polling_timeout={"seconds": 30}), metadata=[("x-mq-client-id", f"poll-{i}")])
-        self._calls.append(call)
-        try:
-            async for r in call:
-                if r.HasField("status"):
-                    self.codes.append(pb.Code.Name(r.status.code))
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+        await hold_long_poll(s, "g", TOPIC, [("x-mq-client-id", f"poll-{i}")], self._calls,
+                             self.codes)
 
     async def _main(self) -> None:
         self._calls: list = []
