@@ -22,6 +22,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
 from tests.store.proxy.signing import (  # noqa: E402
+    Stream,
     hold_idle_telemetry,
     hold_long_poll,
     message,
@@ -318,6 +319,53 @@ def test_a_worker_s_vouching_is_bound_to_its_time_call_and_client():
     # a header made now is taken now (the wall clock by default)
     assert vouched_peer("Telemetry", {**dict([vouch("Telemetry", "10.1.2.3", "c1", signer)]),
                                       "x-mq-client-id": "c1"}, signer) == "10.1.2.3"
+
+
+def test_a_replayed_vouching_header_is_not_taken_by_the_endpoint(endpoint_of):
+    """A client on loopback that saw a worker's header (signed with the store's secret) and
+    sends it again after the window is counted under its own address; the header as a
+    worker makes it, fresh, is taken."""
+    from store.proxy.grpc_limits import VOUCH_VALID_MS, vouch
+
+    endpoint = endpoint_of()
+    streams, signer = endpoint.service.streams, endpoint.service.signer
+    s, channel = stub(endpoint.endpoint)
+    old_ms = time.time_ns() // 1_000_000 - VOUCH_VALID_MS - 1_000
+    opened = []
+    try:
+        for client, header in (("replayed", vouch("Telemetry", "10.9.9.9", "replayed", signer,
+                                                   now_ms=old_ms)),
+                               ("fresh", vouch("Telemetry", "10.8.8.8", "fresh", signer))):
+            opened.append(Stream(s, [("x-mq-client-id", client), header]))
+            opened[-1].send(rpc.TelemetryCommand(settings=pb.Settings(
+                client_type=pb.ClientType.PRODUCER)))
+            assert opened[-1].wait(lambda c: c.HasField("settings"), 5), opened[-1].received
+        assert streams.of_peer("10.8.8.8") == 1
+        assert streams.of_peer("10.9.9.9") == 0 and streams.of_peer("127.0.0.1") == 1
+    finally:
+        for stream in opened:
+            stream.close()
+        channel.close()
+
+
+def test_an_undated_vouching_header_is_not_taken_by_the_endpoint(endpoint_of):
+    """The code before vouched with the address and its tag alone: a header seen once on
+    loopback stood for that address for ever.  Such a header is not taken now."""
+    from store.proxy.grpc_limits import PEER_HEADER
+
+    endpoint = endpoint_of()
+    streams, signer = endpoint.service.streams, endpoint.service.signer
+    s, channel = stub(endpoint.endpoint)
+    header = (PEER_HEADER, f"10.7.7.7 {signer.tag('peer', '10.7.7.7')}")
+    stream = Stream(s, [("x-mq-client-id", "undated"), header])
+    try:
+        stream.send(rpc.TelemetryCommand(settings=pb.Settings(
+            client_type=pb.ClientType.PRODUCER)))
+        assert stream.wait(lambda c: c.HasField("settings"), 5), stream.received
+        assert streams.of_peer("10.7.7.7") == 0 and streams.of_peer("127.0.0.1") == 1
+    finally:
+        stream.close()
+        channel.close()
 
 
 def test_a_stream_whose_client_heartbeats_outlives_idle_ones(endpoint_of):
