@@ -17,6 +17,54 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 
 
 # --------------------------------------------------------------------------- serve
+#: The flags of the faces' bounds (store.operations.face_limits: its FLAGS name them too):
+#: each its FaceLimits field and what it bounds; a grpc_ one needs --grpc, the others --listen.
+_BOUND_FLAGS = (
+    ("grpc_held_calls", "--grpc-max-held-calls",
+     "Long polls (receives) --grpc holds at once in all; each holds a thread [default: 1024]."),
+    ("grpc_held_calls_per_client", "--grpc-max-held-calls-per-client",
+     "... per client id [default: 64]."),
+    ("grpc_held_calls_per_peer", "--grpc-max-held-calls-per-peer",
+     "... per client IP address: clients behind one NAT share it [default: 512]."),
+    ("grpc_held_calls_per_account", "--grpc-max-held-calls-per-account",
+     "... per account of --acl [default: 512]."),
+    ("grpc_telemetry_streams", "--grpc-max-telemetry-streams",
+     "Telemetry streams (client sessions) --grpc keeps open in all [default: 8192]."),
+    ("grpc_telemetry_streams_per_peer", "--grpc-max-telemetry-streams-per-peer",
+     "... per client IP address: clients behind one NAT share it [default: 1024]."),
+    ("flight_streams", "--listen-max-streams",
+     "Table and read streams --listen serves at once in all [default: 256]."),
+    ("flight_streams_per_host", "--listen-max-streams-per-host",
+     "... per client host (IP address) [default: 64]."),
+)
+
+
+def _bound_options(command):
+    """``command`` with the flags of :data:`_BOUND_FLAGS`."""
+    for field, flag, text in reversed(_BOUND_FLAGS):
+        command = click.option(flag, field, type=int, default=None, metavar="N",
+                               help=text)(command)
+    return command
+
+
+def _face_limits(bounds: dict, listen, grpc_listen):
+    """The :class:`store.FaceLimits` of the bound flags given (``None``: none given)."""
+    from store import FaceLimits, InvalidConfigError
+
+    given = {k: v for k, v in bounds.items() if v is not None}
+    flags = {field: flag for field, flag, _ in _BOUND_FLAGS}
+    for field in given:
+        grpc = field.startswith("grpc_")
+        if (grpc_listen if grpc else listen) is None:
+            raise click.UsageError(f"{flags[field]} needs {'--grpc' if grpc else '--listen'}")
+    if not given:
+        return None
+    try:
+        return FaceLimits(**given)
+    except InvalidConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 @click.command()
 @click.option("--store", "store_path", required=False, type=click.Path(file_okay=False),
               help="The store directory, or a store group's (a server per store); needed "
@@ -66,6 +114,7 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
 @click.option("--max-request-mib", type=click.IntRange(min=1), default=None,
               help="Refuse a --listen table upload (DoPut, DoExchange) past this many MiB "
                    "of Arrow buffers, as soon as it passes [default: 256].")
+@_bound_options
 @click.option("--replica-set", "replica_set", type=click.Path(dir_okay=False, exists=True),
               default=None,
               help="Serve this store as one replica of the replica set this JSON file lists "
@@ -77,7 +126,7 @@ _ON_ITS_HOST = "run it on the server's host with --store DIR"
               default="INFO", show_default=True)
 def serve(store_path, witness, create, delete_when, file_reserved_time_hours, disk_max_used_space_ratio,
           message_index, check_transactions, listen, grpc_listen, grpc_processes, acl, token_file, insecure, tls_cert, tls_key,
-          max_request_mib, replica_set, duration_s, log_level):
+          max_request_mib, replica_set, duration_s, log_level, **bounds):
     """Deliver due delayed messages and run retention for a store, until stopped.
 
     Delayed messages reach their topics within about timer_precision_ms of their due time
@@ -104,6 +153,9 @@ def serve(store_path, witness, create, delete_when, file_reserved_time_hours, di
     config = StoreConfig().replace(**changes) if changes else None
     network = _network_options(listen, token_file, insecure, tls_cert, tls_key, grpc_listen,
                                acl)
+    face_limits = _face_limits(bounds, listen, grpc_listen)
+    if face_limits is not None:
+        network["face_limits"] = face_limits
     require_store(store_path, create)
     if max_request_mib is not None and network.get("listen") is not None:
         network["max_request_bytes"] = max_request_mib * 1024 * 1024
@@ -225,7 +277,8 @@ def _serve_group(path, config, check_transactions, duration_s, network) -> None:
         if network.get("grpc") is not None:  # one endpoint for the whole group
             endpoint = StoreServer.share_grpc_endpoint(
                 servers, [name for name, _ in members], network["grpc"], acl=network.get("acl"),
-                tls=network.get("tls"), insecure=bool(network.get("insecure")))
+                tls=network.get("tls"), insecure=bool(network.get("insecure")),
+                face_limits=network.get("face_limits"))
     except BaseException as exc:
         if endpoint is not None:
             endpoint.close()

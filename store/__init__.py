@@ -73,6 +73,7 @@ from .group.store_group import GroupProducer, GroupSink, StoreGroup
 from .files.group_file import is_group as is_store_group
 from .facade.message_store import MessageStore
 from .facade.store_reader import StoreReader
+from .operations.face_limits import FaceLimits
 from .operations.server import StoreServer, server_status
 from .operations.warm_up import warm_up
 from .operations.promotion import promote_replica
@@ -97,7 +98,7 @@ __all__ = [
     "OffsetOutOfRangeError", "ReadOnlyStoreError", "Record", "RecordSpec", "SendResult",
     "Sink", "SinkCommit", "SinkCommitError",
     "StoreClosedError", "StoreConfig", "StoreError", "StoreFormatError", "StoreNotFoundError",
-    "StoreReader", "StoreReplacedError", "StoreServer",
+    "StoreReader", "StoreReplacedError", "StoreServer", "FaceLimits",
     "TimerFlowControlError", "TransactionListener", "TransactionStateError",
     "UnknownMessageError", "UnknownTopicError", "KeyIndexUnavailableError", "is_system_topic", "java_string_hash",
     "last_check_round", "read_check_round_table", "server_status", "system_clock", "validate_group",

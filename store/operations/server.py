@@ -52,6 +52,7 @@ from ..base.config import StoreConfig
 from ..base.errors import InvalidConfigError, StoreError, StoreReplacedError
 from ..files.fileio import atomic_write
 from ..facade.message_store import MessageStore
+from .face_limits import FaceLimits
 from .warm_up import warm_up
 from ..base.remote_address import RemoteAddress
 
@@ -132,6 +133,9 @@ class StoreServer:
         Bound on one Flight ``DoPut`` / ``DoExchange`` request's Arrow buffers (default
         256 MiB, :data:`store.remote.wire.MAX_MESSAGE_BYTES`; ``rmq serve
         --max-request-mib``).
+    face_limits : FaceLimits, optional
+        The bounds of what clients can make the faces hold (:mod:`store.operations.face_limits`;
+        ``rmq serve --grpc-max-*``, ``--listen-max-*``); the defaults when not given.
     replica_set : str, optional
         A replica-set file (:mod:`store.replication.replica_set`; ``rmq serve
         --replica-set``): serve this store as the member whose URL ``listen`` is.  A
@@ -149,8 +153,10 @@ class StoreServer:
                  token: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  insecure: bool = False, grpc: str | None = None,
                  acl: str | None = None, max_request_bytes: int | None = None,
-                 replica_set: str | None = None, grpc_processes: int = 1) -> None:
+                 replica_set: str | None = None, grpc_processes: int = 1,
+                 face_limits: FaceLimits | None = None) -> None:
         self.path = os.fspath(path)
+        face_limits = face_limits if face_limits is not None else FaceLimits()
         self.check_transactions = bool(check_transactions)
         self._stop = threading.Event()
         if grpc is not None:
@@ -199,8 +205,9 @@ class StoreServer:
                 # (pyarrow.flight: only when serving)
                 from ..remote.flight_service import StoreService
 
-                limits = {} if max_request_bytes is None else {
-                    "max_request_bytes": max_request_bytes}
+                limits = {"stream_limits": face_limits.flight_stream_limits()}
+                if max_request_bytes is not None:
+                    limits["max_request_bytes"] = max_request_bytes
                 if acl is not None:  # the accounts file both faces read
                     from ..files.accounts import read_accounts
 
@@ -214,7 +221,8 @@ class StoreServer:
                 self.endpoint = GrpcEndpoint(
                     self.store, grpc, acl=acl, tls=tls, processes=grpc_processes,
                     writer_thread=members is not None and members.min_insync_replicas > 1,
-                    replica=self.replica)  # (writes while leading; else to the leader)
+                    replica=self.replica,  # (writes while leading; else to the leader)
+                    **face_limits.grpc_options())
             self._asks = self.endpoint
         except BaseException:
             if self.service is not None:
@@ -250,7 +258,7 @@ class StoreServer:
     @staticmethod
     def share_grpc_endpoint(servers: list, names: list[str], grpc: str, *,
                             acl: str | None = None, tls: tuple[bytes, bytes] | None = None,
-                            insecure: bool = False):
+                            insecure: bool = False, face_limits: FaceLimits | None = None):
         """One gRPC endpoint serving the stores of ``servers`` (a store group's members,
         named ``names``) as one, attached to each server (:meth:`attach_endpoint`); the first
         server to close closes it.  Returns the endpoint (its ``endpoint`` is ``HOST:PORT``).
@@ -259,7 +267,7 @@ class StoreServer:
 
         _check_grpc_access(grpc, acl, insecure)
         endpoint = GrpcEndpoint([(n, s.store) for n, s in zip(names, servers)], grpc, acl=acl,
-                                tls=tls)
+                                tls=tls, **(face_limits or FaceLimits()).grpc_options())
         for server in servers:
             server.attach_endpoint(endpoint)
         return endpoint

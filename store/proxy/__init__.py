@@ -30,7 +30,9 @@ from ..base.errors import InvalidConfigError
 from ..base.remote_address import RemoteAddress
 from .grpc_limits import (
     MAX_HELD_CALLS,
+    MAX_HELD_CALLS_PER_ACCOUNT,
     MAX_HELD_CALLS_PER_CLIENT,
+    MAX_HELD_CALLS_PER_PEER,
     MAX_TELEMETRY_STREAMS,
     MAX_TELEMETRY_STREAMS_PER_PEER,
     SHORT_CALL_WORKERS,
@@ -61,8 +63,9 @@ class GrpcEndpoint:
     ``stores``: one open :class:`~store.MessageStore`, or ``[(name, MessageStore)]`` of the
     members of a store group, served as one endpoint.  ``acl``: the path of an ACL file
     (:mod:`store.proxy.access`); ``None`` serves every client.  ``tls``: ``(certificate
-    chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``):
-    long polls held at once in all (per client id); ``short_call_workers``: threads only
+    chain, private key)`` PEM bytes.  ``max_held_calls`` (``max_held_calls_per_client``,
+    ``_per_peer``, ``_per_account``): long polls held at once in all (per client id, peer
+    address, account); ``short_call_workers``: threads only
     short calls reach; ``max_telemetry_streams`` (``max_telemetry_streams_per_peer``):
     telemetry streams open at once in all (per peer address), beyond which the least
     recently active is closed (:mod:`store.proxy.grpc_limits`).
@@ -76,6 +79,8 @@ class GrpcEndpoint:
     def __init__(self, stores, listen: str, *, acl: str | None = None,
                  tls: tuple[bytes, bytes] | None = None, max_held_calls: int = MAX_HELD_CALLS,
                  max_held_calls_per_client: int = MAX_HELD_CALLS_PER_CLIENT,
+                 max_held_calls_per_peer: int = MAX_HELD_CALLS_PER_PEER,
+                 max_held_calls_per_account: int = MAX_HELD_CALLS_PER_ACCOUNT,
                  short_call_workers: int = SHORT_CALL_WORKERS,
                  max_telemetry_streams: int = MAX_TELEMETRY_STREAMS,
                  max_telemetry_streams_per_peer: int = MAX_TELEMETRY_STREAMS_PER_PEER,
@@ -94,7 +99,8 @@ class GrpcEndpoint:
         store = stores[0][1]
         address = RemoteAddress.listen(listen)
         access = AccessControl.load(acl) if acl is not None else None
-        held = HeldCalls(max_held_calls, max_held_calls_per_client)
+        held = HeldCalls(max_held_calls, max_held_calls_per_client, max_held_calls_per_peer,
+                         max_held_calls_per_account)
         streams = TelemetryStreams(max_telemetry_streams, max_telemetry_streams_per_peer)
         if processes < 1 or (processes > 1 and (len(stores) > 1 or primary is not None)):
             raise InvalidConfigError(f"{processes} endpoint processes; allowed: 1 or more for "

@@ -290,7 +290,7 @@ class AsyncMessagingService(MessagingService):
         """The peer address a stream is counted under when not the call's own: the
         client's, that a worker process passing its stream on vouches for
         (:func:`~store.proxy.grpc_limits.vouched_peer`)."""
-        return vouched_peer(dict(context.invocation_metadata()), self.signer)
+        return vouched_peer("Telemetry", dict(context.invocation_metadata()), self.signer)
 
     def _mirror(self, session, context) -> LeaderSession | None:
         """On a replica set's member, the mirror of a producer's ``session`` on the leader

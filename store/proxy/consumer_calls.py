@@ -33,6 +33,7 @@ from .convert import (
     store_error_code,
 )
 from .follower_calls import forwarded_fifo
+from .grpc_limits import peer_host, vouched_peer
 from .handles import HANDLE_MAX_LENGTH
 from .members import Member
 
@@ -134,14 +135,18 @@ class ConsumerCalls:
         deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
         if deliveries or polling == 0:
             return deliveries, invisible
-        client = self._client(context)
-        if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
+        held = self.held.acquire(self._client(context), account.access_key,
+                                 self._held_peer(context))
+        if held is None:  # beyond the bounds: answered now, no long poll
             return deliveries, invisible
+        if held.pushed_one_out:
+            self.wake_receivers()  # (the call pushed out answers now)
         try:
             deadline = time.monotonic() + polling / 1000
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not context.is_active() or self._closing.is_set():
+                if (left <= 0 or not context.is_active() or self._closing.is_set()
+                        or held.pushed_out):
                     return deliveries, invisible
                 with self._arrived:
                     self._waiting += 1
@@ -154,7 +159,21 @@ class ConsumerCalls:
                 if deliveries:
                     return deliveries, invisible
         finally:
-            self.held.release(client)
+            self.held.release(held)
+
+    def _held_peer(self, context) -> str | None:
+        """The peer address a held call counts under: the client's (vouched for by a worker
+        process passing the call on, else the call's own); ``None`` (not counted per
+        address) for a call a replica of the set passed on, which carries the calls of
+        all its clients (they count per client id and account)."""
+        peer = vouched_peer("ReceiveMessage", dict(context.invocation_metadata()), self.signer)
+        if peer is not None:
+            return peer
+        peer = peer_host(context.peer())
+        routes = self.routes
+        if routes is not None and any(a.host == peer for a in routes.addresses):
+            return None
+        return peer
 
     def _handle(self, account: Account, group: str, topic: str, i: int, inner: str) -> str:
         """A receipt handle naming member ``i``, signed for the account, group and topic."""

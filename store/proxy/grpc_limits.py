@@ -6,9 +6,13 @@ that wait run in a pool of threads, and such a call holds its thread until it en
 Long-polling receives (up to 30 s each) are **held calls**; every other call is short.  So
 that held calls never take the threads that answer short ones, the pool has room for
 :data:`MAX_HELD_CALLS` held calls plus :data:`SHORT_CALL_WORKERS` threads that only short
-calls reach, and :class:`HeldCalls` counts held calls in all and per client: a receive
-beyond a bound does not long-poll, it answers at once with what is there
-(``MESSAGE_NOT_FOUND`` when nothing), as a receive with a zero polling time does.
+calls reach, and :class:`HeldCalls` counts held calls in all, per client id, per peer
+address and per account: a receive beyond its client's, address's or account's bound does
+not long-poll, it answers at once with what is there (``MESSAGE_NOT_FOUND`` when nothing),
+as a receive with a zero polling time does; one beyond the bound in all takes the place of
+the oldest held call of the account (else the address) that holds the most, when that one
+holds two more than the newcomer's (so one account or address inventing client ids cannot
+take the pool from the others).
 
 **Telemetry streams** (one per client, for its life, idle nearly all of it) hold no thread:
 a stream waits for its next command on the event loop, so one costs memory only (about
@@ -20,9 +24,12 @@ recently active** stream (of that address, else of all) is closed with the gRPC 
 ``RESOURCE_EXHAUSTED`` (the official clients open it again after a pause).  A stream is
 active when its client sends a command on it or a heartbeat with its client id (the
 official clients heartbeat every 10 s): idle streams go first, a working client's last.
-The peer address of a stream a worker process passes on (``--grpc-processes``) is the
-client's, vouched for by the worker with the store's secret (:func:`vouched_peer`); a
-heartbeat a worker answers itself does not count as activity (its stream's commands do).
+The peer address of a stream or a receive a worker process passes on (``--grpc-processes``)
+is the client's, vouched for by the worker with the store's secret, for that call and client
+id and for :data:`VOUCH_VALID_MS` (:func:`vouched_peer`); a heartbeat a worker answers
+itself does not count as activity (its stream's commands do).  Every bound per address
+counts an IP address: clients behind one NAT address share it (``rmq serve`` raises it:
+:mod:`store.operations.face_limits`).
 
 **Calls whose request has not arrived.**  A call is an HTTP/2 stream: its headers open it,
 its request message may come later, or never (a half-open stream costs its client nothing).
@@ -47,9 +54,11 @@ import threading
 import time
 from collections import OrderedDict
 
-#: Held calls (long polls) at once, in all and per client.
+#: Held calls (long polls) at once: in all, per client id, per peer address, per account.
 MAX_HELD_CALLS = 1024
 MAX_HELD_CALLS_PER_CLIENT = 64
+MAX_HELD_CALLS_PER_PEER = 512
+MAX_HELD_CALLS_PER_ACCOUNT = 512
 #: Telemetry streams open at once, in all and per peer address.
 MAX_TELEMETRY_STREAMS = 8192
 MAX_TELEMETRY_STREAMS_PER_PEER = 1024
@@ -146,22 +155,44 @@ def peer_host(peer: str) -> str:
     return peer
 
 
-#: The header with which a worker process vouches for the peer address of a stream it
-#: passes on: ``ADDRESS TAG``, the tag made with the store's secret.
+#: The header with which a worker process vouches for the peer address of a call it passes
+#: on: ``ADDRESS MS TAG``, the tag made with the store's secret over the call's method, the
+#: address, the client id and ``MS`` (when it was made, epoch milliseconds).
 PEER_HEADER = "x-rmq-peer"
+#: How long a vouching header is taken, either side of its time (the worker and the primary
+#: share a host, and so a clock): a header seen on loopback and replayed later is refused.
+VOUCH_VALID_MS = 30_000
 
 
-def vouch(peer: str, signer) -> tuple[str, str]:
-    """The header vouching that a stream passed on comes from ``peer`` (an address), signed
-    by ``signer`` (a :class:`~store.proxy.handles.Signer` of the store's secret)."""
-    return PEER_HEADER, f"{peer} {signer.tag('peer', peer)}"
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
-def vouched_peer(metadata: dict, signer) -> str | None:
-    """The peer address :func:`vouch` put in ``metadata`` if ``signer`` checks it, else
-    ``None`` (a client's own header is never taken at its word)."""
-    peer, _, tag = metadata.get(PEER_HEADER, "").rpartition(" ")
-    return peer if peer and signer.valid(tag, "peer", peer) else None
+def vouch(method: str, peer: str, client_id: str, signer, now_ms: int | None = None
+          ) -> tuple[str, str]:
+    """The header vouching that the ``method`` call (``"Telemetry"``, ``"ReceiveMessage"``)
+    of client ``client_id`` passed on comes from ``peer`` (an address), made now (or at
+    ``now_ms``) and signed by ``signer`` (a :class:`~store.proxy.handles.Signer` of the
+    store's secret)."""
+    at = str(_wall_ms() if now_ms is None else now_ms)
+    return PEER_HEADER, f"{peer} {at} {signer.tag('peer', method, peer, client_id, at)}"
+
+
+def vouched_peer(method: str, metadata: dict, signer, now_ms: int | None = None
+                 ) -> str | None:
+    """The peer address :func:`vouch` put in ``metadata``, the headers of a ``method``
+    call, if ``signer`` checks it for this method and the call's client id, and it was made
+    within :data:`VOUCH_VALID_MS` of now (or of ``now_ms``); else ``None`` (a client's own
+    header is never taken at its word, nor one replayed)."""
+    peer, _, rest = metadata.get(PEER_HEADER, "").partition(" ")
+    at, _, tag = rest.partition(" ")
+    if not (peer and at.isdigit() and len(at) <= 16):
+        return None
+    now = _wall_ms() if now_ms is None else now_ms
+    if abs(now - int(at)) > VOUCH_VALID_MS:
+        return None
+    client_id = metadata.get("x-mq-client-id", "")
+    return peer if signer.valid(tag, "peer", method, peer, client_id, at) else None
 
 
 class TelemetryStreams:
@@ -228,43 +259,122 @@ class TelemetryStreams:
         return stream
 
 
+class HeldCall:
+    """One held call counted by :class:`HeldCalls`: whose it is, and whether a newcomer
+    pushed it out (it then answers with what it has, at once)."""
+
+    __slots__ = ("account", "client", "peer", "pushed_one_out", "pushed_out")
+
+    def __init__(self, client: str, account: str, peer: str | None) -> None:
+        self.client = client
+        self.account = account
+        self.peer = peer
+        self.pushed_out = False
+        #: this call took the place of another (whose waiter is to be woken)
+        self.pushed_one_out = False
+
+
 class HeldCalls:
-    """Counts held calls in all and per client (the ``x-mq-client-id``, or the peer);
-    thread-safe."""
+    """Counts held calls in all and per client id, per account and per peer address (see
+    the module docstring); thread-safe.
+
+    A call beyond its client's, its account's or its address's bound is refused (answered
+    at once): those bounds are its own holder's, and refusing keeps that holder's earlier
+    calls held (pushing them out would only make all of them poll again, each pushing out
+    the next).  A call beyond the bound in all takes the place of the oldest call of the
+    holder with the most (the account, else the address), when that holder has at least two
+    more than the newcomer's: so the pool is shared out fairly, a holder with few calls is
+    always held, and one that fills the pool gives its calls up to the others as they come.
+    """
 
     def __init__(self, total: int = MAX_HELD_CALLS,
-                 per_client: int = MAX_HELD_CALLS_PER_CLIENT) -> None:
-        if total < 1 or per_client < 1:
-            raise ValueError(f"held call bounds {total}, {per_client}; allowed: 1 or more")
+                 per_client: int = MAX_HELD_CALLS_PER_CLIENT,
+                 per_peer: int = MAX_HELD_CALLS_PER_PEER,
+                 per_account: int = MAX_HELD_CALLS_PER_ACCOUNT) -> None:
+        if min(total, per_client, per_peer, per_account) < 1:
+            raise ValueError(f"held call bounds {total}, {per_client}, {per_peer}, "
+                             f"{per_account}; allowed: 1 or more")
         self.total = total
         self.per_client = per_client
+        self.per_peer = per_peer
+        self.per_account = per_account
         self._lock = threading.Lock()
-        self._held = 0
+        self._held: OrderedDict[HeldCall, None] = OrderedDict()  # oldest first
         self._by_client: dict[str, int] = {}
+        self._by: dict[str, dict[str, OrderedDict[HeldCall, None]]] = {
+            "account": {}, "peer": {}}
+        #: calls pushed out to make room (what a test reads)
+        self.pushed_out = 0
 
     @property
     def held(self) -> int:
-        return self._held
+        return len(self._held)
 
-    def acquire(self, client: str) -> bool:
-        """Count one more held call of ``client``; ``False`` (nothing counted) beyond a
-        bound."""
-        with self._lock:
-            mine = self._by_client.get(client, 0)
-            if self._held >= self.total or mine >= self.per_client:
-                return False
-            self._held += 1
-            self._by_client[client] = mine + 1
-            return True
+    def of(self, kind: str, holder: str) -> int:
+        """Held calls of ``holder``, an account (``kind`` ``"account"``) or a peer address
+        (``"peer"``)."""
+        return len(self._by[kind].get(holder, ()))
 
-    def release(self, client: str) -> None:
+    def acquire(self, client: str, account: str = "", peer: str | None = None
+                ) -> HeldCall | None:
+        """Count one more held call of ``client`` (a client id), ``account`` (an access
+        key; ``""``: no account, not counted) from ``peer`` (an address; ``None``: not
+        counted); ``None`` (nothing counted) when it is refused.  When the call took the
+        place of another, that one's :attr:`HeldCall.pushed_out` is set and this one's
+        :attr:`HeldCall.pushed_one_out`."""
+        call = HeldCall(client, account, peer)
         with self._lock:
-            self._held -= 1
-            left = self._by_client.get(client, 1) - 1
-            if left > 0:
-                self._by_client[client] = left
-            else:
-                self._by_client.pop(client, None)
+            if (self._by_client.get(client, 0) >= self.per_client
+                    or (account and self.of("account", account) >= self.per_account)
+                    or (peer is not None and self.of("peer", peer) >= self.per_peer)):
+                return None
+            if len(self._held) >= self.total:
+                oldest = self._fairest_to_push_out(call)
+                if oldest is None:
+                    return None
+                self._drop(oldest)
+                oldest.pushed_out = call.pushed_one_out = True
+                self.pushed_out += 1
+            self._held[call] = None
+            self._by_client[client] = self._by_client.get(client, 0) + 1
+            for kind, holder in (("account", account), ("peer", peer)):
+                if holder:
+                    self._by[kind].setdefault(holder, OrderedDict())[call] = None
+        return call
+
+    def _fairest_to_push_out(self, call: HeldCall) -> HeldCall | None:
+        """The oldest call of the holder with the most held calls, if it has two more than
+        ``call``'s at least; else ``None``.  Holders are accounts when ``call`` has one
+        (then an account that spreads its calls over addresses gains nothing), else peer
+        addresses."""
+        kind, mine = ("account", call.account) if call.account else ("peer", call.peer)
+        holders = self._by[kind]
+        if mine is None or not holders:
+            return None
+        biggest = max(holders.values(), key=len)
+        if len(biggest) >= len(holders.get(mine, ())) + 2:
+            return next(iter(biggest))
+        return None
+
+    def release(self, call: HeldCall) -> None:
+        """``call`` ended (nothing if it was pushed out)."""
+        with self._lock:
+            if call in self._held:
+                self._drop(call)
+
+    def _drop(self, call: HeldCall) -> None:
+        del self._held[call]
+        left = self._by_client[call.client] - 1
+        if left > 0:
+            self._by_client[call.client] = left
+        else:
+            del self._by_client[call.client]
+        for kind, holder in (("account", call.account), ("peer", call.peer)):
+            if holder:
+                mine = self._by[kind][holder]
+                del mine[call]
+                if not mine:
+                    del self._by[kind][holder]
 
 
 class LogBudget:

@@ -70,17 +70,24 @@ class ForwardingMessagingService(AsyncMessagingService):
         self.primary = service_pb2_grpc.MessagingServiceStub(self._channel)
 
     async def ReceiveMessage(self, request, context):
-        async for response in forward_stream(self.primary, "ReceiveMessage", request, context):
+        peer = self._vouch("ReceiveMessage", context)  # (held: counted under its address)
+        async for response in forward_stream(self.primary, "ReceiveMessage", request, context,
+                                             (peer,)):
             yield response
 
     async def Telemetry(self, request_iterator, context):
         try:
-            peer = vouch(peer_host(context.peer()), self.signer)  # (counted under its address)
+            peer = self._vouch("Telemetry", context)  # (counted under its address)
             async for command in self.primary.Telemetry(
                     request_iterator, metadata=client_headers(context) + (peer,)):
                 yield command
         except grpc.aio.AioRpcError as exc:
             await relay_failure(context, exc)
+
+    def _vouch(self, method: str, context) -> tuple[str, str]:
+        """The header vouching for the address of the client of ``context``'s call."""
+        client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
+        return vouch(method, peer_host(context.peer()), client_id, self.signer)
 
     def ask(self, views) -> int:  # the primary's sessions are asked, never a worker's
         return 0

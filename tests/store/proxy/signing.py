@@ -125,6 +125,24 @@ async def hold_idle_telemetry(stub, client_id: str, until, calls: list, codes: l
         codes.append(exc.code())
 
 
+async def hold_long_poll(stub, group: str, topic: str, md: list, calls: list, codes: list
+                         ) -> None:
+    """A long-polling receive (30 s) of ``group`` on ``topic`` with headers ``md``: the
+    call goes into ``calls`` (to cancel it) and each status it answers with into
+    ``codes`` (a code's name, or the gRPC status it ended with)."""
+    call = stub.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=group), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic)), batch_size=1,
+        invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 30}), metadata=md)
+    calls.append(call)
+    try:
+        async for r in call:
+            if r.HasField("status"):
+                codes.append(pb.Code.Name(r.status.code))
+    except grpc.aio.AioRpcError as exc:
+        codes.append(exc.code())
+
+
 def stored(path: str, topic: str) -> int:
     """How many messages the store at ``path`` holds in ``topic``."""
     from store import StoreReader

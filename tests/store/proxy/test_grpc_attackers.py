@@ -31,11 +31,14 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from store import StoreConfig
 from tests.store.proxy.signing import (
     hold_idle_telemetry,
+    hold_long_poll,
     message,
+    metadata,
     producer_session,
     serving,
     stored,
     stub,
+    write_acl,
 )
 
 pytestmark = pytest.mark.xdist_group("grpc")
@@ -506,6 +509,30 @@ def _streams_open(service) -> int:
     return streams.open if streams is not None else service.held.held
 
 
+def _long_poll_gets_what_is_sent(s, topic: str, md: list, send_md: list = ()) -> None:
+    """A long poll (5 s) of group ``legit`` on ``topic`` with headers ``md`` waits (is
+    held) and gets the message sent 0.8 s after it starts (with headers ``send_md``)."""
+    def send_later():
+        time.sleep(0.8)
+        r = s.SendMessage(rpc.SendMessageRequest(messages=[message(topic, b"awaited")]),
+                          metadata=list(send_md), timeout=5)
+        assert r.status.code == pb.Code.OK, r.status
+
+    sender = threading.Thread(target=send_later)
+    start = time.monotonic()
+    sender.start()
+    answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic)), batch_size=1,
+        invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
+        metadata=md, timeout=10))
+    polled = time.monotonic() - start
+    sender.join()
+    bodies = [a.message.body for a in answers if a.HasField("message")]
+    assert bodies == [b"awaited"], (polled, [a.status for a in answers])
+    assert 0.7 < polled < 5, polled
+
+
 def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working(endpoint_of):
     """The code before held a pool thread per telemetry stream and counted streams with
     long polls (1,024 in all): 1,100 idle clients of distinct ids took every place, so a
@@ -525,24 +552,7 @@ def test_1100_idle_telemetry_streams_leave_long_polls_sends_and_sessions_working
             assert _wait(lambda: len(idle.codes) >= 1100 - 1024, timeout=10), len(idle.codes)
             grew = threading.active_count() - threads
 
-            def send_later():
-                time.sleep(0.8)
-                s.SendMessage(rpc.SendMessageRequest(messages=[message("polled", b"awaited")]),
-                              timeout=5)
-
-            sender = threading.Thread(target=send_later)
-            start = time.monotonic()
-            sender.start()
-            answers = list(s.ReceiveMessage(rpc.ReceiveMessageRequest(
-                group=pb.Resource(name="legit"), message_queue=pb.MessageQueue(
-                    topic=pb.Resource(name="polled")), batch_size=1,
-                invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 5}),
-                metadata=[("x-mq-client-id", "legit-consumer")], timeout=10))
-            polled = time.monotonic() - start
-            sender.join()
-            bodies = [a.message.body for a in answers if a.HasField("message")]
-            assert bodies == [b"awaited"], (polled, [a.status for a in answers])
-            assert 0.7 < polled < 5, polled
+            _long_poll_gets_what_is_sent(s, "polled", [("x-mq-client-id", "legit-consumer")])
 
             took = _short_calls_take(endpoint.endpoint, n=5, timeout=1.0)
             assert max(took) < 1.0, took
@@ -570,15 +580,25 @@ def _raw_telemetry_streams(port: int, source: str, count: int, name: str = "raw"
                            ) -> socket.socket:
     """A connection from ``source`` (a loopback address) opening ``count`` telemetry
     streams of client ids of their own (``name-source-i``) that never send a command."""
+    return _raw_calls(port, source, count, TELEMETRY, name)
+
+
+def _raw_calls(port: int, source: str, count: int, path: str, name: str,
+               request: bytes | None = None) -> socket.socket:
+    """A connection from ``source`` (a loopback address) opening ``count`` calls of
+    ``path``, each of a client id of its own (``name-source-i``), that send ``request`` (a
+    serialized message; ``None``: nothing) and then never read their answers."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
     frames = [PREFACE, _frame(4, 0, 0)]
     for i in range(count):
         headers = b"".join(_literal(k, v) for k, v in (
-            (b":method", b"POST"), (b":scheme", b"http"), (b":path", TELEMETRY.encode()),
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
             (b":authority", f"127.0.0.1:{port}".encode()),
             (b"content-type", b"application/grpc"), (b"te", b"trailers"),
             (b"x-mq-client-id", f"{name}-{source}-{i}".encode())))
         frames.append(_frame(1, 4, 2 * i + 1, headers))  # HEADERS, END_HEADERS
+        if request is not None:  # DATA, END_STREAM
+            frames.append(_frame(0, 1, 2 * i + 1, _grpc_frame(request)))
     sock.sendall(b"".join(frames))
     return sock
 
@@ -621,6 +641,125 @@ def test_streams_through_a_worker_process_count_under_their_client_s_address(tmp
             assert _wait(lambda: streams.of_peer("127.0.0.2") == 60, timeout=30), \
                 (streams.of_peer("127.0.0.2"), streams.of_peer("127.0.0.1"))
             assert streams.of_peer("127.0.0.1") == 0
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+# --------------------------------------------------------------------------- held calls
+class LongPolls(_LoopCalls):
+    """``count`` long-polling receives (30 s) of ``group`` on ``topic``, signed by
+    ``access_key``, each with a client id of its own, held by an asyncio loop in a thread;
+    ``codes`` gets the status each answers with."""
+
+    settle_s = 1.0
+
+    def __init__(self, endpoint: str, count: int, access_key: str, topic: str, group: str
+                 ) -> None:
+        super().__init__(endpoint, count, connections=2)
+        self.access_key, self.topic, self.group = access_key, topic, group
+
+    async def _one(self, s, i: int) -> None:
+        await hold_long_poll(s, self.group, self.topic,
+                             metadata(self.access_key, f"{self.access_key}-{i}"), self._calls,
+                             self.codes)
+
+    def _tasks(self, channels) -> list:
+        stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]
+        return [asyncio.ensure_future(self._one(stubs[i % self.connections], i))
+                for i in range(self.count)]
+
+
+def test_one_account_inventing_client_ids_leaves_another_account_s_long_poll_held(
+        endpoint_of, tmp_path):
+    """Long polls were bounded per client id and in all only: an account inventing client
+    ids filled the pool, and every other client's long poll then answered at once with
+    nothing (a busy-poll storm).  Now the pool is shared out per account: another
+    account's long poll takes the place of the flooding account's oldest, waits, and gets
+    its message when one is sent; the flood's own newcomers are refused (answered at once)."""
+    endpoint = endpoint_of(acl=write_acl(tmp_path / "acl.json"), max_held_calls=40)
+    s, channel = stub(endpoint.endpoint)
+    try:
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="shared")),
+                         metadata=metadata("orders-svc"), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        with LongPolls(endpoint.endpoint, 60, "thief", "shared", "g-thief") as flood:
+            assert _wait(lambda: endpoint.service.held.held == 40, timeout=20), \
+                endpoint.service.held.held
+            assert _wait(lambda: len(flood.codes) >= 20, timeout=10), flood.codes
+
+            _long_poll_gets_what_is_sent(s, "shared", metadata("orders-svc", "legit-consumer"),
+                                         metadata("orders-svc"))
+            assert endpoint.service.held.pushed_out == 1
+            # (the message went to the flood's group too: one of its polls ended with it)
+            assert endpoint.service.held.of("account", "thief") == 38
+            codes = list(flood.codes)
+    finally:
+        channel.close()
+    # the flood's calls beyond the pool, and the one pushed out, answered at once
+    assert codes.count("MESSAGE_NOT_FOUND") >= 21, codes
+
+
+RECEIVE = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+
+
+def _long_polls_from(port: int, source: str, count: int, name: str) -> socket.socket:
+    """``count`` long-polling receives (30 s, group ``g``, topic ``polled``) from
+    ``source``, each of a client id of its own, on one raw connection."""
+    return _raw_calls(port, source, count, RECEIVE, name, rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="g"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="polled")), batch_size=1,
+        invisible_duration={"seconds": 30},
+        long_polling_timeout={"seconds": 30}).SerializeToString())
+
+
+def test_one_address_inventing_client_ids_leaves_another_address_s_long_poll_held(
+        endpoint_of):
+    """Without accounts, the pool is shared out per address: long polls of invented
+    client ids from 127.0.0.2 hold at most its bound, and when they fill the pool a long
+    poll from 127.0.0.1 takes the place of the oldest and gets its message when one is
+    sent.  The code before counted client ids only."""
+    endpoint = endpoint_of(max_held_calls=30, max_held_calls_per_peer=20)
+    held = endpoint.service.held
+    s, channel = stub(endpoint.endpoint)
+    try:
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="polled")), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        floods = [_long_polls_from(endpoint.port, "127.0.0.2", 25, "a")]
+        assert _wait(lambda: held.of("peer", "127.0.0.2") == 20, timeout=20), held.held
+        time.sleep(0.5)  # (its 5 newcomers beyond its bound: refused, not held)
+        assert held.of("peer", "127.0.0.2") == 20 and held.held == 20
+        # a second flood fills the pool, then takes 127.0.0.2's places until they are even
+        floods.append(_long_polls_from(endpoint.port, "127.0.0.3", 25, "b"))
+        assert _wait(lambda: held.of("peer", "127.0.0.3") == 15, timeout=20), held.held
+        time.sleep(0.5)
+        assert (held.of("peer", "127.0.0.2"), held.of("peer", "127.0.0.3")) == (15, 15)
+        assert held.held == 30 and held.pushed_out == 5
+        # a newcomer from another address takes the place of a flood's oldest
+        _long_poll_gets_what_is_sent(s, "polled", [("x-mq-client-id", "legit-consumer")])
+        assert held.pushed_out == 6
+        for sock in floods:
+            sock.close()
+    finally:
+        channel.close()
+
+
+@pytest.mark.slow
+def test_long_polls_through_a_worker_process_count_under_their_client_s_address(tmp_path):
+    """With ``--grpc-processes 2`` a worker passes its receives on to the primary, which
+    holds them: they count under the client's address (the worker vouches for it with a
+    dated header), not under the worker's 127.0.0.1."""
+    with serving(str(tmp_path / "store"), StoreConfig(max_message_size_bytes=1 << 20),
+                 grpc_processes=2) as (srv, s):
+        r = s.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="polled")), timeout=10)
+        assert r.status.code == pb.Code.OK, r.status
+        held = srv._asks.service.held
+        port = int(srv.grpc_endpoint.rpartition(":")[2])
+        socks = [_long_polls_from(port, "127.0.0.2", 4, f"c{k}") for k in range(12)]
+        try:
+            assert _wait(lambda: held.of("peer", "127.0.0.2") == 48, timeout=30), \
+                (held.of("peer", "127.0.0.2"), held.of("peer", "127.0.0.1"))
+            assert held.of("peer", "127.0.0.1") == 0
         finally:
             for sock in socks:
                 sock.close()

@@ -22,7 +22,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc  # noqa: E402
 from store.proxy import GrpcEndpoint  # noqa: E402
 from store.proxy.grpc_limits import HeldCalls, LogBudget, TelemetryStreams  # noqa: E402
 from tests.store.proxy.signing import (  # noqa: E402
+    Stream,
     hold_idle_telemetry,
+    hold_long_poll,
     message,
     producer_session,
     stub,
@@ -50,17 +52,8 @@ class HeldLoad:
                                   self.codes)
 
     async def _poll(self, s, i: int) -> None:
-        call = s.ReceiveMessage(rpc.ReceiveMessageRequest(
-            group=pb.Resource(name="g"), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name=TOPIC)), batch_size=1,
-            long_polling_timeout={"seconds": 30}), metadata=[("x-mq-client-id", f"poll-{i}")])
-        self._calls.append(call)
-        try:
-            async for r in call:
-                if r.HasField("status"):
-                    self.codes.append(pb.Code.Name(r.status.code))
-        except grpc.aio.AioRpcError as exc:
-            self.codes.append(exc.code())
+        await hold_long_poll(s, "g", TOPIC, [("x-mq-client-id", f"poll-{i}")], self._calls,
+                             self.codes)
 
     async def _main(self) -> None:
         self._calls: list = []
@@ -156,12 +149,55 @@ def test_held_calls_and_streams_beyond_their_bounds_are_answered_or_closed(endpo
 
 def test_held_calls_per_client_are_bounded():
     held = HeldCalls(total=10, per_client=2)
-    assert held.acquire("a") and held.acquire("a")
-    assert not held.acquire("a")
+    a1, a2 = held.acquire("a"), held.acquire("a")
+    assert a1 and a2
+    assert held.acquire("a") is None
     assert held.acquire("b")
-    held.release("a")
+    held.release(a1)
     assert held.acquire("a")
     assert held.held == 3
+
+
+def test_held_calls_per_account_and_per_peer_refuse_the_newcomer():
+    """Many client ids of one account (or from one address) hold no more than its bound;
+    the holder's own earlier calls stay held, other holders are untouched."""
+    held = HeldCalls(total=100, per_client=64, per_peer=5, per_account=3)
+    mine = [held.acquire(f"id{i}", "thief", f"10.0.0.{i}") for i in range(10)]
+    assert sum(c is not None for c in mine) == 3 and held.of("account", "thief") == 3
+    from_one = [held.acquire(f"nat{i}", "", "10.9.9.9") for i in range(10)]
+    assert sum(c is not None for c in from_one) == 5 and held.of("peer", "10.9.9.9") == 5
+    assert held.acquire("honest", "orders-svc", "10.9.9.8") is not None
+    assert held.pushed_out == 0 and not any(c.pushed_out for c in mine if c)
+    held.release(mine[0])
+    assert held.acquire("id99", "thief", "10.0.0.99") is not None
+    with pytest.raises(ValueError, match="allowed"):
+        HeldCalls(per_account=0)
+
+
+def test_a_full_pool_of_held_calls_is_shared_out_fairly():
+    """When one holder fills the pool, a newcomer with fewer takes the place of that
+    holder's oldest call (which answers at once); the holder's own newcomers are refused,
+    so the pool settles with every holder served, and never pushes out a smaller one."""
+    held = HeldCalls(total=6, per_client=64, per_peer=64, per_account=64)
+    flood = [held.acquire(f"id{i}", "thief", "10.0.0.1") for i in range(6)]
+    assert all(flood) and held.acquire("id6", "thief", "10.0.0.2") is None
+    honest = held.acquire("c1", "orders-svc", "10.0.0.1")  # (same address: by account)
+    assert honest is not None and honest.pushed_one_out and flood[0].pushed_out
+    assert held.held == 6 and held.of("account", "thief") == 5
+    held.release(flood[0])  # (the pushed-out call ending: nothing more)
+    assert held.held == 6
+    second = held.acquire("c2", "orders-svc", "10.0.0.1")
+    assert second is not None and flood[1].pushed_out
+    # 4 against 2: one more, then it is even, and the smaller holder is never pushed out
+    assert held.acquire("c3", "orders-svc", "10.0.0.1") is not None
+    assert held.acquire("c4", "orders-svc", "10.0.0.1") is None
+    assert held.acquire("id7", "thief", "10.0.0.1") is None
+    assert (held.of("account", "thief"), held.of("account", "orders-svc")) == (3, 3)
+    # without accounts (no ACL), the holders are peer addresses
+    open_ = HeldCalls(total=4, per_client=64, per_peer=64, per_account=64)
+    assert all(open_.acquire(f"id{i}", "", "10.0.0.1") for i in range(4))
+    assert open_.acquire("x", "", "10.0.0.2").pushed_one_out
+    assert open_.pushed_out == 1
 
 
 def _peak_rss_bytes() -> int:
@@ -244,12 +280,92 @@ def test_peer_addresses_and_a_worker_s_vouching():
     assert peer_host("ipv6:[::1]:5000") == "::1"
     assert peer_host("unix:/tmp/s") == "unix:/tmp/s"
     signer = Signer(b"k" * 32)
-    header = vouch("10.1.2.3", signer)
-    assert vouched_peer(dict([header]), signer) == "10.1.2.3"
-    assert vouched_peer({}, signer) is None
-    forged = {PEER_HEADER: "10.9.9.9 " + header[1].split()[1]}
-    assert vouched_peer(forged, signer) is None  # another address under the tag
-    assert vouched_peer(dict([header]), Signer(b"o" * 32)) is None  # another store's
+    header = vouch("Telemetry", "10.1.2.3", "c1", signer)
+    headers = {**dict([header]), "x-mq-client-id": "c1"}
+    assert vouched_peer("Telemetry", headers, signer) == "10.1.2.3"
+    assert vouched_peer("Telemetry", {}, signer) is None
+    _, at, tag = header[1].split()
+    forged = {**headers, PEER_HEADER: f"10.9.9.9 {at} {tag}"}
+    assert vouched_peer("Telemetry", forged, signer) is None  # another address under the tag
+    assert vouched_peer("Telemetry", headers, Signer(b"o" * 32)) is None  # another store's
+
+
+def test_a_worker_s_vouching_is_bound_to_its_time_call_and_client():
+    """The header a worker vouches with carries when it was made and is bound to the call
+    and the client id: seen on loopback and replayed after the window (or on another call,
+    for another client id, with its time changed) it is refused.  The code before signed
+    the address alone: a header, once seen, stood for that address for ever."""
+    from store.proxy.grpc_limits import PEER_HEADER, VOUCH_VALID_MS, vouch, vouched_peer
+    from store.proxy.handles import Signer
+
+    signer = Signer(b"k" * 32)
+    now = 1_800_000_000_000
+    header = vouch("ReceiveMessage", "10.1.2.3", "c1", signer, now_ms=now)
+    headers = {**dict([header]), "x-mq-client-id": "c1"}
+    assert vouched_peer("ReceiveMessage", headers, signer, now_ms=now) == "10.1.2.3"
+    assert vouched_peer("ReceiveMessage", headers, signer,
+                        now_ms=now + VOUCH_VALID_MS) == "10.1.2.3"  # (fresh: within)
+    assert vouched_peer("ReceiveMessage", headers, signer,
+                        now_ms=now + VOUCH_VALID_MS + 1) is None  # replayed after
+    assert vouched_peer("ReceiveMessage", headers, signer,
+                        now_ms=now - VOUCH_VALID_MS - 1) is None  # (dated ahead)
+    assert vouched_peer("Telemetry", headers, signer, now_ms=now) is None  # another call
+    assert vouched_peer("ReceiveMessage", {**headers, "x-mq-client-id": "c2"}, signer,
+                        now_ms=now) is None  # another client
+    peer, at, tag = header[1].split()
+    for moved in (f"{peer} {int(at) + 60_000} {tag}", f"{peer} {tag}", f"{peer} x{at} {tag}"):
+        assert vouched_peer("ReceiveMessage", {**headers, PEER_HEADER: moved}, signer,
+                            now_ms=int(at) + 60_000) is None, moved
+    # a header made now is taken now (the wall clock by default)
+    assert vouched_peer("Telemetry", {**dict([vouch("Telemetry", "10.1.2.3", "c1", signer)]),
+                                      "x-mq-client-id": "c1"}, signer) == "10.1.2.3"
+
+
+def test_a_replayed_vouching_header_is_not_taken_by_the_endpoint(endpoint_of):
+    """A client on loopback that saw a worker's header (signed with the store's secret) and
+    sends it again after the window is counted under its own address; the header as a
+    worker makes it, fresh, is taken."""
+    from store.proxy.grpc_limits import VOUCH_VALID_MS, vouch
+
+    endpoint = endpoint_of()
+    streams, signer = endpoint.service.streams, endpoint.service.signer
+    s, channel = stub(endpoint.endpoint)
+    old_ms = time.time_ns() // 1_000_000 - VOUCH_VALID_MS - 1_000
+    opened = []
+    try:
+        for client, header in (("replayed", vouch("Telemetry", "10.9.9.9", "replayed", signer,
+                                                   now_ms=old_ms)),
+                               ("fresh", vouch("Telemetry", "10.8.8.8", "fresh", signer))):
+            opened.append(Stream(s, [("x-mq-client-id", client), header]))
+            opened[-1].send(rpc.TelemetryCommand(settings=pb.Settings(
+                client_type=pb.ClientType.PRODUCER)))
+            assert opened[-1].wait(lambda c: c.HasField("settings"), 5), opened[-1].received
+        assert streams.of_peer("10.8.8.8") == 1
+        assert streams.of_peer("10.9.9.9") == 0 and streams.of_peer("127.0.0.1") == 1
+    finally:
+        for stream in opened:
+            stream.close()
+        channel.close()
+
+
+def test_an_undated_vouching_header_is_not_taken_by_the_endpoint(endpoint_of):
+    """The code before vouched with the address and its tag alone: a header seen once on
+    loopback stood for that address for ever.  Such a header is not taken now."""
+    from store.proxy.grpc_limits import PEER_HEADER
+
+    endpoint = endpoint_of()
+    streams, signer = endpoint.service.streams, endpoint.service.signer
+    s, channel = stub(endpoint.endpoint)
+    header = (PEER_HEADER, f"10.7.7.7 {signer.tag('peer', '10.7.7.7')}")
+    stream = Stream(s, [("x-mq-client-id", "undated"), header])
+    try:
+        stream.send(rpc.TelemetryCommand(settings=pb.Settings(
+            client_type=pb.ClientType.PRODUCER)))
+        assert stream.wait(lambda c: c.HasField("settings"), 5), stream.received
+        assert streams.of_peer("10.7.7.7") == 0 and streams.of_peer("127.0.0.1") == 1
+    finally:
+        stream.close()
+        channel.close()
 
 
 def test_a_stream_whose_client_heartbeats_outlives_idle_ones(endpoint_of):
