@@ -11,7 +11,6 @@ imports ``pyarrow.flight``.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -24,9 +23,6 @@ from ..sink.sink import SinkCommit
 from ..timer.delay_keys import key_list
 from ..transaction.check_loop import parse_state
 from .wire import RESULT_FIELDS, b64, loads, schedule_info
-
-if typing.TYPE_CHECKING:
-    from .flight_client import RemoteStore
 
 
 def _message_body(message: Message) -> dict:
@@ -48,7 +44,7 @@ class RemoteProducer:
     """``send``, ``send_batch``, ``send_table`` and ``cancel`` of one producer group, on a
     served store (results and errors as :class:`~store.produce.producer.Producer`'s)."""
 
-    def __init__(self, store: RemoteStore, group: str) -> None:
+    def __init__(self, store, group: str) -> None:
         self.store = store
         self.group = group
         #: the member's name when the store belongs to a store group (set by the group)
@@ -122,7 +118,7 @@ class RemoteTransactionProducer(RemoteProducer):
     """Transactional sends on a served store: the half message is stored there, the local
     transaction runs here, and its answer ends the half there."""
 
-    def __init__(self, store: RemoteStore, group: str, listener) -> None:
+    def __init__(self, store, group: str, listener) -> None:
         super().__init__(store, group)
         self.listener = listener
 
@@ -148,7 +144,7 @@ class RemoteTransactionProducer(RemoteProducer):
 class RemoteSink:
     """The exactly-once sink ``sink_id`` on a served store (as :class:`~store.Sink`)."""
 
-    def __init__(self, store: RemoteStore, sink_id: str, group: str,
+    def __init__(self, store, sink_id: str, group: str,
                  commit: str = "index") -> None:
         self.store = store
         self.sink_id = sink_id
