@@ -83,7 +83,7 @@ from .remote import connect
 from .base.remote_address import is_remote, read_token
 from .schedule.cron import CronExpression
 from .schedule.schedule_table import ScheduleTableResult
-from .schedule.schedule_book import ScheduleInfo
+from .schedule.recurring_schedule import ScheduleInfo
 from .sink.sink import Sink, SinkCommit
 
 __all__ = [

@@ -33,7 +33,8 @@ from ..files.group_file import is_group
 from .pending_view import pending_messages
 from ..produce.producer import Producer
 from .store_reader import StoreReader
-from ..schedule.schedule_book import ScheduleBook, ScheduleInfo
+from ..schedule.recurring_schedule import ScheduleInfo
+from ..schedule.schedule_book import ScheduleBook
 from ..sink.sink import Sink, register_sink_topic, settle_check_views, sink_retention_floor
 from .pending_stats import pending_delayed_stats
 from ..timer.timer_service import (TimerService, refuse_broker_timer_of_another_precision,

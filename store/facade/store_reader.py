@@ -16,7 +16,8 @@ from typing import Mapping, NoReturn
 from ..base.config import StoreConfig
 from ..core.reading import Clock, ReadableStore, layout_from_files
 from ..base.errors import ReadOnlyStoreError, StoreNotFoundError
-from ..schedule.schedule_book import ScheduleInfo, read_schedules
+from ..schedule.recurring_schedule import ScheduleInfo
+from ..schedule.schedule_book import read_schedules
 
 #: The write methods of :class:`~store.MessageStore`; each raises on a reader.
 WRITE_METHODS = (

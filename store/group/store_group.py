@@ -50,14 +50,13 @@ from ..base.errors import (
 from ..files.group_file import GroupLayout, is_group, read_group, write_group
 from .member_routing import route_rows
 from .writers import GroupProducer, GroupSink, GroupTransactionProducer, named
-from ..formats.message import MessageView, validate_topic
+from ..formats.message import MessageView, validate_schedule_key, validate_topic
 from ..facade.message_store import MessageStore
 from ..facade.store_reader import StoreReader
 from ..remote import connect
 from ..base.remote_address import is_remote
 from ..formats.byte_columns import one_array
 from ..produce.table_rows import as_table, prepare_rows
-from ..schedule.schedule_book import validate_schedule_key
 from ..timer.delay_keys import key_owners
 from ..transaction.check_loop import CheckResult
 

@@ -15,13 +15,12 @@ import pyarrow as pa
 
 from ..formats.batch_encoding import paused_gc
 from ..base.errors import InvalidGroupError, InvalidMessageError
-from ..formats.message import Message, SendResult, sharding_queue
+from ..formats.message import Message, SendResult, sharding_queue, validate_schedule_key
 from ..sink.sink import SinkCommit
 from ..produce.table_producer import RESULT_SCHEMA, append_prepared
 from ..produce.table_keys import checked_key_column
 from ..produce.table_rows import as_table
 from ..schedule.schedule_table import ScheduleTableResult
-from ..schedule.schedule_book import validate_schedule_key
 from ..timer.delay_keys import checked_key_array, key_list, key_shares, validate_delay_key
 
 

@@ -36,7 +36,8 @@ from .table_keys import keyed_table
 from .table_producer import send_table
 from .table_rows import as_table
 from ..schedule.schedule_table import ScheduleTableResult, schedule_rows
-from ..schedule.schedule_book import Schedule, ScheduleBook, ScheduleInfo, validate_schedule
+from ..schedule.recurring_schedule import Schedule, ScheduleInfo, validate_schedule
+from ..schedule.schedule_book import ScheduleBook
 from ..timer.delay_keys import key_column, key_list, validate_delay_key
 from ..timer.timer_service import TimerService
 
@@ -339,7 +340,7 @@ class Producer:
             nothing delivered) sends: ``"latest_once"`` (the default) one copy at the latest
             of them, carrying the property ``RMQ_SCHEDULE_FIRES`` = how many it stands for;
             ``"all"`` a copy for each; ``"skip"`` none.  Later fires keep the phase.  See
-            :mod:`store.delay_levels.schedule_book`.
+            :mod:`store.schedule.recurring_schedule`.
         catch_up_window_ms : int, optional
             Due times older than this (ms before the step) are dropped, under any policy;
             ``None`` (the default): none is too old.

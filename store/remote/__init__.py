@@ -1,7 +1,8 @@
 """A store served over the network: Arrow Flight (``rmq serve --listen``, ``rmq://`` URLs).
 
 ``wire`` names the Flight calls both sides use, ``flight_service`` answers them beside ``rmq
-serve``'s loop, ``flight_client`` makes them (the URLs and tokens: ``store.base.remote_address``).
+serve``'s loop, ``flight_client`` makes them (the URLs and tokens: ``store.base.remote_address``;
+the producers and the sink a client gives out: ``remote_writers``).
 ``pyarrow.flight`` (gRPC) is imported only by ``flight_service`` and ``flight_client``, when a
 store is served or connected to.
 """

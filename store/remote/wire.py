@@ -246,13 +246,13 @@ def message_view(fields: dict):
 
 
 def schedule_fields(info) -> dict:
-    """A :class:`~store.schedule.schedule_book.ScheduleInfo` as a JSON object."""
+    """A :class:`~store.schedule.recurring_schedule.ScheduleInfo` as a JSON object."""
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
 def schedule_info(fields: dict):
-    """The :class:`~store.schedule.schedule_book.ScheduleInfo` of :func:`schedule_fields`."""
-    from ..schedule.schedule_book import ScheduleInfo
+    """The :class:`~store.schedule.recurring_schedule.ScheduleInfo` of :func:`schedule_fields`."""
+    from ..schedule.recurring_schedule import ScheduleInfo
 
     names = {f.name for f in dataclasses.fields(ScheduleInfo)}
     return ScheduleInfo(**{k: v for k, v in fields.items() if k in names})

@@ -1,9 +1,9 @@
 """Recurring schedules of one store: a message fired into its topic at every due time.
 
-A schedule holds a message (topic, body, tags, keys, properties) and when to fire it: a cron
-expression in a time zone (:mod:`store.schedule.cron`), or a fixed interval ``every_ms`` from
-an anchor, optionally bounded by ``end_at_ms`` and ``max_fires``.  Its key names it: a
-schedule added with the key of another replaces it.
+What one schedule is (its message, its cron expression or interval, its bounds) and what it
+sends of fires it missed (its catch-up policy, ``catch_up``) is
+:mod:`store.schedule.recurring_schedule`; this module keeps the schedules of a store (the
+book) and fires their copies exactly once.
 
 **Where they live.**  ``config/rmq_schedules.json`` (JSON, written atomically with a
 ``.bak``, as the broker's config files): every schedule with its next fire time and
@@ -14,28 +14,11 @@ is in the CommitLog, so retention never touches them.  The book is kept parsed b
 
 **Firing** (:meth:`ScheduleBook.fire_due`, run by ``store.deliver_due()``, so by ``rmq serve``
 and by streaming queries): under the store's write lock, every active schedule whose next
-fire time is at or before now fires once per due time, never early.  A copy is a new message
+fire time is at or before now fires once per due time, never early (several due times
+of one schedule: what its catch-up policy sends, :meth:`Schedule.take_due`).  A copy is a new message
 of the schedule's topic (in the queue its key hashes to, so one schedule's fires keep their
 order) with the properties ``RMQ_SCHEDULE_KEY`` and ``RMQ_SCHEDULE_FIRE_MS`` (the fire time),
 and ``__RMQ_DELIVER_MS`` = the fire time (the ``deliver_timestamp`` column).
-
-**Missed fires** (the catch-up policy, ``catch_up``).  A step that finds more than one due
-time of a schedule found fires the deliverer missed (the store closed, no server, a
-deliverer slower than the interval); a deliverer that runs more often than the interval
-never misses one.  Fires older than ``catch_up_window_ms`` (when set) are dropped first,
-under every policy.  Then, per schedule:
-
-==============  ============================================================================
-``all``         a copy per due time, each once (as overdue timer messages are)
-``latest_once`` one copy, at the latest due time, standing for all of them: it carries
-                ``RMQ_SCHEDULE_FIRES`` = how many due times it stands for (only when more
-                than one); later fires keep the schedule's phase.  The default.
-``skip``        nothing when several are due (a lone due time fires); later fires keep the
-                schedule's phase
-==============  ============================================================================
-
-``fires`` and ``max_fires`` count copies sent: a caught-up copy is one fire.  A book written
-before the policy existed has none recorded: its schedules keep ``all`` (what they did).
 
 **Exactly once across crashes**, as the delay levels' ``deliverMark`` works: before appending
 the copies, the CommitLog end is saved as the mark (the small mark file); after the copies
@@ -67,33 +50,25 @@ taking it never reads far), and retention keeps the segment that holds the lates
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..files.crash_points import crash_point
-from ..base.errors import InvalidScheduleError, ScheduleIntervalError
 from ..files.broker_files import read_lenient_json
 from ..files.fileio import atomic_write
 from ..delayed.delivery import properties_since
 from ..formats.record_codec import RecordSpec
-from ..formats.message import (PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue,
-                       validate_schedule_key)
-from .cron import CronExpression, next_every_fire_ms, time_zone
+from ..formats.message import PROPERTY_DELIVER_MS, PROPERTY_UNIQ_KEY, sharding_queue
+from .recurring_schedule import Schedule, ScheduleInfo
 
 #: The properties every fired copy carries (visible in the message's properties).
 PROPERTY_SCHEDULE_KEY = "RMQ_SCHEDULE_KEY"
 PROPERTY_SCHEDULE_FIRE_MS = "RMQ_SCHEDULE_FIRE_MS"
 #: On a copy that stands for several missed due times (``catch_up="latest_once"``): how many.
 PROPERTY_SCHEDULE_FIRES = "RMQ_SCHEDULE_FIRES"
-#: The catch-up policies (see the module); the first is the default of a new schedule.
-CATCH_UP_POLICIES = ("latest_once", "all", "skip")
-#: The policy of a schedule in a book written before policies existed (what it did then).
-LEGACY_CATCH_UP = "all"
 #: Copies appended per step of :meth:`ScheduleBook.fire_due`.
 FIRE_CHUNK = 4096
 FILE_NAME = os.path.join("config", "rmq_schedules.json")
@@ -105,150 +80,6 @@ RECORD_AGAIN_BYTES = 64 << 20
 #: The book's files (what a replica sets aside, :func:`recorded_book_files`).
 BOOK_FILES = (FILE_NAME, FILE_NAME + ".bak", MARK_NAME)
 
-
-@dataclass(slots=True)
-class Schedule:
-    """One schedule as the book keeps it (see the module)."""
-
-    key: str
-    topic: str
-    body: bytes
-    properties: dict[str, str]  # the message's, with TAGS and KEYS
-    cron: str | None = None
-    every_ms: int | None = None
-    tz: str = "UTC"
-    anchor_ms: int = 0  # every_ms: fires at anchor + k * every_ms
-    start_at_ms: int | None = None
-    end_at_ms: int | None = None
-    max_fires: int | None = None
-    fires: int = 0
-    next_fire_ms: int | None = None  # None: ended (end_at_ms or max_fires reached)
-    paused: bool = False
-    created_ms: int = 0
-    last_fire_ms: int | None = None
-    catch_up: str = CATCH_UP_POLICIES[0]
-    catch_up_window_ms: int | None = None  # None: no fire is too old to be sent
-    _cron: CronExpression | None = field(default=None, repr=False, compare=False)
-
-    def following(self, after_ms: int) -> int | None:
-        """The first fire time strictly after ``after_ms`` within the bounds, or ``None``."""
-        if self.max_fires is not None and self.fires >= self.max_fires:
-            return None
-        if self.start_at_ms is not None:
-            after_ms = max(after_ms, self.start_at_ms - 1)
-        if self.every_ms is not None:
-            t = next_every_fire_ms(after_ms, self.anchor_ms, self.every_ms)
-        else:
-            if self._cron is None:
-                self._cron = CronExpression.parse(self.cron)
-            t = self._cron.next_fire_ms(after_ms, self.tz)
-        if t is None or (self.end_at_ms is not None and t > self.end_at_ms):
-            return None
-        return t
-
-    def latest_due(self, first_ms: int, now_ms: int) -> tuple[int, int]:
-        """``(latest, count)``: the latest due time at or before ``now_ms`` from the due time
-        ``first_ms`` on, and how many due times that is (``first_ms`` included).  A fixed
-        interval counts them by arithmetic; a cron expression walks them."""
-        if self.every_ms is not None:
-            limit = now_ms if self.end_at_ms is None else min(now_ms, self.end_at_ms)
-            latest = first_ms + (limit - first_ms) // self.every_ms * self.every_ms
-            return latest, (latest - first_ms) // self.every_ms + 1
-        latest, count = first_ms, 1
-        while True:
-            t = self.following(latest)
-            if t is None or t > now_ms:
-                return latest, count
-            latest, count = t, count + 1
-
-    def to_json(self) -> dict:
-        return {"topic": self.topic, "body": base64.b64encode(self.body).decode("ascii"),
-                "properties": self.properties, "cron": self.cron, "everyMs": self.every_ms,
-                "tz": self.tz, "anchorMs": self.anchor_ms, "startAtMs": self.start_at_ms,
-                "endAtMs": self.end_at_ms, "maxFires": self.max_fires, "fires": self.fires,
-                "nextFireMs": self.next_fire_ms, "paused": self.paused,
-                "createdMs": self.created_ms, "lastFireMs": self.last_fire_ms,
-                "catchUp": self.catch_up, "catchUpWindowMs": self.catch_up_window_ms}
-
-    @classmethod
-    def from_json(cls, key: str, data: dict) -> Schedule:
-        return cls(key, data["topic"], base64.b64decode(data["body"]),
-                   dict(data.get("properties") or {}), data.get("cron"), data.get("everyMs"),
-                   data.get("tz") or "UTC", int(data.get("anchorMs") or 0),
-                   data.get("startAtMs"), data.get("endAtMs"), data.get("maxFires"),
-                   int(data.get("fires") or 0), data.get("nextFireMs"),
-                   bool(data.get("paused")), int(data.get("createdMs") or 0),
-                   data.get("lastFireMs"), data.get("catchUp") or LEGACY_CATCH_UP,
-                   data.get("catchUpWindowMs"))
-
-
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """What :meth:`~store.MessageStore.schedules` lists of one schedule."""
-
-    key: str
-    topic: str
-    cron: str | None
-    every_ms: int | None
-    tz: str
-    next_fire_ms: int | None
-    fires: int
-    paused: bool
-    start_at_ms: int | None
-    end_at_ms: int | None
-    max_fires: int | None
-    last_fire_ms: int | None
-    #: defaults: what a server of an earlier version did (it sends neither)
-    catch_up: str = LEGACY_CATCH_UP
-    catch_up_window_ms: int | None = None
-
-    @property
-    def state(self) -> str:
-        """``"active"``, ``"paused"`` or ``"ended"`` (no fire left within its bounds)."""
-        if self.next_fire_ms is None:
-            return "ended"
-        return "paused" if self.paused else "active"
-
-
-def validate_schedule(key: object, cron: object, every_ms: object, tz: object,
-                      start_at_ms: object, end_at_ms: object, max_fires: object,
-                      catch_up: object = CATCH_UP_POLICIES[0],
-                      catch_up_window_ms: object = None, *, min_interval_ms: int = 1) -> None:
-    """Raise :class:`InvalidScheduleError` naming what is wrong and what is allowed;
-    ``min_interval_ms`` is the store's floor for ``every_ms``
-    (``StoreConfig.schedule_min_interval_ms``)."""
-    validate_schedule_key(key)
-    if (cron is None) == (every_ms is None):
-        raise InvalidScheduleError("give exactly one of cron (e.g. '0 9 * * *') and every_ms "
-                                   "(an interval in ms)")
-    if every_ms is not None and (isinstance(every_ms, bool) or not isinstance(every_ms, int)
-                                 or every_ms < 1):
-        raise InvalidScheduleError(f"every_ms={every_ms!r}; allowed: an int >= 1")
-    if every_ms is not None and every_ms < min_interval_ms:
-        raise ScheduleIntervalError(
-            f"every_ms={every_ms} is below this store's floor of {min_interval_ms} ms "
-            f"(StoreConfig.schedule_min_interval_ms); allowed: every_ms >= {min_interval_ms}")
-    if catch_up not in CATCH_UP_POLICIES:
-        raise InvalidScheduleError(f"catch_up={catch_up!r}; allowed: "
-                                   f"{', '.join(repr(p) for p in CATCH_UP_POLICIES)}")
-    if catch_up_window_ms is not None and (
-            isinstance(catch_up_window_ms, bool) or not isinstance(catch_up_window_ms, int)
-            or catch_up_window_ms < 0):
-        raise InvalidScheduleError(f"catch_up_window_ms={catch_up_window_ms!r}; allowed: an "
-                                   "int >= 0 (ms), or None (no fire is too old)")
-    if cron is not None:
-        CronExpression.parse(cron)
-    time_zone(tz)
-    for name, value in (("start_at_ms", start_at_ms), ("end_at_ms", end_at_ms)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            raise InvalidScheduleError(f"{name}={value!r}; allowed: epoch ms >= 0, or None")
-    if start_at_ms is not None and end_at_ms is not None and end_at_ms < start_at_ms:
-        raise InvalidScheduleError(f"end_at_ms={end_at_ms} is before start_at_ms={start_at_ms};"
-                                   " allowed: end_at_ms >= start_at_ms")
-    if max_fires is not None and (isinstance(max_fires, bool) or not isinstance(max_fires, int)
-                                  or max_fires < 1):
-        raise InvalidScheduleError(f"max_fires={max_fires!r}; allowed: an int >= 1, or None")
 
 
 class ScheduleBook:
@@ -487,11 +318,11 @@ class ScheduleBook:
                 removed += schedules.pop(key, None) is not None
             for schedule in adds:
                 old = schedules.get(schedule.key)
-                if old is not None and _definition(old) == _definition(schedule):
-                    if _policy(old) != _policy(schedule):  # a new policy keeps the phase
-                        old.catch_up, old.catch_up_window_ms = _policy(schedule)
+                if old is not None and old.definition() == schedule.definition():
+                    if old.policy() != schedule.policy():  # a new policy keeps the phase
+                        old.catch_up, old.catch_up_window_ms = schedule.policy()
                         changed += 1
-                    infos.append(_info(old))
+                    infos.append(old.info())
                     continue
                 schedule.created_ms = now
                 if schedule.every_ms is not None:
@@ -499,7 +330,7 @@ class ScheduleBook:
                         else now + schedule.every_ms
                 schedule.next_fire_ms = schedule.following(now)
                 schedules[schedule.key] = schedule
-                infos.append(_info(schedule))
+                infos.append(schedule.info())
                 changed += 1
             if changed or removed:
                 self._save(schedules)
@@ -532,7 +363,7 @@ class ScheduleBook:
         """Every schedule, by key."""
         with self._changing():
             schedules = self._settled()
-        return [_info(schedules[k]) for k in sorted(schedules)]
+        return [schedules[k].info() for k in sorted(schedules)]
 
     # -- firing -----------------------------------------------------------------------------
     def fire_due(self, max_messages: int | None = None) -> int:
@@ -564,7 +395,7 @@ class ScheduleBook:
             for s in due:
                 if budget is not None and len(fires) >= budget:
                     break  # the rest keep their next fire: the next call goes on
-                _take_due(s, now, fires, budget)
+                s.take_due(now, fires, budget)
             for lo in range(0, len(fires), FIRE_CHUNK):
                 crash_point("schedules.fire_append", "before")
                 store.append([self._copy(s, t, n, now) for s, t, n in fires[lo:lo + FIRE_CHUNK]])
@@ -642,35 +473,7 @@ def read_schedules(root: str) -> list[ScheduleInfo]:
     read-only view: a firing step a killed process left is shown as not yet settled)."""
     data = read_lenient_json(os.path.join(root, FILE_NAME), valid=lambda d: isinstance(d, dict))
     table = (data or {}).get("schedules") or {}
-    return [_info(Schedule.from_json(k, table[k])) for k in sorted(table)]
-
-
-def _take_due(s: Schedule, now: int, fires: list, budget: int | None) -> None:
-    """Add the copies the due times of ``s`` make under its catch-up policy to ``fires``
-    (``(schedule, fire time, due times it stands for)``, at most ``budget`` in all) and move
-    its next fire on past what was taken or dropped."""
-    t = s.next_fire_ms
-    window = s.catch_up_window_ms
-    if window is not None and t < now - window:
-        t = s.following(now - window - 1)  # older than the window: dropped, under any policy
-        if t is None or t > now:
-            s.next_fire_ms = t
-            return
-    if s.catch_up == "all":
-        while t is not None and t <= now and (budget is None or len(fires) < budget):
-            fires.append((s, t, 1))
-            s.fires += 1
-            s.last_fire_ms = t
-            t = s.following(t)
-        s.next_fire_ms = t
-        return
-    latest, count = s.latest_due(t, now)
-    if count == 1 or s.catch_up == "latest_once":
-        fires.append((s, latest, count))
-        s.fires += 1
-        s.last_fire_ms = latest
-    # (skip with several due: all dropped) the next fire keeps the schedule's phase
-    s.next_fire_ms = s.following(latest)
+    return [Schedule.from_json(k, table[k]).info() for k in sorted(table)]
 
 
 def _earliest(schedules: dict[str, Schedule]) -> int:
@@ -678,22 +481,6 @@ def _earliest(schedules: dict[str, Schedule]) -> int:
     times = [s.next_fire_ms for s in schedules.values()
              if not s.paused and s.next_fire_ms is not None]
     return min(times) if times else -1
-
-
-def _definition(s: Schedule) -> tuple:
-    """When a user's schedule fires and what (not its progress, nor its catch-up policy)."""
-    return (s.key, s.topic, s.body, s.properties, s.cron, s.every_ms, s.tz, s.start_at_ms,
-            s.end_at_ms, s.max_fires)
-
-
-def _policy(s: Schedule) -> tuple:
-    return (s.catch_up, s.catch_up_window_ms)
-
-
-def _info(s: Schedule) -> ScheduleInfo:
-    return ScheduleInfo(s.key, s.topic, s.cron, s.every_ms, s.tz, s.next_fire_ms, s.fires,
-                        s.paused, s.start_at_ms, s.end_at_ms, s.max_fires, s.last_fire_ms,
-                        s.catch_up, s.catch_up_window_ms)
 
 
 def _count_fired(schedules: dict[str, Schedule], fired: list[tuple[str, int]]) -> None:

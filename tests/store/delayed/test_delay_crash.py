@@ -36,7 +36,7 @@ CHILD = textwrap.dedent("""
     from store import MessageStore
     from store.files import broker_files
     from store.core import appender
-    from store.delayed import restore as bulk, delay_levels as schedule
+    from store.delayed import restore as bulk, delay_levels as schedule, delay_offset_file
     from store.timer import slot_firing as firing, wheel_placement as placement
     from store.timer import timer_service as service, timer_checkpoint as ckpt, timer_log, wheel
 
@@ -79,7 +79,7 @@ CHILD = textwrap.dedent("""
 
     appender.Appender.commit = planted("commit", appender.Appender.commit)
     service.ckpt.save = planted("ckpt_save", ckpt.save)
-    schedule.write_config = planted("json_save", broker_files.write_config)
+    delay_offset_file.write_config = planted("json_save", broker_files.write_config)
     timer_log.TimerLog.write = planted("log_write", timer_log.TimerLog.write)
     wheel.TimerWheel.put = planted("wheel_put", wheel.TimerWheel.put)
 

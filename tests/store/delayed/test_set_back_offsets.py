@@ -185,7 +185,7 @@ def test_a_moved_forward_offset_skips_nothing(tmp_path, where):
 def test_moved_forward_with_the_seal_kept(tmp_path):
     """A larger offset sealed as if rmq wrote it (the file of another process, or forged):
     the seal says nothing about the CommitLog, so the entries are still checked."""
-    from store.delayed.delay_levels import _seal
+    from store.delayed.delay_offset_file import _seal
 
     clock, root = FakeClock(), str(tmp_path / "s")
     _store_with_delivered(root, clock)
@@ -250,7 +250,7 @@ def test_the_normal_path_stays_a_stat(tmp_path, monkeypatch):
 def test_a_file_from_an_earlier_process_is_proven_by_its_hint(tmp_path, monkeypatch):
     """The file says where the copy of each level's last delivered entry was appended
     (``lastCopies``): a new process checks that range, not the CommitLog since the entry."""
-    from store.delayed import delay_levels as schedule
+    from store.delayed import delay_offset_file as offset_file
 
     clock, root = FakeClock(), str(tmp_path / "s")
     _store_with_delivered(root, clock)
@@ -259,7 +259,7 @@ def test_a_file_from_an_earlier_process_is_proven_by_its_hint(tmp_path, monkeypa
     def no_probe(*args, **kwargs):
         raise AssertionError("the entries were probed: the hint did not prove the offset")
 
-    monkeypatch.setattr(schedule, "delivered_prefix", no_probe)
+    monkeypatch.setattr(offset_file, "delivered_prefix", no_probe)
     with MessageStore.open(root, SMALL, clock=clock) as s:
         clock.advance(10_000)
         assert s.deliver_due() == 30  # the pending ones; the file's offsets proven by hints
