@@ -329,6 +329,12 @@ class RemoteStore:
         pairs, :mod:`store.files.epoch_file`); the replication right is needed."""
         return self._action("epochs")
 
+    def consumer_progress(self) -> dict:
+        """The served leader's saved consumer-group progress (offsets and acks of its gRPC
+        consumer groups, with its epoch), as :mod:`store.files.consumer_progress` checks
+        it; the replication right is needed and only a leader answers."""
+        return self._action("consumer_progress")
+
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,
                    verify_crc: bool = False, skip_corrupt: bool = False) -> pa.RecordBatch:

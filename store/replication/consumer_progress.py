@@ -79,8 +79,7 @@ class ProgressCopy:
         leader unreachable, an answer refused by the checks, a full disk) is logged and
         kept in :attr:`error`, never raised."""
         try:
-            # (the client's one door to an action: RemoteStore has no method for this one)
-            answer = self.leader._action("consumer_progress")
+            answer = self.leader.consumer_progress()
             changed = False
             if answer != self._answer:
                 changed = self._take(parse_progress(answer))

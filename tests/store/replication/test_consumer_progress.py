@@ -44,8 +44,7 @@ class FakeLeader:
         self.answer = answer
         self.address = SimpleNamespace(url="rmq://127.0.0.1:1")
 
-    def _action(self, name: str, body=None):
-        assert name == "consumer_progress"
+    def consumer_progress(self):
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -209,14 +208,14 @@ def test_only_a_replicas_account_may_ask_and_only_a_leader_answers(tmp_path):
         leader, follower = servers
         with connect(leader.url, account="reader", secret="reader-secret") as reader, \
                 pytest.raises(AccessDeniedError, match="replication right"):
-            reader._action("consumer_progress")
+            reader.consumer_progress()
         with connect(leader.url, account="replicator", secret="replicator-secret") as ok:
-            got = parse_progress(ok._action("consumer_progress"))
+            got = parse_progress(ok.consumer_progress())
         assert got.offsets == {("billing", "orders", 0): 9}
         assert got.epoch == leader.replica.epoch
         with connect(follower.url, account="replicator", secret="replicator-secret") as ok, \
                 pytest.raises(NotLeaderError):
-            ok._action("consumer_progress")
+            ok.consumer_progress()
     finally:
         for s in servers:
             s.close()
