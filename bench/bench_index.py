@@ -22,7 +22,8 @@ Measures, in one run:
   it off; against the write of the store); on a fresh reader, ``store.query_messages(topic,
   key=K)`` for ``--queries`` random keys, ``store.view_message`` of one message of each by its
   unique key (through the index) and by its offset message id (the first call apart: it maps
-  the files and runs their first-use check; then median and worst); and the baseline in the
+  the files and takes them by their seal or runs their first-use check, and says which;
+  then median and worst); and the baseline in the
   same run, the same answers found by a scan of the CommitLog (the compiled key walk over
   every record, ``--scans`` keys).  ``--messages 0`` runs the queries alone.
 
@@ -172,6 +173,11 @@ def query_bench(base: str, n: int, queries: int, scans: int) -> None:
             found.append(got)
         _report("query_messages(key)", n, times, f"messages per key: "
                 f"{min(map(len, found))}..{max(map(len, found))} (bound: < 50 ms)")
+        files = reader.key_index._refresh()
+        print("the first query's first use of the index files: " + ", ".join(
+            f"{f.index_count - 1:,} entries {getattr(f, 'first_use', None) or 'checked'}"
+            for f in files) + " (sealed: the CRC of a writer's seal matched, no chain check)",
+            flush=True)
         views = [v for got in found for v in got[:1]]
         by_id = _timed(lambda v: reader.view_message(v.msg_id), views)
         _report("view_message(unique key)", n, by_id[0], "")
