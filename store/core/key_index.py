@@ -17,8 +17,9 @@ Who builds: every writing process runs a :class:`KeyIndexService` thread that ca
 :meth:`KeyIndex.build` every 20 ms; a build holds this process's build lock and
 an exclusive ``flock`` on the store's ``index.lock``, so one process at a time indexes, and
 it indexes every process's appends.  Nothing is indexed twice or skipped: the start is read
-under the lock, and records at or below the newest file's last entry are skipped (a builder
-that died after writing entries but before moving ``index_phy_offset``).  A clean close
+under the lock, and records below the newest file's last entry are skipped, and of that
+record the keys the files hold already (a builder that died after writing entries but before
+moving ``index_phy_offset``, perhaps when a file filled between a record's keys).  A clean close
 builds to the end.
 
 At a writable open (:meth:`KeyIndex.open_check`): a file that cannot be this index's (a wrong
@@ -29,6 +30,11 @@ are rechained without them and ``index_phy_offset`` is brought back to the index
 record; then whatever the log holds past it is indexed (a crash between an append and its
 index, or an index turned on late).  A RocketMQ-written store's files are used as they are,
 and appended to while they have room.
+
+The seal (:mod:`store.files.index_seal`, :meth:`KeyIndex._seal`): holding the builders'
+lock, a writing process records each file it found sound with the CRC of the bytes a lookup
+reads, when a file fills, at a writable open and at a clean close, so that another
+process's first use takes it by one CRC instead of the chain check.
 
 A query (:mod:`store.core.key_lookup`) never waits for the builder: it walks, with the same
 kernel and without writing, what the builder has not reached yet (some tens of ms of sends

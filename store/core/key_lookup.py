@@ -10,7 +10,10 @@ serialises the builders of every process; a query takes it only to see the files
 
 Which files a query trusts.  A process checks an index file the first time it uses it: its
 size and header (:meth:`~store.files.index_file.IndexFile.problem`) and its slots and chains
-(:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass).  A file can fail
+(:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass), unless a
+writer's seal (:mod:`store.files.index_seal`: the CRC of every byte a lookup reads, recorded
+by a process that found the file sound) matches the file as it is: then one CRC of the
+mapped file replaces the check (the compiled loop is not even loaded).  A file can fail
 only because another process's builder is at work on it (a file being created, not yet
 sized; a put half-published), so a failed file is opened and checked again holding the
 builders' lock before it counts.  What that finds is the file's *verdict*, kept with the
