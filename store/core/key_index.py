@@ -318,7 +318,10 @@ class KeyIndex(KeyLookup):
         for name in gone:
             del records[name]
         if changed or gone:
-            write_seal(self.root, records)
+            try:
+                write_seal(self.root, records)
+            except OSError as exc:  # (a seal saves work; without it the next process checks)
+                log.warning("the message-key index's seal was not written: %s", exc)
 
     def open_check(self, log_end: int, *, crashed: bool) -> None:
         """The writable open's steps (see the module docstring): set a damaged index aside

@@ -349,3 +349,20 @@ def test_a_seal_that_does_not_match_costs_a_check_never_a_skip(tmp_path, monkeyp
         assert "is damaged" not in caplog.text
     else:
         assert checked[0] == os.path.basename(first) and "is damaged" in caplog.text
+
+
+def test_a_seal_that_cannot_be_written_costs_the_next_process_a_check(tmp_path, monkeypatch,
+                                                                      caplog):
+    from store.core import key_index
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(key_index, "write_seal", full)
+    path = str(tmp_path / "s")
+    with caplog.at_level(logging.WARNING, "store.core.key_index"):
+        offsets = _store_with_keys(path)  # (the builder filled a file, the close sealed)
+    assert "seal was not written" in caplog.text and read_seal(path) == {}
+    checked = _count_checks(monkeypatch)
+    with StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+    assert len(checked) == 2
