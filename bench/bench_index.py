@@ -22,9 +22,13 @@ Measures, in one run:
   it off; against the write of the store); on a fresh reader, ``store.query_messages(topic,
   key=K)`` for ``--queries`` random keys, ``store.view_message`` of one message of each by its
   unique key (through the index) and by its offset message id (the first call apart: it maps
-  the files and runs their first-use check; then median and worst); and the baseline in the
+  the files and takes them by their seal or runs their first-use check, and says which;
+  then median and worst); and the baseline in the
   same run, the same answers found by a scan of the CommitLog (the compiled key walk over
-  every record, ``--scans`` keys).  ``--messages 0`` runs the queries alone.
+  every record, ``--scans`` keys).  ``--messages 0`` runs the queries alone;
+* with ``--first-query STORE --baseline DIR`` (a store kept by ``--keep``, its ``query``
+  directory; ``DIR`` a checkout of other code, e.g. ``git archive``), only a fresh reader's
+  first query, in a new process each turn, this code and ``DIR``'s alternating.
 
 Not collected by pytest.
 """
@@ -35,6 +39,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -172,6 +177,11 @@ def query_bench(base: str, n: int, queries: int, scans: int) -> None:
             found.append(got)
         _report("query_messages(key)", n, times, f"messages per key: "
                 f"{min(map(len, found))}..{max(map(len, found))} (bound: < 50 ms)")
+        files = reader.key_index._refresh()
+        print("the first query's first use of the index files: " + ", ".join(
+            f"{f.index_count - 1:,} entries {getattr(f, 'first_use', None) or 'checked'}"
+            for f in files) + " (sealed: the CRC of a writer's seal matched, no chain check)",
+            flush=True)
         views = [v for got in found for v in got[:1]]
         by_id = _timed(lambda v: reader.view_message(v.msg_id), views)
         _report("view_message(unique key)", n, by_id[0], "")
@@ -190,6 +200,37 @@ def query_bench(base: str, n: int, queries: int, scans: int) -> None:
               f"{scan * 1e3:.0f} ms; query by key / scan {statistics.median(times) / scan:.6f}"
               f", view_message(unique key) / scan {statistics.median(by_id[0]) / scan:.6f}",
               flush=True)
+
+
+#: a fresh process's first query: ``python -c FIRST CODE STORE TOPIC KEY`` prints its wall
+#: and CPU seconds and how many messages it found (the import and the open not counted)
+FIRST = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from store import StoreConfig, StoreReader
+with StoreReader.open(sys.argv[2], StoreConfig(message_index_enable=True)) as reader:
+    t0, c0 = time.perf_counter(), time.process_time()
+    found = reader.query_messages(sys.argv[3], key=sys.argv[4])
+    print(time.perf_counter() - t0, time.process_time() - c0, len(found))
+"""
+
+
+def first_queries(path: str, baseline: str, turns: int) -> None:
+    """The first ``query_messages`` of a fresh reader of the store at ``path``, this code
+    and the code in ``baseline`` alternating, ``turns`` each (one key of the store
+    :func:`query_bench` writes)."""
+    figures: dict[str, list[tuple[float, float]]] = {"baseline": [], "this code": []}
+    for _ in range(turns):
+        for label, code in (("baseline", baseline), ("this code", ROOT)):
+            out = subprocess.run([sys.executable, "-c", FIRST, code, path, "bench", "k12345"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            figures[label].append((float(out[0]), float(out[1])))
+            print(f"{label:9s} first query {float(out[0]) * 1e3:8.1f} ms wall, "
+                  f"{float(out[1]) * 1e3:7.1f} ms CPU ({out[2]} messages)", flush=True)
+    for label, got in figures.items():
+        wall, cpu = zip(*got)
+        print(f"{label:9s} median {statistics.median(wall) * 1e3:.1f} ms wall, "
+              f"{statistics.median(cpu) * 1e3:.1f} ms CPU over {turns}", flush=True)
 
 
 def _timed(fn, args: list) -> tuple[list[float], list]:
@@ -244,7 +285,16 @@ def main() -> None:
     ap.add_argument("--scans", type=int, default=3, help="keys found by a scan too")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the stores go (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the stores (their directory)")
+    ap.add_argument("--first-query", metavar="STORE",
+                    help="only time a fresh reader's first query of STORE (a kept query "
+                         "store), this code and --baseline's alternating")
+    ap.add_argument("--baseline", metavar="DIR", help="the code compared (a checkout)")
+    ap.add_argument("--turns", type=int, default=5)
     args = ap.parse_args()
+    if args.first_query:
+        first_queries(args.first_query, args.baseline or ROOT, args.turns)
+        return
     base = tempfile.mkdtemp(prefix="bench-index-", dir=args.dir)
     try:
         if args.messages:
@@ -255,7 +305,10 @@ def main() -> None:
         if args.query_messages:
             query_bench(base, args.query_messages, args.queries, args.scans)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if args.keep:
+            print(f"stores kept in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

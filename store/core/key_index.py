@@ -17,8 +17,9 @@ Who builds: every writing process runs a :class:`KeyIndexService` thread that ca
 :meth:`KeyIndex.build` every 20 ms; a build holds this process's build lock and
 an exclusive ``flock`` on the store's ``index.lock``, so one process at a time indexes, and
 it indexes every process's appends.  Nothing is indexed twice or skipped: the start is read
-under the lock, and records at or below the newest file's last entry are skipped (a builder
-that died after writing entries but before moving ``index_phy_offset``).  A clean close
+under the lock, and records below the newest file's last entry are skipped, and of that
+record the keys the files hold already (a builder that died after writing entries but before
+moving ``index_phy_offset``, perhaps when a file filled between a record's keys).  A clean close
 builds to the end.
 
 At a writable open (:meth:`KeyIndex.open_check`): a file that cannot be this index's (a wrong
@@ -29,6 +30,11 @@ are rechained without them and ``index_phy_offset`` is brought back to the index
 record; then whatever the log holds past it is indexed (a crash between an append and its
 index, or an index turned on late).  A RocketMQ-written store's files are used as they are,
 and appended to while they have room.
+
+The seal (:mod:`store.files.index_seal`, :meth:`KeyIndex._seal`): holding the builders'
+lock, a writing process records each file it found sound with the CRC of the bytes a lookup
+reads, when a file fills, at a writable open and at a clean close, so that another
+process's first use takes it by one CRC instead of the chain check.
 
 A query (:mod:`store.core.key_lookup`) never waits for the builder: it walks, with the same
 kernel and without writing, what the builder has not reached yet (some tens of ms of sends
@@ -56,7 +62,14 @@ from ..base.errors import DiskFullError
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.fileio import move_aside
-from ..files.index_file import IndexFile, file_name, java_hash_continue, key_hash_of_unsigned
+from ..files.index_file import (
+    IndexFile,
+    file_name,
+    is_index_name,
+    java_hash_continue,
+    key_hash_of_unsigned,
+)
+from ..files.index_seal import file_crc, seal_holds, write_seal
 from ..kernels.key_walk import MAX_ROWS_PER_RECORD
 from .key_lookup import KeyLookup, file_problem
 
@@ -212,21 +225,103 @@ class KeyIndex(KeyLookup):
             return self._index_range(begin, end)
 
     def _index_range(self, begin: int, end: int) -> int:
-        skip = self._writable_newest().end_phy_offset
+        newest = self._writable_newest()
+        skip = newest.end_phy_offset
         if skip < 0 and len(self._order) > 1:
             skip = self._files[self._order[-2]].end_phy_offset
+        # the record at ``skip`` may have only its first rows indexed (a file filled between
+        # its keys, the builder killed before the next file got the rest): those are skipped
+        done = [self._rows_indexed_at(skip)] if skip >= 0 else [0]
 
         def put(hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
             keep = phys > skip
+            at = np.flatnonzero(phys == skip)
+            if len(at):  # (the record's rows come in the walk's order, the held ones first)
+                held = min(done[0], len(at))
+                done[0] -= held
+                keep[at[held:]] = True
             if not keep.all():
                 hashes, phys, stamps = hashes[keep], phys[keep], stamps[keep]
             self._put(hashes, phys, stamps)
         return self._walk(begin, end, put, self._rows)
 
+    def _rows_indexed_at(self, offset: int) -> int:
+        """How many entries the files hold for the record at ``offset``, the last one indexed
+        (its rows are the newest entries, perhaps over the end of one file and the start of
+        the next; a record has at most ``MAX_ROWS_PER_RECORD``)."""
+        held = 0
+        for name in reversed(self._order):
+            f = self._files[name]
+            phys = (f.entries()["phy_offset"][-MAX_ROWS_PER_RECORD:] if f.problem() is None
+                    else ())
+            if not len(phys):
+                continue
+            other = np.flatnonzero(phys != offset)
+            held += len(phys) - (int(other[-1]) + 1 if len(other) else 0)
+            if len(other) or len(phys) == MAX_ROWS_PER_RECORD:
+                break
+        return held
+
     def _put(self, hashes: np.ndarray, phys: np.ndarray, stamps: np.ndarray) -> None:
         done = 0
         while done < len(hashes):
-            done += self._writable_newest().put(hashes[done:], phys[done:], stamps[done:])
+            f = self._writable_newest()
+            done += f.put(hashes[done:], phys[done:], stamps[done:])
+            if f.is_full():  # puts never change it again: sealed for the other processes
+                self._seal([f])
+
+    # -- the seal ---------------------------------------------------------------------------------
+    def seal(self) -> None:
+        """Seal every file of the index as it is (a clean close's step, after its last
+        build): see :meth:`_seal`."""
+        if self.read_only or not self.enabled:
+            return
+        with self._building():
+            self._seal(self._refresh(force=True), keep_full=True)
+
+    def _seal(self, files: list[IndexFile], *, keep_full: bool = False) -> None:
+        """Record in the store's seal (:mod:`store.files.index_seal`; the builders' lock
+        held: no put under way) each of ``files`` that is sound, with the CRC of its bytes,
+        unless its record still holds.  Sound: a full file this process checked or found
+        sealed (it changes only by a cut, which forgets that, or by damage); any other
+        :meth:`~store.files.index_file.IndexFile.check_chains` checks now.  ``keep_full``:
+        the record of a full file is kept as it is unless this process found it wrong (a
+        full file changes only by a cut or damage, which the next reader's CRC finds).
+        Records of files gone are dropped.  A file found damaged here is not sealed, and
+        this process's queries walk the CommitLog records it holds instead."""
+        if self.read_only:
+            return
+        records = dict(self.seals())
+        changed = False
+        for f in files:
+            record = records.get(f.name)
+            if f.problem() is not None or (keep_full and f.is_full() and record is not None
+                                           and f.first_use != "checked"):
+                continue
+            known = f.is_full() and f.first_use is not None and f.chain_problem is None
+            if not known and seal_holds(f, record):
+                continue
+            problem = None if known else f.check_chains()
+            if problem is not None:
+                f.chain_problem = problem
+                log.warning("index file %s is damaged (%s): not sealed; a writable open sets "
+                            "the index aside and rebuilds it", f.path, problem)
+                continue
+            records[f.name] = (f.size, *file_crc(f))
+            f.first_use = "sealed"
+            changed = True
+        try:
+            present = {n for n in os.listdir(self.directory) if is_index_name(n)}
+        except FileNotFoundError:
+            present = set()
+        gone = [name for name in records if name not in present]
+        for name in gone:
+            del records[name]
+        if changed or gone:
+            try:
+                write_seal(self.root, records)
+            except OSError as exc:  # (a seal saves work; without it the next process checks)
+                log.warning("the message-key index's seal was not written: %s", exc)
 
     def open_check(self, log_end: int, *, crashed: bool) -> None:
         """The writable open's steps (see the module docstring): set a damaged index aside
@@ -238,13 +333,14 @@ class KeyIndex(KeyLookup):
         with self._building():
             self._refresh(force=True)
             damaged = [(n, p) for n in self._order
-                       if (p := file_problem(self._files[n])) is not None]
+                       if (p := file_problem(self._files[n], self.seals)) is not None]
             if damaged:
                 for name, problem in damaged:
                     log.warning("index file %s is damaged (%s): the index is set aside and "
                                 "rebuilt from the CommitLog", self._files[name].path, problem)
                 self._set_aside()
             self._cut(log_end, rechain_newest=crashed)
+            self._seal([f for f in self._refresh() if f.is_full()], keep_full=True)
             last = self._last_entry()
             if self.enabled and (crashed or last < 0):
                 # the files may hold less than the offset says (a reboot), or be gone

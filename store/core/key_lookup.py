@@ -10,7 +10,10 @@ serialises the builders of every process; a query takes it only to see the files
 
 Which files a query trusts.  A process checks an index file the first time it uses it: its
 size and header (:meth:`~store.files.index_file.IndexFile.problem`) and its slots and chains
-(:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass).  A file can fail
+(:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass), unless a
+writer's seal (:mod:`store.files.index_seal`: the CRC of every byte a lookup reads, recorded
+by a process that found the file sound) matches the file as it is: then one CRC of the
+mapped file replaces the check (the compiled loop is not even loaded).  A file can fail
 only because another process's builder is at work on it (a file being created, not yet
 sized; a put half-published), so a failed file is opened and checked again holding the
 builders' lock before it counts.  What that finds is the file's *verdict*, kept with the
@@ -46,6 +49,7 @@ from ..base.config import StoreConfig
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
 from ..files.index_file import UNCHECKED, IndexFile, is_index_name, java_hash_text
+from ..files.index_seal import SEAL_PATH, Records, read_seal, seal_holds
 from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
 
 #: (the message-key index's one logger, whichever side speaks)
@@ -69,12 +73,17 @@ def identity(path: str) -> Identity | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def file_problem(f: IndexFile) -> str | None:
+def file_problem(f: IndexFile, seals: Callable[[], Records] | None = None) -> str | None:
     """Why ``f`` cannot answer every key it holds (``None``: it can): its size and header
-    and, once per opened file, its slots and chains (kept in ``f.chain_problem``)."""
+    and, once per opened file, its slots and chains (kept in ``f.chain_problem``), unless
+    the store's seal (``seals()``, :mod:`store.files.index_seal`) says a writer found these
+    very bytes sound (``f.first_use`` tells which: ``"sealed"`` or ``"checked"``)."""
     problem = f.problem()
     if problem is None and f.chain_problem == UNCHECKED:
-        f.chain_problem = f.check_chains()
+        if seals is not None and seal_holds(f, seals().get(f.name)):
+            f.chain_problem, f.first_use = None, "sealed"
+        else:
+            f.chain_problem, f.first_use = f.check_chains(), "checked"
     return problem or f.chain_problem
 
 
@@ -171,6 +180,18 @@ class KeyLookup:
         self._lock_fd: int | None = None
         #: the files found damaged, each verdict kept for the file's identity
         self._verdicts = DamageVerdicts()
+        #: the seal's records, and the identity of the seal file they were read from
+        self._seal_records: Records = {}
+        self._seal_identity: Identity | None = None
+
+    def seals(self) -> Records:
+        """The records of the store's seal (:mod:`store.files.index_seal`), read again when
+        the seal file changed."""
+        now = identity(os.path.join(self.root, SEAL_PATH))
+        if now != self._seal_identity:
+            self._seal_identity = now
+            self._seal_records = read_seal(self.root) if now is not None else {}
+        return self._seal_records
 
     # -- the files --------------------------------------------------------------------------------
     def _refresh(self, force: bool = False) -> list[IndexFile]:
@@ -243,7 +264,8 @@ class KeyLookup:
         identity, so a later query pays neither the lock nor the listing for it until the
         file is replaced or changed."""
         self._refresh()
-        found = {n: p for n in self._order if (p := file_problem(self._files[n]))}
+        found = {n: p for n in self._order
+                 if (p := file_problem(self._files[n], self.seals))}
         again = [n for n in found if not self._verdicts.settled(self._files[n].path)]
         if again and self._holder != threading.get_ident():
             with self._quiet_builders():
@@ -252,7 +274,8 @@ class KeyLookup:
                 for name, f in before.items():
                     if self._files.get(name) is f:
                         self._reopen(name)  # (it may have been replaced since it was opened)
-                found = {n: p for n in self._order if (p := file_problem(self._files[n]))}
+                found = {n: p for n in self._order
+                         if (p := file_problem(self._files[n], self.seals))}
                 for name, problem in found.items():
                     self._verdicts.keep(self._files[name], problem)
         elif again:  # the builders' lock is this thread's: no builder is at work

@@ -261,6 +261,7 @@ class StoreCore(AppendLocking, ReadableStore):
         with self._write_locked(catch_up=False):
             self._close_services()
             self.key_index.build(self.confirmed_offset())  # a clean close leaves none behind
+            self.key_index.seal()  # (another process's first use then needs no check)
             self.flusher.flush()
             self.key_index.flush()
             write_queue_table(self)

@@ -176,6 +176,9 @@ class IndexFile:
         #: what :meth:`check_chains` found when the owner ran it (``None``: sound; the
         #: owner's marker until it has run, see :class:`~store.core.key_index.KeyIndex`)
         self.chain_problem: str | None = UNCHECKED
+        #: how the owner's first use took the file: ``"checked"`` (:meth:`check_chains`),
+        #: ``"sealed"`` (a writer's seal matched, :mod:`store.files.index_seal`), ``None``
+        self.first_use: str | None = None
         #: where the blocks reserved for writing end (writes through a mapping into a hole
         #: of a full filesystem would be a SIGBUS: blocks are reserved first, as the
         #: CommitLog's are); the header and slots at once, entries ahead of each put
@@ -414,6 +417,7 @@ class IndexFile:
         keep = int(np.searchsorted(entries["phy_offset"], log_end, side="left"))
         kept = entries[:keep]
         begin_ts, end_ts = self.header()[:2]
+        self.first_use = None  # (rewritten: what its first use found holds no more)
         slots = self._slots()
         slots[np.flatnonzero(slots)] = 0  # only the used slots: the file stays sparse
         HEADER.pack_into(self._mm, 0, 0, 0, 0, 0, 0, 1)

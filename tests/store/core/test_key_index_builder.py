@@ -245,3 +245,21 @@ def test_verify_names_what_is_wrong(tmp_path):
     f._slots()[5] = 9
     assert "slot 5 points at entry 9" in f.verify(1000)
     f.close()
+
+
+def test_a_record_whose_keys_straddle_two_files_is_indexed_whole_after_a_crash(tmp_path):
+    """A file fills between a record's two keys (2,047 entries a file, two a record); the
+    builder dies before the next file holds the rest and before ``index_phy_offset`` moves.
+    Indexing again from an earlier record adds the record's missing key, once."""
+    with MessageStore.open(str(tmp_path / "s"), SMALL, flush_service=False) as store:
+        sent = store.producer("g").send_batch(
+            [Message("T", b"x", keys=f"k{i}") for i in range(1100)])
+        store.key_index.build(store.confirmed_offset())
+        first, newest = store.key_index._refresh()
+        assert first.is_full() and newest.entries()["phy_offset"][0] == first.end_phy_offset
+        newest.rechain(0)  # (the next file as the killed builder left it: empty)
+        store.key_index._set_indexed_to(sent[1000].commitlog_offset)
+        store.key_index.build(store.confirmed_offset())
+        for i, r in enumerate(sent):
+            assert store.key_index.lookup("T", f"k{i}", 64) == [r.commitlog_offset], i
+        assert _entries(store) == 2 * len(sent)

@@ -16,6 +16,7 @@ import pytest
 
 from store import Message, MessageStore, StoreReader
 from store.files.index_file import IndexFile
+from store.files.index_seal import SEAL_PATH, read_seal
 from tests.conftest import SMALL
 
 SLOTS_AT, ENTRIES_AT = 40, 40 + 4 * SMALL.max_hash_slot_num
@@ -276,3 +277,92 @@ def test_a_reader_maps_a_sound_copy_put_back_under_the_same_name(tmp_path, damag
         os.replace(damaged + ".repaired", damaged)
         _answers(reader, offsets)
         assert reader.key_index._checked()[1] == []
+
+
+# -- the seal: what a writer found sound, taken by a CRC instead of the check -------------------
+
+def _count_checks(monkeypatch) -> list[str]:
+    """The names of the files whose chains are checked from now on (every check, in order)."""
+    checked: list[str] = []
+    check = IndexFile.check_chains
+
+    def counted(self):
+        checked.append(self.name)
+        return check(self)
+    monkeypatch.setattr(IndexFile, "check_chains", counted)
+    return checked
+
+
+def test_a_fresh_reader_takes_the_files_a_clean_close_sealed_without_the_check(tmp_path,
+                                                                              monkeypatch):
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    assert set(read_seal(path)) == {os.path.basename(f) for f in _files(path)}
+    checked = _count_checks(monkeypatch)
+    with StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+        assert checked == []  # (before the seal: both files, at the first query)
+        assert [f.first_use for f in reader.key_index._refresh()] == ["sealed", "sealed"]
+    with MessageStore.open(path, SMALL, flush_service=False) as store:  # a writable open too
+        _answers(store, offsets)
+        assert checked == []
+
+
+def test_a_builder_seals_a_file_when_it_fills(tmp_path, monkeypatch):
+    """While the writer runs, a reader's first query checks only the file still filling."""
+    path = str(tmp_path / "s")
+    with MessageStore.open(path, SMALL, flush_service=False) as store:
+        store.producer("g").send_batch([Message("T", b"x", keys=f"k{i}") for i in range(1500)])
+        store.key_index.build(store.confirmed_offset())
+        full, filling = _files(path)
+        assert set(read_seal(path)) == {os.path.basename(full)}
+        checked = _count_checks(monkeypatch)
+        with StoreReader.open(path, SMALL) as reader:
+            assert len(reader.query_messages("T", key="k7")) == 1
+        assert checked == [os.path.basename(filling)]
+
+
+@pytest.mark.parametrize("seal_damage", ["seal flipped", "file changed, its mtime put back"])
+def test_a_seal_that_does_not_match_costs_a_check_never_a_skip(tmp_path, monkeypatch, caplog,
+                                                               seal_damage):
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    first = _files(path)[0]
+    if seal_damage == "seal flipped":
+        seal = os.path.join(path, SEAL_PATH)
+        with open(seal, "r+b") as f:
+            f.seek(30)
+            byte = f.read(1)
+            f.seek(30)
+            f.write(bytes([byte[0] ^ 1]))
+        assert read_seal(path) == {}
+    else:
+        st = os.stat(first)
+        _break_chain(first)
+        os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
+    checked = _count_checks(monkeypatch)
+    with caplog.at_level(logging.WARNING, "store.core.key_index"), \
+            StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+    if seal_damage == "seal flipped":
+        assert sorted(checked) == [os.path.basename(f) for f in _files(path)]
+        assert "is damaged" not in caplog.text
+    else:
+        assert checked[0] == os.path.basename(first) and "is damaged" in caplog.text
+
+
+def test_a_seal_that_cannot_be_written_costs_the_next_process_a_check(tmp_path, monkeypatch,
+                                                                      caplog):
+    from store.core import key_index
+
+    def full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(key_index, "write_seal", full)
+    path = str(tmp_path / "s")
+    with caplog.at_level(logging.WARNING, "store.core.key_index"):
+        offsets = _store_with_keys(path)  # (the builder filled a file, the close sealed)
+    assert "seal was not written" in caplog.text and read_seal(path) == {}
+    checked = _count_checks(monkeypatch)
+    with StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+    assert len(checked) == 2
