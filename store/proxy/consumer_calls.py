@@ -11,7 +11,6 @@ receipt handles that name the member and are signed for the account, group and t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -44,6 +43,7 @@ LONG_POLLING_MAX_MS = 30_000
 INVISIBLE_MIN_MS = 1_000
 INVISIBLE_MAX_MS = 12 * 3600_000
 RECEIVE_BATCH_MAX = 32
+_OK = status()
 #: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
 POLL_INTERVAL_MS = 100
 
@@ -106,7 +106,11 @@ class ConsumerCalls:
         ts.delivery_timestamp.GetCurrentTime()
         yield ts
 
-    def _receive(self, request, context):
+    def _receive(self, request, context, wait: bool = True):
+        """A receive's deliveries and invisible duration, long polling for them within the
+        bounds; with ``wait`` false, ``None`` instead of a long poll (the caller waits
+        elsewhere: :class:`~store.proxy.aio_calls.AsyncMessagingService` answers a receive
+        that finds messages on its event loop, with no hand-off to a pool thread)."""
         group, topic = request.group.name, request.message_queue.topic.name
         account = self._consumer(context, group, topic)
         batch = request.batch_size or RECEIVE_BATCH_MAX
@@ -134,6 +138,8 @@ class ConsumerCalls:
         deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
         if deliveries or polling == 0:
             return deliveries, invisible
+        if not wait:
+            return None
         client = self._client(context)
         if not self.held.acquire(client):  # beyond the bounds: answered now, no long poll
             return deliveries, invisible
@@ -174,8 +180,8 @@ class ConsumerCalls:
             got = member.groups.receive(
                 group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
                 fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
-            out += [dataclasses.replace(d, handle=self._handle(account, group, topic, i,
-                                                               d.handle)) for d in got]
+            out += [Delivery(d.view, self._handle(account, group, topic, i, d.handle),
+                             d.attempt, d.invisible_ms) for d in got]
             if len(out) >= batch:
                 break
         return out
@@ -213,18 +219,19 @@ class ConsumerCalls:
             group, topic = request.group.name, request.topic.name
             account = self._consumer(context, group, topic)
             entries = []
+            failed = []
             for e in request.entries:
                 try:
                     _, member, inner = self._held(account, group, topic, e.receipt_handle)
                     member.groups.ack(group, topic, inner)
-                    st = status()
+                    st = _OK  # (copied into the entry)
                 except Refused as exc:
                     st = status(exc.code, exc.text)
+                    failed.append(st)
                 entries.append(rpc.AckMessageResultEntry(message_id=e.message_id,
                                                          receipt_handle=e.receipt_handle,
                                                          status=st))
-            failed = [e.status for e in entries if e.status.code != Code.OK]
-            top = status() if not failed else (
+            top = _OK if not failed else (
                 failed[0] if len(failed) == len(entries)
                 else status(Code.MULTIPLE_RESULTS, "some entries failed"))
             return rpc.AckMessageResponse(status=top, entries=entries)
