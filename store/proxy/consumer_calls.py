@@ -44,6 +44,9 @@ INVISIBLE_MIN_MS = 1_000
 INVISIBLE_MAX_MS = 12 * 3600_000
 RECEIVE_BATCH_MAX = 32
 _OK = status()
+#: (account, group, topic) triples whose names, rights and topic were checked, remembered
+#: (forgotten all at once past this many)
+CONSUMERS_CHECKED = 4096
 #: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
 POLL_INTERVAL_MS = 100
 
@@ -55,6 +58,9 @@ class ConsumerCalls:
         # (a consumer group's hand-outs and leases are the leader's: see follower_calls)
         self.check_leading("a consumer group's call")
         account = self._account(context)
+        key = (account.access_key, group, topic)
+        if self._consumers_checked.get(key) is account:  # (every ack asks the same again)
+            return account
         check_group_name(group)
         account.check_group(group)
         check_topic_name(topic)
@@ -62,6 +68,9 @@ class ConsumerCalls:
         if not self._exists(topic):
             raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
                                                 "(a send or a route query creates it)")
+        if len(self._consumers_checked) >= CONSUMERS_CHECKED:
+            self._consumers_checked.clear()
+        self._consumers_checked[key] = account  # (an account's rights never change)
         return account
 
     def QueryAssignment(self, request, context):
