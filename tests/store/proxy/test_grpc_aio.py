@@ -1,10 +1,13 @@
 """The endpoint on ``grpc.aio``: sends of concurrent calls stored by group commit, each
-answered with its own result; a remembered signature still held to its window."""
+answered with its own result; a remembered signature still held to its window; a receive
+with messages to hand out answered on the event loop."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 pytest.importorskip("rocketmq.grpc_protocol")
@@ -62,6 +65,49 @@ def test_concurrent_sends_are_grouped_and_each_answered_alone(tmp_path, writer_t
         assert commits.sends == len(good) and 1 <= commits.groups <= commits.sends
         assert stored(store.root, "orders") == len(good)
     finally:
+        channel.close()
+        endpoint.close()
+        store.close()
+
+
+def test_a_receive_that_finds_messages_is_answered_on_the_loop_and_acked(tmp_path):
+    """No hand-off to a pool thread for a receive with something to hand out (nor for its
+    acks): answered while every pool thread is busy; only a long poll waits in the pool."""
+    store = MessageStore.open(str(tmp_path / "s"))
+    endpoint = GrpcEndpoint(store, "127.0.0.1:0", acl=write_acl(tmp_path / "acl.json"))
+    s, channel = stub(endpoint.endpoint)
+    md = metadata("orders-svc", "loop-receiver")
+    busy = ThreadPoolExecutor(1)
+    release = threading.Event()
+    try:
+        sent = [message("orders", body=b"m%d" % i) for i in range(3)]
+        assert s.SendMessage(rpc.SendMessageRequest(messages=sent), metadata=md,
+                             timeout=30).status.code == pb.Code.OK
+        busy.submit(release.wait, 60)  # the pool's only thread, taken
+        endpoint.service.pool = busy
+
+        def receive(polling_ms: int, timeout: float):
+            request = rpc.ReceiveMessageRequest(
+                group=pb.Resource(name="loop-group"), batch_size=16,
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="orders")))
+            request.long_polling_timeout.FromMilliseconds(polling_ms)
+            return list(s.ReceiveMessage(request, metadata=md, timeout=timeout))
+
+        got = [r.message for r in receive(5_000, 20) if r.HasField("message")]
+        assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2"]
+        acks = s.AckMessage(rpc.AckMessageRequest(
+            group=pb.Resource(name="loop-group"), topic=pb.Resource(name="orders"),
+            entries=[rpc.AckMessageEntry(message_id=m.system_properties.message_id,
+                                         receipt_handle=m.system_properties.receipt_handle)
+                     for m in got]), metadata=md, timeout=20)
+        assert acks.status.code == pb.Code.OK
+        assert [r.status.code for r in receive(0, 20)] == [pb.Code.MESSAGE_NOT_FOUND]
+        with pytest.raises(grpc.RpcError) as waited:  # a long poll needs a pool thread
+            receive(500, 2)
+        assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        release.set()
+        busy.shutdown(wait=True)
         channel.close()
         endpoint.close()
         store.close()
