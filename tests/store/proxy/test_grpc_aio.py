@@ -111,3 +111,58 @@ def test_a_receive_that_finds_messages_is_answered_on_the_loop_and_acked(tmp_pat
         channel.close()
         endpoint.close()
         store.close()
+
+
+class _Context:
+    def __init__(self, access_key: str) -> None:
+        self.md = metadata(access_key, "checked-once")
+
+    def invocation_metadata(self):
+        return self.md
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def is_active(self) -> bool:
+        return True
+
+
+def test_a_consumers_names_rights_and_topic_are_checked_once_per_account(tmp_path,
+                                                                           monkeypatch):
+    """Every ack of a consumer asks the same: its group's and topic's names, its account's
+    rights and whether the topic exists (a look at the store's files) are checked once per
+    (account, group, topic); another account is checked on its own."""
+    from store.proxy.grpc_service import MessagingService
+
+    store = MessageStore.open(str(tmp_path / "s"))
+    service = MessagingService([("s", store)],
+                               access=AccessControl.load(write_acl(tmp_path / "acl.json")))
+    try:
+        owner, thief = _Context("orders-svc"), _Context("thief")
+        ok = service.SendMessage(rpc.SendMessageRequest(
+            messages=[message("orders", body=b"m%d" % i) for i in range(4)]), owner)
+        assert ok.status.code == pb.Code.OK
+        looks = []
+        real = store.topics
+        monkeypatch.setattr(store, "topics", lambda **kw: (looks.append(1), real(**kw))[1])
+        group, topic = pb.Resource(name="checked"), pb.Resource(name="orders")
+        request = rpc.ReceiveMessageRequest(group=group, batch_size=4,
+                                            message_queue=pb.MessageQueue(topic=topic))
+        got = [r.message for r in service.ReceiveMessage(request, owner)
+               if r.HasField("message")]
+        assert len(got) == 4
+        for m in got:
+            r = service.AckMessage(rpc.AckMessageRequest(group=group, topic=topic, entries=[
+                rpc.AckMessageEntry(message_id=m.system_properties.message_id,
+                                    receipt_handle=m.system_properties.receipt_handle)]),
+                owner)
+            assert r.status.code == pb.Code.OK
+        assert len(looks) <= 1  # not once a call
+        for _ in range(2):  # another account's rights are its own, every time
+            r = service.AckMessage(rpc.AckMessageRequest(group=group, topic=topic, entries=[
+                rpc.AckMessageEntry(message_id="x", receipt_handle="0:rmq1.0.0.0.0:00")]),
+                thief)
+            assert r.status.code == pb.Code.FORBIDDEN
+    finally:
+        service.close()
+        store.close()
