@@ -13,9 +13,16 @@ import time
 import pytest
 
 from store import InvalidConfigError, Message, MessageStore, StoreConfig
-from store.core.lock_lease import (LEASE_APPENDS, SHARED_NS, SPARSE_APPENDS, SPARSE_NS,
-                                   STALE_HINT_NS, WAITING_SINCE,
-                                   WAITING_SINCE_OFFSET, LockLease)
+from store.core.lock_lease import (
+    LEASE_APPENDS,
+    SHARED_NS,
+    SPARSE_APPENDS,
+    SPARSE_NS,
+    STALE_HINT_NS,
+    WAITING_SINCE,
+    WAITING_SINCE_OFFSET,
+    LockLease,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
