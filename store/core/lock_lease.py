@@ -17,9 +17,9 @@ sink, delivery) gain nothing from it and take no lease; they use one that is hel
   appends tells that this process sends too sparsely (a network endpoint answering a send
   every few hundred µs; a producer sending now and then): it takes no lease for
   :data:`SPARSE_NS` (1 s), every append taking and giving back the lock, and then tries one
-  again (measured with ``bench/bench_grpc.py``: the gRPC endpoint's CPU a send under 64
-  clients went from 856-1,204 µs with a lease per one or two sends to about what leases
-  turned off cost, 600-700 µs);
+  again (measured with ``bench/bench_grpc.py``'s load, 64 clients in flight: the gRPC
+  endpoint's CPU a send went from 848-1,204 µs, a lease per one or two sends, to 644-732
+  µs, what leases turned off cost: 597-809 µs in the same runs);
 * a process that finds the lock taken says so before it waits: it writes the time it started
   waiting into the ``lock`` file (below).  A process that had to wait, or that sees a recent
   waiter when it would take a lease, takes no lease for :data:`SHARED_NS` (1 s): while
