@@ -326,9 +326,11 @@ class AsyncMessagingService(MessagingService):
                 yield response
             return
         held = _HeldContext(context)
-        try:
-            deliveries, _ = await self.loop.run_in_executor(self.pool, self._receive,
-                                                            request, held)
+        try:  # (answered on the loop when there is something to hand out: no hand-off)
+            got = self._receive(request, held, wait=False)
+            if got is None:  # a long poll: in a pool thread
+                got = await self.loop.run_in_executor(self.pool, self._receive, request, held)
+            deliveries, _ = got
         except Refused as exc:
             self._refused("ReceiveMessage", context, exc)
             yield rpc.ReceiveMessageResponse(status=status(exc.code, exc.text))

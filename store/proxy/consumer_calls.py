@@ -11,7 +11,6 @@ receipt handles that name the member and are signed for the account, group and t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -45,6 +44,10 @@ LONG_POLLING_MAX_MS = 30_000
 INVISIBLE_MIN_MS = 1_000
 INVISIBLE_MAX_MS = 12 * 3600_000
 RECEIVE_BATCH_MAX = 32
+_OK = status()
+#: (account, group, topic) triples whose names, rights and topic were checked, remembered
+#: (forgotten all at once past this many)
+CONSUMERS_CHECKED = 4096
 #: How often a long-polling receive looks again (ms); a send through this endpoint wakes it.
 POLL_INTERVAL_MS = 100
 
@@ -56,6 +59,9 @@ class ConsumerCalls:
         # (a consumer group's hand-outs and leases are the leader's: see follower_calls)
         self.check_leading("a consumer group's call")
         account = self._account(context)
+        key = (account.access_key, group, topic)
+        if self._consumers_checked.get(key) is account:  # (every ack asks the same again)
+            return account
         check_group_name(group)
         account.check_group(group)
         check_topic_name(topic)
@@ -63,6 +69,9 @@ class ConsumerCalls:
         if not self._exists(topic):
             raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist in this store "
                                                 "(a send or a route query creates it)")
+        if len(self._consumers_checked) >= CONSUMERS_CHECKED:
+            self._consumers_checked.clear()
+        self._consumers_checked[key] = account  # (an account's rights never change)
         return account
 
     def QueryAssignment(self, request, context):
@@ -107,7 +116,11 @@ class ConsumerCalls:
         ts.delivery_timestamp.GetCurrentTime()
         yield ts
 
-    def _receive(self, request, context):
+    def _receive(self, request, context, wait: bool = True):
+        """A receive's deliveries and invisible duration, long polling for them within the
+        bounds; with ``wait`` false, ``None`` instead of a long poll (the caller waits
+        elsewhere: :class:`~store.proxy.aio_calls.AsyncMessagingService` answers a receive
+        that finds messages on its event loop, with no hand-off to a pool thread)."""
         group, topic = request.group.name, request.message_queue.topic.name
         account = self._consumer(context, group, topic)
         batch = request.batch_size or RECEIVE_BATCH_MAX
@@ -135,6 +148,8 @@ class ConsumerCalls:
         deliveries = self._receive_members(account, group, topic, batch, invisible, tags, fifo)
         if deliveries or polling == 0:
             return deliveries, invisible
+        if not wait:
+            return None
         held = self.held.acquire(self._client(context), account.access_key,
                                  self._held_peer(context))
         if held is None:  # beyond the bounds: answered now, no long poll
@@ -193,8 +208,8 @@ class ConsumerCalls:
             got = member.groups.receive(
                 group, topic, batch=batch - len(out), invisible_ms=invisible, tags=tags,
                 fifo=fifo, dead_letter=lambda v, m=member: self._dead_letter(m, group, v))
-            out += [dataclasses.replace(d, handle=self._handle(account, group, topic, i,
-                                                               d.handle)) for d in got]
+            out += [Delivery(d.view, self._handle(account, group, topic, i, d.handle),
+                             d.attempt, d.invisible_ms) for d in got]
             if len(out) >= batch:
                 break
         return out
@@ -232,18 +247,19 @@ class ConsumerCalls:
             group, topic = request.group.name, request.topic.name
             account = self._consumer(context, group, topic)
             entries = []
+            failed = []
             for e in request.entries:
                 try:
                     _, member, inner = self._held(account, group, topic, e.receipt_handle)
                     member.groups.ack(group, topic, inner)
-                    st = status()
+                    st = _OK  # (copied into the entry)
                 except Refused as exc:
                     st = status(exc.code, exc.text)
+                    failed.append(st)
                 entries.append(rpc.AckMessageResultEntry(message_id=e.message_id,
                                                          receipt_handle=e.receipt_handle,
                                                          status=st))
-            failed = [e.status for e in entries if e.status.code != Code.OK]
-            top = status() if not failed else (
+            top = _OK if not failed else (
                 failed[0] if len(failed) == len(entries)
                 else status(Code.MULTIPLE_RESULTS, "some entries failed"))
             return rpc.AckMessageResponse(status=top, entries=entries)

@@ -72,6 +72,9 @@ _NORMAL, _FIFO, _DELAY, _TRANSACTION = (MessageType.NORMAL, MessageType.FIFO,
                                         MessageType.DELAY, MessageType.TRANSACTION)
 _GZIP, _IDENTITY, _UNSPECIFIED = (pb.Encoding.GZIP, pb.Encoding.IDENTITY,
                                   pb.Encoding.ENCODING_UNSPECIFIED)
+_CRC32 = pb.DigestType.CRC32
+#: ``Code.OK`` as a plain int (what a call's entries are compared with)
+OK = Code.OK
 
 
 class Refused(Exception):
@@ -317,29 +320,32 @@ def outgoing(view: MessageView, *, receipt_handle: str | None = None,
     """The protobuf message a consumer (or a transaction checker) receives for ``view``."""
     out = pb.Message()
     out.topic.name = view.topic
-    props = dict(view.properties)
-    group = props.pop(PROPERTY_MESSAGE_GROUP, None)
-    for name, value in props.items():
-        out.user_properties[name] = value
+    props = view.properties
+    group = props.get(PROPERTY_MESSAGE_GROUP)
+    if props:
+        out.user_properties.update(props)
+        if group is not None:
+            del out.user_properties[PROPERTY_MESSAGE_GROUP]
     body = bytes(view.body)
     out.body = body
     sp = out.system_properties
     if view.tags:
         sp.tag = view.tags
-    sp.keys.extend(view.keys)
+    if view.keys:
+        sp.keys.extend(view.keys)
     sp.message_id = view.msg_id
-    sp.body_digest.type = pb.DigestType.CRC32
+    sp.body_digest.type = _CRC32
     sp.body_digest.checksum = body_digest(body)
-    sp.body_encoding = pb.Encoding.IDENTITY
+    sp.body_encoding = _IDENTITY
     if view.transaction_id:
-        sp.message_type = MessageType.TRANSACTION
+        sp.message_type = _TRANSACTION
     elif group is not None:
-        sp.message_type = MessageType.FIFO
+        sp.message_type = _FIFO
         sp.message_group = group
     elif view.deliver_timestamp_ms is not None:
-        sp.message_type = MessageType.DELAY
+        sp.message_type = _DELAY
     else:
-        sp.message_type = MessageType.NORMAL
+        sp.message_type = _NORMAL
     set_timestamp_ms(sp.born_timestamp, view.born_timestamp_ms)
     sp.born_host = view.system_properties.get("__BORNHOST", "")
     set_timestamp_ms(sp.store_timestamp, view.store_timestamp_ms)

@@ -84,6 +84,8 @@ log = logging.getLogger("store.proxy")
 
 #: What the endpoint tells clients (RocketMQ's proxy defaults).
 SEND_ATTEMPTS = 3
+#: Topics an endpoint remembers as existing (forgotten all at once past that)
+_TOPICS_SEEN = 4096
 _ACCEPTED = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 _STATE = {pb.TransactionResolution.COMMIT: LocalTransactionState.COMMIT_MESSAGE,
           pb.TransactionResolution.ROLLBACK: LocalTransactionState.ROLLBACK_MESSAGE}
@@ -216,6 +218,8 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
         self._waiting = 0  # receivers waiting on _arrived (changed under it)
         self._closing = threading.Event()
         self.signer = Signer(store_secret(self.store.root))
+        self._topics_seen: set[str] = set()  # (_exists)
+        self._consumers_checked: dict = {}  # (ConsumerCalls._consumer)
         self.held = held if held is not None else HeldCalls()
         self.streams = streams if streams is not None else TelemetryStreams()
         self.refusals = LogBudget(log)
@@ -329,7 +333,16 @@ class MessagingService(ConsumerCalls, service_pb2_grpc.MessagingServiceServicer)
             m.groups.close()
 
     def _exists(self, topic: str) -> bool:
-        return any(topic in m.store.topics() for m in self.members)
+        # a topic found once stays (a store never removes one): every ack and receive asks,
+        # and the store's list of topics looks at its files each time
+        if topic in self._topics_seen:
+            return True
+        if any(topic in m.store.topics() for m in self.members):
+            if len(self._topics_seen) >= _TOPICS_SEEN:
+                self._topics_seen.clear()
+            self._topics_seen.add(topic)
+            return True
+        return False
 
     def _route(self, topic: str) -> list[tuple[int, int]]:
         """``(member, queue)`` of the topic's queues in every member, creating it where it

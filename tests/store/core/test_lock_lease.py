@@ -13,8 +13,16 @@ import time
 import pytest
 
 from store import InvalidConfigError, Message, MessageStore, StoreConfig
-from store.core.lock_lease import (LEASE_APPENDS, SHARED_NS, STALE_HINT_NS, WAITING_SINCE,
-                                   WAITING_SINCE_OFFSET, LockLease)
+from store.core.lock_lease import (
+    LEASE_APPENDS,
+    SHARED_NS,
+    SPARSE_APPENDS,
+    SPARSE_NS,
+    STALE_HINT_NS,
+    WAITING_SINCE,
+    WAITING_SINCE_OFFSET,
+    LockLease,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -54,9 +62,36 @@ def test_a_lease_is_kept_between_appends_and_given_back_when_idle(tmp_path):
         p.send(Message("T", b"a"))
         assert not other_handle_gets_lock(path)  # kept after the append returned
         assert wait_until(lambda: other_handle_gets_lock(path))  # given back while idle
+        store._lease.sparse_until_ns = 0  # (one append did not pay for it: see below)
         p.send(Message("T", b"b"))  # and taken again
         assert not other_handle_gets_lock(path)
     assert other_handle_gets_lock(path)  # closing gives it back
+
+
+def test_a_lease_that_covered_few_appends_is_not_taken_again_for_a_while(tmp_path):
+    path = str(tmp_path / "s")
+    # leases long enough that a loaded machine sends SPARSE_APPENDS within one
+    with MessageStore.open(path, StoreConfig(append_lock_lease_ms=200)) as store:
+        p = store.producer("g")
+        p.send(Message("T", b"x"))  # creates the topic
+        assert wait_until(lambda: other_handle_gets_lock(path))
+        lease = store._lease
+        lease.sparse_until_ns = 0
+        for _ in range(SPARSE_APPENDS - 1):  # fewer appends than a lease must cover
+            p.send(Message("T", b"x"))
+        assert lease.held
+        assert wait_until(lambda: other_handle_gets_lock(path))  # its time ran out
+        assert lease.sparse_until_ns - time.monotonic_ns() > SPARSE_NS // 2
+        p.send(Message("T", b"y"))
+        assert not lease.held and other_handle_gets_lock(path)  # no lease, no thread woken
+        lease.sparse_until_ns = time.monotonic_ns() - 1  # SPARSE_NS later: one is tried again
+        for _ in range(SPARSE_APPENDS):  # a lease that covers enough, then runs out of time
+            p.send(Message("T", b"z"))
+        assert lease.held
+        assert wait_until(lambda: other_handle_gets_lock(path))
+        assert lease.sparse_until_ns < time.monotonic_ns()  # it paid: leases go on
+        p.send(Message("T", b"w"))
+        assert lease.held
 
 
 def test_no_lease_when_turned_off(tmp_path):
