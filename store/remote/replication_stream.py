@@ -58,6 +58,7 @@ bounded) and after any error.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -87,7 +88,7 @@ REPORT_SCHEMA = pa.schema([("from", pa.int64()), ("tail_crc", pa.int64()),
 #: Ends each answer on the exchange.
 END_OF_ANSWER = pa.RecordBatch.from_pylist([], schema=CHUNK_SCHEMA)
 #: Seconds an exchange is used before it is opened again.
-EXCHANGE_S = 30.0
+EXCHANGE_S = 10.0
 
 
 class AppendSignal:
@@ -244,10 +245,8 @@ class LogExchange:
     def close(self) -> None:
         call, self._call, self._unread_end = self._call, None, False
         if call is not None:
-            try:
+            with contextlib.suppress(Exception):  # (a stream already broken: nothing to close)
                 call[0].close()
-            except Exception:  # noqa: BLE001 - a stream already broken: nothing to close
-                pass
 
     def log_chunks(self, start: int, *, tail_crc: int, file_size: int, max_bytes: int,
                    wait_ms: int, replica: str | None = None,
@@ -265,9 +264,9 @@ class LogExchange:
             key["replica"] = replica
         if epoch is not None:
             key["epoch"] = int(epoch)
-        fresh = False
+        fresh = not self._open_for(key)  # (no answer read on it yet: a refusal is said here)
         try:
-            fresh = self._open(key, wait_ms)
+            self._open(key, wait_ms)
             writer, reader = self._call[0], self._call[1]
             writer.write_batch(pa.RecordBatch.from_arrays(
                 [pa.array([int(start)], pa.int64()), pa.array([int(tail_crc)], pa.int64()),
@@ -309,22 +308,25 @@ class LogExchange:
         except flight.FlightError as error:
             return error
         except Exception:  # noqa: BLE001 - nothing more to learn: the first error stands
-            pass
+            return exc
         return exc
 
-    def _open(self, key: dict, wait_ms: int) -> bool:
-        """Open the exchange unless one for ``key`` is open and young; whether it is new."""
+    def _open_for(self, key: dict) -> bool:
+        """Whether an exchange for ``key`` is open and young enough to be used."""
         call = self._call
-        if call is not None and call[2] == key and time.monotonic() - call[3] < EXCHANGE_S:
-            return False
+        return call is not None and call[2] == key and time.monotonic() - call[3] < EXCHANGE_S
+
+    def _open(self, key: dict, wait_ms: int) -> None:
+        """Open the exchange unless one for ``key`` is open and young."""
+        if self._open_for(key):
+            return
         self.close()
         remote = self.remote
         writer, reader = remote._connection().do_exchange(
             flight.FlightDescriptor.for_command(dumps(key)),
             remote._options(EXCHANGE_S + remote.timeout_s + wait_ms / 1000))
+        self._call = (writer, reader, key, time.monotonic())  # (closed by close())
         writer.begin(REPORT_SCHEMA)
-        self._call = (writer, reader, key, time.monotonic())
-        return True
 
     @staticmethod
     def _read_to_end(reader) -> None:

@@ -60,3 +60,30 @@ def test_a_follower_reports_on_one_stream_or_with_tickets_to_an_earlier_leader(
     finally:
         follower.close()
         leader.close()
+
+
+def test_each_report_on_the_exchange_is_checked_as_a_ticket_is():
+    from types import SimpleNamespace
+
+    from store.remote.replication_stream import REPORT_SCHEMA, exchange_requests
+
+    def reports(*rows):
+        return [SimpleNamespace(data=pa.RecordBatch.from_pylist(list(r), schema=REPORT_SCHEMA))
+                for r in rows]
+
+    body = {"op": "replicate_exchange", "file_size": 4096, "max_bytes": 1000, "wait_ms": 10,
+            "replica": "rmq://127.0.0.1:1", "epoch": 3}
+    got = list(exchange_requests(reports(
+        [{"from": 0, "tail_crc": 0, "high_watermark": None}],
+        [{"from": 250, "tail_crc": 7, "high_watermark": 250}]), body))
+    assert [(r["from"], r["tail_crc"], r["high_watermark"], r["epoch"], r["replica"])
+            for r in got] == [(0, 0, None, 3, "rmq://127.0.0.1:1"),
+                              (250, 7, 250, 3, "rmq://127.0.0.1:1")]
+    with pytest.raises(InvalidRequest, match="one row"):
+        list(exchange_requests(reports([{"from": 0, "tail_crc": 0, "high_watermark": None}] * 2),
+                               body))
+    with pytest.raises(InvalidRequest, match="from=-1"):
+        list(exchange_requests(reports([{"from": -1, "tail_crc": 0, "high_watermark": None}]),
+                               body))
+    with pytest.raises(InvalidRequest, match="wait_ms"):  # (checked before any report)
+        list(exchange_requests(iter(()), dict(body, wait_ms=10**9)))
