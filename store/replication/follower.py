@@ -90,7 +90,8 @@ class Follower:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        self._log.close()
+        if not self._thread.is_alive():  # (else its read of a leader cut off would hold this
+            self._log.close()            # close until the stream's deadline)
         self.leader.close()
 
     # ------------------------------------------------------------------ status
