@@ -53,7 +53,11 @@ small batch p50 0.72 ms, p99 12 to 23 ms, a report and its answer on an open exc
 follower then asks with tickets, as before (and a follower of an earlier version asks a
 leader of this one with tickets).  An exchange is opened again after
 :data:`EXCHANGE_S` (so that its call's deadline, which catches a leader gone silent, is
-bounded) and after any error.
+bounded) and after any error.  A leader stopping waits for the calls in progress: an
+exchange ends at the follower's next report (answered at once, then closed), but the report
+of a follower cut off by a partition (not dead: its connection is not reset) never comes,
+and the stop then waits for the exchange's deadline (:data:`EXCHANGE_S` plus the follower's
+call timeout) as it would for any client's half-sent request.
 """
 
 from __future__ import annotations
