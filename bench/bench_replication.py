@@ -27,8 +27,17 @@ one follower and ``min_insync_replicas: 2`` (every send waits until the follower
 reports ``send_table`` (tables of R rows) and ``send_batch`` (batches of B messages)
 msgs/s to each and their ratio, the latency of S single ``send`` calls (p50 / p99)
 to each, and the msgs/s of 8 clients sending single messages at once; both cases run K
-times, alternated, and the best throughput of each (all the latencies) is kept; the added p99 is set beside the loopback round trip of one Flight call (the
-p50 of a ``snapshot`` action), which a synchronous send needs at least once more.
+times, alternated, and the best throughput of each (all the latencies) is kept.  After each
+case's single sends, as many Flight round trips to the same server, one after another (a
+``DoGet`` answered with one small batch, as each round of the replication stream is):
+the added p50 / p99 of a synchronous send (against the lone store's) are set beside the
+round trip's p50 / p99 of the same run, and the target is checked as added p99 <= 1 ms +
+round-trip p99 (the older figure, the p50 of a ``snapshot`` action, is printed too).
+``--singles-only`` skips the throughput cases; ``--baseline-root DIR`` adds a pair served
+from another checkout (``git archive`` of a branch), alternated with this one's::
+
+    PYTHONPATH=. python bench/bench_replication.py --sync --singles-only --singles 2000 \
+        --repeat 3 --baseline-root /tmp/rmq-main
 
 With ``--rate``, the lag under a sustained load instead::
 
@@ -78,10 +87,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(path: str, port: int, *extra: str) -> subprocess.Popen:
+def serve(path: str, port: int, *extra: str, root: str = ROOT) -> subprocess.Popen:
+    """``rmq serve`` of the checkout at ``root`` (another one: ``--baseline-root``)."""
     proc = subprocess.Popen([sys.executable, "-m", "rmq_cli.cli", "serve", "--store", path,
                              "--create", "--listen", f"127.0.0.1:{port}", "--log-level",
-                             "WARNING", *extra], env=ENV, stdout=subprocess.DEVNULL)
+                             "WARNING", *extra], env=dict(ENV, PYTHONPATH=root), cwd=root,
+                            stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while True:
         status = server_status(path)
@@ -177,48 +188,102 @@ def round_trip_ms(url: str, count: int = 500) -> float:
         return float(np.percentile(out, 50))
 
 
-def sync_case(args, tmp: str, procs: list) -> None:
-    n, rows = args.messages, args.table_rows
-    base_port, lead_port, follow_port = free_port(), free_port(), free_port()
-    procs.append(serve(os.path.join(tmp, "alone"), base_port))
-    rs = os.path.join(tmp, "replicas.json")
+def get_round_trips(url: str, count: int) -> np.ndarray:
+    """Latency (ms) of ``count`` Flight ``DoGet`` calls one after another, each answered with
+    one small batch (one message of queue 0 of topic ``single``: :func:`single_sends` sent
+    it): a request and its answer, as each round of the replication stream is one."""
+    with connect(url, timeout_s=60) as remote:
+        remote.read_arrow("single", 0, 0, 1)
+        out = np.empty(count)
+        for i in range(count):
+            t = time.perf_counter()
+            remote.read_arrow("single", 0, 0, 1)
+            out[i] = (time.perf_counter() - t) * 1000
+        return out
+
+
+def replica_pair(tmp: str, procs: list, name: str, root: str = ROOT) -> str:
+    """A leader and one follower (``min_insync_replicas: 2``) of the checkout at ``root``;
+    the leader's URL."""
+    lead_port, follow_port = free_port(), free_port()
+    rs = os.path.join(tmp, f"replicas-{name}.json")
     with open(rs, "w") as fh:
         json.dump({"replicas": [f"rmq://127.0.0.1:{lead_port}",
                                 f"rmq://127.0.0.1:{follow_port}"],
                    "min_insync_replicas": 2, "replica_ack_timeout_ms": 30_000}, fh)
-    procs.append(serve(os.path.join(tmp, "leader"), lead_port, "--replica-set", rs))
-    procs.append(serve(os.path.join(tmp, "follower"), follow_port, "--replica-set", rs))
-    alone, leader = f"rmq://127.0.0.1:{base_port}", f"rmq://127.0.0.1:{lead_port}"
-    # (the leader first: its first send waits until the follower has connected)
-    single_sends(leader, 10)
-    figures = {"alone": {}, "sync": {}}
+    procs.append(serve(os.path.join(tmp, f"leader-{name}"), lead_port, "--replica-set", rs,
+                       root=root))
+    procs.append(serve(os.path.join(tmp, f"follower-{name}"), follow_port, "--replica-set", rs,
+                       root=root))
+    leader = f"rmq://127.0.0.1:{lead_port}"
+    single_sends(leader, 10)  # (its first send waits until the follower has connected)
+    return leader
+
+
+def percentiles(a: np.ndarray) -> tuple[float, float]:
+    return tuple(float(x) for x in np.percentile(a, [50, 99]))
+
+
+def sync_case(args, tmp: str, procs: list) -> None:
+    n, rows = args.messages, args.table_rows
+    base_port = free_port()
+    procs.append(serve(os.path.join(tmp, "alone"), base_port))
+    alone = f"rmq://127.0.0.1:{base_port}"
+    cases = {"alone": alone, "sync": replica_pair(tmp, procs, "sync")}
+    if args.baseline_root:  # the same pair served from another checkout (before/after)
+        cases["baseline sync"] = replica_pair(tmp, procs, "base",
+                                             os.path.abspath(args.baseline_root))
+    load = os.getloadavg()
+    print(f"load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on "
+          f"{os.cpu_count()} cores", flush=True)
+    figures = {name: {} for name in cases}
     for _ in range(args.repeat):  # alternated, the best of each kept: the machine's noise
-        for name, url in (("alone", alone), ("sync", leader)):
-            got = {"table": send_all(url, n, rows),
-                   "batch": send_batches(url, n, args.batch_size),
-                   "single": single_sends(url, args.singles),
-                   "concurrent": concurrent_sends(url, 8, max(1, args.singles // 8))}
+        for name, url in cases.items():
+            got = {"single": single_sends(url, args.singles),
+                   "trip": get_round_trips(url, args.singles)}
+            if not args.singles_only:
+                got.update(table=send_all(url, n, rows),
+                           batch=send_batches(url, n, args.batch_size),
+                           concurrent=concurrent_sends(url, 8, max(1, args.singles // 8)))
             best = figures[name]
             for kind in ("table", "batch"):  # seconds: the least
-                best[kind] = min(best.get(kind, got[kind]), got[kind])
-            best["concurrent"] = max(best.get("concurrent", 0.0), got["concurrent"])
-            best["single"] = np.concatenate([best.get("single", np.empty(0)), got["single"]])
+                if kind in got:
+                    best[kind] = min(best.get(kind, got[kind]), got[kind])
+            if "concurrent" in got:
+                best["concurrent"] = max(best.get("concurrent", 0.0), got["concurrent"])
+            for kind in ("single", "trip"):
+                best[kind] = np.concatenate([best.get(kind, np.empty(0)), got[kind]])
     rtt = round_trip_ms(alone)
+    synced = [name for name in cases if name != "alone"]
     print(f"messages {n:,} (100-byte bodies); send_table in tables of {rows:,}, send_batch "
           f"in batches of {args.batch_size:,}; one follower, min_insync_replicas 2, loopback")
-    for kind in ("table", "batch"):
-        a, s = figures["alone"][kind], figures["sync"][kind]
-        print(f"send_{kind:<5} lone store {n / a:12,.0f} msgs/s   synchronous leader "
-              f"{n / s:12,.0f} msgs/s   ratio {a / s:.2f}x")
-    a, s = figures["alone"]["single"], figures["sync"]["single"]
-    pa50, pa99 = np.percentile(a, [50, 99])
-    ps50, ps99 = np.percentile(s, [50, 99])
-    print(f"single send ({args.singles} in a row, x{args.repeat}): lone p50 {pa50:.2f} ms p99 {pa99:.2f} ms; "
-          f"synchronous p50 {ps50:.2f} ms p99 {ps99:.2f} ms; added p99 {ps99 - pa99:.2f} ms "
-          f"(one Flight round trip on loopback: p50 {rtt:.2f} ms)")
-    a, s = figures["alone"]["concurrent"], figures["sync"]["concurrent"]
-    print(f"8 clients sending single messages at once: lone {a:,.0f} msgs/s, synchronous "
-          f"{s:,.0f} msgs/s, ratio {s / a:.2f}x (waiting writers share one follower report)")
+    for kind in ("table", "batch") if not args.singles_only else ():
+        a = figures["alone"][kind]
+        for name in synced:
+            s = figures[name][kind]
+            print(f"send_{kind:<5} lone store {n / a:12,.0f} msgs/s   {name} leader "
+                  f"{n / s:12,.0f} msgs/s   ratio {a / s:.2f}x")
+    pa50, pa99 = percentiles(figures["alone"]["single"])
+    print(f"single send ({args.singles} in a row, x{args.repeat}) and, after each, as many "
+          f"DoGet round trips (one message read) to the same server, p50 / p99 in ms:")
+    print(f"  alone: send {pa50:.2f} / {pa99:.2f}; round trip "
+          "{:.2f} / {:.2f}".format(*percentiles(figures["alone"]["trip"])))
+    for name in synced:
+        ps50, ps99 = percentiles(figures[name]["single"])
+        r50, r99 = percentiles(figures[name]["trip"])
+        added50, added99 = ps50 - pa50, ps99 - pa99
+        print(f"  {name}: send {ps50:.2f} / {ps99:.2f}; round trip {r50:.2f} / {r99:.2f}; "
+              f"added {added50:.2f} / {added99:.2f}; target added p99 <= 1 ms + round-trip "
+              f"p99 = {1 + r99:.2f} ms: {'met' if added99 <= 1 + r99 else 'NOT met'} "
+              f"(added p50 - round-trip p50 {added50 - r50:.2f} ms)")
+    print(f"  (the older figure: one Flight round trip, p50 of a snapshot action on the lone "
+          f"store, {rtt:.2f} ms)")
+    for name in synced if not args.singles_only else ():
+        a, s = figures["alone"]["concurrent"], figures[name]["concurrent"]
+        print(f"8 clients sending single messages at once: lone {a:,.0f} msgs/s, {name} "
+              f"{s:,.0f} msgs/s, ratio {s / a:.2f}x (waiting writers share one follower report)")
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
 
 def confirmed(reader: StoreReader) -> int:
@@ -333,6 +398,10 @@ def main() -> None:
     ap.add_argument("--singles", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=2,
                     help="--sync: rounds of both cases, alternated; the best of each kept")
+    ap.add_argument("--singles-only", action="store_true",
+                    help="--sync: only the single sends and the round trips")
+    ap.add_argument("--baseline-root", default=None, metavar="DIR",
+                    help="--sync: also a pair served from the checkout in DIR (before/after)")
     ap.add_argument("--rate", type=int, default=0,
                     help="the lag under a sustained rate (msgs/s): asynchronous and synchronous")
     ap.add_argument("--seconds", type=float, default=30.0, help="--rate: for how long")

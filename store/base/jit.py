@@ -55,10 +55,17 @@ _OBJECTS: dict[object, object] = {}
 
 def _arg_key(a):
     """What decides the numba type of one argument, cheaply (no numba import)."""
+    kind = type(a)
+    if kind is int or kind is bool or kind is float:  # (most arguments: tested first)
+        return kind
+    if kind is np.ndarray:  # (then arrays: their flags read once)
+        f = a.flags
+        layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
+        return ("array", a.dtype, a.ndim, layout, not f.writeable)
     if isinstance(a, np.ndarray):
         f = a.flags
         layout = "C" if f.c_contiguous else ("F" if f.f_contiguous else "A")
-        return ("array", a.dtype.str, a.ndim, layout, not f.writeable)
+        return ("array", a.dtype, a.ndim, layout, not f.writeable)
     if isinstance(a, np.generic):
         return ("scalar", a.dtype.str)
     if isinstance(a, (bool, int, float)):

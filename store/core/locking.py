@@ -133,11 +133,11 @@ class AppendLocking:
             self._thread_lock.release()
 
     @contextmanager
-    def _write_locked(self, catch_up: bool = True) -> Iterator[None]:
+    def _write_locked(self, catch_up: bool = True, lease: bool = False) -> Iterator[None]:
         """Hold the append lock of this process and of the store directory; an outermost
         holder that appended waits for the replicas after releasing it
-        (:meth:`_await_replicas`)."""
-        outermost = self._lock(catch_up)
+        (:meth:`_await_replicas`).  ``lease``: as :meth:`_lock`'s."""
+        outermost = self._lock(catch_up, lease)
         start = self.appender.write_offset
         try:
             yield
@@ -177,14 +177,16 @@ class AppendLocking:
         if wait and end is not None and end >= 0 and acks is not None:
             acks.wait(end)
 
-    def write_lock(self):
+    def write_lock(self, lease: bool = False):
         """The store's append lock as a context manager (re-entrant within a process).
 
         Services hold it across a read-decide-append step so that concurrent processes do
-        not deliver the same message twice.
+        not deliver the same message twice.  ``lease``: the step appends little (a
+        follower's chunk of a single send), and the ``flock`` may be kept for the next
+        (:mod:`~store.core.lock_lease`).
         """
         self._check_writable()
-        return self._write_locked()
+        return self._write_locked(lease=lease)
 
     def _check_writable(self) -> None:
         self._check_open()

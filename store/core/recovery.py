@@ -161,12 +161,15 @@ def _plausible_rows(store: CoreParts, rows: dict[tuple[str, int], np.ndarray]
     Returns the kept rows (by queue) and how many were dropped.
     """
     kept, dropped = {}, 0
-    caps: dict[str, int] = {}
+    valid: dict[str, bool] = {}
     for (topic, queue_id), table in rows.items():
-        if topic not in caps:
-            caps[topic] = (max(MAX_QUEUE_ID, store.topic_table.queue_count(topic) or 0)
-                           if is_valid_topic_name(topic) else 0)
-        if not 0 <= queue_id < caps[topic]:
+        if topic not in valid:
+            valid[topic] = is_valid_topic_name(topic)
+        # (the topic table, re-read when it changed, is asked only past MAX_QUEUE_ID: a
+        # follower's every chunk comes here, and most queue ids are below it)
+        if not valid[topic] or queue_id < 0 or (
+                queue_id >= MAX_QUEUE_ID
+                and queue_id >= (store.topic_table.queue_count(topic) or 0)):
             dropped += len(table)
             continue
         ok = plausible_queue_offsets(table[:, 0], table[:, 1])
@@ -342,6 +345,10 @@ def _queue_groups(topic_ids: np.ndarray, queue_ids: np.ndarray, unreadable: np.n
     """Rows grouped by queue: ``(topic id, queue id, start, end)`` per queue and the row
     numbers in group order, each group's rows in their own order at ``order[start:end]``
     (rows ``unreadable`` in no group)."""
+    t0, q0 = topic_ids[0], queue_ids[0]
+    if unreadable is None and bool((topic_ids == t0).all()) and bool((queue_ids == q0).all()):
+        # one queue (a follower's chunk of one single send): no sort
+        return [(int(t0), int(q0), 0, len(topic_ids))], np.arange(len(topic_ids))
     q_lo = int(queue_ids.min())
     span = int(queue_ids.max()) - q_lo + 1
     m = (int(topic_ids.max()) + 1) * span

@@ -41,6 +41,9 @@ from .recovery import index_entries
 
 #: Bytes before an offset whose CRC a follower sends (:func:`tail_crc`).
 TAIL_CHECK_BYTES = 4096
+#: A chunk of at most this many bytes is appended under a lease on the store's ``flock``
+#: (:mod:`~store.core.lock_lease`), as a single send is.
+LEASE_CHUNK_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +191,9 @@ def append_chunk(core, offset: int, data) -> ChunkAppend:
     check."""
     checked = check_chunk(core.commit_log.file_size, offset, data)
     index = checked.index
-    with core.write_lock():
+    # (a small chunk, a synchronous single send's, keeps the flock for the next as a single
+    # send does: no flock and no directory identity check per chunk)
+    with core.write_lock(lease=len(checked.raw) <= LEASE_CHUNK_BYTES):
         appender = core.appender
         if appender.write_offset != offset:
             raise ReplicaDivergedError(

@@ -48,7 +48,8 @@ from .flight_limits import RateLimitedLog, StreamLimits
 from .reader_pool import ReaderPool
 from .rights import (AccountCheck, OpenedTransactions, caller_of, own_sink_id, require,
                      require_admin, require_replication, row_topics)
-from .replication_stream import CHUNK_SCHEMA, answer, first_chunk, parse_request
+from .replication_stream import (CHUNK_SCHEMA, END_OF_ANSWER, EXCHANGE_OP, answer,
+                                 exchange_requests, first_chunk, parse_request)
 from .wire import (ACTIONS, MAX_MESSAGE_BYTES, PUTS, RESULT_FIELDS, InvalidRequest, dumps,
                    schedule_fields, MAX_QUERY_MESSAGES, view_fields,
                    error_info, error_text, field, loads, unb64)
@@ -315,7 +316,28 @@ class StoreService(flight.FlightServerBase):
         """The CommitLog from a follower's end (:mod:`store.remote.replication_stream`): whole
         records, checked against the follower's tail first, waiting for appends."""
         require_replication(caller_of(context), "replicate")
-        request = parse_request(body)
+        return self._reading_stream(context, "replicate", CHUNK_SCHEMA,
+                                    *self._replication_answer(context, parse_request(body)))
+
+    def _replicate_exchange(self, context, body: dict, reader, writer) -> None:
+        """``replicate`` requests on one ``DoExchange`` (:data:`EXCHANGE_OP`): each report
+        the follower writes is answered as a ``replicate`` ticket is, then an empty batch
+        ends the answer; the stream ends with the server's shutdown or the follower."""
+        require_replication(caller_of(context), "replicate")
+        with self._stream(context, "replicate"):
+            writer.begin(CHUNK_SCHEMA)
+            for request in exchange_requests(reader, body):
+                first_of, rest = self._replication_answer(context, request)
+                with self._readers.reader() as log:
+                    for batch in rest(log, first_of(log)):
+                        writer.write_batch(batch)
+                writer.write_batch(END_OF_ANSWER)
+                if self._closing.is_set():
+                    return
+
+    def _replication_answer(self, context, request: dict):
+        """``(first_of, rest)`` of one checked ``replicate`` request, as
+        :meth:`_reading_stream` takes them."""
         signal, checked, replica, marks = None, (lambda: None), self.replica, None
         bound, stopping = (lambda: None), self._closing.is_set
         if replica is not None:
@@ -333,10 +355,8 @@ class StoreService(flight.FlightServerBase):
             def checked() -> None:  # (its log is a prefix of ours: its end counts)
                 replica.follower_asked(context.peer(), request["from"], request["replica"])
 
-        return self._reading_stream(
-            context, "replicate", CHUNK_SCHEMA,
-            lambda r: first_chunk(r, request, stopping, signal, checked, marks, bound),
-            lambda r, first: answer(r, request, first, marks, bound))
+        return (lambda r: first_chunk(r, request, stopping, signal, checked, marks, bound),
+                lambda r, first: answer(r, request, first, marks, bound))
 
     def _reading_stream(self, context, what: str, schema, first_of, rest):
         """A ``DoGet`` answer read by a reader lent from the pool: one counted stream of the
@@ -423,6 +443,8 @@ class StoreService(flight.FlightServerBase):
         """``send_table``: the rows in, the results table out, both as Arrow streams."""
         body = loads(descriptor.command or b"", "the descriptor command")
         op = field(body, "op", str, "exchange")
+        if op == EXCHANGE_OP:  # (a follower's replication stream: reports up, chunks down)
+            return self._replicate_exchange(context, body, reader, writer)
         if op not in ("send_table", "replace_table", "schedule_table"):
             raise InvalidRequest(f"unknown exchange op {op!r}; allowed: 'send_table', "
                                  "'replace_table', 'schedule_table'")

@@ -41,18 +41,37 @@ connections go on).
 Every field is checked before the log is read (:class:`~store.remote.wire.InvalidRequest`
 names it); a follower whose log is not a prefix of the leader's is refused
 (:class:`~store.base.errors.ReplicaDivergedError`).
+
+**One stream kept open** (:data:`EXCHANGE_OP`, a ``DoExchange``; :class:`LogExchange` on the
+follower): the descriptor's command holds the ticket's fields but ``from``, ``tail_crc`` and
+``high_watermark``; the follower writes one row of :data:`REPORT_SCHEMA` per request (its
+report), and the leader answers each as it answers a ticket, then writes an empty batch
+(:data:`END_OF_ANSWER`).  A new Flight stream per report costs a round trip's setup and a
+server thread's start; measured on loopback (2026-11-29, two loaded cores): a ``DoGet`` of one
+small batch p50 0.72 ms, p99 12 to 23 ms, a report and its answer on an open exchange p50
+0.36 to 0.47 ms, p99 0.7 to 8.7 ms.  A leader of an earlier version refuses the op: the
+follower then asks with tickets, as before (and a follower of an earlier version asks a
+leader of this one with tickets).  An exchange is opened again after
+:data:`EXCHANGE_S` (so that its call's deadline, which catches a leader gone silent, is
+bounded) and after any error.  A leader stopping waits for the calls in progress: an
+exchange ends at the follower's next report (answered at once, then closed), but the report
+of a follower cut off by a partition (not dead: its connection is not reset) never comes,
+and the stop then waits for the exchange's deadline (:data:`EXCHANGE_S` plus the follower's
+call timeout) as it would for any client's half-sent request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import numpy as np
 import pyarrow as pa
+from pyarrow import flight
 
 from ..core.replica_log import LogChunk, read_chunk
-from .wire import InvalidRequest, field
+from .wire import InvalidRequest, dumps, field
 
 #: One row per chunk.
 CHUNK_SCHEMA = pa.schema([("offset", pa.int64()), ("end", pa.int64()),
@@ -65,6 +84,15 @@ MAX_REQUEST_BYTES = 256 << 20
 MAX_WAIT_MS = 10_000
 #: How often a waiting leader looks at its confirmed end (s).
 POLL_S = 0.002
+#: The ``DoExchange`` op of a follower's stream kept open (see the module docstring).
+EXCHANGE_OP = "replicate_exchange"
+#: One row per request on it: the ticket's fields that change from one request to the next.
+REPORT_SCHEMA = pa.schema([("from", pa.int64()), ("tail_crc", pa.int64()),
+                           ("high_watermark", pa.int64())])
+#: Ends each answer on the exchange.
+END_OF_ANSWER = pa.RecordBatch.from_pylist([], schema=CHUNK_SCHEMA)
+#: Seconds an exchange is used before it is opened again.
+EXCHANGE_S = 10.0
 
 
 class AppendSignal:
@@ -184,3 +212,127 @@ def answer(reader, request: dict, first: LogChunk, marks=None, bound=lambda: Non
             return  # (at a confirmed end, unless the bound came first: see the module doc)
         chunk = clipped(read_chunk(reader, chunk.end,
                                    min(CHUNK_BYTES, request["max_bytes"] - sent)), bound())
+
+
+def exchange_requests(reader, body: dict):
+    """The ``replicate`` requests of an exchange (the leader's side): ``body``, the
+    descriptor's command, with each report row's fields, checked by :func:`parse_request`
+    (one row per batch, else :class:`InvalidRequest`); ends with the follower's stream."""
+    fixed = {k: v for k, v in body.items() if k not in ("op", "from", "tail_crc",
+                                                          "high_watermark")}
+    parse_request(dict(fixed, **{"from": 0, "tail_crc": 0}))  # (checked before any report)
+    for chunk in reader:
+        batch = chunk.data
+        if batch is None:
+            continue
+        if batch.num_rows != 1 or batch.schema.names != REPORT_SCHEMA.names:
+            raise InvalidRequest(f"{EXCHANGE_OP}: a report of {batch.num_rows} row(s) with "
+                                 f"columns {batch.schema.names}; allowed: one row of "
+                                 f"{REPORT_SCHEMA.names}")
+        row = batch.to_pylist()[0]
+        yield parse_request(dict(fixed, **row))
+
+
+class LogExchange:
+    """A follower's requests on one ``DoExchange`` kept open with its leader ``remote`` (a
+    :class:`~store.remote.flight_client.RemoteStore`), or with tickets
+    (:meth:`~store.remote.flight_client.RemoteStore.log_chunks`) when the leader does not
+    know the op (an earlier version); see the module docstring."""
+
+    def __init__(self, remote) -> None:
+        self.remote = remote
+        #: ``None``: not known yet; ``False``: the leader asks for tickets.
+        self.supported: bool | None = None if hasattr(remote, "_connection") else False
+        self._call = None  # (writer, reader, key, opened at)
+        self._unread_end = False  # the last answer's end not read yet
+
+    def close(self) -> None:
+        call, self._call, self._unread_end = self._call, None, False
+        if call is not None:
+            with contextlib.suppress(Exception):  # (a stream already broken: nothing to close)
+                call[0].close()
+
+    def log_chunks(self, start: int, *, tail_crc: int, file_size: int, max_bytes: int,
+                   wait_ms: int, replica: str | None = None,
+                   high_watermark: int | None = None, epoch: int | None = None):
+        """As :meth:`RemoteStore.log_chunks
+        <store.remote.flight_client.RemoteStore.log_chunks>`: the batches of one answer."""
+        if self.supported is False:
+            yield from self.remote.log_chunks(
+                start, tail_crc=tail_crc, file_size=file_size, max_bytes=max_bytes,
+                wait_ms=wait_ms, replica=replica, high_watermark=high_watermark, epoch=epoch)
+            return
+        key = {"op": EXCHANGE_OP, "file_size": int(file_size), "max_bytes": int(max_bytes),
+               "wait_ms": int(wait_ms)}
+        if replica is not None:
+            key["replica"] = replica
+        if epoch is not None:
+            key["epoch"] = int(epoch)
+        fresh = not self._open_for(key)  # (no answer read on it yet: a refusal is said here)
+        try:
+            self._open(key, wait_ms)
+            writer, reader = self._call[0], self._call[1]
+            writer.write_batch(pa.RecordBatch.from_arrays(
+                [pa.array([int(start)], pa.int64()), pa.array([int(tail_crc)], pa.int64()),
+                 pa.array([high_watermark], pa.int64())], schema=REPORT_SCHEMA))
+            if self._unread_end:  # (the answer before: its end, sent long ago)
+                self._read_to_end(reader)
+            self._unread_end = True
+            while True:
+                batch = reader.read_chunk().data
+                if not batch.num_rows:
+                    self._unread_end = False
+                    return
+                yield batch
+                fresh = False
+        except GeneratorExit:  # (the follower took what it needed: the end is read later)
+            raise
+        except flight.FlightError as exc:
+            error = self._server_error(exc) if fresh else exc
+            self.close()
+            if fresh and "unknown exchange op" in str(error):
+                self.supported = False  # (a leader of an earlier version: tickets)
+                yield from self.log_chunks(
+                    start, tail_crc=tail_crc, file_size=file_size, max_bytes=max_bytes,
+                    wait_ms=wait_ms, replica=replica, high_watermark=high_watermark,
+                    epoch=epoch)
+                return
+            self.remote._failed(error)
+        except StopIteration:  # (the leader ended the stream: its shutdown)
+            self.close()
+        except BaseException:
+            self.close()
+            raise
+
+    def _server_error(self, exc):
+        """The error the leader ended a fresh exchange with (a write may fail first, with
+        a message that does not say why)."""
+        try:
+            self._call[1].read_chunk()
+        except flight.FlightError as error:
+            return error
+        except Exception:  # noqa: BLE001 - nothing more to learn: the first error stands
+            return exc
+        return exc
+
+    def _open_for(self, key: dict) -> bool:
+        """Whether an exchange for ``key`` is open and young enough to be used."""
+        call = self._call
+        return call is not None and call[2] == key and time.monotonic() - call[3] < EXCHANGE_S
+
+    def _open(self, key: dict, wait_ms: int) -> None:
+        """Open the exchange unless one for ``key`` is open and young."""
+        if self._open_for(key):
+            return
+        self.close()
+        remote = self.remote
+        writer, reader = remote._connection().do_exchange(
+            flight.FlightDescriptor.for_command(dumps(key)),
+            remote._options(EXCHANGE_S + remote.timeout_s + wait_ms / 1000))
+        self._call = (writer, reader, key, time.monotonic())  # (closed by close())
+        writer.begin(REPORT_SCHEMA)
+
+    @staticmethod
+    def _read_to_end(reader) -> None:
+        while reader.read_chunk().data.num_rows:
+            pass

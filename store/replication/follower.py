@@ -38,6 +38,7 @@ import time
 
 from ..base.errors import NotLeaderError, ReplicaDivergedError, StoreError
 from ..core.replica_log import append_chunk, tail_crc
+from ..remote.replication_stream import LogExchange
 
 log = logging.getLogger("store.replication")
 
@@ -82,6 +83,8 @@ class Follower:
         self._unread_end = None  # (see _take_answer)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq-follower", daemon=True)
+        #: the requests: one stream kept open, or tickets for a leader of an earlier version
+        self._log = LogExchange(leader)
 
     def start(self) -> Follower:
         self._thread.start()
@@ -96,6 +99,8 @@ class Follower:
             self.progress.stop()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if not self._thread.is_alive():  # (else its read of a leader cut off would hold this
+            self._log.close()            # close until the stream's deadline)
         self.leader.close()
 
     # ------------------------------------------------------------------ status
@@ -156,12 +161,12 @@ class Follower:
         for that end; it is dropped (its stream closed) once the next answer has come."""
         store = self.store
         offset = store.confirmed_offset()
-        answer = iter(self.leader.log_chunks(offset, tail_crc=tail_crc(store, offset),
-                                             file_size=store.commit_log.file_size,
-                                             max_bytes=REQUEST_BYTES, wait_ms=WAIT_MS,
-                                             replica=self.me,
-                                             high_watermark=self.high_watermark,
-                                             epoch=self.leader_epoch))
+        answer = iter(self._log.log_chunks(offset, tail_crc=tail_crc(store, offset),
+                                          file_size=store.commit_log.file_size,
+                                          max_bytes=REQUEST_BYTES, wait_ms=WAIT_MS,
+                                          replica=self.me,
+                                          high_watermark=self.high_watermark,
+                                          epoch=self.leader_epoch))
         first = next(answer, None)  # (the leader's long poll: no lock held meanwhile)
         self._unread_end = None  # (the answer before: its stream's end came long ago)
         if first is not None and _has_data(first) and _is_last(first, first):

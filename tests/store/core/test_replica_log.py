@@ -116,3 +116,37 @@ def test_a_leader_refuses_a_follower_that_is_no_prefix(leader, tmp_path):
                       follower_crc=tail_crc(leader, first.end)).offset == first.end
     with pytest.raises(ReplicationError, match="commitlog_file_size_bytes"):
         read_chunk(leader, 0, 4000, file_size=size * 2)
+
+
+def test_a_one_record_chunk_needs_no_topic_table_and_keeps_the_flock_leased(tmp_path):
+    """A synchronous single send's chunk is cheap on the follower: the queue-id check asks
+    the topic table only past MAX_QUEUE_ID (no ``topics.json`` look per chunk), and a small
+    chunk takes a lease on the ``flock`` as a single send does; every record check stays."""
+    config = dict(SMALL, append_lock_lease_ms=1000)
+    with MessageStore.open(str(tmp_path / "a"), SMALL) as leader, \
+            MessageStore.open(str(tmp_path / "b"), config) as follower:
+        p = leader.producer("g")
+        for i in range(4):
+            p.send(Message("orders", b"one-%d" % i, tags="t"))
+        first = read_chunk(leader, 0, 1)
+        append_chunk(follower, 0, first.data)  # (the topic is created here)
+        follower._lease.release()
+
+        def no_table(topic):
+            raise AssertionError(f"the topic table was asked for {topic!r}")
+
+        follower.topic_table.queue_count = no_table
+        offset = first.end
+        while offset < leader.confirmed_offset():
+            chunk = read_chunk(leader, offset, 1)
+            assert append_chunk(follower, offset, chunk.data).records == 1
+            assert follower._lease.held  # (kept for the next chunk)
+            offset = chunk.end
+        for q in leader.queue_ids("orders"):
+            hi = leader.max_offset("orders", q)
+            assert (follower.queue_entries("orders", q, 0, hi).tolist()
+                    == leader.queue_entries("orders", q, 0, hi).tolist())
+        moved = bytearray(read_chunk(leader, 0, 1).data)
+        moved[FIELD_OFFSET["physical_offset"] + 7] ^= 1
+        with pytest.raises(ReplicationError, match="physical offset"):
+            append_chunk(follower, offset, bytes(moved))
