@@ -37,7 +37,12 @@ from ..formats import record_codec as codec
 from ..formats.record_codec import (BLANK, FIXED_SIZE, LOCALHOST, MESSAGE_MAGIC_CODE_V1, STORE_PORT,
                              RecordSpec, encode_blank, whole_record_layout)
 from ..base.crc import crc32
-from ..base.errors import InvalidMessageError, MessageTooLargeError, ReplicaWriterError
+from ..base.errors import (
+    InvalidMessageError,
+    LeaderDeposedError,
+    MessageTooLargeError,
+    ReplicaWriterError,
+)
 from ..files.replication_state import writer_refusal
 from ..formats.byte_columns import ByteColumn
 from ..formats.message import is_valid_topic_name
@@ -87,6 +92,11 @@ class Appender:
         #: server can acknowledge: :func:`~store.files.replication_state.writer_refusal`;
         #: its server clears it), ``None`` when it may.
         self.refusal: str | None = writer_refusal(core.root)
+        #: Why this process's own writes are refused now (a replica set's server while its
+        #: replica does not lead: set and cleared under the append lock at each change of
+        #: role), ``None`` when they are not; a follower's copies of its leader's log
+        #: (:meth:`commit` with ``copy``) are appended all the same.
+        self.not_leading: str | None = None
 
     # ------------------------------------------------------------------ atomic groups
     @contextmanager
@@ -463,7 +473,7 @@ class Appender:
 
     # ------------------------------------------------------------------ the one way down
     def commit(self, chunks: Iterable[tuple[int, bytes]], entries: QueueEntries, end: int,
-               now: int) -> None:
+               now: int, *, copy: bool = False) -> None:
         """Write CommitLog chunks, dispatch queue entries, then make them visible.
 
         ``chunks`` are ``(offset, bytes)`` writes (any iterable: each is written before the
@@ -473,19 +483,30 @@ class Appender:
         afterwards.
         Crash safety: mark the append, write, sync (SYNC_FLUSH), write the queue entries, then
         publish (the message-key index follows behind: :mod:`store.core.key_index`).
+        ``copy``: the chunks are a follower's copy of its leader's log (taken while its own
+        writes are refused, :attr:`not_leading`).
         """
-        self._begin()
+        self._begin(copy)
         for off, data in chunks:
             self.core.commit_log.write(off, data)
         self._sync()
         self.core.dispatcher.dispatch(entries() if callable(entries) else entries)
         self._advance(end, now)
 
-    def _begin(self) -> None:
+    def _begin(self, copy: bool = False) -> None:
         """Mark an append in progress (an atomic group has marked its start already), unless
-        this process may not append (:attr:`refusal`: nothing is written)."""
+        this process may not append (:attr:`refusal`), or its replica does not lead and this
+        is not a copy of the leader's log (:attr:`not_leading`): then nothing is written.
+
+        The role is checked here, under the append lock a change of role takes too, and not
+        only where a request comes in: a write let in while its replica led could otherwise
+        wait for the lock behind the change of role and be appended by a follower (and
+        acknowledged, a follower waiting for no copies), in the tail its new leader's
+        history cuts."""
         if self.refusal is not None:
             raise ReplicaWriterError(self.refusal)
+        if self.not_leading is not None and not copy:
+            raise LeaderDeposedError(self.not_leading)
         if self._group_start is None:
             self.core.checkpoint.begin_append(self.write_offset)
 

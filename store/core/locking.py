@@ -145,35 +145,43 @@ class AppendLocking:
             self._unlock(outermost)
             raise
         end = self.appender.write_offset
+        acks = self.replica_acks  # (read under the lock: the term the append was made in)
         self._unlock(outermost)
         if outermost and end != start:
-            self._await_replicas(end)
+            self._await_replicas(end, acks)
 
-    def _await_replicas(self, end: int) -> None:
+    def _await_replicas(self, end: int, acks: ReplicaAcks | None) -> None:
         """Acknowledge an append only once the replicas that must hold it do
         (:class:`~store.core.ports.ReplicaAcks`; nothing to wait for outside a replica set
         with ``min_insync_replicas`` above 1).  Called without the lock held, so that other
-        appends go on meanwhile and one wait covers them all."""
-        acks = self.replica_acks
+        appends go on meanwhile and one wait covers them all.
+
+        ``acks`` is what :attr:`replica_acks` was while the append held the lock, never
+        what it is now: a change of role may come between the release and this wait (a
+        leader becoming follower drops its acks and closes them), and the write must then
+        fail as deposed (the closed acks say so), not pass as if no replica were needed."""
         if acks is None:
             return
         deferred = getattr(self._replica_wait, "end", None)
         if deferred is not None:  # (inside a WaitAfterLock: waited for when it is released)
             self._replica_wait.end = max(deferred, end)
-            return
+            if getattr(self._replica_wait, "acks", None) is None:
+                self._replica_wait.acks = acks  # (the first term appended in: its wait fails
+            return                              # if a change of role came since)
         acks.wait(end)
 
     def defer_replica_wait(self) -> None:
         """From now on, this thread's appends note the end to wait for instead of waiting
         (:class:`WaitAfterLock`)."""
         self._replica_wait.end = -1
+        self._replica_wait.acks = None
 
     def end_replica_wait(self, wait: bool = True) -> None:
         """Stop deferring; with ``wait``, wait for the replicas of what was appended
         meanwhile (after the caller released its own lock)."""
         end = getattr(self._replica_wait, "end", None)
-        self._replica_wait.end = None
-        acks = self.replica_acks
+        acks = getattr(self._replica_wait, "acks", None)  # (as the appends found them)
+        self._replica_wait.end = self._replica_wait.acks = None
         if wait and end is not None and end >= 0 and acks is not None:
             acks.wait(end)
 

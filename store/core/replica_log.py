@@ -229,7 +229,8 @@ def append_chunk(core, offset: int, data) -> ChunkAppend:
             entries = queue_entries()  # (checked before anything is written)
         last_ts = int(index.store_timestamps[-1]) if len(index) else None
         appender.commit([(offset, data)], queue_entries if markers is not None else entries,
-                        checked.end, last_ts if last_ts is not None else core.now_ms())
+                        checked.end, last_ts if last_ts is not None else core.now_ms(),
+                        copy=True)
         for key, table in rows.items():
             appender.queue_next[key] = int(table[-1, 0]) + 1
     return ChunkAppend(checked.end, len(index), last_ts)

@@ -354,12 +354,13 @@ class StoreCore(AppendLocking, ReadableStore):
         try:
             done = self.appender.append_one(one)
             end = self.appender.write_offset
+            acks = self.replica_acks  # (under the lock: see _await_replicas)
         except BaseException:
             self._unlock(outermost)
             raise
         self._unlock(outermost)
-        if outermost and self.replica_acks is not None:
-            self._await_replicas(end)
+        if outermost and acks is not None:
+            self._await_replicas(end, acks)
         return done
 
     def append_batch(self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes], *,

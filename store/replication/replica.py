@@ -121,6 +121,8 @@ class Replica:
         store.appender.refusal = None  # (the server's process: its appends are waited for)
         # the recurring schedules' book is recorded in the log, and so copied
         store.recurring.replicated = True
+        if self.role != "leader":
+            self._refuse_writes()
         if self.role == "leader":
             self._install_acks()
             self._take_delay_keys()
@@ -350,6 +352,7 @@ class Replica:
                 self._promoted = not self.elected
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
+                self.store.appender.not_leading = None
                 self._write_state()
             self._take_delay_keys()  # (before a service step delivers: the lock is held)
             with self.services():  # (a book never recorded, kept: the followers get it)
@@ -392,12 +395,24 @@ class Replica:
                 acks, self.store.replica_acks, self.acks = self.acks, None, None
                 if acks is not None:
                     acks.close()
+                self._refuse_writes()
                 if epoch is not None and epoch > self.epoch:
                     self.epoch = int(epoch)
                 set_aside_progress_of(self.store, f"{self.me} becoming follower")
                 self._tell_role("follower")
                 self._write_state()
             self.follow()
+
+    def _refuse_writes(self) -> None:
+        """From now on (under the append lock, or before serving), this process's own
+        appends fail (:attr:`~store.core.appender.Appender.not_leading`); its copies of the
+        leader's log go on.  A write checked while this replica led but appended after it
+        stopped would otherwise be a follower's own record, acknowledged with no copy."""
+        self.store.appender.not_leading = (
+            f"{self.me} does not lead its replica set (now: "
+            f"{self.leader or 'no leader known'}): the write was not stored here nor "
+            "acknowledged; allowed: retry on the leader (with a key, to recognise a "
+            "duplicate)")
 
     def _tell_role(self, role: str) -> None:
         for listener in self.role_listeners:

@@ -306,3 +306,61 @@ def test_a_refused_election_step_is_logged_once_per_refusal(caplog):
     assert [("waiting for x" in r.getMessage(), "waiting for y" in r.getMessage())
             for r in said] == [(True, False), (False, True)]
     assert not any(r.exc_info for r in said)
+
+
+def test_a_write_let_in_as_leader_but_appended_after_a_change_of_role_is_refused(tmp_path):
+    """A face checks the role when a request comes in; the write may then wait for the
+    append lock behind a change of role (which holds it). Appended after it, by what is
+    now a follower, it would be a record of the follower's own, acknowledged with no copy
+    (a follower waits for no replica), in the tail the new leader's history cuts: the
+    hour-long fault run lost 9 acknowledged messages so. It must fail, nothing stored."""
+    now = [100.0]
+    with MessageStore.open(str(tmp_path / "a")) as store:
+        replica = _elected_leader(store, now)
+        replica.follow = lambda: None  # (no copying in this test)
+        end = store.confirmed_offset()
+        with store.write_lock():  # the change of role's lock, taken first
+            thread, outcome = _sending(store)  # checked as leader: waits for the lock
+            time.sleep(0.2)
+            role_change.become_follower(replica, URLS[1], 2)
+        thread.join(10)
+        assert isinstance(outcome.get("error"), LeaderDeposedError), outcome
+        assert store.confirmed_offset() == end  # nothing appended
+        # a follower's copies of its leader's log are appended all the same (test_follower),
+        # and a replica that leads again takes writes
+        role_change.become_leader(replica, 3)
+        replica.lease_until = now[0] + 1.2
+        seen = replica.acks.signal.seq
+        thread, outcome = _sending(store)
+        _waiting(replica.acks, seen)
+        replica.follower_asked("peer", 10**9, URLS[1])
+        thread.join(10)
+        assert "done" in outcome, outcome
+
+
+@pytest.mark.parametrize("how", ["send", "send_batch"])
+def test_a_change_of_role_between_an_append_and_its_wait_fails_the_write(tmp_path, how):
+    """The wait for the copies comes after the append lock is released; a change of role
+    may come in between. The write must wait on the acks of the term it was appended in
+    (closed by the change: LeaderDeposedError), not on what the store holds now (a
+    follower's: none, which acknowledged it at once)."""
+    now = [100.0]
+    with MessageStore.open(str(tmp_path / "a")) as store:
+        replica = _elected_leader(store, now)
+        replica.follow = lambda: None
+        unlock, armed = store._unlock, [True]
+
+        def unlock_then_change_role(outermost: bool) -> None:
+            unlock(outermost)
+            if outermost and armed[0]:
+                armed[0] = False
+                role_change.become_follower(replica, URLS[1], 2)
+
+        store._unlock = unlock_then_change_role
+        producer = store.producer("g")
+        with pytest.raises(LeaderDeposedError):
+            if how == "send":
+                producer.send(Message("t", b"x"))
+            else:
+                producer.send_batch([Message("t", b"x"), Message("t", b"y")])
+        assert not armed[0]  # (the change of role came in the window)
