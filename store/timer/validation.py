@@ -43,11 +43,14 @@ import shutil
 import numpy as np
 
 from ..core.ports import StorePort
-from ..delayed.delivery import origins_since, release_commitlog_pages
+from ..delayed.delivery import (origins_since, properties_since, read_queue_entries,
+                                release_commitlog_pages)
+from ..formats.message import PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS, TIMER_TOPIC
+from ..kernels.property_scan import parse_int_ranges
 from ..files.consume_queue import ENTRY_DTYPE
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
-from .timer_queue import record_fields
+from .timer_queue import CHUNK, record_fields
 from .wheel import TimerWheel
 
 _PENDING = [("position", np.int64), ("slot_time", np.int64), ("magic", np.int64),
@@ -256,6 +259,65 @@ def _consistent(k: int, leaves_copy: np.ndarray, has_copy: np.ndarray, redo: boo
         return False
     before = np.flatnonzero(leaves_copy[:k])
     return not len(before) or bool(has_copy[before[-1]])
+
+
+def timer_origins_since(store: StorePort, start: int, end: int | None = None) -> np.ndarray:
+    """Sorted, distinct origins (``__RMQ_DELAY_ORIGIN``) of the timer's own copies (a
+    delivery or a roll's re-put: they carry ``TIMER_DEQUEUE_MS``, which no other service
+    sets) from CommitLog offset ``start`` to ``end`` (the confirmed end when ``None``).
+
+    One compiled scan of the records' properties, as :func:`origins_since`; a checkpoint
+    saved at ``start`` that is the timer's newest knows of none of them (see
+    :meth:`store.timer.timer_service.TimerService._stale_from`)."""
+    found: list[np.ndarray] = []
+    for raw, has, vstart, vend in properties_since(
+            store, start, [PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS], end):
+        timer = has[0] & has[1]
+        if timer.any():
+            values, ok = parse_int_ranges(raw, vstart[0][timer], vend[0][timer])
+            found.append(values[ok])
+    return np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+
+
+def delivered_since_mark(store: StorePort, wheel: TimerWheel, log: TimerLog,
+                         state: TimerCheckpoint, floor_now: int) -> np.ndarray:
+    """The fire times (slot time + precision, one per message) of the messages ``state``
+    still counts as pending although a run it does not know of delivered them: a run that
+    died after its mark was saved, or the runs after a stale checkpoint (whose mark
+    :meth:`~store.timer.timer_service.TimerService._stale_from` set).  Empty when no mark
+    is set or nothing was delivered since it.
+
+    Those runs fired only slots due by ``floor_now`` (the units of the slot at the read time
+    from ``slotDone`` on) and delivered straight from the queue only entries past the
+    checkpointed queue offset; a source counts when a timer copy from the mark on names it
+    (:func:`timer_origins_since`).  A roll's re-put is a new queue entry, counted pending
+    there, so its unit counts as delivered here.  One chain walk per due slot, NumPy per
+    unit (what the redo does anyway)."""
+    empty = np.empty(0, np.int64)
+    if state.deliver_mark < 0:
+        return empty
+    origins = timer_origins_since(store, state.deliver_mark)
+    if not len(origins):
+        return empty
+    precision = wheel.precision
+    found = [empty]
+    read_time = state.last_read_time_ms
+    for slot_time in wheel.due_slots(read_time, floor_now).tolist():
+        _first, last, num = wheel.get(slot_time)
+        _positions, units = log.walk_chain(last, state.last_timer_log_flush_pos, num)
+        units = units[::-1][state.slot_done if slot_time == read_time else 0:]
+        copied = np.isin(units["offset_py"], origins) & (
+            (units["magic"] & (MAGIC_DELETE | MAGIC_ROLL)) != MAGIC_DELETE)
+        found.append(np.full(int(copied.sum()), slot_time + precision, np.int64))
+    queue = store.consume_queue(TIMER_TOPIC, 0)
+    end = queue.max_offset(store.confirmed_offset())
+    for q in range(state.last_timer_queue_offset, end, CHUNK):
+        e = read_queue_entries(queue, q, min(end, q + CHUNK))
+        hit = np.isin(e["offset"].astype(np.int64), origins)
+        if hit.any():
+            fire, marker, ok, _ = record_fields(store, e, hit)
+            found.append(fire[hit & ok & ~marker] + precision)
+    return np.concatenate(found)
 
 
 def copy_aside(path: str) -> str:
