@@ -163,6 +163,8 @@ class TimerService:
         self._rng = random.Random()
         self._queued: QueuedFires | None = None
         self._unsaved: tuple[tuple, np.ndarray] | None = None
+        #: whether every timer-queue entry is known to hold a tag hash (see _save)
+        self._tags_known = False
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel, self.log, damaged = open_timer_files(
                 store.root, self.slots, self.precision, cfg.timer_log_file_size_bytes)
@@ -171,8 +173,20 @@ class TimerService:
             self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
             self.keys = DelayKeys(store, self.precision, self._key_progress)
             self.firing.keys = self.keys
-            upgrade_tags_codes(store)  # a queue an earlier rmq indexed by fire time
+            # a queue an earlier rmq indexed by fire time (from where the checkpoint does
+            # not know it holds hashes: nothing for a store this rmq wrote)
+            upgrade_tags_codes(store, self._tags_hashed_to(ckpt.load(self._check_path)))
+            self._tags_known = True
             self._sync()
+
+    def _tags_hashed_to(self, disk: TimerCheckpoint | None) -> int | None:
+        """The timer queue offset below which ``disk`` says every entry holds a tag hash
+        (``None``: it says nothing it can be trusted on, and the whole queue is looked at:
+        no checkpoint, an earlier version's, another store's, or an offset past the queue)."""
+        if disk is None or disk.tags_hashed_to <= 0 or disk.store_tag not in (0, self.store_tag):
+            return None
+        to = disk.tags_hashed_to - 1
+        return to if to <= self.store.consume_queue(TIMER_TOPIC, 0).max_offset() else None
 
     # ------------------------------------------------------------------ sending
     def rewrite(self, spec: RecordSpec, deliver_ms: int) -> tuple[RecordSpec, int]:
@@ -258,6 +272,9 @@ class TimerService:
         The caller holds the store's write lock.
         """
         disk = ckpt.load(self._check_path)
+        if disk is not None and self._state is not None and disk.counter != self._state.counter \
+                and disk.tags_hashed_to <= 0:
+            self._tags_known = False  # an earlier rmq saved it: its entries are not upgraded
         if disk is not None and (self._state is None or disk.counter != self._state.counter):
             problem = self._checkpoint_problem(disk)
             if problem is not None:
@@ -453,6 +470,10 @@ class TimerService:
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
         state.saved_end_from = self.store.confirmed_offset() + 1
+        # (every entry queued so far holds a tag hash: the open upgraded the older ones and
+        # this rmq writes hashes; unknown again once an earlier rmq saved, see _sync)
+        state.tags_hashed_to = self.store.consume_queue(TIMER_TOPIC, 0).max_offset() + 1 \
+            if self._tags_known else 0
         self._cover_log(state)
         crash_point("timer.checkpoint", "before")
         ckpt.save(self._check_path, state)
