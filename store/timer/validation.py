@@ -12,7 +12,9 @@ with NumPy over the mapped files (no Python step per unit or slot):
   or after the read time, lastPos set) describe the same slots: each such slot is found at
   its index, its lastPos is its newest unit and its firstPos its oldest, its ``num`` is the
   units minus the cancel markers, and every unit's ``prevPos`` is the slot's previous unit
-  (-1 for the first: the chain links point backwards);
+  (-1 for the first: the chain links point backwards); one compiled pass over the units in
+  log order tallies the slots per wheel index (no sort), then NumPy compares the tally with
+  the wheel;
 * each such unit names a real timer record: ``offsetPy`` and ``sizePy`` point at a record of
   that size in the CommitLog holding ``TIMER_OUT_MS``, a cancel marker exactly when the unit
   is one, and a fire time that matches its slot (the slot itself for a unit placed at its
@@ -42,6 +44,7 @@ import shutil
 
 import numpy as np
 
+from ..base.jit import kernel_set
 from ..core.ports import StorePort
 from ..delayed.delivery import (origins_since, properties_since, read_queue_entries,
                                 release_commitlog_pages)
@@ -53,121 +56,140 @@ from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
 from .timer_queue import CHUNK, record_fields
 from .wheel import TimerWheel
 
-_PENDING = [("position", np.int64), ("slot_time", np.int64), ("magic", np.int64),
-            ("prev_pos", np.int64), ("offset_py", np.int64), ("size_py", np.int64)]
 #: TimerLog units checked per step (bounds the memory the check takes).
 CHECK_CHUNK = 1 << 16
+#: A slot of the tally no pending unit filled yet.
+_EMPTY = np.iinfo(np.int64).min
+# how a chunk's tally ended: fine, a unit not pointing at its slot's previous unit, a unit
+# of a slot whose wheel index another pending slot already fills
+_FINE, _BROKEN_CHAIN, _SHARED_INDEX = 0, 1, 2
 
 
-def _pending(positions: np.ndarray, units: np.ndarray, read_time: int) -> np.ndarray:
-    """The units whose slot time is at or after ``read_time`` (not fired yet)."""
-    slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
-    keep = slot_time >= read_time
-    part = np.empty(int(keep.sum()), dtype=_PENDING)
-    part["position"] = positions[keep]
-    part["slot_time"] = slot_time[keep]
-    for name in ("magic", "prev_pos", "offset_py", "size_py"):
-        part[name] = units[name][keep]
-    return part
+def _tally_units(positions, slot_time, magic, prev, read_time, log_min, slots, precision,
+                 empty, t_time, t_first, t_last, t_num, t_cut, keep):
+    """Add the pending units (slot time at or after ``read_time``) among a chunk of TimerLog
+    units, in position order, to the tally kept per wheel index (``t_*``: slot time or
+    ``empty``, first and last position, units minus markers, whether the slot's first units
+    are in files retention removed); ``keep`` is set for the pending ones.
+
+    Returns ``(how it ended, the unit)``: each pending unit must point at the previous unit
+    of its slot (the first of a slot at -1, or below ``log_min``: a cut), and two pending
+    slots never share a wheel index.  One pass, no sort."""
+    for i in range(len(positions)):
+        t = slot_time[i]
+        if t < read_time:
+            keep[i] = False
+            continue
+        keep[i] = True
+        idx = (t // precision) % slots
+        p = prev[i]
+        if t_time[idx] == t:
+            if p != t_last[idx]:
+                return 1, i
+        elif t_time[idx] == empty:
+            cut = p >= 0 and p < log_min
+            if p != -1 and not cut:
+                return 1, i
+            t_time[idx] = t
+            t_first[idx] = positions[i]
+            t_cut[idx] = cut
+            t_num[idx] = 0
+        else:
+            return 2, i
+        t_last[idx] = positions[i]
+        if magic[i] & 4:  # MAGIC_DELETE: a cancel marker
+            t_num[idx] -= 1
+        else:
+            t_num[idx] += 1
+    return 0, -1
+
+
+_kernels = kernel_set(globals(), kernels=("_tally_units",))
 
 
 class _SlotTally:
     """What the pending units say of each slot they fill, built a chunk at a time in log
-    order: slot time, first and last position, units minus markers, and whether the slot's
-    first units are in TimerLog files retention removed.  Its size is the live slots'."""
+    order (:func:`_tally_units`), kept per wheel index: its size is the wheel's."""
 
-    def __init__(self, log_min: int) -> None:
-        self.log_min = log_min
-        self.time = np.empty(0, np.int64)
-        self.first = np.empty(0, np.int64)
-        self.last = np.empty(0, np.int64)
-        self.num = np.empty(0, np.int64)
-        self.cut = np.empty(0, bool)
+    def __init__(self, log_min: int, slots: int, precision: int) -> None:
+        self.log_min, self.slots, self.precision = log_min, slots, precision
+        self.time = np.full(slots, _EMPTY, np.int64)
+        self.first = np.empty(slots, np.int64)
+        self.last = np.empty(slots, np.int64)
+        self.num = np.empty(slots, np.int64)
+        self.cut = np.zeros(slots, bool)
 
-    def add(self, units: np.ndarray) -> str | None:
-        """Take a chunk of pending units (in position order); why their chains are broken."""
-        if not len(units):
-            return None
-        units = units[np.argsort(units["slot_time"], kind="stable")]
-        times, positions, prev = units["slot_time"], units["position"], units["prev_pos"]
-        uniq, first_idx, counts = np.unique(times, return_index=True, return_counts=True)
-        last_idx = first_idx + counts - 1
-        at = np.searchsorted(self.time, uniq)
-        known = at < len(self.time)
-        known[known] = self.time[at[known]] == uniq[known]
-        # each unit points at the previous unit of its slot: within the chunk, the one before
-        # it; the first of a slot at the slot's last unit so far (-1 for a new slot, or a
-        # unit in files retention removed)
-        expected = np.empty(len(units), dtype=np.int64)
-        expected[1:] = positions[:-1]
-        expected[first_idx] = np.where(known, self.last[np.minimum(at, len(self.last) - 1)]
-                                       if len(self.last) else -1, -1)
-        cut = np.zeros(len(units), dtype=bool)
-        cut[first_idx] = ~known & (prev[first_idx] >= 0) & (prev[first_idx] < self.log_min)
-        wrong = (prev != expected) & ~cut
-        if wrong.any():
-            return (f"the TimerLog unit at {int(positions[np.argmax(wrong)])} does not point "
-                    "at the previous unit of its slot")
-        delta = np.where((units["magic"] & MAGIC_DELETE) != 0, -1, 1)
-        sums = np.add.reduceat(delta, first_idx)
-        k = at[known]
-        self.last[k] = positions[last_idx[known]]
-        self.num[k] += sums[known]
-        new = ~known
-        if new.any():
-            merged = np.concatenate((self.time, uniq[new]))
-            order = np.argsort(merged, kind="stable")
-            self.time = merged[order]
-            self.first = np.concatenate((self.first, positions[first_idx[new]]))[order]
-            self.last = np.concatenate((self.last, positions[last_idx[new]]))[order]
-            self.num = np.concatenate((self.num, sums[new]))[order]
-            self.cut = np.concatenate((self.cut, cut[first_idx[new]]))[order]
-        return None
+    def add(self, positions: np.ndarray, units: np.ndarray, read_time: int
+            ) -> tuple[np.ndarray, np.ndarray, str | None]:
+        """Take a chunk of units (in position order); returns which are pending, their slot
+        times and why their chains are broken (``None``: they are not)."""
+        slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
+        keep = np.empty(len(units), bool)
+        status, i = _kernels(len(units))["_tally_units"](
+            positions, slot_time, units["magic"], units["prev_pos"], read_time, self.log_min, self.slots,
+            self.precision, _EMPTY, self.time, self.first, self.last, self.num, self.cut, keep)
+        if status == _BROKEN_CHAIN:
+            return keep, slot_time, (f"the TimerLog unit at {int(positions[i])} does not "
+                                     "point at the previous unit of its slot")
+        if status == _SHARED_INDEX:
+            t = int(slot_time[i])
+            other = int(self.time[(t // self.precision) % self.slots])
+            return keep, slot_time, (f"the TimerLog unit at {int(positions[i])} is of the "
+                                     f"slot of {t} ms, whose wheel slot the pending units of "
+                                     f"{other} ms fill")
+        return keep, slot_time, None
 
     def against(self, wheel: TimerWheel, read_time: int) -> str | None:
         """Whether the wheel's live slots are not exactly the tallied ones."""
-        valid, first, last, num = wheel.lookup(self.time)
-        bad = ~valid | (last != self.last) | (~self.cut & ((first != self.first)
-                                                           | (num != self.num)))
+        rows = np.flatnonzero(self.time != _EMPTY)
+        rows = rows[np.argsort(self.time[rows], kind="stable")]  # reported in time order
+        times = self.time[rows]
+        valid, first, last, num = wheel.lookup(times)
+        bad = ~valid | (last != self.last[rows]) | (~self.cut[rows] & (
+            (first != self.first[rows]) | (num != self.num[rows])))
         if bad.any():
             i = int(np.argmax(bad))
-            return (f"the wheel slot of {int(self.time[i])} ms does not match the TimerLog "
+            r = rows[i]
+            return (f"the wheel slot of {int(times[i])} ms does not match the TimerLog "
                     f"(slot firstPos {int(first[i])}, lastPos {int(last[i])}, num "
-                    f"{int(num[i])}; the units say {int(self.first[i])}, {int(self.last[i])}, "
-                    f"{int(self.num[i])})")
+                    f"{int(num[i])}; the units say {int(self.first[r])}, {int(self.last[r])}, "
+                    f"{int(self.num[r])})")
         live = wheel.live_slot_count(read_time)
-        if live != len(self.time):
+        if live != len(times):
             return (f"the wheel has {live} live slots but the TimerLog's pending units fill "
-                    f"{len(self.time)}")
+                    f"{len(times)}")
         return None
 
 
-def _records_problem(store: StorePort, units: np.ndarray, certified_from: int) -> str | None:
-    """Whether a pending unit names no timer record of its size and slot (the records of
+def _records_problem(store: StorePort, positions: np.ndarray, units: np.ndarray,
+                     slot_time: np.ndarray, pending: np.ndarray,
+                     certified_from: int) -> str | None:
+    """Whether a ``pending`` unit names no timer record of its size and slot (the records of
     units at or after ``certified_from`` are not read: see :func:`certified_from`)."""
     log = store.commit_log
-    offsets = units["offset_py"]
-    present = offsets >= log.min_offset()
-    past = present & (offsets + units["size_py"] > store.confirmed_offset())
+    offsets = units["offset_py"].astype(np.int64)
+    sizes = units["size_py"].astype(np.int64)
+    present = pending & (offsets >= log.min_offset())
+    past = present & (offsets + sizes > store.confirmed_offset())
     if past.any():
-        return (f"the TimerLog unit at {int(units['position'][np.argmax(past)])} points past "
+        return (f"the TimerLog unit at {int(positions[np.argmax(past)])} points past "
                 "the CommitLog's end")
-    present &= units["position"] < certified_from
-    if not present.any():
+    rows = np.flatnonzero(present & (positions < certified_from))
+    if not len(rows):
         return None
-    e = np.zeros(len(units), dtype=ENTRY_DTYPE.newbyteorder("="))
-    e["offset"] = offsets
-    e["size"] = units["size_py"]
-    fire, marker, ok, _ = record_fields(store, e, present)
-    roll = (units["magic"] & MAGIC_ROLL) != 0
-    slot = units["slot_time"]
-    fits = ok & (marker == ((units["magic"] & MAGIC_DELETE) != 0)) & np.where(
+    e = np.zeros(len(rows), dtype=ENTRY_DTYPE.newbyteorder("="))
+    e["offset"] = offsets[rows]
+    e["size"] = sizes[rows]
+    fire, marker, ok, _ = record_fields(store, e, np.ones(len(rows), bool))
+    magic = units["magic"][rows]
+    roll = (magic & MAGIC_ROLL) != 0
+    slot = slot_time[rows]
+    fits = ok & (marker == ((magic & MAGIC_DELETE) != 0)) & np.where(
         roll, fire >= slot, fire <= slot)
-    bad = present & ~fits
-    if bad.any():
-        i = int(np.argmax(bad))
-        return (f"the TimerLog unit at {int(units['position'][i])} names no timer record of "
-                f"its slot (CommitLog offset {int(offsets[i])}, size {int(units['size_py'][i])})")
+    if not fits.all():
+        i = int(np.argmin(fits))
+        return (f"the TimerLog unit at {int(positions[rows[i]])} names no timer record of "
+                f"its slot (CommitLog offset {int(e['offset'][i])}, size {int(e['size'][i])})")
     return None
 
 
@@ -196,13 +218,14 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
     if (end % log.file_size) % UNIT_SIZE:
         return f"the checkpointed TimerLog end {end} is not on a unit boundary"
     read_time = state.last_read_time_ms
-    tally = _SlotTally(log_min)
+    tally = _SlotTally(log_min, wheel.slots, wheel.precision)
     seen = 0
     certified = certified_from(log, state, log_min)
     for positions, units in log.valid_units(log_min, end, CHECK_CHUNK):
         seen += len(units)
-        pending = _pending(positions, units, read_time)
-        problem = tally.add(pending) or _records_problem(store, pending, certified)
+        pending, slot_time, problem = tally.add(positions, units, read_time)
+        problem = problem or _records_problem(store, positions, units, slot_time, pending,
+                                              certified)
         if problem is not None:
             return problem
         release_commitlog_pages(store)
