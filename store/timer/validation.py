@@ -13,8 +13,8 @@ with NumPy over the mapped files (no Python step per unit or slot):
   its index, its lastPos is its newest unit and its firstPos its oldest, its ``num`` is the
   units minus the cancel markers, and every unit's ``prevPos`` is the slot's previous unit
   (-1 for the first: the chain links point backwards); one compiled pass over the units in
-  log order tallies the slots per wheel index (no sort), then NumPy compares the tally with
-  the wheel;
+  log order tallies their slots (no sort; a table twice the wheel's live slots), then NumPy
+  compares the tally with the wheel;
 * each such unit names a real timer record: ``offsetPy`` and ``sizePy`` point at a record of
   that size in the CommitLog holding ``TIMER_OUT_MS``, a cancel marker exactly when the unit
   is one, and a fire time that matches its slot (the slot itself for a unit placed at its
@@ -46,11 +46,15 @@ import numpy as np
 
 from ..base.jit import kernel_set
 from ..core.ports import StorePort
-from ..delayed.delivery import (origins_since, properties_since, read_queue_entries,
-                                release_commitlog_pages)
+from ..delayed.delivery import (
+    origins_since,
+    properties_since,
+    read_queue_entries,
+    release_commitlog_pages,
+)
+from ..files.consume_queue import ENTRY_DTYPE
 from ..formats.message import PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS, TIMER_TOPIC
 from ..kernels.property_scan import parse_int_ranges
-from ..files.consume_queue import ENTRY_DTYPE
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
 from .timer_queue import CHUNK, record_fields
@@ -61,46 +65,52 @@ CHECK_CHUNK = 1 << 16
 #: A slot of the tally no pending unit filled yet.
 _EMPTY = np.iinfo(np.int64).min
 # how a chunk's tally ended: fine, a unit not pointing at its slot's previous unit, a unit
-# of a slot whose wheel index another pending slot already fills
-_FINE, _BROKEN_CHAIN, _SHARED_INDEX = 0, 1, 2
+# of one slot more than the wheel holds live ones
+_FINE, _BROKEN_CHAIN, _TOO_MANY_SLOTS = 0, 1, 2
 
 
-def _tally_units(positions, slot_time, magic, prev, read_time, log_min, slots, precision,
-                 empty, t_time, t_first, t_last, t_num, t_cut, keep):
+def _tally_units(positions, slot_time, magic, prev, read_time, log_min, precision, empty,
+                 limit, t_time, t_first, t_last, t_num, t_cut, used, keep):
     """Add the pending units (slot time at or after ``read_time``) among a chunk of TimerLog
-    units, in position order, to the tally kept per wheel index (``t_*``: slot time or
-    ``empty``, first and last position, units minus markers, whether the slot's first units
-    are in files retention removed); ``keep`` is set for the pending ones.
+    units, in position order, to the tally of their slots: a table probed from the slot's
+    tick (``t_*``: slot time or ``empty``, first and last position, units minus markers,
+    whether the slot's first units are in files retention removed; ``used[0]``: slots in
+    it, at most ``limit``, the wheel's live slots, in a table of twice as many); ``keep`` is
+    set for the pending ones.
 
     Returns ``(how it ended, the unit)``: each pending unit must point at the previous unit
-    of its slot (the first of a slot at -1, or below ``log_min``: a cut), and two pending
-    slots never share a wheel index.  One pass, no sort."""
+    of its slot (the first of a slot at -1, or below ``log_min``: a cut), and the pending
+    units fill no more slots than the wheel holds.  One pass, no sort."""
+    cap = len(t_time)
     for i in range(len(positions)):
         t = slot_time[i]
         if t < read_time:
             keep[i] = False
             continue
         keep[i] = True
-        idx = (t // precision) % slots
+        h = (t // precision) % cap
+        while t_time[h] != t and t_time[h] != empty:
+            h = (h + 1) % cap
         p = prev[i]
-        if t_time[idx] == t:
-            if p != t_last[idx]:
+        if t_time[h] == t:
+            if p != t_last[h]:
                 return 1, i
-        elif t_time[idx] == empty:
+        else:
             cut = p >= 0 and p < log_min
             if p != -1 and not cut:
                 return 1, i
-            t_time[idx] = t
-            t_first[idx] = positions[i]
-            t_cut[idx] = cut
-            t_num[idx] = 0
-        else:
-            return 2, i
-        t_last[idx] = positions[i]
+            if used[0] >= limit:
+                return 2, i
+            used[0] += 1
+            t_time[h] = t
+            t_first[h] = positions[i]
+            t_cut[h] = cut
+            t_num[h] = 0
+        t_last[h] = positions[i]
         if magic[i] & 4:  # MAGIC_DELETE: a cancel marker
-            t_num[idx] -= 1
+            t_num[h] -= 1
         else:
-            t_num[idx] += 1
+            t_num[h] += 1
     return 0, -1
 
 
@@ -109,15 +119,18 @@ _kernels = kernel_set(globals(), kernels=("_tally_units",))
 
 class _SlotTally:
     """What the pending units say of each slot they fill, built a chunk at a time in log
-    order (:func:`_tally_units`), kept per wheel index: its size is the wheel's."""
+    order (:func:`_tally_units`): its size is twice the wheel's live slots (more slots
+    than those is damage, found as soon as the units fill one more)."""
 
-    def __init__(self, log_min: int, slots: int, precision: int) -> None:
-        self.log_min, self.slots, self.precision = log_min, slots, precision
-        self.time = np.full(slots, _EMPTY, np.int64)
-        self.first = np.empty(slots, np.int64)
-        self.last = np.empty(slots, np.int64)
-        self.num = np.empty(slots, np.int64)
-        self.cut = np.zeros(slots, bool)
+    def __init__(self, log_min: int, live: int, precision: int) -> None:
+        self.log_min, self.live, self.precision = log_min, live, precision
+        cap = 2 * max(live, 512)
+        self.time = np.full(cap, _EMPTY, np.int64)
+        self.first = np.empty(cap, np.int64)
+        self.last = np.empty(cap, np.int64)
+        self.num = np.empty(cap, np.int64)
+        self.cut = np.zeros(cap, bool)
+        self.used = np.zeros(1, np.int64)
 
     def add(self, positions: np.ndarray, units: np.ndarray, read_time: int
             ) -> tuple[np.ndarray, np.ndarray, str | None]:
@@ -126,20 +139,20 @@ class _SlotTally:
         slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
         keep = np.empty(len(units), bool)
         status, i = _kernels(len(units))["_tally_units"](
-            positions, slot_time, units["magic"], units["prev_pos"], read_time, self.log_min, self.slots,
-            self.precision, _EMPTY, self.time, self.first, self.last, self.num, self.cut, keep)
+            positions, slot_time, units["magic"], units["prev_pos"], read_time, self.log_min,
+            self.precision, _EMPTY, self.live, self.time, self.first, self.last, self.num,
+            self.cut, self.used, keep)
         if status == _BROKEN_CHAIN:
             return keep, slot_time, (f"the TimerLog unit at {int(positions[i])} does not "
                                      "point at the previous unit of its slot")
-        if status == _SHARED_INDEX:
-            t = int(slot_time[i])
-            other = int(self.time[(t // self.precision) % self.slots])
-            return keep, slot_time, (f"the TimerLog unit at {int(positions[i])} is of the "
-                                     f"slot of {t} ms, whose wheel slot the pending units of "
-                                     f"{other} ms fill")
+        if status == _TOO_MANY_SLOTS:
+            return keep, slot_time, (f"the wheel has {self.live} live slots but the "
+                                     f"TimerLog's pending units fill more (the unit at "
+                                     f"{int(positions[i])}, of the slot of "
+                                     f"{int(slot_time[i])} ms)")
         return keep, slot_time, None
 
-    def against(self, wheel: TimerWheel, read_time: int) -> str | None:
+    def against(self, wheel: TimerWheel) -> str | None:
         """Whether the wheel's live slots are not exactly the tallied ones."""
         rows = np.flatnonzero(self.time != _EMPTY)
         rows = rows[np.argsort(self.time[rows], kind="stable")]  # reported in time order
@@ -154,10 +167,9 @@ class _SlotTally:
                     f"(slot firstPos {int(first[i])}, lastPos {int(last[i])}, num "
                     f"{int(num[i])}; the units say {int(self.first[r])}, {int(self.last[r])}, "
                     f"{int(self.num[r])})")
-        live = wheel.live_slot_count(read_time)
-        if live != len(times):
-            return (f"the wheel has {live} live slots but the TimerLog's pending units fill "
-                    f"{len(times)}")
+        if self.live != len(times):
+            return (f"the wheel has {self.live} live slots but the TimerLog's pending units "
+                    f"fill {len(times)}")
         return None
 
 
@@ -167,7 +179,7 @@ def _records_problem(store: StorePort, positions: np.ndarray, units: np.ndarray,
     """Whether a ``pending`` unit names no timer record of its size and slot (the records of
     units at or after ``certified_from`` are not read: see :func:`certified_from`)."""
     log = store.commit_log
-    offsets = units["offset_py"].astype(np.int64)
+    offsets = units["offset_py"].astype(np.int64, copy=False)
     sizes = units["size_py"].astype(np.int64)
     present = pending & (offsets >= log.min_offset())
     past = present & (offsets + sizes > store.confirmed_offset())
@@ -218,7 +230,7 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
     if (end % log.file_size) % UNIT_SIZE:
         return f"the checkpointed TimerLog end {end} is not on a unit boundary"
     read_time = state.last_read_time_ms
-    tally = _SlotTally(log_min, wheel.slots, wheel.precision)
+    tally = _SlotTally(log_min, wheel.live_slot_count(read_time), wheel.precision)
     seen = 0
     certified = certified_from(log, state, log_min)
     for positions, units in log.valid_units(log_min, end, CHECK_CHUNK):
@@ -234,7 +246,7 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
     if seen < expected:
         return (f"the TimerLog holds no valid unit at or after unit {seen} of the "
                 f"{expected} from {log_min} to its checkpointed end {end}")
-    return tally.against(wheel, read_time)
+    return tally.against(wheel)
 
 
 def handled_in_slot(store: StorePort, wheel: TimerWheel, log: TimerLog,
