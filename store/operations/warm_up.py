@@ -28,6 +28,7 @@ from ..files.abort_marker import MARKER_FILE, write_marker
 from ..base import jit
 from ..formats.message import Message
 from ..facade.message_store import MessageStore
+from ..timer.timer_seal import remove_seal
 
 log = logging.getLogger("store.operations.warm_up")
 
@@ -141,6 +142,7 @@ def _exercise(path: str) -> None:
         store.producer("warm-up").send(Message("warm-up", b"t"), delay_ms=500)
         store.deliver_due()  # into the wheel, not due yet
     write_marker(os.path.join(path, MARKER_FILE))  # as a killed writer leaves it
+    remove_seal(os.path.join(path, "config", "timercheck"))  # (the timer files checked too)
     with MessageStore.open(path, config, clock=lambda: now[0], flush_service=False) as store:
         now[0] += 2_000  # recovery's walk, then a slot walked from the timer log
         store.deliver_due()

@@ -33,6 +33,20 @@ Layout (big-endian i64 fields; the first seven are RocketMQ's TimerCheckpoint)::
                                        lastTimerLogFlushPos, extended by every append (the
                                        units below it need no unit-by-unit check after a
                                        crash when it matches, see store.timer.validation)
+    120   8     savedEndFrom            ours: 1 + the CommitLog's confirmed end when this
+                                       checkpoint was saved: a timer delivery appended
+                                       after it (a copy with TIMER_DEQUEUE_MS) was made by
+                                       a run this checkpoint does not know of (it is a stale
+                                       copy: a restored backup, an older file), whose
+                                       deliveries are then skipped as a dead run's are (see
+                                       store.timer.timer_service); 0: none (an earlier
+                                       version's checkpoint)
+    128   8     tagsHashedTo            ours: 1 + the timer queue offset below which every
+                                       entry's tagsCode is a tag hash (entries an earlier
+                                       rmq indexed by fire time were rewritten, see
+                                       store.timer.timer_queue.upgrade_tags_codes): the
+                                       next open looks only at the entries from there on;
+                                       0: not known (the whole queue is looked at)
 
 The rest of the file is zero.  Unlike RocketMQ's mapped file, it is replaced atomically
 (temp file, fsync, rename), so a crash leaves the old or the new checkpoint, never a mix; other
@@ -62,7 +76,8 @@ CHECKPOINT_FIELDS = (
     "last_read_time_ms", "last_timer_log_flush_pos", "last_timer_queue_offset",
     "master_timer_queue_offset", "state_version", "timestamp", "counter",
     "deliver_mark", "precision_ms", "wheel_slots", "slot_done", "store_tag",
-    "slot_done_from", "log_crc_from", "log_crc",
+    "slot_done_from", "log_crc_from", "log_crc", "saved_end_from",
+    "tags_hashed_to",
 )
 CHECKPOINT_LAYOUT = struct.Struct(">" + "q" * len(CHECKPOINT_FIELDS))
 CHECKPOINT_FILE_SIZE = 4096
@@ -87,6 +102,8 @@ class TimerCheckpoint:
     slot_done_from: int = 0
     log_crc_from: int = 0
     log_crc: int = 0
+    saved_end_from: int = 0
+    tags_hashed_to: int = 0
 
     def pack(self) -> bytes:
         """The checkpoint as its on-disk bytes."""

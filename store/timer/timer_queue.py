@@ -15,7 +15,9 @@ gather per CommitLog segment and one pass of the property kernel (no Python per 
 Stores written by rmq before this layout kept ``TIMER_OUT_MS`` as the timer queue's tagsCode
 (negated for a marker).  :func:`upgrade_tags_codes` rewrites such entries to the tag hash on
 a writable open; it is idempotent, so a crash in the middle is finished by the next open.
-A fire time (epoch ms) is at least 2^31 while a Java string hash is a signed 32-bit int,
+The timer checkpoint then records how far the queue is known to hold hashes (its
+``tagsHashedTo``, moved on with every save: this rmq writes hashes only), so a store opened
+again looks only at what was queued since, not at every pending entry.  A fire time (epoch ms) is at least 2^31 while a Java string hash is a signed 32-bit int,
 so the two can never be confused.
 """
 
@@ -137,17 +139,20 @@ def fire_counts(store: StorePort, start: int, end: int) -> tuple[np.ndarray, np.
     return np.concatenate(fires), np.concatenate(weights)
 
 
-def upgrade_tags_codes(store: StorePort) -> int:
+def upgrade_tags_codes(store: StorePort, start: int | None = None) -> tuple[int, int]:
     """Rewrite timer-queue tagsCodes an earlier rmq set to the fire time as tag hashes.
 
-    Returns the number of entries rewritten.  Only entries whose tagsCode cannot be a hash
-    (magnitude at least 2^31) are touched, so a queue RocketMQ wrote is never changed.  The
-    caller holds the write lock.
+    Looks at the entries from ``start`` (``None``: the queue's first; the timer checkpoint's
+    ``tagsHashedTo`` says where the entries not known to hold hashes begin) to the queue's
+    end.  Returns ``(entries rewritten, the end looked up to)``.  Only entries whose
+    tagsCode cannot be a hash (magnitude at least 2^31) are touched, so a queue RocketMQ
+    wrote is never changed.  The caller holds the write lock.
     """
     queue = store.consume_queue(TIMER_TOPIC, 0)
     end = queue.max_offset()
+    first = queue.first_index()
     done = 0
-    for q in range(queue.first_index(), end, CHUNK):
+    for q in range(first if start is None else max(first, start), end, CHUNK):
         e = read_queue_entries(queue, q, min(end, q + CHUNK))
         old = (e["size"] > 0) & (np.abs(e["tags_code"]) >= _HASH_LIMIT)
         if not old.any():
@@ -158,7 +163,7 @@ def upgrade_tags_codes(store: StorePort) -> int:
         done += int(old.sum())
     if done:
         queue.flush()
-    return done
+    return done, end
 
 
 def tag_hashes(store: StorePort, offsets: np.ndarray) -> np.ndarray:

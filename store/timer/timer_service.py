@@ -73,7 +73,8 @@ from .wheel_placement import WheelShape, enqueue, repair_wheel
 from .recall import cancel_marker
 from .timer_log import MAGIC_ROLL, UNIT_SIZE
 from .timer_queue import fire_counts, upgrade_tags_codes
-from .validation import copy_aside, handled_in_slot, timer_files_problem
+from .validation import (copy_aside, delivered_since_mark, handled_in_slot,
+                         timer_files_problem, timer_origins_since)
 from .timer_seal import seal_holds, write_seal
 from .wheel import open_timer_files, read_live_ticks
 
@@ -161,6 +162,9 @@ class TimerService:
         self.handled = 0
         self._rng = random.Random()
         self._queued: QueuedFires | None = None
+        self._unsaved: tuple[tuple, np.ndarray] | None = None
+        #: whether every timer-queue entry is known to hold a tag hash (see _save)
+        self._tags_known = False
         with store.write_lock():  # one process creates and initialises the wheel
             self.wheel, self.log, damaged = open_timer_files(
                 store.root, self.slots, self.precision, cfg.timer_log_file_size_bytes)
@@ -169,8 +173,20 @@ class TimerService:
             self.firing = SlotFiring(store, self.wheel, self.log, self.precision)
             self.keys = DelayKeys(store, self.precision, self._key_progress)
             self.firing.keys = self.keys
-            upgrade_tags_codes(store)  # a queue an earlier rmq indexed by fire time
+            # a queue an earlier rmq indexed by fire time (from where the checkpoint does
+            # not know it holds hashes: nothing for a store this rmq wrote)
+            upgrade_tags_codes(store, self._tags_hashed_to(ckpt.load(self._check_path)))
+            self._tags_known = True
             self._sync()
+
+    def _tags_hashed_to(self, disk: TimerCheckpoint | None) -> int | None:
+        """The timer queue offset below which ``disk`` says every entry holds a tag hash
+        (``None``: it says nothing it can be trusted on, and the whole queue is looked at:
+        no checkpoint, an earlier version's, another store's, or an offset past the queue)."""
+        if disk is None or disk.tags_hashed_to <= 0 or disk.store_tag not in (0, self.store_tag):
+            return None
+        to = disk.tags_hashed_to - 1
+        return to if to <= self.store.consume_queue(TIMER_TOPIC, 0).max_offset() else None
 
     # ------------------------------------------------------------------ sending
     def rewrite(self, spec: RecordSpec, deliver_ms: int) -> tuple[RecordSpec, int]:
@@ -256,6 +272,9 @@ class TimerService:
         The caller holds the store's write lock.
         """
         disk = ckpt.load(self._check_path)
+        if disk is not None and self._state is not None and disk.counter != self._state.counter \
+                and disk.tags_hashed_to <= 0:
+            self._tags_known = False  # an earlier rmq saved it: its entries are not upgraded
         if disk is not None and (self._state is None or disk.counter != self._state.counter):
             problem = self._checkpoint_problem(disk)
             if problem is not None:
@@ -288,8 +307,16 @@ class TimerService:
                 else timer_files_problem(self.store, self.wheel, self.log, disk)
             if problem is not None:
                 disk = self._rebuild_damaged(disk, problem)
-            elif (handled := handled_in_slot(self.store, self.wheel, self.log, disk)) \
-                    is not None:
+            elif (since := self._stale_from(disk)) is not None:
+                log.warning("%s: the timer delivered after CommitLog offset %d, where this "
+                            "checkpoint was saved (a stale copy: a restored backup, an older "
+                            "file); its next run skips every message delivered since, as a "
+                            "dead run's redo does", self._check_path, since)
+                disk.deliver_mark = since
+                self._save(disk)
+            handled = None if problem is not None \
+                else handled_in_slot(self.store, self.wheel, self.log, disk)
+            if handled is not None:
                 log.warning("%s: its count of handled units of the slot at %d ms (slotDone "
                             "%d) is not what the delivered copies say (%d); corrected",
                             self._check_path, disk.last_read_time_ms, disk.slot_done, handled)
@@ -299,6 +326,28 @@ class TimerService:
             ckpt.mark_as_rmqs(self._check_path)  # after a save: the files are rmq's now
         self._state = disk
         return disk
+
+    def _stale_from(self, disk: TimerCheckpoint) -> int | None:
+        """Where a checkpoint with no run under way was saved (the CommitLog's end then),
+        when timer copies were appended after it: a later run this checkpoint does not know
+        of delivered them, and its progress (read time, queue offset, slotDone) is older
+        than the timer's (a stale copy of the file).  ``None`` when it is the newest (the
+        normal case: the scan covers only what was appended since its save), when it has no
+        such offset (an earlier version's) or when it would fire or enqueue nothing now.
+
+        Setting the mark there makes the next run a redo: every source with a copy from
+        there on is skipped, so nothing is delivered twice and nothing the TimerLog holds
+        is skipped (see :meth:`_recover`)."""
+        store = self.store
+        start, confirmed = disk.saved_end_from - 1, store.confirmed_offset()
+        if disk.deliver_mark >= 0 or not 0 <= start < confirmed:
+            return None  # a redo skips the copies anyway; nothing appended since its save
+        now = store.now_ms()
+        qmax = store.consume_queue(TIMER_TOPIC, 0).max_offset(confirmed)
+        if qmax <= disk.last_timer_queue_offset and not len(
+                self.wheel.due_slots(disk.last_read_time_ms, now - now % self.precision)):
+            return None  # nothing it would fire or enqueue (a slot fired since was due then)
+        return start if len(timer_origins_since(store, start)) else None
 
     def _rebuild_damaged(self, disk: TimerCheckpoint, problem: str) -> TimerCheckpoint:
         """Set the damaged wheel and TimerLog aside (copies) and rebuild the timer from the
@@ -420,6 +469,11 @@ class TimerService:
         state.timestamp = max(self.store.now_ms(), state.last_read_time_ms)
         state.master_timer_queue_offset = state.last_timer_queue_offset
         state.store_tag = self.store_tag
+        state.saved_end_from = self.store.confirmed_offset() + 1
+        # (every entry queued so far holds a tag hash: the open upgraded the older ones and
+        # this rmq writes hashes; unknown again once an earlier rmq saved, see _sync)
+        state.tags_hashed_to = self.store.consume_queue(TIMER_TOPIC, 0).max_offset() + 1 \
+            if self._tags_known else 0
         self._cover_log(state)
         crash_point("timer.checkpoint", "before")
         ckpt.save(self._check_path, state)
@@ -543,13 +597,30 @@ class TimerService:
         self._queued = cached
         return cached.fires, cached.weights
 
+    def _delivered_unsaved(self, st: TimerCheckpoint) -> np.ndarray:
+        """:func:`~.validation.delivered_since_mark` for ``st`` now, kept while nothing it
+        depends on moved (a store left as a dead run left it is asked again and again)."""
+        store = self.store
+        if st.deliver_mark < 0:
+            return np.empty(0, np.int64)
+        now = store.now_ms()
+        floor_now = now - now % self.precision
+        key = (st.counter, st.deliver_mark, store.confirmed_offset(), floor_now)
+        if self._unsaved is None or self._unsaved[0] != key:
+            times = delivered_since_mark(store, self.wheel, self.log, st, floor_now)
+            release_commitlog_pages(store)
+            self._unsaved = (key, times)
+        return self._unsaved[1]
+
     def pending_count(self) -> int:
-        """Timer messages not yet delivered (wheel counts plus the un-enqueued queue tail)."""
+        """Timer messages not yet delivered (wheel counts plus the un-enqueued queue tail,
+        less what a run the checkpoint does not know of delivered already)."""
         store = self.store
         with store.write_lock():
             st = self._sync()
             backlog = int(self._queued_fires(st.last_timer_queue_offset)[1].sum())
             pending = self.wheel.pending_count(st.last_read_time_ms) - st.slot_done
+            pending -= len(self._delivered_unsaved(st))
             self.wheel.release_memory()
             return max(0, pending + backlog)
 
@@ -570,10 +641,14 @@ class TimerService:
         with store.write_lock():
             st = self._sync()
             times, nums = self.wheel.live_slots(st.last_read_time_ms)
-            self.wheel.release_memory()
             fires, weights = self._queued_fires(st.last_timer_queue_offset)
-        due = np.concatenate([times + P, fires + P])
-        weight = np.concatenate([nums, weights]).astype(np.int64)
+            # the units of the slot at the read time a bounded run handled already, and what
+            # a run the checkpoint does not know of delivered, are no longer pending
+            done = np.concatenate([np.full(st.slot_done, st.last_read_time_ms + P, np.int64),
+                                   self._delivered_unsaved(st)])
+            self.wheel.release_memory()
+        due = np.concatenate([times + P, fires + P, done])
+        weight = np.concatenate([nums, weights, np.full(len(done), -1)]).astype(np.int64)
         return due.astype(np.int64), weight
 
     def retention_floor(self) -> int | None:

@@ -12,7 +12,9 @@ with NumPy over the mapped files (no Python step per unit or slot):
   or after the read time, lastPos set) describe the same slots: each such slot is found at
   its index, its lastPos is its newest unit and its firstPos its oldest, its ``num`` is the
   units minus the cancel markers, and every unit's ``prevPos`` is the slot's previous unit
-  (-1 for the first: the chain links point backwards);
+  (-1 for the first: the chain links point backwards); one compiled pass over the units in
+  log order tallies their slots (no sort; a table twice the wheel's live slots), then NumPy
+  compares the tally with the wheel;
 * each such unit names a real timer record: ``offsetPy`` and ``sizePy`` point at a record of
   that size in the CommitLog holding ``TIMER_OUT_MS``, a cancel marker exactly when the unit
   is one, and a fire time that matches its slot (the slot itself for a unit placed at its
@@ -42,129 +44,164 @@ import shutil
 
 import numpy as np
 
+from ..base.jit import kernel_set
 from ..core.ports import StorePort
-from ..delayed.delivery import origins_since, release_commitlog_pages
+from ..delayed.delivery import (
+    origins_since,
+    properties_since,
+    read_queue_entries,
+    release_commitlog_pages,
+)
 from ..files.consume_queue import ENTRY_DTYPE
+from ..formats.message import PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS, TIMER_TOPIC
+from ..kernels.property_scan import parse_int_ranges
 from .timer_checkpoint import TimerCheckpoint
 from .timer_log import MAGIC_DELETE, MAGIC_ROLL, UNIT_SIZE, TimerLog
-from .timer_queue import record_fields
+from .timer_queue import CHUNK, record_fields
 from .wheel import TimerWheel
 
-_PENDING = [("position", np.int64), ("slot_time", np.int64), ("magic", np.int64),
-            ("prev_pos", np.int64), ("offset_py", np.int64), ("size_py", np.int64)]
 #: TimerLog units checked per step (bounds the memory the check takes).
 CHECK_CHUNK = 1 << 16
+#: A slot of the tally no pending unit filled yet.
+_EMPTY = np.iinfo(np.int64).min
+# how a chunk's tally ended: fine, a unit not pointing at its slot's previous unit, a unit
+# of one slot more than the wheel holds live ones
+_FINE, _BROKEN_CHAIN, _TOO_MANY_SLOTS = 0, 1, 2
 
 
-def _pending(positions: np.ndarray, units: np.ndarray, read_time: int) -> np.ndarray:
-    """The units whose slot time is at or after ``read_time`` (not fired yet)."""
-    slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
-    keep = slot_time >= read_time
-    part = np.empty(int(keep.sum()), dtype=_PENDING)
-    part["position"] = positions[keep]
-    part["slot_time"] = slot_time[keep]
-    for name in ("magic", "prev_pos", "offset_py", "size_py"):
-        part[name] = units[name][keep]
-    return part
+def _tally_units(positions, slot_time, magic, prev, read_time, log_min, precision, empty,
+                 limit, t_time, t_first, t_last, t_num, t_cut, used, keep):
+    """Add the pending units (slot time at or after ``read_time``) among a chunk of TimerLog
+    units, in position order, to the tally of their slots: a table probed from the slot's
+    tick (``t_*``: slot time or ``empty``, first and last position, units minus markers,
+    whether the slot's first units are in files retention removed; ``used[0]``: slots in
+    it, at most ``limit``, the wheel's live slots, in a table of twice as many); ``keep`` is
+    set for the pending ones.
+
+    Returns ``(how it ended, the unit)``: each pending unit must point at the previous unit
+    of its slot (the first of a slot at -1, or below ``log_min``: a cut), and the pending
+    units fill no more slots than the wheel holds.  One pass, no sort."""
+    cap = len(t_time)
+    for i in range(len(positions)):
+        t = slot_time[i]
+        if t < read_time:
+            keep[i] = False
+            continue
+        keep[i] = True
+        h = (t // precision) % cap
+        while t_time[h] != t and t_time[h] != empty:
+            h = (h + 1) % cap
+        p = prev[i]
+        if t_time[h] == t:
+            if p != t_last[h]:
+                return 1, i
+        else:
+            cut = p >= 0 and p < log_min
+            if p != -1 and not cut:
+                return 1, i
+            if used[0] >= limit:
+                return 2, i
+            used[0] += 1
+            t_time[h] = t
+            t_first[h] = positions[i]
+            t_cut[h] = cut
+            t_num[h] = 0
+        t_last[h] = positions[i]
+        if magic[i] & 4:  # MAGIC_DELETE: a cancel marker
+            t_num[h] -= 1
+        else:
+            t_num[h] += 1
+    return 0, -1
+
+
+_kernels = kernel_set(globals(), kernels=("_tally_units",))
 
 
 class _SlotTally:
     """What the pending units say of each slot they fill, built a chunk at a time in log
-    order: slot time, first and last position, units minus markers, and whether the slot's
-    first units are in TimerLog files retention removed.  Its size is the live slots'."""
+    order (:func:`_tally_units`): its size is twice the wheel's live slots (more slots
+    than those is damage, found as soon as the units fill one more)."""
 
-    def __init__(self, log_min: int) -> None:
-        self.log_min = log_min
-        self.time = np.empty(0, np.int64)
-        self.first = np.empty(0, np.int64)
-        self.last = np.empty(0, np.int64)
-        self.num = np.empty(0, np.int64)
-        self.cut = np.empty(0, bool)
+    def __init__(self, log_min: int, live: int, precision: int) -> None:
+        self.log_min, self.live, self.precision = log_min, live, precision
+        cap = 2 * max(live, 512)
+        self.time = np.full(cap, _EMPTY, np.int64)
+        self.first = np.empty(cap, np.int64)
+        self.last = np.empty(cap, np.int64)
+        self.num = np.empty(cap, np.int64)
+        self.cut = np.zeros(cap, bool)
+        self.used = np.zeros(1, np.int64)
 
-    def add(self, units: np.ndarray) -> str | None:
-        """Take a chunk of pending units (in position order); why their chains are broken."""
-        if not len(units):
-            return None
-        units = units[np.argsort(units["slot_time"], kind="stable")]
-        times, positions, prev = units["slot_time"], units["position"], units["prev_pos"]
-        uniq, first_idx, counts = np.unique(times, return_index=True, return_counts=True)
-        last_idx = first_idx + counts - 1
-        at = np.searchsorted(self.time, uniq)
-        known = at < len(self.time)
-        known[known] = self.time[at[known]] == uniq[known]
-        # each unit points at the previous unit of its slot: within the chunk, the one before
-        # it; the first of a slot at the slot's last unit so far (-1 for a new slot, or a
-        # unit in files retention removed)
-        expected = np.empty(len(units), dtype=np.int64)
-        expected[1:] = positions[:-1]
-        expected[first_idx] = np.where(known, self.last[np.minimum(at, len(self.last) - 1)]
-                                       if len(self.last) else -1, -1)
-        cut = np.zeros(len(units), dtype=bool)
-        cut[first_idx] = ~known & (prev[first_idx] >= 0) & (prev[first_idx] < self.log_min)
-        wrong = (prev != expected) & ~cut
-        if wrong.any():
-            return (f"the TimerLog unit at {int(positions[np.argmax(wrong)])} does not point "
-                    "at the previous unit of its slot")
-        delta = np.where((units["magic"] & MAGIC_DELETE) != 0, -1, 1)
-        sums = np.add.reduceat(delta, first_idx)
-        k = at[known]
-        self.last[k] = positions[last_idx[known]]
-        self.num[k] += sums[known]
-        new = ~known
-        if new.any():
-            merged = np.concatenate((self.time, uniq[new]))
-            order = np.argsort(merged, kind="stable")
-            self.time = merged[order]
-            self.first = np.concatenate((self.first, positions[first_idx[new]]))[order]
-            self.last = np.concatenate((self.last, positions[last_idx[new]]))[order]
-            self.num = np.concatenate((self.num, sums[new]))[order]
-            self.cut = np.concatenate((self.cut, cut[first_idx[new]]))[order]
-        return None
+    def add(self, positions: np.ndarray, units: np.ndarray, read_time: int
+            ) -> tuple[np.ndarray, np.ndarray, str | None]:
+        """Take a chunk of units (in position order); returns which are pending, their slot
+        times and why their chains are broken (``None``: they are not)."""
+        slot_time = units["enqueue_time"].astype(np.int64) + units["delay"]
+        keep = np.empty(len(units), bool)
+        status, i = _kernels(len(units))["_tally_units"](
+            positions, slot_time, units["magic"], units["prev_pos"], read_time, self.log_min,
+            self.precision, _EMPTY, self.live, self.time, self.first, self.last, self.num,
+            self.cut, self.used, keep)
+        if status == _BROKEN_CHAIN:
+            return keep, slot_time, (f"the TimerLog unit at {int(positions[i])} does not "
+                                     "point at the previous unit of its slot")
+        if status == _TOO_MANY_SLOTS:
+            return keep, slot_time, (f"the wheel has {self.live} live slots but the "
+                                     f"TimerLog's pending units fill more (the unit at "
+                                     f"{int(positions[i])}, of the slot of "
+                                     f"{int(slot_time[i])} ms)")
+        return keep, slot_time, None
 
-    def against(self, wheel: TimerWheel, read_time: int) -> str | None:
+    def against(self, wheel: TimerWheel) -> str | None:
         """Whether the wheel's live slots are not exactly the tallied ones."""
-        valid, first, last, num = wheel.lookup(self.time)
-        bad = ~valid | (last != self.last) | (~self.cut & ((first != self.first)
-                                                           | (num != self.num)))
+        rows = np.flatnonzero(self.time != _EMPTY)
+        rows = rows[np.argsort(self.time[rows], kind="stable")]  # reported in time order
+        times = self.time[rows]
+        valid, first, last, num = wheel.lookup(times)
+        bad = ~valid | (last != self.last[rows]) | (~self.cut[rows] & (
+            (first != self.first[rows]) | (num != self.num[rows])))
         if bad.any():
             i = int(np.argmax(bad))
-            return (f"the wheel slot of {int(self.time[i])} ms does not match the TimerLog "
+            r = rows[i]
+            return (f"the wheel slot of {int(times[i])} ms does not match the TimerLog "
                     f"(slot firstPos {int(first[i])}, lastPos {int(last[i])}, num "
-                    f"{int(num[i])}; the units say {int(self.first[i])}, {int(self.last[i])}, "
-                    f"{int(self.num[i])})")
-        live = wheel.live_slot_count(read_time)
-        if live != len(self.time):
-            return (f"the wheel has {live} live slots but the TimerLog's pending units fill "
-                    f"{len(self.time)}")
+                    f"{int(num[i])}; the units say {int(self.first[r])}, {int(self.last[r])}, "
+                    f"{int(self.num[r])})")
+        if self.live != len(times):
+            return (f"the wheel has {self.live} live slots but the TimerLog's pending units "
+                    f"fill {len(times)}")
         return None
 
 
-def _records_problem(store: StorePort, units: np.ndarray, certified_from: int) -> str | None:
-    """Whether a pending unit names no timer record of its size and slot (the records of
+def _records_problem(store: StorePort, positions: np.ndarray, units: np.ndarray,
+                     slot_time: np.ndarray, pending: np.ndarray,
+                     certified_from: int) -> str | None:
+    """Whether a ``pending`` unit names no timer record of its size and slot (the records of
     units at or after ``certified_from`` are not read: see :func:`certified_from`)."""
     log = store.commit_log
-    offsets = units["offset_py"]
-    present = offsets >= log.min_offset()
-    past = present & (offsets + units["size_py"] > store.confirmed_offset())
+    offsets = units["offset_py"].astype(np.int64, copy=False)
+    sizes = units["size_py"].astype(np.int64)
+    present = pending & (offsets >= log.min_offset())
+    past = present & (offsets + sizes > store.confirmed_offset())
     if past.any():
-        return (f"the TimerLog unit at {int(units['position'][np.argmax(past)])} points past "
+        return (f"the TimerLog unit at {int(positions[np.argmax(past)])} points past "
                 "the CommitLog's end")
-    present &= units["position"] < certified_from
-    if not present.any():
+    rows = np.flatnonzero(present & (positions < certified_from))
+    if not len(rows):
         return None
-    e = np.zeros(len(units), dtype=ENTRY_DTYPE.newbyteorder("="))
-    e["offset"] = offsets
-    e["size"] = units["size_py"]
-    fire, marker, ok, _ = record_fields(store, e, present)
-    roll = (units["magic"] & MAGIC_ROLL) != 0
-    slot = units["slot_time"]
-    fits = ok & (marker == ((units["magic"] & MAGIC_DELETE) != 0)) & np.where(
+    e = np.zeros(len(rows), dtype=ENTRY_DTYPE.newbyteorder("="))
+    e["offset"] = offsets[rows]
+    e["size"] = sizes[rows]
+    fire, marker, ok, _ = record_fields(store, e, np.ones(len(rows), bool))
+    magic = units["magic"][rows]
+    roll = (magic & MAGIC_ROLL) != 0
+    slot = slot_time[rows]
+    fits = ok & (marker == ((magic & MAGIC_DELETE) != 0)) & np.where(
         roll, fire >= slot, fire <= slot)
-    bad = present & ~fits
-    if bad.any():
-        i = int(np.argmax(bad))
-        return (f"the TimerLog unit at {int(units['position'][i])} names no timer record of "
-                f"its slot (CommitLog offset {int(offsets[i])}, size {int(units['size_py'][i])})")
+    if not fits.all():
+        i = int(np.argmin(fits))
+        return (f"the TimerLog unit at {int(positions[rows[i]])} names no timer record of "
+                f"its slot (CommitLog offset {int(e['offset'][i])}, size {int(e['size'][i])})")
     return None
 
 
@@ -193,13 +230,14 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
     if (end % log.file_size) % UNIT_SIZE:
         return f"the checkpointed TimerLog end {end} is not on a unit boundary"
     read_time = state.last_read_time_ms
-    tally = _SlotTally(log_min)
+    tally = _SlotTally(log_min, wheel.live_slot_count(read_time), wheel.precision)
     seen = 0
     certified = certified_from(log, state, log_min)
     for positions, units in log.valid_units(log_min, end, CHECK_CHUNK):
         seen += len(units)
-        pending = _pending(positions, units, read_time)
-        problem = tally.add(pending) or _records_problem(store, pending, certified)
+        pending, slot_time, problem = tally.add(positions, units, read_time)
+        problem = problem or _records_problem(store, positions, units, slot_time, pending,
+                                              certified)
         if problem is not None:
             return problem
         release_commitlog_pages(store)
@@ -208,7 +246,7 @@ def timer_files_problem(store: StorePort, wheel: TimerWheel, log: TimerLog,
     if seen < expected:
         return (f"the TimerLog holds no valid unit at or after unit {seen} of the "
                 f"{expected} from {log_min} to its checkpointed end {end}")
-    return tally.against(wheel, read_time)
+    return tally.against(wheel)
 
 
 def handled_in_slot(store: StorePort, wheel: TimerWheel, log: TimerLog,
@@ -256,6 +294,65 @@ def _consistent(k: int, leaves_copy: np.ndarray, has_copy: np.ndarray, redo: boo
         return False
     before = np.flatnonzero(leaves_copy[:k])
     return not len(before) or bool(has_copy[before[-1]])
+
+
+def timer_origins_since(store: StorePort, start: int, end: int | None = None) -> np.ndarray:
+    """Sorted, distinct origins (``__RMQ_DELAY_ORIGIN``) of the timer's own copies (a
+    delivery or a roll's re-put: they carry ``TIMER_DEQUEUE_MS``, which no other service
+    sets) from CommitLog offset ``start`` to ``end`` (the confirmed end when ``None``).
+
+    One compiled scan of the records' properties, as :func:`origins_since`; a checkpoint
+    saved at ``start`` that is the timer's newest knows of none of them (see
+    :meth:`store.timer.timer_service.TimerService._stale_from`)."""
+    found: list[np.ndarray] = []
+    for raw, has, vstart, vend in properties_since(
+            store, start, [PROPERTY_DELAY_ORIGIN, PROPERTY_TIMER_DEQUEUE_MS], end):
+        timer = has[0] & has[1]
+        if timer.any():
+            values, ok = parse_int_ranges(raw, vstart[0][timer], vend[0][timer])
+            found.append(values[ok])
+    return np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
+
+
+def delivered_since_mark(store: StorePort, wheel: TimerWheel, log: TimerLog,
+                         state: TimerCheckpoint, floor_now: int) -> np.ndarray:
+    """The fire times (slot time + precision, one per message) of the messages ``state``
+    still counts as pending although a run it does not know of delivered them: a run that
+    died after its mark was saved, or the runs after a stale checkpoint (whose mark
+    :meth:`~store.timer.timer_service.TimerService._stale_from` set).  Empty when no mark
+    is set or nothing was delivered since it.
+
+    Those runs fired only slots due by ``floor_now`` (the units of the slot at the read time
+    from ``slotDone`` on) and delivered straight from the queue only entries past the
+    checkpointed queue offset; a source counts when a timer copy from the mark on names it
+    (:func:`timer_origins_since`).  A roll's re-put is a new queue entry, counted pending
+    there, so its unit counts as delivered here.  One chain walk per due slot, NumPy per
+    unit (what the redo does anyway)."""
+    empty = np.empty(0, np.int64)
+    if state.deliver_mark < 0:
+        return empty
+    origins = timer_origins_since(store, state.deliver_mark)
+    if not len(origins):
+        return empty
+    precision = wheel.precision
+    found = [empty]
+    read_time = state.last_read_time_ms
+    for slot_time in wheel.due_slots(read_time, floor_now).tolist():
+        _first, last, num = wheel.get(slot_time)
+        _positions, units = log.walk_chain(last, state.last_timer_log_flush_pos, num)
+        units = units[::-1][state.slot_done if slot_time == read_time else 0:]
+        copied = np.isin(units["offset_py"], origins) & (
+            (units["magic"] & (MAGIC_DELETE | MAGIC_ROLL)) != MAGIC_DELETE)
+        found.append(np.full(int(copied.sum()), slot_time + precision, np.int64))
+    queue = store.consume_queue(TIMER_TOPIC, 0)
+    end = queue.max_offset(store.confirmed_offset())
+    for q in range(state.last_timer_queue_offset, end, CHUNK):
+        e = read_queue_entries(queue, q, min(end, q + CHUNK))
+        hit = np.isin(e["offset"].astype(np.int64), origins)
+        if hit.any():
+            fire, marker, ok, _ = record_fields(store, e, hit)
+            found.append(fire[hit & ok & ~marker] + precision)
+    return np.concatenate(found)
 
 
 def copy_aside(path: str) -> str:

@@ -21,7 +21,7 @@ def test_layout_sizes_match_the_reference():
     assert UNIT.size == UNIT_DTYPE.itemsize == UNIT_SIZE == 52
     assert SLOT.size == SLOT_DTYPE.itemsize == SLOT_SIZE == 32
     assert BLANK.size == BLANK_SIZE == 16
-    assert CHECKPOINT_LAYOUT.size == 120 and CHECKPOINT_FILE_SIZE == 4096
+    assert CHECKPOINT_LAYOUT.size == 136 and CHECKPOINT_FILE_SIZE == 4096
     # RocketMQ: last unit of a 100 MiB file at 104857532
     per = units_per_file(100 * 1024 * 1024)
     assert (per - 1) * UNIT_SIZE == 104857532

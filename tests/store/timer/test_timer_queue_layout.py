@@ -143,3 +143,40 @@ def test_a_damaged_timer_queue_entry_is_rebuilt_not_skipped(store, clock):
     clock.advance(1_500)
     assert store.deliver_due() == 2
     assert sorted(v.msg_id for v in visible(store, "t")) == sorted([good.msg_id, other.msg_id])
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["closed", "crashed"])
+def test_a_store_opened_again_does_not_read_its_timer_queue_for_the_upgrade(
+        store_path, small_config, clock, monkeypatch, crash):
+    """The checkpoint records how far the timer queue is known to hold tag hashes: an open
+    looks only at the entries queued since (the old code read every pending entry)."""
+    from store.timer import timer_queue
+
+    s = MessageStore.open(store_path, small_config, clock=clock)
+    p = s.producer("g")
+    for i in range(300):
+        p.send(Message("t", b"m%d" % i), delay_ms=60_000 + i)
+    s.deliver_due()  # placed in the wheel; the checkpoint saved
+    p.send(Message("t", b"after"), delay_ms=60_000)  # queued after the last save
+    if crash:
+        s.flush()  # (left open: as a killed process leaves it)
+    else:
+        s.close()
+    read = []
+    real = timer_queue.read_queue_entries
+
+    def counting(queue, start, end):
+        out = real(queue, start, end)
+        read.append(len(out))
+        return out
+
+    monkeypatch.setattr(timer_queue, "read_queue_entries", counting)
+    try:
+        with MessageStore.open(store_path, small_config, clock=clock) as again:
+            assert sum(read) <= 1  # the entry queued after the last save, at most
+            clock.advance(61_000)
+            again.deliver_due()
+            assert len(visible(again, "t")) == 301
+    finally:
+        if crash:
+            s.close()
