@@ -165,13 +165,16 @@ class TableChunk:
     queue_ids: np.ndarray | None
 
     def encode(self, *, sys_flag: int = 0, magic: int = MESSAGE_MAGIC_CODE_V1,
-               allocate: Allocate | None = None) -> AssembledRecords:
+               allocate: Allocate | None = None, codes_as_prepared: bool = False
+               ) -> AssembledRecords:
         """The chunk's records as :func:`append_prepared` would write them (delayed rows
         routed to their real queues), assembled but not placed.  ``magic``: their MAGICCODE
         (the sink stages them with a zero one); ``allocate``: where they are assembled (see
-        :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
+        :meth:`~store.core.store_core.StoreCore.assemble_encoded`); ``codes_as_prepared``:
+        each record's tagsCode written in its PREPAREDTRANSACTIONOFFSET (a staged record,
+        :mod:`store.core.index_commit`), set in the headers before they are assembled."""
         return _encode_chunk(self.store, self.rows, self.queue_ids, sys_flag, None, allocate,
-                             magic)[0]
+                             magic, codes_as_prepared=codes_as_prepared)[0]
 
 
 def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tuple], *,
@@ -344,10 +347,12 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
                   prepared: np.ndarray | None, allocate: Allocate | None = None,
-                  magic: int = MESSAGE_MAGIC_CODE_V1, presume: Presume | None = None):
+                  magic: int = MESSAGE_MAGIC_CODE_V1, presume: Presume | None = None,
+                  codes_as_prepared: bool = False):
     """The assembled records of one chunk, and each row's due time (-1: not delayed).
     Reads only the rows and the config (runs on either thread); ``presume``: see
-    :meth:`~store.core.store_core.StoreCore.assemble_encoded`."""
+    :meth:`~store.core.store_core.StoreCore.assemble_encoded`; ``codes_as_prepared``: see
+    :meth:`TableChunk.encode`."""
     config = store.config
     now = rows.born_ms
     names = rows.topic_names
@@ -393,6 +398,8 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
     headers["body_length"] = rows.bodies.lengths()  # BODYCRC: filled by the record kernel
     if prepared is not None:
         headers["prepared_transaction_offset"] = prepared
+    elif codes_as_prepared:
+        headers["prepared_transaction_offset"] = codes
     records = store.assemble_encoded(EncodedRecords(
         headers=headers, bodies=rows.bodies, properties=rows.properties_column(),
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,

@@ -35,7 +35,7 @@ from ..formats.record_codec import (
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
-from ..core.index_commit import StagedColumns, placed_ranges, staged
+from ..core.index_commit import StagedColumns, placed_ranges
 from ..core.placed_commit import joined_columns
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
@@ -133,7 +133,7 @@ def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
     def make(chunk):  # on either of two threads (see store.core.pipeline)
         part = chunk.rows
         first = part.topic_names[int(part.topic_ids[0])]
-        records = staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE))
+        records = chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE, codes_as_prepared=True)
         # (the columns only: the chunk's bytes are not kept once appended)
         return records, ([first, *(t for t in part.topic_names if t != first)],
                          list(records.topics), records.topic_ids, records.tags_codes)
