@@ -139,7 +139,7 @@ def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
                          list(records.topics), records.topic_ids, records.tags_codes)
 
     placed = append_table_chunks(store, rows, make, topic=topic, create_topics=False,
-                                 placements=True)
+                                 presume="headers", placements=True)
     columns = joined_columns([
         StagedColumns(names, np.asarray(topic_ids, np.int64), p.queue_ids,
                       p.commitlog_offsets, p.sizes, np.asarray(codes, np.int64))
