@@ -110,18 +110,6 @@ def register_index_commits(core) -> None:
 # <store.produce.table_producer.TableChunk.encode>` with ``codes_as_prepared``: set before
 # the record kernel copies the headers, no pass over the records); the append writes
 # QUEUEOFFSET -1, as for every record without an entry.
-def placed_ranges(commitlog_offsets: np.ndarray, sizes: np.ndarray,
-                  file_size: int) -> list[tuple[int, int]]:
-    """The CommitLog ranges ``(start, end)`` of records appended back to back (one append's
-    ``commitlog_offsets`` and ``sizes``), one per segment they lie in."""
-    offsets = np.asarray(commitlog_offsets, dtype=np.int64)
-    if not len(offsets):
-        return []
-    ends = offsets + np.asarray(sizes, dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(offsets // file_size)) + 1
-    lo = np.concatenate(([0], cuts))
-    hi = np.concatenate((cuts, [len(offsets)])) - 1
-    return list(zip(offsets[lo].tolist(), ends[hi].tolist()))
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -505,7 +493,6 @@ __all__ = [
     "finish_pending_commit",
     "marker_entries",
     "marker_rows",
-    "placed_ranges",
     "register_index_commits",
     "walk_staged",
 ]
