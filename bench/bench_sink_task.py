@@ -4,6 +4,12 @@ task's rows on one thread (as a Spark task encodes), close (the flush of what it
 Run::
 
     PYTHONPATH=. /work/venv/bin/python bench/bench_sink_task.py [--rows N] [--repeat R]
+    PYTHONPATH=. /work/venv/bin/python bench/bench_sink_task.py --stage-cpu [--call N]
+
+``--stage-cpu``: the CPU seconds (``time.process_time``) of ``send_table`` and of
+``Sink.stage`` (the exactly-once task's write) of the same rows, in calls of ``--call`` rows
+(a Spark task's 65,536 by default), each case in a fresh store after one warm-up call, in
+turns, ``--repeat`` rounds; prints every round, the best and the median.
 
 The parts of a Spark task's write that are rmq's own (docs/benchmarks.md, the sink against
 the no-op sink): the open, the append, the close's wait for the disk.  Not collected by
@@ -13,8 +19,10 @@ pytest.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +39,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=500_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--stage-cpu", action="store_true",
+                    help="CPU of send_table against Sink.stage of the same rows")
+    ap.add_argument("--call", type=int, default=65536, help="rows per call (--stage-cpu)")
     args = ap.parse_args()
+    if args.stage_cpu:
+        return stage_cpu(args.rows, args.call, args.repeat)
     n = args.rows
     work = tempfile.mkdtemp(prefix="rmq-bench-sink-task-")
     try:
@@ -55,6 +68,40 @@ def main() -> None:
                   f"{t3 - t2:.3f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stage_cpu(n: int, call: int, repeat: int) -> None:
+    body = bytes(i % 256 for i in range(100))
+    table = pa.table({"topic": ["bench"] * n, "body": [body] * n, "tags": ["TagA"] * n,
+                      "keys": [f"k{i}" for i in range(n)]})
+    parts = [table.slice(i, call) for i in range(0, n, call)]
+    cpu: dict[str, list[float]] = {"send_table": [], "stage": []}
+    work = tempfile.mkdtemp(prefix="rmq-bench-stage-cpu-")
+    try:
+        for r in range(repeat):
+            for case, times in cpu.items():
+                path = os.path.join(work, f"{case}-{r}")
+                store = MessageStore.open(path)
+                store.encode_threads = 1  # as a Spark task
+                write = (store.sink("bench").stage if case == "stage"
+                         else store.producer("bench").send_table)
+                write(parts[0])  # warm-up (compiled kernels, files)
+                gc.collect()
+                t0 = time.process_time()
+                for part in parts:
+                    write(part)
+                times.append(time.process_time() - t0)
+                store.close()
+                shutil.rmtree(path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{n:,} rows of 100-byte bodies in calls of {call:,} rows, CPU seconds")
+    for case, times in cpu.items():
+        print(f"{case:10s} best {min(times):.3f}  median {statistics.median(times):.3f}  "
+              f"rounds {' '.join(f'{t:.3f}' for t in times)}")
+    send, stage = cpu["send_table"], cpu["stage"]
+    print(f"stage / send_table: best {min(stage) / min(send):.2f}x  median "
+          f"{statistics.median(stage) / statistics.median(send):.2f}x")
 
 
 if __name__ == "__main__":

@@ -387,12 +387,13 @@ class Appender:
     def _placed_as_presumed(self, records: AssembledRecords, groups: QueueGroups,
                             firsts: np.ndarray | None, now: int) -> bool:
         """Whether the records were encoded for the placement they get (see
-        :mod:`store.core.placement_chain`): one queue, indexed, presumed for this log end,
-        this queue offset and this store time."""
+        :mod:`store.core.placement_chain`): one queue, presumed for this log end, this
+        queue offset (-1 for staged records: not indexed) and this store time."""
         pre = records.presumed
-        return (pre is not None and firsts is not None and groups.order is None
+        first = codec.STAGED_QUEUE_OFFSET if firsts is None else firsts[0]
+        return (pre is not None and groups.order is None
                 and pre.log_end == self.write_offset and pre.key == groups.keys[0]
-                and pre.queue_first == firsts[0] and pre.store_timestamp_ms == now)
+                and pre.queue_first == first and pre.store_timestamp_ms == now)
 
     # ------------------------------------------------------------------ one record
     def prepare_one(self, topic: str, body: bytes, properties: bytes, tags: str | None,

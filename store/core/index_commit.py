@@ -75,10 +75,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..base.errors import CorruptRecordError, InvalidMessageError
+from ..base.errors import CorruptRecordError
 from ..files.consume_queue import ENTRY_DTYPE
 from ..formats.record_codec import (
-    FIELD_OFFSET,
     STAGED_QUEUE_OFFSET,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -92,15 +91,12 @@ from ..kernels.staged_walk import (
     TOO_MANY_TOPICS,
     staged_records,
 )
-from .append_types import AssembledRecords
 from .queue_dispatch import QueueEntries
 
 INDEX_COMMIT_TOPIC = "rmq_sys_index_commit"
 MARKER_MAGIC = b"RMQM"
 #: Magic, range count, queue count and topic names' length of a marker body.
 MARKER_HEAD = struct.Struct(">4siii")
-_PREPARED_AT = FIELD_OFFSET["prepared_transaction_offset"]
-_BYTES8 = np.arange(8, dtype=np.int64)
 
 
 def register_index_commits(core) -> None:
@@ -109,32 +105,11 @@ def register_index_commits(core) -> None:
 
 
 # ---------------------------------------------------------------------------- staging
-def staged(records: AssembledRecords) -> AssembledRecords:
-    """Make assembled records (encoded with the PREPARED sys flag) staged records: each one's
-    tagsCode written into its PREPAREDTRANSACTIONOFFSET (the append writes QUEUEOFFSET -1,
-    as for every record without an entry)."""
-    if records.dispatched:
-        raise InvalidMessageError("staged records must be encoded with the transaction type "
-                                  "PREPARED in their sys flag (records with queue entries "
-                                  "cannot be staged)")
-    at = records.starts.astype(np.int64)[:, None] + _PREPARED_AT + _BYTES8
-    codes = np.ascontiguousarray(records.tags_codes, dtype=">i8").view(np.uint8)
-    records.data[at.ravel()] = codes
-    return records
-
-
-def placed_ranges(commitlog_offsets: np.ndarray, sizes: np.ndarray,
-                  file_size: int) -> list[tuple[int, int]]:
-    """The CommitLog ranges ``(start, end)`` of records appended back to back (one append's
-    ``commitlog_offsets`` and ``sizes``), one per segment they lie in."""
-    offsets = np.asarray(commitlog_offsets, dtype=np.int64)
-    if not len(offsets):
-        return []
-    ends = offsets + np.asarray(sizes, dtype=np.int64)
-    cuts = np.flatnonzero(np.diff(offsets // file_size)) + 1
-    lo = np.concatenate(([0], cuts))
-    hi = np.concatenate((cuts, [len(offsets)])) - 1
-    return list(zip(offsets[lo].tolist(), ends[hi].tolist()))
+# A stager encodes its records with the PREPARED sys flag and their tagsCodes in their
+# headers' PREPAREDTRANSACTIONOFFSET (:meth:`TableChunk.encode
+# <store.produce.table_producer.TableChunk.encode>` with ``codes_as_prepared``: set before
+# the record kernel copies the headers, no pass over the records); the append writes
+# QUEUEOFFSET -1, as for every record without an entry.
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -518,8 +493,6 @@ __all__ = [
     "finish_pending_commit",
     "marker_entries",
     "marker_rows",
-    "placed_ranges",
     "register_index_commits",
-    "staged",
     "walk_staged",
 ]

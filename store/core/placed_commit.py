@@ -58,8 +58,11 @@ def joined_columns(parts: list[StagedColumns]) -> StagedColumns:
     names: dict[str, int] = {}
     ids = []
     for p in parts:
-        local = np.array([names.setdefault(t, len(names)) for t in p.topics], dtype=np.int64)
-        ids.append(local[p.topic_ids] if len(p) else np.empty(0, np.int64))
+        local = [names.setdefault(t, len(names)) for t in p.topics]
+        topic_ids = np.asarray(p.topic_ids, dtype=np.int64)
+        if local != list(range(len(local))):  # (numbered as before: kept)
+            topic_ids = np.array(local, dtype=np.int64)[topic_ids]
+        ids.append(topic_ids)
     if not parts:
         empty = np.empty(0, np.int64)
         return StagedColumns([], empty, empty, empty, empty, empty)

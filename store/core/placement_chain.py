@@ -17,7 +17,9 @@ against the real log end, queue end and store time
 differs (another writer came between): a wrong presumption costs the pass it would have
 saved, never a wrong byte.
 
-Only chunks of one queue with a store time of their own are presumed; any other chunk moves the
+Staged records (:mod:`store.core.index_commit`) are presumed alike, with their queue
+offset -1: they move no queue on.  Only chunks of one queue with a store time of their own
+are presumed; any other chunk moves the
 log end on and leaves its topics' queues unknown (their later chunks are not presumed).
 """
 
@@ -28,6 +30,7 @@ import threading
 import numpy as np
 
 from ..files.commit_log import CommitLog
+from ..formats.record_codec import STAGED_QUEUE_OFFSET
 from ..kernels.record_assembly import patch_placed_fields
 from .append_types import EncodedRecords, Presumed
 from .queue_dispatch import is_dispatched
@@ -92,7 +95,8 @@ class PlacementChain:
                                                 sizes)
             presumed = fields(place, log_end, ends)
             if presumed is not None:
-                ends = {**ends, presumed.key: presumed.queue_first + len(sizes)}
+                if presumed.queue_first != STAGED_QUEUE_OFFSET:
+                    ends = {**ends, presumed.key: presumed.queue_first + len(sizes)}
             else:  # its topics' queue ends are no longer known
                 topics = set(topics)
                 ends = {key: end for key, end in ends.items() if key[0] not in topics}
@@ -120,18 +124,20 @@ class PlacementChain:
         q = int(qids[0])
         if now is None or int(qids.min()) != q or int(qids.max()) != q:
             return None
-        if not is_dispatched(int(records.headers["sys_flag"][0])):
-            return None  # no queue entries: the append writes queue offset 0
         if len(records.topics) > 1 and not bool((tids == tids[0]).all()):
             return None
         key = (records.topics[int(tids[0])], q)
-        first = ends.get(key)
-        if first is None:
-            return None
         starts = place[0]
+        if is_dispatched(int(records.headers["sys_flag"][0])):
+            first = ends.get(key)
+            if first is None:
+                return None
+            queue_offsets = np.arange(first, first + len(starts), dtype=np.int64)
+        else:  # staged records (store.core.index_commit): no queue entries, no queue moved
+            first = queue_offsets = STAGED_QUEUE_OFFSET
         headers = records.headers
         headers["queue_id"] = q
-        headers["queue_offset"] = np.arange(first, first + len(starts), dtype=np.int64)
+        headers["queue_offset"] = queue_offsets
         headers["physical_offset"] = starts
         headers["store_timestamp"] = now
         return Presumed(log_end, key, first, now)

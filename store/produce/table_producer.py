@@ -163,20 +163,25 @@ class TableChunk:
     lo: int
     hi: int
     queue_ids: np.ndarray | None
+    #: with ``presume="headers"``: what :meth:`encode` presumes the chunk's placement by
+    presume: Presume | None = None
 
     def encode(self, *, sys_flag: int = 0, magic: int = MESSAGE_MAGIC_CODE_V1,
-               allocate: Allocate | None = None) -> AssembledRecords:
+               allocate: Allocate | None = None, codes_as_prepared: bool = False
+               ) -> AssembledRecords:
         """The chunk's records as :func:`append_prepared` would write them (delayed rows
         routed to their real queues), assembled but not placed.  ``magic``: their MAGICCODE
         (the sink stages them with a zero one); ``allocate``: where they are assembled (see
-        :meth:`~store.core.store_core.StoreCore.assemble_encoded`)."""
+        :meth:`~store.core.store_core.StoreCore.assemble_encoded`); ``codes_as_prepared``:
+        each record's tagsCode written in its PREPAREDTRANSACTIONOFFSET (a staged record,
+        :mod:`store.core.index_commit`), set in the headers before they are assembled."""
         return _encode_chunk(self.store, self.rows, self.queue_ids, sys_flag, None, allocate,
-                             magic)[0]
+                             magic, self.presume, codes_as_prepared)[0]
 
 
 def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tuple], *,
                         topic: str | None = None, bounds: Callable | None = None,
-                        create_topics: bool = True, presume: bool = False,
+                        create_topics: bool = True, presume: bool | str = False,
                         placements: bool = False) -> list:
     """Encode and append rows in chunks, one append each; return what ``make`` said of each
     chunk (with ``placements``: ``(what make said, the chunk's EncodedAppend)``).  The door
@@ -194,7 +199,9 @@ def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tup
     ``create_topics`` is false (missing topics are then only counted) or when ``presume``
     places chunks of one topic that keep no queue by a
     :class:`~store.core.placement_chain.PlacementChain` as soon as they are made (``make``
-    then assembles records of one queue, stored at their ``store_timestamp_ms``); else as
+    then assembles records of one queue, stored at their ``store_timestamp_ms``; with
+    ``presume="headers"``, ``make`` encodes them by :meth:`TableChunk.encode`, which writes
+    the presumed fields into their headers before they are assembled); else as
     each chunk is appended (its records' ``queue_ids`` are then set there), creating missing
     topics.
     """
@@ -216,19 +223,24 @@ def append_table_chunks(store: StorePort, rows, make: Callable[[TableChunk], tup
         chain = first = None
         if presume and one_queue and len(cuts) > 1:
             first = [queues(lo, hi) for lo, hi in cuts]
+            # (topics that may be missing, not created: their queues' ends are not asked)
             chain = store.placement_chain(len(cuts), sorted({(names[0], int(q[0]))
-                                                             for q in first}))
+                                                             for q in first})
+                                          if create_topics else [])
         elif not create_topics:
             first = [queues(lo, hi) for lo, hi in cuts]
 
         prepared = isinstance(rows, PreparedRows)
+        in_headers = chain is not None and presume == "headers"
 
         def prepare(k: int):  # reads the rows, writes only its own buffer
             lo, hi = cuts[k]
             try:
-                records, result = make(TableChunk(store, rows.slice(lo, hi) if prepared else None,
-                                                  k, lo, hi, None if first is None else first[k]))
-                if chain is not None:  # the placement, written while the records are cached
+                records, result = make(TableChunk(
+                    store, rows.slice(lo, hi) if prepared else None, k, lo, hi,
+                    None if first is None else first[k],
+                    partial(chain.presume, k) if in_headers else None))
+                if chain is not None and not in_headers:  # written while the records are cached
                     records = replace(records, presumed=chain.presume_assembled(
                         k, records.data, records.starts, records.sizes,
                         (names[0], int(first[k][0])), records.store_timestamp_ms))
@@ -344,10 +356,12 @@ def queues_for_chunk(store: StorePort, names, topic_ids: np.ndarray,
 
 def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sys_flag: int,
                   prepared: np.ndarray | None, allocate: Allocate | None = None,
-                  magic: int = MESSAGE_MAGIC_CODE_V1, presume: Presume | None = None):
+                  magic: int = MESSAGE_MAGIC_CODE_V1, presume: Presume | None = None,
+                  codes_as_prepared: bool = False):
     """The assembled records of one chunk, and each row's due time (-1: not delayed).
     Reads only the rows and the config (runs on either thread); ``presume``: see
-    :meth:`~store.core.store_core.StoreCore.assemble_encoded`."""
+    :meth:`~store.core.store_core.StoreCore.assemble_encoded`; ``codes_as_prepared``: see
+    :meth:`TableChunk.encode`."""
     config = store.config
     now = rows.born_ms
     names = rows.topic_names
@@ -393,6 +407,8 @@ def _encode_chunk(store: StorePort, rows: PreparedRows, real_qid: np.ndarray, sy
     headers["body_length"] = rows.bodies.lengths()  # BODYCRC: filled by the record kernel
     if prepared is not None:
         headers["prepared_transaction_offset"] = prepared
+    elif codes_as_prepared:
+        headers["prepared_transaction_offset"] = codes
     records = store.assemble_encoded(EncodedRecords(
         headers=headers, bodies=rows.bodies, properties=rows.properties_column(),
         properties_length=props_len, topics=target_topics, topic_ids=target_ids,

@@ -35,8 +35,8 @@ from ..formats.record_codec import (
     encode_properties,
 )
 from ..core.append_types import AssembledRecords, EncodedRecords
-from ..core.index_commit import StagedColumns, placed_ranges, staged
-from ..core.placed_commit import joined_columns
+from ..core.index_commit import StagedColumns
+from ..core.placed_commit import joined_columns, staged_runs
 from ..formats.message import TRANS_HALF_TOPIC
 from ..base.crc import crc32
 from ..base.errors import CorruptRecordError, MessageTooLargeError
@@ -108,14 +108,19 @@ def framed_half(store, chunk, properties: dict[str, str]) -> AssembledRecords:
 
 
 class StagedRows(NamedTuple):
-    """What :func:`stage_rows` appended: the CommitLog ranges of the staged records, how
-    many rows, the rows' own topics (the first row's first) and the records' columns as
-    they were placed (in CommitLog order: what a commit needs instead of reading them)."""
+    """What :func:`stage_rows` appended: how many rows, the rows' own topics (the first
+    row's first), the records' columns as they were placed (in CommitLog order: what a
+    commit needs instead of reading them) and the log's segment size."""
 
-    ranges: list
     rows: int
     topics: list
     columns: StagedColumns
+    file_size: int
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The CommitLog ranges of the staged records (each inside one segment)."""
+        return [(a, b) for a, b in staged_runs(self.columns, self.file_size).ranges.tolist()]
 
 
 def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
@@ -124,31 +129,28 @@ def stage_rows(store, rows, *, topic: str | None = None) -> StagedRows:
     commit marker names them).
 
     Each chunk of the producer's is encoded (routed, CRCs computed) with the transaction
-    type PREPARED, given its tagsCodes in PREPAREDTRANSACTIONOFFSET and appended once: the
-    rows are written here and never again.  Queues are chosen for every chunk first (a
-    delayed row's routing names its real queue).  What each record was placed as (topic,
-    queue id, offset, size, tagsCode) is kept from the append, not read back."""
-    file_size = store.config.commitlog_file_size_bytes
+    type PREPARED and its tagsCodes in PREPAREDTRANSACTIONOFFSET, placed as presumed while
+    encoded (:mod:`store.core.placement_chain`) and appended once: the rows are written here
+    and never again.  Queues are chosen for every chunk first (a delayed row's routing names
+    its real queue).  What each record was placed as (topic, queue id, offset, size,
+    tagsCode) is kept from the append, not read back."""
 
     def make(chunk):  # on either of two threads (see store.core.pipeline)
         part = chunk.rows
         first = part.topic_names[int(part.topic_ids[0])]
-        records = staged(chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE))
+        records = chunk.encode(sys_flag=TRANSACTION_PREPARED_TYPE, codes_as_prepared=True)
         # (the columns only: the chunk's bytes are not kept once appended)
         return records, ([first, *(t for t in part.topic_names if t != first)],
                          list(records.topics), records.topic_ids, records.tags_codes)
 
     placed = append_table_chunks(store, rows, make, topic=topic, create_topics=False,
-                                 placements=True)
+                                 presume="headers", placements=True)
     columns = joined_columns([
-        StagedColumns(names, np.asarray(topic_ids, np.int64), p.queue_ids,
-                      p.commitlog_offsets, p.sizes, np.asarray(codes, np.int64))
+        StagedColumns(names, topic_ids, p.queue_ids, p.commitlog_offsets, p.sizes, codes)
         for (_, names, topic_ids, codes), p in placed])
-    return StagedRows([r for _, p in placed
-                       for r in placed_ranges(p.commitlog_offsets, p.sizes, file_size)],
-                      len(columns),
+    return StagedRows(len(columns),
                       list(dict.fromkeys(t for (topics, *_), _ in placed for t in topics)),
-                      columns)
+                      columns, store.config.commitlog_file_size_bytes)
 
 
 def half_budget(store) -> int:
