@@ -277,17 +277,15 @@ def run_demo(*, store_path: str | None = None, orders: int = 2000, timeout_s: fl
         stop.set()
         producer.join(timeout=10)
         elapsed = time.time() - started
+        _stop_queries(queries)  # (their batches change the state: the summary's is final)
         left = [s.key for s in store.schedules() if s.key.startswith("remind-")]
-        ok = _summary(console, state, outcomes, progress, elapsed, left)
+        with state.lock:
+            ok = _summary(console, state, outcomes, progress, elapsed, left)
     finally:
         stop.set()
         if producer is not None:
             producer.join(timeout=30)
-        for q in queries:
-            try:
-                q.stop()
-            except Exception:
-                pass
+        _stop_queries(queries)
         spark.stop()
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)  # checkpoints; a --store DIR lies outside
@@ -383,6 +381,15 @@ def _watch(live, queries: list, producer, progress: dict, state: DemoState, stor
         live.update(_render(progress, state, store, orders, started))
         time.sleep(0.25)
     live.update(_render(progress, state, store, orders, started))
+
+
+def _stop_queries(queries: list) -> None:
+    """Stop every streaming query (each ``stop`` returns once its batch in flight ended)."""
+    for q in queries:
+        try:
+            q.stop()
+        except Exception:  # noqa: BLE001 - a query that failed or stopped already
+            pass
 
 
 def _summary(console, state: DemoState, outcomes: dict, progress: dict, elapsed: float,
