@@ -14,6 +14,7 @@ or the server's token.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 from ..base.errors import InvalidConfigError
@@ -21,6 +22,8 @@ from ..base.remote_address import RemoteAddress
 from .election import Voter
 from .replica import probe_replica
 from .replica_set import ReplicaSet
+
+log = logging.getLogger("store.replication.witness")
 
 
 class Witness:
@@ -38,6 +41,10 @@ class Witness:
                                      "allowed: \"witness\": the URL this server listens on")
         address = RemoteAddress.listen(listen)
         self.me = members.member(address, witness=True)
+        if state_dir is None:
+            log.warning("witness %s keeps its Raft term and vote in memory: restarted within "
+                        "a term it could vote twice in it; give it --store DIR to keep them "
+                        "on disk", self.me)
         credentials = ({"account": members.account, "secret_file": members.secret_file}
                        if members.account is not None else {"token": token})
         self.voter = Voter(members, self.me,
