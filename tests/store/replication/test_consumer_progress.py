@@ -44,7 +44,7 @@ class FakeLeader:
         self.answer = answer
         self.address = SimpleNamespace(url="rmq://127.0.0.1:1")
 
-    def consumer_progress(self):
+    def consumer_progress(self, **asked):
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
