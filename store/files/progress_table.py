@@ -180,13 +180,97 @@ def table_of(progress: ConsumerProgress, *, bounded: bool = False) -> ProgressTa
 # ---------------------------------------------------------------- the files
 
 
-def read_table(root: str) -> tuple[ProgressTable, dict]:
-    """The progress in the store at ``root``'s files as a table, and the other top-level
-    fields of ``consumerOffset.json`` (kept by :func:`write_table`)."""
+def _name_rows(queues: dict) -> tuple[list[int], list[int]] | None:
+    """The queue ids and offsets of one name's ``{queue: offset}``, converted at C speed;
+    ``None`` when an entry needs :func:`~.consumer_progress.read_progress`'s lenience."""
+    values = list(queues.values())
+    if not set(map(type, values)) <= {int}:
+        return None
+    try:
+        return list(map(int, queues)), values
+    except (TypeError, ValueError):
+        return None
+
+
+def read_table(root: str, *, bounded: bool = False) -> tuple[ProgressTable, dict]:
+    """The progress in the store at ``root``'s files as a table (what
+    ``table_of(read_progress(root), bounded=bounded)`` gives, a name's queues converted
+    as columns; ``bounded`` also leaves out the queues a follower would refuse: a name
+    that is no ``topic@group``, a queue id or offset out of range), and the other
+    top-level fields of ``consumerOffset.json`` (kept by :func:`write_table`)."""
     data = read_lenient_json(os.path.join(root, files.OFFSETS_FILE))
-    other = {k: v for k, v in data.items() if k not in ("offsetTable", files.COPIED_EPOCH_FIELD)
-             } if isinstance(data, dict) else {}
-    return table_of(read_progress(root)), other
+    data = data if isinstance(data, dict) else {}
+    other = {k: v for k, v in data.items() if k not in ("offsetTable", files.COPIED_EPOCH_FIELD)}
+    epoch = data.get(files.COPIED_EPOCH_FIELD)
+    epoch = epoch if type(epoch) is int else None
+    offsets, acks = data.get("offsetTable"), read_lenient_json(
+        os.path.join(root, files.ACKS_FILE))
+    acks = acks if isinstance(acks, dict) else {}
+    names: list[str] = []
+    name, queue, offset = [], [], []
+    for pair, queues in (offsets.items() if isinstance(offsets, dict) else ()):
+        topic, sep, group = str(pair).partition("@")
+        if not sep or not isinstance(queues, dict) or not queues:
+            continue
+        if bounded and not (is_valid_topic_name(topic) and is_valid_topic_name(group)):
+            continue
+        rows = _name_rows(queues)
+        if rows is None:  # (entries that are not plain integers: the lenient reader)
+            return table_of(read_progress(root), bounded=bounded), other
+        name.extend([len(names)] * len(rows[0]))
+        names.append(f"{topic}@{group}")
+        queue.extend(rows[0])
+        offset.extend(rows[1])
+    try:
+        name, queue, offset = (np.array(c, dtype=np.int64) for c in (name, queue, offset))
+    except OverflowError:
+        return table_of(read_progress(root), bounded=bounded), other
+    if bounded:
+        keep = np.flatnonzero((queue >= 0) & (queue <= files.MAX_QUEUE_ID) & (offset >= 0))
+        name, queue, offset = name[keep], queue[keep], offset[keep]
+    count, flat = _acks_of(names, name, queue, offset, acks, bounded)
+    if count is None:
+        return table_of(read_progress(root), bounded=bounded), other
+    table = _sorted_table(names, name, queue, offset, count, flat, epoch)
+    if len(np.unique(((table.name << 32) | (table.queue & 0xFFFFFFFF)))) != len(table):
+        return table_of(read_progress(root), bounded=bounded), other  # (a queue twice)
+    if bounded and len(table) > files.MAX_QUEUES:
+        table = table.take(np.arange(files.MAX_QUEUES), epoch)
+    return table, other
+
+
+def _acks_of(names, name, queue, offset, acks: dict, bounded: bool):
+    """The ack counts and offsets of each row (``rmq_consumer_acks.json``'s ``acks``), as
+    :func:`table_of` keeps them; ``(None, None)`` for an entry that needs the lenient
+    reader."""
+    count = np.zeros(len(queue), dtype=np.int64)
+    if not acks or not len(queue):
+        return count, _EMPTY
+    index = {n: i for i, n in enumerate(names)}
+    row_of = dict(zip(zip(name.tolist(), queue.tolist()), range(len(queue))))
+    found: dict[int, list[int]] = {}
+    for pair, queues in acks.items():
+        n = index.get(pair)
+        if n is None or not isinstance(queues, dict):
+            continue
+        for q, acked in queues.items():
+            try:
+                row = row_of.get((n, int(q)))
+            except (TypeError, ValueError):
+                continue
+            if row is None:
+                continue
+            if not isinstance(acked, list) or not set(map(type, acked)) <= {int}:
+                return None, None
+            kept = sorted({a for a in acked if a > offset[row]})
+            if bounded and len(kept) > files.MAX_ACKS_PER_QUEUE:
+                kept = []
+            found[row] = kept
+    for row, kept in found.items():
+        count[row] = len(kept)
+    ordered = sorted(found)
+    flat = [a for row in ordered for a in found[row]]
+    return count, np.array(flat, dtype=np.int64) if flat else _EMPTY
 
 
 _PLACEHOLDER = "rmq-offset-table-placeholder"
@@ -293,6 +377,8 @@ def merged_table(held: ProgressTable, copy: ProgressTable) -> ProgressTable | No
         return None
     if held.epoch != copy.epoch:
         return copy
+    if not len(copy):  # (a delta of nothing: what a quiet interval costs)
+        return None
     names, lookup = _union(held, copy)
     held_keys, copy_keys = held.keys(lookup), copy.keys(lookup)
     pos, found = _positions(held_keys, copy_keys)
@@ -469,7 +555,7 @@ class ProgressLog:
         state = self._files_state()
         if state == self._seen:
             return
-        table = table_of(read_progress(self.root), bounded=True)
+        table = read_table(self.root, bounded=True)[0]
         changed = changed_rows(self._table, table)
         if changed.any() or len(table) != len(self._table):
             self.version += 1

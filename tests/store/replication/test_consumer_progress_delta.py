@@ -141,6 +141,27 @@ def test_written_files_are_the_bytes_a_full_write_gives(tmp_path):
     assert table.to_progress() == held and other == {}
 
 
+def test_the_columns_read_from_the_files_are_what_the_lenient_reader_gives(tmp_path):
+    root = str(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / files.OFFSETS_FILE).write_text(
+        '{"offsetTable":{"t@g":{0:5,2:9,1:3},"u@g":{"3":"7"},"nogroup":{0:1},'
+        '"v@h":{}},"dataVersion":{"counter":4}}')
+    (tmp_path / files.ACKS_FILE).write_text(
+        '{"t@g":{"0":[8,6,2],"1":[4],"9":[50]},"u@g":{"3":["12"]},"x@y":{"0":[1]}}')
+    lenient = read_progress(root)
+    assert lenient.offsets[("g", "u", 3)] == 7  # (a string offset: read leniently)
+    for bounded in (False, True):
+        table, other = read_table(root, bounded=bounded)
+        assert table.to_progress() == table_of(lenient, bounded=bounded).to_progress()
+        assert other == {"dataVersion": {"counter": 4}}
+    (tmp_path / files.OFFSETS_FILE).write_text('{"offsetTable":{"t@g":{0:5,2:9,1:3}}}')
+    (tmp_path / files.ACKS_FILE).write_text('{"t@g":{"0":[8,6,2]}}')
+    table, _ = read_table(root)  # (plain integers: the columns' own path)
+    assert table.to_progress() == table_of(read_progress(root)).to_progress()
+    assert table.acks.tolist() == [6, 8]
+
+
 @pytest.mark.parametrize("how", ["restarted", "new term", "leader restarted"])
 def test_a_follower_without_a_version_the_leader_knows_gets_a_full_copy(tmp_path, how):
     leader_root, root = roots(tmp_path)
