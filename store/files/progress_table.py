@@ -228,49 +228,57 @@ def read_table(root: str, *, bounded: bool = False) -> tuple[ProgressTable, dict
     if bounded:
         keep = np.flatnonzero((queue >= 0) & (queue <= files.MAX_QUEUE_ID) & (offset >= 0))
         name, queue, offset = name[keep], queue[keep], offset[keep]
-    count, flat = _acks_of(names, name, queue, offset, acks, bounded)
-    if count is None:
+    table = _sorted_table(names, name, queue, offset, np.zeros(len(queue), dtype=np.int64),
+                          _EMPTY, epoch)
+    keys = (table.name << 32) | (table.queue & 0xFFFFFFFF)
+    if len(keys) > 1 and (np.diff(keys) == 0).any():  # (a queue twice: "1" and "01")
         return table_of(read_progress(root), bounded=bounded), other
-    table = _sorted_table(names, name, queue, offset, count, flat, epoch)
-    if len(np.unique(((table.name << 32) | (table.queue & 0xFFFFFFFF)))) != len(table):
-        return table_of(read_progress(root), bounded=bounded), other  # (a queue twice)
     if bounded and len(table) > files.MAX_QUEUES:
         table = table.take(np.arange(files.MAX_QUEUES), epoch)
-    return table, other
+        keys = keys[:files.MAX_QUEUES]
+    with_acks = _with_acks(table, keys, acks, bounded)
+    if with_acks is None:
+        return table_of(read_progress(root), bounded=bounded), other
+    return with_acks, other
 
 
-def _acks_of(names, name, queue, offset, acks: dict, bounded: bool):
-    """The ack counts and offsets of each row (``rmq_consumer_acks.json``'s ``acks``), as
-    :func:`table_of` keeps them; ``(None, None)`` for an entry that needs the lenient
-    reader."""
-    count = np.zeros(len(queue), dtype=np.int64)
-    if not acks or not len(queue):
-        return count, _EMPTY
-    index = {n: i for i, n in enumerate(names)}
-    row_of = dict(zip(zip(name.tolist(), queue.tolist()), range(len(queue))))
-    found: dict[int, list[int]] = {}
+def _with_acks(table: ProgressTable, keys: np.ndarray, acks: dict,
+               bounded: bool) -> ProgressTable | None:
+    """``table`` with the acks of ``rmq_consumer_acks.json``'s ``acks`` (as
+    :func:`table_of` keeps them); ``None`` for an entry that needs the lenient reader."""
+    index = {n: i for i, n in enumerate(table.names)}
+    rows, lists = [], []
     for pair, queues in acks.items():
         n = index.get(pair)
         if n is None or not isinstance(queues, dict):
             continue
         for q, acked in queues.items():
             try:
-                row = row_of.get((n, int(q)))
+                rows.append((n << 32) | (int(q) & 0xFFFFFFFF))
             except (TypeError, ValueError):
                 continue
-            if row is None:
-                continue
-            if not isinstance(acked, list) or not set(map(type, acked)) <= {int}:
-                return None, None
-            kept = sorted({a for a in acked if a > offset[row]})
-            if bounded and len(kept) > files.MAX_ACKS_PER_QUEUE:
-                kept = []
-            found[row] = kept
-    for row, kept in found.items():
+            lists.append(acked)
+    if not rows or not len(keys):
+        return table
+    pos, found = _positions(keys, np.array(rows, dtype=np.int64))
+    count = np.zeros(len(table), dtype=np.int64)
+    found_acks: dict[int, list[int]] = {}
+    offsets = table.offset
+    for row, ok, acked in zip(pos.tolist(), found.tolist(), lists):
+        if not ok:
+            continue
+        if not isinstance(acked, list) or not set(map(type, acked)) <= {int}:
+            return None
+        low = offsets[row]
+        kept = sorted({a for a in acked if a > low})
+        if bounded and len(kept) > files.MAX_ACKS_PER_QUEUE:
+            kept = []
+        found_acks[row] = kept
+    for row, kept in found_acks.items():
         count[row] = len(kept)
-    ordered = sorted(found)
-    flat = [a for row in ordered for a in found[row]]
-    return count, np.array(flat, dtype=np.int64) if flat else _EMPTY
+    flat = [a for row in sorted(found_acks) for a in found_acks[row]]
+    return ProgressTable(table.names, table.name, table.queue, table.offset, count,
+                         np.array(flat, dtype=np.int64) if flat else _EMPTY, table.epoch)
 
 
 _PLACEHOLDER = "rmq-offset-table-placeholder"
