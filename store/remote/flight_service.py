@@ -747,8 +747,9 @@ class StoreService(flight.FlightServerBase):
         return self.replica.epochs_answer()
 
     def _action_consumer_progress(self, body: dict) -> dict:
-        """The gRPC face's consumer groups' progress as saved here, for a follower's copy
-        (:mod:`store.files.consumer_progress`); replication right, a leader's only."""
+        """The gRPC face's consumer groups' progress as saved here, for a follower's copy:
+        what changed since the follower's ``"since"``, or the older shape without it
+        (:mod:`store.files.progress_table`); replication right, a leader's only."""
         require_replication(self._account(), "consumer_progress")
         if self.replica is not None:
             self.replica.check_source("consumer_progress")

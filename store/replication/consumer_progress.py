@@ -7,17 +7,23 @@ timer, a follower asks its leader for them (the ``consumer_progress`` action, wh
 the replication right and which only a leader answers) at most every
 ``consumer_progress_sync_ms`` of the replica-set file, on a thread and a connection of its
 own beside the follower's (:class:`~store.replication.follower.Follower` starts and stops
-it), checks the answer
-(:func:`~store.files.consumer_progress.parse_progress`), merges it with the copy it holds
-(:func:`~store.files.consumer_progress.merged`: no group's offset moves back within a
-leader's term) and writes it into its own files, which a follower that comes to lead takes
-before it serves a consumer (:meth:`~store.proxy.consumers.ConsumerGroups.take_role`).
+it).  It sends the leader's epoch, log and version of the copy it holds, and is answered
+only the queues changed since (a full copy when it holds none the leader knows:
+:mod:`store.files.progress_table`); it checks the answer
+(:func:`~store.files.progress_table.parse_answer`, and a delta against the copy held:
+:func:`~store.files.progress_table.check_delta`), merges it with the copy it holds, as
+columns (:func:`~store.files.progress_table.merged_table`: no group's offset moves back
+within a leader's term) and writes it into its own files, which a follower that comes to
+lead takes before it serves a consumer
+(:meth:`~store.proxy.consumers.ConsumerGroups.take_role`).  A leader of the previous
+version answers whole, in the older shape
+(:func:`~store.files.consumer_progress.parse_progress`), and is copied whole.
 
 So after a failover a group goes on from its progress as the old leader saved it at most
 one interval (and the leader's own save interval) before: what it acked since, and what
 was handed out and not acked, is handed out again (at least once).  An answer that fails
 the checks is logged and dropped; nothing of it is written, and the next interval asks
-again.
+again, for a full copy.
 """
 
 from __future__ import annotations

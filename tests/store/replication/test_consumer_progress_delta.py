@@ -6,11 +6,11 @@ as a full copy would; peers of the previous version are answered and understood.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_consumer_progress import files_bytes
 
 from store.files import consumer_progress as files
 from store.files.consumer_progress import (
@@ -81,14 +81,6 @@ def roots(tmp_path):
 
 def follower(root: str, leader: Leader) -> ProgressCopy:
     return ProgressCopy(SimpleNamespace(root=root, now_ms=lambda: 1), leader, 100)
-
-
-def files_bytes(root: str) -> tuple:
-    out = []
-    for name in (files.OFFSETS_FILE, files.ACKS_FILE):
-        path = os.path.join(root, name)
-        out.append(open(path, "rb").read() if os.path.exists(path) else None)
-    return tuple(out)
 
 
 def same_progress(a: str, b: str) -> bool:
