@@ -433,6 +433,8 @@ def check_delta(held: ProgressTable, held_since: dict | None, answer: dict,
     if answer["version"] < version:
         raise ConsumerProgressError(f"the delta's version {answer['version']} is before "
                                     f"the version {version} it follows")
+    if not len(delta):
+        return
     _, lookup = _union(held, delta)
     pos, found = _positions(held.keys(lookup), delta.keys(lookup))
     back = found & (delta.offset < (held.offset[pos] if len(held) else 0))

@@ -15,6 +15,7 @@ from test_consumer_progress import files_bytes
 from store.files import consumer_progress as files
 from store.files.consumer_progress import (
     ConsumerProgress,
+    merged,
     parse_progress,
     progress_fields,
     read_progress,
@@ -22,6 +23,7 @@ from store.files.consumer_progress import (
 )
 from store.files.progress_table import (
     ProgressLog,
+    merged_table,
     parse_answer,
     read_table,
     table_of,
@@ -301,3 +303,28 @@ def test_a_check_costs_arrays_not_a_python_object_per_queue():
     assert table.names == ("t@a", "t@b") and isinstance(table.offset, np.ndarray)
     assert table.queue.tolist() == [1, 2, 0] and table.offset.tolist() == [7, 6, 5]
     assert table.acks.tolist() == [9] and table.ack_count.tolist() == [0, 0, 1]
+
+
+def test_the_columns_merge_as_the_dictionaries_do():
+    """The columnar merge keeps what :func:`merged` (the previous version's) keeps, over
+    random copies of the same and of other terms."""
+    rng = np.random.default_rng(7)
+
+    def random_progress(epoch):
+        offsets, acks = {}, {}
+        for _ in range(int(rng.integers(0, 40))):
+            key = (f"g{rng.integers(3)}", f"t{rng.integers(3)}", int(rng.integers(6)))
+            offsets[key] = int(rng.integers(0, 20))
+            if rng.random() < 0.3:
+                acks[key] = frozenset(int(a) for a in rng.integers(21, 30, 3))
+        return ConsumerProgress(offsets, acks, epoch)
+
+    for _ in range(300):
+        held = random_progress(int(rng.integers(1, 3)))
+        copy = random_progress(int(rng.integers(1, 3)))
+        expected = merged(held, copy)
+        got = merged_table(table_of(held), table_of(copy))
+        if expected is None:
+            assert got is None or got.to_progress() == held
+        else:
+            assert got is not None and got.to_progress() == expected
