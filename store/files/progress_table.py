@@ -98,20 +98,14 @@ class ProgressTable:
                              name.astype(np.int64).reshape(-1), self.queue[rows],
                              self.offset[rows], count, acks, epoch)
 
-    def same(self, other: ProgressTable) -> bool:
-        """Whether both hold the same rows (the epoch aside)."""
-        return (self.names == other.names and len(self) == len(other)
-                and all(np.array_equal(getattr(self, c), getattr(other, c))
-                        for c in COLUMNS))
-
     def to_progress(self) -> ConsumerProgress:
         """The same progress as :class:`~.consumer_progress.ConsumerProgress`."""
         offsets, acks = {}, {}
         pairs = [_name_order(n) for n in self.names]
         starts = np.cumsum(self.ack_count) - self.ack_count
-        for i, (n, q, o, c, s) in enumerate(zip(self.name.tolist(), self.queue.tolist(),
-                                                 self.offset.tolist(),
-                                                 self.ack_count.tolist(), starts.tolist())):
+        for n, q, o, c, s in zip(self.name.tolist(), self.queue.tolist(),
+                                 self.offset.tolist(), self.ack_count.tolist(),
+                                 starts.tolist()):
             key = (*pairs[n], q)
             offsets[key] = o
             if c:
