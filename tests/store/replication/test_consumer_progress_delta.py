@@ -328,3 +328,20 @@ def test_the_columns_merge_as_the_dictionaries_do():
             assert got is None or got.to_progress() == held
         else:
             assert got is not None and got.to_progress() == expected
+
+
+@pytest.mark.parametrize("since", [
+    None, "3", {"epoch": EPOCH, "log": "other", "version": 1},
+    {"epoch": EPOCH - 1, "version": 1}, {"epoch": EPOCH, "version": 99},  # (log filled in)
+    {"epoch": EPOCH, "version": -1}, {"epoch": EPOCH, "version": True}])
+def test_a_leader_answers_whole_a_version_it_does_not_know(tmp_path, since):
+    leader_root, _ = roots(tmp_path)
+    write_progress(leader_root, progress(20))
+    log = ProgressLog(leader_root)
+    assert log.answer(EPOCH, {"since": None})["version"] == 1
+    if isinstance(since, dict) and "log" not in since:
+        since = {**since, "log": log.log}
+    answer = log.answer(EPOCH, {"since": since})
+    assert answer["since"] is None and len(answer["queue"]) == 20
+    known = log.answer(EPOCH, {"since": {"epoch": EPOCH, "log": log.log, "version": 1}})
+    assert known["since"] == 1 and known["queue"] == []
