@@ -41,8 +41,11 @@ def parse_lenient(text: str) -> object | None:
         return json.loads(text)
     except ValueError:
         pass
-    try:  # the regex runs only for text json refuses (fastjson's bare keys)
-        return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+    try:  # the regex runs only for text json refuses (fastjson's bare keys); split, not
+        # sub: sub expands its template in Python once per key (seconds for 100,000)
+        parts = _BARE_KEY.split(text)
+        parts[2::4] = [f'"{key}"' for key in parts[2::4]]
+        return json.loads("".join(parts))
     except ValueError:
         return None
 

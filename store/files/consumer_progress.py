@@ -15,8 +15,9 @@ A file that cannot be read (torn by a crash before its replace, damaged) reads a
 ``.bak`` or as empty: a group then starts again from the queue's oldest message (at least
 once), never past a message it did not ack.  Entries that do not parse are skipped.
 
-**The copy** (a leader's ``consumer_progress`` answer, a follower's merge): the same
-tables as one JSON object, ``{"epoch": <the leader's epoch>, "offsets": {...}, "acks":
+**The copy** (a leader's ``consumer_progress`` answer to a follower of the previous
+version, whose ask has no body; this version's ask and answer, as columns and only what
+changed, are :mod:`.progress_table`'s): the same tables as one JSON object, ``{"epoch": <the leader's epoch>, "offsets": {...}, "acks":
 {...}}`` (:func:`progress_fields`).  It comes over the network, so :func:`parse_progress`
 checks every name, queue and offset and bounds its size (:data:`MAX_QUEUES`,
 :data:`MAX_ACKS_PER_QUEUE`) before anything is written

@@ -329,11 +329,14 @@ class RemoteStore:
         pairs, :mod:`store.files.epoch_file`); the replication right is needed."""
         return self._action("epochs")
 
-    def consumer_progress(self) -> dict:
+    def consumer_progress(self, *, since: dict | None | object = ...) -> dict:
         """The served leader's saved consumer-group progress (offsets and acks of its gRPC
-        consumer groups, with its epoch), as :mod:`store.files.consumer_progress` checks
-        it; the replication right is needed and only a leader answers."""
-        return self._action("consumer_progress")
+        consumer groups, with its epoch); the replication right is needed and only a leader
+        answers.  Without ``since``, whole and in the older shape
+        (:mod:`store.files.consumer_progress` checks it); with ``since`` (the leader's
+        epoch, log and version of the copy held, ``None`` for none), as columns and only
+        what changed since (:mod:`store.files.progress_table`)."""
+        return self._action("consumer_progress", {} if since is ... else {"since": since})
 
     def read_arrow(self, topic: str, queue_id: int, start: int, end: int, *,
                    tags: Iterable[str] | None = None, columns: Sequence[str] | None = None,

@@ -33,7 +33,7 @@ from ..core.locking import WaitAfterLock
 from ..core.message_columns import projected_schema
 from ..base.errors import StoreError
 from ..files.accounts import AccountRights
-from ..files.consumer_progress import progress_fields, read_progress
+from ..files.progress_table import progress_log
 from ..formats.message import (Message, validate_delay_key, validate_group, validate_msg_id,
                        validate_schedule_key, validate_sink_id, validate_topic)
 from ..transaction.published_checks import (drop_query_rounds, last_check_round,
@@ -747,13 +747,14 @@ class StoreService(flight.FlightServerBase):
         return self.replica.epochs_answer()
 
     def _action_consumer_progress(self, body: dict) -> dict:
-        """The gRPC face's consumer groups' progress as saved here, for a follower's copy
-        (:mod:`store.files.consumer_progress`); replication right, a leader's only."""
+        """The gRPC face's consumer groups' progress as saved here, for a follower's copy:
+        what changed since the follower's ``"since"``, or the older shape without it
+        (:mod:`store.files.progress_table`); replication right, a leader's only."""
         require_replication(self._account(), "consumer_progress")
         if self.replica is not None:
             self.replica.check_source("consumer_progress")
-        return progress_fields(read_progress(self.path),
-                               None if self.replica is None else self.replica.epoch)
+        return progress_log(self.path).answer(
+            None if self.replica is None else self.replica.epoch, body)
 
     def _action_leader(self, body: dict) -> dict:
         if self.replica is None:  # a store served alone leads itself

@@ -30,6 +30,7 @@ from store.files.consumer_progress import (
     read_progress,
     write_progress,
 )
+from store.files.progress_table import parse_answer
 from store.remote.wire import InvalidRequest
 from store.replication.consumer_progress import ProgressCopy
 from store.replication.replica_set import ReplicaSet
@@ -44,7 +45,7 @@ class FakeLeader:
         self.answer = answer
         self.address = SimpleNamespace(url="rmq://127.0.0.1:1")
 
-    def consumer_progress(self):
+    def consumer_progress(self, **asked):
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -206,16 +207,23 @@ def test_only_a_replicas_account_may_ask_and_only_a_leader_answers(tmp_path):
                                        listen=f"127.0.0.1:{ports[i]}", replica_set=str(rs),
                                        acl=str(acl)))
         leader, follower = servers
-        with connect(leader.url, account="reader", secret="reader-secret") as reader, \
-                pytest.raises(AccessDeniedError, match="replication right"):
-            reader.consumer_progress()
+        for asked in ({}, {"since": None}):  # the older shape and the columns
+            with connect(leader.url, account="reader", secret="reader-secret") as reader, \
+                    pytest.raises(AccessDeniedError, match="replication right"):
+                reader.consumer_progress(**asked)
+            with connect(follower.url, account="replicator",
+                         secret="replicator-secret") as ok, pytest.raises(NotLeaderError):
+                ok.consumer_progress(**asked)
         with connect(leader.url, account="replicator", secret="replicator-secret") as ok:
             got = parse_progress(ok.consumer_progress())
+            full = ok.consumer_progress(since=None)
+            since = {k: full[k] for k in ("epoch", "log", "version")}
+            delta = ok.consumer_progress(since=since)
         assert got.offsets == {("billing", "orders", 0): 9}
         assert got.epoch == leader.replica.epoch
-        with connect(follower.url, account="replicator", secret="replicator-secret") as ok, \
-                pytest.raises(NotLeaderError):
-            ok.consumer_progress()
+        assert parse_answer(full).to_progress().offsets == got.offsets
+        assert full["since"] is None and full["epoch"] == got.epoch
+        assert delta["since"] == full["version"] and delta["queue"] == []  # nothing since
     finally:
         for s in servers:
             s.close()
