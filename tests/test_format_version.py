@@ -13,7 +13,7 @@ from conftest import FakeClock
 
 from store import LocalTransactionState, Message, MessageStore, StoreFormatError
 from store.core import format_version as fv
-from store.core.reading import _layout_crc
+from store.core.store_layout import layout_crc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -102,7 +102,7 @@ def test_a_store_of_a_newer_format_is_refused_and_left_unchanged(tmp_path):
     for name in (meta, meta + ".bak"):  # as a newer rmq would write it, checksum included
         data = json.load(open(name))
         data["format_version"] = fv.FORMAT_VERSION + 1
-        data["layout_crc32"] = _layout_crc(data["layout"], data["store_id"],
+        data["layout_crc32"] = layout_crc(data["layout"], data["store_id"],
                                            data["format_version"])
         json.dump(data, open(name, "w"))
     before = {n: open(os.path.join(path, "config", n), "rb").read()
@@ -129,6 +129,7 @@ def test_an_older_format_is_moved_forward_with_its_files_kept(tmp_path, monkeypa
     monkeypatch.setattr(fv, "FORMAT_VERSION", 2)
     monkeypatch.setattr(fv, "MIGRATIONS", {1: ((os.path.join("config", "topics.json"),), step)})
     monkeypatch.setattr("store.core.reading.FORMAT_VERSION", 2)
+    monkeypatch.setattr("store.core.store_layout.FORMAT_VERSION", 2)
     with MessageStore.open(path) as store:
         assert store.format_version == 2
     kept = os.path.join(path, "config", "format-v1", "config__topics.json")

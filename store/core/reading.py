@@ -17,11 +17,9 @@ alone has no bound and pays nothing for it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-import zlib
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -30,7 +28,7 @@ from ..files.checkpoint import StoreCheckpoint
 from ..formats.record_codec import Record
 from ..files.commit_log import CommitLog
 from ..base.config import LAYOUT_FIELDS, StoreConfig
-from ..files.consume_queue import ENTRY_SIZE, ConsumeQueue
+from ..files.consume_queue import ConsumeQueue
 from ..base.errors import (
     ConfigMismatchError,
     CorruptRecordError,
@@ -40,15 +38,16 @@ from ..base.errors import (
     StoreClosedError,
     UnknownTopicError,
 )
-from ..files.fileio import read_json, write_json_atomic
+from ..files.fileio import read_json
 from ..formats.message import MessageView, is_system_topic, record_view
 from ..files.topics import TopicTable
 from .arrow_decode import read_queue_batch
 from .following import follow_one
 from .format_version import FORMAT_VERSION, check_readable, migrate, recorded_version
-from .identity import is_store_id, new_store_id
+from .identity import is_store_id
 from .key_index import KeyIndex
 from .read_checks import record_entry_problem
+from .store_layout import layout_from_files, recorded_layout, write_layout
 from .verify import VerifyReport, verify_commitlog
 
 Clock = Callable[[], int]
@@ -58,89 +57,6 @@ log = logging.getLogger("store")
 def system_clock() -> int:
     """Wall-clock time in epoch milliseconds."""
     return time.time_ns() // 1_000_000
-
-
-def _layout_crc(layout: dict, store_id: object = None, format_version: object = None) -> int:
-    """The checksum of ``config/store.json``: its layout and, when the file has them, its
-    store id and format version (a flipped digit there must not pass for another store or
-    a newer format: the ``.bak`` is read instead)."""
-    text = json.dumps(layout, sort_keys=True)
-    if store_id is not None or format_version is not None:
-        text += f"|{store_id}|{format_version}"
-    return zlib.crc32(text.encode("utf-8"))
-
-
-def _recorded_layout(data: object) -> bool:
-    """``config/store.json`` as :func:`_record_layout` writes it: a layout whose settings
-    are valid and, when it carries one, match their checksum."""
-    if not (isinstance(data, dict) and isinstance(data.get("layout"), dict)):
-        return False
-    crc = data.get("layout_crc32")
-    if crc is not None and crc != _layout_crc(data["layout"], data.get("store_id"),
-                                              data.get("format_version")):
-        return False
-    values = {k: v for k, v in data["layout"].items() if k in LAYOUT_FIELDS}
-    if isinstance(values.get("timer_wheel_slots"), int):  # a roll window inside that wheel
-        values["timer_roll_window_slots"] = max(2, values["timer_wheel_slots"] // 4)
-    try:
-        StoreConfig().replace(**values)
-    except (InvalidConfigError, TypeError, ValueError):
-        return False
-    return True
-
-
-def _record_layout(path: str, layout: dict, created_ms, store_id: str | None = None) -> None:
-    """Write ``config/store.json`` and its ``.bak`` (the layout is read from either), with the
-    store's id (:mod:`store.core.identity`; a new one when ``store_id`` is not one)."""
-    store_id = store_id if is_store_id(store_id) else new_store_id()
-    data = {"layout": layout, "layout_crc32": _layout_crc(layout, store_id, FORMAT_VERSION),
-            "created_ms": created_ms, "store_id": store_id, "format_version": FORMAT_VERSION}
-    write_json_atomic(path, data)
-    write_json_atomic(path, data)  # the first copy becomes the .bak
-
-
-def ensure_store_id(root: str) -> str:
-    """The id recorded in ``root``'s ``config/store.json``; a store of an older version (or
-    whose file lost it) gets one now.  Called with the store's open lock held."""
-    path = os.path.join(root, "config", "store.json")
-    recorded = read_json(path, _recorded_layout)
-    if recorded is not None and is_store_id(recorded.get("store_id")):
-        return recorded["store_id"]
-    layout = recorded["layout"] if recorded is not None else None
-    if layout is None:  # (the opening process recorded one; a damaged file: recorded again)
-        return new_store_id()
-    store_id = new_store_id()
-    _record_layout(path, layout, recorded.get("created_ms"), store_id)
-    return store_id
-
-
-def layout_from_files(root: str) -> dict[str, int]:
-    """Segment and queue file sizes of a store directory without ``config/store.json``.
-
-    RocketMQ preallocates every CommitLog segment and ConsumeQueue file at full size, so the
-    files themselves say how large they are.  Returns the :class:`StoreConfig` fields found.
-    """
-    found: dict[str, int] = {}
-    log_dir = os.path.join(root, "commitlog")
-    try:
-        segments = sorted(n for n in os.listdir(log_dir) if len(n) == 20 and n.isdigit())
-    except OSError:
-        segments = []
-    for name in segments:
-        size = os.path.getsize(os.path.join(log_dir, name))
-        if size:
-            found["commitlog_file_size_bytes"] = size
-            break
-    queue_root = os.path.join(root, "consumequeue")
-    for topic in sorted(os.listdir(queue_root)) if os.path.isdir(queue_root) else ():
-        for queue in sorted(os.listdir(os.path.join(queue_root, topic))):
-            qdir = os.path.join(queue_root, topic, queue)
-            files = sorted(os.listdir(qdir)) if os.path.isdir(qdir) else []
-            sizes = [os.path.getsize(os.path.join(qdir, f)) for f in files[:1]]
-            if sizes and sizes[0] and sizes[0] % ENTRY_SIZE == 0:
-                found["consume_queue_file_entries"] = sizes[0] // ENTRY_SIZE
-                return found
-    return found
 
 
 class ReadableStore:
@@ -166,7 +82,7 @@ class ReadableStore:
         # layout record of a new store is written
         legacy = os.path.isfile(os.path.join(self.root, "config", "store.json"))
         self.config = self._resolve_config(config, record_layout=record_layout)
-        recorded = read_json(os.path.join(self.root, "config", "store.json"), _recorded_layout)
+        recorded = read_json(os.path.join(self.root, "config", "store.json"), recorded_layout)
         #: The id recorded when the store was created (:mod:`store.core.identity`); ``None``
         #: for a store no rmq has written to since ids exist (a RocketMQ store read-only).
         self.store_id: str | None = (recorded["store_id"] if recorded is not None
@@ -197,20 +113,20 @@ class ReadableStore:
             raise InvalidConfigError(
                 f"config={config!r}; allowed: a StoreConfig, a dict of its fields, or None")
         path = os.path.join(self.root, "config", "store.json")
-        recorded = read_json(path, _recorded_layout)
+        recorded = read_json(path, recorded_layout)
         #: The on-disk format version (store.core.format_version): newer ones are refused.
         self.format_version = recorded_version(recorded)
         check_readable(self.root, self.format_version)
         if recorded is not None and record_layout and self.format_version < FORMAT_VERSION:
             self.format_version = migrate(self.root, self.format_version)
-            _record_layout(path, recorded["layout"], recorded.get("created_ms"),
-                           recorded.get("store_id"))
+            write_layout(path, recorded["layout"], recorded.get("created_ms"),
+                         recorded.get("store_id"))
         if recorded is None and os.path.exists(path):
             log.warning("%s (and its .bak) is damaged: the layout is taken from the files "
                         "and the settings given", path)
         elif recorded is not None and record_layout and not os.path.exists(path + ".bak"):
-            _record_layout(path, recorded["layout"], recorded.get("created_ms"),
-                           recorded.get("store_id"))
+            write_layout(path, recorded["layout"], recorded.get("created_ms"),
+                         recorded.get("store_id"))
         if recorded is not None:
             layout = {k: v for k, v in recorded["layout"].items() if k in LAYOUT_FIELDS}
             differing = {k: (getattr(config, k), v) for k, v in layout.items()
@@ -233,7 +149,7 @@ class ReadableStore:
         if found:
             config = config.replace(**found)
         if record_layout:
-            _record_layout(path, config.layout(), system_clock())
+            write_layout(path, config.layout(), system_clock())
         return config
 
     def _close_files(self) -> None:

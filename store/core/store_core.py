@@ -52,7 +52,8 @@ from .locking import AppendLocking
 from .pipeline import THREADS
 from .ports import RecoveryListener, ReplicaAcks, RetentionGuard, RetentionListener, TagsCodeRule
 from .write_placement import Allocate
-from .reading import Clock, ReadableStore, ensure_store_id
+from .reading import Clock, ReadableStore
+from .store_layout import ensure_store_id
 from .recovery_start import (
     crash_limit,
     dead_append_bounds,

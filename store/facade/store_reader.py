@@ -14,7 +14,8 @@ import os
 from typing import Mapping, NoReturn
 
 from ..base.config import StoreConfig
-from ..core.reading import Clock, ReadableStore, layout_from_files
+from ..core.reading import Clock, ReadableStore
+from ..core.store_layout import layout_from_files
 from ..base.errors import ReadOnlyStoreError, StoreNotFoundError
 from ..schedule.recurring_schedule import ScheduleInfo
 from ..schedule.schedule_book import read_schedules

@@ -13,7 +13,9 @@ Modules: :mod:`~store.proxy.convert` (messages both ways, the proxy's checks),
 :mod:`~store.proxy.consumers` (consumer groups: hand-outs, invisibility, acks, progress),
 :mod:`~store.proxy.access` (AccessKey / SecretKey accounts), :mod:`~store.proxy.handles`
 (signed recall and receipt handles), :mod:`~store.proxy.grpc_limits` (held calls, log lines),
-:mod:`~store.proxy.grpc_service` (the calls), :mod:`~store.proxy.aio_calls` (the calls on one
+:mod:`~store.proxy.grpc_service` (the calls: routes, sessions),
+:mod:`~store.proxy.producer_calls` (sends, transactions, recalls, the check-back),
+:mod:`~store.proxy.consumer_calls` (the consumer groups' calls), :mod:`~store.proxy.aio_calls` (the calls on one
 ``grpc.aio`` event loop, sends stored by group commit), :mod:`~store.proxy.processes` (the
 endpoint as several processes on one port: ``rmq serve --grpc-processes N``),
 :mod:`~store.proxy.follower_calls` (a replica set's follower passing the leader's calls on).

@@ -17,7 +17,7 @@ from conftest import SMALL, FakeClock
 
 from store import Message, MessageStore, StoreReplacedError
 from store.core.identity import is_store_id, store_tag
-from store.core.reading import _layout_crc
+from store.core.store_layout import layout_crc
 from store.files.broker_files import read_lenient_json, write_config
 from store.timer import timer_checkpoint as ckpt
 
@@ -81,7 +81,7 @@ def test_a_store_of_an_older_version_gets_an_id_and_keeps_its_progress(tmp_path)
         data = json.load(open(p))
         data.pop("store_id")
         data.pop("format_version")
-        data["layout_crc32"] = _layout_crc(data["layout"])
+        data["layout_crc32"] = layout_crc(data["layout"])
         json.dump(data, open(p, "w"))
     p = os.path.join(path, "config", "delayOffset.json")
     data = read_lenient_json(p)
