@@ -32,9 +32,11 @@ index, or an index turned on late).  A RocketMQ-written store's files are used a
 and appended to while they have room.
 
 The seal (:mod:`store.files.index_seal`, :meth:`KeyIndex._seal`): holding the builders'
-lock, a writing process records each file it found sound with the CRC of the bytes a lookup
+lock, a writing process records each file it found sound with the CRCs of the bytes a lookup
 reads, when a file fills, at a writable open and at a clean close, so that another
-process's first use takes it by one CRC instead of the chain check.
+process's first use takes it by those CRCs instead of the chain check.  It seals a file
+only as it checked it: a file whose bytes changed since its check (its puts, or damage in
+its life) is checked again first.
 
 A query (:mod:`store.core.key_lookup`) never waits for the builder: it walks, with the same
 kernel and without writing, what the builder has not reached yet (some tens of ms of sends

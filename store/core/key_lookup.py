@@ -11,9 +11,12 @@ serialises the builders of every process; a query takes it only to see the files
 Which files a query trusts.  A process checks an index file the first time it uses it: its
 size and header (:meth:`~store.files.index_file.IndexFile.problem`) and its slots and chains
 (:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass), unless a
-writer's seal (:mod:`store.files.index_seal`: the CRC of every byte a lookup reads, recorded
-by a process that found the file sound) matches the file as it is: then one CRC of the
-mapped file replaces the check (the compiled loop is not even loaded).  A file can fail
+writer's seal (:mod:`store.files.index_seal`: the CRC of each 64 KiB block of what a lookup
+reads, recorded by a process that found the file sound) matches the file as it is: a reader
+then checks the header's block at once and, at each lookup, the blocks that lookup read (a
+lookup's answer depends on those bytes only), and a writer every block at once; the compiled
+loop is not even loaded.  A block that does not match costs that file the full check there
+and then (and, found damaged, the query walks what it held).  A file can fail
 only because another process's builder is at work on it (a file being created, not yet
 sized; a put half-published), so a failed file is opened and checked again holding the
 builders' lock before it counts.  What that finds is the file's *verdict*, kept with the
