@@ -28,7 +28,9 @@ Measures, in one run:
   every record, ``--scans`` keys).  ``--messages 0`` runs the queries alone;
 * with ``--first-query STORE --baseline DIR`` (a store kept by ``--keep``, its ``query``
   directory; ``DIR`` a checkout of other code, e.g. ``git archive``), only a fresh reader's
-  first query, in a new process each turn, this code and ``DIR``'s alternating.
+  first query, in a new process each turn, this code and ``DIR``'s alternating
+  (``--baseline-seal FILE``: the baseline's seal, when its format differs; ``--cold``: the
+  index files out of the page cache before each turn, as after a long scan).
 
 Not collected by pytest.
 """
@@ -215,22 +217,53 @@ with StoreReader.open(sys.argv[2], StoreConfig(message_index_enable=True)) as re
 """
 
 
-def first_queries(path: str, baseline: str, turns: int) -> None:
+def first_queries(path: str, baseline: str, turns: int, baseline_seal: str | None = None,
+                  cold: bool = False) -> None:
     """The first ``query_messages`` of a fresh reader of the store at ``path``, this code
     and the code in ``baseline`` alternating, ``turns`` each (one key of the store
-    :func:`query_bench` writes)."""
+    :func:`query_bench` writes, or of ``bench_pushdown.py``'s).  ``baseline_seal``: the
+    baseline's own ``config/index.seal`` (its format another), put in place for its turns
+    and this code's for the others; ``cold``: the store's index files dropped from the page
+    cache before each turn (``posix_fadvise``, those files only)."""
+    seal = os.path.join(path, "config", "index.seal")
+    seals = {}
+    if baseline_seal:
+        with open(seal, "rb") as fh:
+            seals["this code"] = fh.read()
+        with open(baseline_seal, "rb") as fh:
+            seals["baseline"] = fh.read()
     figures: dict[str, list[tuple[float, float]]] = {"baseline": [], "this code": []}
     for _ in range(turns):
         for label, code in (("baseline", baseline), ("this code", ROOT)):
+            if seals:
+                with open(seal + ".tmp", "wb") as fh:
+                    fh.write(seals[label])
+                os.replace(seal + ".tmp", seal)
+            if cold:
+                _drop_cached(os.path.join(path, "index"))
             out = subprocess.run([sys.executable, "-c", FIRST, code, path, "bench", "k12345"],
                                  capture_output=True, text=True, check=True).stdout.split()
             figures[label].append((float(out[0]), float(out[1])))
             print(f"{label:9s} first query {float(out[0]) * 1e3:8.1f} ms wall, "
                   f"{float(out[1]) * 1e3:7.1f} ms CPU ({out[2]} messages)", flush=True)
+    if seals:  # (this code's seal back in place)
+        with open(seal + ".tmp", "wb") as fh:
+            fh.write(seals["this code"])
+        os.replace(seal + ".tmp", seal)
     for label, got in figures.items():
         wall, cpu = zip(*got)
         print(f"{label:9s} median {statistics.median(wall) * 1e3:.1f} ms wall, "
               f"{statistics.median(cpu) * 1e3:.1f} ms CPU over {turns}", flush=True)
+
+
+def _drop_cached(directory: str) -> None:
+    """Drop the files of ``directory`` from the page cache (theirs only)."""
+    for name in os.listdir(directory):
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _timed(fn, args: list) -> tuple[list[float], list]:
@@ -291,9 +324,15 @@ def main() -> None:
                          "store), this code and --baseline's alternating")
     ap.add_argument("--baseline", metavar="DIR", help="the code compared (a checkout)")
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--baseline-seal", metavar="FILE",
+                    help="with --first-query: the baseline's config/index.seal (another "
+                         "format), in place for its turns")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --first-query: the index files out of the page cache each turn")
     args = ap.parse_args()
     if args.first_query:
-        first_queries(args.first_query, args.baseline or ROOT, args.turns)
+        first_queries(args.first_query, args.baseline or ROOT, args.turns, args.baseline_seal,
+                      args.cold)
         return
     base = tempfile.mkdtemp(prefix="bench-index-", dir=args.dir)
     try:

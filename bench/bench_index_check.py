@@ -13,8 +13,9 @@ the first turn includes loading, or on a fresh install compiling, the compiled l
 The baseline printed beside it is
 :meth:`~store.files.index_file.IndexFile.verify` (``rmq repair``'s check, which reads the
 same bytes), so the ratio says what the chain check adds to a read of the file; and what
-replaces the check when a writer's seal holds: :func:`~store.files.index_seal.file_crc`
-(the CRC32 of every byte a lookup reads, on a fresh mapping too).
+a writer's seal costs: :func:`~store.files.index_seal.file_seal` (the CRC32 of each block of
+every byte a lookup reads, on a fresh mapping too: what a writer computes to seal a file or
+take it by a seal; a reader checks only the blocks its lookups read).
 
 Not collected by pytest.
 """
@@ -33,7 +34,7 @@ sys.path.insert(0, ROOT)
 import numpy as np
 
 from store.files.index_file import IndexFile
-from store.files.index_seal import file_crc
+from store.files.index_seal import file_seal
 
 
 def build(path: str, slots: int, entries: int) -> None:
@@ -57,7 +58,7 @@ def timed(path: str, slots: int, entries: int, method: str
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         result = (f.check_chains() if method == "check" else f.verify(1 << 62)
-                  if method == "verify" else file_crc(f) and None)
+                  if method == "verify" else file_seal(f) and None)
         return (time.perf_counter() - t0, time.process_time() - c0), result
     finally:
         f.close()

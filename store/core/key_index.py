@@ -32,9 +32,11 @@ index, or an index turned on late).  A RocketMQ-written store's files are used a
 and appended to while they have room.
 
 The seal (:mod:`store.files.index_seal`, :meth:`KeyIndex._seal`): holding the builders'
-lock, a writing process records each file it found sound with the CRC of the bytes a lookup
+lock, a writing process records each file it found sound with the CRCs of the bytes a lookup
 reads, when a file fills, at a writable open and at a clean close, so that another
-process's first use takes it by one CRC instead of the chain check.
+process's first use takes it by those CRCs instead of the chain check.  It seals a file
+only as it checked it: a file whose bytes changed since its check (its puts, or damage in
+its life) is checked again first.
 
 A query (:mod:`store.core.key_lookup`) never waits for the builder: it walks, with the same
 kernel and without writing, what the builder has not reached yet (some tens of ms of sends
@@ -69,9 +71,9 @@ from ..files.index_file import (
     java_hash_continue,
     key_hash_of_unsigned,
 )
-from ..files.index_seal import file_crc, seal_holds, write_seal
+from ..files.index_seal import FileSeal, file_seal, write_seal
 from ..kernels.key_walk import MAX_ROWS_PER_RECORD
-from .key_lookup import KeyLookup, file_problem
+from .key_lookup import KeyLookup
 
 log = logging.getLogger("store.core.key_index")
 
@@ -281,12 +283,13 @@ class KeyIndex(KeyLookup):
 
     def _seal(self, files: list[IndexFile], *, keep_full: bool = False) -> None:
         """Record in the store's seal (:mod:`store.files.index_seal`; the builders' lock
-        held: no put under way) each of ``files`` that is sound, with the CRC of its bytes,
-        unless its record still holds.  Sound: a full file this process checked or found
-        sealed (it changes only by a cut, which forgets that, or by damage); any other
+        held: no put under way) each of ``files`` that is sound, with the CRCs of its bytes,
+        unless its record still holds.  Sound: a file whose bytes are still those this
+        process checked, or took by a seal it checked whole (:meth:`taken`); any other
+        (written since, or changed by damage in this process's life)
         :meth:`~store.files.index_file.IndexFile.check_chains` checks now.  ``keep_full``:
         the record of a full file is kept as it is unless this process found it wrong (a
-        full file changes only by a cut or damage, which the next reader's CRC finds).
+        full file changes only by a cut or damage, which the next reader's CRCs find).
         Records of files gone are dropped.  A file found damaged here is not sealed, and
         this process's queries walk the CommitLog records it holds instead."""
         if self.read_only:
@@ -298,17 +301,21 @@ class KeyIndex(KeyLookup):
             if f.problem() is not None or (keep_full and f.is_full() and record is not None
                                            and f.first_use != "checked"):
                 continue
-            known = f.is_full() and f.first_use is not None and f.chain_problem is None
-            if not known and seal_holds(f, record):
+            now = file_seal(f)
+            if _same(now, record):
                 continue
+            known = f.chain_problem is None and _same(now, self.taken(f))
             problem = None if known else f.check_chains()
             if problem is not None:
                 f.chain_problem = problem
                 log.warning("index file %s is damaged (%s): not sealed; a writable open sets "
                             "the index aside and rebuilds it", f.path, problem)
                 continue
-            records[f.name] = (f.size, *file_crc(f))
-            f.first_use = "sealed"
+            if not known:  # (what was checked: the CRCs again, after the check)
+                now = file_seal(f)
+            records[f.name] = now
+            self._taken[f.name] = (f, now)
+            f.chain_problem, f.first_use = None, "sealed"
             changed = True
         try:
             present = {n for n in os.listdir(self.directory) if is_index_name(n)}
@@ -333,7 +340,7 @@ class KeyIndex(KeyLookup):
         with self._building():
             self._refresh(force=True)
             damaged = [(n, p) for n in self._order
-                       if (p := file_problem(self._files[n], self.seals)) is not None]
+                       if (p := self.file_problem(self._files[n])) is not None]
             if damaged:
                 for name, problem in damaged:
                     log.warning("index file %s is damaged (%s): the index is set aside and "
@@ -433,6 +440,12 @@ class KeyIndex(KeyLookup):
         finally:
             self.enabled = enabled
         return moved, bool(problems or missing)
+
+
+def _same(a: FileSeal | None, b: FileSeal | None) -> bool:
+    """Whether two seal records name the same bytes."""
+    return (a is not None and b is not None and a.size == b.size and a.covered == b.covered
+            and np.array_equal(a.crcs, b.crcs))
 
 
 class KeyIndexService:

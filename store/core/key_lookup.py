@@ -11,9 +11,12 @@ serialises the builders of every process; a query takes it only to see the files
 Which files a query trusts.  A process checks an index file the first time it uses it: its
 size and header (:meth:`~store.files.index_file.IndexFile.problem`) and its slots and chains
 (:meth:`~store.files.index_file.IndexFile.check_chains`, one compiled pass), unless a
-writer's seal (:mod:`store.files.index_seal`: the CRC of every byte a lookup reads, recorded
-by a process that found the file sound) matches the file as it is: then one CRC of the
-mapped file replaces the check (the compiled loop is not even loaded).  A file can fail
+writer's seal (:mod:`store.files.index_seal`: the CRC of each 64 KiB block of what a lookup
+reads, recorded by a process that found the file sound) matches the file as it is: a reader
+then checks the header's block at once and, at each lookup, the blocks that lookup read (a
+lookup's answer depends on those bytes only), and a writer every block at once; the compiled
+loop is not even loaded.  A block that does not match costs that file the full check there
+and then (and, found damaged, the query walks what it held).  A file can fail
 only because another process's builder is at work on it (a file being created, not yet
 sized; a put half-published), so a failed file is opened and checked again holding the
 builders' lock before it counts.  What that finds is the file's *verdict*, kept with the
@@ -48,8 +51,16 @@ import numpy as np
 from ..base.config import StoreConfig
 from ..files.checkpoint import StoreCheckpoint
 from ..files.commit_log import CommitLog
-from ..files.index_file import UNCHECKED, IndexFile, is_index_name, java_hash_text
-from ..files.index_seal import SEAL_PATH, Records, read_seal, seal_holds
+from ..files.index_file import HEADER_SIZE, UNCHECKED, IndexFile, is_index_name, java_hash_text
+from ..files.index_seal import (
+    SEAL_PATH,
+    FileSeal,
+    Records,
+    blocks_hold,
+    file_seal,
+    read_seal,
+    seal_holds,
+)
 from ..kernels.key_walk import MAX_ROWS_PER_RECORD, record_keys
 
 #: (the message-key index's one logger, whichever side speaks)
@@ -73,18 +84,9 @@ def identity(path: str) -> Identity | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def file_problem(f: IndexFile, seals: Callable[[], Records] | None = None) -> str | None:
-    """Why ``f`` cannot answer every key it holds (``None``: it can): its size and header
-    and, once per opened file, its slots and chains (kept in ``f.chain_problem``), unless
-    the store's seal (``seals()``, :mod:`store.files.index_seal`) says a writer found these
-    very bytes sound (``f.first_use`` tells which: ``"sealed"`` or ``"checked"``)."""
-    problem = f.problem()
-    if problem is None and f.chain_problem == UNCHECKED:
-        if seals is not None and seal_holds(f, seals().get(f.name)):
-            f.chain_problem, f.first_use = None, "sealed"
-        else:
-            f.chain_problem, f.first_use = f.check_chains(), "checked"
-    return problem or f.chain_problem
+class _SealBroken(Exception):
+    """A lookup read bytes of a sealed file that are not the sealed ones, and the file's
+    check then failed: the files to trust and the ranges to walk are to be found again."""
 
 
 class DamageVerdicts:
@@ -183,15 +185,51 @@ class KeyLookup:
         #: the seal's records, and the identity of the seal file they were read from
         self._seal_records: Records = {}
         self._seal_identity: Identity | None = None
+        #: names whose record a lookup found not to hold (ignored until the seal changes)
+        self._broken: set[str] = set()
+        #: by name, the file and the bytes (a seal record) this process took it as sound by:
+        #: a reader checks each lookup's blocks against them; a writer seals a file again
+        #: without a check only while its bytes are still these (:meth:`KeyIndex._seal`)
+        self._taken: dict[str, tuple[IndexFile, FileSeal]] = {}
 
     def seals(self) -> Records:
         """The records of the store's seal (:mod:`store.files.index_seal`), read again when
-        the seal file changed."""
+        the seal file changed; without those a lookup found not to hold."""
         now = identity(os.path.join(self.root, SEAL_PATH))
         if now != self._seal_identity:
             self._seal_identity = now
             self._seal_records = read_seal(self.root) if now is not None else {}
+            self._broken.clear()
+        if self._broken:
+            return {n: r for n, r in self._seal_records.items() if n not in self._broken}
         return self._seal_records
+
+    def taken(self, f: IndexFile) -> FileSeal | None:
+        """The bytes this process took ``f`` (this very opened file) as sound by, if any."""
+        kept = self._taken.get(f.name)
+        return kept[1] if kept is not None and kept[0] is f else None
+
+    def file_problem(self, f: IndexFile) -> str | None:
+        """Why ``f`` cannot answer every key it holds (``None``: it can): its size and
+        header and, once per opened file, its slots and chains (kept in
+        ``f.chain_problem``), unless the store's seal (:mod:`store.files.index_seal`) says a
+        writer found these very bytes sound (``f.first_use`` tells which: ``"sealed"`` or
+        ``"checked"``).  A reader checks the header's block at once and the other blocks as
+        its lookups read them (:meth:`lookup`); a writer, which puts into the file and seals
+        it again, every block now."""
+        problem = f.problem()
+        if problem is None and f.chain_problem == UNCHECKED:
+            record = self.seals().get(f.name)
+            if (blocks_hold(f, record, [(0, HEADER_SIZE)]) if self.read_only
+                    else seal_holds(f, record)):
+                f.chain_problem, f.first_use = None, "sealed"
+            else:
+                f.chain_problem, f.first_use = f.check_chains(), "checked"
+                # (a writer keeps what it checked, to seal it later without a check)
+                record = None if self.read_only or f.chain_problem else file_seal(f)
+            if record is not None:
+                self._taken[f.name] = (f, record)
+        return problem or f.chain_problem
 
     # -- the files --------------------------------------------------------------------------------
     def _refresh(self, force: bool = False) -> list[IndexFile]:
@@ -265,7 +303,7 @@ class KeyLookup:
         file is replaced or changed."""
         self._refresh()
         found = {n: p for n in self._order
-                 if (p := file_problem(self._files[n], self.seals))}
+                 if (p := self.file_problem(self._files[n]))}
         again = [n for n in found if not self._verdicts.settled(self._files[n].path)]
         if again and self._holder != threading.get_ident():
             with self._quiet_builders():
@@ -275,7 +313,7 @@ class KeyLookup:
                     if self._files.get(name) is f:
                         self._reopen(name)  # (it may have been replaced since it was opened)
                 found = {n: p for n in self._order
-                         if (p := file_problem(self._files[n], self.seals))}
+                         if (p := self.file_problem(self._files[n]))}
                 for name, problem in found.items():
                     self._verdicts.keep(self._files[name], problem)
         elif again:  # the builders' lock is this thread's: no builder is at work
@@ -347,14 +385,37 @@ class KeyLookup:
                end_ms: int = (1 << 63) - 1) -> list[int]:
         """CommitLog offsets of the records indexed under ``topic#key`` (newest files first,
         at most ``max_results``), stored in ``[begin_ms, end_ms]``.  A 32-bit hash collision
-        can add another key's record: callers check the records."""
+        can add another key's record: callers check the records.  (The index alone: what
+        damaged files held is :meth:`find`'s.)"""
+        while True:
+            try:
+                return self._lookup(topic, key, max_results, begin_ms, end_ms)
+            except _SealBroken:
+                continue  # (that file is now checked: found damaged, it is left out)
+
+    def _lookup(self, topic: str, key: str, max_results: int, begin_ms: int,
+                end_ms: int) -> list[int]:
+        """:meth:`lookup`; :class:`_SealBroken` when a file found damaged is to be left out.
+        A file a reader took by its seal answers once the blocks its lookup read are the
+        sealed ones; else it is checked whole now (the answer of a sound file stands)."""
         key_hash = java_hash_text(f"{topic}#{key}")
         found: list[int] = []
         for f in reversed(self._checked()[0]):
             if len(found) >= max_results:
                 break
-            if f.overlaps(begin_ms, end_ms):
-                found.extend(f.lookup(key_hash, max_results - len(found), begin_ms, end_ms))
+            record = self.taken(f) if self.read_only else None
+            reads: list[tuple[int, int]] | None = None if record is None else [(0, HEADER_SIZE)]
+            got = (f.lookup(key_hash, max_results - len(found), begin_ms, end_ms, reads)
+                   if f.overlaps(begin_ms, end_ms) else [])
+            if reads is not None and not blocks_hold(f, record, reads):
+                self._broken.add(f.name)
+                self._taken.pop(f.name, None)
+                f.chain_problem, f.first_use = f.check_chains(), "checked"
+                if f.chain_problem is not None:
+                    raise _SealBroken(f.name)
+                got = (f.lookup(key_hash, max_results - len(found), begin_ms, end_ms)
+                       if f.overlaps(begin_ms, end_ms) else [])
+            found.extend(got)
         return found
 
     def tail(self, end: int) -> np.ndarray:
@@ -382,13 +443,23 @@ class KeyLookup:
         return np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
 
     def find(self, topic: str, key: str, max_results: int, begin_ms: int = 0,
-             end_ms: int = (1 << 63) - 1, *, tail: np.ndarray) -> list[int]:
-        """:meth:`lookup` and the offsets of ``tail`` (:meth:`tail`) under ``topic#key``
-        stored in the time range (newest first, each once)."""
+             end_ms: int = (1 << 63) - 1, *, log_end: int,
+             tail: np.ndarray | None = None) -> list[int]:
+        """:meth:`lookup` and the offsets of ``tail`` (:meth:`tail` to ``log_end``; given:
+        the same, walked once for several finds) under ``topic#key`` stored in the time
+        range (newest first, each once).  A file a lookup finds damaged has its records
+        walked instead (the tail walked again)."""
         key_hash = java_hash_text(f"{topic}#{key}")
+        while True:
+            if tail is None:
+                tail = self.tail(log_end)
+            try:
+                older = self._lookup(topic, key, max_results, begin_ms, end_ms)
+                break
+            except _SealBroken:
+                tail = None
         hit = (tail[0] == key_hash) & (tail[2] >= begin_ms) & (tail[2] <= end_ms)
         recent = tail[1][hit][::-1].tolist()
-        older = self.lookup(topic, key, max_results, begin_ms, end_ms)
         return list(dict.fromkeys(recent + older))
 
     def has_files(self) -> bool:

@@ -22,11 +22,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..base.errors import CorruptRecordError, InvalidMessageError, KeyIndexUnavailableError
-from ..formats.record_codec import Record
+from ..formats.message import (
+    PROPERTY_KEYS,
+    PROPERTY_UNIQ_KEY,
+    MessageView,
+    is_system_topic,
+    record_view,
+)
 from ..formats.message_id import decode_offset_message_id
-from ..formats.message import (PROPERTY_KEYS, PROPERTY_UNIQ_KEY, MessageView, is_system_topic,
-                               record_view)
-
+from ..formats.record_codec import Record
 from .index_commit import committed, is_staged
 
 #: What the queries read: a :class:`~store.core.reading.ReadableStore` (not imported: the
@@ -95,7 +99,7 @@ def query_messages(store: ReadableStore, topic: str, key: str | None = None,
             f"store {store.root} keeps no message-key index (message_index_enable=False and "
             "no index/ files); open it with message_index_enable=True (the index is then "
             "built from the CommitLog) or query by time only")
-    offsets = index.find(topic, key, max, begin, end, tail=index.tail(store.visible_offset()))
+    offsets = index.find(topic, key, max, begin, end, log_end=store.visible_offset())
     views = [record_view(rec) for rec in _records_at(store, offsets)
              if rec.topic == topic and begin <= rec.store_timestamp_ms <= end
              and _carries(rec, key)]
@@ -136,9 +140,10 @@ def view_message(store: ReadableStore, msg_id: str, topic: str | None = None
             return record_view(records[0])
     topics = [topic] if topic is not None else store.topics(include_system=True)
     found: list[Record] = []
-    tail = store.key_index.tail(store.visible_offset())
+    log_end = store.visible_offset()
+    tail = store.key_index.tail(log_end)
     for name in topics:
-        offsets = store.key_index.find(name, msg_id, 64, tail=tail)
+        offsets = store.key_index.find(name, msg_id, 64, log_end=log_end, tail=tail)
         found.extend(rec for rec in _records_at(store, offsets)
                      if rec.topic == name and rec.properties.get(PROPERTY_UNIQ_KEY) == msg_id)
     if not found:

@@ -437,15 +437,21 @@ class IndexFile:
         return begin_ts <= end_ms and end_ts >= begin_ms
 
     def lookup(self, key_hash: int, max_results: int, begin_ms: int = 0,
-               end_ms: int = (1 << 63) - 1) -> list[int]:
+               end_ms: int = (1 << 63) - 1, reads: list[tuple[int, int]] | None = None
+               ) -> list[int]:
         """CommitLog offsets of the entries with ``key_hash`` stored in ``[begin_ms,
-        end_ms]``, newest first, at most ``max_results`` (RocketMQ's chain walk)."""
+        end_ms]``, newest first, at most ``max_results`` (RocketMQ's chain walk).
+        ``reads``: gets each ``(offset, length)`` of the file read (the header, the slot,
+        the entries), for a check of those bytes (:func:`~store.files.index_seal.blocks_hold`)."""
         mm = self._mm
         begin_ts, _, _, _, _, count = HEADER.unpack_from(mm, 0)
+        slot_at = HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_count)
+        if reads is not None:
+            reads += [(0, HEADER_SIZE), (slot_at, SLOT_SIZE)]
         if count <= 1 or max_results <= 0:
             return []
         entry_base = HEADER_SIZE + SLOT_SIZE * self.slot_count
-        n = _SLOT_HEAD.unpack_from(mm, HEADER_SIZE + SLOT_SIZE * (key_hash % self.slot_count))[0]
+        n = _SLOT_HEAD.unpack_from(mm, slot_at)[0]
         found: list[int] = []
         steps = 0
         # a head at or past indexCount is a put in progress (its entries are written before
@@ -454,6 +460,8 @@ class IndexFile:
         while 0 < n < self.entry_count and steps < self.entry_count:
             steps += 1  # a chain of a damaged file could loop: bounded by its size
             h, phy, diff, prev = ENTRY.unpack_from(mm, entry_base + ENTRY_SIZE * n)
+            if reads is not None:
+                reads.append((entry_base + ENTRY_SIZE * n, ENTRY_SIZE))
             if n < count:
                 stamp = begin_ts + diff * 1000
                 if stamp < begin_ms:

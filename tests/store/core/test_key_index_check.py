@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from store import Message, MessageStore, StoreReader
-from store.files.index_file import IndexFile
+from store.files.index_file import IndexFile, java_hash_text
 from store.files.index_seal import SEAL_PATH, read_seal
 from tests.conftest import SMALL
 
@@ -366,3 +366,73 @@ def test_a_seal_that_cannot_be_written_costs_the_next_process_a_check(tmp_path, 
     with StoreReader.open(path, SMALL) as reader:
         _answers(reader, offsets)
     assert len(checked) == 2
+
+
+def _break_key_chain(file: str, key: str) -> None:
+    """The newest entry of ``key`` in ``file`` that links to an older one gets prevIndex 0:
+    the key's older entries in the file fall off its chain."""
+    f = IndexFile(file, SMALL.max_hash_slot_num, SMALL.max_index_num, read_only=True)
+    entries = f.entries()
+    linked = np.flatnonzero((entries["key_hash"] == java_hash_text(key))
+                            & (entries["prev_index"] != 0))
+    f.close()
+    with open(file, "r+b") as out:
+        out.seek(ENTRIES_AT + 20 * (int(linked[-1]) + 1) + 16)
+        out.write(bytes(4))
+
+
+def test_a_file_damaged_in_a_writers_life_is_not_sealed_by_it(tmp_path, monkeypatch, caplog):
+    """A writer took the newest file as sound at its open; the file is damaged while it runs,
+    then fills: the builder seals it only after checking it again (its bytes are no longer
+    those it took), so the next reader does not skip the check and loses no message."""
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    filling = _files(path)[1]
+    with caplog.at_level(logging.WARNING, "store.core.key_index"), \
+            MessageStore.open(path, SMALL, flush_service=False) as store:
+        assert store.key_index._refresh()[1].first_use == "sealed"  # taken at the open
+        _break_key_chain(filling, "T#k3")  # damage in the writer's life
+        sent = store.producer("g").send_batch(
+            [Message("T", b"x", keys=f"k{i % KEYS}") for i in range(600)])
+        store.key_index.build(store.confirmed_offset())  # fills the file: sealed then
+        assert len(_files(path)) == 3
+    assert "not sealed" in caplog.text
+    for i, r in enumerate(sent):
+        offsets[f"k{i % KEYS}"].append(r.commitlog_offset)
+    checked = _count_checks(monkeypatch)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "store.core.key_index"), \
+            StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+    assert os.path.basename(filling) in checked and "is damaged" in caplog.text
+
+
+def test_a_reader_checks_only_the_blocks_its_lookups_read(tmp_path, monkeypatch, caplog):
+    """A reader takes a sealed file by its header's block, and each lookup's answer by the
+    blocks it read; a block changed since the seal costs that file the whole check."""
+    from store.files import index_seal
+
+    monkeypatch.setattr(index_seal, "BLOCK_BYTES", 256)
+    path = str(tmp_path / "s")
+    offsets = _store_with_keys(path)
+    first = _files(path)[0]
+    record = read_seal(path)[os.path.basename(first)]
+    assert record.block_bytes == 256 and len(record.crcs) > 100
+    checked = _count_checks(monkeypatch)
+    read: list[int] = []
+    crcs = index_seal._block_crcs
+
+    def counted(f, begin, last, covered, block):
+        read.append(last - begin + 1)
+        return crcs(f, begin, last, covered, block)
+    monkeypatch.setattr(index_seal, "_block_crcs", counted)
+    with StoreReader.open(path, SMALL) as reader:
+        assert reader.query_messages("T", key="absent") == []
+        assert 0 < sum(read) < len(record.crcs)  # its chain's blocks, not the files' 2 x 169
+        assert len(reader.query_messages("T", key="k3", max=1000)) == len(offsets["k3"])
+        assert checked == []
+    _break_key_chain(first, "T#k3")  # (a block k3's lookups read)
+    with caplog.at_level(logging.WARNING, "store.core.key_index"), \
+            StoreReader.open(path, SMALL) as reader:
+        _answers(reader, offsets)
+    assert set(checked) == {os.path.basename(first)} and "is damaged" in caplog.text
