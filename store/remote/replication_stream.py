@@ -89,8 +89,10 @@ EXCHANGE_OP = "replicate_exchange"
 #: One row per request on it: the ticket's fields that change from one request to the next.
 REPORT_SCHEMA = pa.schema([("from", pa.int64()), ("tail_crc", pa.int64()),
                            ("high_watermark", pa.int64())])
-#: Ends each answer on the exchange.
-END_OF_ANSWER = pa.RecordBatch.from_pylist([], schema=CHUNK_SCHEMA)
+#: Ends each answer on the exchange (made of typed empty arrays: ``from_pylist`` would
+#: import pandas, a second or more of every process's start).
+END_OF_ANSWER = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in CHUNK_SCHEMA],
+                                           schema=CHUNK_SCHEMA)
 #: Seconds an exchange is used before it is opened again.
 EXCHANGE_S = 10.0
 
