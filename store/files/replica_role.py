@@ -26,7 +26,7 @@ odd, the four fields, the generation made even again.  A reader takes the genera
 fields, the generation again, and keeps the fields only when both generations are the same
 even number (else it reads again): a sequence lock, so that no reader combines an epoch
 with another term's acknowledged end.  A writer that died in the middle (an odd generation
-that never moves) reads, after :data:`READ_ATTEMPTS`, as a replica that does not lead.
+that never moves) reads, after :data:`MAX_READ_WAIT_S`, as a replica that does not lead.
 
 **Recovery.**  None: the file is state of a running server, not data.  The primary
 creates it (temp file, ``os.replace``) saying *not leading* before any worker starts, and
@@ -37,6 +37,7 @@ with another magic is refused (:class:`~store.base.errors.StoreError`).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -72,8 +73,10 @@ RENEW_MS = 100
 #: How far ahead of now each renewal sets the lease (ms): a primary frozen or killed leaves
 #: its workers acknowledging for this long at most.
 LEASE_MS = 500
-#: Reads of a generation caught odd before a reader takes the replica for not leading.
-READ_ATTEMPTS = 10_000
+#: Reads of a generation caught odd before a reader sleeps between reads, and how long it
+#: reads before it takes the replica for not leading (its writer died mid-write; s).
+SPINS = 100
+MAX_READ_WAIT_S = 0.1
 
 
 def monotonic_ms() -> int:
@@ -153,14 +156,20 @@ class RoleFile:
     def read(self) -> ReplicaRole:
         """The role as last published, whole."""
         m = self._map
-        for _ in range(READ_ATTEMPTS):
+        give_up = None
+        for attempt in itertools.count():
             before = GENERATION.unpack_from(m, GENERATION_OFFSET)[0]
-            if before & 1:
-                continue
-            epoch, leading, lease, acked = FIELDS.unpack_from(m, FIELDS_OFFSET)
-            if GENERATION.unpack_from(m, GENERATION_OFFSET)[0] == before:
-                return ReplicaRole(epoch, leading == 1, lease, acked)
-        return NOT_LEADING
+            if not before & 1:
+                epoch, leading, lease, acked = FIELDS.unpack_from(m, FIELDS_OFFSET)
+                if GENERATION.unpack_from(m, GENERATION_OFFSET)[0] == before:
+                    return ReplicaRole(epoch, leading == 1, lease, acked)
+            if attempt >= SPINS:  # (the writer was stopped mid-write: let it run)
+                if give_up is None:
+                    give_up = time.monotonic() + MAX_READ_WAIT_S
+                elif time.monotonic() > give_up:
+                    return NOT_LEADING
+                time.sleep(0.0001)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         self._map.close()
