@@ -30,7 +30,7 @@ from test_replica_set import caught_up, free_port, replica_file
 from store import StoreReader
 from store.files.replica_role import LEASE_MS
 
-pytestmark = pytest.mark.xdist_group("grpc")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grpc")]  # (processes start: ~10 s)
 
 TOPIC = "orders"
 
@@ -157,7 +157,6 @@ def _serve(path: str, port: int, rs: str, grpc_port: int, processes: int):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-@pytest.mark.slow
 def test_a_frozen_primarys_workers_stop_acknowledging_within_the_lease(tmp_path):
     """The leader's server (``rmq serve``, the primary) frozen with SIGSTOP: its workers,
     which still run, acknowledge no send after the lease (asynchronous replication, where
