@@ -225,6 +225,8 @@ class StoreServer:
                     **face_limits.grpc_options())
             self._asks = self.endpoint
         except BaseException:
+            if getattr(self, "replica", None) is not None:
+                self.replica.stop()  # (a role it shared with workers that did not start)
             if self.service is not None:
                 self.service.shutdown()
             if getattr(self, "_lock_fd", None) is not None:

@@ -80,6 +80,8 @@ class RolePublisher:
         self._stop.set()
         self._thread.join(timeout=5)
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
             self.file.write(self.replica.epoch, False, 0, -1)
             self.file.close()
