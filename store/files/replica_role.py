@@ -27,6 +27,9 @@ fields, the generation again, and keeps the fields only when both generations ar
 even number (else it reads again): a sequence lock, so that no reader combines an epoch
 with another term's acknowledged end.  A writer that died in the middle (an odd generation
 that never moves) reads, after :data:`MAX_READ_WAIT_S`, as a replica that does not lead.
+Python places no memory barrier: the lock relies on the primary's stores reaching other
+processes in the order they were made, and on a reader's loads not passing each other, as
+x86-64 (total store order) guarantees; a weakly ordered CPU (ARM64) does not promise it.
 
 **Recovery.**  None: the file is state of a running server, not data.  The primary
 creates it (temp file, ``os.replace``) saying *not leading* before any worker starts, and
