@@ -74,8 +74,8 @@ class GrpcEndpoint:
     ``processes``: serve as this many processes on the port (:mod:`store.proxy.processes`);
     ``reuse_port``: let other processes listen on it too; ``primary``: this is a worker
     process forwarding to the primary at ``HOST:PORT`` (``replica``: its
-    :class:`~store.proxy.worker_role.WorkerRole` in a replica set); ``writer_thread``: store groups of
-    sends in a thread of their own rather than on the event loop
+    :class:`~store.proxy.worker_role.WorkerRole` in a replica set); ``writer_thread``: store
+    groups of sends in a thread of their own rather than on the event loop
     (:class:`~store.proxy.aio_calls.GroupCommit`).
     """
 
