@@ -12,6 +12,9 @@ Servers, each in processes of its own on loopback:
   (routes, settings, OK for every send, a canned batch for every receive, OK for every ack):
   the ceiling of any single-process Python endpoint;
 * ``rmq/N``  ``rmq serve --store TMP --grpc 127.0.0.1:PORT --acl ACL --grpc-processes N``;
+* with ``--sync-follower``, each ``rmq/N`` is the leader of a replica set with one follower
+  (a second ``rmq serve`` on loopback) and ``min_insync_replicas: 2``: every send is
+  acknowledged once the follower holds it (the CPU counted is the leader's processes');
 * ``flight`` ``rmq serve --listen``, sent to with ``store.connect(...).producer(...).send``.
 
 The load: ``--load-processes`` processes (``nice +10``: the server has the cores first) of
@@ -142,10 +145,13 @@ class Server:
 
     #: ``base``: ``rmq serve`` of another checkout (``--baseline-root``), for a before/after
     baseline_root: str | None = None
+    #: ``rmq/N`` as the leader of a replica set with a synchronous follower (``--sync-follower``)
+    sync_follower = False
 
     def __init__(self, kind: str, tmp: str) -> None:
         self.kind = kind
         self.port = free_port()
+        self.follower = None
         root = self.baseline_root if kind == "base" else ROOT
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
@@ -166,10 +172,49 @@ class Server:
                 processes = int(kind.partition("/")[2] or 1) if kind != "base" else 1
                 if processes > 1:
                     cmd += ["--grpc-processes", str(processes)]
+                if self.sync_follower:
+                    cmd, follower = self._replica_set(cmd, tmp, acl)
         self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc)
+        if self.follower is None and kind not in ("null", "flight") and self.sync_follower:
+            self.follower = subprocess.Popen(follower, env=env, cwd=root,
+                                             stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL)
+            wait_port(self._follower_grpc, self.follower)
+            self._wait_followed()
         self.wait_idle()
+
+    def _wait_followed(self, timeout: float = 240) -> None:
+        """Until the leader has heard from its follower (its status file says so)."""
+        from store import server_status
+
+        end = time.time() + timeout
+        while time.time() < end:
+            status = server_status(self.store) or {}
+            if ((status.get("replication") or {}).get("followers")):
+                return
+            time.sleep(0.5)
+        raise SystemExit("the follower never reached its leader")
+
+    def _replica_set(self, cmd: list, tmp: str, acl: str) -> tuple[list, list]:
+        """The leader's command made a replica set's leader, and its follower's command."""
+        listen, follower_listen, self._follower_grpc = free_port(), free_port(), free_port()
+        urls = [f"rmq://127.0.0.1:{listen}", f"rmq://127.0.0.1:{follower_listen}"]
+        where = tempfile.mkdtemp(dir=tmp)
+        rs, secret = os.path.join(where, "replicas.json"), os.path.join(where, "secret")
+        with open(secret, "w") as fh:  # (the follower's credentials: the ACL's admin)
+            fh.write(SECRET_KEY + "\n")
+        with open(rs, "w") as fh:
+            json.dump({"replicas": urls, "min_insync_replicas": 2, "account": ACCESS_KEY,
+                       "secret_file": secret, "grpc": {
+                urls[0]: f"127.0.0.1:{self.port}",
+                urls[1]: f"127.0.0.1:{self._follower_grpc}"}}, fh)
+        follower = [sys.executable, "-m", "rmq_cli.cli", "serve", "--store",
+                    tempfile.mkdtemp(dir=tmp), "--create", "--log-level", "WARNING",
+                    "--listen", f"127.0.0.1:{follower_listen}", "--replica-set", rs,
+                    "--grpc", f"127.0.0.1:{self._follower_grpc}", "--acl", acl]
+        return cmd + ["--listen", f"127.0.0.1:{listen}", "--replica-set", rs], follower
 
     def wait_idle(self, timeout: float = 240) -> None:
         """Until the server's processes are idle: a fresh ``rmq serve`` loads and compiles
@@ -198,6 +243,9 @@ class Server:
             return 0.0
 
     def close(self) -> None:
+        if self.follower is not None:
+            self.follower.terminate()
+            self.follower.wait(timeout=30)
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
@@ -463,6 +511,8 @@ def main() -> None:
                     help="also rmq serve of the checkout in DIR (kind 'base'): before/after")
     ap.add_argument("--flight", action="store_true",
                     help="also the send case through rmq serve --listen")
+    ap.add_argument("--sync-follower", action="store_true",
+                    help="rmq/N as a replica set's leader with a synchronous follower")
     ap.add_argument("--null-server", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--load", nargs=6, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--flight-load", nargs=4, default=None, help=argparse.SUPPRESS)
@@ -478,6 +528,7 @@ def main() -> None:
         return
     tmp = tempfile.mkdtemp(prefix="bench-grpc-")
     kinds = ["null"] + [f"rmq/{n}" for n in args.processes.split(",")]
+    Server.sync_follower = args.sync_follower
     if args.baseline_root:
         Server.baseline_root = os.path.abspath(args.baseline_root)
         kinds.insert(1, "base")

@@ -97,6 +97,11 @@ class Appender:
         #: role), ``None`` when they are not; a follower's copies of its leader's log
         #: (:meth:`commit` with ``copy``) are appended all the same.
         self.not_leading: str | None = None
+        #: A worker process of a replica's gRPC endpoint (:mod:`store.proxy.processes`):
+        #: called where :attr:`not_leading` is read, it raises
+        #: :class:`~store.base.errors.LeaderDeposedError` unless the replica leads, as its
+        #: server publishes it (:mod:`store.files.replica_role`); ``None`` elsewhere.
+        self.lead_check = None
 
     # ------------------------------------------------------------------ atomic groups
     @contextmanager
@@ -508,6 +513,8 @@ class Appender:
             raise ReplicaWriterError(self.refusal)
         if self.not_leading is not None and not copy:
             raise LeaderDeposedError(self.not_leading)
+        if self.lead_check is not None and not copy:
+            self.lead_check()
         if self._group_start is None:
             self.core.checkpoint.begin_append(self.write_offset)
 

@@ -47,7 +47,9 @@ def writer_refusal(root: str) -> str | None:
     ``root`` (``None``: it may): a follower's log is a byte-for-byte copy of its leader's
     (an append of its own would make it diverge, and be cut when it next copies); a leader
     with ``min_insync_replicas`` above 1 acknowledges a write only once that many replicas
-    hold it, and only the server can wait for them."""
+    hold it, and only the server can wait for them.  (The worker processes of the server's
+own gRPC endpoint lift this refusal in the mode their server starts them in, and append
+under the role it publishes: :mod:`store.proxy.worker_role`.)"""
     state = read_state(root) or {}
     if state.get("role") == "follower":
         return (f"{root} is a follower of a replica set (its leader: {state.get('leader')}): "

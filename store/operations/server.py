@@ -182,7 +182,7 @@ class StoreServer:
             members = ReplicaSet.read(replica_set)
             me = members.member(address)
             if grpc is not None:
-                _check_grpc_replica(members, grpc, grpc_processes)
+                _check_grpc_replica(members, grpc)
         # the compiled loops load while the store opens and recovers (store.base.jit); the server
         # delivers from its first step, and reports itself running once they are in
         self._warming = warm_up(background=True)
@@ -225,6 +225,8 @@ class StoreServer:
                     **face_limits.grpc_options())
             self._asks = self.endpoint
         except BaseException:
+            if getattr(self, "replica", None) is not None:
+                self.replica.stop()  # (a role it shared with workers that did not start)
             if self.service is not None:
                 self.service.shutdown()
             if getattr(self, "_lock_fd", None) is not None:
@@ -497,9 +499,10 @@ def _check_grpc_access(grpc: str, acl: str | None, insecure: bool) -> None:
             "the port")
 
 
-def _check_grpc_replica(members, grpc: str, processes: int) -> None:
+def _check_grpc_replica(members, grpc: str) -> None:
     """A replica set's member may serve ``--grpc`` when the file gives every replica's gRPC
-    endpoint (:mod:`store.proxy.follower_calls`), in one process."""
+    endpoint (:mod:`store.proxy.follower_calls`); with ``--grpc-processes`` above 1 the
+    workers append under the role the server publishes (:mod:`store.proxy.processes`)."""
     missing = [u for u in members.replicas if members.grpc_address(u) is None]
     if missing:
         raise InvalidConfigError(
@@ -507,11 +510,6 @@ def _check_grpc_replica(members, grpc: str, processes: int) -> None:
             f"gRPC endpoint of {missing}; allowed: \"grpc\": {{replica URL: \"HOST:PORT\"}} "
             "for every replica (a follower passes the leader's calls on to it, and routes "
             "name them all)")
-    if processes > 1:
-        raise InvalidConfigError(
-            f"--grpc-processes {processes} on a replica of {members.path}: the other "
-            "processes would write the store around the replica's checks; allowed: one "
-            "process (--grpc-processes 1) in a replica set")
 
 
 def _take_lock(path: str) -> int:

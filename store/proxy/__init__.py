@@ -73,8 +73,9 @@ class GrpcEndpoint:
     recently active is closed (:mod:`store.proxy.grpc_limits`).
     ``processes``: serve as this many processes on the port (:mod:`store.proxy.processes`);
     ``reuse_port``: let other processes listen on it too; ``primary``: this is a worker
-    process forwarding to the primary at ``HOST:PORT``; ``writer_thread``: store groups of
-    sends in a thread of their own rather than on the event loop
+    process forwarding to the primary at ``HOST:PORT`` (``replica``: its
+    :class:`~store.proxy.worker_role.WorkerRole` in a replica set); ``writer_thread``: store
+    groups of sends in a thread of their own rather than on the event loop
     (:class:`~store.proxy.aio_calls.GroupCommit`).
     """
 
@@ -136,7 +137,7 @@ class GrpcEndpoint:
 
                 self.workers = Workers(store.root, f"{self._listen_host()}:{self.port}",
                                        f"127.0.0.1:{self.private_port}", processes - 1,
-                                       acl=acl, tls=tls)
+                                       acl=acl, tls=tls, replica=self._worker_role())
         except BaseException:
             if self.workers is not None:
                 self.workers.close()
@@ -199,8 +200,10 @@ class GrpcEndpoint:
             self.service = ForwardingMessagingService(stores, primary=self._primary,
                                                       max_message_bytes=limit, **options)
         add_to_server(self.service, self._server)
-        if self._replica is not None:
+        if self._replica is not None and self._primary is None:
             self.serve_replica(self._replica)
+        elif self._replica is not None:  # a worker's WorkerRole (store.proxy.processes)
+            self.service.serve_worker_role(self._replica)
         await self._server.start()
         return port
 
@@ -228,6 +231,18 @@ class GrpcEndpoint:
         endpoints = [RemoteAddress.listen(members.grpc_address(url)) for url in members.replicas]
         self.service.serve_replica(replica, [(a.host, a.port) for a in endpoints],
                                    max_message_bytes=self._limit, tls=self._tls)
+
+    def _worker_role(self) -> dict | None:
+        """What the workers of a replica set's member need to append as it would (the
+        replica's role published first: :mod:`store.proxy.processes`); ``None`` alone."""
+        replica = self._replica
+        if replica is None:
+            return None
+        replica.share_role()
+        members = replica.replica_set
+        return {"min_insync_replicas": members.min_insync_replicas,
+                "replica_ack_timeout_ms": members.replica_ack_timeout_ms,
+                "routes": self.service.routes.SerializeToString().hex()}
 
     def check_round(self) -> int:
         """One transaction check round asked of this endpoint's producers."""

@@ -19,6 +19,18 @@ One Python process answers at most about one core's worth of calls (the GIL).  W
   transaction and recalls (a handle is checked where it was issued).  So any process takes
   a receipt handle any other gave, and a message is handed out once across processes.
 
+**A replica set's member** (``--replica-set``): a worker appends to the replica's directory
+under the role its primary publishes (``config/replica.role``; the primary's side:
+:mod:`store.replication.role_publisher`, the worker's: :mod:`.worker_role`): it appends only
+while the replica leads, checked under the store's append lock that a change of role takes
+too, and with ``min_insync_replicas`` above 1 acknowledges a send only once that many
+replicas hold it, in the epoch it was appended in, within a lease the primary renews (a
+primary killed or frozen leaves its workers acknowledging for
+:data:`~store.files.replica_role.LEASE_MS` at most).  While the replica does not lead (a
+follower, an election under way), a worker passes sends, routes and assignments on to its
+primary, which passes them on to the leader or refuses them as the one-process face does
+(:mod:`.follower_calls`); routes name every replica, as the primary's do.
+
 A worker's long polls wait in the primary; a send through a worker wakes them within the
 primary's poll interval (:data:`~store.proxy.consumer_calls.POLL_INTERVAL_MS`).  Workers read
 their settings from their standard input and end when it closes (when ``rmq serve``
@@ -35,6 +47,7 @@ import subprocess
 import sys
 
 import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from ..base.errors import InvalidConfigError
@@ -47,6 +60,8 @@ log = logging.getLogger("store.proxy")
 #: Calls a worker forwards to the primary (see the module docstring).
 FORWARDED_UNARY = ("NotifyClientTermination", "AckMessage", "ChangeInvisibleDuration",
                    "ForwardMessageToDeadLetterQueue", "EndTransaction", "RecallMessage")
+#: Calls a worker of a replica answers itself only while the replica leads, else forwards.
+LEADER_UNARY = ("SendMessage", "QueryRoute", "QueryAssignment")
 #: How long a worker may take to start (open the store, listen).
 READY_TIMEOUT_S = 120
 
@@ -89,6 +104,13 @@ class ForwardingMessagingService(AsyncMessagingService):
         client_id = dict(context.invocation_metadata()).get("x-mq-client-id", "")
         return vouch(method, peer_host(context.peer()), client_id, self.signer)
 
+    def serve_worker_role(self, role) -> None:
+        """Serve for a replica set's member: writes only while ``role`` (a
+        :class:`~store.proxy.worker_role.WorkerRole`) says the replica leads, the rest
+        forwarded (see the module docstring); routes as the primary's."""
+        self.routes = pb.Endpoints.FromString(role.routes) if role.routes else None
+        self.replica = role
+
     def ask(self, views) -> int:  # the primary's sessions are asked, never a worker's
         return 0
 
@@ -96,19 +118,36 @@ class ForwardingMessagingService(AsyncMessagingService):
         return 0
 
 
+def _here_or_primary(name: str):
+    local = getattr(AsyncMessagingService, name)
+
+    async def call(self, request, context):
+        if self.replica is not None and not self.replica.leading():  # (see the docstring)
+            return await forward_unary(self.primary, name, request, context)
+        return await local(self, request, context)
+    call.__name__ = name
+    return call
+
+
 for _name in FORWARDED_UNARY:
     setattr(ForwardingMessagingService, _name, _forward_unary(_name))
+for _name in LEADER_UNARY:
+    setattr(ForwardingMessagingService, _name, _here_or_primary(_name))
 
 
 class Workers:
     """The worker processes of an endpoint (see the module docstring)."""
 
     def __init__(self, store_path: str, listen: str, primary: str, count: int, *,
-                 acl: str | None = None, tls: tuple[bytes, bytes] | None = None) -> None:
+                 acl: str | None = None, tls: tuple[bytes, bytes] | None = None,
+                 replica: dict | None = None) -> None:
+        # (replica: the worker mode of a replica set's member, WorkerRole's arguments;
+        # only a primary gives it, after publishing the replica's role)
         settings = json.dumps({
             "store": os.path.abspath(store_path), "listen": listen, "primary": primary,
             "acl": os.path.abspath(acl) if acl is not None else None,
-            "tls": None if tls is None else [tls[0].decode(), tls[1].decode()]})
+            "tls": None if tls is None else [tls[0].decode(), tls[1].decode()],
+            "replica": replica})
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -153,6 +192,7 @@ def main() -> None:
     """A worker: settings (JSON) on the first line of stdin; serves until stdin closes."""
     from ..facade.message_store import MessageStore
     from . import GrpcEndpoint
+    from .worker_role import WorkerRole
 
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -160,9 +200,15 @@ def main() -> None:
     tls = settings["tls"]
     store = MessageStore.open(settings["store"])
     try:
+        replica = settings.get("replica")
+        role = None
+        if replica is not None:  # (before the port takes a call: see the module docstring)
+            role = WorkerRole(store, routes=bytes.fromhex(replica.pop("routes") or ""),
+                              **replica)
         endpoint = GrpcEndpoint(store, settings["listen"], acl=settings["acl"],
                                 tls=None if tls is None else (tls[0].encode(), tls[1].encode()),
-                                reuse_port=True, primary=settings["primary"])
+                                reuse_port=True, primary=settings["primary"], replica=role,
+                                writer_thread=role is not None and role.synchronous)
         try:
             print("ready", flush=True)
             sys.stdin.read()  # until rmq serve ends

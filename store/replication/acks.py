@@ -64,6 +64,9 @@ class InSyncAcks:
         #: write is acknowledged: a deposed leader acknowledges nothing).
         self.still_leading = still_leading
         self.timeouts = 0
+        #: ``on_acked()``: called (outside the lock) whenever :attr:`acked` grew (the
+        #: replica's role file publishes it to its gRPC workers: :mod:`.role_publisher`).
+        self.on_acked = None
 
     @property
     def acked(self) -> int:
@@ -87,6 +90,8 @@ class InSyncAcks:
             self._acked = acked
             if grew:
                 self._cond.notify_all()
+        if grew and self.on_acked is not None:
+            self.on_acked()
 
     def close(self) -> None:
         """The replica stopped leading: every writer waiting now, or later, stops waiting

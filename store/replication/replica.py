@@ -118,6 +118,8 @@ class Replica:
         self.role_listeners: list = []
         #: What the last cut of a diverged tail set aside (:mod:`.truncation`), if any.
         self.last_cut: dict | None = None
+        #: Shares the role with the gRPC endpoint's worker processes (:meth:`share_role`).
+        self.role_publisher = None
         store.appender.refusal = None  # (the server's process: its appends are waited for)
         # the recurring schedules' book is recorded in the log, and so copied
         store.recurring.replicated = True
@@ -192,6 +194,7 @@ class Replica:
                                    rs.min_insync_replicas, rs.replica_ack_timeout_ms,
                                    self.append_signal, self._exempted,
                                    still_leading=self._still_leading)
+            self.acks.on_acked = self._publish_role
         self.store.replica_acks = self.acks
 
     def _write_state(self) -> None:
@@ -291,8 +294,26 @@ class Replica:
             return {**answer, "epoch": answer["last_epoch"]}
         return probe_replica(url, self._credentials)
 
+    def share_role(self) -> None:
+        """Publish this replica's role to worker processes that append to its store (a gRPC
+        endpoint of several processes) from now until :meth:`stop`
+        (:mod:`.role_publisher`)."""
+        from .role_publisher import RolePublisher
+
+        with self._lock:
+            if self.role_publisher is None:
+                self.role_publisher = RolePublisher(self)
+
+    def _publish_role(self) -> None:
+        publisher = self.role_publisher
+        if publisher is not None:
+            publisher.publish()
+
     def stop(self) -> None:
-        """Stop voting and copying (its last figures stay in :meth:`status`)."""
+        """Stop voting and copying (its last figures stay in :meth:`status`); the workers
+        it shares its role with refuse writes from then on."""
+        if self.role_publisher is not None:
+            self.role_publisher.close()
         if self.voter is not None:
             self.voter.stop()
         if self.follower is not None:
@@ -353,6 +374,7 @@ class Replica:
                 if self.acks is None:  # (a leader named again keeps its followers' reports)
                     self._install_acks()
                 self.store.appender.not_leading = None
+                self._publish_role()  # (under the append lock: the workers take writes)
                 self._write_state()
             self._take_delay_keys()  # (before a service step delivers: the lock is held)
             with self.services():  # (a book never recorded, kept: the followers get it)
@@ -384,6 +406,7 @@ class Replica:
             raise InvalidConfigError(f"{leader_url} to follow; allowed: another replica of "
                                      f"{list(self.replica_set.replicas)}")
         self.lease_until = 0.0  # (first, before any lock: no write is acknowledged from here)
+        self._publish_role()
         with self._lock:
             self._stop_following()
             with self.store.write_lock():  # (no service step appends meanwhile)
@@ -413,6 +436,7 @@ class Replica:
             f"{self.leader or 'no leader known'}): the write was not stored here nor "
             "acknowledged; allowed: retry on the leader (with a key, to recognise a "
             "duplicate)")
+        self._publish_role()  # (the workers' appends too: they check it under the lock)
 
     def _tell_role(self, role: str) -> None:
         for listener in self.role_listeners:

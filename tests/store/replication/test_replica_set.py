@@ -334,11 +334,6 @@ def test_the_replica_set_file_is_checked(tmp_path):
     with pytest.raises(InvalidConfigError, match="does not give the gRPC endpoint"):
         StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[1]}", replica_set=rs,
                     grpc="127.0.0.1:0")
-    rs = replica_file(tmp_path, ports, witness="rmq://127.0.0.3:1",
-                      grpc={f"rmq://127.0.0.1:{p}": f"127.0.0.1:{p + 1}" for p in ports})
-    with pytest.raises(InvalidConfigError, match="one process"):
-        StoreServer(str(tmp_path / "s"), listen=f"127.0.0.1:{ports[0]}", replica_set=rs,
-                    grpc=f"127.0.0.1:{ports[0] + 1}", grpc_processes=2)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(InvalidConfigError, match="not JSON"):
         ReplicaSet.read(tmp_path / "broken.json")
