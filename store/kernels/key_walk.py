@@ -16,6 +16,7 @@ from types import FunctionType
 
 import numpy as np
 
+from ..base.jit import kernel_set
 from ..formats.record_codec import (
     BLANK_MAGIC_CODE,
     FIELD_OFFSET,
@@ -25,7 +26,6 @@ from ..formats.record_codec import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from ..base.jit import kernel_set
 from .segment_walk import record_size_loop
 
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
@@ -215,12 +215,11 @@ def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, 
         s = hashes[i] % slot_count
         at = slot_base + 4 * s
         prev = _i32(buf, at)
-        if prev < 0 or prev > count:
-            # past indexCount: an earlier entry of this put (its entry is in this slot) or
-            # a torn write's, when the slot is empty (what ``prev`` would be had every head
-            # past indexCount been set to 0 before this put)
-            if prev >= n or prev < 0 or hashes[prev - count] % slot_count != s:
-                prev = 0
+        # past indexCount: an earlier entry of this put (its entry is in this slot) or a
+        # torn write's, when the slot is empty (what ``prev`` would be had every head past
+        # indexCount been set to 0 before this put)
+        if prev < 0 or (prev > count and (prev >= n or hashes[prev - count] % slot_count != s)):
+            prev = 0
         if prev == 0:
             fresh += 1
         diff = (stamps[i] - begin_ts) // 1000

@@ -21,12 +21,14 @@ from store.core.key_index import record_key_hashes
 from store.files.index_file import HEADER_SIZE, SLOT_SIZE, file_size
 from store.formats.record_codec import (
     BLANK_MAGIC_CODE,
-    HEADER_SIZE as RECORD_HEADER_SIZE,
     TRANSACTION_ROLLBACK_TYPE,
     RecordSpec,
     decode_record,
     encode_record,
     split_properties,
+)
+from store.formats.record_codec import (
+    HEADER_SIZE as RECORD_HEADER_SIZE,
 )
 from store.kernels.key_walk import chain_entries, record_keys
 from tests.conftest import SMALL, FakeClock
@@ -185,20 +187,23 @@ def _two_step_put(buf: bytearray, slot_count: int, count: int, hashes, phys, sta
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_one_pass_over_torn_heads_writes_the_two_steps_bytes(seed):
+@pytest.mark.parametrize("slot_count, most", [(32, 200), (1 << 16, 5000)],
+                         ids=["long chains", "many slots"])
+def test_one_pass_over_torn_heads_writes_the_two_steps_bytes(seed, slot_count, most):
     """Slot heads past indexCount (a builder killed mid-put), some equal to entries this put
     writes into other slots or into the same one: the one-pass kernel writes the bytes (and
     counts the fresh slots) of clearing them first, then chaining."""
     rng = np.random.default_rng(seed)
-    slot_count, entry_count, count = 32, 400, int(rng.integers(1, 100))
+    entry_count, count = 2 * most, int(rng.integers(1, 100))
     data = bytearray(file_size(slot_count, entry_count))
     heads = rng.integers(0, count + 1, slot_count)  # published heads...
     torn = rng.random(slot_count) < 0.5  # ...and torn ones, past indexCount or negative
     heads[torn] = rng.choice([count + 1, count + 3, count + 40, entry_count - 1, -5],
                              int(torn.sum()))
     struct.pack_into(f">{slot_count}i", data, HEADER_SIZE, *heads.tolist())
-    k = int(rng.integers(1, 200))
-    hashes = rng.integers(0, 2**31 - 1, k) % (slot_count * 3)
+    k = int(rng.integers(1, most))
+    # few slots: long chains and torn heads met often; many: a large put at random
+    hashes = rng.integers(0, 2**31 - 1, k) % (slot_count * 3 if slot_count < 1000 else 2**31)
     phys = np.arange(k, dtype=np.int64) * 100
     stamps = 1_700_000_000_000 + np.arange(k, dtype=np.int64) * 300
     want = bytearray(data)
@@ -209,3 +214,25 @@ def test_one_pass_over_torn_heads_writes_the_two_steps_bytes(seed):
                           count, hashes, phys, stamps, 1_700_000_000_000, 2**31 - 1)
     assert fresh == fresh_want
     assert bytes(data) == bytes(want)
+
+
+def test_a_new_files_slots_written_as_zeros_read_as_a_sparse_files(tmp_path, monkeypatch):
+    """A new file's header and slots are written (zeros) when it is made: its bytes, and
+    those after puts, are those of a file left sparse."""
+    from store.files.index_file import IndexFile
+
+    rng = np.random.default_rng(5)
+    hashes = rng.integers(0, 2**31 - 1, 3000)
+    phys = np.arange(3000, dtype=np.int64) * 64
+    stamps = 1_700_000_000_000 + np.arange(3000, dtype=np.int64) * 10
+    written = IndexFile(str(tmp_path / "written"), 1 << 18, 4000, create=True)
+    monkeypatch.setattr(IndexFile, "_write_zeros", lambda self, end: None)
+    sparse = IndexFile(str(tmp_path / "sparse"), 1 << 18, 4000, create=True)
+    assert os.path.getsize(written.path) == os.path.getsize(sparse.path)
+    assert written._mm[:] == sparse._mm[:] == bytes(len(sparse._mm))
+    for f in (written, sparse):
+        f.put(hashes[:2000], phys[:2000], stamps[:2000])
+        f.put(hashes[2000:], phys[2000:], stamps[2000:])
+    assert written._mm[:] == sparse._mm[:]
+    written.close()
+    sparse.close()
