@@ -77,8 +77,6 @@ _MAX_TIME_DIFF = (1 << 31) - 1
 
 #: Entries' blocks are reserved this many bytes at a time, ahead of the entries written.
 _RESERVE_STEP = 1 << 20
-#: A new file's slots are written (zeros) this many bytes a ``pwrite``.
-_ZERO_CHUNK = 1 << 20
 
 #: Puts of at most this many entries take the ``struct`` path (:meth:`IndexFile._put_few`).
 _SCALAR_MAX = 8
@@ -163,8 +161,7 @@ class IndexFile:
         fd = os.open(path, flags, 0o644)
         try:
             actual = os.fstat(fd).st_size
-            created = actual == 0 and create and not read_only
-            if created:
+            if actual == 0 and create and not read_only:
                 os.ftruncate(fd, size)  # sparse: no disk until entries are written
                 actual = size
             #: the size found on disk (:meth:`problem` compares it with the settings)
@@ -189,8 +186,6 @@ class IndexFile:
         self._populated = read_only
         if not read_only and actual == size:
             self._reserve(HEADER_SIZE + SLOT_SIZE * self.slot_count)
-            if created:
-                self._write_zeros(HEADER_SIZE + SLOT_SIZE * self.slot_count)
 
     def _reserve(self, end: int) -> None:
         """Reserve the file's blocks up to ``end`` (rounded up a step);
@@ -200,30 +195,6 @@ class IndexFile:
         target = min(self.size, -(-end // _RESERVE_STEP) * _RESERVE_STEP)
         allocate(self._fd, target - self._reserved, self.path, offset=self._reserved)
         self._reserved = target
-
-    def _write_zeros(self, end: int) -> None:
-        """Write the zeros of a new file's ``[0, end)`` (its header and slots, their blocks
-        reserved) with ``pwrite``: the pages are then in the page cache, and mapping them
-        for the first put (:meth:`_populate`) costs a third of what their first write
-        through the mapping into reserved but unwritten blocks costs (a file system's work a
-        page).  The bytes are the ones the file holds already."""
-        zeros = bytes(min(end, _ZERO_CHUNK))
-        try:
-            for at in range(0, end, len(zeros)):
-                os.pwrite(self._fd, zeros[:end - at], at)
-        except OSError:  # (blocks reserved: no full disk here; the mapping faults instead)
-            pass
-
-    def _populate_range(self, begin: int, end: int) -> None:
-        """Map the pages of ``[begin, end)`` writable at once, before puts write them: one
-        ``madvise`` rather than a write fault a page (a third of the cost of a put's entries
-        in a fresh part of a file).  The bytes stay as they are (zeros)."""
-        page = mmap.PAGESIZE
-        begin -= begin % page
-        try:
-            self._mm.madvise(_MADV_POPULATE_WRITE, begin, min(end, len(self._mm)) - begin)
-        except (OSError, ValueError, AttributeError):  # an older kernel: fault as they come
-            pass
 
     # -- structure ------------------------------------------------------------------------------
     def problem(self) -> str | None:
@@ -386,11 +357,7 @@ class IndexFile:
             return 0
         if not self._populated:
             self._populate()
-        entry_base = HEADER_SIZE + SLOT_SIZE * self.slot_count
-        reserved = self._reserved
-        self._reserve(entry_base + ENTRY_SIZE * (count + k))
-        if self._reserved > reserved:  # (the blocks ahead, once: what puts write next)
-            self._populate_range(max(reserved, entry_base + ENTRY_SIZE * count), self._reserved)
+        self._reserve(HEADER_SIZE + SLOT_SIZE * self.slot_count + ENTRY_SIZE * (count + k))
         if k <= _SCALAR_MAX:
             return self._put_few(count, k, key_hashes, phy_offsets, store_timestamps)
         hashes = np.asarray(key_hashes[:k], dtype=np.int64)
@@ -400,7 +367,7 @@ class IndexFile:
         if count <= 1:  # the file's first entry sets its begin (its timeDiff is 0)
             begin_ts, begin_phy = int(stamps[0]), int(phys[0])
         fresh = chain_entries(np.frombuffer(self._mm, dtype=np.uint8), HEADER_SIZE,
-                              entry_base, self.slot_count,
+                              HEADER_SIZE + SLOT_SIZE * self.slot_count, self.slot_count,
                               count, hashes, phys, stamps, begin_ts, _MAX_TIME_DIFF)
         HEADER.pack_into(self._mm, 0, begin_ts, int(stamps[-1]), begin_phy, int(phys[-1]),
                          slots_used + fresh, count + k)  # the header last
@@ -434,8 +401,11 @@ class IndexFile:
     def _populate(self) -> None:
         """Fault the slot pages in at once before the first put of this process: a put's
         slots are random, and one page fault each is most of a fresh file's cost."""
-        self._populated = True  # (and the entries' first blocks, reserved with the slots)
-        self._populate_range(0, max(self._reserved, HEADER_SIZE + SLOT_SIZE * self.slot_count))
+        self._populated = True
+        try:
+            self._mm.madvise(_MADV_POPULATE_WRITE, 0, HEADER_SIZE + SLOT_SIZE * self.slot_count)
+        except (OSError, ValueError, AttributeError):  # an older kernel: fault as they come
+            pass
 
     def rechain(self, log_end: int) -> int:
         """Rebuild the slots, chains and header from the entries whose record starts before

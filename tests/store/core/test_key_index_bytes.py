@@ -215,24 +215,3 @@ def test_one_pass_over_torn_heads_writes_the_two_steps_bytes(seed, slot_count, m
     assert fresh == fresh_want
     assert bytes(data) == bytes(want)
 
-
-def test_a_new_files_slots_written_as_zeros_read_as_a_sparse_files(tmp_path, monkeypatch):
-    """A new file's header and slots are written (zeros) when it is made: its bytes, and
-    those after puts, are those of a file left sparse."""
-    from store.files.index_file import IndexFile
-
-    rng = np.random.default_rng(5)
-    hashes = rng.integers(0, 2**31 - 1, 3000)
-    phys = np.arange(3000, dtype=np.int64) * 64
-    stamps = 1_700_000_000_000 + np.arange(3000, dtype=np.int64) * 10
-    written = IndexFile(str(tmp_path / "written"), 1 << 18, 4000, create=True)
-    monkeypatch.setattr(IndexFile, "_write_zeros", lambda self, end: None)
-    sparse = IndexFile(str(tmp_path / "sparse"), 1 << 18, 4000, create=True)
-    assert os.path.getsize(written.path) == os.path.getsize(sparse.path)
-    assert written._mm[:] == sparse._mm[:] == bytes(len(sparse._mm))
-    for f in (written, sparse):
-        f.put(hashes[:2000], phys[:2000], stamps[:2000])
-        f.put(hashes[2000:], phys[2000:], stamps[2000:])
-    assert written._mm[:] == sparse._mm[:]
-    written.close()
-    sparse.close()
