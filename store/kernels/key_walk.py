@@ -119,19 +119,27 @@ def _named(data, p, q, name):
     return True
 
 
+def _find(data, i, end, byte):
+    """Where ``byte`` is first in ``data[i:end]`` (``end``: nowhere), four bytes a step."""
+    while i + 4 <= end:
+        if ((_at(data, i) == byte) | (_at(data, i + 1) == byte) | (_at(data, i + 2) == byte)
+                | (_at(data, i + 3) == byte)):
+            break
+        i += 4
+    while i < end and _at(data, i) != byte:
+        i += 1
+    return i
+
+
 def _two_values(data, p, end, name1, name2):
     """:func:`~store.kernels.recovery_scan._tag_value` of two names in one pass over the
     properties ``data[p:end]``: ``(a1, b1, a2, b2)``, -1 where a name has no value."""
     a1 = b1 = a2 = b2 = np.int64(-1)
     while p < end:
-        q = p  # (a pair: its name up to 0x01, its value up to 0x02 or the end)
-        while q < end and _at(data, q) != 1:
-            q += 1
+        q = _find(data, p, end, 1)  # (a pair: its name up to 0x01, its value up to 0x02)
         if q >= end:
             break
-        v = q + 1
-        while v < end and _at(data, v) != 2:
-            v += 1
+        v = _find(data, q + 1, end, 2)
         if v > q + 1:
             if _named(data, p, q, name1):
                 a1, b1 = q + 1, v
@@ -276,7 +284,7 @@ def _check_chains(buf, entry_base, slot_count, last, newest, slot_at, work_s, wo
     return 0, 0, 0
 
 
-_KERNELS = kernel_set(globals(), helpers=("_at", "_i32", "_record_size", "_named",
+_KERNELS = kernel_set(globals(), helpers=("_at", "_find", "_i32", "_record_size", "_named",
                                         "_two_values", "_hash_steps", "_hash_bytes",
                                         "_hash_utf8", "_key_hash", "_put_be"),
                     kernels=("_record_keys", "_chain_entries", "_check_chains"))
