@@ -131,22 +131,45 @@ def _find(data, i, end, byte):
     return i
 
 
-def _two_values(data, p, end, name1, name2):
+def _value_end_hashing(data, i, end, h):
+    """``(v, h, j)``: where the value from ``i`` ends (its 0x02, or ``end``), and ``h``
+    continued over its bytes to ``j``, as far as they are ASCII (four a step, as
+    :func:`_hash_steps`): the value's bytes are read once for both."""
+    while i + 4 <= end:
+        c0, c1, c2, c3 = _at(data, i), _at(data, i + 1), _at(data, i + 2), _at(data, i + 3)
+        if ((c0 == 2) | (c1 == 2) | (c2 == 2) | (c3 == 2) | ((c0 | c1 | c2 | c3) >= 0x80)):
+            break
+        h = (h * 923521 + c0 * 29791 + c1 * 961 + c2 * 31 + c3) & 0xFFFFFFFF
+        i += 4
+    j = i
+    while i < end and _at(data, i) != 2:
+        if j == i and _at(data, i) < 0x80:
+            h = (h * 31 + _at(data, i)) & 0xFFFFFFFF
+            j = i + 1
+        i += 1
+    return i, h, j
+
+
+def _two_values(data, p, end, name1, name2, h):
     """:func:`~store.kernels.recovery_scan._tag_value` of two names in one pass over the
-    properties ``data[p:end]``: ``(a1, b1, a2, b2)``, -1 where a name has no value."""
-    a1 = b1 = a2 = b2 = np.int64(-1)
+    properties ``data[p:end]`` (the last non-empty value of each counts): ``(h1, a2, b2)``,
+    ``h1`` the hash ``h`` continued over the value of ``name1`` (:func:`_hash_utf8`; -1: no
+    value), ``data[a2:b2]`` the value of ``name2`` (-1: none)."""
+    h1 = a2 = b2 = np.int64(-1)
     while p < end:
         q = _find(data, p, end, 1)  # (a pair: its name up to 0x01, its value up to 0x02)
         if q >= end:
             break
-        v = _find(data, q + 1, end, 2)
-        if v > q + 1:
-            if _named(data, p, q, name1):
-                a1, b1 = q + 1, v
-            if _named(data, p, q, name2):
-                a2, b2 = q + 1, v
+        if _named(data, p, q, name1):
+            v, g, j = _value_end_hashing(data, q + 1, end, h)
+            if v > q + 1:
+                h1 = _hash_utf8(data, j, v, g)
+        else:
+            v = _find(data, q + 1, end, 2)
+        if v > q + 1 and _named(data, p, q, name2):
+            a2, b2 = q + 1, v
         p = v + 1
-    return a1, b1, a2, b2
+    return h1, a2, b2
 
 
 def _key_hash(h):
@@ -185,13 +208,12 @@ def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
             ppos = tpos + 1 + _at(buf, tpos)
             prefix = (_hash_bytes(buf, tpos + 1, ppos, np.int64(0)) * 31 + 35) & 0xFFFFFFFF
             pend = ppos + 2 + ((_at(buf, ppos) << 8) | _at(buf, ppos + 1))  # ('#' above)
-            a, b, a2, b2 = _two_values(buf, ppos + 2, pend, uniq_name, keys_name)
-            if a >= 0:
-                out[0, count] = _key_hash(_hash_utf8(buf, a, b, prefix))
+            h, a, b = _two_values(buf, ppos + 2, pend, uniq_name, keys_name, prefix)
+            if h >= 0:
+                out[0, count] = _key_hash(h)
                 out[1, count] = pos
                 out[2, count] = stamp
                 count += 1
-            a, b = a2, b2
             while a >= 0 and a < b:
                 e = a
                 while e < b and _at(buf, e) != 32:
@@ -285,8 +307,8 @@ def _check_chains(buf, entry_base, slot_count, last, newest, slot_at, work_s, wo
 
 
 _KERNELS = kernel_set(globals(), helpers=("_at", "_find", "_i32", "_record_size", "_named",
-                                        "_two_values", "_hash_steps", "_hash_bytes",
-                                        "_hash_utf8", "_key_hash", "_put_be"),
+                                        "_value_end_hashing", "_two_values", "_hash_steps",
+                                        "_hash_bytes", "_hash_utf8", "_key_hash", "_put_be"),
                     kernels=("_record_keys", "_chain_entries", "_check_chains"))
 
 
