@@ -215,3 +215,26 @@ def test_one_pass_over_torn_heads_writes_the_two_steps_bytes(seed, slot_count, m
     assert fresh == fresh_want
     assert bytes(data) == bytes(want)
 
+
+
+@pytest.mark.parametrize("before, keys", [(1000, 150), (900, 300)],
+                         ids=["47 rows held of 151", "247 rows held of 301"])
+def test_a_record_of_many_keys_over_two_files_is_indexed_whole_after_a_crash(tmp_path, before,
+                                                                            keys):
+    """A record of many keys fills a file (2,047 entries) and goes on in the next; the
+    builder dies before the next file holds the rest.  Indexing again adds the rows the
+    first file misses, once, whether that file's last rows are few or more than the newest
+    a pass reads first."""
+    with MessageStore.open(str(tmp_path / "s"), SMALL, flush_service=False) as store:
+        producer = store.producer("g")
+        sent = producer.send_batch([Message("T", b"x", keys=f"k{i}") for i in range(before)])
+        big = producer.send(Message("T", b"y", keys=" ".join(f"m{j}" for j in range(keys))))
+        store.key_index.build(store.confirmed_offset())
+        first, newest = store.key_index._refresh()
+        assert first.is_full() and first.end_phy_offset == big.commitlog_offset
+        newest.rechain(0)  # (the next file as the killed builder left it: empty)
+        store.key_index._set_indexed_to(sent[-5].commitlog_offset)
+        store.key_index.build(store.confirmed_offset())
+        assert sum(f.index_count - 1 for f in store.key_index._refresh()) == 2 * before + keys + 1
+        for j in range(keys):
+            assert store.key_index.lookup("T", f"m{j}", 64) == [big.commitlog_offset], j
