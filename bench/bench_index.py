@@ -16,6 +16,8 @@ Measures, in one run:
   second ("+ index") adds the wait, after the last send, until the index holds every
   message (the builder's whole cost, with none of it left behind); the third ("CPU") is the
   process's CPU seconds over that time, every thread's (what the index costs a busy host);
+  then ("builds") the CPU seconds of the index's builds themselves (each thread's own, in
+  ``KeyIndex.build``), the median of the runs with the index on;
 * queries on ``--query-messages`` messages (default 10M) in one topic, written with
   ``send_table`` without the index, each key carried by 10 messages spread over the whole
   log: the index's build from the CommitLog (a writable open with the index on, less one with
@@ -81,18 +83,36 @@ def config(index: bool) -> StoreConfig:
     return StoreConfig(message_index_enable=index)
 
 
-def _indexed(store, t0: float, cpu0: float) -> tuple[float, float, float]:
+def _indexed(store, t0: float, cpu0: float) -> tuple[float, float, float, float]:
     """(seconds since ``t0``, the same once the index holds every message, CPU seconds of
-    the process since ``cpu0`` then: every thread's, the builder's included)."""
+    the process since ``cpu0`` then: every thread's, the builder's included, and of them the
+    CPU seconds spent in the index's builds, see :func:`_timed_builds`)."""
     sent = time.perf_counter() - t0
     store.key_index.build(store.confirmed_offset())
-    return sent, time.perf_counter() - t0, time.process_time() - cpu0
+    return (sent, time.perf_counter() - t0, time.process_time() - cpu0,
+            getattr(store.key_index, "build_cpu", [0.0])[0])
+
+
+def _timed_builds(store) -> None:
+    """Count the CPU seconds of the calling thread in each ``store.key_index.build`` (the
+    builder thread's and the last one after the sends) into ``key_index.build_cpu``."""
+    index, build, spent = store.key_index, store.key_index.build, [0.0]
+
+    def timed(*args, **kwargs):
+        c0 = time.thread_time()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - c0
+    index.build, index.build_cpu = timed, spent
 
 
 def run_table(path: str, index: bool, rows: pa.Table) -> tuple[float, float, float]:
     with MessageStore.open(path, config(index)) as store:
+        _timed_builds(store)
         producer = store.producer("bench")
         producer.send_table(rows.slice(0, 1))
+        store.key_index.build_cpu[0] = 0.0
         t0, cpu0 = time.perf_counter(), time.process_time()
         producer.send_table(rows.slice(1))
         return _indexed(store, t0, cpu0)
@@ -101,8 +121,10 @@ def run_table(path: str, index: bool, rows: pa.Table) -> tuple[float, float, flo
 def run_batch(path: str, index: bool, msgs: list[Message], batch_size: int
               ) -> tuple[float, float, float]:
     with MessageStore.open(path, config(index)) as store:
+        _timed_builds(store)
         producer = store.producer("bench")
         producer.send_batch(msgs[:1])
+        store.key_index.build_cpu[0] = 0.0
         t0, cpu0 = time.perf_counter(), time.process_time()
         for i in range(1, len(msgs), batch_size):
             producer.send_batch(msgs[i:i + batch_size])
@@ -111,8 +133,10 @@ def run_batch(path: str, index: bool, msgs: list[Message], batch_size: int
 
 def run_single(path: str, index: bool, msgs: list[Message]) -> tuple[float, float, float]:
     with MessageStore.open(path, config(index)) as store:
+        _timed_builds(store)
         producer = store.producer("bench")
         producer.send(msgs[0])
+        store.key_index.build_cpu[0] = 0.0
         t0, cpu0 = time.perf_counter(), time.process_time()
         for m in msgs[1:]:
             producer.send(m)
@@ -122,17 +146,24 @@ def run_single(path: str, index: bool, msgs: list[Message]) -> tuple[float, floa
 def compare(base: str, name: str, repeat: int, fn, *args) -> None:
     """Best seconds of ``fn`` with the index on and off (alternating), and the ratios."""
     best = {(i, k): float("inf") for i in (True, False) for k in (0, 1, 2)}
+    builds = []
     for r in range(repeat):
         for index in (False, True):
             path = os.path.join(base, f"{name}-{index}-{r}")
             got = fn(path, index, *args)
             for k in (0, 1, 2):
                 best[index, k] = min(best[index, k], got[k])
+            if index:
+                builds.append(got[3])
             shutil.rmtree(path, ignore_errors=True)
     for k, label in ((0, ""), (1, " + index"), (2, " CPU")):
         off, on = best[False, k], best[True, k]
         print(f"{name + label:<19} index off {off:7.3f} s   on {on:7.3f} s   "
               f"ratio on/off {on / off:.3f}", flush=True)
+    n = len(args[0]) if hasattr(args[0], "__len__") else args[0].num_rows
+    build = statistics.median(builds)
+    print(f"{name + ' builds':<19} CPU of the index's builds, median of {len(builds)}: "
+          f"{build:.3f} s, {build / n * 1e6:.2f} us a message", flush=True)
 
 
 def query_bench(base: str, n: int, queries: int, scans: int) -> None:

@@ -79,6 +79,9 @@ log = logging.getLogger("store.core.key_index")
 
 #: Rows of key hashes one walk of the CommitLog gathers before they go into the files.
 _ROWS = 1 << 16
+#: The newest entries a pass reads first for the rows of the last record indexed (all
+#: :data:`~store.kernels.key_walk.MAX_ROWS_PER_RECORD` only when these are all that record's).
+_RECENT_ROWS = 64
 #: The builder thread looks for new records this often (RocketMQ's reput thread: 1 ms; a pass
 #: here has a fixed cost of a few hundred µs of Python, so a few passes a second less).
 BUILD_INTERVAL_S = 0.02
@@ -258,6 +261,9 @@ class KeyIndex(KeyLookup):
                     else ())
             if not len(phys):
                 continue
+            recent = phys[-_RECENT_ROWS:]  # (a record has a few keys: its rows end in these)
+            if len(recent) < len(phys) and (recent != offset).any():
+                phys = recent  # (the same count: a row of another record is among them)
             other = np.flatnonzero(phys != offset)
             held += len(phys) - (int(other[-1]) + 1 if len(other) else 0)
             if len(other) or len(phys) == MAX_ROWS_PER_RECORD:

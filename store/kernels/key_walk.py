@@ -16,6 +16,7 @@ from types import FunctionType
 
 import numpy as np
 
+from ..base.jit import kernel_set
 from ..formats.record_codec import (
     BLANK_MAGIC_CODE,
     FIELD_OFFSET,
@@ -25,11 +26,8 @@ from ..formats.record_codec import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from ..base.jit import kernel_set
-from .property_scan import next_pair_loop
-from .segment_walk import i32_loop, record_size_loop
+from .segment_walk import record_size_loop
 
-_i32, _next_pair = i32_loop, next_pair_loop
 _record_size = FunctionType(record_size_loop.__code__, globals(), "_record_size")
 
 _UNIQ_KEY = np.frombuffer(b"UNIQ_KEY", dtype=np.uint8)
@@ -46,23 +44,60 @@ _CONSTS = np.array([MAX_ROWS_PER_RECORD, TRANSACTION_TYPE_MASK, TRANSACTION_ROLL
                                                       "store_timestamp")], dtype=np.int64)
 
 
-def _hash_utf8(buf, a, b, h):
-    """``h`` continued over ``buf[a:b]`` (UTF-8) as Java's hashCode over its UTF-16 units."""
+def _at(buf, i):
+    """``buf[i]`` as an int64, indexed unsigned: numba checks a signed index for a negative
+    one (Python's wrap-around) with a branch per access, most of a byte loop's time."""
+    return np.int64(buf[np.uint64(i)])
+
+
+def _i32(buf, p):
+    """The big-endian signed 32-bit int at ``p`` (:func:`~store.kernels.segment_walk.i32_loop`
+    with unsigned indices)."""
+    v = (_at(buf, p) << 24) | (_at(buf, p + 1) << 16) | (_at(buf, p + 2) << 8) | _at(buf, p + 3)
+    return v - (np.int64(1) << 32) if v >= (np.int64(1) << 31) else v
+
+
+def _hash_steps(buf, a, b, h, ascii_only):
+    """``h`` continued over ``buf[a:b]`` as Java's hashCode, a unit a byte, four bytes a
+    step: ``h * 31**4 + c0 * 31**3 + c1 * 31**2 + c2 * 31 + c3`` (mod 2**32) is the same
+    value, with one multiplication on the chain from one step to the next rather than four.
+    ``ascii_only``: stop before four bytes one of which is not ASCII.  Returns ``(h, where
+    it stopped)`` (at most three bytes before ``b``, or before a non-ASCII byte)."""
     i = a
+    while i + 4 <= b:
+        c0, c1, c2, c3 = _at(buf, i), _at(buf, i + 1), _at(buf, i + 2), _at(buf, i + 3)
+        if ascii_only and (c0 | c1 | c2 | c3) >= 0x80:
+            break
+        h = (h * 923521 + c0 * 29791 + c1 * 961 + c2 * 31 + c3) & 0xFFFFFFFF
+        i += 4
+    return h, i
+
+
+def _hash_bytes(buf, a, b, h):
+    """``h`` continued over the bytes ``buf[a:b]``, one unit each (a topic's name)."""
+    h, i = _hash_steps(buf, a, b, h, False)
+    for j in range(i, b):
+        h = (h * 31 + _at(buf, j)) & 0xFFFFFFFF
+    return h
+
+
+def _hash_utf8(buf, a, b, h):
+    """``h`` continued over ``buf[a:b]`` (UTF-8) as Java's hashCode over its UTF-16 units
+    (ASCII four bytes a step, :func:`_hash_steps`)."""
+    h, i = _hash_steps(buf, a, b, h, True)
     while i < b:
-        c = np.int64(buf[i])
+        c = _at(buf, i)
         n = 1
         cp = c
         if c >= 0xF0 and i + 3 < b:
-            cp = ((c & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12) \
-                | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)
+            cp = ((c & 0x07) << 18) | ((_at(buf, i + 1) & 0x3F) << 12) \
+                | ((_at(buf, i + 2) & 0x3F) << 6) | (_at(buf, i + 3) & 0x3F)
             n = 4
         elif c >= 0xE0 and i + 2 < b:
-            cp = ((c & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6) \
-                | (np.int64(buf[i + 2]) & 0x3F)
+            cp = ((c & 0x0F) << 12) | ((_at(buf, i + 1) & 0x3F) << 6) | (_at(buf, i + 2) & 0x3F)
             n = 3
         elif c >= 0xC0 and i + 1 < b:
-            cp = ((c & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)
+            cp = ((c & 0x1F) << 6) | (_at(buf, i + 1) & 0x3F)
             n = 2
         if cp >= 0x10000:  # a surrogate pair in UTF-16
             cp -= 0x10000
@@ -74,34 +109,67 @@ def _hash_utf8(buf, a, b, h):
     return h
 
 
-def _two_values(data, p, end, name1, name2):
+def _named(data, p, q, name):
+    """Whether ``data[p:q]`` is ``name``."""
+    if q - p != len(name):
+        return False
+    for j in range(len(name)):
+        if _at(data, p + j) != name[j]:
+            return False
+    return True
+
+
+def _find(data, i, end, byte):
+    """Where ``byte`` is first in ``data[i:end]`` (``end``: nowhere), four bytes a step."""
+    while i + 4 <= end:
+        if ((_at(data, i) == byte) | (_at(data, i + 1) == byte) | (_at(data, i + 2) == byte)
+                | (_at(data, i + 3) == byte)):
+            break
+        i += 4
+    while i < end and _at(data, i) != byte:
+        i += 1
+    return i
+
+
+def _value_end_hashing(data, i, end, h):
+    """``(v, h, j)``: where the value from ``i`` ends (its 0x02, or ``end``), and ``h``
+    continued over its bytes to ``j``, as far as they are ASCII (four a step, as
+    :func:`_hash_steps`): the value's bytes are read once for both."""
+    while i + 4 <= end:
+        c0, c1, c2, c3 = _at(data, i), _at(data, i + 1), _at(data, i + 2), _at(data, i + 3)
+        if ((c0 == 2) | (c1 == 2) | (c2 == 2) | (c3 == 2) | ((c0 | c1 | c2 | c3) >= 0x80)):
+            break
+        h = (h * 923521 + c0 * 29791 + c1 * 961 + c2 * 31 + c3) & 0xFFFFFFFF
+        i += 4
+    j = i
+    while i < end and _at(data, i) != 2:
+        if j == i and _at(data, i) < 0x80:
+            h = (h * 31 + _at(data, i)) & 0xFFFFFFFF
+            j = i + 1
+        i += 1
+    return i, h, j
+
+
+def _two_values(data, p, end, name1, name2, h):
     """:func:`~store.kernels.recovery_scan._tag_value` of two names in one pass over the
-    properties ``data[p:end]``: ``(a1, b1, a2, b2)``, -1 where a name has no value."""
-    a1 = b1 = a2 = b2 = np.int64(-1)
-    len1, len2 = len(name1), len(name2)
+    properties ``data[p:end]`` (the last non-empty value of each counts): ``(h1, a2, b2)``,
+    ``h1`` the hash ``h`` continued over the value of ``name1`` (:func:`_hash_utf8`; -1: no
+    value), ``data[a2:b2]`` the value of ``name2`` (-1: none)."""
+    h1 = a2 = b2 = np.int64(-1)
     while p < end:
-        q, v1 = _next_pair(data, p, end)
+        q = _find(data, p, end, 1)  # (a pair: its name up to 0x01, its value up to 0x02)
         if q >= end:
             break
-        if v1 > q + 1:
-            if q - p == len1:
-                same = True
-                for j in range(len1):
-                    if data[p + j] != name1[j]:
-                        same = False
-                        break
-                if same:
-                    a1, b1 = q + 1, v1
-            if q - p == len2:
-                same = True
-                for j in range(len2):
-                    if data[p + j] != name2[j]:
-                        same = False
-                        break
-                if same:
-                    a2, b2 = q + 1, v1
-        p = v1 + 1
-    return a1, b1, a2, b2
+        if _named(data, p, q, name1):
+            v, g, j = _value_end_hashing(data, q + 1, end, h)
+            if v > q + 1:
+                h1 = _hash_utf8(data, j, v, g)
+        else:
+            v = _find(data, q + 1, end, 2)
+        if v > q + 1 and _named(data, p, q, name2):
+            a2, b2 = q + 1, v
+        p = v + 1
+    return h1, a2, b2
 
 
 def _key_hash(h):
@@ -137,22 +205,18 @@ def _record_keys(buf, pos, limit, out, uniq_name, keys_name, consts):
             stamp = _i32(buf, pos + at[2]) * 4294967296 + (_i32(buf, pos + at[2] + 4)
                                                            & 0xFFFFFFFF)
             tpos = pos + header + body_len
-            ppos = tpos + 1 + np.int64(buf[tpos])
-            prefix = np.int64(0)
-            for j in range(tpos + 1, ppos):
-                prefix = (prefix * 31 + np.int64(buf[j])) & 0xFFFFFFFF
-            prefix = (prefix * 31 + 35) & 0xFFFFFFFF  # '#'
-            pend = ppos + 2 + ((np.int64(buf[ppos]) << 8) | np.int64(buf[ppos + 1]))
-            a, b, a2, b2 = _two_values(buf, ppos + 2, pend, uniq_name, keys_name)
-            if a >= 0:
-                out[0, count] = _key_hash(_hash_utf8(buf, a, b, prefix))
+            ppos = tpos + 1 + _at(buf, tpos)
+            prefix = (_hash_bytes(buf, tpos + 1, ppos, np.int64(0)) * 31 + 35) & 0xFFFFFFFF
+            pend = ppos + 2 + ((_at(buf, ppos) << 8) | _at(buf, ppos + 1))  # ('#' above)
+            h, a, b = _two_values(buf, ppos + 2, pend, uniq_name, keys_name, prefix)
+            if h >= 0:
+                out[0, count] = _key_hash(h)
                 out[1, count] = pos
                 out[2, count] = stamp
                 count += 1
-            a, b = a2, b2
             while a >= 0 and a < b:
                 e = a
-                while e < b and buf[e] != 32:
+                while e < b and _at(buf, e) != 32:
                     e += 1
                 if e > a:
                     out[0, count] = _key_hash(_hash_utf8(buf, a, e, prefix))
@@ -172,18 +236,20 @@ def _put_be(buf, p, v, width):
 def _chain_entries(buf, slot_base, entry_base, slot_count, count, hashes, phys, stamps,
                    begin_ts, max_diff):
     """Write the entries ``count, count + 1, ...`` of an index file mapped as ``buf`` and
-    chain each into its slot (see :func:`chain_entries`); returns how many slots were empty."""
+    chain each into its slot (see :func:`chain_entries`); returns how many slots were empty.
+    One pass: each slot is read once (a cache miss each in a file's megabytes of slots)."""
     k = hashes.shape[0]
-    for i in range(k):  # a head past indexCount is a torn write's: the slot is empty
-        at = slot_base + 4 * (hashes[i] % slot_count)
-        head = _i32(buf, at)
-        if head < 0 or head > count:
-            _put_be(buf, at, 0, 4)
     fresh = 0
     for i in range(k):
         n = count + i
-        at = slot_base + 4 * (hashes[i] % slot_count)
+        s = hashes[i] % slot_count
+        at = slot_base + 4 * s
         prev = _i32(buf, at)
+        # past indexCount: an earlier entry of this put (its entry is in this slot) or a
+        # torn write's, when the slot is empty (what ``prev`` would be had every head past
+        # indexCount been set to 0 before this put)
+        if prev < 0 or (prev > count and (prev >= n or hashes[prev - count] % slot_count != s)):
+            prev = 0
         if prev == 0:
             fresh += 1
         diff = (stamps[i] - begin_ts) // 1000
@@ -240,8 +306,9 @@ def _check_chains(buf, entry_base, slot_count, last, newest, slot_at, work_s, wo
     return 0, 0, 0
 
 
-_KERNELS = kernel_set(globals(), helpers=("_i32", "_next_pair", "_record_size", "_two_values",
-                                        "_hash_utf8", "_key_hash", "_put_be"),
+_KERNELS = kernel_set(globals(), helpers=("_at", "_find", "_i32", "_record_size", "_named",
+                                        "_value_end_hashing", "_two_values", "_hash_steps",
+                                        "_hash_bytes", "_hash_utf8", "_key_hash", "_put_be"),
                     kernels=("_record_keys", "_chain_entries", "_check_chains"))
 
 
