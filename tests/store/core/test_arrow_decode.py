@@ -406,7 +406,7 @@ def test_tagged_reads_pick_entries_across_queue_files_as_the_numpy_path(store, m
     """A tag filter picks its entries in one compiled pass over the stored (big-endian)
     ConsumeQueue entries; across the queue's files (1,000 entries each here), after filler
     units and up to a range's end it keeps exactly the rows the NumPy path keeps."""
-    import store.core.arrow_decode as arrow_decode
+    from store.core import arrow_decode
     from store.base import jit
 
     store.consume_queue("orders", 0).fill_to(5)  # fillers in front of the queue
