@@ -178,6 +178,26 @@ def data_loss_message(topic: str, queue_id: int, start: int, min_offset: int) ->
             "to skip them, or restart the query from startingOffsets=earliest")
 
 
+#: a filtered read (tags, pushed row checks) reads at most this many offsets per step
+MAX_STEP_OFFSETS = 16 * BATCH_ROWS
+
+
+def _next_step(step: int, rows: int) -> int:
+    """Offsets to read next, after ``step`` offsets gave ``rows`` rows: about
+    :data:`BATCH_ROWS` rows per step, so that a selective filter (a tag of one message in
+    ten) makes a few batches of full size rather than many small ones (each read call and
+    each batch Spark takes costs about a millisecond); between :data:`BATCH_ROWS` and
+    :data:`MAX_STEP_OFFSETS` offsets."""
+    return min(MAX_STEP_OFFSETS, max(BATCH_ROWS, step * BATCH_ROWS // max(rows, 1)))
+
+
+def _sliced(batches) -> Iterator:
+    """The non-empty batches, cut to at most :data:`BATCH_ROWS` rows each (zero-copy)."""
+    for batch in batches:
+        for first in range(0, batch.num_rows, BATCH_ROWS):
+            yield batch.slice(first, BATCH_ROWS)
+
+
 def read_partition(partition: InputPartition) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es (at most :data:`BATCH_ROWS` rows) of a partition.
 
@@ -225,8 +245,9 @@ def read_partition(partition: InputPartition) -> Iterator:
                     if began:
                         raise
                     # retention moved the queue's start: the offset-by-offset way below
+            step = BATCH_ROWS
             while start < r.end:
-                end = min(r.end, start + BATCH_ROWS)
+                end = min(r.end, start + step)
                 try:
                     batches = read_checked(chunk_reader(r), start, end, pushed,
                                            partition.columns) if checked else [
@@ -240,7 +261,10 @@ def read_partition(partition: InputPartition) -> Iterator:
                             from None
                     start = low  # skip what retention removed
                     continue
-                yield from (batch for batch in batches if batch.num_rows)
+                rows = sum(batch.num_rows for batch in batches)
+                yield from _sliced(batches)
+                if end - start == step:
+                    step = _next_step(step, rows)
                 start = end
     finally:
         store.close()

@@ -51,10 +51,11 @@ from ..formats.record_codec import (
     gather_headers,
 )
 from ..files.commit_log import CommitLog
-from ..files.consume_queue import FILLER_SIZE, ConsumeQueue
+from ..files.consume_queue import ENTRY_DTYPE, FILLER_SIZE, ConsumeQueue
 from ..base.errors import CorruptRecordError, InvalidMessageError, OffsetOutOfRangeError
 from ..formats.message import java_string_hash
-from ..kernels.message_decode import NameTable, check_records, gather_messages
+from ..kernels.message_decode import (NameTable, check_records, gather_messages,
+                                       select_entries)
 from .message_columns import (
     MESSAGE_SCHEMA,
     PROPERTY_COLUMNS,
@@ -177,28 +178,18 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
     tag_set = None if tags is None else sorted({str(t) for t in tags})
     if end == start or tag_set == []:
         return empty_batch(schema)
-    entries = store.consume_queue(topic, queue_id).entries(start, end)
-    queue_offsets = np.arange(start, end, dtype=np.int64)
-    holes = blank_holes(entries) if len(entries) == end - start else ()
-    if len(holes) and not skip_corrupt:  # a zeroed range of the queue file
-        raise CorruptRecordError(f"consumequeue/{topic}/{queue_id}", start + int(holes[0]),
-                                 "a blank entry below written ones: the queue file is damaged;"
-                                 " `rmq repair` rebuilds it")
-    if len(holes):
-        entries, queue_offsets = np.delete(entries, holes), np.delete(queue_offsets, holes)
-    if len(entries) != len(queue_offsets) or (entries["size"] <= 0).any():
-        written = len(entries) if (entries["size"] > 0).all() else int(
-            np.argmin(entries["size"] > 0))
-        raise OffsetOutOfRangeError(
-            f"queue offset {start + written} of {topic}/{queue_id} is not written; "
-            f"allowed: end <= max_offset ({start + written} here)")
-    keep = entries["size"] != FILLER_SIZE
-    if tag_set is not None:
-        codes = np.array([java_string_hash(t) if t else 0 for t in tag_set], np.int64)
-        keep &= np.isin(entries["tags_code"], codes)
-    if not keep.all():
-        entries, queue_offsets = entries[keep], queue_offsets[keep]
+    queue = store.consume_queue(topic, queue_id)
+    codes = None if tag_set is None else np.array(
+        [java_string_hash(t) if t else 0 for t in tag_set], np.int64)
+    picked = None if codes is None or skip_corrupt else _tagged_entries(queue, start, end, codes)
+    if picked is not None:  # the tag's entries alone, picked in one compiled pass
+        entries, queue_offsets = picked
         if len(entries) == 0:
+            return empty_batch(schema)
+    else:
+        entries, queue_offsets = _checked_entries(queue, topic, queue_id, start, end, codes,
+                                                  skip_corrupt)
+        if entries is None:
             return empty_batch(schema)
     if skip_corrupt:
         ok = intact_mask(store.commit_log, queue_id, entries, queue_offsets,
@@ -217,6 +208,54 @@ def read_queue_batch(store: QueueSource, topic: str, queue_id: int, start: int, 
         if not pc.all(exact).as_py():
             batch = batch.filter(exact)
     return batch
+
+
+def _tagged_entries(queue, start: int, end: int, codes: np.ndarray):
+    """``(entries, queue offsets)`` of the entries in ``[start, end)`` whose tagsCode is one of
+    ``codes`` (fillers left out), read as stored and picked in one compiled pass; ``None``
+    when the NumPy path must decide (an entry not written or missing, a queue without
+    stored entries, the compiled loop not loaded yet)."""
+    stored = getattr(queue, "stored_entries", None)
+    if stored is None:
+        return None
+    raw = stored(start, end)
+    if len(raw) != end - start or raw.dtype != ENTRY_DTYPE:
+        return None
+    picked = select_entries(raw, codes, FILLER_SIZE)
+    if picked is None:
+        return None
+    return raw[picked].astype(raw.dtype.newbyteorder("=")), picked + start
+
+
+def _checked_entries(queue, topic: str, queue_id: int, start: int, end: int,
+                     codes: np.ndarray | None, skip_corrupt: bool):
+    """``(entries, queue offsets)`` of ``[start, end)`` that hold a record (with one of the
+    tagsCodes ``codes``, ``None``: any), checked: a blank entry below written ones raises
+    :class:`CorruptRecordError` (dropped with ``skip_corrupt``), one not written
+    :class:`OffsetOutOfRangeError`; ``(None, None)`` when none is left."""
+    entries = queue.entries(start, end)
+    queue_offsets = np.arange(start, end, dtype=np.int64)
+    holes = blank_holes(entries) if len(entries) == end - start else ()
+    if len(holes) and not skip_corrupt:  # a zeroed range of the queue file
+        raise CorruptRecordError(f"consumequeue/{topic}/{queue_id}", start + int(holes[0]),
+                                 "a blank entry below written ones: the queue file is damaged;"
+                                 " `rmq repair` rebuilds it")
+    if len(holes):
+        entries, queue_offsets = np.delete(entries, holes), np.delete(queue_offsets, holes)
+    if len(entries) != len(queue_offsets) or (entries["size"] <= 0).any():
+        written = len(entries) if (entries["size"] > 0).all() else int(
+            np.argmin(entries["size"] > 0))
+        raise OffsetOutOfRangeError(
+            f"queue offset {start + written} of {topic}/{queue_id} is not written; "
+            f"allowed: end <= max_offset ({start + written} here)")
+    keep = entries["size"] != FILLER_SIZE
+    if codes is not None:
+        keep &= np.isin(entries["tags_code"], codes)
+    if not keep.all():
+        entries, queue_offsets = entries[keep], queue_offsets[keep]
+        if len(entries) == 0:
+            return None, None
+    return entries, queue_offsets
 
 
 # --------------------------------------------------------------------------- records

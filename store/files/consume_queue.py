@@ -203,6 +203,11 @@ class ConsumeQueue:
 
     def entries(self, start: int, end: int) -> np.ndarray:
         """Entries ``[start, end)`` as a native-endian structured array (copied)."""
+        return self.stored_entries(start, end).astype(ENTRY_DTYPE.newbyteorder("="))
+
+    def stored_entries(self, start: int, end: int) -> np.ndarray:
+        """Entries ``[start, end)`` as stored (:data:`ENTRY_DTYPE`, big-endian): a view of the
+        file when one file holds them, else a copy; fewer past the written files."""
         parts = []
         i = start
         while i < end:
@@ -214,9 +219,8 @@ class ConsumeQueue:
             parts.append(arr[i - base:j - base])
             i = j
         if not parts:
-            return np.empty(0, dtype=ENTRY_DTYPE.newbyteorder("="))
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return out.astype(ENTRY_DTYPE.newbyteorder("="))
+            return np.empty(0, dtype=ENTRY_DTYPE)
+        return np.concatenate(parts, dtype=ENTRY_DTYPE) if len(parts) > 1 else parts[0]
 
     def entry(self, index: int) -> tuple[int, int, int] | None:
         """Entry ``index`` as ``(commitlog_offset, size, tags_code)``, or None past the files."""

@@ -311,9 +311,33 @@ def _check_records(seg, pos, sizes, phys, queue_id, queue_offsets, topic, at, ma
     return -1
 
 
+
+def _select_entries(raw, codes, filler, picked):
+    """Of ``n`` ConsumeQueue entries laid out as stored (``raw``: 20 big-endian bytes each,
+    offset, size, tagsCode), write to ``picked`` the index of each whose tagsCode is one of
+    ``codes``, fillers (size ``filler``) left out; return their count, or -1 at the first
+    entry not written (size <= 0: the caller's checks then say why)."""
+    count = 0
+    for i in range(len(raw) // 20):
+        b = i * 20
+        size = _be(raw, b + 8, 4)
+        if size <= 0:
+            return -1
+        if size == filler:
+            continue
+        code = _be64(raw, b + 12)
+        for c in codes:
+            if code == c:
+                picked[count] = i
+                count += 1
+                break
+    return count
+
+
 _KERNELS = kernel_set(globals(), helpers=("_copy", "_copy_bodies", "_system_name",
                                           "_decimal_ms", "_split_keys", "_be", "_be64"),
-                      kernels=("_gather_messages", "_check_records"))
+                      kernels=("_gather_messages", "_check_records",
+                               "_select_entries"))
 
 
 class NameTable:
@@ -412,6 +436,21 @@ def check_records(seg: np.ndarray, pos: np.ndarray, sizes: np.ndarray, phys: np.
     if not _ready("_check_records", len(pos), args):
         return 0
     return int(_KERNELS(len(pos))["_check_records"](*args))
+
+
+def select_entries(raw: np.ndarray, codes: np.ndarray, filler: int) -> np.ndarray | None:
+    """:func:`_select_entries`: the indexes of the entries of ``raw`` (stored ConsumeQueue
+    entries, big-endian) with one of the tagsCodes ``codes``, fillers left out; ``None``
+    when an entry is not written (the caller's NumPy checks then raise) or while the compiled
+    loop is not loaded for a large block (the caller's NumPy path is then as fast)."""
+    raw = raw.reshape(-1).view(np.uint8)
+    raw.setflags(write=False)  # a file's view or a copy: one compiled signature for both
+    picked = np.empty(len(raw) // 20, np.int64)
+    args = (raw, codes, filler, picked)
+    if not _ready("_select_entries", len(picked), args):
+        return None
+    count = int(_KERNELS(len(picked))["_select_entries"](*args))
+    return None if count < 0 else picked[:count]
 
 
 def _ready(name: str, work: int, args: tuple) -> bool:

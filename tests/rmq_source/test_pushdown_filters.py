@@ -98,3 +98,34 @@ def test_a_selective_row_check_reads_only_the_runs_that_pass(store, clock):
     assert [o for b in batches for o in b.column("queue_offset").to_pylist()] == [3, 4, 40]
     assert calls[1:] == [(3, 5, ("body", "queue_offset")), (40, 41, ("body", "queue_offset"))]
     assert "body" not in calls[0][2]  # the probe decodes no body
+
+
+def test_a_selective_tag_is_read_in_steps_of_about_a_batch_of_rows(store, store_path,
+                                                                  monkeypatch):
+    """One message in ten has the tag: the read steps grow so that each yields about a full
+    batch (here of 8 rows), never more, and the rows are those of the plain read."""
+    from rmq_source import partitions
+    from rmq_source.partitions import RmqPartition, read_partition
+
+    monkeypatch.setattr(partitions, "BATCH_ROWS", 8)
+    monkeypatch.setattr(partitions, "MAX_STEP_OFFSETS", 128)
+    producer = store.producer("tagged")
+    producer.send_batch([Message("tagged", b"%d" % i, tags="rare" if i % 10 == 3 else "common")
+                         for i in range(600)], queue_id=0)
+    store.flush()
+    from store.core.reading import ReadableStore
+
+    calls = []
+    real = ReadableStore.read_arrow
+
+    def counted(self, topic, queue_id, start, end, **kw):
+        calls.append(end - start)
+        return real(self, topic, queue_id, start, end, **kw)
+
+    monkeypatch.setattr(ReadableStore, "read_arrow", counted)
+    part = RmqPartition(store_path, (QueueRange("tagged", 0, 0, 600),), tags=("rare",))
+    batches = list(read_partition(part))
+    assert [o for b in batches for o in b.column("queue_offset").to_pylist()] == list(
+        range(3, 600, 10))
+    assert max(b.num_rows for b in batches) <= 8
+    assert calls[:3] == [8, 64, 85] and len(calls) <= 12  # not 75 steps of 8 offsets

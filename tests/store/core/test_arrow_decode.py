@@ -400,3 +400,35 @@ def test_a_projection_decodes_the_asked_columns_in_the_asked_order(tmp_path, sma
         for bad in (["nope"], ["body", "body"], []):
             with pytest.raises(InvalidMessageError, match="allowed"):
                 store.read_arrow("t", q, 0, end, columns=bad)
+
+
+def test_tagged_reads_pick_entries_across_queue_files_as_the_numpy_path(store, monkeypatch):
+    """A tag filter picks its entries in one compiled pass over the stored (big-endian)
+    ConsumeQueue entries; across the queue's files (1,000 entries each here), after filler
+    units and up to a range's end it keeps exactly the rows the NumPy path keeps."""
+    from store.core import arrow_decode
+    from store.base import jit
+
+    store.consume_queue("orders", 0).fill_to(5)  # fillers in front of the queue
+    tags = ["a", "b", None, "Aa", "BB"]  # "Aa" and "BB" share a tagsCode
+    for first in range(0, 2400, 200):
+        store.append([RecordSpec("orders", b"m%d" % i, {"TAGS": tags[i % 5]} if tags[i % 5]
+                                 else {}, queue_id=0) for i in range(first, first + 200)])
+    end = store.max_offset("orders", 0)
+    ranges = [(0, end), (0, 990), (990, 1010), (1500, 2100), (2004, end)]
+    wanted = (["a"], ["Aa"], ["b", "BB"], ["zz"])
+    read_queue_batch(store, "orders", 0, 0, end, tags=["a"])
+    assert jit.wait_compiled(120)  # the compiled pass, not the NumPy path, below
+    picked = []
+    real = arrow_decode._tagged_entries
+    monkeypatch.setattr(arrow_decode, "_tagged_entries",
+                        lambda *a: picked.append(real(*a)) or picked[-1])
+    got = {(r, tuple(t)): batch_rows(read_queue_batch(store, "orders", 0, *r, tags=t))
+           for r in ranges for t in wanted}
+    assert all(p is not None for p in picked) and len(picked) == len(got)
+    monkeypatch.setattr(arrow_decode, "_tagged_entries", lambda *a: None)
+    for (r, t), rows in got.items():
+        assert rows == batch_rows(read_queue_batch(store, "orders", 0, *r, tags=t)), (r, t)
+    assert len(got[((0, end), ("a",))]) == 480
+    assert {row[2] for row in got[((990, 1010), ("b", "BB"))]} == {
+        o for o in range(990, 1010) if (o - 5) % 5 in (1, 4)}
