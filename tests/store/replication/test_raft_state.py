@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from store.replication.election import _import_pysyncobj
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # A voter process: it prints its term at start (before its first election can be due) and
@@ -86,6 +88,7 @@ def test_a_voter_killed_and_restarted_keeps_its_term_and_vote(tmp_path):
     # the restarted voter starts in the term it was killed in, not back at 0: it cannot
     # vote again in a term it voted in
     assert after[0] >= before[-1], (before, after)
+    _import_pysyncobj()  # (a bare import would replace socket.inet_ntop for every later test)
     from pysyncobj.journal import MetaStorer
 
     stored = MetaStorer(str(meta)).getMeta()
