@@ -2,7 +2,7 @@
 processes of its gRPC endpoint (``rmq serve --grpc-processes N``, :mod:`store.proxy.processes`).
 
 One small file, memory-mapped by the server (the **primary**, which alone writes it) and by
-each worker (which only reads it).  Big-endian, 48 bytes, every field an 8-byte word at an
+each worker (which only reads it).  Big-endian, 56 bytes, every field an 8-byte word at an
 8-byte aligned offset:
 
 ======  ====  ======  ==================================================================
@@ -19,17 +19,20 @@ offset  size  type    field
                       :data:`RENEW_MS` while it leads
 40      8     int64   acked_end: the CommitLog end ``min_insync_replicas`` replicas hold in
                       this term (-1: none known; unused with asynchronous replication)
+48      8     uint64  check: CRC32 of bytes 8 to 47 (the generation and the four fields)
 ======  ====  ======  ==================================================================
 
 **Reading whole fields.**  The primary writes under a lock of its own: the generation made
-odd, the four fields, the generation made even again.  A reader takes the generation, the
-fields, the generation again, and keeps the fields only when both generations are the same
-even number (else it reads again): a sequence lock, so that no reader combines an epoch
-with another term's acknowledged end.  A writer that died in the middle (an odd generation
-that never moves) reads, after :data:`MAX_READ_WAIT_S`, as a replica that does not lead.
-Python places no memory barrier: the lock relies on the primary's stores reaching other
-processes in the order they were made, and on a reader's loads not passing each other, as
-x86-64 (total store order) guarantees; a weakly ordered CPU (ARM64) does not promise it.
+odd, the four fields and the check, the generation made even again.  A reader copies bytes
+8 to 55 at once and keeps the fields only when the generation is even, the check is the
+CRC32 of what it copied, and the generation read again after the copy is the same (else it
+reads again): a sequence lock, so that no reader combines an epoch with another term's
+acknowledged end.  The check makes a torn copy visible without any promise on the order in
+which the primary's stores reach another process (Python places no memory barrier, and a
+weakly ordered CPU such as ARM64 may show them out of order): a copy mixing two writes
+passes only if its CRC32 matches by chance (2^-32), besides the generation's check.  A
+writer that died in the middle (an odd generation that never moves) reads, after
+:data:`MAX_READ_WAIT_S`, as a replica that does not lead.
 
 **Recovery.**  None: the file is state of a running server, not data.  The primary
 creates it (temp file, ``os.replace``) saying *not leading* before any worker starts, and
@@ -46,6 +49,7 @@ import os
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 
 from ..base.errors import StoreError
@@ -62,6 +66,7 @@ LAYOUT = struct.Struct(
     "q"    # leading (1 or 0)
     "q"    # lease_until_ms (CLOCK_MONOTONIC)
     "q"    # acked_end (-1: none known)
+    "Q"    # check: CRC32 of the generation and the four fields
 )
 #: The generation word alone, and where it sits.
 GENERATION = struct.Struct(">Q")
@@ -69,7 +74,12 @@ GENERATION_OFFSET = struct.calcsize(">8s")
 #: The four fields a reader takes whole, and where they start.
 FIELDS = struct.Struct(">qqqq")
 FIELDS_OFFSET = GENERATION_OFFSET + GENERATION.size
-assert FIELDS_OFFSET + FIELDS.size == LAYOUT.size
+#: The check word, and where it sits (right after the fields).
+CHECK = struct.Struct(">Q")
+CHECK_OFFSET = FIELDS_OFFSET + FIELDS.size
+#: What a reader copies at once: the generation, the fields and the check.
+WHOLE = struct.Struct(">Qqqqq" "Q")
+assert CHECK_OFFSET + CHECK.size == LAYOUT.size == GENERATION_OFFSET + WHOLE.size
 
 #: How often the primary moves the lease forward while it leads (ms).
 RENEW_MS = 100
@@ -131,7 +141,8 @@ class RoleFile:
         """Make the file of the store at ``root`` anew, saying *not leading*, and map it for
         writing."""
         path = os.path.join(root, ROLE_FILE)
-        atomic_write(path, LAYOUT.pack(MAGIC, 0, 0, 0, 0, -1), sync=False)
+        fields = GENERATION.pack(0) + FIELDS.pack(0, 0, 0, -1)
+        atomic_write(path, MAGIC + fields + CHECK.pack(zlib.crc32(fields)), sync=False)
         return cls(path, os.open(path, os.O_RDWR), True)
 
     @classmethod
@@ -150,9 +161,11 @@ class RoleFile:
         """Publish a whole new role (the primary; see the module docstring)."""
         with self._lock:
             odd = self._generation + 1
+            fields = FIELDS.pack(epoch, 1 if leading else 0, lease_until_ms, acked_end)
             GENERATION.pack_into(self._map, GENERATION_OFFSET, odd)
-            FIELDS.pack_into(self._map, FIELDS_OFFSET, epoch, 1 if leading else 0,
-                             lease_until_ms, acked_end)
+            self._map[FIELDS_OFFSET:CHECK_OFFSET] = fields
+            CHECK.pack_into(self._map, CHECK_OFFSET,
+                            zlib.crc32(GENERATION.pack(odd + 1) + fields))
             GENERATION.pack_into(self._map, GENERATION_OFFSET, odd + 1)
             self._generation = odd + 1
 
@@ -161,11 +174,12 @@ class RoleFile:
         m = self._map
         give_up = None
         for attempt in itertools.count():
-            before = GENERATION.unpack_from(m, GENERATION_OFFSET)[0]
-            if not before & 1:
-                epoch, leading, lease, acked = FIELDS.unpack_from(m, FIELDS_OFFSET)
-                if GENERATION.unpack_from(m, GENERATION_OFFSET)[0] == before:
-                    return ReplicaRole(epoch, leading == 1, lease, acked)
+            copy = m[GENERATION_OFFSET:LAYOUT.size]
+            generation, epoch, leading, lease, acked, check = WHOLE.unpack(copy)
+            if (not generation & 1 and zlib.crc32(copy[:CHECK_OFFSET - GENERATION_OFFSET])
+                    == check
+                    and GENERATION.unpack_from(m, GENERATION_OFFSET)[0] == generation):
+                return ReplicaRole(epoch, leading == 1, lease, acked)
             if attempt >= SPINS:  # (the writer was stopped mid-write: let it run)
                 if give_up is None:
                     give_up = time.monotonic() + MAX_READ_WAIT_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import zlib
 
 import pytest
 
@@ -14,7 +15,7 @@ from store.files.replica_role import LAYOUT, ROLE_FILE, ReplicaRole, RoleFile, m
 
 
 def test_the_layout_is_eight_byte_words_big_endian(tmp_path):
-    assert LAYOUT.size == 48 == struct.calcsize(">8sQqqqq")
+    assert LAYOUT.size == 56 == struct.calcsize(">8sQqqqqQ")
     (tmp_path / "config").mkdir()
     writer = RoleFile.create(str(tmp_path))
     reader = RoleFile.open(str(tmp_path))
@@ -25,6 +26,7 @@ def test_the_layout_is_eight_byte_words_big_endian(tmp_path):
         raw = (tmp_path / ROLE_FILE).read_bytes()
         assert raw[:8] == b"RMQROLE1"
         assert struct.unpack(">Qqqqq", raw[8:48]) == (2, 7, 1, 123456, 4096)  # 1 write
+        assert struct.unpack(">Q", raw[48:56])[0] == zlib.crc32(raw[8:48])
     finally:
         reader.close()
         writer.close()
@@ -73,6 +75,25 @@ def test_a_writer_dead_mid_write_reads_as_not_leading(tmp_path, monkeypatch):
     writer.close()
 
 
+def test_fields_seen_before_their_check_are_never_taken(tmp_path, monkeypatch):
+    """A weakly ordered CPU may show another process the primary's new fields before its
+    new check word (or the generation's move): a copy that mixes two writes is refused
+    (read again, and taken for *not leading* if it stays so), never returned."""
+    (tmp_path / "config").mkdir()
+    writer, reader = RoleFile.create(str(tmp_path)), RoleFile.open(str(tmp_path))
+    writer.write(3, False, 0, 10)
+    # the next write's fields visible, its generation and check not yet
+    replica_role.FIELDS.pack_into(writer._map, replica_role.FIELDS_OFFSET,
+                                  4, 1, monotonic_ms() + 10_000, 20)
+    monkeypatch.setattr(replica_role, "MAX_READ_WAIT_S", 0.01)
+    assert reader.read() == replica_role.NOT_LEADING
+    writer.write(4, True, monotonic_ms() + 10_000, 20)  # the write completes
+    role = reader.read()
+    assert (role.epoch, role.leading, role.acked_end) == (4, True, 20)
+    reader.close()
+    writer.close()
+
+
 def test_a_missing_short_or_foreign_file_is_refused(tmp_path):
     (tmp_path / "config").mkdir()
     with pytest.raises(StoreError, match="made by the replica's server"):
@@ -81,7 +102,7 @@ def test_a_missing_short_or_foreign_file_is_refused(tmp_path):
     path.write_bytes(b"RMQROLE1" + bytes(8))
     with pytest.raises(StoreError, match="holds 16 bytes"):
         RoleFile.open(str(tmp_path))
-    path.write_bytes(b"NOTAROLE" + bytes(40))
+    path.write_bytes(b"NOTAROLE" + bytes(48))
     with pytest.raises(StoreError, match="does not start with"):
         RoleFile.open(str(tmp_path))
-    assert os.path.getsize(path) == 48  # a reader never writes
+    assert os.path.getsize(path) == 56  # a reader never writes
